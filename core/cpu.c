@@ -1,0 +1,711 @@
+/*
+ * cpu.c — the CPU device: one kernel per op family (plain C, OpenMP, CBLAS)
+ * and the device table model.c evaluates through.
+ *
+ * Every kernel receives a launch bound once at compile time (addresses are
+ * final). `out` is always contiguous (row-major). Inputs are contiguous too,
+ * except:
+ *   - the right operand of SumNode, HadamardProductNode and
+ *     ComplexHadamardProductNode arrives already broadcast to `out`'s shape,
+ *     with stride 0 on the broadcast dims;
+ *   - PermuteNode's input arrives viewed with the permuted shape and strides;
+ *   - MatMulNode's operands may be strided: per matrix either column stride 1
+ *     (normal) or row stride 1 (transposed), plus any batch stride.
+ * The elementwise kernels walk strides for every operand anyway, so a strided
+ * left operand costs speed, never correctness.
+ *
+ * Kernels allocate nothing. Small launches stay on one thread: llama2 runs one
+ * token at a time, and an OpenMP fork costs more than a 288-element add.
+ *
+ * Sections: helpers · elementwise (sum, hadamard, relu, silu, complex_mul) ·
+ * data movement (permute, replace_slice, embedding) · matmul · row reductions
+ * (rms_norm, sliced_softmax, argmax) · the device table.
+ */
+#include "internal.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Below this many elements a launch runs on the calling thread. */
+#define CPU_PAR_MIN 32768
+/* Elementwise work is split into tiles of at most this many elements. */
+#define CPU_TILE 8192
+
+/* ---- helpers ------------------------------------------------------------ */
+
+static int64_t numel(const mk_tensor *t) {
+    int64_t n = 1;
+    for (int d = 0; d < t->rank; d++)
+        n *= t->shape[d];
+    return n;
+}
+
+static size_t dtype_size(mk_dtype dt) { return dt == MK_DTYPE_INT64 ? 8 : 4; }
+
+static int64_t read_i64(const mk_tensor *t) { return *(const int64_t *)t->data; }
+
+static int bad_dtype(const mk_launch *l, mk_error **err) {
+    return mk_fail(err, MK_ERR_INTERNAL, 0, 0, "cpu.c: %s $%d: no CPU kernel for dtype %s",
+                   l->node->op->name, l->node->id, mk_dtype_name(l->out.dtype));
+}
+
+/*
+ * A walk over the elements of a contiguous output reading up to two strided
+ * operands. Size-1 dims are dropped and neighbouring dims merged wherever both
+ * operands are linear across them, so out [4, 8, 16] = a [4, 8, 16] + b [1, 1, 16]
+ * (b strides 0, 0, 1) walks as [32, 16] with b strides [0, 1], and the
+ * innermost dim is as long as possible.
+ */
+typedef struct {
+    int rank; /* >= 1 */
+    int64_t shape[MK_MAX_RANK];
+    int64_t sa[MK_MAX_RANK]; /* strides of operand a, in elements */
+    int64_t sb[MK_MAX_RANK]; /* strides of operand b */
+} cpu_walk;
+
+static void walk_init(cpu_walk *w, int rank, const int64_t *shape, const int64_t *sa,
+                      const int64_t *sb) {
+    w->rank = 0;
+    for (int d = 0; d < rank; d++) {
+        if (shape[d] == 1)
+            continue;
+        int r = w->rank;
+        if (r > 0 && w->sa[r - 1] == sa[d] * shape[d] && w->sb[r - 1] == sb[d] * shape[d]) {
+            w->shape[r - 1] *= shape[d];
+            w->sa[r - 1] = sa[d];
+            w->sb[r - 1] = sb[d];
+        } else {
+            w->shape[r] = shape[d];
+            w->sa[r] = sa[d];
+            w->sb[r] = sb[d];
+            w->rank++;
+        }
+    }
+    if (w->rank == 0) {
+        w->rank = 1;
+        w->shape[0] = 1;
+        w->sa[0] = w->sb[0] = 0;
+    }
+}
+
+/* Element offsets of a and b at the start of row `row` (all dims but the last). */
+static inline void walk_row(const cpu_walk *w, int64_t row, int64_t *oa, int64_t *ob) {
+    int64_t a = 0, b = 0;
+    for (int d = w->rank - 2; d >= 0; d--) {
+        int64_t i = row % w->shape[d];
+        row /= w->shape[d];
+        a += i * w->sa[d];
+        b += i * w->sb[d];
+    }
+    *oa = a;
+    *ob = b;
+}
+
+/*
+ * One stretch of the innermost dim: n output elements at o (contiguous), reading
+ * a and b with strides sa and sb (elements). ctx carries what a kernel needs
+ * besides (complex_mul's strides of the (re, im) axis).
+ */
+typedef void (*cpu_row_fn)(const void *ctx, char *o, const char *a, int64_t sa, const char *b,
+                           int64_t sb, int64_t n);
+
+/*
+ * Runs fn over the whole walk in tiles of at most CPU_TILE elements, in
+ * parallel when there are at least CPU_PAR_MIN. out_step is the bytes one
+ * walk element takes in the output, in_size the bytes of one input element.
+ */
+static void walk_run(const cpu_walk *w, size_t out_step, size_t in_size, char *o, const char *a,
+                     const char *b, cpu_row_fn fn, const void *ctx) {
+    int64_t n = w->shape[w->rank - 1], sa = w->sa[w->rank - 1], sb = w->sb[w->rank - 1];
+    int64_t total = 1;
+    for (int d = 0; d < w->rank; d++)
+        total *= w->shape[d];
+    int64_t per_row = (n + CPU_TILE - 1) / CPU_TILE;
+    int64_t tiles = (total / n) * per_row;
+#pragma omp parallel for schedule(static) if (total >= CPU_PAR_MIN && tiles > 1)
+    for (int64_t t = 0; t < tiles; t++) {
+        int64_t row = t / per_row, c0 = (t % per_row) * CPU_TILE;
+        int64_t len = n - c0 < CPU_TILE ? n - c0 : CPU_TILE;
+        int64_t oa, ob;
+        walk_row(w, row, &oa, &ob);
+        fn(ctx, o + (size_t)(row * n + c0) * out_step, a + (size_t)(oa + c0 * sa) * in_size, sa,
+           b + (size_t)(ob + c0 * sb) * in_size, sb, len);
+    }
+}
+
+/* ---- elementwise: sum, hadamard, relu, silu ----------------------------- */
+
+/* Rows of a binary op; the common cases (b contiguous, b one broadcast value)
+ * get loops the compiler vectorises. */
+#define CPU_BINARY_ROW(NAME, T, OP)                                                          \
+    static void NAME(const void *ctx, char *o_, const char *a_, int64_t sa, const char *b_, \
+                     int64_t sb, int64_t n) {                                                \
+        (void)ctx;                                                                           \
+        T *restrict o = (T *)o_;                                                             \
+        const T *a = (const T *)a_, *b = (const T *)b_;                                      \
+        if (sa == 1 && sb == 1) {                                                            \
+            for (int64_t i = 0; i < n; i++)                                                  \
+                o[i] = a[i] OP b[i];                                                         \
+        } else if (sa == 1 && sb == 0) {                                                     \
+            T v = b[0];                                                                      \
+            for (int64_t i = 0; i < n; i++)                                                  \
+                o[i] = a[i] OP v;                                                            \
+        } else {                                                                             \
+            for (int64_t i = 0; i < n; i++)                                                  \
+                o[i] = a[i * sa] OP b[i * sb];                                               \
+        }                                                                                    \
+    }
+
+CPU_BINARY_ROW(row_add_f32, float, +)
+CPU_BINARY_ROW(row_add_i64, int64_t, +)
+CPU_BINARY_ROW(row_mul_f32, float, *)
+CPU_BINARY_ROW(row_mul_i64, int64_t, *)
+
+/* out = a OP b; out, a: [...]; b: broadcast to out's shape (strides 0 where broadcast). */
+static int binary(const mk_launch *l, cpu_row_fn f32, cpu_row_fn i64, mk_error **err) {
+    const mk_tensor *a = &l->in[0], *b = &l->in[1];
+    cpu_row_fn fn = l->out.dtype == MK_DTYPE_FLOAT32 ? f32
+                    : l->out.dtype == MK_DTYPE_INT64 ? i64
+                                                     : NULL;
+    if (!fn)
+        return bad_dtype(l, err);
+    cpu_walk w;
+    walk_init(&w, l->out.rank, l->out.shape, a->stride, b->stride);
+    size_t es = dtype_size(l->out.dtype);
+    walk_run(&w, es, es, l->out.data, a->data, b->data, fn, NULL);
+    return 0;
+}
+
+int mk_cpu_sum(const mk_launch *l, mk_error **err) {
+    return binary(l, row_add_f32, row_add_i64, err);
+}
+
+int mk_cpu_hadamard(const mk_launch *l, mk_error **err) {
+    return binary(l, row_mul_f32, row_mul_i64, err);
+}
+
+#define CPU_UNARY_ROW(NAME, T, EXPR)                                                         \
+    static void NAME(const void *ctx, char *o_, const char *a_, int64_t sa, const char *b_, \
+                     int64_t sb, int64_t n) {                                                \
+        (void)ctx, (void)b_, (void)sb;                                                       \
+        T *restrict o = (T *)o_;                                                             \
+        const T *a = (const T *)a_;                                                          \
+        if (sa == 1) {                                                                       \
+            for (int64_t i = 0; i < n; i++) {                                                \
+                T x = a[i];                                                                  \
+                o[i] = (EXPR);                                                               \
+            }                                                                                \
+        } else {                                                                             \
+            for (int64_t i = 0; i < n; i++) {                                                \
+                T x = a[i * sa];                                                             \
+                o[i] = (EXPR);                                                               \
+            }                                                                                \
+        }                                                                                    \
+    }
+
+CPU_UNARY_ROW(row_relu_f32, float, x > 0.0f ? x : 0.0f)
+CPU_UNARY_ROW(row_relu_i64, int64_t, x > 0 ? x : 0)
+/* As run.c's SwiGLU writes it (x * (1 / (1 + e^-x))), so llama2 outputs match it bit for bit. */
+CPU_UNARY_ROW(row_silu_f32, float, x * (1.0f / (1.0f + expf(-x))))
+
+/* out = f(x); out, x: [...]. */
+static int unary(const mk_launch *l, cpu_row_fn f32, cpu_row_fn i64, mk_error **err) {
+    const mk_tensor *x = &l->in[0];
+    cpu_row_fn fn = l->out.dtype == MK_DTYPE_FLOAT32 ? f32
+                    : l->out.dtype == MK_DTYPE_INT64 ? i64
+                                                     : NULL;
+    if (!fn)
+        return bad_dtype(l, err);
+    cpu_walk w;
+    walk_init(&w, l->out.rank, l->out.shape, x->stride, x->stride);
+    size_t es = dtype_size(l->out.dtype);
+    walk_run(&w, es, es, l->out.data, x->data, x->data, fn, NULL);
+    return 0;
+}
+
+int mk_cpu_relu(const mk_launch *l, mk_error **err) {
+    return unary(l, row_relu_f32, row_relu_i64, err);
+}
+
+int mk_cpu_silu(const mk_launch *l, mk_error **err) { return unary(l, row_silu_f32, NULL, err); }
+
+/* ---- elementwise: complex_mul ------------------------------------------- */
+
+/* Strides (floats) between the re and im parts of a and b. */
+typedef struct {
+    int64_t ia, ib;
+} cpu_complex_ctx;
+
+/* n complex numbers: o (pairs, contiguous) = a * b. */
+static void row_complex_mul(const void *ctx_, char *o_, const char *a_, int64_t sa,
+                            const char *b_, int64_t sb, int64_t n) {
+    const cpu_complex_ctx *ctx = ctx_;
+    float *restrict o = (float *)o_;
+    const float *a = (const float *)a_, *b = (const float *)b_;
+    int64_t ia = ctx->ia, ib = ctx->ib;
+    for (int64_t i = 0; i < n; i++) {
+        float ar = a[i * sa], ai = a[i * sa + ia], br = b[i * sb], bi = b[i * sb + ib];
+        o[2 * i] = ar * br - ai * bi;
+        o[2 * i + 1] = ar * bi + ai * br;
+    }
+}
+
+/* out [..., 2] = a [..., 2] * b [..., 2] as complex numbers (re, im); b broadcast. */
+int mk_cpu_complex_mul(const mk_launch *l, mk_error **err) {
+    const mk_tensor *a = &l->in[0], *b = &l->in[1];
+    int r = l->out.rank;
+    if (l->out.dtype != MK_DTYPE_FLOAT32)
+        return bad_dtype(l, err);
+    if (r < 1 || l->out.shape[r - 1] != 2)
+        return MK_INTERNAL(err, "ComplexHadamardProductNode: last axis is not 2");
+    /* Walk the complex numbers: every dim but the last. */
+    cpu_walk w;
+    walk_init(&w, r - 1, l->out.shape, a->stride, b->stride);
+    cpu_complex_ctx ctx = {a->stride[r - 1], b->stride[r - 1]};
+    walk_run(&w, 2 * sizeof(float), sizeof(float), l->out.data, a->data, b->data,
+             row_complex_mul, &ctx);
+    return 0;
+}
+
+/* ---- data movement: permute --------------------------------------------- */
+
+#define CPU_COPY_ROW(NAME, T)                                                                \
+    static void NAME(const void *ctx, char *o_, const char *a_, int64_t sa, const char *b_, \
+                     int64_t sb, int64_t n) {                                                \
+        (void)ctx, (void)b_, (void)sb;                                                       \
+        T *restrict o = (T *)o_;                                                             \
+        const T *a = (const T *)a_;                                                          \
+        if (sa == 1)                                                                         \
+            memcpy(o, a, (size_t)n * sizeof(T));                                             \
+        else                                                                                 \
+            for (int64_t i = 0; i < n; i++)                                                  \
+                o[i] = a[i * sa];                                                            \
+    }
+
+CPU_COPY_ROW(row_copy_32, uint32_t)
+CPU_COPY_ROW(row_copy_64, uint64_t)
+
+/*
+ * Transposing copies: the walk's last two dims are out [R, C] read from x with
+ * strides [1, s] (x holds them as [C, R]). Copied in 32×32 blocks so both sides
+ * stay in cache; the outer dims (batches) are walked as blocks too.
+ */
+#define CPU_BLOCK 32
+
+static void transpose(const cpu_walk *w, size_t es, char *o, const char *x) {
+    int r = w->rank;
+    int64_t R = w->shape[r - 2], C = w->shape[r - 1], s = w->sa[r - 1];
+    int64_t batches = 1;
+    for (int d = 0; d < r - 2; d++)
+        batches *= w->shape[d];
+    int64_t br = (R + CPU_BLOCK - 1) / CPU_BLOCK, bc = (C + CPU_BLOCK - 1) / CPU_BLOCK;
+    int64_t blocks = batches * br * bc;
+#pragma omp parallel for schedule(static) if (batches * R * C >= CPU_PAR_MIN)
+    for (int64_t t = 0; t < blocks; t++) {
+        int64_t bt = t / (br * bc), i0 = (t / bc % br) * CPU_BLOCK, j0 = (t % bc) * CPU_BLOCK;
+        int64_t off = 0, rest = bt;
+        for (int d = r - 3; d >= 0; d--) {
+            off += rest % w->shape[d] * w->sa[d];
+            rest /= w->shape[d];
+        }
+        int64_t i1 = i0 + CPU_BLOCK < R ? i0 + CPU_BLOCK : R;
+        int64_t j1 = j0 + CPU_BLOCK < C ? j0 + CPU_BLOCK : C;
+        if (es == 4) {
+            uint32_t *ob = (uint32_t *)o + bt * R * C;
+            const uint32_t *xb = (const uint32_t *)x + off;
+            for (int64_t j = j0; j < j1; j++)
+                for (int64_t i = i0; i < i1; i++)
+                    ob[i * C + j] = xb[i + j * s];
+        } else {
+            uint64_t *ob = (uint64_t *)o + bt * R * C;
+            const uint64_t *xb = (const uint64_t *)x + off;
+            for (int64_t j = j0; j < j1; j++)
+                for (int64_t i = i0; i < i1; i++)
+                    ob[i * C + j] = xb[i + j * s];
+        }
+    }
+}
+
+/* out [...] (contiguous) = x viewed with the permuted shape and strides. */
+int mk_cpu_permute(const mk_launch *l, mk_error **err) {
+    const mk_tensor *x = &l->in[0];
+    size_t es = dtype_size(l->out.dtype);
+    cpu_walk w;
+    walk_init(&w, l->out.rank, l->out.shape, x->stride, x->stride);
+    int r = w.rank;
+    if (r >= 2 && w.sa[r - 2] == 1 && w.sa[r - 1] != 1) {
+        transpose(&w, es, l->out.data, x->data);
+        return 0;
+    }
+    walk_run(&w, es, es, l->out.data, x->data, x->data, es == 4 ? row_copy_32 : row_copy_64,
+             NULL);
+    (void)err;
+    return 0;
+}
+
+/* ---- data movement: replace_slice, embedding ---------------------------- */
+
+/*
+ * x [R, ...] (in place: out.data == x.data) rows [begin, end) = r [end - begin, ...];
+ * begin, end: int64 [1], read now. For a vector the rows are elements. Bad
+ * bounds write nothing.
+ */
+int mk_cpu_replace_slice(const mk_launch *l, mk_error **err) {
+    const mk_tensor *x = &l->in[0], *r = &l->in[1];
+    int64_t begin = read_i64(&l->in[2]), end = read_i64(&l->in[3]);
+    int64_t rows = x->shape[0], r_rows = r->shape[0];
+    int id = l->node->id;
+    if (begin < 0 || end > rows || begin > end)
+        return mk_fail(err, MK_ERR_EVAL, 0, 0,
+                       "ReplaceSliceNode $%d: rows [%lld, %lld) are out of range for a first "
+                       "axis of %lld",
+                       id, (long long)begin, (long long)end, (long long)rows);
+    if (end - begin != r_rows)
+        return mk_fail(err, MK_ERR_EVAL, 0, 0,
+                       "ReplaceSliceNode $%d: rows [%lld, %lld) are %lld rows but the "
+                       "replacement has %lld",
+                       id, (long long)begin, (long long)end, (long long)(end - begin),
+                       (long long)r_rows);
+    size_t es = dtype_size(x->dtype);
+    size_t row_bytes = (size_t)(numel(x) / rows) * es;
+    if ((size_t)numel(r) * es != (size_t)r_rows * row_bytes)
+        return MK_INTERNAL(err, "ReplaceSliceNode: replacement rows differ from x's rows");
+    char *o = l->out.data;
+    if (o != x->data) /* not bound in place: out starts as a copy of x */
+        memcpy(o, x->data, (size_t)numel(x) * es);
+    /* memmove: r may be computed from x's own memory. */
+    memmove(o + (size_t)begin * row_bytes, r->data, (size_t)r_rows * row_bytes);
+    return 0;
+}
+
+/* out [n, D] = table [V, D] rows at ids [n] (int64). An id outside [0, V) writes nothing. */
+int mk_cpu_embedding(const mk_launch *l, mk_error **err) {
+    const mk_tensor *table = &l->in[0], *ids_t = &l->in[1];
+    const int64_t *ids = ids_t->data;
+    int64_t n = numel(ids_t), V = table->shape[0];
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= V)
+            return mk_fail(err, MK_ERR_EVAL, 0, 0,
+                           "EmbeddingNode $%d: id %lld (position %lld) is outside [0, %lld)",
+                           l->node->id, (long long)ids[i], (long long)i, (long long)V);
+    size_t row_bytes = (size_t)(numel(table) / V) * dtype_size(table->dtype);
+    char *o = l->out.data;
+    const char *t = table->data;
+    for (int64_t i = 0; i < n; i++)
+        memcpy(o + (size_t)i * row_bytes, t + (size_t)ids[i] * row_bytes, row_bytes);
+    return 0;
+}
+
+/* ---- matmul ------------------------------------------------------------- */
+
+/*
+ * One matrix operand as BLAS sees it: rows × cols with element strides
+ * (sr, sc). Normal when sc == 1 (ld = sr), transposed when sr == 1 (the
+ * memory holds cols × rows, ld = sc). A dim of size 1 makes its stride
+ * irrelevant. Returns false when neither layout fits (then the plain loops run).
+ */
+static bool blas_layout(int64_t rows, int64_t cols, int64_t sr, int64_t sc, bool *trans,
+                        int64_t *ld) {
+    if (cols == 1 || sc == 1) {
+        int64_t l = rows == 1 ? cols : sr;
+        if (l >= cols && l <= INT32_MAX) {
+            *trans = false;
+            *ld = l;
+            return true;
+        }
+    }
+    if (rows == 1 || sr == 1) {
+        int64_t l = cols == 1 ? rows : sc;
+        if (l >= rows && l <= INT32_MAX) {
+            *trans = true;
+            *ld = l;
+            return true;
+        }
+    }
+    return false;
+}
+
+/*
+ * c [m, n] (contiguous) = a [m, k] (strides sar, sac) @ b [k, n] (strides sbr, sbc)
+ * with plain loops: for small products (a BLAS call costs more than the work,
+ * and batches can then run on OpenMP threads without nesting OpenBLAS's own
+ * threads) and for layouts BLAS cannot express.
+ */
+static void mm_loops(const float *a, int64_t sar, int64_t sac, const float *b, int64_t sbr,
+                     int64_t sbc, float *restrict c, int64_t m, int64_t k, int64_t n) {
+    for (int64_t i = 0; i < m; i++) {
+        const float *ai = a + i * sar;
+        float *restrict ci = c + i * n;
+        if (sbc == 1 || n == 1) {
+            /* b's rows are contiguous: c_i += a_ik * b_k, row by row. */
+            for (int64_t j = 0; j < n; j++)
+                ci[j] = 0.0f;
+            for (int64_t kk = 0; kk < k; kk++) {
+                float av = ai[kk * sac];
+                const float *bk = b + kk * sbr;
+                for (int64_t j = 0; j < n; j++)
+                    ci[j] += av * bk[j];
+            }
+        } else if (sbr == 1 && sac == 1) {
+            /* b's columns are contiguous: dot products, eight partial sums. */
+            for (int64_t j = 0; j < n; j++) {
+                const float *bj = b + j * sbc;
+                float s[8] = {0};
+                int64_t kk = 0;
+                for (; kk + 8 <= k; kk += 8)
+                    for (int u = 0; u < 8; u++)
+                        s[u] += ai[kk + u] * bj[kk + u];
+                float t = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+                for (; kk < k; kk++)
+                    t += ai[kk] * bj[kk];
+                ci[j] = t;
+            }
+        } else {
+            for (int64_t j = 0; j < n; j++) {
+                float t = 0.0f;
+                for (int64_t kk = 0; kk < k; kk++)
+                    t += ai[kk * sac] * b[kk * sbr + j * sbc];
+                ci[j] = t;
+            }
+        }
+    }
+}
+
+/* One product c [m, n] = a [m, k] @ b [k, n] through CBLAS where the layouts allow. */
+static void mm_one(const float *a, int64_t sar, int64_t sac, const float *b, int64_t sbr,
+                   int64_t sbc, float *c, int64_t m, int64_t k, int64_t n) {
+    bool ta, tb;
+    int64_t lda, ldb;
+    bool ok_b = blas_layout(k, n, sbr, sbc, &tb, &ldb) && n <= INT32_MAX && k <= INT32_MAX;
+    if (ok_b && m == 1 && (sac != 0 || k == 1) && sac <= INT32_MAX) {
+        /* c [n] = b^T a: b normal is [k, n] (Trans), transposed is held as [n, k]. */
+        int incx = k == 1 ? 1 : (int)sac;
+        if (!tb)
+            cblas_sgemv(CblasRowMajor, CblasTrans, (int)k, (int)n, 1.0f, b, (int)ldb, a, incx,
+                        0.0f, c, 1);
+        else
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)n, (int)k, 1.0f, b, (int)ldb, a, incx,
+                        0.0f, c, 1);
+        return;
+    }
+    if (ok_b && m <= INT32_MAX && blas_layout(m, k, sar, sac, &ta, &lda)) {
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                    (int)m, (int)n, (int)k, 1.0f, a, (int)lda, b, (int)ldb, 0.0f, c, (int)n);
+        return;
+    }
+    mm_loops(a, sar, sac, b, sbr, sbc, c, m, k, n);
+}
+
+/* Per-product work (m·k·n) below which batches use mm_loops, on OpenMP threads. */
+#define CPU_MM_SMALL (64 * 64 * 64)
+
+/*
+ * out = a @ b, float32:
+ *   [k] @ [k, n] → [n];  [m, k] @ [k, n] → [m, n];  [B, m, k] @ [B, k, n] → [B, m, n].
+ * a and b are strided (see blas_layout); out is contiguous.
+ */
+int mk_cpu_matmul(const mk_launch *l, mk_error **err) {
+    const mk_tensor *a = &l->in[0], *b = &l->in[1];
+    if (l->out.dtype != MK_DTYPE_FLOAT32)
+        return bad_dtype(l, err);
+    float *c = l->out.data;
+    const float *ap = a->data, *bp = b->data;
+    if (a->rank == 1 && b->rank == 2) {
+        int64_t k = a->shape[0], n = b->shape[1];
+        mm_one(ap, 0, a->stride[0], bp, b->stride[0], b->stride[1], c, 1, k, n);
+        return 0;
+    }
+    if (a->rank == 2 && b->rank == 2) {
+        int64_t m = a->shape[0], k = a->shape[1], n = b->shape[1];
+        mm_one(ap, a->stride[0], a->stride[1], bp, b->stride[0], b->stride[1], c, m, k, n);
+        return 0;
+    }
+    if (a->rank == 3 && b->rank == 3) {
+        int64_t B = a->shape[0], m = a->shape[1], k = a->shape[2], n = b->shape[2];
+        int64_t asb = a->stride[0], bsb = b->stride[0];
+        if (m * k * n < CPU_MM_SMALL) {
+            /* Attention over one token: many small products, one per thread. */
+#pragma omp parallel for schedule(static) if (B > 1 && B * m * k * n >= 4 * CPU_PAR_MIN)
+            for (int64_t t = 0; t < B; t++)
+                mm_loops(ap + t * asb, a->stride[1], a->stride[2], bp + t * bsb, b->stride[1],
+                         b->stride[2], c + t * m * n, m, k, n);
+        } else {
+            for (int64_t t = 0; t < B; t++)
+                mm_one(ap + t * asb, a->stride[1], a->stride[2], bp + t * bsb, b->stride[1],
+                       b->stride[2], c + t * m * n, m, k, n);
+        }
+        return 0;
+    }
+    return MK_INTERNAL(err, "MatMulNode: operand ranks not 1/2, 2/2 or 3/3");
+}
+
+/* ---- row reductions: rms_norm, sliced_softmax, argmax ------------------- */
+
+/* out [rows, n] = w [n] * x [rows, n] / sqrt(mean(x²) + 1e-5), as run.c's rmsnorm. */
+int mk_cpu_rms_norm(const mk_launch *l, mk_error **err) {
+    const mk_tensor *x = &l->in[0], *wt = &l->in[1];
+    if (l->out.dtype != MK_DTYPE_FLOAT32)
+        return bad_dtype(l, err);
+    int64_t n = x->shape[x->rank - 1], rows = numel(x) / n;
+    const float *xp = x->data, *w = wt->data;
+    float *out = l->out.data;
+#pragma omp parallel for schedule(static) if (rows > 1 && rows * n >= CPU_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = xp + r * n;
+        float *o = out + r * n;
+        float ss = 0.0f;
+        for (int64_t j = 0; j < n; j++)
+            ss += xr[j] * xr[j];
+        ss /= (float)n;
+        ss += 1e-5f;
+        ss = 1.0f / sqrtf(ss);
+        for (int64_t j = 0; j < n; j++)
+            o[j] = w[j] * (ss * xr[j]);
+    }
+    return 0;
+}
+
+/*
+ * out [rows, n]: per row, softmax of x's first p elements (max subtracted, as
+ * run.c), the other n - p copied; p: int64 [1], read now, 0 <= p <= n.
+ */
+int mk_cpu_sliced_softmax(const mk_launch *l, mk_error **err) {
+    const mk_tensor *x = &l->in[0];
+    if (l->out.dtype != MK_DTYPE_FLOAT32)
+        return bad_dtype(l, err);
+    int64_t n = x->shape[x->rank - 1], rows = numel(x) / n;
+    int64_t p = read_i64(&l->in[1]);
+    if (p < 0 || p > n)
+        return mk_fail(err, MK_ERR_EVAL, 0, 0,
+                       "SlicedSoftmaxNode $%d: prefix %lld is outside [0, %lld]", l->node->id,
+                       (long long)p, (long long)n);
+    const float *xp = x->data;
+    float *out = l->out.data;
+#pragma omp parallel for schedule(static) if (rows > 1 && rows * n >= CPU_PAR_MIN / 4)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = xp + r * n;
+        float *o = out + r * n;
+        if (p > 0) {
+            float max = xr[0];
+            for (int64_t j = 1; j < p; j++)
+                if (xr[j] > max)
+                    max = xr[j];
+            float sum = 0.0f;
+            for (int64_t j = 0; j < p; j++) {
+                o[j] = expf(xr[j] - max);
+                sum += o[j];
+            }
+            for (int64_t j = 0; j < p; j++)
+                o[j] /= sum;
+        }
+        if (o != xr)
+            memcpy(o + p, xr + p, (size_t)(n - p) * sizeof(float));
+    }
+    return 0;
+}
+
+/* out [rows] (int64; shape [..., 1]) = index of the largest of x [rows, n], the first on ties. */
+int mk_cpu_argmax(const mk_launch *l, mk_error **err) {
+    const mk_tensor *x = &l->in[0];
+    if (x->dtype != MK_DTYPE_FLOAT32 || l->out.dtype != MK_DTYPE_INT64)
+        return bad_dtype(l, err);
+    int64_t n = x->shape[x->rank - 1], rows = numel(x) / n;
+    const float *xp = x->data;
+    int64_t *out = l->out.data;
+#pragma omp parallel for schedule(static) if (rows > 1 && rows * n >= CPU_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = xp + r * n;
+        int64_t best = 0;
+        float max = xr[0];
+        for (int64_t j = 1; j < n; j++)
+            if (xr[j] > max) {
+                max = xr[j];
+                best = j;
+            }
+        out[r] = best;
+    }
+    return 0;
+}
+
+/* ---- the device table --------------------------------------------------- */
+
+/* The CPU needs no per-model state. */
+static int cpu_open(void **state, mk_error **err) {
+    (void)err;
+    *state = NULL;
+    return 0;
+}
+
+static void cpu_close(void *state) { (void)state; }
+
+static void *cpu_alloc(void *state, size_t bytes, mk_error **err) {
+    (void)state;
+    /* Whole MK_ALIGN blocks, so vector loops may read the tail of the last one. */
+    size_t size = bytes ? (bytes + MK_ALIGN - 1) / MK_ALIGN * MK_ALIGN : MK_ALIGN;
+    void *p = NULL;
+    if (size < bytes || posix_memalign(&p, MK_ALIGN, size) != 0) {
+        mk_fail(err, MK_ERR_NOMEM, 0, 0, "cannot allocate %zu bytes of CPU memory", bytes);
+        return NULL;
+    }
+    return p;
+}
+
+static void cpu_free(void *state, void *p) {
+    (void)state;
+    free(p);
+}
+
+static int cpu_upload(void *state, void *dst, const void *src, size_t bytes, mk_error **err) {
+    (void)state, (void)err;
+    if (bytes)
+        memcpy(dst, src, bytes);
+    return 0;
+}
+
+static int cpu_zero(void *state, void *dst, size_t bytes, mk_error **err) {
+    (void)state, (void)err;
+    if (bytes)
+        memset(dst, 0, bytes);
+    return 0;
+}
+
+static int cpu_prepare(void *state, const mk_launch *launches, int n, const mk_copy *in,
+                       int n_in, const mk_copy *out, mk_error **err) {
+    (void)state, (void)launches, (void)n, (void)in, (void)n_in, (void)out, (void)err;
+    return 0;
+}
+
+/* Inputs in, every launch in order (stopping at the first failure), the output out. */
+static int cpu_evaluate(void *state, const mk_launch *launches, int n, const mk_copy *in,
+                        int n_in, const mk_copy *out, mk_error **err) {
+    (void)state;
+    for (int i = 0; i < n_in; i++)
+        if (in[i].bytes && in[i].device != in[i].host)
+            memcpy(in[i].device, in[i].host, in[i].bytes);
+    for (int i = 0; i < n; i++) {
+        const mk_launch *l = &launches[i];
+        mk_kernel_fn kernel = l->node->op->kernel[MK_DEVICE_CPU];
+        if (!kernel)
+            return mk_fail(err, MK_ERR_INTERNAL, 0, 0, "cpu.c: %s $%d has no CPU kernel",
+                           l->node->op->name, l->node->id);
+        if (kernel(l, err) != 0)
+            return -1;
+    }
+    if (out && out->bytes && out->device != out->host)
+        memcpy(out->host, out->device, out->bytes);
+    return 0;
+}
+
+const mk_device_ops mk_cpu_device = {
+    .name = "cpu",
+    .open = cpu_open,
+    .close = cpu_close,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_upload,
+    .zero = cpu_zero,
+    .prepare = cpu_prepare,
+    .evaluate = cpu_evaluate,
+};

@@ -1,0 +1,97 @@
+/*
+ * error.c — errors as values, and the small facts every stage asks for
+ * (version, dtypes, clocks).
+ */
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* The kind prefix that callers and specs match on. */
+static const char *kind_of(mk_error_code code) {
+    switch (code) {
+    case MK_ERR_SYNTAX: return "syntax error";
+    case MK_ERR_SHAPE: return "shape error";
+    case MK_ERR_DTYPE: return "dtype error";
+    case MK_ERR_NAME: return "name error";
+    case MK_ERR_ARGUMENT: return "argument error";
+    case MK_ERR_INPUT: return "input error";
+    case MK_ERR_EVAL: return "evaluation error";
+    case MK_ERR_NOMEM: return "out of memory";
+    case MK_ERR_DEVICE: return "device error";
+    case MK_ERR_INTERNAL: return "internal error";
+    case MK_ERR_NO_DEVICE: return "no CUDA device";
+    }
+    return "error";
+}
+
+/* Kept for the case where even the error cannot be allocated. */
+static struct {
+    mk_error e;
+    char text[32];
+} out_of_memory = {{MK_ERR_NOMEM, 0, 0}, "out of memory"};
+
+int mk_failv(mk_error **err, mk_error_code code, int line, int column, const char *fmt,
+             va_list ap) {
+    if (!err || *err) return -1; /* the first error is the one that explains */
+    char where[64] = "";
+    if (line > 0) snprintf(where, sizeof where, "script:%d:%d: ", line, column);
+    char body[1024];
+    vsnprintf(body, sizeof body, fmt, ap);
+    size_t n = strlen(where) + strlen(kind_of(code)) + 2 + strlen(body) + 1;
+    mk_error *e = malloc(sizeof *e + n);
+    if (!e) {
+        *err = &out_of_memory.e;
+        return -1;
+    }
+    e->code = code;
+    e->line = line;
+    e->column = column;
+    snprintf(e->message, n, "%s%s: %s", where, kind_of(code), body);
+    *err = e;
+    return -1;
+}
+
+int mk_fail(mk_error **err, mk_error_code code, int line, int column, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    mk_failv(err, code, line, column, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+MK_API const char *mk_error_message(const mk_error *e) { return e ? e->message : "no error"; }
+MK_API mk_error_code mk_error_code_of(const mk_error *e) { return e ? e->code : 0; }
+MK_API int mk_error_line(const mk_error *e) { return e ? e->line : 0; }
+MK_API int mk_error_column(const mk_error *e) { return e ? e->column : 0; }
+
+MK_API void mk_error_free(mk_error *e) {
+    if (e && e != &out_of_memory.e) free(e);
+}
+
+MK_API void mk_string_free(char *s) { free(s); }
+
+#define MK_STR2(x) #x
+#define MK_STR(x) MK_STR2(x)
+MK_API const char *mk_version(void) {
+    return MK_STR(MK_VERSION_MAJOR) "." MK_STR(MK_VERSION_MINOR) "." MK_STR(MK_VERSION_PATCH);
+}
+
+MK_API const char *mk_build_info(void) {
+#ifdef MK_WITH_CUDA
+    return "cpu (OpenMP, OpenBLAS), cuda (cuBLAS, cuDNN)";
+#else
+    return "cpu (OpenMP, OpenBLAS)";
+#endif
+}
+
+MK_API size_t mk_dtype_size(mk_dtype d) { return d == MK_DTYPE_INT64 ? 8 : 4; }
+MK_API const char *mk_dtype_name(mk_dtype d) { return d == MK_DTYPE_INT64 ? "int64" : "float32"; }
+
+double mk_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}

@@ -1,0 +1,244 @@
+/*
+ * internal.h — what the compiler's stages share: errors, the graph, the op
+ * table's row type, tensors as kernels see them, and the device table.
+ *
+ * Stages, in order (one file each):
+ *   script.c   text → graph (parse, shape/dtype rules from ops.c), graph → text
+ *   passes.c   ordered passes over the graph (views, ...)
+ *   planner.c  offsets in one arena (best fit, neighbour merging)
+ *   model.c    compile (plan, allocate, bind launches) and evaluate
+ *   cpu.c      the CPU device: kernels and device table
+ *   kernels/   the CUDA device
+ */
+#ifndef MK_INTERNAL_H
+#define MK_INTERNAL_H
+
+#include "moonkaas.h"
+
+#include <stdarg.h>
+
+#define MK_MAX_INPUTS 4
+#define MK_ALIGN 256
+
+/* ---- errors ------------------------------------------------------------- */
+
+struct mk_error {
+    mk_error_code code;
+    int line, column; /* 1-based; 0 when not about the script */
+    char message[];   /* the whole message, prefixes included */
+};
+
+/*
+ * Stores a new error in *err (when err is not NULL and *err is still empty) and
+ * returns -1, so callers write `return mk_fail(err, ...)`. The message gets the
+ * kind prefix of `code` ("shape error: ") and, when line > 0, "script:L:C: ".
+ */
+int mk_fail(mk_error **err, mk_error_code code, int line, int column, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+int mk_failv(mk_error **err, mk_error_code code, int line, int column, const char *fmt,
+             va_list ap);
+/* A broken invariant: MK_ERR_INTERNAL naming file:line. */
+#define MK_INTERNAL(err, what) \
+    mk_fail((err), MK_ERR_INTERNAL, 0, 0, "%s:%d: %s", __FILE__, __LINE__, (what))
+
+double mk_now_ms(void);
+
+/* ---- graph -------------------------------------------------------------- */
+
+typedef struct mk_op mk_op;
+typedef struct mk_node mk_node;
+
+typedef enum {
+    MK_STORAGE_ARENA,    /* output (or input slot) placed by the planner */
+    MK_STORAGE_CONSTANT, /* its own allocation, filled at compile */
+    MK_STORAGE_BUFFER,   /* its own allocation, zero at compile, persistent */
+    MK_STORAGE_VIEW,     /* no memory: uses `owner`'s at `view_offset` */
+} mk_storage;
+
+struct mk_node {
+    int id;           /* the $N of the script */
+    int index;        /* position in the graph's evaluation order */
+    const mk_op *op;
+    int line, column; /* where the statement starts */
+
+    int n_in;
+    mk_node *in[MK_MAX_INPUTS];
+
+    mk_dtype dtype;
+    int rank;
+    int64_t shape[MK_MAX_RANK];
+
+    /* attributes, as the script gives them */
+    char *name;                   /* InputTensor/ConstantTensor name, else NULL */
+    int n_attr;
+    int64_t attr[MK_MAX_RANK];    /* SliceNode: begin, end; Reshape: shape; Permute: perm */
+
+    /* decided by passes and the planner */
+    int n_consumers;
+    mk_storage storage;
+    mk_node *owner;            /* the node whose memory holds this one (itself if it owns) */
+    int64_t view_offset;       /* bytes from the owner's start */
+    int64_t stride[MK_MAX_RANK]; /* in elements */
+    int last_use;              /* index of the last node reading this owner's memory */
+    size_t scratch_bytes;
+    int64_t offset;            /* arena offset (owners in the arena), else -1 */
+};
+
+typedef struct {
+    int n_nodes, cap;
+    mk_node **nodes; /* evaluation order = script order */
+    mk_node *output;
+} mk_graph;
+
+/* script.c */
+mk_graph *mk_graph_parse(const char *script, mk_error **err);
+char *mk_graph_print(const mk_graph *g); /* NULL only when out of memory */
+void mk_graph_free(mk_graph *g);
+
+/* helpers used by script.c, ops.c, passes */
+int64_t mk_node_numel(const mk_node *n);
+size_t mk_node_bytes(const mk_node *n);
+void mk_contiguous_strides(int rank, const int64_t *shape, int64_t *stride);
+/* "[2, 3, 4]" into buf */
+const char *mk_shape_str(int rank, const int64_t *shape, char *buf, size_t size);
+
+/* passes.c: the ordered pass list, run between parsing and planning */
+int mk_passes_run(mk_graph *g, const mk_compile_options *opts, mk_error **err);
+
+/* ---- tensors as kernels see them ---------------------------------------- */
+
+typedef struct {
+    void *data; /* address of element [0, ..., 0] on the model's device */
+    mk_dtype dtype;
+    int rank;
+    int64_t shape[MK_MAX_RANK];
+    int64_t stride[MK_MAX_RANK]; /* elements; 0 where broadcast */
+} mk_tensor;
+
+/* `b` with stride 0 on its dims of size 1 where `like` is larger (the right
+ * operand of SumNode, HadamardProductNode, ComplexHadamardProductNode). */
+mk_tensor mk_tensor_broadcast(const mk_tensor *b, const mk_tensor *like);
+int64_t mk_tensor_numel(const mk_tensor *t);
+bool mk_tensor_is_contiguous(const mk_tensor *t);
+
+/* One kernel call, bound once at compile time to fixed device addresses. */
+typedef struct mk_launch {
+    const mk_node *node;
+    int index;                 /* position in the launch list */
+    int n_in;
+    mk_tensor out;
+    mk_tensor in[MK_MAX_INPUTS];
+    void *scratch;             /* scratch_bytes of arena, or NULL */
+    size_t scratch_bytes;
+    void *dev;                 /* the device's per-model state (stream, handles) */
+} mk_launch;
+
+typedef int (*mk_kernel_fn)(const mk_launch *l, mk_error **err);
+
+/* ---- the op table (ops.c) ----------------------------------------------- */
+
+enum {
+    MK_OPF_LEAF = 1 << 0,      /* Input/Constant/Buffer: no kernel */
+    MK_OPF_POINTWISE = 1 << 1, /* elementwise (fusable) */
+    MK_OPF_VIEW = 1 << 2,      /* shares its input's memory (Reshape, Slice) */
+    MK_OPF_INPLACE = 1 << 3,   /* writes into its first input and returns it */
+    MK_OPF_MAYBE_VIEW = 1 << 4,/* a view where every consumer takes strides (Permute) */
+    MK_OPF_STRIDED_IN = 1 << 5,/* accepts strided operands (MatMul) */
+    MK_OPF_BROADCAST = 1 << 6, /* the right operand broadcasts where its dim is 1 */
+};
+
+#define MK_DEVICE_COUNT 2
+
+struct mk_op {
+    const char *name;  /* script name */
+    const char *alias; /* another accepted script name (MulNode), or NULL */
+    /*
+     * Arguments, one letter each: n node, s identifier (a name), d dtype,
+     * l integer list (a shape or permutation), i integer.
+     */
+    const char *signature;
+    unsigned flags;
+    /* Shape/dtype rule: fills n->dtype/rank/shape from inputs and attributes, or
+     * fails with the node's line and column. */
+    int (*infer)(mk_node *n, mk_error **err);
+    /* Leaves: where the data live (arena slot, constant, persistent buffer). */
+    mk_storage storage;
+    /* Views and in-place ops: the strides (elements) and the byte offset into the
+     * input's memory at which n's elements lie; NULL for ops that own memory. */
+    int64_t (*layout)(const mk_node *n, int64_t *stride);
+    /* Scratch bytes the kernel needs (NULL: none). */
+    size_t (*scratch)(const mk_node *n);
+    mk_kernel_fn kernel[MK_DEVICE_COUNT]; /* indexed by mk_device; NULL: not on that device */
+};
+
+const mk_op *mk_op_find(const char *name, size_t len);
+extern const mk_op mk_ops[];
+extern const int mk_op_count;
+
+/* ---- devices ------------------------------------------------------------ */
+
+/* A host↔device copy of one evaluation (an input in, the output out). */
+typedef struct {
+    void *device;  /* address in the model's device memory */
+    void *host;
+    size_t bytes;
+} mk_copy;
+
+typedef struct mk_device_ops {
+    const char *name;
+    /* Per-model state (streams, library handles); NULL state is fine for the CPU. */
+    int (*open)(void **state, mk_error **err);
+    void (*close)(void *state);
+    /* Device memory, allocated at compile only. alloc fails with MK_ERR_NOMEM. */
+    void *(*alloc)(void *state, size_t bytes, mk_error **err);
+    void (*free)(void *state, void *p);
+    int (*upload)(void *state, void *dst, const void *src, size_t bytes, mk_error **err);
+    int (*zero)(void *state, void *dst, size_t bytes, mk_error **err);
+    /* Called once after launches are bound (CUDA: pinned staging for the copies,
+     * capture the graph). The copies' `host` fields are NULL here. */
+    int (*prepare)(void *state, const mk_launch *launches, int n, const mk_copy *in, int n_in,
+                   const mk_copy *out, mk_error **err);
+    /* One evaluation: copy inputs in, run every launch, copy the output out. */
+    int (*evaluate)(void *state, const mk_launch *launches, int n, const mk_copy *in,
+                    int n_in, const mk_copy *out, mk_error **err);
+} mk_device_ops;
+
+extern const mk_device_ops mk_cpu_device;
+#ifdef MK_WITH_CUDA
+extern const mk_device_ops mk_cuda_device;
+int mk_cuda_probe(char *reason, size_t size); /* kernels/: 1 if a device is usable */
+#endif
+
+/* Kernels: one function per op family and device (cpu.c, kernels/). */
+#define MK_KERNELS(X)                                                              \
+    X(sum) X(hadamard) X(relu) X(silu) X(matmul) X(permute) X(replace_slice)      \
+    X(rms_norm) X(complex_mul) X(sliced_softmax) X(embedding) X(argmax)
+
+#define MK_DECLARE_CPU(k) int mk_cpu_##k(const mk_launch *l, mk_error **err);
+MK_KERNELS(MK_DECLARE_CPU)
+#ifdef MK_WITH_CUDA
+#define MK_DECLARE_CUDA(k) int mk_cuda_##k(const mk_launch *l, mk_error **err);
+MK_KERNELS(MK_DECLARE_CUDA)
+#endif
+
+/* ---- planner (planner.c) ------------------------------------------------ */
+
+/*
+ * Offsets in one arena. Sizes are rounded up to MK_ALIGN; every offset is a
+ * multiple of MK_ALIGN. Free blocks are kept ordered by address (neighbours
+ * merge on release) and by (size, address) for best fit: O(log n) each.
+ * A request no free block fits takes the top of the arena (growing it, and
+ * absorbing a free block that touches the top).
+ */
+typedef struct mk_planner mk_planner;
+mk_planner *mk_planner_new(void);
+void mk_planner_free(mk_planner *);
+/* Offset of a new block, or -1 when host memory for bookkeeping runs out (or the
+ * size cannot be an arena offset: over INT64_MAX/2). */
+int64_t mk_planner_alloc(mk_planner *, size_t bytes);
+/* Gives back a block allocated with these offset and bytes. */
+void mk_planner_release(mk_planner *, int64_t offset, size_t bytes);
+size_t mk_planner_arena_bytes(const mk_planner *); /* high-water mark */
+size_t mk_planner_peak_live(const mk_planner *);   /* largest sum of live (rounded) sizes */
+
+#endif

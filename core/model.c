@@ -1,0 +1,434 @@
+/*
+ * model.c — compile and evaluate: the stages after parsing, in order.
+ *
+ *   parse → passes → plan (arena offsets) → allocate on the device → bind
+ *   launches to final addresses → device prepare (CUDA: capture one graph)
+ *
+ * Evaluation then only copies inputs in, runs the bound launches and copies
+ * the output out; it allocates nothing.
+ */
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct mk_context {
+    int refs; /* the context and each of its models hold one */
+};
+
+struct mk_model {
+    mk_context *ctx;
+    const mk_device_ops *dev;
+    void *dev_state;
+    mk_graph *graph;
+
+    void *arena;         /* arena_bytes of device memory: every arena owner at its offset */
+    void **base;         /* [n_nodes] device address of each owner's memory, else NULL */
+    bool *owns_alloc;    /* [n_nodes] base[i] was allocated for node i (constants, buffers) */
+
+    int n_launches;
+    mk_launch *launches; /* [n_launches] in evaluation order */
+
+    int n_inputs;
+    mk_node **inputs;    /* [n_inputs] InputTensor nodes, script order */
+    mk_copy *in_copies;  /* [n_inputs] host field filled per evaluation */
+    mk_copy out_copy;
+
+    char *script;        /* after passes */
+    mk_stats stats;
+};
+
+/* ---- context --------------------------------------------------------------- */
+
+MK_API mk_context *mk_context_new(mk_error **err) {
+    mk_context *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) {
+        mk_fail(err, MK_ERR_NOMEM, 0, 0, "creating a context");
+        return NULL;
+    }
+    ctx->refs = 1;
+    return ctx;
+}
+
+static void context_release(mk_context *ctx) {
+    if (ctx && --ctx->refs == 0) free(ctx);
+}
+
+MK_API void mk_context_free(mk_context *ctx) { context_release(ctx); }
+
+/* ---- devices ----------------------------------------------------------------- */
+
+MK_API int mk_cuda_available(char *reason, size_t size) {
+#ifdef MK_WITH_CUDA
+    return mk_cuda_probe(reason, size);
+#else
+    if (reason && size) snprintf(reason, size, "moonkaas was built without CUDA (make CUDA=1)");
+    return 0;
+#endif
+}
+
+static const mk_device_ops *device_for(const mk_compile_options *opts, mk_error **err) {
+    if (opts->device == MK_DEVICE_CPU) {
+        if (opts->use_cudnn)
+            mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "use_cudnn needs the CUDA device");
+        return opts->use_cudnn ? NULL : &mk_cpu_device;
+    }
+    if (opts->device != MK_DEVICE_CUDA) {
+        mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "unknown device %d", (int)opts->device);
+        return NULL;
+    }
+    char reason[256];
+    if (!mk_cuda_available(reason, sizeof reason)) {
+        mk_fail(err, MK_ERR_NO_DEVICE, 0, 0, "%s", reason);
+        return NULL;
+    }
+    if (opts->use_cudnn) {
+        mk_fail(err, MK_ERR_ARGUMENT, 0, 0,
+                "use_cudnn: this build has no cuDNN fuser yet; compile without it");
+        return NULL;
+    }
+#ifdef MK_WITH_CUDA
+    return &mk_cuda_device;
+#else
+    return NULL;
+#endif
+}
+
+/* ---- constants ----------------------------------------------------------------- */
+
+/* data[i] for each ConstantTensor node i; every name given exactly once. */
+static int match_constants(const mk_graph *g, const mk_named_tensor *given, size_t n_given,
+                           const void **data, mk_error **err) {
+    for (size_t j = 0; j < n_given; j++) {
+        if (!given[j].name || !given[j].data)
+            return mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "constant %zu has a NULL name or data", j);
+        for (size_t k = 0; k < j; k++)
+            if (!strcmp(given[k].name, given[j].name))
+                return mk_fail(err, MK_ERR_INPUT, 0, 0, "constant '%s' is given twice",
+                               given[j].name);
+        bool known = false;
+        for (int i = 0; i < g->n_nodes && !known; i++) {
+            const mk_node *n = g->nodes[i];
+            if (n->op->storage == MK_STORAGE_CONSTANT && (n->op->flags & MK_OPF_LEAF) &&
+                !strcmp(n->name, given[j].name)) {
+                data[i] = given[j].data;
+                known = true;
+            }
+        }
+        if (!known)
+            return mk_fail(err, MK_ERR_INPUT, 0, 0, "constant '%s' is not in the script",
+                           given[j].name);
+    }
+    for (int i = 0; i < g->n_nodes; i++) {
+        const mk_node *n = g->nodes[i];
+        if ((n->op->flags & MK_OPF_LEAF) && n->op->storage == MK_STORAGE_CONSTANT && !data[i])
+            return mk_fail(err, MK_ERR_INPUT, n->line, n->column, "constant '%s' is not given",
+                           n->name);
+    }
+    return 0;
+}
+
+/* ---- memory plan ------------------------------------------------------------------ */
+
+static bool is_input(const mk_node *n) {
+    return (n->op->flags & MK_OPF_LEAF) && n->op->storage == MK_STORAGE_ARENA;
+}
+
+/*
+ * Walks the evaluation order: an owner in the arena gets its offset at its own
+ * step and is released after its last reader (through any of its views);
+ * scratch lives for its node's step only. Inputs take their slots first and
+ * keep them: they are written before the first kernel runs.
+ */
+static int plan_memory(mk_model *m, int64_t *scratch_offset, mk_error **err) {
+    mk_graph *g = m->graph;
+    int n = g->n_nodes;
+    int *head = malloc(sizeof *head * (size_t)(n + 1)); /* owners whose last reader is step i */
+    int *link = malloc(sizeof *link * (size_t)n);
+    mk_planner *p = mk_planner_new();
+    int rc = -1;
+    if (!head || !link || !p) {
+        mk_fail(err, MK_ERR_NOMEM, 0, 0, "planning memory");
+        goto done;
+    }
+    double t0 = mk_now_ms();
+    for (int i = 0; i < n; i++) g->nodes[i]->last_use = i;
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < g->nodes[i]->n_in; k++) {
+            mk_node *o = g->nodes[i]->in[k]->owner;
+            if (o->last_use < i) o->last_use = i;
+        }
+    g->output->owner->last_use = n; /* read by the output copy */
+    for (int i = 0; i <= n; i++) head[i] = -1;
+    for (int i = 0; i < n; i++) {
+        mk_node *o = g->nodes[i];
+        if (o->owner == o && o->storage == MK_STORAGE_ARENA && !is_input(o)) {
+            link[i] = head[o->last_use];
+            head[o->last_use] = i;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        mk_node *x = g->nodes[i];
+        if (is_input(x) && (x->offset = mk_planner_alloc(p, mk_node_bytes(x))) < 0) goto nomem;
+    }
+    for (int i = 0; i < n; i++) {
+        mk_node *x = g->nodes[i];
+        scratch_offset[i] = -1;
+        if (x->owner == x && x->storage == MK_STORAGE_ARENA && !is_input(x) &&
+            (x->offset = mk_planner_alloc(p, mk_node_bytes(x))) < 0)
+            goto nomem;
+        x->scratch_bytes = x->op->scratch ? x->op->scratch(x) : 0;
+        if (x->scratch_bytes) {
+            if ((scratch_offset[i] = mk_planner_alloc(p, x->scratch_bytes)) < 0) goto nomem;
+            mk_planner_release(p, scratch_offset[i], x->scratch_bytes);
+        }
+        for (int k = head[i]; k >= 0; k = link[k])
+            mk_planner_release(p, g->nodes[k]->offset, mk_node_bytes(g->nodes[k]));
+    }
+    m->stats.arena_bytes = mk_planner_arena_bytes(p);
+    m->stats.lower_bound_bytes = mk_planner_peak_live(p);
+    m->stats.plan_ms = mk_now_ms() - t0;
+    rc = 0;
+    goto done;
+nomem:
+    mk_fail(err, MK_ERR_NOMEM, 0, 0, "planning memory");
+done:
+    mk_planner_free(p);
+    free(head);
+    free(link);
+    return rc;
+}
+
+/* ---- allocation and binding -------------------------------------------------------- */
+
+static int allocate(mk_model *m, const void **const_data, const mk_compile_options *opts,
+                    mk_error **err) {
+    mk_graph *g = m->graph;
+    if (m->stats.arena_bytes &&
+        !(m->arena = m->dev->alloc(m->dev_state, m->stats.arena_bytes, err)))
+        return -1;
+    for (int i = 0; i < g->n_nodes; i++) {
+        mk_node *n = g->nodes[i];
+        if (n->owner != n) continue;
+        size_t bytes = mk_node_bytes(n);
+        switch (n->storage) {
+        case MK_STORAGE_ARENA:
+            m->base[i] = (char *)m->arena + n->offset;
+            break;
+        case MK_STORAGE_CONSTANT:
+            m->stats.constant_bytes += bytes;
+            if (opts->borrow_constants && m->dev == &mk_cpu_device) {
+                m->base[i] = (void *)const_data[i]; /* never written: in-place ops refuse it */
+                break;
+            }
+            if (!(m->base[i] = m->dev->alloc(m->dev_state, bytes, err))) return -1;
+            m->owns_alloc[i] = true;
+            if (m->dev->upload(m->dev_state, m->base[i], const_data[i], bytes, err)) return -1;
+            break;
+        case MK_STORAGE_BUFFER:
+            m->stats.buffer_bytes += bytes;
+            if (!(m->base[i] = m->dev->alloc(m->dev_state, bytes, err))) return -1;
+            m->owns_alloc[i] = true;
+            if (m->dev->zero(m->dev_state, m->base[i], bytes, err)) return -1;
+            break;
+        case MK_STORAGE_VIEW:
+            return MK_INTERNAL(err, "a view owns memory");
+        }
+    }
+    return 0;
+}
+
+static mk_tensor tensor_of(const mk_model *m, const mk_node *n) {
+    mk_tensor t = {.data = (char *)m->base[n->owner->index] + n->view_offset,
+                   .dtype = n->dtype,
+                   .rank = n->rank};
+    memcpy(t.shape, n->shape, sizeof t.shape);
+    memcpy(t.stride, n->stride, sizeof t.stride);
+    return t;
+}
+
+/* A node runs a kernel unless it is a leaf or a pure view. */
+static bool launches(const mk_node *n) {
+    if (n->op->flags & (MK_OPF_LEAF | MK_OPF_VIEW)) return false;
+    return !((n->op->flags & MK_OPF_MAYBE_VIEW) && n->storage == MK_STORAGE_VIEW);
+}
+
+static int bind(mk_model *m, const int64_t *scratch_offset, mk_error **err) {
+    mk_graph *g = m->graph;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const mk_node *n = g->nodes[i];
+        if (!launches(n)) continue;
+        if (!n->op->kernel[m->stats.device])
+            return mk_fail(err, MK_ERR_DEVICE, n->line, n->column, "%s has no %s kernel",
+                           n->op->name, m->dev->name);
+        mk_launch *l = &m->launches[m->n_launches];
+        *l = (mk_launch){.node = n, .index = m->n_launches, .n_in = n->n_in,
+                         .out = tensor_of(m, n), .dev = m->dev_state};
+        m->n_launches++;
+        for (int k = 0; k < n->n_in; k++) l->in[k] = tensor_of(m, n->in[k]);
+        if (n->op->flags & MK_OPF_MAYBE_VIEW) {
+            /* a copying permute reads its input through the permuted strides */
+            l->in[0].rank = n->rank;
+            memcpy(l->in[0].shape, n->shape, sizeof n->shape);
+            for (int k = 0; k < n->rank; k++) l->in[0].stride[k] = n->in[0]->stride[n->attr[k]];
+        }
+        if (n->op->flags & MK_OPF_BROADCAST) /* the right operand arrives broadcast */
+            l->in[1] = mk_tensor_broadcast(&l->in[1], &l->out);
+        if (n->scratch_bytes) {
+            l->scratch = (char *)m->arena + scratch_offset[i];
+            l->scratch_bytes = n->scratch_bytes;
+        }
+    }
+    return 0;
+}
+
+/* ---- compile ----------------------------------------------------------------------- */
+
+MK_API mk_model *mk_compile(mk_context *ctx, const char *script,
+                            const mk_named_tensor *constants, size_t n_constants,
+                            const mk_compile_options *options, mk_error **err) {
+    double t0 = mk_now_ms();
+    mk_compile_options opts = options ? *options : (mk_compile_options){0};
+    if (!ctx || !script || (n_constants && !constants)) {
+        mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "mk_compile: NULL context, script or constants");
+        return NULL;
+    }
+    const mk_device_ops *dev = device_for(&opts, err);
+    if (!dev) return NULL;
+
+    mk_model *m = calloc(1, sizeof *m);
+    const void **const_data = NULL;
+    int64_t *scratch_offset = NULL;
+    if (!m) goto nomem;
+    m->ctx = ctx;
+    ctx->refs++;
+    m->dev = dev;
+    m->stats.device = (int)opts.device;
+    if (!(m->graph = mk_graph_parse(script, err))) goto fail;
+    mk_graph *g = m->graph;
+    if (mk_passes_run(g, &opts, err)) goto fail;
+
+    int n = g->n_nodes;
+    const_data = calloc((size_t)n, sizeof *const_data);
+    scratch_offset = calloc((size_t)n, sizeof *scratch_offset);
+    m->base = calloc((size_t)n, sizeof *m->base);
+    m->owns_alloc = calloc((size_t)n, sizeof *m->owns_alloc);
+    m->launches = calloc((size_t)n, sizeof *m->launches);
+    m->inputs = calloc((size_t)n, sizeof *m->inputs);
+    if (!const_data || !scratch_offset || !m->base || !m->owns_alloc || !m->launches || !m->inputs)
+        goto nomem;
+    if (match_constants(g, constants, n_constants, const_data, err)) goto fail;
+    if (plan_memory(m, scratch_offset, err)) goto fail;
+
+    if (dev->open(&m->dev_state, err)) goto fail;
+    if (allocate(m, const_data, &opts, err)) goto fail;
+    if (bind(m, scratch_offset, err)) goto fail;
+
+    for (int i = 0; i < n; i++)
+        if (is_input(g->nodes[i])) m->inputs[m->n_inputs++] = g->nodes[i];
+    m->in_copies = calloc((size_t)(m->n_inputs ? m->n_inputs : 1), sizeof *m->in_copies);
+    if (!m->in_copies) goto nomem;
+    for (int k = 0; k < m->n_inputs; k++)
+        m->in_copies[k] = (mk_copy){.device = m->base[m->inputs[k]->index],
+                                    .bytes = mk_node_bytes(m->inputs[k])};
+    m->out_copy = (mk_copy){.device = tensor_of(m, g->output).data,
+                            .bytes = mk_node_bytes(g->output)};
+    if (dev->prepare(m->dev_state, m->launches, m->n_launches, m->in_copies, m->n_inputs,
+                     &m->out_copy, err))
+        goto fail;
+    if (!(m->script = mk_graph_print(g))) goto nomem;
+
+    m->stats.nodes = n;
+    m->stats.launches = m->n_launches;
+    m->stats.compile_ms = mk_now_ms() - t0;
+    free(const_data);
+    free(scratch_offset);
+    return m;
+nomem:
+    mk_fail(err, MK_ERR_NOMEM, 0, 0, "compiling the model");
+fail:
+    free(const_data);
+    free(scratch_offset);
+    mk_model_free(m);
+    return NULL;
+}
+
+MK_API void mk_model_free(mk_model *m) {
+    if (!m) return;
+    if (m->graph && m->base && m->owns_alloc)
+        for (int i = 0; i < m->graph->n_nodes; i++)
+            if (m->owns_alloc[i]) m->dev->free(m->dev_state, m->base[i]);
+    if (m->arena) m->dev->free(m->dev_state, m->arena);
+    if (m->dev_state) m->dev->close(m->dev_state);
+    mk_graph_free(m->graph);
+    free(m->base);
+    free(m->owns_alloc);
+    free(m->launches);
+    free(m->inputs);
+    free(m->in_copies);
+    free(m->script);
+    context_release(m->ctx);
+    free(m);
+}
+
+/* ---- evaluate ------------------------------------------------------------------------ */
+
+MK_API int mk_evaluate(mk_model *m, const mk_named_tensor *inputs, size_t n_inputs, void *output,
+                       size_t output_bytes, mk_error **err) {
+    if (!m || !output || (n_inputs && !inputs))
+        return mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "mk_evaluate: NULL model, inputs or output");
+    if (output_bytes != m->out_copy.bytes)
+        return mk_fail(err, MK_ERR_ARGUMENT, 0, 0,
+                       "the output takes %zu bytes, the buffer given has %zu", m->out_copy.bytes,
+                       output_bytes);
+    for (int k = 0; k < m->n_inputs; k++) m->in_copies[k].host = NULL;
+    for (size_t j = 0; j < n_inputs; j++) {
+        const mk_named_tensor *t = &inputs[j];
+        if (!t->name || !t->data)
+            return mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "input %zu has a NULL name or data", j);
+        int k = 0;
+        while (k < m->n_inputs && strcmp(m->inputs[k]->name, t->name)) k++;
+        if (k == m->n_inputs)
+            return mk_fail(err, MK_ERR_INPUT, 0, 0, "'%s' is not an input of this model", t->name);
+        if (m->in_copies[k].host)
+            return mk_fail(err, MK_ERR_INPUT, 0, 0, "input '%s' is given twice", t->name);
+        m->in_copies[k].host = (void *)t->data; /* only read */
+    }
+    for (int k = 0; k < m->n_inputs; k++)
+        if (!m->in_copies[k].host)
+            return mk_fail(err, MK_ERR_INPUT, 0, 0, "input '%s' is missing", m->inputs[k]->name);
+    m->out_copy.host = output;
+    return m->dev->evaluate(m->dev_state, m->launches, m->n_launches, m->in_copies, m->n_inputs,
+                            &m->out_copy, err);
+}
+
+/* ---- introspection --------------------------------------------------------------------- */
+
+static void info_of(const mk_node *n, mk_tensor_info *out) {
+    *out = (mk_tensor_info){.name = n->name, .dtype = n->dtype, .rank = n->rank};
+    memcpy(out->shape, n->shape, sizeof out->shape);
+}
+
+MK_API size_t mk_model_input_count(const mk_model *m) { return m ? (size_t)m->n_inputs : 0; }
+
+MK_API int mk_model_input_info(const mk_model *m, size_t i, mk_tensor_info *out) {
+    if (!m || !out || i >= (size_t)m->n_inputs) return -1;
+    info_of(m->inputs[i], out);
+    return 0;
+}
+
+MK_API int mk_model_output_info(const mk_model *m, mk_tensor_info *out) {
+    if (!m || !out) return -1;
+    info_of(m->graph->output, out);
+    out->name = NULL;
+    return 0;
+}
+
+MK_API const char *mk_model_script(const mk_model *m) { return m ? m->script : NULL; }
+
+MK_API int mk_model_stats(const mk_model *m, mk_stats *out) {
+    if (!m || !out) return -1;
+    *out = m->stats;
+    return 0;
+}

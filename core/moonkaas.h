@@ -1,0 +1,188 @@
+/*
+ * moonkaas.h — the public C API of moonkaas, a small tensor compiler.
+ *
+ * A model is described by a *script* (the IR, HamKaas-compatible text), compiled
+ * once for a device, and evaluated again and again:
+ *
+ *     mk_error *err = NULL;
+ *     mk_context *ctx = mk_context_new(&err);
+ *     const char *script =
+ *         "$1 = InputTensor(x, float32, [2, 3]);\n"
+ *         "$2 = ConstantTensor(w, float32, [3, 4]);\n"
+ *         "$3 = MatMulNode($1, $2);\n"
+ *         "$4 = ReLUNode($3);\n"
+ *         "result = $4;\n";
+ *     float w[12] = {...}, x[6] = {...}, y[8];
+ *     mk_named_tensor constants[] = {{"w", w}};
+ *     mk_model *m = mk_compile(ctx, script, constants, 1, NULL, &err);
+ *     if (!m) { fprintf(stderr, "%s\n", mk_error_message(err)); mk_error_free(err); ... }
+ *     mk_named_tensor inputs[] = {{"x", x}};
+ *     if (mk_evaluate(m, inputs, 1, y, sizeof y, &err) != 0) { ... }
+ *     mk_model_free(m);
+ *     mk_context_free(ctx);
+ *
+ * Rules every function follows:
+ *   - No global state; contexts are independent and may be used from different
+ *     threads (one thread per context at a time).
+ *   - Nothing here calls exit/abort. A fallible function returns NULL or -1 and,
+ *     when `err` is not NULL, stores a new error the caller frees with
+ *     mk_error_free. A failed call leaves the context usable.
+ *   - Tensors cross the API as dense row-major arrays (float32 as `float`,
+ *     int64 as `int64_t`) whose shape and dtype the script declares.
+ */
+#ifndef MOONKAAS_H
+#define MOONKAAS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(MK_BUILDING) && defined(__GNUC__)
+#define MK_API __attribute__((visibility("default")))
+#else
+#define MK_API
+#endif
+
+#define MK_VERSION_MAJOR 0
+#define MK_VERSION_MINOR 1
+#define MK_VERSION_PATCH 0
+#define MK_MAX_RANK 4
+
+typedef struct mk_context mk_context;
+typedef struct mk_model mk_model;
+typedef struct mk_error mk_error;
+
+/* ---- errors ------------------------------------------------------------- */
+
+typedef enum {
+    MK_ERR_SYNTAX = 1,  /* the script does not parse */
+    MK_ERR_SHAPE,       /* shapes disagree, bad rank or dimension */
+    MK_ERR_DTYPE,       /* a dtype an operation does not accept */
+    MK_ERR_NAME,        /* unknown op, undefined $N, duplicate or unknown name */
+    MK_ERR_ARGUMENT,    /* a bad argument to an API function */
+    MK_ERR_INPUT,       /* missing, extra or duplicate inputs/constants at run/compile time */
+    MK_ERR_EVAL,        /* a run-time value out of range (slice bounds, ids, prefix) */
+    MK_ERR_NOMEM,       /* host or device memory exhausted */
+    MK_ERR_DEVICE,      /* the device is missing or failed ("no CUDA device: ...") */
+    MK_ERR_INTERNAL,    /* a broken invariant inside moonkaas (a bug: please report) */
+    MK_ERR_NO_DEVICE,   /* compiled for CUDA where there is none ("no CUDA device: ...") */
+} mk_error_code;
+
+/* The whole message, e.g. "script:3:14: syntax error: expected ')'". */
+MK_API const char *mk_error_message(const mk_error *);
+MK_API mk_error_code mk_error_code_of(const mk_error *);
+/* 1-based script position of the error, 0 where it is not about a script line. */
+MK_API int mk_error_line(const mk_error *);
+MK_API int mk_error_column(const mk_error *);
+MK_API void mk_error_free(mk_error *);
+
+/* ---- version ------------------------------------------------------------ */
+
+/* "0.1.0"; also tells which devices this build has, e.g. "0.1.0 (cpu, cuda, cudnn)". */
+MK_API const char *mk_version(void);
+MK_API const char *mk_build_info(void);
+
+/* ---- context ------------------------------------------------------------ */
+
+MK_API mk_context *mk_context_new(mk_error **err);
+/* Models compiled in a context keep it alive; freeing both, in any order, is safe. */
+MK_API void mk_context_free(mk_context *);
+
+/* ---- compiling ---------------------------------------------------------- */
+
+typedef enum { MK_DEVICE_CPU = 0, MK_DEVICE_CUDA = 1 } mk_device;
+typedef enum { MK_DTYPE_FLOAT32 = 0, MK_DTYPE_INT64 = 1 } mk_dtype;
+
+/* A named dense row-major tensor; the name and shape come from the script. */
+typedef struct {
+    const char *name;
+    const void *data;
+} mk_named_tensor;
+
+typedef struct {
+    mk_device device;      /* zero: CPU */
+    bool use_cudnn;        /* CUDA only: fuse matmul/pointwise groups through cuDNN */
+    bool borrow_constants; /* CPU: use the caller's constant memory in place (e.g. an mmap'd
+                              checkpoint); it must outlive the model */
+    bool no_passes;        /* skip optional optimisation passes (debugging) */
+} mk_compile_options;
+
+/* Is a CUDA device usable? Returns 1, or 0 with a reason in `reason` (may be NULL). */
+MK_API int mk_cuda_available(char *reason, size_t reason_size);
+
+/*
+ * Parses, checks, plans and compiles `script`. `constants` gives the data of every
+ * ConstantTensor by name (extra or missing names are an MK_ERR_INPUT error); the
+ * data are copied unless opts->borrow_constants. `opts` may be NULL (CPU defaults).
+ */
+MK_API mk_model *mk_compile(mk_context *, const char *script,
+                            const mk_named_tensor *constants, size_t n_constants,
+                            const mk_compile_options *opts, mk_error **err);
+
+/*
+ * Runs the model once. Every InputTensor must be given exactly once by name;
+ * `output_bytes` must equal the output's size. BufferTensor contents persist
+ * from one evaluation to the next (zero after compile).
+ */
+MK_API int mk_evaluate(mk_model *, const mk_named_tensor *inputs, size_t n_inputs,
+                       void *output, size_t output_bytes, mk_error **err);
+
+MK_API void mk_model_free(mk_model *);
+
+/* ---- introspection ------------------------------------------------------ */
+
+typedef struct {
+    const char *name; /* NULL for the output */
+    mk_dtype dtype;
+    int rank;
+    int64_t shape[MK_MAX_RANK];
+} mk_tensor_info;
+
+MK_API size_t mk_model_input_count(const mk_model *);
+MK_API int mk_model_input_info(const mk_model *, size_t i, mk_tensor_info *out);
+MK_API int mk_model_output_info(const mk_model *, mk_tensor_info *out);
+/* The script after passes, as the compiler printed it (owned by the model). */
+MK_API const char *mk_model_script(const mk_model *);
+
+typedef struct {
+    size_t arena_bytes;       /* the one block all node outputs and scratch live in */
+    size_t lower_bound_bytes; /* largest sum of bytes live at one step: no plan beats it */
+    size_t constant_bytes;
+    size_t buffer_bytes;      /* BufferTensor state */
+    int nodes;                /* nodes in the compiled graph */
+    int launches;             /* kernel launches per evaluation */
+    int fused_groups;         /* cuDNN groups (0 without cuDNN) */
+    double compile_ms;        /* parse to ready */
+    double plan_ms;           /* the memory planner's share of compile_ms */
+    int device;               /* mk_device */
+} mk_stats;
+
+MK_API int mk_model_stats(const mk_model *, mk_stats *out);
+
+/* The script as the compiler prints it after parsing and checking, without
+ * compiling; for tools and tests. Free with mk_string_free. */
+MK_API char *mk_script_format(const char *script, mk_error **err);
+MK_API void mk_string_free(char *);
+
+/*
+ * Checks one operation exactly as the compiler does for a script line and gives
+ * its output's dtype and shape: `op` is a script name ("MatMulNode"), `inputs`
+ * the operands' types in order, `attrs` the integer arguments (SliceNode: begin,
+ * end; ReshapeNode: the shape; PermuteNode: the permutation). Front ends use it
+ * to raise shape errors when a node is built. Not for Input/Constant/BufferTensor.
+ */
+MK_API int mk_op_infer(const char *op, const mk_tensor_info *inputs, size_t n_inputs,
+                       const int64_t *attrs, size_t n_attrs, mk_tensor_info *out,
+                       mk_error **err);
+
+MK_API size_t mk_dtype_size(mk_dtype);
+MK_API const char *mk_dtype_name(mk_dtype);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,476 @@
+/*
+ * script.c — the IR's text form: lexer, parser (text → graph, checking every
+ * node with its op's shape rule as it goes) and printer (graph → text).
+ *
+ *   script    := { statement } result
+ *   statement := '$' INT '=' NAME '(' [ arg { ',' arg } ] ')' ';'
+ *   result    := 'result' '=' '$' INT ';'
+ *   arg       := '$' INT | NAME | ['-'] INT | '[' [ INT { ',' INT } ] ']'
+ *
+ * '#' starts a comment to the end of the line. Every error carries the line and
+ * column where it was found.
+ */
+#include "internal.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- lexer ---------------------------------------------------------------- */
+
+typedef enum { T_EOF, T_REF, T_NAME, T_INT, T_PUNCT, T_BAD } tok_kind;
+
+typedef struct {
+    tok_kind kind;
+    const char *start;
+    size_t len;
+    int64_t value; /* T_REF, T_INT */
+    int line, column;
+} token;
+
+typedef struct {
+    const char *p;
+    int line, column;
+    token tok; /* the current token */
+    mk_error **err;
+} lexer;
+
+static void advance(lexer *lx, size_t k) {
+    while (k--) {
+        if (*lx->p == '\n') lx->line++, lx->column = 1;
+        else lx->column++;
+        lx->p++;
+    }
+}
+
+static void skip_space(lexer *lx) {
+    for (;;) {
+        if (isspace((unsigned char)*lx->p)) advance(lx, 1);
+        else if (*lx->p == '#')
+            while (*lx->p && *lx->p != '\n') advance(lx, 1);
+        else return;
+    }
+}
+
+static bool is_name_char(char c) { return isalnum((unsigned char)c) || c == '_' || c == '.'; }
+
+/* Reads digits at p into *v; returns how many, or -1 on overflow. */
+static int read_int(const char *p, int64_t *v) {
+    int n = 0;
+    uint64_t x = 0;
+    while (isdigit((unsigned char)p[n])) {
+        x = x * 10 + (uint64_t)(p[n] - '0');
+        if (x > (uint64_t)INT64_MAX / 4) return -1;
+        n++;
+    }
+    *v = (int64_t)x;
+    return n;
+}
+
+static int next(lexer *lx) {
+    skip_space(lx);
+    token *t = &lx->tok;
+    *t = (token){.start = lx->p, .line = lx->line, .column = lx->column};
+    const char *p = lx->p;
+    if (!*p) {
+        t->kind = T_EOF;
+        return 0;
+    }
+    size_t len = 0;
+    if (*p == '$' || *p == '-' || isdigit((unsigned char)*p)) {
+        size_t lead = (*p == '$' || *p == '-') ? 1 : 0;
+        int n = read_int(p + lead, &t->value);
+        if (n < 0)
+            return mk_fail(lx->err, MK_ERR_SYNTAX, t->line, t->column, "integer too large");
+        if (n == 0)
+            return mk_fail(lx->err, MK_ERR_SYNTAX, t->line, t->column,
+                           *p == '$' ? "expected a node number after '$'"
+                                     : "expected digits after '-'");
+        t->kind = *p == '$' ? T_REF : T_INT;
+        if (*p == '-') t->value = -t->value;
+        len = lead + (size_t)n;
+        if (is_name_char(p[len]))
+            return mk_fail(lx->err, MK_ERR_SYNTAX, t->line, t->column, "malformed number '%.*s'",
+                           (int)(len + 1), p);
+    } else if (isalpha((unsigned char)*p) || *p == '_') {
+        while (is_name_char(p[len])) len++;
+        t->kind = T_NAME;
+    } else if (strchr("()[],;=", *p)) {
+        len = 1;
+        t->kind = T_PUNCT;
+    } else {
+        return mk_fail(lx->err, MK_ERR_SYNTAX, t->line, t->column, "unexpected character '%c'",
+                       isprint((unsigned char)*p) ? *p : '?');
+    }
+    t->len = len;
+    advance(lx, len);
+    return 0;
+}
+
+static bool is_punct(const token *t, char c) { return t->kind == T_PUNCT && *t->start == c; }
+
+static const char *describe(const token *t, char *buf, size_t size) {
+    if (t->kind == T_EOF) return "the end of the script";
+    snprintf(buf, size, "'%.*s'", (int)(t->len > 40 ? 40 : t->len), t->start);
+    return buf;
+}
+
+static int expect(lexer *lx, char c) {
+    if (!is_punct(&lx->tok, c)) {
+        char buf[64];
+        return mk_fail(lx->err, MK_ERR_SYNTAX, lx->tok.line, lx->tok.column,
+                       "expected '%c', found %s", c, describe(&lx->tok, buf, sizeof buf));
+    }
+    return next(lx);
+}
+
+/* ---- node ids → nodes ------------------------------------------------------ */
+
+/* Open addressing on $N; scripts may number nodes however they like. */
+typedef struct {
+    size_t cap, used;
+    mk_node **slots;
+} id_map;
+
+static size_t id_hash(int64_t id, size_t cap) {
+    return (size_t)((uint64_t)id * 0x9E3779B97F4A7C15ull) & (cap - 1);
+}
+
+static mk_node *id_find(const id_map *m, int64_t id) {
+    if (!m->cap) return NULL;
+    for (size_t i = id_hash(id, m->cap);; i = (i + 1) & (m->cap - 1)) {
+        if (!m->slots[i]) return NULL;
+        if (m->slots[i]->id == id) return m->slots[i];
+    }
+}
+
+static int id_put(id_map *m, mk_node *n) {
+    if (2 * (m->used + 1) > m->cap) {
+        size_t cap = m->cap ? 2 * m->cap : 64;
+        mk_node **slots = calloc(cap, sizeof *slots);
+        if (!slots) return -1;
+        for (size_t i = 0; i < m->cap; i++) {
+            if (!m->slots[i]) continue;
+            size_t j = id_hash(m->slots[i]->id, cap);
+            while (slots[j]) j = (j + 1) & (cap - 1);
+            slots[j] = m->slots[i];
+        }
+        free(m->slots);
+        m->slots = slots;
+        m->cap = cap;
+    }
+    size_t j = id_hash(n->id, m->cap);
+    while (m->slots[j]) j = (j + 1) & (m->cap - 1);
+    m->slots[j] = n;
+    m->used++;
+    return 0;
+}
+
+/* ---- graph ------------------------------------------------------------------ */
+
+void mk_graph_free(mk_graph *g) {
+    if (!g) return;
+    for (int i = 0; i < g->n_nodes; i++) {
+        free(g->nodes[i]->name);
+        free(g->nodes[i]);
+    }
+    free(g->nodes);
+    free(g);
+}
+
+static int graph_add(mk_graph *g, mk_node *n) {
+    if (g->n_nodes == g->cap) {
+        int cap = g->cap ? 2 * g->cap : 64;
+        mk_node **nodes = realloc(g->nodes, sizeof *nodes * (size_t)cap);
+        if (!nodes) return -1;
+        g->nodes = nodes;
+        g->cap = cap;
+    }
+    n->index = g->n_nodes;
+    g->nodes[g->n_nodes++] = n;
+    return 0;
+}
+
+/* ---- parser ----------------------------------------------------------------- */
+
+static const char *arg_kind(char c) {
+    switch (c) {
+    case 'n': return "a node ($N)";
+    case 's': return "a name";
+    case 'd': return "a dtype";
+    case 'l': return "an integer list";
+    default: return "an integer";
+    }
+}
+
+static void describe_signature(const mk_op *op, char *buf, size_t size) {
+    size_t used = 0;
+    buf[0] = 0;
+    for (const char *c = op->signature; *c && used < size; c++)
+        used += (size_t)snprintf(buf + used, size - used, "%s%s", c == op->signature ? "" : ", ",
+                                 arg_kind(*c));
+}
+
+/* One argument of kind `want` for node n. */
+static int parse_arg(lexer *lx, const id_map *ids, mk_node *n, char want, int index) {
+    token t = lx->tok;
+    const mk_op *op = n->op;
+    char buf[64];
+    bool ok = (want == 'n' && t.kind == T_REF) || ((want == 's' || want == 'd') && t.kind == T_NAME) ||
+              (want == 'i' && t.kind == T_INT) || (want == 'l' && is_punct(&t, '['));
+    if (!ok)
+        return mk_fail(lx->err, MK_ERR_ARGUMENT, t.line, t.column,
+                       "%s: argument %d must be %s, found %s", op->name, index + 1, arg_kind(want),
+                       describe(&t, buf, sizeof buf));
+    switch (want) {
+    case 'n': {
+        mk_node *x = id_find(ids, t.value);
+        if (!x)
+            return mk_fail(lx->err, MK_ERR_NAME, t.line, t.column,
+                           "$%lld is used before it is defined", (long long)t.value);
+        n->in[n->n_in++] = x;
+        return next(lx);
+    }
+    case 's':
+        n->name = strndup(t.start, t.len);
+        if (!n->name) return mk_fail(lx->err, MK_ERR_NOMEM, 0, 0, "parsing a name");
+        return next(lx);
+    case 'd':
+        if (t.len == 7 && !memcmp(t.start, "float32", 7)) n->dtype = MK_DTYPE_FLOAT32;
+        else if (t.len == 5 && !memcmp(t.start, "int64", 5)) n->dtype = MK_DTYPE_INT64;
+        else
+            return mk_fail(lx->err, MK_ERR_DTYPE, t.line, t.column,
+                           "unknown dtype '%.*s' (float32 or int64)", (int)t.len, t.start);
+        return next(lx);
+    case 'i':
+        if (n->n_attr == MK_MAX_RANK) return MK_INTERNAL(lx->err, "too many integer arguments");
+        n->attr[n->n_attr++] = t.value;
+        return next(lx);
+    }
+    /* 'l': [a, b, ...] */
+    if (next(lx)) return -1;
+    while (!is_punct(&lx->tok, ']')) {
+        if (n->n_attr && expect(lx, ',')) return -1;
+        if (lx->tok.kind != T_INT)
+            return mk_fail(lx->err, MK_ERR_SYNTAX, lx->tok.line, lx->tok.column,
+                           "expected an integer in the list, found %s",
+                           describe(&lx->tok, buf, sizeof buf));
+        if (n->n_attr == MK_MAX_RANK)
+            return mk_fail(lx->err, MK_ERR_SHAPE, lx->tok.line, lx->tok.column,
+                           "%s: more than %d entries in a shape or permutation", op->name,
+                           MK_MAX_RANK);
+        n->attr[n->n_attr++] = lx->tok.value;
+        if (next(lx)) return -1;
+    }
+    return next(lx);
+}
+
+/* `$N = Op(args);` with the lexer on the '$'. Checks the node's shapes. */
+static int parse_statement(lexer *lx, id_map *ids, mk_graph *g) {
+    token def = lx->tok;
+    if (def.value <= 0 || def.value > INT32_MAX)
+        return mk_fail(lx->err, MK_ERR_SYNTAX, def.line, def.column,
+                       "node numbers are positive integers, found $%lld", (long long)def.value);
+    mk_node *prev = id_find(ids, def.value);
+    if (prev)
+        return mk_fail(lx->err, MK_ERR_NAME, def.line, def.column,
+                       "$%lld is defined twice (first at line %d)", (long long)def.value,
+                       prev->line);
+    if (next(lx) || expect(lx, '=')) return -1;
+    token name = lx->tok;
+    char buf[64];
+    if (name.kind != T_NAME)
+        return mk_fail(lx->err, MK_ERR_SYNTAX, name.line, name.column,
+                       "expected a node name, found %s", describe(&name, buf, sizeof buf));
+    const mk_op *op = mk_op_find(name.start, name.len);
+    if (!op)
+        return mk_fail(lx->err, MK_ERR_NAME, name.line, name.column, "unknown node '%.*s'",
+                       (int)name.len, name.start);
+
+    mk_node *n = calloc(1, sizeof *n);
+    if (!n || graph_add(g, n)) {
+        free(n);
+        return mk_fail(lx->err, MK_ERR_NOMEM, 0, 0, "parsing the script");
+    }
+    n->id = (int)def.value;
+    n->op = op;
+    n->line = def.line;
+    n->column = def.column;
+    n->offset = -1;
+    if (next(lx) || expect(lx, '(')) return -1;
+    int want = (int)strlen(op->signature), got = 0;
+    while (!is_punct(&lx->tok, ')')) {
+        if (got && expect(lx, ',')) return -1;
+        if (got == want) {
+            char sig[160];
+            describe_signature(op, sig, sizeof sig);
+            return mk_fail(lx->err, MK_ERR_ARGUMENT, lx->tok.line, lx->tok.column,
+                           "%s takes %d arguments (%s), found more", op->name, want, sig);
+        }
+        if (lx->tok.kind == T_EOF) break;
+        if (parse_arg(lx, ids, n, op->signature[got], got)) return -1;
+        got++;
+    }
+    if (got != want) {
+        char sig[160];
+        describe_signature(op, sig, sizeof sig);
+        return mk_fail(lx->err, MK_ERR_ARGUMENT, lx->tok.line, lx->tok.column,
+                       "%s takes %d arguments (%s), found %d", op->name, want, sig, got);
+    }
+    if (next(lx) || expect(lx, ';')) return -1;
+    if (op->infer(n, lx->err)) return -1;
+    if (id_put(ids, n)) return mk_fail(lx->err, MK_ERR_NOMEM, 0, 0, "parsing the script");
+    return 0;
+}
+
+/* Input and constant names are how callers address tensors: each once. */
+static int check_names(const mk_graph *g, mk_error **err) {
+    mk_node **named = malloc(sizeof *named * (size_t)(g->n_nodes ? g->n_nodes : 1));
+    if (!named) return mk_fail(err, MK_ERR_NOMEM, 0, 0, "checking names");
+    int k = 0, rc = 0;
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i]->name) named[k++] = g->nodes[i];
+    /* Few names in practice; a sort would only pay with thousands. */
+    for (int i = 0; i < k && !rc; i++)
+        for (int j = 0; j < i && !rc; j++)
+            if (!strcmp(named[i]->name, named[j]->name))
+                rc = mk_fail(err, MK_ERR_NAME, named[i]->line, named[i]->column,
+                             "the name '%s' is used twice (first by $%d at line %d)",
+                             named[i]->name, named[j]->id, named[j]->line);
+    free(named);
+    return rc;
+}
+
+mk_graph *mk_graph_parse(const char *script, mk_error **err) {
+    if (!script) {
+        mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "the script is NULL");
+        return NULL;
+    }
+    mk_graph *g = calloc(1, sizeof *g);
+    id_map ids = {0};
+    lexer lx = {.p = script, .line = 1, .column = 1, .err = err};
+    if (!g) {
+        mk_fail(err, MK_ERR_NOMEM, 0, 0, "parsing the script");
+        return NULL;
+    }
+    if (next(&lx)) goto fail;
+    while (lx.tok.kind == T_REF)
+        if (parse_statement(&lx, &ids, g)) goto fail;
+
+    token t = lx.tok;
+    char buf[64];
+    if (!(t.kind == T_NAME && t.len == 6 && !memcmp(t.start, "result", 6))) {
+        mk_fail(err, MK_ERR_SYNTAX, t.line, t.column,
+                "expected a statement '$N = ...;' or 'result = $N;', found %s",
+                describe(&t, buf, sizeof buf));
+        goto fail;
+    }
+    if (next(&lx) || expect(&lx, '=')) goto fail;
+    t = lx.tok;
+    if (t.kind != T_REF) {
+        mk_fail(err, MK_ERR_SYNTAX, t.line, t.column, "expected 'result = $N;', found %s",
+                describe(&t, buf, sizeof buf));
+        goto fail;
+    }
+    g->output = id_find(&ids, t.value);
+    if (!g->output) {
+        mk_fail(err, MK_ERR_NAME, t.line, t.column, "$%lld is not defined", (long long)t.value);
+        goto fail;
+    }
+    if (next(&lx) || expect(&lx, ';')) goto fail;
+    if (lx.tok.kind != T_EOF) {
+        mk_fail(err, MK_ERR_SYNTAX, lx.tok.line, lx.tok.column,
+                "nothing may follow the result line, found %s", describe(&lx.tok, buf, sizeof buf));
+        goto fail;
+    }
+    if (check_names(g, err)) goto fail;
+    free(ids.slots);
+    return g;
+fail:
+    free(ids.slots);
+    mk_graph_free(g);
+    return NULL;
+}
+
+/* ---- printer ---------------------------------------------------------------- */
+
+typedef struct {
+    char *s;
+    size_t len, cap;
+    bool failed;
+} strbuf;
+
+static void put(strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(strbuf *b, const char *fmt, ...) {
+    if (b->failed) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->s + b->len, b->cap - b->len, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->failed = true;
+            return;
+        }
+        if ((size_t)n < b->cap - b->len) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t cap = 2 * b->cap + (size_t)n + 64;
+        char *s = realloc(b->s, cap);
+        if (!s) {
+            b->failed = true;
+            return;
+        }
+        b->s = s;
+        b->cap = cap;
+    }
+}
+
+char *mk_graph_print(const mk_graph *g) {
+    strbuf b = {.s = malloc(256), .cap = 256};
+    if (!b.s) return NULL;
+    b.s[0] = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const mk_node *n = g->nodes[i];
+        put(&b, "$%d = %s(", n->id, n->op->name);
+        int in = 0, attr = 0;
+        for (const char *c = n->op->signature; *c; c++) {
+            if (c != n->op->signature) put(&b, ", ");
+            switch (*c) {
+            case 'n': put(&b, "$%d", n->in[in++]->id); break;
+            case 's': put(&b, "%s", n->name); break;
+            case 'd': put(&b, "%s", mk_dtype_name(n->dtype)); break;
+            case 'i': put(&b, "%lld", (long long)n->attr[attr++]); break;
+            case 'l':
+                put(&b, "[");
+                for (int k = 0; k < n->n_attr; k++) put(&b, "%s%lld", k ? ", " : "", (long long)n->attr[k]);
+                put(&b, "]");
+                break;
+            }
+        }
+        put(&b, ");");
+        /* What the passes decided, for people reading the compiled script. */
+        if (n->storage == MK_STORAGE_VIEW && !(n->op->flags & MK_OPF_VIEW))
+            put(&b, "  # %s of $%d", n->op->flags & MK_OPF_INPLACE ? "in place" : "view",
+                n->owner->id);
+        put(&b, "\n");
+    }
+    put(&b, "result = $%d;\n", g->output->id);
+    if (b.failed) {
+        free(b.s);
+        return NULL;
+    }
+    return b.s;
+}
+
+MK_API char *mk_script_format(const char *script, mk_error **err) {
+    mk_graph *g = mk_graph_parse(script, err);
+    if (!g) return NULL;
+    char *s = mk_graph_print(g);
+    if (!s) mk_fail(err, MK_ERR_NOMEM, 0, 0, "printing the script");
+    mk_graph_free(g);
+    return s;
+}

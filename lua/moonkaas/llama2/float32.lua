@@ -1,0 +1,92 @@
+-- moonkaas.llama2.float32 — IEEE float32 arithmetic emulated on Lua's doubles.
+--
+-- run.c computes its sampler, its RoPE table and its tokenizer scores in
+-- float32. To pick the same tokens for the same seed, the Lua side does each
+-- float32 operation as one double operation followed by a rounding to float32:
+-- for + - * / that double rounding is innocuous (53 >= 2 * 24 + 2 bits), so the
+-- result is the float32 result bit for bit. Transcendentals (exp, cos, sin,
+-- pow) are rounded correctly here, where glibc's float versions may be off by
+-- one unit in the last place on rare arguments.
+--
+-- Pure Lua; no moonkaas core needed.
+
+local pack, unpack = string.pack, string.unpack
+local rep = string.rep
+local table_unpack = table.unpack
+
+local M = {}
+
+-- Rounds a double to the nearest float32 (ties to even; overflow to ±inf).
+local function f32(x)
+    return (unpack("<f", pack("<f", x)))
+end
+M.f32 = f32
+
+-- Vectors are rounded through string.pack in chunks: one C call per chunk is
+-- four times faster than one per element.
+local CHUNK = 4096
+local chunk_fmt = "<" .. rep("f", CHUNK)
+
+-- Rounds t[1..n] to float32 in place; returns t.
+function M.round_array(t, n)
+    n = n or #t
+    local i = 1
+    while i <= n do
+        local m = n - i + 1
+        if m >= CHUNK then
+            local s = pack(chunk_fmt, table_unpack(t, i, i + CHUNK - 1))
+            table.move({ unpack(chunk_fmt, s) }, 1, CHUNK, i, t)
+            i = i + CHUNK
+        else
+            local fmt = "<" .. rep("f", m)
+            local s = pack(fmt, table_unpack(t, i, n))
+            table.move({ unpack(fmt, s) }, 1, m, i, t)
+            i = n + 1
+        end
+    end
+    return t
+end
+
+-- A running float32 sum of non-negative float32 terms (probabilities), as
+-- run.c's `sum += x[i]` loops compute it, without a string.pack per term:
+-- a double in [p, 2p) is rounded to 24 significant bits by adding and
+-- subtracting 1.5 * p * 2^29, whose last mantissa bit has weight ulp(p) in
+-- float32; the double addition itself rounds to nearest, ties to even.
+local TWO_M126 = 2.0 ^ -126       -- smallest normal float32: below it the ulp is fixed
+local MAGIC = 1.5 * 2.0 ^ 29
+local TWO_128 = 2.0 ^ 128          -- a float32 sum rounding to this is +inf
+
+local Accumulator = {}
+Accumulator.__index = Accumulator
+
+function M.accumulator()
+    return setmetatable({ sum = 0.0, p = TWO_M126, magic = TWO_M126 * MAGIC }, Accumulator)
+end
+
+-- Adds a non-negative float32 term; returns the new float32 sum.
+function Accumulator:add(x)
+    local d = self.sum + x
+    if d >= TWO_128 then           -- overflowed float32 (or x was inf)
+        self.sum = math.huge
+        return math.huge
+    end
+    if d >= 2 * self.p then
+        local p = self.p
+        repeat p = p * 2 until d < 2 * p
+        self.p, self.magic = p, p * MAGIC
+    end
+    local magic = self.magic
+    d = (d + magic) - magic
+    if d >= TWO_128 then d = math.huge end
+    self.sum = d
+    return d
+end
+
+-- Sequential float32 sum of the non-negative float32 values t[1..n].
+function M.sum_nonneg(t, n)
+    local acc = M.accumulator()
+    for i = 1, n or #t do acc:add(t[i]) end
+    return acc.sum
+end
+
+return M
