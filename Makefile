@@ -9,9 +9,10 @@ BUILD    ?= build
 CC       ?= gcc
 OPT      ?= -O2
 CFLAGS   ?= $(OPT) -g
+SAN      ?=
 CFLAGS   += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fPIC -fopenmp \
-            -fvisibility=hidden -DMK_BUILDING -Icore
-LDLIBS   += -lopenblas -lm -fopenmp
+            -fvisibility=hidden -DMK_BUILDING -Icore $(SAN)
+LDLIBS   += -lopenblas -lm -fopenmp $(SAN)
 LUA      ?= lua5.4
 LUA_INCDIR ?= $(firstword $(wildcard /usr/include/lua5.4) /usr/include)
 BLAS_INC ?= $(firstword $(wildcard /usr/include/x86_64-linux-gnu/openblas-pthread) /usr/include/x86_64-linux-gnu)
@@ -92,12 +93,17 @@ install: $(LUA_MOD)
 test: all
 	@sh spec/run_tests.sh $(BUILD)
 
+# The whole suite under AddressSanitizer + UBSan (a separate build tree).
 asan:
-	$(MAKE) BUILD=build-asan OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined" \
-	    LDLIBS_EXTRA=-fsanitize=address,undefined all
+	$(MAKE) BUILD=build-asan OPT="-O1 -fno-omit-frame-pointer" \
+	    SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined" all
 	ASAN=1 sh spec/run_tests.sh build-asan
+
+# The C tests and the CPU specs under valgrind (leaks are errors).
+valgrind: all
+	sh spec/valgrind.sh $(BUILD)
 
 clean:
 	rm -rf build build-asan
 
-.PHONY: all test asan clean install
+.PHONY: all test asan valgrind clean install

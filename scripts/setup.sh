@@ -1,0 +1,16 @@
+#!/bin/sh
+# Installs what moonkaas needs on Debian 12 (run as root) and makes `lua` mean Lua 5.4:
+# Debian's lua-busted pulls in Lua 5.1 and points `lua` at it.
+set -eu
+export DEBIAN_FRONTEND=noninteractive
+need=""
+for p in build-essential lua5.4 liblua5.4-dev lua-busted luarocks libopenblas-dev valgrind; do
+    dpkg -s "$p" > /dev/null 2>&1 || need="$need $p"
+done
+if [ -n "$need" ]; then
+    apt-get update -qq
+    apt-get install -y -qq $need > /dev/null
+fi
+update-alternatives --set lua-interpreter /usr/bin/lua5.4 > /dev/null
+update-alternatives --set lua-compiler /usr/bin/luac5.4 > /dev/null 2>&1 || true
+echo "setup: $(lua -v), $(gcc --version | head -n 1)"

@@ -1,0 +1,361 @@
+/*
+ * script_test.c — the script parser and printer: HamKaas scripts compile
+ * unchanged, printing round-trips, and every class of bad script gives an
+ * error with the right kind, line and column, leaving the context usable.
+ */
+#include "moonkaas.h"
+#include "test.h"
+
+static mk_context *ctx;
+
+/* The MNIST MLP exactly as HamKaas's Python frontend prints it. */
+static const char *mnist =
+    "$1 = InputTensor(input, float32, [128, 28, 28]);\n"
+    "$2 = ReshapeNode($1, [128, 784]);\n"
+    "$3 = ConstantTensor(constant_0, float32, [784, 1000]);\n"
+    "$4 = MulNode($2, $3);\n"
+    "$5 = ConstantTensor(constant_1, float32, [1, 1000]);\n"
+    "$6 = SumNode($4, $5);\n"
+    "$7 = ReLUNode($6);\n"
+    "$8 = ConstantTensor(constant_2, float32, [1000, 10]);\n"
+    "$9 = MulNode($7, $8);\n"
+    "$10 = ConstantTensor(constant_3, float32, [1, 10]);\n"
+    "$11 = SumNode($9, $10);\n"
+    "result = $11;\n";
+
+/* Every node of the catalogue in one script. */
+static const char *every_node =
+    "# a comment line\n"
+    "$1 = InputTensor(x, float32, [4, 8]);   # trailing comment\n"
+    "$2 = ConstantTensor(w, float32, [8, 8]);\n"
+    "$3 = BufferTensor(float32, [6, 8]);\n"
+    "$4 = InputTensor(pos, int64, [1]);\n"
+    "$5 = InputTensor(pos1, int64, [1]);\n"
+    "$6 = MatMulNode($1, $2);\n"
+    "$7 = SumNode($6, $1);\n"
+    "$8 = HadamardProductNode($7, $1);\n"
+    "$9 = ReLUNode($8);\n"
+    "$10 = SiLUNode($9);\n"
+    "$11 = SliceNode($10, 1, 2);\n"
+    "$12 = ReplaceSliceNode($3, $11, $4, $5);\n"
+    "$13 = ReshapeNode($12, [6, 4, 2]);\n"
+    "$14 = ConstantTensor(f, float32, [1, 4, 2]);\n"
+    "$15 = ComplexHadamardProductNode($13, $14);\n"
+    "$16 = PermuteNode($15, [1, 0, 2]);\n"
+    "$17 = ReshapeNode($16, [4, 12]);\n"
+    "$18 = ConstantTensor(g, float32, [12]);\n"
+    "$19 = RmsNormNode($17, $18);\n"
+    "$20 = SlicedSoftmaxNode($19, $5);\n"
+    "$21 = ArgMaxNode($20);\n"
+    "$22 = ReshapeNode($21, [4]);\n"
+    "$23 = ConstantTensor(table, float32, [12, 3]);\n"
+    "$24 = EmbeddingNode($23, $22);\n"
+    "$25 = ConstantTensor(v, float32, [3, 5]);\n"
+    "$26 = MulNode($24, $25);\n"
+    "result = $26;\n";
+
+static void test_hamkaas_mnist_parses_unchanged(void) {
+    mk_error *err = NULL;
+    char *text = mk_script_format(mnist, &err);
+    CHECK(text != NULL, "%s", mk_error_message(err));
+    /* The printer writes the canonical alias MatMulNode for MulNode; otherwise the same. */
+    if (text) {
+        char *again = mk_script_format(text, &err);
+        CHECK(again && !strcmp(again, text), "printing is not a fixed point:\n%s\n%s", text,
+              again ? again : "(null)");
+        CHECK(strstr(text, "$2 = ReshapeNode($1, [128, 784]);") != NULL, "%s", text);
+        CHECK(strstr(text, "$4 = MatMulNode($2, $3);") != NULL, "%s", text);
+        CHECK(strstr(text, "result = $11;") != NULL, "%s", text);
+        mk_string_free(again);
+    }
+    mk_string_free(text);
+    mk_error_free(err);
+}
+
+static void test_every_node_round_trips(void) {
+    mk_error *err = NULL;
+    char *text = mk_script_format(every_node, &err);
+    CHECK(text != NULL, "%s", mk_error_message(err));
+    char *again = text ? mk_script_format(text, &err) : NULL;
+    CHECK(again && !strcmp(again, text), "round trip differs:\n%s\n---\n%s", text ? text : "",
+          again ? again : mk_error_message(err));
+    mk_string_free(text);
+    mk_string_free(again);
+    mk_error_free(err);
+}
+
+static void test_every_node_compiles(void) {
+    static float w[64], f[8], g[12], table[36], v[15];
+    for (int i = 0; i < 15; i++) v[i] = (float)test_uniform(-1, 1);
+    for (int i = 0; i < 64; i++) w[i] = (float)test_uniform(-1, 1);
+    for (int i = 0; i < 8; i++) f[i] = (float)test_uniform(-1, 1);
+    for (int i = 0; i < 12; i++) g[i] = (float)test_uniform(0.5, 1.5);
+    for (int i = 0; i < 36; i++) table[i] = (float)test_uniform(-1, 1);
+    mk_named_tensor c[] = {{"w", w}, {"f", f}, {"g", g}, {"table", table}, {"v", v}};
+    mk_error *err = NULL;
+    mk_model *m = mk_compile(ctx, every_node, c, 5, NULL, &err);
+    CHECK(m != NULL, "%s", mk_error_message(err));
+    if (m) {
+        float x[32], y[20];
+        for (int i = 0; i < 32; i++) x[i] = (float)test_uniform(-1, 1);
+        int64_t pos = 2, pos1 = 3;
+        mk_named_tensor in[] = {{"x", x}, {"pos", &pos}, {"pos1", &pos1}};
+        CHECK(mk_evaluate(m, in, 3, y, sizeof y, &err) == 0, "%s", mk_error_message(err));
+        mk_tensor_info info;
+        CHECK(mk_model_output_info(m, &info) == 0 && info.rank == 2 && info.shape[0] == 4 &&
+                  info.shape[1] == 5 && info.dtype == MK_DTYPE_FLOAT32,
+              "output info");
+        CHECK(mk_model_input_count(m) == 3, "inputs %zu", mk_model_input_count(m));
+    }
+    mk_model_free(m);
+    mk_error_free(err);
+}
+
+/* A bad script: the error's code, position and a fragment of its message. */
+typedef struct {
+    const char *script;
+    mk_error_code code;
+    int line, column;
+    const char *fragment;
+} bad_case;
+
+#define X1 "$1 = InputTensor(x, float32, [2, 3]);\n"
+static const bad_case bad[] = {
+    /* syntax */
+    {X1 "$2 = ReLUNode($1)\nresult = $2;", MK_ERR_SYNTAX, 3, 1, "expected ';'"},
+    {X1 "$2 = ReLUNode($1;\nresult = $2;", MK_ERR_SYNTAX, 2, 17, "expected ','"},
+    {X1 "$2 ReLUNode($1);\nresult = $2;", MK_ERR_SYNTAX, 2, 4, "expected '='"},
+    {X1 "$2 = ReLUNode($1);\n", MK_ERR_SYNTAX, 3, 1, "'result = $N;'"},
+    {"", MK_ERR_SYNTAX, 1, 1, "the end of the script"},
+    {X1 "result = $1;\n$2 = ReLUNode($1);", MK_ERR_SYNTAX, 3, 1, "nothing may follow"},
+    {X1 "$2 = ReLUNode($1) @;\nresult = $2;", MK_ERR_SYNTAX, 2, 19, "unexpected character '@'"},
+    {X1 "$ = ReLUNode($1);\nresult = $2;", MK_ERR_SYNTAX, 2, 1, "node number after '$'"},
+    {X1 "$0 = ReLUNode($1);\nresult = $0;", MK_ERR_SYNTAX, 2, 1, "positive"},
+    {"$1 = InputTensor(x, float32, [2, 3x]);\nresult = $1;", MK_ERR_SYNTAX, 1, 34, "malformed"},
+    {"$1 = InputTensor(x, float32, [2, y]);\nresult = $1;", MK_ERR_SYNTAX, 1, 34,
+     "expected an integer"},
+    {"$1 = InputTensor(x, float32, [99999999999999999999]);\nresult = $1;", MK_ERR_SYNTAX, 1, 31,
+     "too large"},
+    /* unknown op, undefined and forward references, duplicates */
+    {X1 "$2 = FooNode($1);\nresult = $2;", MK_ERR_NAME, 2, 6, "unknown node 'FooNode'"},
+    {X1 "$2 = ReLUNode($5);\nresult = $2;", MK_ERR_NAME, 2, 15, "$5 is used before"},
+    {X1 "$2 = SumNode($1, $3);\n$3 = ReLUNode($1);\nresult = $2;", MK_ERR_NAME, 2, 18,
+     "$3 is used before"},
+    {X1 "$2 = ReLUNode($2);\nresult = $2;", MK_ERR_NAME, 2, 15, "$2 is used before"},
+    {X1 "$1 = ReLUNode($1);\nresult = $1;", MK_ERR_NAME, 2, 1, "defined twice"},
+    {X1 "result = $9;", MK_ERR_NAME, 2, 10, "$9 is not defined"},
+    {X1 "$2 = InputTensor(x, float32, [2, 3]);\nresult = $2;", MK_ERR_NAME, 2, 1,
+     "the name 'x' is used twice"},
+    {X1 "$2 = ConstantTensor(x, float32, [2, 3]);\nresult = $2;", MK_ERR_NAME, 2, 1,
+     "the name 'x' is used twice"},
+    /* arity and argument kinds */
+    {X1 "$2 = SumNode($1);\nresult = $2;", MK_ERR_ARGUMENT, 2, 16, "takes 2 arguments"},
+    {X1 "$2 = ReLUNode($1, $1);\nresult = $2;", MK_ERR_ARGUMENT, 2, 19, "takes 1 arguments"},
+    {X1 "$2 = SliceNode($1, $1, 2);\nresult = $2;", MK_ERR_ARGUMENT, 2, 20,
+     "argument 2 must be an integer"},
+    {X1 "$2 = ReshapeNode($1, 6);\nresult = $2;", MK_ERR_ARGUMENT, 2, 22,
+     "must be an integer list"},
+    {"$1 = InputTensor($2, float32, [2]);\nresult = $1;", MK_ERR_ARGUMENT, 1, 18,
+     "must be a name"},
+    /* dtypes */
+    {"$1 = InputTensor(x, int32, [2, 3]);\nresult = $1;", MK_ERR_DTYPE, 1, 21,
+     "unknown dtype 'int32'"},
+    {X1 "$2 = InputTensor(y, int64, [2, 3]);\n$3 = SumNode($1, $2);\nresult = $3;", MK_ERR_DTYPE,
+     3, 1, "differ in dtype"},
+    {"$1 = InputTensor(x, int64, [2, 3]);\n$2 = SiLUNode($1);\nresult = $2;", MK_ERR_DTYPE, 2, 1,
+     "does not take int64"},
+    {X1 "$2 = InputTensor(p, float32, [1]);\n$3 = SlicedSoftmaxNode($1, $2);\nresult = $3;",
+     MK_ERR_DTYPE, 3, 1, "prefix ($2) must be int64"},
+    {X1 "$2 = InputTensor(i, float32, [2]);\n$3 = EmbeddingNode($1, $2);\nresult = $3;",
+     MK_ERR_DTYPE, 3, 1, "ids ($2) must be int64"},
+    /* ranks and dims */
+    {"$1 = InputTensor(x, float32, []);\nresult = $1;", MK_ERR_SHAPE, 1, 1, "rank 0"},
+    {"$1 = InputTensor(x, float32, [1, 2, 3, 4, 5]);\nresult = $1;", MK_ERR_SHAPE, 1, 43,
+     "more than 4"},
+    {"$1 = InputTensor(x, float32, [2, 0]);\nresult = $1;", MK_ERR_SHAPE, 1, 1,
+     "dimension 1 is 0"},
+    {"$1 = BufferTensor(float32, [-2]);\nresult = $1;", MK_ERR_SHAPE, 1, 1,
+     "dimension 0 is -2"},
+    /* shape rules */
+    {X1 "$2 = InputTensor(y, float32, [3, 2]);\n$3 = SumNode($1, $2);\nresult = $3;",
+     MK_ERR_SHAPE, 3, 1, "does not broadcast"},
+    {X1 "$2 = InputTensor(y, float32, [3]);\n$3 = SumNode($1, $2);\nresult = $3;", MK_ERR_SHAPE,
+     3, 1, "does not broadcast"},
+    {X1 "$2 = MatMulNode($1, $1);\nresult = $2;", MK_ERR_SHAPE, 2, 1, "cannot multiply [2, 3] by [2, 3]"},
+    {X1 "$2 = SliceNode($1, 1, 5);\nresult = $2;", MK_ERR_SHAPE, 2, 1, "rows [1, 5)"},
+    {X1 "$2 = SliceNode($1, 1, 1);\nresult = $2;", MK_ERR_SHAPE, 2, 1, "rows [1, 1)"},
+    {X1 "$2 = ReshapeNode($1, [4, 2]);\nresult = $2;", MK_ERR_SHAPE, 2, 1, "6 elements"},
+    {X1 "$2 = PermuteNode($1, [0, 0]);\nresult = $2;", MK_ERR_SHAPE, 2, 1, "not a permutation"},
+    {X1 "$2 = PermuteNode($1, [0, 1, 2]);\nresult = $2;", MK_ERR_SHAPE, 2, 1, "not a permutation"},
+    {X1 "$2 = ConstantTensor(w, float32, [2]);\n$3 = RmsNormNode($1, $2);\nresult = $3;",
+     MK_ERR_SHAPE, 3, 1, "must be [3]"},
+    {X1 "$2 = ComplexHadamardProductNode($1, $1);\nresult = $2;", MK_ERR_SHAPE, 2, 1,
+     "must be 2"},
+    {X1 "$2 = InputTensor(b, int64, [2]);\n$3 = ReplaceSliceNode($1, $1, $2, $2);\nresult = $3;",
+     MK_ERR_SHAPE, 3, 1, "begin ($2) must have shape [1]"},
+    {X1 "$2 = InputTensor(b, int64, [1]);\n$3 = InputTensor(r, float32, [3, 3]);\n"
+        "$4 = ReplaceSliceNode($1, $3, $2, $2);\nresult = $4;",
+     MK_ERR_SHAPE, 4, 1, "does not fit"},
+    {X1 "$2 = InputTensor(i, int64, [2, 1]);\n$3 = EmbeddingNode($1, $2);\nresult = $3;",
+     MK_ERR_SHAPE, 3, 1, "ids must be [n]"},
+};
+
+static void test_bad_scripts(void) {
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const bad_case *c = &bad[i];
+        mk_error *err = NULL;
+        mk_model *m = mk_compile(ctx, c->script, NULL, 0, NULL, &err);
+        CHECK(m == NULL && err != NULL, "case %zu compiled", i);
+        if (!err) {
+            mk_model_free(m);
+            continue;
+        }
+        const char *msg = mk_error_message(err);
+        char prefix[64];
+        snprintf(prefix, sizeof prefix, "script:%d:%d: ", c->line, c->column);
+        CHECK(mk_error_code_of(err) == c->code, "case %zu: code %d, want %d: %s", i,
+              mk_error_code_of(err), c->code, msg);
+        CHECK(mk_error_line(err) == c->line && mk_error_column(err) == c->column,
+              "case %zu: at %d:%d, want %d:%d: %s", i, mk_error_line(err),
+              mk_error_column(err), c->line, c->column, msg);
+        CHECK(!strncmp(msg, prefix, strlen(prefix)), "case %zu: message '%s' lacks '%s'", i, msg,
+              prefix);
+        CHECK(strstr(msg, c->fragment) != NULL, "case %zu: message '%s' lacks '%s'", i, msg,
+              c->fragment);
+        mk_error_free(err);
+    }
+}
+
+/* Any prefix of a valid script, and random byte damage, fails cleanly or compiles. */
+static void test_damaged_scripts_never_crash(void) {
+    size_t len = strlen(every_node);
+    char *buf = malloc(len + 1);
+    int compiled = 0;
+    for (size_t cut = 0; cut <= len; cut++) {
+        memcpy(buf, every_node, cut);
+        buf[cut] = 0;
+        mk_error *err = NULL;
+        char *s = mk_script_format(buf, &err);
+        CHECK(s != NULL || (err && mk_error_message(err)[0]), "prefix %zu: no error", cut);
+        compiled += s != NULL;
+        mk_string_free(s);
+        mk_error_free(err);
+    }
+    CHECK(compiled >= 1, "the whole script must parse");
+    const char alphabet[] = "$=()[],;#-0123456789abcXYZ_ \n\t\x01\xff";
+    for (int round = 0; round < 2000; round++) {
+        memcpy(buf, every_node, len + 1);
+        int edits = (int)test_randint(1, 4);
+        for (int e = 0; e < edits; e++)
+            buf[test_randint(0, (int64_t)len - 1)] =
+                alphabet[test_randint(0, (int64_t)sizeof alphabet - 2)];
+        mk_error *err = NULL;
+        char *s = mk_script_format(buf, &err);
+        CHECK(s != NULL || err != NULL, "round %d: neither text nor error", round);
+        mk_string_free(s);
+        mk_error_free(err);
+    }
+    free(buf);
+}
+
+static void test_context_usable_after_errors(void) {
+    mk_error *err = NULL;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        mk_model *m = mk_compile(ctx, bad[i].script, NULL, 0, NULL, &err);
+        mk_model_free(m);
+        mk_error_free(err);
+        err = NULL;
+    }
+    const char *ok = "$1 = InputTensor(x, float32, [3]);\n$2 = ReLUNode($1);\nresult = $2;\n";
+    mk_model *m = mk_compile(ctx, ok, NULL, 0, NULL, &err);
+    CHECK(m != NULL, "%s", mk_error_message(err));
+    float x[3] = {-1.5f, 2.0f, 0.25f}, y[3];
+    mk_named_tensor in[] = {{"x", x}};
+    CHECK(m && mk_evaluate(m, in, 1, y, sizeof y, &err) == 0 && y[0] == 0 && y[1] == 2.0f &&
+              y[2] == 0.25f,
+          "relu after errors: %s", mk_error_message(err));
+    mk_model_free(m);
+    mk_error_free(err);
+}
+
+static void test_api_misuse(void) {
+    mk_error *err = NULL;
+    const char *ok = "$1 = InputTensor(x, float32, [3]);\n$2 = ConstantTensor(c, float32, [3]);\n"
+                     "$3 = SumNode($1, $2);\nresult = $3;\n";
+    float c[3] = {1, 2, 3}, x[3] = {0.5f, 0.25f, 0.125f}, y[3];
+    CHECK(mk_compile(ctx, ok, NULL, 0, NULL, &err) == NULL &&
+              strstr(mk_error_message(err), "input error: constant 'c' is not given"),
+          "%s", mk_error_message(err));
+    mk_error_free(err), err = NULL;
+    mk_named_tensor two[] = {{"c", c}, {"c", c}};
+    CHECK(mk_compile(ctx, ok, two, 2, NULL, &err) == NULL &&
+              strstr(mk_error_message(err), "given twice"),
+          "%s", mk_error_message(err));
+    mk_error_free(err), err = NULL;
+    mk_named_tensor extra[] = {{"c", c}, {"d", c}};
+    CHECK(mk_compile(ctx, ok, extra, 2, NULL, &err) == NULL &&
+              strstr(mk_error_message(err), "'d' is not in the script"),
+          "%s", mk_error_message(err));
+    mk_error_free(err), err = NULL;
+    CHECK(mk_compile(ctx, NULL, NULL, 0, NULL, &err) == NULL && err, "NULL script");
+    mk_error_free(err), err = NULL;
+
+    mk_model *m = mk_compile(ctx, ok, two, 1, NULL, &err);
+    CHECK(m != NULL, "%s", mk_error_message(err));
+    if (!m) return;
+    mk_named_tensor in[] = {{"x", x}, {"x", x}}, wrong[] = {{"z", x}};
+    CHECK(mk_evaluate(m, in, 0, y, sizeof y, &err) == -1 &&
+              strstr(mk_error_message(err), "input 'x' is missing"),
+          "%s", mk_error_message(err));
+    mk_error_free(err), err = NULL;
+    CHECK(mk_evaluate(m, in, 2, y, sizeof y, &err) == -1 &&
+              strstr(mk_error_message(err), "given twice"),
+          "%s", mk_error_message(err));
+    mk_error_free(err), err = NULL;
+    CHECK(mk_evaluate(m, wrong, 1, y, sizeof y, &err) == -1 &&
+              strstr(mk_error_message(err), "'z' is not an input"),
+          "%s", mk_error_message(err));
+    mk_error_free(err), err = NULL;
+    CHECK(mk_evaluate(m, in, 1, y, 8, &err) == -1 && strstr(mk_error_message(err), "12 bytes"),
+          "%s", mk_error_message(err));
+    mk_error_free(err), err = NULL;
+    CHECK(mk_evaluate(m, in, 1, y, sizeof y, &err) == 0 && y[0] == 1.5f && y[2] == 3.125f,
+          "after misuse: %s", mk_error_message(err));
+    mk_model_free(m);
+    mk_error_free(err);
+}
+
+static void test_op_infer(void) {
+    mk_error *err = NULL;
+    mk_tensor_info a = {.dtype = MK_DTYPE_FLOAT32, .rank = 2, .shape = {5, 7}};
+    mk_tensor_info b = {.dtype = MK_DTYPE_FLOAT32, .rank = 2, .shape = {7, 3}}, out;
+    mk_tensor_info ab[] = {a, b}, aa[] = {a, a};
+    CHECK(mk_op_infer("MatMulNode", ab, 2, NULL, 0, &out, &err) == 0 && out.rank == 2 &&
+              out.shape[0] == 5 && out.shape[1] == 3,
+          "%s", mk_error_message(err));
+    CHECK(mk_op_infer("MatMulNode", aa, 2, NULL, 0, &out, &err) == -1 &&
+              strstr(mk_error_message(err), "shape error: MatMulNode: cannot multiply [5, 7] by [5, 7]"),
+          "%s", mk_error_message(err));
+    mk_error_free(err), err = NULL;
+    int64_t perm[] = {1, 0};
+    CHECK(mk_op_infer("PermuteNode", &a, 1, perm, 2, &out, &err) == 0 && out.shape[0] == 7,
+          "%s", mk_error_message(err));
+    CHECK(mk_op_infer("NoSuchNode", &a, 1, NULL, 0, &out, &err) == -1, "unknown op");
+    mk_error_free(err);
+}
+
+int main(void) {
+    test_srand(test_seed());
+    mk_error *err = NULL;
+    ctx = mk_context_new(&err);
+    RUN(test_hamkaas_mnist_parses_unchanged);
+    RUN(test_every_node_round_trips);
+    RUN(test_every_node_compiles);
+    RUN(test_bad_scripts);
+    RUN(test_damaged_scripts_never_crash);
+    RUN(test_context_usable_after_errors);
+    RUN(test_api_misuse);
+    RUN(test_op_infer);
+    mk_context_free(ctx);
+    return test_summary("script");
+}

@@ -1,0 +1,29 @@
+#!/bin/sh
+# Runs every C test and the CPU busted specs under valgrind; any error or
+# definite leak fails. Usage: sh spec/valgrind.sh [BUILD_DIR]
+BUILD=${1:-build}
+cd "$(dirname "$0")/.." || exit 2
+VG="valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite"
+status=0
+for t in "$BUILD"/tests/*; do
+    [ -x "$t" ] || continue
+    if MK_VALGRIND=1 $VG "$t" > /tmp/mk-vg.out 2>&1; then
+        echo "valgrind clean: $(basename "$t")"
+    else
+        cat /tmp/mk-vg.out
+        echo "valgrind FAILED: $(basename "$t")"
+        status=1
+    fi
+done
+if ls spec/*_spec.lua > /dev/null 2>&1; then
+    if MK_VALGRIND=1 MK_BUILD="$BUILD" $VG lua5.4 /usr/bin/busted --exclude-tags=gpu,slow \
+        > /tmp/mk-vg.out 2>&1; then
+        tail -n 3 /tmp/mk-vg.out
+        echo "valgrind clean: busted specs"
+    else
+        cat /tmp/mk-vg.out
+        echo "valgrind FAILED: busted specs"
+        status=1
+    fi
+fi
+exit $status
