@@ -58,7 +58,7 @@ $(BUILD)/kernels/%.o: kernels/%.cu core/moonkaas.h core/internal.h $(wildcard ke
 
 $(BUILD)/lua/%.o: lua/%.c core/moonkaas.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -I$(LUA_INCDIR) -c $< -o $@
+	$(CC) $(CFLAGS) -I$(LUA_INCDIR) -I$(LUA_INCDIR)/../x86_64-linux-gnu -c $< -o $@
 
 $(LIB_A): $(CORE_OBJ) $(CU_OBJ)
 	@rm -f $@
@@ -79,7 +79,7 @@ $(BUILD)/tests/%: spec/c/%.c spec/c/test.h $(LIB_A)
 # The embedding example: a C host with its own lua_State and the module linked in.
 $(BUILD)/tests/lua_host_test: spec/c/lua_host_test.c spec/c/test.h $(LUA_OBJ) $(LIB_A)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -I$(LUA_INCDIR) -Ispec/c -o $@ $< $(LUA_OBJ) $(LIB_A) -l$(LUA) $(LDLIBS)
+	$(CC) $(CFLAGS) -I$(LUA_INCDIR) -I$(LUA_INCDIR)/../x86_64-linux-gnu -Ispec/c -o $@ $< $(LUA_OBJ) $(LIB_A) -l$(LUA) $(LDLIBS)
 
 # luarocks (build type make) calls `make` then `make install` with these set.
 PREFIX      ?= /usr/local
@@ -88,7 +88,7 @@ INST_LUADIR ?= $(PREFIX)/share/lua/5.4
 install: $(LUA_MOD)
 	install -d $(INST_LIBDIR)/moonkaas $(INST_LUADIR)/moonkaas
 	install -m 755 $(LUA_MOD) $(INST_LIBDIR)/moonkaas/core.so
-	install -m 644 lua/moonkaas/*.lua $(INST_LUADIR)/moonkaas/
+	cd lua && find moonkaas -name '*.lua' -exec install -D -m 644 {} $(INST_LUADIR)/{} \;
 
 test: all
 	@sh spec/run_tests.sh $(BUILD)

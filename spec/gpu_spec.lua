@@ -1,0 +1,230 @@
+-- The CUDA device against the CPU and the references: every node, with and
+-- without cuDNN fusion, buffers, run-time range errors. Tagged #gpu; where no
+-- CUDA device is usable every spec here is reported as skipped with the reason.
+local H = require "spec.helpers"
+local mk = H.mk()
+H.seed("gpu_spec")
+local R = H.ref_ops
+
+local no_cuda = H.requires_cuda()
+
+-- Runs body unless CUDA is missing; then the spec is pending with the reason.
+local function gpu_it(name, body)
+    it(name .. " #gpu", function()
+        if no_cuda then
+            pending(name .. ": " .. no_cuda)
+            return
+        end
+        body()
+    end)
+end
+
+describe("CUDA #gpu", function()
+    for _, case in ipairs(H.op_cases()) do
+        gpu_it(case.name, function()
+            local cpu <close> = mk.compile(case.output)
+            local want = H.ref(cpu:run(case.feeds))
+            H.assert_close(want, case.want, case.atol, case.rtol)
+            for _, cudnn in ipairs({ false, true }) do
+                local gpu <close> = mk.compile(case.output, { device = "cuda", cudnn = cudnn })
+                assert.are.equal("cuda", gpu:stats().device)
+                local got = gpu:run(case.feeds)
+                -- cuDNN groups may multiply in TF32 (a 10-bit mantissa); exact cases stay exact
+                local atol, rtol = case.atol * 4, case.rtol * 4
+                if cudnn and case.atol > 0 then atol, rtol = math.max(atol, 2e-3), math.max(rtol, 1e-2) end
+                H.assert_close(got, case.want, atol, rtol)
+                H.assert_close(got, want, atol, rtol)
+                -- a second evaluation (the replayed graph) gives the same
+                H.assert_close(gpu:run(case.feeds), H.ref(got), 0, 0)
+            end
+        end)
+    end
+
+    gpu_it("buffers persist across runs", function()
+        local rows, dim = math.random(3, 8), math.random(1, 5)
+        local kv = mk.buffer("float32", { rows, dim })
+        local row = mk.input("row", "float32", { 1, dim })
+        local pos = mk.input("pos", "int64", { 1 })
+        local model <close> = mk.compile(kv:replace(row, pos, pos + 1), { device = "cuda" })
+        local want = { shape = { rows, dim }, data = {} }
+        for i = 1, rows * dim do want.data[i] = 0 end
+        for p = 0, rows - 1 do
+            local rt, rr = H.rand({ 1, dim })
+            local out = model:run({ row = rt, pos = mk.tensor({ p }, "int64") })
+            for j = 1, dim do want.data[p * dim + j] = rr.data[j] end
+            H.assert_close(out, want, 0, 0)
+        end
+    end)
+
+    gpu_it("a Fibonacci-style recurrence", function()
+        local s = mk.buffer("float32", { 2 })
+        local kick = mk.input("kick", "float32", { 2 })
+        local step = mk.constant(mk.tensor({ { 0, 1 }, { 1, 1 } }), "step")
+        local model <close> = mk.compile(s:replace(s:matmul(step) + kick, 0, 2), { device = "cuda" })
+        local a, b = math.random(0, 9), math.random(1, 9)
+        assert.are.same({ a, b }, model:run({ kick = mk.tensor({ a, b }) }):totable())
+        local zero = mk.tensor({ 0, 0 })
+        for _ = 1, 25 do
+            a, b = b, a + b
+            assert.are.same({ a, b }, model:run({ kick = zero }):totable())
+        end
+    end)
+
+    gpu_it("run-time bounds out of range are evaluation errors", function()
+        local x = mk.input("x", "float32", { 4, 2 })
+        local r = mk.input("r", "float32", { 2, 2 })
+        local b, e = mk.input("b", "int64", { 1 }), mk.input("e", "int64", { 1 })
+        local model <close> = mk.compile((x * 1):replace(r, b, e), { device = "cuda" })
+        local xt, rt = H.rand({ 4, 2 }), H.rand({ 2, 2 })
+        local function run(bv, ev)
+            return model:run({ x = xt, r = rt, b = mk.tensor({ bv }, "int64"), e = mk.tensor({ ev }, "int64") })
+        end
+        H.assert_error(function() run(3, 5) end, "evaluation error:")
+        H.assert_close(run(1, 3), R.replace(H.ref(xt), H.ref(rt), 1, 3), 0, 0)
+
+        local t = mk.input("t", "float32", { 3, 2 })
+        local ids = mk.input("ids", "int64", { 2 })
+        local emb <close> = mk.compile(mk.embedding(t, ids), { device = "cuda" })
+        H.assert_error(function() emb:run({ t = H.rand({ 3, 2 }), ids = mk.tensor({ 0, 3 }, "int64") }) end,
+            "evaluation error:")
+    end)
+
+    gpu_it("an MLP with cuDNN fusion reports its groups", function()
+        local x = mk.input("x", "float32", { 8, 32 })
+        local xt, xr = H.rand({ 8, 32 })
+        local w, wr = H.rand({ 32, 16 }, -0.3, 0.3)
+        local b, br = H.rand({ 1, 16 })
+        local y = (x:matmul(mk.constant(w, "w")) + mk.constant(b, "b")):relu()
+        local model <close> = mk.compile(y, { device = "cuda", cudnn = true })
+        -- TF32 products: about 5e-4 relative per term, 32 terms
+        H.assert_close(model:run({ x = xt }), R.relu(R.add(R.matmul(xr, wr), br)), 3e-3, 1e-2)
+        local plain <close> = mk.compile(y, { device = "cuda" })
+        H.assert_close(plain:run({ x = xt }), R.relu(R.add(R.matmul(xr, wr), br)), 1e-4, 1e-4)
+        assert.is_number(model:stats().fused)
+    end)
+end)
+
+-- ---- large and odd shapes --------------------------------------------------------
+
+--[[
+Big random tensors without a Lua table per element: a block of P float32
+values (P prime, so the pattern never lines up with a dimension) repeated.
+Returns the tensor and value(i) for the flat 0-based index i.
+]]
+local function big_rand(shape, scale)
+    local P = 4099
+    local vals, parts = {}, {}
+    for i = 1, P do
+        local v = (0.1 + 0.9 * math.random()) * (math.random() < 0.5 and -scale or scale)
+        parts[i] = string.pack("<f", v)
+        vals[i] = string.unpack("<f", parts[i])
+    end
+    local n = H.numel(shape)
+    local block = table.concat(parts)
+    local bytes = block:rep(n // P) .. block:sub(1, 4 * (n % P))
+    return mk.from_bytes(bytes, "float32", shape), function(i) return vals[i % P + 1] end
+end
+
+-- |got - want| over max|want| at `count` random flat indices of the two tensors.
+local function sampled_rel(got, want, count)
+    local worst, scale = 0, 0
+    for _ = 1, count do
+        local i = math.random(1, want.numel)
+        worst = math.max(worst, math.abs(got:get(i) - want:get(i)))
+        scale = math.max(scale, math.abs(want:get(i)))
+    end
+    return worst / (scale > 0 and scale or 1)
+end
+
+describe("CUDA large and odd shapes #gpu", function()
+    gpu_it("1M-element pointwise chain agrees with the CPU and the reference", function()
+        local n = 1 << 20
+        local at, av = big_rand({ n }, 2)
+        local bt, bv = big_rand({ n }, 1)
+        local a, b = mk.input("a", "float32", { n }), mk.constant(bt, "b")
+        local y = ((a + b) * b):relu() + (a * b):silu()
+        local cpu <close> = mk.compile(y)
+        local gpu <close> = mk.compile(y, { device = "cuda" })
+        local want, got = cpu:run({ a = at }), gpu:run({ a = at })
+        assert.is_true(sampled_rel(got, want, 20000) < 1e-5)
+        for _ = 1, 2000 do
+            local i = math.random(0, n - 1)
+            local x, w = av(i), bv(i)
+            local r = math.max((x + w) * w, 0) + (x * w) / (1 + math.exp(-(x * w)))
+            local g = got:get(i + 1)
+            assert(math.abs(g - r) <= 1e-5 + 1e-5 * math.abs(r), string.format("element %d: %.9g vs %.9g", i, g, r))
+        end
+    end)
+
+    gpu_it("4096x4096 matmul (plain and with a transposed weight) agrees with the CPU", function()
+        local s = 4096
+        local xt, xv = big_rand({ s, s }, 1)
+        local wt, wv = big_rand({ s, s }, 1 / 64)
+        local x, w = mk.input("x", "float32", { s, s }), mk.constant(wt, "w")
+        for _, transposed in ipairs({ false, true }) do
+            local y = transposed and x:matmul(w:permute({ 1, 0 })) or x:matmul(w)
+            local cpu <close> = mk.compile(y)
+            local gpu <close> = mk.compile(y, { device = "cuda" })
+            local want, got = cpu:run({ x = xt }), gpu:run({ x = xt })
+            local rel = sampled_rel(got, want, 20000)
+            assert(rel < 1e-4, "cuda vs cpu: " .. rel)
+            for _ = 1, 64 do -- double-precision dot products at random entries
+                local i, j = math.random(0, s - 1), math.random(0, s - 1)
+                local acc = 0.0
+                for p = 0, s - 1 do
+                    local wij = transposed and wv(j * s + p) or wv(p * s + j)
+                    acc = acc + xv(i * s + p) * wij
+                end
+                local g = got:get(i * s + j + 1)
+                assert(math.abs(g - acc) <= 1e-4 + 1e-4 * math.abs(acc),
+                    string.format("[%d, %d]: %.9g vs %.9g", i, j, g, acc))
+            end
+        end
+    end)
+
+    gpu_it("odd shapes: non-multiples of 32 and size-1 dims", function()
+        for _, c in ipairs({ { 37, 45, 29 }, { 1, 33, 65 }, { 33, 1, 65 }, { 65, 33, 1 }, { 1, 1, 1 } }) do
+            local m, k, n = c[1], c[2], c[3]
+            local at, ar = H.rand({ m, k })
+            local bt, br = H.rand({ n, k })
+            local a, b = mk.input("a", "float32", { m, k }), mk.input("b", "float32", { n, k })
+            local y = a:matmul(b:permute({ 1, 0 }))
+            local gpu <close> = mk.compile(y, { device = "cuda" })
+            H.assert_close(gpu:run({ a = at, b = bt }), R.matmul(ar, R.permute(br, { 1, 0 })), 1e-5 * k, 1e-4)
+            local v = mk.input("v", "float32", { m, 1, k })
+            local vt, vr = H.rand({ m, 1, k })
+            local nrm = mk.input("w", "float32", { k })
+            local wt, wr = H.rand({ k })
+            local z <close> = mk.compile((v:rms_norm(nrm) + v):relu(), { device = "cuda" })
+            H.assert_close(z:run({ v = vt, w = wt }), R.relu(R.add(R.rms_norm(vr, wr), vr)), 1e-5, 1e-5)
+        end
+    end)
+
+    gpu_it("run-time errors name the node, and the next run works", function()
+        local cache = mk.buffer("float32", { 4, 3 })
+        local row = mk.input("row", "float32", { 1, 3 })
+        local pos = mk.input("pos", "int64", { 1 })
+        local model <close> = mk.compile(cache:replace(row, pos, pos + 1), { device = "cuda" })
+        local rt = H.rand({ 1, 3 })
+        H.assert_error(function() model:run({ row = rt, pos = mk.tensor({ 4 }, "int64") }) end,
+            "evaluation error:", "ReplaceSliceNode $")
+        model:run({ row = rt, pos = mk.tensor({ 3 }, "int64") })
+
+        local x = mk.input("x", "float32", { 2, 5 })
+        local p = mk.input("p", "int64", { 1 })
+        local sm <close> = mk.compile(x:sliced_softmax(p), { device = "cuda" })
+        local xt, xr = H.rand({ 2, 5 })
+        H.assert_error(function() sm:run({ x = xt, p = mk.tensor({ 6 }, "int64") }) end,
+            "evaluation error:", "SlicedSoftmaxNode $", "prefix 6")
+        H.assert_close(sm:run({ x = xt, p = mk.tensor({ 3 }, "int64") }), R.sliced_softmax(xr, 3), 1e-6, 1e-5)
+
+        local tbl = mk.input("t", "float32", { 3, 2 })
+        local ids = mk.input("ids", "int64", { 2 })
+        local emb <close> = mk.compile(mk.embedding(tbl, ids), { device = "cuda" })
+        local tt, tr = H.rand({ 3, 2 })
+        H.assert_error(function() emb:run({ t = tt, ids = mk.tensor({ 0, -1 }, "int64") }) end,
+            "evaluation error:", "EmbeddingNode $", "id -1")
+        local it, ir = mk.tensor({ 2, 0 }, "int64"), { data = { 2, 0 } }
+        H.assert_close(emb:run({ t = tt, ids = it }), R.embedding(tr, ir), 0, 0)
+    end)
+end)

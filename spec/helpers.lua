@@ -1,0 +1,516 @@
+--[[
+spec/helpers.lua — what the busted specs share:
+
+  helpers.mk()                 the moonkaas module (MK_BUILD=dir picks another build)
+  helpers.seed(label)          seeds math.random from MK_SEED or the clock and prints
+                               "# <label> seed N (replay with MK_SEED=N)"
+  helpers.rand(shape[, lo, hi])     float32 tensor of uniform values, and its reference
+  helpers.randint(shape, lo, hi)    int64 tensor, and its reference
+  helpers.ref(tensor)          reference value {shape =, data = flat row-major, 1-based}
+  helpers.assert_close(got, want[, atol, rtol])   |got - want| <= atol + rtol |want|
+  helpers.ref_ops.*            the nodes' semantics as plain Lua loops in double
+                               precision, written from DESIGN.md, not from the core
+  helpers.requires_cuda()      nil when a CUDA device is usable, else the reason
+                               (specs call pending(reason) with it)
+]]
+local helpers = {}
+
+local build = os.getenv("MK_BUILD")
+if build and build ~= "" and not package.cpath:find(build, 1, true) then
+    package.cpath = build .. "/?.so;" .. package.cpath
+end
+
+function helpers.mk()
+    return require "moonkaas"
+end
+
+function helpers.seed(label)
+    local seed = tonumber(os.getenv("MK_SEED"))
+    if not seed then
+        seed = (os.time() * 7919 + math.floor(os.clock() * 1e6) + math.random(1, 1 << 20)) % 2147483647
+    end
+    math.randomseed(seed)
+    print(string.format("# %s seed %d (replay with MK_SEED=%d)", label or "spec", seed, seed))
+    return seed
+end
+
+-- ---- reference values -------------------------------------------------------
+
+local function numel(shape)
+    local n = 1
+    for _, d in ipairs(shape) do n = n * d end
+    return n
+end
+helpers.numel = numel
+
+local function copy(t)
+    local c = {}
+    for i, v in ipairs(t) do c[i] = v end
+    return c
+end
+helpers.copy = copy
+
+-- Row-major strides of a shape (in elements).
+local function strides(shape)
+    local s, acc = {}, 1
+    for i = #shape, 1, -1 do
+        s[i] = acc
+        acc = acc * shape[i]
+    end
+    return s
+end
+
+-- The 0-based multi-index of flat 0-based position p.
+local function unflatten(p, shape)
+    local idx = {}
+    for i = #shape, 1, -1 do
+        idx[i] = p % shape[i]
+        p = p // shape[i]
+    end
+    return idx
+end
+
+local function flatten(idx, shape)
+    local p = 0
+    for i = 1, #shape do p = p * shape[i] + idx[i] end
+    return p
+end
+
+function helpers.ref(t)
+    local data = {}
+    for i = 1, t.numel do data[i] = t:get(i) end
+    return { shape = t.shape, data = data, dtype = t.dtype }
+end
+
+function helpers.tensor(ref, dtype)
+    return helpers.mk().tensor(ref.data, dtype or ref.dtype or "float32", ref.shape)
+end
+
+-- Uniform in [lo, hi) (default [-1, 1)), stored as float32; the reference holds
+-- the float32-rounded values.
+function helpers.rand(shape, lo, hi)
+    lo, hi = lo or -1, hi or 1
+    local data = {}
+    for i = 1, numel(shape) do data[i] = lo + (hi - lo) * math.random() end
+    local t = helpers.mk().tensor(data, "float32", shape)
+    return t, helpers.ref(t)
+end
+
+function helpers.randint(shape, lo, hi)
+    local data = {}
+    for i = 1, numel(shape) do data[i] = math.random(lo, hi) end
+    local t = helpers.mk().tensor(data, "int64", shape)
+    return t, helpers.ref(t)
+end
+
+-- Nested tables of a reference (for mk.tensor's nested form).
+function helpers.nested(ref)
+    local function build(depth, offset)
+        local out, inner = {}, 1
+        for i = depth + 1, #ref.shape do inner = inner * ref.shape[i] end
+        for i = 1, ref.shape[depth] do
+            if depth == #ref.shape then out[i] = ref.data[offset + i]
+            else out[i] = build(depth + 1, offset + (i - 1) * inner) end
+        end
+        return out
+    end
+    return build(1, 0)
+end
+
+local function shape_str(s)
+    return "[" .. table.concat(s, ", ") .. "]"
+end
+helpers.shape_str = shape_str
+
+function helpers.assert_close(got, want, atol, rtol)
+    atol, rtol = atol or 1e-5, rtol or 1e-5
+    if type(got) == "userdata" then got = helpers.ref(got) end
+    if shape_str(got.shape) ~= shape_str(want.shape) then
+        error(string.format("shape %s, expected %s", shape_str(got.shape), shape_str(want.shape)), 2)
+    end
+    for i = 1, #want.data do
+        local g, w = got.data[i], want.data[i]
+        if not (math.abs(g - w) <= atol + rtol * math.abs(w)) then
+            local idx = unflatten(i - 1, want.shape)
+            error(string.format("element %s (flat %d): got %.9g, expected %.9g (atol %g, rtol %g)",
+                shape_str(idx), i, g, w, atol, rtol), 2)
+        end
+    end
+    return true
+end
+
+function helpers.assert_equal_ref(got, want)
+    return helpers.assert_close(got, want, 0, 0)
+end
+
+-- ---- reference semantics (DESIGN.md's node table), double precision ---------
+
+local R = {}
+helpers.ref_ops = R
+
+local function new(shape, dtype)
+    return { shape = copy(shape), data = {}, dtype = dtype or "float32" }
+end
+
+-- b broadcasts onto a: same rank, b's dims equal or 1.
+local function broadcast(a, b, f)
+    local out = new(a.shape, a.dtype)
+    for p = 0, numel(a.shape) - 1 do
+        local idx = unflatten(p, a.shape)
+        for i = 1, #idx do if b.shape[i] == 1 then idx[i] = 0 end end
+        out.data[p + 1] = f(a.data[p + 1], b.data[flatten(idx, b.shape) + 1])
+    end
+    return out
+end
+
+function R.add(a, b) return broadcast(a, b, function(x, y) return x + y end) end
+function R.mul(a, b) return broadcast(a, b, function(x, y) return x * y end) end
+
+local function map(x, f)
+    local out = new(x.shape, x.dtype)
+    for i, v in ipairs(x.data) do out.data[i] = f(v) end
+    return out
+end
+function R.relu(x) return map(x, function(v) return v > 0 and v or 0 end) end
+function R.silu(x) return map(x, function(v) return v / (1 + math.exp(-v)) end) end
+
+-- [k]@[k,n], [m,k]@[k,n], [B,m,k]@[B,k,n]
+function R.matmul(a, b)
+    local batch, m, k, n
+    if #a.shape == 1 then batch, m, k, n = 1, 1, a.shape[1], b.shape[2]
+    elseif #a.shape == 2 then batch, m, k, n = 1, a.shape[1], a.shape[2], b.shape[2]
+    else batch, m, k, n = a.shape[1], a.shape[2], a.shape[3], b.shape[3] end
+    local shape = #a.shape == 1 and { n } or #a.shape == 2 and { m, n } or { batch, m, n }
+    local out = new(shape)
+    for z = 0, batch - 1 do
+        for i = 0, m - 1 do
+            for j = 0, n - 1 do
+                local s = 0.0
+                for l = 0, k - 1 do
+                    s = s + a.data[z * m * k + i * k + l + 1] * b.data[z * k * n + l * n + j + 1]
+                end
+                out.data[z * m * n + i * n + j + 1] = s
+            end
+        end
+    end
+    return out
+end
+
+-- rows [b, e) of the first axis (0-based, half-open)
+function R.slice(x, b, e)
+    local shape = copy(x.shape)
+    shape[1] = e - b
+    local inner = numel(x.shape) // x.shape[1]
+    local out = new(shape, x.dtype)
+    for i = 1, (e - b) * inner do out.data[i] = x.data[b * inner + i] end
+    return out
+end
+
+function R.reshape(x, shape)
+    local out = new(shape, x.dtype)
+    out.data = copy(x.data)
+    return out
+end
+
+-- out axis i is x axis perm[i] (0-based axis numbers)
+function R.permute(x, perm)
+    local shape = {}
+    for i, p in ipairs(perm) do shape[i] = x.shape[p + 1] end
+    local out = new(shape, x.dtype)
+    for q = 0, numel(shape) - 1 do
+        local oidx = unflatten(q, shape)
+        local xidx = {}
+        for i, p in ipairs(perm) do xidx[p + 1] = oidx[i] end
+        out.data[q + 1] = x.data[flatten(xidx, x.shape) + 1]
+    end
+    return out
+end
+
+function R.replace(x, r, b, e)
+    local out = new(x.shape, x.dtype)
+    out.data = copy(x.data)
+    local inner = numel(x.shape) // x.shape[1]
+    assert(#r.data == (e - b) * inner)
+    for i = 1, #r.data do out.data[b * inner + i] = r.data[i] end
+    return out
+end
+
+-- w * x / sqrt(mean(x^2) + 1e-5) over the last axis
+function R.rms_norm(x, w)
+    local n = x.shape[#x.shape]
+    local out = new(x.shape)
+    for row = 0, numel(x.shape) // n - 1 do
+        local ss = 0.0
+        for j = 1, n do ss = ss + x.data[row * n + j] ^ 2 end
+        local scale = 1 / math.sqrt(ss / n + 1e-5)
+        for j = 1, n do out.data[row * n + j] = w.data[j] * x.data[row * n + j] * scale end
+    end
+    return out
+end
+
+-- last axis of size 2 is (re, im); b broadcasts on the other axes
+function R.complex_mul(a, b)
+    local out = new(a.shape)
+    for p = 0, numel(a.shape) - 1, 2 do
+        local idx = unflatten(p, a.shape)
+        for i = 1, #idx - 1 do if b.shape[i] == 1 then idx[i] = 0 end end
+        local q = flatten(idx, b.shape)
+        local ar, ai = a.data[p + 1], a.data[p + 2]
+        local br, bi = b.data[q + 1], b.data[q + 2]
+        out.data[p + 1] = ar * br - ai * bi
+        out.data[p + 2] = ar * bi + ai * br
+    end
+    return out
+end
+
+-- softmax of the first p entries of each row (last axis), the rest unchanged
+function R.sliced_softmax(x, p)
+    local n = x.shape[#x.shape]
+    local out = new(x.shape)
+    out.data = copy(x.data)
+    for row = 0, numel(x.shape) // n - 1 do
+        if p > 0 then
+            local max = -math.huge
+            for j = 1, p do max = math.max(max, x.data[row * n + j]) end
+            local sum = 0.0
+            for j = 1, p do sum = sum + math.exp(x.data[row * n + j] - max) end
+            for j = 1, p do out.data[row * n + j] = math.exp(x.data[row * n + j] - max) / sum end
+        end
+    end
+    return out
+end
+
+-- rows of table [V, D] picked by ids [n] -> [n, D]
+function R.embedding(tbl, ids)
+    local d = tbl.shape[2]
+    local out = new({ #ids.data, d }, tbl.dtype)
+    for i, id in ipairs(ids.data) do
+        for j = 1, d do out.data[(i - 1) * d + j] = tbl.data[id * d + j] end
+    end
+    return out
+end
+
+-- 0-based index of the largest entry of each row (the first on ties); last axis 1
+function R.argmax(x)
+    local n = x.shape[#x.shape]
+    local shape = copy(x.shape)
+    shape[#shape] = 1
+    local out = new(shape, "int64")
+    for row = 0, numel(x.shape) // n - 1 do
+        local best = 1
+        for j = 2, n do
+            if x.data[row * n + j] > x.data[row * n + best] then best = j end
+        end
+        out.data[row + 1] = best - 1
+    end
+    return out
+end
+
+-- ---- op cases shared by ops_spec (CPU) and gpu_spec (CUDA against CPU) -------
+
+local function rand_shape(rank, lo, hi)
+    local s = {}
+    for i = 1, rank do s[i] = math.random(lo or 1, hi or 5) end
+    return s
+end
+helpers.rand_shape = rand_shape
+
+-- A random permutation of 0 .. n-1.
+local function rand_perm(n)
+    local p = {}
+    for i = 1, n do p[i] = i - 1 end
+    for i = n, 2, -1 do
+        local j = math.random(1, i)
+        p[i], p[j] = p[j], p[i]
+    end
+    return p
+end
+helpers.rand_perm = rand_perm
+
+--[[
+Fresh random cases, one or more per node kind. Each is {name =, output = node,
+feeds = {name = tensor}, want = reference, atol =, rtol =}.
+]]
+function helpers.op_cases()
+    local mk = helpers.mk()
+    local cases = {}
+    local function add(name, output, feeds, want, atol, rtol)
+        cases[#cases + 1] = { name = name, output = output, feeds = feeds, want = want,
+            atol = atol or 1e-5, rtol = rtol or 1e-5 }
+    end
+    local function input(name, shape, lo, hi)
+        local t, r = helpers.rand(shape, lo, hi)
+        return mk.input(name, "float32", shape), t, r
+    end
+
+    for rank = 1, 4 do
+        local shape = rand_shape(rank, 1, 6)
+        local a, at, ar = input("a", shape)
+        local b, bt, br = input("b", shape)
+        add("SumNode rank " .. rank, a + b, { a = at, b = bt }, R.add(ar, br))
+        add("HadamardProductNode rank " .. rank, a * b, { a = at, b = bt }, R.mul(ar, br))
+        -- b broadcasts where its dim is 1
+        local bshape = copy(shape)
+        for i = 1, rank do if math.random() < 0.5 then bshape[i] = 1 end end
+        local c, ct, cr = input("c", bshape)
+        add("SumNode broadcast " .. helpers.shape_str(bshape) .. " onto " .. helpers.shape_str(shape),
+            a + c, { a = at, c = ct }, R.add(ar, cr))
+        add("HadamardProductNode broadcast " .. helpers.shape_str(bshape), c * a, { a = at, c = ct },
+            R.mul(ar, cr))
+        add("ReLUNode rank " .. rank, a:relu(), { a = at }, R.relu(ar))
+        add("SiLUNode rank " .. rank, a:silu(), { a = at }, R.silu(ar))
+    end
+
+    do -- numbers become constants
+        local shape = rand_shape(2, 2, 5)
+        local x, xt, xr = input("x", shape)
+        local k = math.random() + 0.5
+        local ones = {}
+        for i = 1, 2 do ones[i] = 1 end
+        add("numbers as constants", (x * k + 2) * x, { x = xt },
+            R.mul(R.add(R.mul(xr, { shape = ones, data = { k } }), { shape = ones, data = { 2 } }), xr),
+            1e-5, 1e-5)
+    end
+
+    do -- int64 elementwise
+        local shape = rand_shape(2, 2, 5)
+        local it, ir = helpers.randint(shape, -1000, 1000)
+        local jt, jr = helpers.randint({ shape[1], 1 }, -1000, 1000)
+        local i, j = mk.input("i", "int64", shape), mk.input("j", "int64", { shape[1], 1 })
+        add("int64 sum, product and relu", ((i + j) * i):relu() + 3, { i = it, j = jt },
+            R.add(R.relu(R.mul(R.add(ir, jr), ir)), { shape = { 1, 1 }, data = { 3 } }), 0, 0)
+    end
+
+    do -- matmul in its three forms, and with permuted (transposed) operands
+        local m, k, n, B = math.random(1, 9), math.random(1, 40), math.random(1, 9), math.random(2, 4)
+        local tol = 1e-5 * k
+        local v, vt, vr = input("v", { k })
+        local a, at, ar = input("a", { m, k })
+        local b, bt, br = input("b", { k, n })
+        add("MatMulNode [k]@[k,n]", v:matmul(b), { v = vt, b = bt }, R.matmul(vr, br), tol, 1e-4)
+        add("MatMulNode [m,k]@[k,n]", a:matmul(b), { a = at, b = bt }, R.matmul(ar, br), tol, 1e-4)
+        local x, xt, xr = input("x", { B, m, k })
+        local y, yt, yr = input("y", { B, k, n })
+        add("MatMulNode [B,m,k]@[B,k,n]", x:matmul(y), { x = xt, y = yt }, R.matmul(xr, yr), tol, 1e-4)
+        -- W [n, k] used as W^T: a view where the device takes a transpose flag
+        local w, wt, wr = input("w", { n, k })
+        add("MatMulNode with a permuted weight", a:matmul(w:permute({ 1, 0 })), { a = at, w = wt },
+            R.matmul(ar, R.permute(wr, { 1, 0 })), tol, 1e-4)
+        add("MatMulNode [k]@[n,k]^T", v:matmul(w:permute({ 1, 0 })), { v = vt, w = wt },
+            R.matmul(vr, R.permute(wr, { 1, 0 })), tol, 1e-4)
+        -- a batch of transposed matrices, as attention over a KV cache
+        local kv, kvt, kvr = input("kv", { n, B, k }) -- [seq, heads, head] viewed as [heads, head, seq]
+        local q, qt, qr = input("q", { B, m, k })
+        add("MatMulNode batched with a permuted operand", q:matmul(kv:permute({ 1, 2, 0 })),
+            { q = qt, kv = kvt }, R.matmul(qr, R.permute(kvr, { 1, 2, 0 })), tol, 1e-4)
+        local c, ct, cr = input("c", { k, n })
+        add("MatMulNode of a constant", a:matmul(mk.constant(ct)), { a = at },
+            R.matmul(ar, cr), tol, 1e-4)
+    end
+
+    for rank = 1, 4 do -- slice, reshape, permute
+        local shape = rand_shape(rank, 2, 5)
+        shape[1] = math.random(2, 8)
+        local x, xt, xr = input("x", shape)
+        local b = math.random(0, shape[1] - 1)
+        local e = math.random(b + 1, shape[1])
+        add(string.format("SliceNode [%d, %d) of %s", b, e, helpers.shape_str(shape)),
+            x:slice(b, e) * 1, { x = xt }, R.slice(xr, b, e))
+        local n = numel(shape)
+        local flat = { n }
+        add("ReshapeNode " .. helpers.shape_str(shape) .. " to [n]", x:reshape(flat):relu(), { x = xt },
+            R.relu(R.reshape(xr, flat)))
+        local perm = rand_perm(rank)
+        add("PermuteNode " .. helpers.shape_str(perm) .. " of " .. helpers.shape_str(shape),
+            x:permute(perm), { x = xt }, R.permute(xr, perm))
+        add("PermuteNode then SumNode", x:permute(perm) + x:permute(perm), { x = xt },
+            R.add(R.permute(xr, perm), R.permute(xr, perm)))
+        add("SliceNode then PermuteNode", x:slice(b, e):permute(perm), { x = xt },
+            R.permute(R.slice(xr, b, e), perm))
+    end
+
+    for rank = 1, 3 do -- replace with integer and node bounds
+        local shape = rand_shape(rank, 2, 5)
+        shape[1] = math.random(3, 9)
+        local x, xt, xr = input("x", shape)
+        local b = math.random(0, shape[1] - 1)
+        local e = math.random(b + 1, shape[1])
+        local rshape = copy(shape)
+        rshape[1] = e - b
+        local r, rt, rr = input("r", rshape)
+        add(string.format("ReplaceSliceNode rows [%d, %d) of %s", b, e, helpers.shape_str(shape)),
+            (x * 1):replace(r, b, e), { x = xt, r = rt }, R.replace(xr, rr, b, e))
+        local bn, en = mk.input("b", "int64", { 1 }), mk.input("e", "int64", { 1 })
+        add("ReplaceSliceNode with run-time bounds", (x + 0):replace(r, bn, en) * 2,
+            { x = xt, r = rt, b = mk.tensor({ b }, "int64"), e = mk.tensor({ e }, "int64") },
+            R.mul(R.replace(xr, rr, b, e), { shape = helpers.rand_shape(rank, 1, 1), data = { 2 } }))
+    end
+
+    for rank = 1, 3 do -- rms_norm, sliced_softmax, argmax
+        local shape = rand_shape(rank, 2, 7)
+        local n = shape[rank]
+        local x, xt, xr = input("x", shape, -3, 3)
+        local w, wt, wr = input("w", { n })
+        add("RmsNormNode rank " .. rank, x:rms_norm(w), { x = xt, w = wt }, R.rms_norm(xr, wr), 1e-5, 1e-4)
+        local p = math.random(1, n)
+        add(string.format("SlicedSoftmaxNode prefix %d of %d", p, n), x:sliced_softmax(p), { x = xt },
+            R.sliced_softmax(xr, p), 1e-6, 1e-4)
+        local pn = mk.input("p", "int64", { 1 })
+        add("SlicedSoftmaxNode run-time prefix", (x * 1):sliced_softmax(pn),
+            { x = xt, p = mk.tensor({ p }, "int64") }, R.sliced_softmax(xr, p), 1e-6, 1e-4)
+        add("SlicedSoftmaxNode prefix 0", x:sliced_softmax(0), { x = xt }, R.sliced_softmax(xr, 0))
+        add("ArgMaxNode rank " .. rank, x:argmax(), { x = xt }, R.argmax(xr), 0, 0)
+    end
+
+    do -- complex_mul with broadcasting, as rotary embeddings
+        local heads, pairs_ = math.random(1, 4), math.random(1, 6)
+        local q, qt, qr = input("q", { heads, pairs_, 2 })
+        local f, ft, fr = input("f", { 1, pairs_, 2 })
+        add("ComplexHadamardProductNode broadcast", q:complex_mul(f), { q = qt, f = ft },
+            R.complex_mul(qr, fr))
+        local g, gt, gr = input("g", { heads, pairs_, 2 })
+        add("ComplexHadamardProductNode same shape", q:complex_mul(g), { q = qt, g = gt },
+            R.complex_mul(qr, gr))
+    end
+
+    do -- embedding of float and int64 tables
+        local V, D, n = math.random(2, 20), math.random(1, 8), math.random(1, 6)
+        local tbl, tt, tr = input("t", { V, D })
+        local it, ir = helpers.randint({ n }, 0, V - 1)
+        local ids = mk.input("ids", "int64", { n })
+        add("EmbeddingNode float32", mk.embedding(tbl, ids), { t = tt, ids = it }, R.embedding(tr, ir))
+        local ct, cr = helpers.randint({ V, D }, -50, 50)
+        add("EmbeddingNode of an int64 constant", mk.embedding(mk.constant(ct), ids), { ids = it },
+            R.embedding(cr, ir), 0, 0)
+    end
+
+    return cases
+end
+
+-- ---- devices ------------------------------------------------------------------
+
+-- nil when CUDA is usable; otherwise the reason, for pending().
+function helpers.requires_cuda()
+    local ok, why = helpers.mk().cuda_available()
+    if ok then return nil end
+    return "no CUDA device: " .. tostring(why)
+end
+
+-- Asserts that f() raises an error whose message starts with `prefix` and
+-- contains each of the other strings (plain text, not patterns).
+function helpers.assert_error(f, prefix, ...)
+    local ok, err = pcall(f)
+    if ok then error("expected an error starting with '" .. prefix .. "', got none", 2) end
+    err = tostring(err)
+    if err:sub(1, #prefix) ~= prefix then
+        error(string.format("error %q does not start with %q", err, prefix), 2)
+    end
+    for _, s in ipairs({ ... }) do
+        if not err:find(s, 1, true) then
+            error(string.format("error %q does not mention %q", err, s), 2)
+        end
+    end
+    return err
+end
+
+return helpers

@@ -1,0 +1,237 @@
+-- Compiled models: input checks, statistics, release, buffers across runs,
+-- a recurrence built from buffers, and MLPs.
+local H = require "spec.helpers"
+local mk = H.mk()
+H.seed("model_spec")
+local R = H.ref_ops
+local E = H.assert_error
+
+local function two_input_model()
+    local x = mk.input("x", "float32", { 2, 3 })
+    local ids = mk.input("ids", "int64", { 2 })
+    local w = mk.constant(H.rand({ 3, 4 }), "w")
+    local tbl = mk.constant(H.rand({ 5, 4 }), "table")
+    return mk.compile(x:matmul(w) + mk.embedding(tbl, ids))
+end
+
+describe("model:run", function()
+    it("checks missing, extra, misshaped and mistyped inputs, naming them", function()
+        local model <close> = two_input_model()
+        local x = H.rand({ 2, 3 })
+        local ids = mk.tensor({ 1, 4 }, "int64")
+        assert.are.same({ 2, 4 }, model:run({ x = x, ids = ids }).shape)
+        E(function() model:run({ x = x }) end, "input error: run:", "missing input 'ids'", "int64 [2]")
+        E(function() model:run({ ids = ids }) end, "input error: run:", "missing input 'x'")
+        E(function() model:run({ x = x, ids = ids, y = x }) end, "input error: run:",
+            "unknown input 'y'", "x", "ids")
+        E(function() model:run({ x = H.rand({ 3, 2 }), ids = ids }) end, "input error: run:",
+            "'x'", "[3, 2]", "[2, 3]")
+        E(function() model:run({ x = H.rand({ 6 }), ids = ids }) end, "input error: run:", "'x'", "[6]")
+        E(function() model:run({ x = x, ids = mk.tensor({ 1, 4 }) }) end, "input error: run:",
+            "'ids'", "float32", "int64")
+        E(function() model:run({ x = { { 1, 2, 3 }, { 4, 5, 6 } }, ids = ids }) end,
+            "input error: run:", "'x'", "tensor")
+        E(function() model:run({ x, ids }) end, "input error: run:")
+        E(function() model:run() end, "input error: run:", "missing input")
+        E(function() model:run("x") end, "argument error: run:")
+        E(function() model.run(42, {}) end, "argument error: run:")
+        -- still usable after every refusal
+        assert.are.same({ 2, 4 }, model:run({ x = x, ids = ids }).shape)
+    end)
+
+    it("returns a new tensor per run, or fills the one given", function()
+        local x = mk.input("x", "float32", { 3 })
+        local model <close> = mk.compile(x * 2)
+        local a = model:run({ x = mk.tensor({ 1, 2, 3 }) })
+        local b = model:run({ x = mk.tensor({ 4, 5, 6 }) })
+        assert.are.same({ 2, 4, 6 }, a:totable())
+        assert.are.same({ 8, 10, 12 }, b:totable())
+        local out = mk.zeros("float32", { 3 })
+        assert.are.equal(out, model:run({ x = mk.tensor({ 1, 1, 1 }) }, out))
+        assert.are.same({ 2, 2, 2 }, out:totable())
+        E(function() model:run({ x = a }, mk.zeros("float32", { 4 })) end, "argument error: run:", "[4]")
+        E(function() model:run({ x = a }, mk.zeros("int64", { 3 })) end, "argument error: run:", "int64")
+    end)
+
+    it("describes its inputs and output", function()
+        local model <close> = two_input_model()
+        local inputs = model:inputs()
+        table.sort(inputs, function(p, q) return p.name < q.name end)
+        assert.are.same({ { name = "ids", dtype = "int64", shape = { 2 } },
+            { name = "x", dtype = "float32", shape = { 2, 3 } } }, inputs)
+        assert.are.same({ dtype = "float32", shape = { 2, 4 } }, model:output())
+        local s = tostring(model)
+        assert.is_truthy(s:find("^model cpu %("), s)
+        assert.is_truthy(s:find("-> float32 [2, 4]", 1, true), s)
+    end)
+
+    it("reports statistics", function()
+        local x = mk.input("x", "float32", { 4, 8 })
+        local kv = mk.buffer("float32", { 16, 8 })
+        local w = mk.constant(H.rand({ 8, 8 }), "w")
+        local model <close> = mk.compile(kv:replace(x:matmul(w):relu(), 0, 4))
+        local s = model:stats()
+        assert.are.equal("cpu", s.device)
+        assert.is_true(s.arena_bytes >= s.lower_bound_bytes)
+        assert.is_true(s.lower_bound_bytes > 0)
+        assert.is_true(s.constant_bytes >= 8 * 8 * 4)
+        assert.is_true(s.buffer_bytes >= 16 * 8 * 4)
+        assert.is_true(s.nodes >= 5)
+        assert.is_true(s.launches >= 2)
+        assert.are.equal(0, s.fused)
+        assert.is_true(s.compile_ms >= 0 and s.plan_ms >= 0)
+        assert.is_string(model:script())
+    end)
+end)
+
+describe("model release", function()
+    it("closes once, idempotently, with <close>, :close() and the collector", function()
+        local x = mk.input("x", "float32", { 2 })
+        local kept
+        do
+            local m <close> = mk.compile(x:relu())
+            kept = m
+            assert.are.same({ 1, 0 }, m:run({ x = mk.tensor({ 1, -1 }) }):totable())
+        end
+        assert.are.equal("model (closed)", tostring(kept))
+        E(function() kept:run({ x = mk.tensor({ 1, 2 }) }) end, "argument error: run:", "closed")
+        E(function() kept:stats() end, "argument error: stats:", "closed")
+        kept:close()
+        kept:close()
+        for _ = 1, 20 do mk.compile(x:relu()) end
+        collectgarbage()
+        collectgarbage()
+    end)
+
+    it("keeps borrowed constants alive on the CPU", function()
+        local t, ref = H.rand({ 3, 3 })
+        local x = mk.input("x", "float32", { 3 })
+        local model <close> = mk.compile(x:matmul(mk.constant(t)))
+        t = nil
+        for _ = 1, 3 do collectgarbage() end
+        local xt, xr = H.rand({ 3 })
+        H.assert_close(model:run({ x = xt }), R.matmul(xr, ref))
+    end)
+
+    it("survives its graph and many compiles", function()
+        local model
+        do
+            local x = mk.input("x", "float32", { 4 })
+            model = mk.compile(((x + 1) * x):relu())
+        end
+        collectgarbage()
+        local xt, xr = H.rand({ 4 })
+        H.assert_close(model:run({ x = xt }), R.relu(R.mul(R.add(xr, { shape = { 1 }, data = { 1 } }), xr)))
+        model:close()
+    end)
+end)
+
+describe("buffers", function()
+    it("are zero after compile and persist across runs", function()
+        local rows, dim = math.random(3, 8), math.random(1, 5)
+        local kv = mk.buffer("float32", { rows, dim })
+        local row = mk.input("row", "float32", { 1, dim })
+        local pos = mk.input("pos", "int64", { 1 })
+        local model <close> = mk.compile(kv:replace(row, pos, pos + 1))
+        local want = { shape = { rows, dim }, data = {} }
+        for i = 1, rows * dim do want.data[i] = 0 end
+        for p = 0, rows - 1 do
+            local rt, rr = H.rand({ 1, dim })
+            local out = model:run({ row = rt, pos = mk.tensor({ p }, "int64") })
+            for j = 1, dim do want.data[p * dim + j] = rr.data[j] end
+            H.assert_close(out, want, 0, 0)
+        end
+        -- a second model over an equal graph starts from zeros again
+        local other <close> = mk.compile(kv:replace(row, pos, pos + 1))
+        local rt, rr = H.rand({ 1, dim })
+        local out = other:run({ row = rt, pos = mk.tensor({ rows - 1 }, "int64") })
+        for j = 1, dim do assert.are.equal(0, out:get(1, j)) end
+        for j = 1, dim do assert.are.equal(rr.data[j], out:get(rows, j)) end
+    end)
+
+    it("carry a Fibonacci-style recurrence", function()
+        -- state s = (a, b); each run s <- s @ [[0, 1], [1, 1]] + kick = (b, a + b) + kick
+        local s = mk.buffer("float32", { 2 })
+        local kick = mk.input("kick", "float32", { 2 })
+        local step = mk.constant(mk.tensor({ { 0, 1 }, { 1, 1 } }), "step")
+        local model <close> = mk.compile(s:replace(s:matmul(step) + kick, 0, 2))
+        local a0, b0 = math.random(0, 9), math.random(1, 9)
+        local out = model:run({ kick = mk.tensor({ a0, b0 }) })
+        assert.are.same({ a0, b0 }, out:totable())
+        local a, b = a0, b0
+        local zero = mk.tensor({ 0, 0 })
+        for _ = 1, 25 do
+            a, b = b, a + b
+            out = model:run({ kick = zero })
+            assert.are.same({ a, b }, out:totable()) -- exact below 2^24
+        end
+    end)
+
+    it("accumulate a running sum in int64", function()
+        local acc = mk.buffer("int64", { 3 })
+        local x = mk.input("x", "int64", { 3 })
+        local model <close> = mk.compile(acc:replace(acc + x, 0, 3))
+        local want = { 0, 0, 0 }
+        for _ = 1, 10 do
+            local t, r = H.randint({ 3 }, -1000000, 1000000)
+            for i = 1, 3 do want[i] = want[i] + r.data[i] end
+            assert.are.same(want, model:run({ x = t }):totable())
+        end
+    end)
+end)
+
+describe("MLPs", function()
+    local function mlp_case(batch, sizes)
+        local x = mk.input("x", "float32", batch and { batch, sizes[1] } or { sizes[1] })
+        local xt, xr = H.rand(batch and { batch, sizes[1] } or { sizes[1] })
+        local h, hr = x, xr
+        for l = 1, #sizes - 1 do
+            local w, wr = H.rand({ sizes[l], sizes[l + 1] }, -0.5, 0.5)
+            local bshape = batch and { 1, sizes[l + 1] } or { sizes[l + 1] }
+            local b, br = H.rand(bshape)
+            h = h:matmul(mk.constant(w, "w" .. l)) + mk.constant(b, "b" .. l)
+            hr = R.add(R.matmul(hr, wr), br)
+            if l < #sizes - 1 then
+                h = h:relu()
+                hr = R.relu(hr)
+            end
+        end
+        return h, { x = xt }, hr
+    end
+
+    it("matmul + bias + ReLU chains on a batch", function()
+        local sizes = { math.random(2, 40), math.random(2, 40), math.random(2, 40), math.random(2, 10) }
+        local y, feeds, want = mlp_case(math.random(1, 16), sizes)
+        local model <close> = mk.compile(y)
+        H.assert_close(model:run(feeds), want, 1e-4, 1e-4)
+        local s = mk.script(y)
+        local _, matmuls = s:gsub("MatMulNode", "")
+        assert.are.equal(3, matmuls)
+    end)
+
+    it("on a single vector", function()
+        local y, feeds, want = mlp_case(nil, { math.random(2, 30), math.random(2, 30), math.random(2, 30) })
+        local model <close> = mk.compile(y)
+        H.assert_close(model:run(feeds), want, 1e-4, 1e-4)
+    end)
+
+    it("the HamKaas MNIST shape: reshape, two layers, argmax", function()
+        local x = mk.input("input", "float32", { 4, 7, 7 })
+        local xt, xr = H.rand({ 4, 7, 7 })
+        local w1, w1r = H.rand({ 49, 30 }, -0.3, 0.3)
+        local b1, b1r = H.rand({ 1, 30 })
+        local w2, w2r = H.rand({ 30, 10 }, -0.3, 0.3)
+        local y = (x:reshape({ 4, 49 }):matmul(mk.constant(w1, "w1")) + mk.constant(b1, "b1"))
+            :relu():matmul(mk.constant(w2, "w2"))
+        local model <close> = mk.compile(y:argmax())
+        local logits = R.matmul(R.relu(R.add(R.matmul(R.reshape(xr, { 4, 49 }), w1r), b1r)), w2r)
+        local got = model:run({ input = xt })
+        -- near-ties could legitimately differ in float32: compare values at the picked index
+        for i = 1, 4 do
+            local want_best = R.argmax({ shape = { 1, 10 }, data = { table.unpack(logits.data, (i - 1) * 10 + 1, i * 10) } }).data[1]
+            local g = got:get(i, 1)
+            local gv, wv = logits.data[(i - 1) * 10 + g + 1], logits.data[(i - 1) * 10 + want_best + 1]
+            assert.is_true(g == want_best or math.abs(gv - wv) < 1e-4, ("row %d: %d vs %d"):format(i, g, want_best))
+        end
+    end)
+end)

@@ -1,0 +1,90 @@
+-- Every node on the CPU device against plain-Lua double-precision references,
+-- on random shapes and values (helpers.op_cases), plus run-time range errors.
+local H = require "spec.helpers"
+local mk = H.mk()
+H.seed("ops_spec")
+local R = H.ref_ops
+
+describe("CPU values", function()
+    for _, case in ipairs(H.op_cases()) do
+        it(case.name, function()
+            local model <close> = mk.compile(case.output)
+            local out = model:run(case.feeds)
+            assert.are.equal(case.output.dtype, out.dtype)
+            H.assert_close(out, case.want, case.atol, case.rtol)
+            -- optional passes off: the same values
+            local plain <close> = mk.compile(case.output, { passes = false })
+            H.assert_close(plain:run(case.feeds), case.want, case.atol, case.rtol)
+        end)
+    end
+
+    it("views as the output: slice, reshape, permute", function()
+        local x, xr = H.rand({ 5, 4 })
+        local xi = mk.input("x", "float32", { 5, 4 })
+        local b = math.random(0, 3)
+        for _, c in ipairs({
+            { xi:slice(b, 5), R.slice(xr, b, 5) },
+            { xi:reshape({ 2, 10 }), R.reshape(xr, { 2, 10 }) },
+            { xi:permute({ 1, 0 }), R.permute(xr, { 1, 0 }) },
+            { xi:slice(b, b + 1):reshape({ 4 }), R.reshape(R.slice(xr, b, b + 1), { 4 }) },
+        }) do
+            local model <close> = mk.compile(c[1])
+            H.assert_close(model:run({ x = x }), c[2], 0, 0)
+        end
+    end)
+
+    it("a constant alone is a network", function()
+        local t, ref = H.rand({ 3, 2 })
+        local model <close> = mk.compile(mk.constant(t):relu())
+        H.assert_close(model:run({}), R.relu(ref), 0, 0)
+        H.assert_close(model:run(), R.relu(ref), 0, 0)
+    end)
+
+    it("argmax picks the first of equal maxima", function()
+        local x = mk.input("x", "float32", { 2, 5 })
+        local model <close> = mk.compile(x:argmax())
+        local out = model:run({ x = mk.tensor({ { 1, 7, 3, 7, 7 }, { -2, -2, -5, -3, -2 } }) })
+        assert.are.same({ { 1 }, { 0 } }, out:totable())
+    end)
+end)
+
+describe("run-time ranges", function()
+    it("replace with node bounds out of range is an evaluation error", function()
+        local x = mk.input("x", "float32", { 4, 2 })
+        local r = mk.input("r", "float32", { 2, 2 })
+        local b, e = mk.input("b", "int64", { 1 }), mk.input("e", "int64", { 1 })
+        local model <close> = mk.compile((x * 1):replace(r, b, e))
+        local xt, rt = H.rand({ 4, 2 }), H.rand({ 2, 2 })
+        local function run(bv, ev)
+            return model:run({ x = xt, r = rt, b = mk.tensor({ bv }, "int64"), e = mk.tensor({ ev }, "int64") })
+        end
+        H.assert_error(function() run(3, 5) end, "evaluation error:", "ReplaceSliceNode")
+        H.assert_error(function() run(-1, 1) end, "evaluation error:")
+        H.assert_error(function() run(0, 1) end, "evaluation error:") -- one row for two
+        -- the model stays usable
+        H.assert_close(run(2, 4), R.replace(H.ref(xt), H.ref(rt), 2, 4), 0, 0)
+    end)
+
+    it("embedding ids out of range are an evaluation error", function()
+        local t = mk.input("t", "float32", { 3, 2 })
+        local ids = mk.input("ids", "int64", { 2 })
+        local model <close> = mk.compile(mk.embedding(t, ids))
+        local tt = H.rand({ 3, 2 })
+        H.assert_error(function() model:run({ t = tt, ids = mk.tensor({ 0, 3 }, "int64") }) end,
+            "evaluation error:", "EmbeddingNode")
+        H.assert_error(function() model:run({ t = tt, ids = mk.tensor({ -1, 0 }, "int64") }) end,
+            "evaluation error:")
+        H.assert_close(model:run({ t = tt, ids = mk.tensor({ 2, 1 }, "int64") }), R.embedding(H.ref(tt), { data = { 2, 1 } }), 0, 0)
+    end)
+
+    it("a sliced_softmax prefix out of range is an evaluation error", function()
+        local x = mk.input("x", "float32", { 2, 3 })
+        local p = mk.input("p", "int64", { 1 })
+        local model <close> = mk.compile(x:sliced_softmax(p))
+        local xt = H.rand({ 2, 3 })
+        H.assert_error(function() model:run({ x = xt, p = mk.tensor({ 4 }, "int64") }) end,
+            "evaluation error:", "SlicedSoftmaxNode")
+        H.assert_error(function() model:run({ x = xt, p = mk.tensor({ -1 }, "int64") }) end,
+            "evaluation error:")
+    end)
+end)
