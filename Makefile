@@ -15,6 +15,7 @@ CFLAGS   += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fPIC -fo
 LDLIBS   += -lopenblas -lm -fopenmp $(SAN)
 LUA      ?= lua5.4
 LUA_INCDIR ?= $(firstword $(wildcard /usr/include/lua5.4) /usr/include)
+LUA_LIBDIR ?= $(LUA_INCDIR)/../../lib/x86_64-linux-gnu
 BLAS_INC ?= $(firstword $(wildcard /usr/include/x86_64-linux-gnu/openblas-pthread) /usr/include/x86_64-linux-gnu)
 CFLAGS   += -I$(BLAS_INC)
 
@@ -79,7 +80,7 @@ $(BUILD)/tests/%: spec/c/%.c spec/c/test.h $(LIB_A)
 # The embedding example: a C host with its own lua_State and the module linked in.
 $(BUILD)/tests/lua_host_test: spec/c/lua_host_test.c spec/c/test.h $(LUA_OBJ) $(LIB_A)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -I$(LUA_INCDIR) -I$(LUA_INCDIR)/../x86_64-linux-gnu -Ispec/c -o $@ $< $(LUA_OBJ) $(LIB_A) -l$(LUA) $(LDLIBS)
+	$(CC) $(CFLAGS) -I$(LUA_INCDIR) -I$(LUA_INCDIR)/../x86_64-linux-gnu -Ispec/c -o $@ $< $(LUA_OBJ) $(LIB_A) -L$(LUA_LIBDIR) -l$(LUA) $(LDLIBS)
 
 # luarocks (build type make) calls `make` then `make install` with these set.
 PREFIX      ?= /usr/local

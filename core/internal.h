@@ -82,12 +82,15 @@ struct mk_node {
     int last_use;              /* index of the last node reading this owner's memory */
     size_t scratch_bytes;
     int64_t offset;            /* arena offset (owners in the arena), else -1 */
+
+    struct mk_fused_group *group; /* CudnnGroupNode: what it computes (fusion.c), else NULL */
 };
 
 typedef struct {
     int n_nodes, cap;
     mk_node **nodes; /* evaluation order = script order */
     mk_node *output;
+    struct mk_fusion *fusion; /* set by model.c when opts->use_cudnn, for the fusion pass */
 } mk_graph;
 
 /* script.c */
@@ -219,6 +222,80 @@ MK_KERNELS(MK_DECLARE_CPU)
 #ifdef MK_WITH_CUDA
 #define MK_DECLARE_CUDA(k) int mk_cuda_##k(const mk_launch *l, mk_error **err);
 MK_KERNELS(MK_DECLARE_CUDA)
+#endif
+
+/* ---- cuDNN fusion (core/fusion.c picks groups, kernels/cudnn_fuser.cu runs them) ---- */
+
+#define MK_GROUP_MAX_OPS 16 /* nodes one fused group may replace */
+
+typedef enum { MK_GOP_MATMUL, MK_GOP_ADD, MK_GOP_MUL, MK_GOP_RELU, MK_GOP_SILU } mk_group_op_kind;
+
+/*
+ * One operation of a group. Operands name values: k >= 0 is the fused node's
+ * input k (mk_launch.in[k]), -1 - j is the result of op j of the group. Shapes
+ * are padded with leading 1s to `rank` (3 for a matmul group: cuDNN's matmul
+ * is [B, M, K] @ [B, K, N]).
+ */
+typedef struct {
+    mk_group_op_kind kind;
+    int n_in;
+    int in[2];
+    int64_t shape[MK_MAX_RANK]; /* result, dense */
+} mk_group_op;
+
+/* An external operand as the group sees it (padded to the group's rank). */
+typedef struct {
+    int64_t shape[MK_MAX_RANK];
+    int64_t stride[MK_MAX_RANK]; /* elements; views keep theirs */
+    int align;                   /* bytes the address is known to be a multiple of (4..16) */
+} mk_group_input;
+
+typedef struct mk_fused_group {
+    int rank;                      /* of every tensor in the group: 3, or 4 for 4-D pointwise */
+    int n_ops;
+    mk_group_op op[MK_GROUP_MAX_OPS]; /* evaluation order; the last one is the output */
+    int n_in;                      /* <= MK_MAX_INPUTS */
+    mk_group_input in[MK_MAX_INPUTS];
+    char *trace;                   /* structural key: ops, shapes, strides, dtypes, operand order */
+    /* filled by the fuser */
+    struct mk_cudnn_plan *plan;    /* shared through the context's cache */
+    size_t workspace_bytes;        /* taken from the planner's scratch */
+    bool cache_hit, tf32;
+    void *varpack;                 /* bound at capture time to the model's addresses */
+} mk_fused_group;
+
+/* The fusion state of one compile, owned by the model. */
+typedef struct mk_fusion {
+    struct mk_cudnn_cache **cache; /* the context's cache (made on first use) */
+    int n_groups, cap_groups;
+    mk_fused_group **groups;       /* fused groups, owned */
+    int n_dropped, cap_dropped;
+    mk_node **dropped;             /* nodes the groups replaced, owned */
+    int fused, cache_hits, rejected, tf32;
+    char *report;                  /* one line per group tried; never NULL after mk_fusion_new */
+    size_t report_len, report_cap;
+} mk_fusion;
+
+mk_fusion *mk_fusion_new(struct mk_cudnn_cache **cache);
+void mk_fusion_free(mk_fusion *);
+/* The pass (passes.c runs it after assign-storage when opts->use_cudnn). */
+int mk_fusion_pass(mk_graph *g, const mk_compile_options *opts, mk_error **err);
+/* The CudnnGroupNode row's rules: never written in scripts; scratch = cuDNN workspace. */
+int mk_fusion_infer(mk_node *n, mk_error **err);
+size_t mk_fusion_scratch(const mk_node *n);
+
+#ifdef MK_WITH_CUDA
+/* kernels/cudnn_fuser.cu. The cache: a cuDNN handle and plans keyed by trace. */
+void mk_cudnn_cache_free(struct mk_cudnn_cache *);
+/* Finds or builds g's plan. 0: fused (g->plan, workspace_bytes, cache_hit, tf32 set);
+ * 1: cuDNN rejects the group, the reason in `why`; -1: a hard error (no handle). */
+int mk_cudnn_compile_group(struct mk_cudnn_cache **cache, mk_fused_group *g, char *why,
+                           size_t why_size, mk_error **err);
+void mk_cudnn_group_release(mk_fused_group *g); /* the variant pack and the plan reference */
+int mk_cuda_cudnn_group(const mk_launch *l, mk_error **err); /* the kernel: execute on the stream */
+#define MK_CUDNN_KERNEL mk_cuda_cudnn_group
+#else
+#define MK_CUDNN_KERNEL NULL
 #endif
 
 /* ---- planner (planner.c) ------------------------------------------------ */

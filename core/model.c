@@ -15,6 +15,7 @@
 
 struct mk_context {
     int refs; /* the context and each of its models hold one */
+    struct mk_cudnn_cache *cudnn; /* cuDNN handle and compiled plans, made on first use */
 };
 
 struct mk_model {
@@ -36,6 +37,7 @@ struct mk_model {
     mk_copy out_copy;
 
     char *script;        /* after passes */
+    mk_fusion *fusion;   /* cuDNN groups and their report (use_cudnn only) */
     mk_stats stats;
 };
 
@@ -52,7 +54,11 @@ MK_API mk_context *mk_context_new(mk_error **err) {
 }
 
 static void context_release(mk_context *ctx) {
-    if (ctx && --ctx->refs == 0) free(ctx);
+    if (!ctx || --ctx->refs > 0) return;
+#ifdef MK_WITH_CUDA
+    mk_cudnn_cache_free(ctx->cudnn);
+#endif
+    free(ctx);
 }
 
 MK_API void mk_context_free(mk_context *ctx) { context_release(ctx); }
@@ -79,13 +85,16 @@ static const mk_device_ops *device_for(const mk_compile_options *opts, mk_error 
         return NULL;
     }
     char reason[256];
-    if (!mk_cuda_available(reason, sizeof reason)) {
-        mk_fail(err, MK_ERR_NO_DEVICE, 0, 0, "%s", reason);
+#ifndef MK_WITH_CUDA
+    if (opts->use_cudnn) {
+        mk_fail(err, MK_ERR_NO_DEVICE, 0, 0,
+                "use_cudnn: moonkaas was built without CUDA, so without the cuDNN fuser "
+                "(make CUDA=1)");
         return NULL;
     }
-    if (opts->use_cudnn) {
-        mk_fail(err, MK_ERR_ARGUMENT, 0, 0,
-                "use_cudnn: this build has no cuDNN fuser yet; compile without it");
+#endif
+    if (!mk_cuda_available(reason, sizeof reason)) {
+        mk_fail(err, MK_ERR_NO_DEVICE, 0, 0, "%s", reason);
         return NULL;
     }
 #ifdef MK_WITH_CUDA
@@ -307,6 +316,10 @@ MK_API mk_model *mk_compile(mk_context *ctx, const char *script,
     m->stats.device = (int)opts.device;
     if (!(m->graph = mk_graph_parse(script, err))) goto fail;
     mk_graph *g = m->graph;
+    if (opts.use_cudnn) {
+        if (!(m->fusion = mk_fusion_new(&ctx->cudnn))) goto nomem;
+        g->fusion = m->fusion;
+    }
     if (mk_passes_run(g, &opts, err)) goto fail;
 
     int n = g->n_nodes;
@@ -341,6 +354,12 @@ MK_API mk_model *mk_compile(mk_context *ctx, const char *script,
 
     m->stats.nodes = n;
     m->stats.launches = m->n_launches;
+    if (m->fusion) {
+        m->stats.fused_groups = m->fusion->fused;
+        m->stats.cudnn_cache_hits = m->fusion->cache_hits;
+        m->stats.cudnn_rejected = m->fusion->rejected;
+        m->stats.cudnn_tf32_groups = m->fusion->tf32;
+    }
     m->stats.compile_ms = mk_now_ms() - t0;
     free(const_data);
     free(scratch_offset);
@@ -361,6 +380,7 @@ MK_API void mk_model_free(mk_model *m) {
             if (m->owns_alloc[i]) m->dev->free(m->dev_state, m->base[i]);
     if (m->arena) m->dev->free(m->dev_state, m->arena);
     if (m->dev_state) m->dev->close(m->dev_state);
+    mk_fusion_free(m->fusion); /* after close: the captured graph no longer needs the groups */
     mk_graph_free(m->graph);
     free(m->base);
     free(m->owns_alloc);
@@ -426,6 +446,10 @@ MK_API int mk_model_output_info(const mk_model *m, mk_tensor_info *out) {
 }
 
 MK_API const char *mk_model_script(const mk_model *m) { return m ? m->script : NULL; }
+
+MK_API const char *mk_model_fusion_report(const mk_model *m) {
+    return m && m->fusion ? m->fusion->report : "";
+}
 
 MK_API int mk_model_stats(const mk_model *m, mk_stats *out) {
     if (!m || !out) return -1;

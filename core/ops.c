@@ -277,6 +277,9 @@ const mk_op mk_ops[] = {
      KERNELS(sliced_softmax)},
     {"EmbeddingNode", NULL, "nn", 0, infer_embedding, ARENA, NULL, NULL, KERNELS(embedding)},
     {"ArgMaxNode", NULL, "n", 0, infer_argmax, ARENA, NULL, NULL, KERNELS(argmax)},
+    /* made by the fusion pass (fusion.c), never parsed: its name field describes the group */
+    {"CudnnGroupNode", NULL, "s", MK_OPF_STRIDED_IN, mk_fusion_infer, ARENA, NULL,
+     mk_fusion_scratch, {NULL, MK_CUDNN_KERNEL}},
 };
 const int mk_op_count = (int)(sizeof mk_ops / sizeof mk_ops[0]);
 

@@ -111,6 +111,7 @@ static const struct {
 } passes[] = {
     {"count-consumers", count_consumers},
     {"assign-storage", assign_storage}, /* views: reshape, slice, permute into matmul */
+    {"fuse-cudnn", mk_fusion_pass},     /* with use_cudnn: matmul/pointwise groups (fusion.c) */
     {"verify", verify},
 };
 

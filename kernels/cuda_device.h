@@ -135,8 +135,8 @@ static inline unsigned int mk_cuda_blocks(long long n, long long per_block) {
  */
 typedef struct {
     int rank; /* >= 1 */
-    long long shape[MK_MAX_RANK];
-    long long stride[MK_MAX_RANK];
+    int64_t shape[MK_MAX_RANK];
+    int64_t stride[MK_MAX_RANK];
 } mk_cuda_walk;
 
 static inline mk_cuda_walk mk_cuda_walk_make(int rank, const int64_t *shape,

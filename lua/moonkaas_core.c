@@ -1382,6 +1382,9 @@ static int model_stats(lua_State *L) {
     FIELD_INT("nodes", s.nodes);
     FIELD_INT("launches", s.launches);
     FIELD_INT("fused", s.fused_groups);
+    FIELD_INT("cudnn_cache_hits", s.cudnn_cache_hits);
+    FIELD_INT("cudnn_rejected", s.cudnn_rejected);
+    FIELD_INT("cudnn_tf32_groups", s.cudnn_tf32_groups);
 #undef FIELD_INT
     lua_pushnumber(L, s.compile_ms);
     lua_setfield(L, -2, "compile_ms");
@@ -1395,6 +1398,14 @@ static int model_stats(lua_State *L) {
 static int model_script(lua_State *L) {
     lmk_model *m = check_model(L, 1, "script", true);
     const char *s = mk_model_script(m->model);
+    lua_pushstring(L, s ? s : "");
+    return 1;
+}
+
+/* model:fusion_report() -> one line per group the cuDNN pass tried ("" without cuDNN) */
+static int model_fusion_report(lua_State *L) {
+    lmk_model *m = check_model(L, 1, "fusion_report", true);
+    const char *s = mk_model_fusion_report(m->model);
     lua_pushstring(L, s ? s : "");
     return 1;
 }
@@ -1544,6 +1555,7 @@ LMK_EXPORT int luaopen_moonkaas_core(lua_State *L) {
         {NULL, NULL}};
     static const luaL_Reg model_methods[] = {
         {"run", model_run}, {"stats", model_stats}, {"script", model_script},
+        {"fusion_report", model_fusion_report},
         {"inputs", model_inputs}, {"output", model_output}, {"close", model_release},
         {NULL, NULL}};
     define_type(L, MODEL_MT, model_meta, model_methods, NULL); /* __index = methods */

@@ -1,0 +1,402 @@
+/*
+ * cuda_device.cu — the CUDA device table: per-model state (device 0, one
+ * stream, a cuBLAS handle bound to it with its own workspace, the error word),
+ * device memory, pinned staging, and the CUDA graph every evaluation replays.
+ *
+ * Life of a CUDA model (model.c drives it through mk_cuda_device):
+ *   open      probe, stream, cuBLAS handle + workspace, fault record
+ *   alloc/upload/zero   the arena, constants and buffers (compile time only)
+ *   prepare   one pinned block for every input, the output and the fault
+ *             record; then every launch is captured once into a graph:
+ *                 [clear fault] → launch 0 → … → launch n-1 → [fault → pinned]
+ *             and instantiated. A capture failure is an error, never a
+ *             fallback to eager launches.
+ *   evaluate  host → pinned (memcpy), pinned → device (async), graph launch,
+ *             device → pinned (the output, async), one sync,
+ *             then either the fault as MK_ERR_EVAL naming the node, or
+ *             pinned → host. Nothing is allocated.
+ *   close     everything above, in reverse.
+ *
+ * CUDA is initialised only by mk_cuda_probe and open, so loading the library
+ * on a machine without a GPU costs nothing and the CPU device still works.
+ */
+#include "cuda_device.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* cuBLAS's recommended workspace on Hopper; set once so capture never allocates. */
+#define MK_BLAS_WORKSPACE (32u << 20)
+/* Staging slots start on this boundary (wide host copies). */
+#define MK_STAGE_ALIGN 64
+
+/* ---- errors ------------------------------------------------------------- */
+
+int mk_cuda_fail_status(mk_error **err, cudaError_t status, const char *what,
+                        const char *file, int line) {
+    mk_error_code code =
+        status == cudaErrorMemoryAllocation ? MK_ERR_NOMEM : MK_ERR_DEVICE;
+    /* Clear the thread's last error so later launch checks see only their own. */
+    cudaGetLastError();
+    return mk_fail(err, code, 0, 0, "%s: %s (%s, %s:%d)", what, cudaGetErrorString(status),
+                   cudaGetErrorName(status), file, line);
+}
+
+int mk_cuda_fail_blas(mk_error **err, cublasStatus_t status, const char *what,
+                      const char *file, int line) {
+    mk_error_code code = status == CUBLAS_STATUS_ALLOC_FAILED ? MK_ERR_NOMEM : MK_ERR_DEVICE;
+    return mk_fail(err, code, 0, 0, "%s: %s (%s, %s:%d)", what, cublasGetStatusString(status),
+                   cublasGetStatusName(status), file, line);
+}
+
+int mk_cuda_check_launch(const mk_launch *l, const char *kernel, mk_error **err) {
+    cudaError_t status = cudaGetLastError();
+    if (status == cudaSuccess) return 0;
+    return mk_fail(err, MK_ERR_DEVICE, 0, 0, "%s $%d: launching %s: %s (%s)",
+                   l->node->op->name, l->node->id, kernel, cudaGetErrorString(status),
+                   cudaGetErrorName(status));
+}
+
+/* ---- probe -------------------------------------------------------------- */
+
+/* A kernel that does nothing: probing for it tells whether this build's
+ * machine code (or PTX) loads on the device. */
+static __global__ void mk_cuda_probe_kernel(void) {}
+
+static void put_reason(char *reason, size_t size, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void put_reason(char *reason, size_t size, const char *fmt, ...) {
+    if (!reason || !size) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(reason, size, fmt, ap);
+    va_end(ap);
+}
+
+int mk_cuda_probe(char *reason, size_t size) {
+    int count = 0;
+    cudaError_t status = cudaGetDeviceCount(&count);
+    if (status != cudaSuccess) {
+        cudaGetLastError();
+        put_reason(reason, size, "cudaGetDeviceCount: %s", cudaGetErrorString(status));
+        return 0;
+    }
+    if (count < 1) {
+        put_reason(reason, size, "cudaGetDeviceCount: no CUDA-capable device is detected");
+        return 0;
+    }
+    cudaDeviceProp prop;
+    status = cudaGetDeviceProperties(&prop, 0);
+    if (status != cudaSuccess) {
+        cudaGetLastError();
+        put_reason(reason, size, "cudaGetDeviceProperties: %s", cudaGetErrorString(status));
+        return 0;
+    }
+    int previous = 0;
+    cudaGetDevice(&previous);
+    cudaSetDevice(0);
+    cudaFuncAttributes attr;
+    status = cudaFuncGetAttributes(&attr, mk_cuda_probe_kernel);
+    cudaSetDevice(previous);
+    if (status != cudaSuccess) {
+        cudaGetLastError();
+        put_reason(reason, size, "device 0 (%s, compute capability %d.%d) cannot run this "
+                   "build's kernels: %s", prop.name, prop.major, prop.minor,
+                   cudaGetErrorString(status));
+        return 0;
+    }
+    put_reason(reason, size, "%s (compute capability %d.%d)", prop.name, prop.major, prop.minor);
+    return 1;
+}
+
+/* ---- state -------------------------------------------------------------- */
+
+static void cuda_close(void *state) {
+    mk_cuda_state *s = (mk_cuda_state *)state;
+    if (!s) return;
+    cudaSetDevice(s->device);
+    if (s->stream) cudaStreamSynchronize(s->stream);
+    if (s->exec) cudaGraphExecDestroy(s->exec);
+    if (s->graph) cudaGraphDestroy(s->graph);
+    if (s->blas) cublasDestroy(s->blas);
+    if (s->blas_workspace) cudaFree(s->blas_workspace);
+    if (s->fault) cudaFree(s->fault);
+    for (int i = 0; i < s->n_extra; i++) cudaFree(s->extra[i]);
+    free(s->extra);
+    if (s->pinned) cudaFreeHost(s->pinned);
+    free(s->in_stage);
+    if (s->stream) cudaStreamDestroy(s->stream);
+    cudaGetLastError();
+    free(s);
+}
+
+static int cuda_open(void **state, mk_error **err) {
+    *state = NULL;
+    char reason[256];
+    if (!mk_cuda_probe(reason, sizeof reason))
+        return mk_fail(err, MK_ERR_NO_DEVICE, 0, 0, "%s", reason);
+    mk_cuda_state *s = (mk_cuda_state *)calloc(1, sizeof *s);
+    if (!s) return mk_fail(err, MK_ERR_NOMEM, 0, 0, "cannot allocate the CUDA device state");
+    s->device = 0;
+    MK_CUDA_TRY(err, cudaSetDevice(s->device));
+    MK_CUDA_TRY(err, cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
+    MK_BLAS_TRY(err, cublasCreate(&s->blas));
+    /* cublasSetStream resets the workspace, so the stream goes first. */
+    MK_BLAS_TRY(err, cublasSetStream(s->blas, s->stream));
+    s->blas_workspace_bytes = MK_BLAS_WORKSPACE;
+    MK_CUDA_TRY(err, cudaMalloc(&s->blas_workspace, s->blas_workspace_bytes));
+    MK_BLAS_TRY(err, cublasSetWorkspace(s->blas, s->blas_workspace, s->blas_workspace_bytes));
+    MK_BLAS_TRY(err, cublasSetPointerMode(s->blas, CUBLAS_POINTER_MODE_HOST));
+    /* Plain float32 products (no TF32): results agree with the CPU far under 1e-3. */
+    MK_BLAS_TRY(err, cublasSetMathMode(s->blas, CUBLAS_DEFAULT_MATH));
+    MK_CUDA_TRY(err, cudaMalloc((void **)&s->fault, sizeof *s->fault));
+    MK_CUDA_TRY(err, cudaMemset(s->fault, 0, sizeof *s->fault));
+    *state = s;
+    return 0;
+fail:
+    cuda_close(s);
+    return -1;
+}
+
+static void *cuda_alloc(void *state, size_t bytes, mk_error **err) {
+    mk_cuda_state *s = (mk_cuda_state *)state;
+    void *p = NULL;
+    cudaError_t status;
+    if ((status = cudaSetDevice(s->device)) != cudaSuccess) {
+        mk_cuda_fail_status(err, status, "cudaSetDevice", __FILE__, __LINE__);
+        return NULL;
+    }
+    /* Round up to whole MK_ALIGN blocks: vector loads may touch the tail. */
+    size_t size = bytes ? (bytes + MK_ALIGN - 1) / MK_ALIGN * MK_ALIGN : MK_ALIGN;
+    status = size < bytes ? cudaErrorMemoryAllocation : cudaMalloc(&p, size);
+    if (status != cudaSuccess) {
+        cudaGetLastError(); /* an allocation failure is not sticky: the context stays usable */
+        if (status == cudaErrorMemoryAllocation) {
+            size_t free_b = 0, total_b = 0;
+            cudaMemGetInfo(&free_b, &total_b);
+            cudaGetLastError();
+            mk_fail(err, MK_ERR_NOMEM, 0, 0,
+                    "cannot allocate %zu bytes of CUDA device memory (%zu of %zu free)", bytes,
+                    free_b, total_b);
+        } else {
+            mk_cuda_fail_status(err, status, "cudaMalloc", __FILE__, __LINE__);
+        }
+        return NULL;
+    }
+    return p;
+}
+
+static void cuda_free(void *state, void *p) {
+    (void)state;
+    if (p) cudaFree(p);
+}
+
+static int cuda_upload(void *state, void *dst, const void *src, size_t bytes, mk_error **err) {
+    mk_cuda_state *s = (mk_cuda_state *)state;
+    if (!bytes) return 0;
+    MK_CUDA_TRY(err, cudaSetDevice(s->device));
+    MK_CUDA_TRY(err, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s->stream));
+    MK_CUDA_TRY(err, cudaStreamSynchronize(s->stream));
+    return 0;
+fail:
+    return -1;
+}
+
+static int cuda_zero(void *state, void *dst, size_t bytes, mk_error **err) {
+    mk_cuda_state *s = (mk_cuda_state *)state;
+    if (!bytes) return 0;
+    MK_CUDA_TRY(err, cudaSetDevice(s->device));
+    MK_CUDA_TRY(err, cudaMemsetAsync(dst, 0, bytes, s->stream));
+    MK_CUDA_TRY(err, cudaStreamSynchronize(s->stream));
+    return 0;
+fail:
+    return -1;
+}
+
+void *mk_cuda_extra(mk_cuda_state *s, size_t bytes, mk_error **err) {
+    void *p = NULL;
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    if (s->n_extra == s->cap_extra) {
+        int cap = s->cap_extra ? 2 * s->cap_extra : 4;
+        void **grown = (void **)realloc(s->extra, (size_t)cap * sizeof *grown);
+        if (!grown) {
+            mk_fail(err, MK_ERR_NOMEM, 0, 0, "cannot grow the CUDA device's extra list");
+            return NULL;
+        }
+        s->extra = grown;
+        s->cap_extra = cap;
+    }
+    /* cudaMalloc is not a stream operation; relaxed mode lets it run mid-capture. */
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    cudaError_t status = cudaMalloc(&p, bytes ? bytes : 1);
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    if (status != cudaSuccess) {
+        mk_cuda_fail_status(err, status, "cudaMalloc (kernel scratch)", __FILE__, __LINE__);
+        return NULL;
+    }
+    s->extra[s->n_extra++] = p;
+    return p;
+}
+
+/* ---- prepare: staging and capture ---------------------------------------- */
+
+static size_t stage_round(size_t bytes) {
+    return (bytes + MK_STAGE_ALIGN - 1) / MK_STAGE_ALIGN * MK_STAGE_ALIGN;
+}
+
+static int cuda_prepare(void *state, const mk_launch *launches, int n, const mk_copy *in,
+                        int n_in, const mk_copy *out, mk_error **err) {
+    mk_cuda_state *s = (mk_cuda_state *)state;
+    cudaGraph_t graph = NULL;
+    bool capturing = false;
+    int failed_at = -1;
+    MK_CUDA_TRY(err, cudaSetDevice(s->device));
+    cudaGetLastError(); /* a stale launch error must not be blamed on a kernel below */
+    if (s->exec || s->pinned)
+        return MK_INTERNAL(err, "cuda prepare called twice for one model");
+
+    /* One pinned block: [input 0][input 1]…[output][fault record]. */
+    {
+        size_t total = 0;
+        for (int i = 0; i < n_in; i++) total += stage_round(in[i].bytes);
+        total += stage_round(out ? out->bytes : 0) + stage_round(sizeof(mk_cuda_fault));
+        if (n_in > 0) {
+            s->in_stage = (void **)calloc((size_t)n_in, sizeof *s->in_stage);
+            if (!s->in_stage)
+                return mk_fail(err, MK_ERR_NOMEM, 0, 0, "cannot allocate the staging table");
+        }
+        s->n_in = n_in;
+        MK_CUDA_TRY(err, cudaHostAlloc((void **)&s->pinned, total, cudaHostAllocDefault));
+        size_t at = 0;
+        for (int i = 0; i < n_in; i++) {
+            s->in_stage[i] = s->pinned + at;
+            at += stage_round(in[i].bytes);
+        }
+        s->out_stage = s->pinned + at;
+        at += stage_round(out ? out->bytes : 0);
+        s->fault_stage = (mk_cuda_fault *)(s->pinned + at);
+        memset(s->fault_stage, 0, sizeof *s->fault_stage);
+    }
+
+    /*
+     * Capture. Thread-local mode: a forbidden call on this thread (an
+     * allocation, a sync) breaks this capture only, never another context's.
+     */
+    MK_CUDA_TRY(err, cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal));
+    capturing = true;
+    if (cudaMemsetAsync(s->fault, 0, sizeof *s->fault, s->stream) != cudaSuccess)
+        failed_at = -2;
+    for (int i = 0; failed_at == -1 && i < n; i++) {
+        const mk_launch *l = &launches[i];
+        mk_kernel_fn kernel = l->node->op->kernel[MK_DEVICE_CUDA];
+        if (!kernel) {
+            mk_fail(err, MK_ERR_INTERNAL, 0, 0, "%s $%d has no CUDA kernel", l->node->op->name,
+                    l->node->id);
+            failed_at = i;
+        } else if (kernel(l, err) != 0) {
+            failed_at = i;
+        }
+    }
+    /* the graph's last node brings the fault record back to pinned memory */
+    if (failed_at == -1 && cudaMemcpyAsync(s->fault_stage, s->fault, sizeof *s->fault,
+                                           cudaMemcpyDeviceToHost, s->stream) != cudaSuccess)
+        failed_at = -2;
+    {
+        cudaError_t status = cudaStreamEndCapture(s->stream, &graph);
+        capturing = false;
+        if (failed_at == -2) {
+            mk_fail(err, MK_ERR_DEVICE, 0, 0, "capturing the CUDA graph: the error word's "
+                    "clear or copy failed: %s", cudaGetErrorString(status));
+            goto fail;
+        }
+        if (failed_at >= 0) {
+            /* The kernel stored the reason; say that it broke the capture. */
+            goto fail;
+        }
+        if (status != cudaSuccess) {
+            mk_fail(err, MK_ERR_DEVICE, 0, 0, "capturing the CUDA graph of %d launches: %s (%s)",
+                    n, cudaGetErrorString(status), cudaGetErrorName(status));
+            cudaGetLastError();
+            goto fail;
+        }
+    }
+    MK_CUDA_TRY(err, cudaGraphInstantiate(&s->exec, graph, 0));
+    s->graph = graph;
+    graph = NULL;
+    /* Uploading now keeps the first evaluation's latency like every other. */
+    MK_CUDA_TRY(err, cudaGraphUpload(s->exec, s->stream));
+    MK_CUDA_TRY(err, cudaStreamSynchronize(s->stream));
+    return 0;
+fail:
+    if (capturing) {
+        cudaGraph_t broken = NULL;
+        cudaStreamEndCapture(s->stream, &broken);
+        if (broken) cudaGraphDestroy(broken);
+    }
+    if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError();
+    return -1;
+}
+
+/* ---- evaluate ------------------------------------------------------------ */
+
+/* The fault record as the error the CPU device would give for the same value. */
+static int fault_error(const mk_cuda_fault *f, const mk_launch *launches, int n,
+                       mk_error **err) {
+    if (f->launch < 0 || f->launch >= n)
+        return mk_fail(err, MK_ERR_INTERNAL, 0, 0, "a CUDA kernel reported launch %d of %d",
+                       f->launch, n);
+    const mk_node *node = launches[f->launch].node;
+    const long long *v = f->value;
+    switch (f->reason) {
+    case MK_CUDA_FAULT_REPLACE_RANGE:
+        return mk_fail(err, MK_ERR_EVAL, 0, 0,
+                       "%s $%d: rows [%lld, %lld) are out of range for a first axis of %lld",
+                       node->op->name, node->id, v[0], v[1], v[2]);
+    case MK_CUDA_FAULT_REPLACE_ROWS:
+        return mk_fail(err, MK_ERR_EVAL, 0, 0,
+                       "%s $%d: rows [%lld, %lld) are %lld rows but the replacement has %lld",
+                       node->op->name, node->id, v[0], v[1], v[1] - v[0], v[2]);
+    case MK_CUDA_FAULT_PREFIX:
+        return mk_fail(err, MK_ERR_EVAL, 0, 0, "%s $%d: prefix %lld is outside [0, %lld]",
+                       node->op->name, node->id, v[0], v[1]);
+    case MK_CUDA_FAULT_ID:
+        return mk_fail(err, MK_ERR_EVAL, 0, 0, "%s $%d: id %lld (position %lld) is outside "
+                       "[0, %lld)", node->op->name, node->id, v[0], v[1], v[2]);
+    }
+    return mk_fail(err, MK_ERR_INTERNAL, 0, 0, "%s $%d: unknown CUDA fault %d", node->op->name,
+                   node->id, f->reason);
+}
+
+static int cuda_evaluate(void *state, const mk_launch *launches, int n, const mk_copy *in,
+                         int n_in, const mk_copy *out, mk_error **err) {
+    mk_cuda_state *s = (mk_cuda_state *)state;
+    if (!s->exec || n_in != s->n_in)
+        return MK_INTERNAL(err, "cuda evaluate before prepare, or with other copies");
+    MK_CUDA_TRY(err, cudaSetDevice(s->device));
+    for (int i = 0; i < n_in; i++) {
+        if (!in[i].bytes) continue;
+        memcpy(s->in_stage[i], in[i].host, in[i].bytes);
+        MK_CUDA_TRY(err, cudaMemcpyAsync(in[i].device, s->in_stage[i], in[i].bytes,
+                                         cudaMemcpyHostToDevice, s->stream));
+    }
+    MK_CUDA_TRY(err, cudaGraphLaunch(s->exec, s->stream));
+    if (out && out->bytes)
+        MK_CUDA_TRY(err, cudaMemcpyAsync(s->out_stage, out->device, out->bytes,
+                                         cudaMemcpyDeviceToHost, s->stream));
+    MK_CUDA_TRY(err, cudaStreamSynchronize(s->stream));
+    if (s->fault_stage->flag) return fault_error(s->fault_stage, launches, n, err);
+    if (out && out->bytes) memcpy(out->host, s->out_stage, out->bytes);
+    return 0;
+fail:
+    /* Leave the stream idle so the staging buffers are free for the next call. */
+    cudaStreamSynchronize(s->stream);
+    cudaGetLastError();
+    return -1;
+}
+
+extern "C" const mk_device_ops mk_cuda_device = {
+    "cuda",     cuda_open,   cuda_close,    cuda_alloc, cuda_free,
+    cuda_upload, cuda_zero, cuda_prepare, cuda_evaluate,
+};

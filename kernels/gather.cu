@@ -1,0 +1,149 @@
+/*
+ * gather.cu — data movement steered by run-time values on the GPU:
+ *
+ *   EmbeddingNode     out [n, D] = table [V, D] rows at ids [n] (int64, on the device)
+ *   ReplaceSliceNode  x [R, ...] rows [begin, end) = r [end - begin, ...], in place;
+ *                     begin, end: int64 [1] on the device (a vector's rows are elements)
+ *
+ * The ids and bounds are read by the kernels at run time, never baked into
+ * the captured graph. A bad value skips the write and raises the model's
+ * fault record (see cuda_device.h); the evaluation then fails naming the node.
+ * Rows move as 16-, 8- or 4-byte units, whichever divides the row and the
+ * addresses, so float and int64 tables share one kernel.
+ */
+#include "cuda_device.h"
+
+/* The widest unit (16, 8 or 4 bytes) dividing `bytes` and aligning every pointer. */
+static int unit_for(size_t bytes, const void *p, const void *q) {
+    uintptr_t a = (uintptr_t)p | (uintptr_t)q | (uintptr_t)bytes;
+    if ((a & 15u) == 0) return 16;
+    if ((a & 7u) == 0) return 8;
+    return 4;
+}
+
+static unsigned int grid_for(long long n) {
+    unsigned int b = mk_cuda_blocks(n, MK_CUDA_BLOCK);
+    return b > 132u * 32u ? 132u * 32u : b;
+}
+
+/* ---- embedding ----------------------------------------------------------- */
+
+/* out [n, units] = table [V, units] at ids; units per row of `U`. */
+template <typename U>
+static __global__ void embedding_kernel(U *out, const U *table, const long long *ids, long long n,
+                                        long long V, long long units, mk_cuda_fault *fault,
+                                        int launch) {
+    long long total = n * units;
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total;
+         e += (long long)gridDim.x * blockDim.x) {
+        long long row = e / units, c = e - row * units;
+        long long id = ids[row];
+        if (id < 0 || id >= V) {
+            if (c == 0) mk_cuda_fault_raise(fault, launch, MK_CUDA_FAULT_ID, id, row, V);
+            continue;
+        }
+        out[e] = table[id * units + c];
+    }
+}
+
+int mk_cuda_embedding(const mk_launch *l, mk_error **err) {
+    mk_cuda_state *s = mk_cuda_state_of(l);
+    const mk_tensor *table = &l->in[0], *ids = &l->in[1];
+    long long V = table->shape[0], n = mk_tensor_numel(ids);
+    size_t row_bytes = (size_t)(mk_tensor_numel(table) / V) * mk_dtype_size(table->dtype);
+    int unit = unit_for(row_bytes, table->data, l->out.data);
+    long long units = (long long)(row_bytes / (size_t)unit);
+    unsigned int grid = grid_for(n * units);
+    const long long *pid = (const long long *)ids->data;
+    if (unit == 16)
+        embedding_kernel<uint4><<<grid, MK_CUDA_BLOCK, 0, s->stream>>>(
+            (uint4 *)l->out.data, (const uint4 *)table->data, pid, n, V, units, s->fault,
+            l->index);
+    else if (unit == 8)
+        embedding_kernel<uint2><<<grid, MK_CUDA_BLOCK, 0, s->stream>>>(
+            (uint2 *)l->out.data, (const uint2 *)table->data, pid, n, V, units, s->fault,
+            l->index);
+    else
+        embedding_kernel<unsigned int><<<grid, MK_CUDA_BLOCK, 0, s->stream>>>(
+            (unsigned int *)l->out.data, (const unsigned int *)table->data, pid, n, V, units,
+            s->fault, l->index);
+    return mk_cuda_check_launch(l, "embedding", err);
+}
+
+/* ---- replace_slice ------------------------------------------------------- */
+
+/*
+ * x [rows, row_units] (as units U): rows [begin, end) = r [r_rows, row_units].
+ * Every thread checks the bounds (uniform), so a bad range writes nothing.
+ */
+template <typename U>
+static __global__ void replace_slice_kernel(U *x, const U *r, const long long *begin_p,
+                                            const long long *end_p, long long rows,
+                                            long long r_rows, long long row_units,
+                                            mk_cuda_fault *fault, int launch) {
+    long long begin = *begin_p, end = *end_p;
+    bool first = blockIdx.x == 0 && threadIdx.x == 0;
+    if (begin < 0 || end > rows || begin > end) {
+        if (first)
+            mk_cuda_fault_raise(fault, launch, MK_CUDA_FAULT_REPLACE_RANGE, begin, end, rows);
+        return;
+    }
+    if (end - begin != r_rows) {
+        if (first)
+            mk_cuda_fault_raise(fault, launch, MK_CUDA_FAULT_REPLACE_ROWS, begin, end, r_rows);
+        return;
+    }
+    U *dst = x + begin * row_units;
+    long long total = r_rows * row_units;
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total;
+         e += (long long)gridDim.x * blockDim.x)
+        dst[e] = r[e];
+}
+
+int mk_cuda_replace_slice(const mk_launch *l, mk_error **err) {
+    mk_cuda_state *s = mk_cuda_state_of(l);
+    const mk_tensor *x = &l->in[0], *r = &l->in[1];
+    long long rows = x->shape[0], r_rows = r->shape[0];
+    size_t es = mk_dtype_size(x->dtype);
+    size_t x_bytes = (size_t)mk_tensor_numel(x) * es;
+    size_t row_bytes = x_bytes / (size_t)rows;
+    size_t r_bytes = (size_t)mk_tensor_numel(r) * es;
+    if (r_bytes != (size_t)r_rows * row_bytes)
+        return MK_INTERNAL(err, "ReplaceSliceNode: replacement rows differ from x's rows");
+    char *o = (char *)l->out.data;
+    const char *src = (const char *)r->data;
+    cudaError_t status;
+    if (o != (const char *)x->data) {
+        /* not bound in place: out starts as a copy of x */
+        status = cudaMemcpyAsync(o, x->data, x_bytes, cudaMemcpyDeviceToDevice, s->stream);
+        if (status != cudaSuccess)
+            return mk_cuda_fail_status(err, status, "ReplaceSliceNode: cudaMemcpyAsync",
+                                       __FILE__, __LINE__);
+    }
+    if (src < o + x_bytes && o < src + r_bytes) {
+        /* r lives inside x: where it lands is known only at run time, so copy it
+         * aside first (the CPU's memmove) */
+        char *aside = (char *)mk_cuda_extra(s, r_bytes, err);
+        if (!aside) return -1;
+        status = cudaMemcpyAsync(aside, src, r_bytes, cudaMemcpyDeviceToDevice, s->stream);
+        if (status != cudaSuccess)
+            return mk_cuda_fail_status(err, status, "ReplaceSliceNode: cudaMemcpyAsync",
+                                       __FILE__, __LINE__);
+        src = aside;
+    }
+    int unit = unit_for(row_bytes, o, src);
+    long long row_units = (long long)(row_bytes / (size_t)unit);
+    unsigned int grid = grid_for(r_rows * row_units);
+    const long long *pb = (const long long *)l->in[2].data, *pe = (const long long *)l->in[3].data;
+    if (unit == 16)
+        replace_slice_kernel<uint4><<<grid, MK_CUDA_BLOCK, 0, s->stream>>>(
+            (uint4 *)o, (const uint4 *)src, pb, pe, rows, r_rows, row_units, s->fault, l->index);
+    else if (unit == 8)
+        replace_slice_kernel<uint2><<<grid, MK_CUDA_BLOCK, 0, s->stream>>>(
+            (uint2 *)o, (const uint2 *)src, pb, pe, rows, r_rows, row_units, s->fault, l->index);
+    else
+        replace_slice_kernel<unsigned int><<<grid, MK_CUDA_BLOCK, 0, s->stream>>>(
+            (unsigned int *)o, (const unsigned int *)src, pb, pe, rows, r_rows, row_units,
+            s->fault, l->index);
+    return mk_cuda_check_launch(l, "replace_slice", err);
+}

@@ -1,0 +1,137 @@
+/*
+ * matmul.cu — MatMulNode on the GPU through cuBLAS (float32, no TF32):
+ *
+ *   [k]       @ [k, n]       → [n]         cublasSgemv
+ *   [m, k]    @ [k, n]       → [m, n]      cublasSgemm (gemv when m == 1)
+ *   [B, m, k] @ [B, k, n]    → [B, m, n]   cublasSgemmStridedBatched
+ *
+ * Operands may be strided views (a permuted weight, a KV cache read as
+ * [heads, head, seq]): per matrix either the column stride is 1 (row-major,
+ * "normal") or the row stride is 1 (stored transposed), with any batch
+ * stride. cuBLAS is column-major, so the row-major product C = A·B is issued
+ * as Cᵀ = Bᵀ·Aᵀ: a row-major matrix with row stride ld is, to cuBLAS, its
+ * transpose stored with leading dimension ld, and a transposed view is a
+ * plain column-major matrix — the transpose flags fall out of the strides.
+ * Nothing is copied. The output is contiguous.
+ */
+#include "cuda_device.h"
+
+/*
+ * How cuBLAS sees one row-major operand X [rows, cols] with element strides
+ * (sr, sc): as the column-major matrix Xᵀ [cols, rows] (op N, ld = sr) when
+ * sc == 1, or as X itself stored column-major [rows, cols] (op T, ld = sc)
+ * when sr == 1. A dim of size 1 makes its stride irrelevant.
+ */
+typedef struct {
+    cublasOperation_t op; /* applied to the stored matrix to get Xᵀ */
+    long long ld;
+} mm_layout;
+
+static bool mm_layout_of(long long rows, long long cols, long long sr, long long sc,
+                         mm_layout *out) {
+    if (cols == 1 || sc == 1) {
+        long long ld = rows == 1 ? cols : sr;
+        if (ld >= cols && ld >= 1 && ld <= 0x7fffffffLL) {
+            out->op = CUBLAS_OP_N;
+            out->ld = ld;
+            return true;
+        }
+    }
+    if (rows == 1 || sr == 1) {
+        long long ld = cols == 1 ? rows : sc;
+        if (ld >= rows && ld >= 1 && ld <= 0x7fffffffLL) {
+            out->op = CUBLAS_OP_T;
+            out->ld = ld;
+            return true;
+        }
+    }
+    return false;
+}
+
+static int mm_bad_layout(const mk_launch *l, const char *which, mk_error **err) {
+    const mk_tensor *t = &l->in[which[0] == 'a' ? 0 : 1];
+    return mk_fail(err, MK_ERR_INTERNAL, 0, 0,
+                   "%s $%d: operand %s strides (%lld, %lld, %lld) are neither row- nor "
+                   "column-contiguous; the passes should have copied it", l->node->op->name,
+                   l->node->id, which, (long long)t->stride[0],
+                   (long long)(t->rank > 1 ? t->stride[1] : 0),
+                   (long long)(t->rank > 2 ? t->stride[2] : 0));
+}
+
+/* A cuBLAS status as an error naming the node (the library's message alone
+ * does not say which product failed). */
+static int mm_status(const mk_launch *l, cublasStatus_t status, const char *call,
+                     mk_error **err) {
+    if (status == CUBLAS_STATUS_SUCCESS) return 0;
+    return mk_fail(err, status == CUBLAS_STATUS_ALLOC_FAILED ? MK_ERR_NOMEM : MK_ERR_DEVICE, 0, 0,
+                   "%s $%d: %s: %s (%s)", l->node->op->name, l->node->id, call,
+                   cublasGetStatusString(status), cublasGetStatusName(status));
+}
+
+/*
+ * out = a @ b. Reduced to one (possibly batched) product
+ *   C [m, n] = A [m, k] · B [k, n], batch B_count, with strides per operand.
+ */
+int mk_cuda_matmul(const mk_launch *l, mk_error **err) {
+    mk_cuda_state *s = mk_cuda_state_of(l);
+    const mk_tensor *a = &l->in[0], *b = &l->in[1];
+    if (l->out.dtype != MK_DTYPE_FLOAT32 || a->dtype != MK_DTYPE_FLOAT32 ||
+        b->dtype != MK_DTYPE_FLOAT32)
+        return mk_fail(err, MK_ERR_INTERNAL, 0, 0, "%s $%d: no CUDA kernel for dtype %s",
+                       l->node->op->name, l->node->id, mk_dtype_name(l->out.dtype));
+    long long batch = 1, m, k, n;
+    long long a_sr, a_sc, a_sb = 0, b_sr, b_sc, b_sb = 0;
+    if (a->rank == 1 && b->rank == 2) {
+        m = 1, k = a->shape[0], n = b->shape[1];
+        a_sr = k * a->stride[0], a_sc = a->stride[0];
+        b_sr = b->stride[0], b_sc = b->stride[1];
+    } else if (a->rank == 2 && b->rank == 2) {
+        m = a->shape[0], k = a->shape[1], n = b->shape[1];
+        a_sr = a->stride[0], a_sc = a->stride[1];
+        b_sr = b->stride[0], b_sc = b->stride[1];
+    } else if (a->rank == 3 && b->rank == 3) {
+        batch = a->shape[0], m = a->shape[1], k = a->shape[2], n = b->shape[2];
+        a_sb = a->stride[0], a_sr = a->stride[1], a_sc = a->stride[2];
+        b_sb = b->stride[0], b_sr = b->stride[1], b_sc = b->stride[2];
+    } else {
+        return MK_INTERNAL(err, "MatMulNode: operand ranks not 1/2, 2/2 or 3/3");
+    }
+    if (m > 0x7fffffffLL || n > 0x7fffffffLL || k > 0x7fffffffLL || batch > 0x7fffffffLL)
+        return mk_fail(err, MK_ERR_SHAPE, 0, 0, "%s $%d: dimensions beyond cuBLAS's int range",
+                       l->node->op->name, l->node->id);
+
+    mm_layout la, lb;
+    if (!mm_layout_of(m, k, a_sr, a_sc, &la)) return mm_bad_layout(l, "a", err);
+    if (!mm_layout_of(k, n, b_sr, b_sc, &lb)) return mm_bad_layout(l, "b", err);
+    const float alpha = 1.0f, beta = 0.0f;
+    const float *A = (const float *)a->data, *B = (const float *)b->data;
+    float *C = (float *)l->out.data;
+
+    if (m == 1 && batch == 1) {
+        /*
+         * Matrix-vector: c [n] = Bᵀ-as-stored · a. The vector's increment is
+         * its element stride (k == 1: any). The stored matrix is [n, k] (op N)
+         * or [k, n] (op T).
+         */
+        int inc = k == 1 ? 1 : (int)a_sc;
+        if (inc <= 0) return mm_bad_layout(l, "a", err);
+        cublasStatus_t status =
+            lb.op == CUBLAS_OP_N
+                ? cublasSgemv(s->blas, CUBLAS_OP_N, (int)n, (int)k, &alpha, B, (int)lb.ld, A,
+                              inc, &beta, C, 1)
+                : cublasSgemv(s->blas, CUBLAS_OP_T, (int)k, (int)n, &alpha, B, (int)lb.ld, A,
+                              inc, &beta, C, 1);
+        return mm_status(l, status, "cublasSgemv", err);
+    }
+    /* Cᵀ [n, m] (column-major, ld n) = op(B stored) [n, k] · op(A stored) [k, m]. */
+    if (batch == 1)
+        return mm_status(l,
+                         cublasSgemm(s->blas, lb.op, la.op, (int)n, (int)m, (int)k, &alpha, B,
+                                     (int)lb.ld, A, (int)la.ld, &beta, C, (int)n),
+                         "cublasSgemm", err);
+    return mm_status(l,
+                     cublasSgemmStridedBatched(s->blas, lb.op, la.op, (int)n, (int)m, (int)k,
+                                               &alpha, B, (int)lb.ld, b_sb, A, (int)la.ld, a_sb,
+                                               &beta, C, (int)n, m * n, (int)batch),
+                     "cublasSgemmStridedBatched", err);
+}

@@ -1,0 +1,239 @@
+/*
+ * norm_softmax.cu — row reductions on the GPU, over the last axis of a
+ * contiguous x [rows, n]:
+ *
+ *   RmsNormNode        out = w [n] * x / sqrt(mean(x²) + 1e-5)        (as run.c)
+ *   SlicedSoftmaxNode  out[:p] = softmax(x[:p]), out[p:] = x[p:];  p: int64 [1]
+ *                      read on the device at run time, 0 <= p <= n, else a fault
+ *   ArgMaxNode         out [rows] (int64) = index of the largest, first on ties
+ *
+ * A row is reduced by a group of G threads: one warp for short rows (eight
+ * rows per block), a block of 512 for long ones. Partial results combine
+ * through warp shuffles and, across warps, shared memory.
+ */
+#include "cuda_device.h"
+
+#include <math.h>
+
+/* Rows at most this long get one warp each. */
+#define SHORT_ROW 1024
+#define LONG_G 512
+#define SHORT_ROWS_PER_BLOCK 8
+
+static __device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
+    return v;
+}
+
+static __device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, d));
+    return v;
+}
+
+/* Reduces v over the G threads of a row's group (G = 32: the warp; else the
+ * whole block, G threads). Every thread of the group gets the result. */
+template <int G, bool MAX>
+static __device__ __forceinline__ float group_reduce(float v) {
+    v = MAX ? warp_max(v) : warp_sum(v);
+    if (G == 32) return v;
+    __shared__ float part[G / 32];
+    __shared__ float total;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float t = lane < G / 32 ? part[lane] : (MAX ? -INFINITY : 0.0f);
+        t = MAX ? warp_max(t) : warp_sum(t);
+        if (lane == 0) total = t;
+    }
+    __syncthreads();
+    float r = total;
+    __syncthreads(); /* part/total may be reused by the next reduction */
+    return r;
+}
+
+/* The row this thread works on and its index within the row's group. */
+template <int G>
+static __device__ __forceinline__ long long group_row(int *tid) {
+    if (G == 32) {
+        *tid = threadIdx.x;
+        return (long long)blockIdx.x * SHORT_ROWS_PER_BLOCK + threadIdx.y;
+    }
+    *tid = threadIdx.x;
+    return blockIdx.x;
+}
+
+/* Launch shape for `rows` rows of a group size G. */
+template <int G>
+static void group_shape(long long rows, dim3 *grid, dim3 *block) {
+    if (G == 32) {
+        *grid = dim3(mk_cuda_blocks(rows, SHORT_ROWS_PER_BLOCK));
+        *block = dim3(32, SHORT_ROWS_PER_BLOCK);
+    } else {
+        *grid = dim3(mk_cuda_blocks(rows, 1));
+        *block = dim3(G);
+    }
+}
+
+/* ---- rms_norm ------------------------------------------------------------ */
+
+template <int G>
+static __global__ void rms_norm_kernel(float *out, const float *x, const float *w, long long rows,
+                                       long long n) {
+    int tid;
+    long long row = group_row<G>(&tid);
+    if (row >= rows) return; /* whole groups leave together: no barrier is split */
+    const float *xr = x + row * n;
+    float *o = out + row * n;
+    float ss = 0.0f;
+    for (long long j = tid; j < n; j += G) ss += xr[j] * xr[j];
+    ss = group_reduce<G, false>(ss);
+    ss /= (float)n;
+    ss += 1e-5f;
+    ss = 1.0f / sqrtf(ss);
+    for (long long j = tid; j < n; j += G) o[j] = w[j] * (ss * xr[j]);
+}
+
+static int bad_dtype(const mk_launch *l, mk_error **err) {
+    return mk_fail(err, MK_ERR_INTERNAL, 0, 0, "%s $%d: no CUDA kernel for dtype %s",
+                   l->node->op->name, l->node->id, mk_dtype_name(l->in[0].dtype));
+}
+
+int mk_cuda_rms_norm(const mk_launch *l, mk_error **err) {
+    mk_cuda_state *s = mk_cuda_state_of(l);
+    const mk_tensor *x = &l->in[0], *w = &l->in[1];
+    if (l->out.dtype != MK_DTYPE_FLOAT32) return bad_dtype(l, err);
+    long long n = x->shape[x->rank - 1], rows = mk_tensor_numel(x) / n;
+    dim3 grid, block;
+    if (n <= SHORT_ROW) {
+        group_shape<32>(rows, &grid, &block);
+        rms_norm_kernel<32><<<grid, block, 0, s->stream>>>(
+            (float *)l->out.data, (const float *)x->data, (const float *)w->data, rows, n);
+    } else {
+        group_shape<LONG_G>(rows, &grid, &block);
+        rms_norm_kernel<LONG_G><<<grid, block, 0, s->stream>>>(
+            (float *)l->out.data, (const float *)x->data, (const float *)w->data, rows, n);
+    }
+    return mk_cuda_check_launch(l, "rms_norm", err);
+}
+
+/* ---- sliced_softmax ------------------------------------------------------ */
+
+template <int G>
+static __global__ void sliced_softmax_kernel(float *out, const float *x, const long long *prefix,
+                                             long long rows, long long n, mk_cuda_fault *fault,
+                                             int launch) {
+    int tid;
+    long long row = group_row<G>(&tid);
+    if (row >= rows) return;
+    long long p = *prefix; /* the same for every thread: the branch below is uniform */
+    if (p < 0 || p > n) {
+        if (row == 0 && tid == 0) mk_cuda_fault_raise(fault, launch, MK_CUDA_FAULT_PREFIX, p, n, 0);
+        return;
+    }
+    const float *xr = x + row * n;
+    float *o = out + row * n;
+    if (p > 0) {
+        float m = -INFINITY;
+        for (long long j = tid; j < p; j += G) m = fmaxf(m, xr[j]);
+        m = group_reduce<G, true>(m);
+        float sum = 0.0f;
+        for (long long j = tid; j < p; j += G) {
+            float e = expf(xr[j] - m);
+            o[j] = e;
+            sum += e;
+        }
+        sum = group_reduce<G, false>(sum);
+        /* each thread divides the elements it wrote itself: no barrier needed */
+        for (long long j = tid; j < p; j += G) o[j] = o[j] / sum;
+    }
+    for (long long j = p + tid; j < n; j += G) o[j] = xr[j];
+}
+
+int mk_cuda_sliced_softmax(const mk_launch *l, mk_error **err) {
+    mk_cuda_state *s = mk_cuda_state_of(l);
+    const mk_tensor *x = &l->in[0];
+    if (l->out.dtype != MK_DTYPE_FLOAT32) return bad_dtype(l, err);
+    long long n = x->shape[x->rank - 1], rows = mk_tensor_numel(x) / n;
+    const long long *prefix = (const long long *)l->in[1].data;
+    dim3 grid, block;
+    if (n <= SHORT_ROW) {
+        group_shape<32>(rows, &grid, &block);
+        sliced_softmax_kernel<32><<<grid, block, 0, s->stream>>>(
+            (float *)l->out.data, (const float *)x->data, prefix, rows, n, s->fault, l->index);
+    } else {
+        group_shape<LONG_G>(rows, &grid, &block);
+        sliced_softmax_kernel<LONG_G><<<grid, block, 0, s->stream>>>(
+            (float *)l->out.data, (const float *)x->data, prefix, rows, n, s->fault, l->index);
+    }
+    return mk_cuda_check_launch(l, "sliced_softmax", err);
+}
+
+/* ---- argmax -------------------------------------------------------------- */
+
+/* Is (v2, i2) a better maximum than (v1, i1)? Larger, or equal and earlier. */
+static __device__ __forceinline__ bool better(float v2, long long i2, float v1, long long i1) {
+    return v2 > v1 || (v2 == v1 && i2 < i1);
+}
+
+static __device__ __forceinline__ void warp_argmax(float *v, long long *i) {
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) {
+        float v2 = __shfl_xor_sync(0xffffffffu, *v, d);
+        long long i2 = __shfl_xor_sync(0xffffffffu, *i, d);
+        if (better(v2, i2, *v, *i)) *v = v2, *i = i2;
+    }
+}
+
+/*
+ * As the CPU's loop (best = 0, replaced only by a strictly larger value): a
+ * NaN at index 0 wins, any other NaN never does (it compares as -inf here,
+ * which loses every tie to an earlier index).
+ */
+template <int G>
+static __global__ void argmax_kernel(long long *out, const float *x, long long rows, long long n) {
+    int tid;
+    long long row = group_row<G>(&tid);
+    if (row >= rows) return;
+    const float *xr = x + row * n;
+    float v = -INFINITY;
+    long long best = 0x7fffffffffffffffLL;
+    for (long long j = tid; j < n; j += G) {
+        float y = xr[j];
+        if (isnan(y)) y = -INFINITY;
+        if (better(y, j, v, best)) v = y, best = j;
+    }
+    warp_argmax(&v, &best);
+    if (G > 32) {
+        __shared__ float pv[G / 32];
+        __shared__ long long pi[G / 32];
+        int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+        if (lane == 0) pv[warp] = v, pi[warp] = best;
+        __syncthreads();
+        if (warp != 0) return;
+        v = lane < G / 32 ? pv[lane] : -INFINITY;
+        best = lane < G / 32 ? pi[lane] : 0x7fffffffffffffffLL;
+        warp_argmax(&v, &best);
+    }
+    if (tid == 0) out[row] = isnan(xr[0]) ? 0 : best;
+}
+
+int mk_cuda_argmax(const mk_launch *l, mk_error **err) {
+    mk_cuda_state *s = mk_cuda_state_of(l);
+    const mk_tensor *x = &l->in[0];
+    if (x->dtype != MK_DTYPE_FLOAT32 || l->out.dtype != MK_DTYPE_INT64) return bad_dtype(l, err);
+    long long n = x->shape[x->rank - 1], rows = mk_tensor_numel(x) / n;
+    dim3 grid, block;
+    if (n <= SHORT_ROW) {
+        group_shape<32>(rows, &grid, &block);
+        argmax_kernel<32><<<grid, block, 0, s->stream>>>((long long *)l->out.data,
+                                                         (const float *)x->data, rows, n);
+    } else {
+        group_shape<LONG_G>(rows, &grid, &block);
+        argmax_kernel<LONG_G><<<grid, block, 0, s->stream>>>((long long *)l->out.data,
+                                                             (const float *)x->data, rows, n);
+    }
+    return mk_cuda_check_launch(l, "argmax", err);
+}
