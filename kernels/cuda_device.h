@@ -5,7 +5,8 @@
  * macros that turn every CUDA/cuBLAS status into an mk_error.
  *
  * Files: cuda_device.cu (device table, graph capture, staging, faults),
- * pointwise.cu, matmul.cu, norm_softmax.cu, gather.cu (one per op family).
+ * pointwise.cu, matmul.cu, norm_softmax.cu, gather.cu (one per op family);
+ * cudnn_fuser.cu (fused groups) reads the stream from the same state.
  */
 #ifndef MK_CUDA_DEVICE_H
 #define MK_CUDA_DEVICE_H

@@ -1,8 +1,9 @@
 /*
  * matmul.cu — MatMulNode on the GPU through cuBLAS (float32, no TF32):
  *
- *   [k]       @ [k, n]       → [n]         cublasSgemv
- *   [m, k]    @ [k, n]       → [m, n]      cublasSgemm (gemv when m == 1)
+ *   [k]       @ [k, n]       → [n]         cublasSgemv, or gemv_rows (below) for
+ *                                          a transposed weight (llama2's x @ Wᵀ)
+ *   [m, k]    @ [k, n]       → [m, n]      cublasSgemm (the same when m == 1)
  *   [B, m, k] @ [B, k, n]    → [B, m, n]   cublasSgemmStridedBatched
  *
  * Operands may be strided views (a permuted weight, a KV cache read as
@@ -57,6 +58,46 @@ static int mm_bad_layout(const mk_launch *l, const char *which, mk_error **err) 
                    (long long)(t->rank > 1 ? t->stride[1] : 0),
                    (long long)(t->rank > 2 ? t->stride[2] : 0));
 }
+
+/*
+ * y [n] = W [n, k] · x [k] where W's rows are contiguous (row stride ld):
+ * the matrix-vector product of llama2's layout (x @ Wᵀ), which decoding one
+ * token at a time is made of, so it must run at memory speed. One warp per
+ * row, 16-byte loads, four in flight per lane; W is streamed (read once, kept
+ * out of L2's way), x stays in cache. Needs k % 4 == 0, ld % 4 == 0 and
+ * 16-byte aligned W and x (checked at capture; else cuBLAS runs it).
+ */
+#define GEMV_ROWS 8
+
+static __device__ __forceinline__ float dot4(float4 a, float4 b) {
+    return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+}
+
+static __global__ void __launch_bounds__(32 * GEMV_ROWS)
+    gemv_rows(float *y, const float *W, long long ld, const float *x, long long n, int k4) {
+    long long row = (long long)blockIdx.x * GEMV_ROWS + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= n) return;
+    const float4 *w = (const float4 *)(W + row * ld);
+    const float4 *v = (const float4 *)x;
+    float acc0 = 0.0f, acc1 = 0.0f, acc2 = 0.0f, acc3 = 0.0f;
+    int i = lane;
+    for (; i + 96 < k4; i += 128) {
+        float4 a0 = __ldcs(w + i), a1 = __ldcs(w + i + 32), a2 = __ldcs(w + i + 64),
+               a3 = __ldcs(w + i + 96);
+        acc0 += dot4(a0, v[i]);
+        acc1 += dot4(a1, v[i + 32]);
+        acc2 += dot4(a2, v[i + 64]);
+        acc3 += dot4(a3, v[i + 96]);
+    }
+    for (; i < k4; i += 32) acc0 += dot4(__ldcs(w + i), v[i]);
+    float acc = (acc0 + acc1) + (acc2 + acc3);
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, d);
+    if (lane == 0) y[row] = acc;
+}
+
+static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 /* A cuBLAS status as an error naming the node (the library's message alone
  * does not say which product failed). */
@@ -115,6 +156,13 @@ int mk_cuda_matmul(const mk_launch *l, mk_error **err) {
          */
         int inc = k == 1 ? 1 : (int)a_sc;
         if (inc <= 0) return mm_bad_layout(l, "a", err);
+        if (lb.op == CUBLAS_OP_T && inc == 1 && k % 4 == 0 && lb.ld % 4 == 0 && aligned16(A) &&
+            aligned16(B) && k / 4 <= 0x7fffffffLL) {
+            /* stored [k, n] column-major = W [n, k] row-major with row stride ld */
+            gemv_rows<<<mk_cuda_blocks(n, GEMV_ROWS), 32 * GEMV_ROWS, 0, s->stream>>>(
+                C, B, lb.ld, A, n, (int)(k / 4));
+            return mk_cuda_check_launch(l, "gemv_rows", err);
+        }
         cublasStatus_t status =
             lb.op == CUBLAS_OP_N
                 ? cublasSgemv(s->blas, CUBLAS_OP_N, (int)n, (int)k, &alpha, B, (int)lb.ld, A,

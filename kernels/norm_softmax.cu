@@ -9,7 +9,9 @@
  *
  * A row is reduced by a group of G threads: one warp for short rows (eight
  * rows per block), a block of 512 for long ones. Partial results combine
- * through warp shuffles and, across warps, shared memory.
+ * through warp shuffles and, across warps, shared memory. rms_norm and
+ * softmax keep rows of up to 8192 in registers (E per thread), so x is read
+ * once; longer rows loop over memory again (from cache).
  */
 #include "cuda_device.h"
 
@@ -96,6 +98,37 @@ static __global__ void rms_norm_kernel(float *out, const float *x, const float *
     for (long long j = tid; j < n; j += G) o[j] = w[j] * (ss * xr[j]);
 }
 
+/*
+ * The same with the row held in registers: E elements per thread (j = tid +
+ * e·G), so x is read from memory once. For rows up to G·E long.
+ */
+template <int G, int E>
+static __global__ void rms_norm_regs(float *out, const float *x, const float *w, long long rows,
+                                     long long n) {
+    int tid;
+    long long row = group_row<G>(&tid);
+    if (row >= rows) return;
+    const float *xr = x + row * n;
+    float *o = out + row * n;
+    float v[E];
+    float ss = 0.0f;
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+        long long j = tid + (long long)e * G;
+        v[e] = j < n ? xr[j] : 0.0f;
+        ss += v[e] * v[e];
+    }
+    ss = group_reduce<G, false>(ss);
+    ss /= (float)n;
+    ss += 1e-5f;
+    ss = 1.0f / sqrtf(ss);
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+        long long j = tid + (long long)e * G;
+        if (j < n) o[j] = w[j] * (ss * v[e]);
+    }
+}
+
 static int bad_dtype(const mk_launch *l, mk_error **err) {
     return mk_fail(err, MK_ERR_INTERNAL, 0, 0, "%s $%d: no CUDA kernel for dtype %s",
                    l->node->op->name, l->node->id, mk_dtype_name(l->in[0].dtype));
@@ -106,16 +139,26 @@ int mk_cuda_rms_norm(const mk_launch *l, mk_error **err) {
     const mk_tensor *x = &l->in[0], *w = &l->in[1];
     if (l->out.dtype != MK_DTYPE_FLOAT32) return bad_dtype(l, err);
     long long n = x->shape[x->rank - 1], rows = mk_tensor_numel(x) / n;
+    float *o = (float *)l->out.data;
+    const float *px = (const float *)x->data, *pw = (const float *)w->data;
     dim3 grid, block;
-    if (n <= SHORT_ROW) {
-        group_shape<32>(rows, &grid, &block);
-        rms_norm_kernel<32><<<grid, block, 0, s->stream>>>(
-            (float *)l->out.data, (const float *)x->data, (const float *)w->data, rows, n);
-    } else {
+#define RMS_REGS(G, E)                                                                   \
+    do {                                                                                 \
+        group_shape<G>(rows, &grid, &block);                                             \
+        rms_norm_regs<G, E><<<grid, block, 0, s->stream>>>(o, px, pw, rows, n);          \
+    } while (0)
+    if (n <= 32 * 4) RMS_REGS(32, 4);
+    else if (n <= 32 * 8) RMS_REGS(32, 8);
+    else if (n <= 32 * 16) RMS_REGS(32, 16);
+    else if (n <= 32 * 32) RMS_REGS(32, 32);
+    else if (n <= LONG_G * 4) RMS_REGS(LONG_G, 4);
+    else if (n <= LONG_G * 8) RMS_REGS(LONG_G, 8);
+    else if (n <= LONG_G * 16) RMS_REGS(LONG_G, 16);
+    else {
         group_shape<LONG_G>(rows, &grid, &block);
-        rms_norm_kernel<LONG_G><<<grid, block, 0, s->stream>>>(
-            (float *)l->out.data, (const float *)x->data, (const float *)w->data, rows, n);
+        rms_norm_kernel<LONG_G><<<grid, block, 0, s->stream>>>(o, px, pw, rows, n);
     }
+#undef RMS_REGS
     return mk_cuda_check_launch(l, "rms_norm", err);
 }
 
@@ -152,22 +195,81 @@ static __global__ void sliced_softmax_kernel(float *out, const float *x, const l
     for (long long j = p + tid; j < n; j += G) o[j] = xr[j];
 }
 
+/* The same with the row held in registers (E per thread, rows up to G·E):
+ * x is read once and out written once. */
+template <int G, int E>
+static __global__ void sliced_softmax_regs(float *out, const float *x, const long long *prefix,
+                                           long long rows, long long n, mk_cuda_fault *fault,
+                                           int launch) {
+    int tid;
+    long long row = group_row<G>(&tid);
+    if (row >= rows) return;
+    long long p = *prefix;
+    if (p < 0 || p > n) {
+        if (row == 0 && tid == 0) mk_cuda_fault_raise(fault, launch, MK_CUDA_FAULT_PREFIX, p, n, 0);
+        return;
+    }
+    const float *xr = x + row * n;
+    float *o = out + row * n;
+    float v[E];
+    float m = -INFINITY;
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+        long long j = tid + (long long)e * G;
+        v[e] = j < n ? xr[j] : 0.0f;
+        if (j < p) m = fmaxf(m, v[e]);
+    }
+    if (p > 0) {
+        m = group_reduce<G, true>(m);
+        float sum = 0.0f;
+#pragma unroll
+        for (int e = 0; e < E; e++) {
+            long long j = tid + (long long)e * G;
+            if (j < p) {
+                v[e] = expf(v[e] - m);
+                sum += v[e];
+            }
+        }
+        sum = group_reduce<G, false>(sum);
+#pragma unroll
+        for (int e = 0; e < E; e++)
+            if (tid + (long long)e * G < p) v[e] = v[e] / sum;
+    }
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+        long long j = tid + (long long)e * G;
+        if (j < n) o[j] = v[e];
+    }
+}
+
 int mk_cuda_sliced_softmax(const mk_launch *l, mk_error **err) {
     mk_cuda_state *s = mk_cuda_state_of(l);
     const mk_tensor *x = &l->in[0];
     if (l->out.dtype != MK_DTYPE_FLOAT32) return bad_dtype(l, err);
     long long n = x->shape[x->rank - 1], rows = mk_tensor_numel(x) / n;
     const long long *prefix = (const long long *)l->in[1].data;
+    float *o = (float *)l->out.data;
+    const float *px = (const float *)x->data;
     dim3 grid, block;
-    if (n <= SHORT_ROW) {
-        group_shape<32>(rows, &grid, &block);
-        sliced_softmax_kernel<32><<<grid, block, 0, s->stream>>>(
-            (float *)l->out.data, (const float *)x->data, prefix, rows, n, s->fault, l->index);
-    } else {
+#define SOFTMAX_REGS(G, E)                                                                  \
+    do {                                                                                    \
+        group_shape<G>(rows, &grid, &block);                                                \
+        sliced_softmax_regs<G, E><<<grid, block, 0, s->stream>>>(o, px, prefix, rows, n,     \
+                                                                 s->fault, l->index);       \
+    } while (0)
+    if (n <= 32 * 4) SOFTMAX_REGS(32, 4);
+    else if (n <= 32 * 8) SOFTMAX_REGS(32, 8);
+    else if (n <= 32 * 16) SOFTMAX_REGS(32, 16);
+    else if (n <= 32 * 32) SOFTMAX_REGS(32, 32);
+    else if (n <= LONG_G * 4) SOFTMAX_REGS(LONG_G, 4);
+    else if (n <= LONG_G * 8) SOFTMAX_REGS(LONG_G, 8);
+    else if (n <= LONG_G * 16) SOFTMAX_REGS(LONG_G, 16);
+    else {
         group_shape<LONG_G>(rows, &grid, &block);
-        sliced_softmax_kernel<LONG_G><<<grid, block, 0, s->stream>>>(
-            (float *)l->out.data, (const float *)x->data, prefix, rows, n, s->fault, l->index);
+        sliced_softmax_kernel<LONG_G><<<grid, block, 0, s->stream>>>(o, px, prefix, rows, n,
+                                                                     s->fault, l->index);
     }
+#undef SOFTMAX_REGS
     return mk_cuda_check_launch(l, "sliced_softmax", err);
 }
 

@@ -1,0 +1,111 @@
+#!/bin/sh
+# spec/gpu/run.sh — the CUDA device's checks on the GPU machine, in one call:
+#
+#   1. build/tests/cuda_test          every op, CUDA against the CPU and double references
+#   2. busted spec/gpu_spec.lua       the Lua front end on CUDA (#gpu)
+#   3. compute-sanitizer memcheck     cuda_test again (MK_CUDA_TEST_QUICK=1 sizes; the
+#                                     deliberate 1 TiB allocation skipped: it is an API error)
+#   4. scripts/bench_ops.lua          op throughput against the measured copy bandwidth
+#
+# Logs go to $OUT (one file per step, at most 8 files); a short summary is
+# printed last. From the repository root, after the build:
+#
+#   sh .gpu/device/setup-lua.sh /opt/lua >/dev/null && . /opt/lua/env.sh \
+#       && make CUDA=1 -j16 && sh spec/gpu/run.sh
+#
+# Options: --no-memcheck, --no-bench, --no-busted, --racecheck (also run
+# compute-sanitizer's shared-memory race checker over the quick cuda_test).
+# Exit status: non-zero when a test step failed (the benchmark never fails the run).
+set -u
+cd "$(dirname "$0")/../.." || exit 2
+OUT=${OUT:-/tmp/mk-gpu-out}
+BUILD=${BUILD:-build}
+BUSTED=${BUSTED:-/opt/lua/usr/bin/busted}
+mkdir -p "$OUT"
+memcheck=1 bench=1 busted=1 racecheck=0
+for a in "$@"; do
+    case $a in
+    --no-memcheck) memcheck=0 ;;
+    --no-bench) bench=0 ;;
+    --no-busted) busted=0 ;;
+    --racecheck) racecheck=1 ;;
+    *) echo "usage: sh spec/gpu/run.sh [--no-memcheck] [--no-bench] [--no-busted] [--racecheck]"; exit 2 ;;
+    esac
+done
+
+summary=$OUT/summary.txt
+: > "$summary"
+failed=0
+note() { echo "$*" | tee -a "$summary"; }
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,temperature.gpu \
+    --format=csv > "$OUT/nvidia-smi.txt" 2>&1
+note "# device: $(tail -n 1 "$OUT/nvidia-smi.txt")"
+
+# ---- 1. the C test ---------------------------------------------------------------
+t0=$(date +%s)
+timeout 420 "$BUILD/tests/cuda_test" > "$OUT/cuda_test.log" 2>&1
+rc=$?
+line=$(grep -a '^# c-test' "$OUT/cuda_test.log" | tail -n 1)
+note "cuda_test: rc $rc, ${line:-no summary} ($(( $(date +%s) - t0 )) s)"
+grep -a '^not ok\|check failed' "$OUT/cuda_test.log" | head -n 20 | tee -a "$summary"
+[ "$rc" -eq 0 ] || failed=1
+
+# ---- 2. busted, #gpu ---------------------------------------------------------------
+if [ "$busted" = 1 ]; then
+    if [ -f "$BUSTED" ]; then
+        t0=$(date +%s)
+        MK_BUILD="$BUILD" timeout 300 lua5.4 "$BUSTED" -o TAP spec/gpu_spec.lua \
+            > "$OUT/gpu_spec.log" 2>&1
+        rc=$?
+        ok=$(grep -ac '^ok ' "$OUT/gpu_spec.log")
+        skip=$(grep -ac '^ok .*# SKIP' "$OUT/gpu_spec.log")
+        bad=$(grep -ac '^not ok ' "$OUT/gpu_spec.log")
+        note "gpu_spec: rc $rc, $((ok - skip)) passed, $bad failed, $skip skipped ($(( $(date +%s) - t0 )) s)"
+        grep -a -A3 '^not ok ' "$OUT/gpu_spec.log" | head -n 30 | tee -a "$summary"
+        [ "$rc" -eq 0 ] || failed=1
+    else
+        note "gpu_spec: busted not found at $BUSTED (set BUSTED=...)"
+        failed=1
+    fi
+fi
+
+# ---- 3. compute-sanitizer ------------------------------------------------------------
+if [ "$memcheck" = 1 ]; then
+    CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    t0=$(date +%s)
+    MK_CUDA_TEST_QUICK=1 MK_CUDA_TEST_NO_OOM=1 timeout 360 "$CS" --tool memcheck --leak-check full --error-exitcode 99 \
+        "$BUILD/tests/cuda_test" > "$OUT/memcheck.log" 2>&1
+    rc=$?
+    line=$(grep -a '^# c-test' "$OUT/memcheck.log" | tail -n 1)
+    errs=$(grep -a 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -n 1)
+    note "memcheck: rc $rc, ${errs:-no ERROR SUMMARY line}; ${line:-no test summary} ($(( $(date +%s) - t0 )) s)"
+    grep -a -m 10 -B1 -A6 'Invalid\|Leaked\|Error' "$OUT/memcheck.log" | head -n 40 | tee -a "$summary"
+    [ "$rc" -eq 0 ] || failed=1
+fi
+
+if [ "$racecheck" = 1 ]; then
+    CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    t0=$(date +%s)
+    MK_CUDA_TEST_QUICK=1 MK_CUDA_TEST_NO_OOM=1 timeout 300 "$CS" --tool racecheck \
+        --error-exitcode 99 "$BUILD/tests/cuda_test" > "$OUT/racecheck.log" 2>&1
+    rc=$?
+    line=$(grep -a '^# c-test' "$OUT/racecheck.log" | tail -n 1)
+    errs=$(grep -a 'RACECHECK SUMMARY\|ERROR SUMMARY' "$OUT/racecheck.log" | tail -n 1)
+    note "racecheck: rc $rc, ${errs:-no summary line}; ${line:-no test summary} ($(( $(date +%s) - t0 )) s)"
+    [ "$rc" -eq 0 ] || failed=1
+fi
+
+# ---- 4. benchmark ------------------------------------------------------------------------
+if [ "$bench" = 1 ]; then
+    t0=$(date +%s)
+    MK_BUILD="$BUILD" timeout 300 lua5.4 scripts/bench_ops.lua > "$OUT/bench_ops.txt" 2>&1
+    rc=$?
+    cat "$OUT/bench_ops.txt"
+    note "bench_ops: rc $rc ($(( $(date +%s) - t0 )) s)"
+fi
+
+echo "==== summary"
+cat "$summary"
+[ "$failed" -eq 0 ] && echo "GPU RUN: PASS" || echo "GPU RUN: FAIL"
+exit "$failed"
