@@ -90,6 +90,34 @@ MK_API const char *mk_build_info(void) {
 MK_API size_t mk_dtype_size(mk_dtype d) { return d == MK_DTYPE_INT64 ? 8 : 4; }
 MK_API const char *mk_dtype_name(mk_dtype d) { return d == MK_DTYPE_INT64 ? "int64" : "float32"; }
 
+void mk_strbuf_put(mk_strbuf *b, const char *fmt, ...) {
+    if (b->failed) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (k < 0) {
+        b->failed = true;
+        return;
+    }
+    size_t need = b->len + (size_t)k + 1;
+    if (need > b->cap) {
+        size_t cap = b->cap ? b->cap : 128;
+        while (cap < need) cap *= 2;
+        char *s = realloc(b->s, cap);
+        if (!s) {
+            b->failed = true;
+            return;
+        }
+        b->s = s;
+        b->cap = cap;
+    }
+    va_start(ap, fmt);
+    vsnprintf(b->s + b->len, (size_t)k + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)k;
+}
+
 double mk_now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

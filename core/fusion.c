@@ -265,45 +265,10 @@ static int member_index(const candidate *c, const mk_node *x) {
     return -1;
 }
 
-typedef struct {
-    char *s;
-    size_t len, cap;
-    bool failed;
-} strbuf;
-
-static void put(strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void put(strbuf *b, const char *fmt, ...) {
-    if (b->failed) return;
-    va_list ap;
-    va_start(ap, fmt);
-    int k = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    size_t need = b->len + (size_t)(k < 0 ? 0 : k) + 1;
-    if (k < 0) {
-        b->failed = true;
-        return;
-    }
-    if (need > b->cap) {
-        size_t cap = b->cap ? b->cap : 128;
-        while (cap < need) cap *= 2;
-        char *s = realloc(b->s, cap);
-        if (!s) {
-            b->failed = true;
-            return;
-        }
-        b->s = s;
-        b->cap = cap;
-    }
-    va_start(ap, fmt);
-    vsnprintf(b->s + b->len, (size_t)k + 1, fmt, ap);
-    va_end(ap);
-    b->len += (size_t)k;
-}
-
-static void put_dims(strbuf *b, int rank, const int64_t *d) {
-    put(b, "[");
-    for (int i = 0; i < rank; i++) put(b, "%s%lld", i ? "," : "", (long long)d[i]);
-    put(b, "]");
+static void put_dims(mk_strbuf *b, int rank, const int64_t *d) {
+    mk_strbuf_put(b, "[");
+    for (int i = 0; i < rank; i++) mk_strbuf_put(b, "%s%lld", i ? "," : "", (long long)d[i]);
+    mk_strbuf_put(b, "]");
 }
 
 static const char *const kind_names[] = {"matmul", "add", "mul", "relu", "silu"};
@@ -360,22 +325,22 @@ static mk_fused_group *group_of(const candidate *c) {
             op->in[1] = t;
         }
     }
-    strbuf b = {0};
-    put(&b, "f32 rank %d;", R);
+    mk_strbuf b = {0};
+    mk_strbuf_put(&b, "f32 rank %d;", R);
     for (int k = 0; k < grp->n_in; k++) {
-        put(&b, " in%d ", k);
+        mk_strbuf_put(&b, " in%d ", k);
         put_dims(&b, R, grp->in[k].shape);
         put_dims(&b, R, grp->in[k].stride);
-        put(&b, "@%d;", grp->in[k].align);
+        mk_strbuf_put(&b, "@%d;", grp->in[k].align);
     }
     for (int i = 0; i < grp->n_ops; i++) {
         const mk_group_op *op = &grp->op[i];
-        put(&b, " %s(", kind_names[op->kind]);
+        mk_strbuf_put(&b, " %s(", kind_names[op->kind]);
         for (int k = 0; k < op->n_in; k++)
-            put(&b, "%s%s%d", k ? "," : "", op->in[k] >= 0 ? "in" : "op", op->in[k] >= 0 ? op->in[k] : -1 - op->in[k]);
-        put(&b, ")");
+            mk_strbuf_put(&b, "%s%s%d", k ? "," : "", op->in[k] >= 0 ? "in" : "op", op->in[k] >= 0 ? op->in[k] : -1 - op->in[k]);
+        mk_strbuf_put(&b, ")");
         put_dims(&b, R, op->shape);
-        put(&b, ";");
+        mk_strbuf_put(&b, ";");
     }
     if (b.failed || !b.s) {
         free(b.s);
@@ -388,17 +353,17 @@ static mk_fused_group *group_of(const candidate *c) {
 
 /* "MatMulNode $4 ($1, $2), SumNode $5 (+ $3), ReLUNode $6" for reports and the script. */
 static char *describe(const candidate *c) {
-    strbuf b = {0};
+    mk_strbuf b = {0};
     for (int i = 0; i < c->n; i++) {
         const mk_node *n = c->node[i];
-        put(&b, "%s%s $%d", i ? " " : "", n->op->name, n->id);
+        mk_strbuf_put(&b, "%s%s $%d", i ? " " : "", n->op->name, n->id);
         bool first = true;
         for (int k = 0; k < n->n_in; k++) {
             if (is_member(c, n->in[k])) continue;
-            put(&b, "%s$%d", first ? " [" : " ", n->in[k]->id);
+            mk_strbuf_put(&b, "%s$%d", first ? " [" : " ", n->in[k]->id);
             first = false;
         }
-        if (!first) put(&b, "]");
+        if (!first) mk_strbuf_put(&b, "]");
     }
     if (b.failed) {
         free(b.s);

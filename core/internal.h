@@ -43,6 +43,15 @@ int mk_failv(mk_error **err, mk_error_code code, int line, int column, const cha
 
 double mk_now_ms(void);
 
+/* A growing string for printers (script, fusion traces and reports). On out of
+ * memory `failed` is set and later puts do nothing; the owner frees `s`. */
+typedef struct {
+    char *s;
+    size_t len, cap;
+    bool failed;
+} mk_strbuf;
+void mk_strbuf_put(mk_strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* ---- graph -------------------------------------------------------------- */
 
 typedef struct mk_op mk_op;

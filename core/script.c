@@ -396,69 +396,34 @@ fail:
 
 /* ---- printer ---------------------------------------------------------------- */
 
-typedef struct {
-    char *s;
-    size_t len, cap;
-    bool failed;
-} strbuf;
-
-static void put(strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void put(strbuf *b, const char *fmt, ...) {
-    if (b->failed) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(b->s + b->len, b->cap - b->len, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            b->failed = true;
-            return;
-        }
-        if ((size_t)n < b->cap - b->len) {
-            b->len += (size_t)n;
-            return;
-        }
-        size_t cap = 2 * b->cap + (size_t)n + 64;
-        char *s = realloc(b->s, cap);
-        if (!s) {
-            b->failed = true;
-            return;
-        }
-        b->s = s;
-        b->cap = cap;
-    }
-}
-
 char *mk_graph_print(const mk_graph *g) {
-    strbuf b = {.s = malloc(256), .cap = 256};
-    if (!b.s) return NULL;
-    b.s[0] = 0;
+    mk_strbuf b = {0};
     for (int i = 0; i < g->n_nodes; i++) {
         const mk_node *n = g->nodes[i];
-        put(&b, "$%d = %s(", n->id, n->op->name);
+        mk_strbuf_put(&b, "$%d = %s(", n->id, n->op->name);
         int in = 0, attr = 0;
         for (const char *c = n->op->signature; *c; c++) {
-            if (c != n->op->signature) put(&b, ", ");
+            if (c != n->op->signature) mk_strbuf_put(&b, ", ");
             switch (*c) {
-            case 'n': put(&b, "$%d", n->in[in++]->id); break;
-            case 's': put(&b, "%s", n->name); break;
-            case 'd': put(&b, "%s", mk_dtype_name(n->dtype)); break;
-            case 'i': put(&b, "%lld", (long long)n->attr[attr++]); break;
+            case 'n': mk_strbuf_put(&b, "$%d", n->in[in++]->id); break;
+            case 's': mk_strbuf_put(&b, "%s", n->name); break;
+            case 'd': mk_strbuf_put(&b, "%s", mk_dtype_name(n->dtype)); break;
+            case 'i': mk_strbuf_put(&b, "%lld", (long long)n->attr[attr++]); break;
             case 'l':
-                put(&b, "[");
-                for (int k = 0; k < n->n_attr; k++) put(&b, "%s%lld", k ? ", " : "", (long long)n->attr[k]);
-                put(&b, "]");
+                mk_strbuf_put(&b, "[");
+                for (int k = 0; k < n->n_attr; k++) mk_strbuf_put(&b, "%s%lld", k ? ", " : "", (long long)n->attr[k]);
+                mk_strbuf_put(&b, "]");
                 break;
             }
         }
-        put(&b, ");");
+        mk_strbuf_put(&b, ");");
         /* What the passes decided, for people reading the compiled script. */
         if (n->storage == MK_STORAGE_VIEW && !(n->op->flags & MK_OPF_VIEW))
-            put(&b, "  # %s of $%d", n->op->flags & MK_OPF_INPLACE ? "in place" : "view",
+            mk_strbuf_put(&b, "  # %s of $%d", n->op->flags & MK_OPF_INPLACE ? "in place" : "view",
                 n->owner->id);
-        put(&b, "\n");
+        mk_strbuf_put(&b, "\n");
     }
-    put(&b, "result = $%d;\n", g->output->id);
+    mk_strbuf_put(&b, "result = $%d;\n", g->output->id);
     if (b.failed) {
         free(b.s);
         return NULL;
