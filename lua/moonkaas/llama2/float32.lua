@@ -47,8 +47,8 @@ function M.round_array(t, n)
     return t
 end
 
--- A running float32 sum of non-negative float32 terms (probabilities), as
--- run.c's `sum += x[i]` loops compute it, without a string.pack per term:
+-- Running float32 sums of non-negative float32 terms (probabilities), as
+-- run.c's `sum += x[i]` loops compute them, without a string.pack per term:
 -- a double in [p, 2p) is rounded to 24 significant bits by adding and
 -- subtracting 1.5 * p * 2^29, whose last mantissa bit has weight ulp(p) in
 -- float32; the double addition itself rounds to nearest, ties to even.
@@ -56,37 +56,42 @@ local TWO_M126 = 2.0 ^ -126       -- smallest normal float32: below it the ulp i
 local MAGIC = 1.5 * 2.0 ^ 29
 local TWO_128 = 2.0 ^ 128          -- a float32 sum rounding to this is +inf
 
-local Accumulator = {}
-Accumulator.__index = Accumulator
-
-function M.accumulator()
-    return setmetatable({ sum = 0.0, p = TWO_M126, magic = TWO_M126 * MAGIC }, Accumulator)
-end
-
--- Adds a non-negative float32 term; returns the new float32 sum.
-function Accumulator:add(x)
-    local d = self.sum + x
-    if d >= TWO_128 then           -- overflowed float32 (or x was inf)
-        self.sum = math.huge
-        return math.huge
-    end
-    if d >= 2 * self.p then
-        local p = self.p
-        repeat p = p * 2 until d < 2 * p
-        self.p, self.magic = p, p * MAGIC
-    end
-    local magic = self.magic
-    d = (d + magic) - magic
-    if d >= TWO_128 then d = math.huge end
-    self.sum = d
-    return d
-end
-
--- Sequential float32 sum of the non-negative float32 values t[1..n].
+-- Sequential float32 sum of the non-negative float32 values t[1..n], one
+-- rounding per term as above (this runs over the whole vocabulary).
 function M.sum_nonneg(t, n)
-    local acc = M.accumulator()
-    for i = 1, n or #t do acc:add(t[i]) end
-    return acc.sum
+    local s, p, magic = 0.0, TWO_M126, TWO_M126 * MAGIC
+    for i = 1, n or #t do
+        local d = s + t[i]
+        if d >= TWO_128 then return math.huge end
+        if d >= 2 * p then
+            repeat p = p * 2 until d < 2 * p
+            magic = p * MAGIC
+        end
+        s = (d + magic) - magic
+    end
+    if s >= TWO_128 then return math.huge end
+    return s
+end
+
+-- The first 1-based i at which the running float32 sum of t[1..n] (non-
+-- negative float32 values) exceeds x; nil when it never does.
+function M.first_sum_above(t, n, x)
+    local s, p, magic = 0.0, TWO_M126, TWO_M126 * MAGIC
+    for i = 1, n do
+        local d = s + t[i]
+        if d >= TWO_128 then
+            s = math.huge
+        else
+            if d >= 2 * p then
+                repeat p = p * 2 until d < 2 * p
+                magic = p * MAGIC
+            end
+            s = (d + magic) - magic
+            if s >= TWO_128 then s = math.huge end
+        end
+        if x < s then return i end
+    end
+    return nil
 end
 
 return M

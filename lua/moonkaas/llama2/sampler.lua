@@ -64,40 +64,96 @@ end
 -- Multinomial: the first i whose running float32 cdf exceeds coin (0-based
 -- index returned), n - 1 on rounding shortfall.
 function M.sample_mult(probs, n, coin)
-    local acc = F.accumulator()
-    for i = 1, n do
-        if coin < acc:add(probs[i]) then return i - 1 end
-    end
-    return n - 1
+    local i = F.first_sum_above(probs, n, coin)
+    return i and i - 1 or n - 1
 end
 
 -- Top-p: candidates with prob >= (1 - topp) / (n - 1), sorted by descending
 -- probability (ties by index: glibc's qsort is a merge sort here, stable),
 -- cut where the cumulative probability first exceeds topp, then one draw.
 -- Returns a 0-based index.
+--
+-- The sort runs on integer keys with Lua's built-in comparison (no Lua call
+-- per compare): for non-negative float32 values the bit pattern orders like
+-- the value, so key = (0x7FFFFFFF - bits) << 32 | index sorts ascending into
+-- descending probability, then ascending index. Only the candidates whose
+-- binary exponent reaches a bound E are sorted, E chosen so their exact sum
+-- passes topp with room to spare: they are a prefix of the full order, so
+-- the cut found in them is run.c's; if float32 rounding keeps their running
+-- sum under topp after all, every candidate is sorted.
+local CHUNK = 4096
+local function float_bits(vals, n)
+    local bits, k = {}, 1
+    while k <= n do
+        local m = math.min(CHUNK, n - k + 1)
+        table.move({ string.unpack("<" .. string.rep("I4", m),
+                                   string.pack("<" .. string.rep("f", m), table.unpack(vals, k, k + m - 1))) },
+                   1, m, k, bits)
+        k = k + m
+    end
+    return bits
+end
+
+local function sorted_prefix(idx, bits, n0, min_exponent)
+    local keys, m = {}, 0
+    for j = 1, n0 do
+        local b = bits[j]
+        if (b >> 23) >= min_exponent then
+            m = m + 1
+            keys[m] = ((0x7FFFFFFF - b) << 32) | idx[j]
+        end
+    end
+    table.sort(keys)
+    local order = {}
+    for j = 1, m do order[j] = keys[j] & 0xFFFFFFFF end
+    return order, m
+end
+
 function M.sample_topp(probs, n, topp, coin)
     local cutoff = f32(f32(1.0 - topp) / (n - 1))
-    local idx, n0 = {}, 0
+    local idx, vals, n0 = {}, {}, 0
     for i = 1, n do
-        if probs[i] >= cutoff then n0 = n0 + 1; idx[n0] = i end
+        local p = probs[i]
+        if p >= cutoff then n0 = n0 + 1; idx[n0] = i; vals[n0] = p end
     end
-    table.sort(idx, function(a, b)
-        local pa, pb = probs[a], probs[b]
-        if pa ~= pb then return pa > pb end
-        return a < b
-    end)
-    local cumulative, last = 0.0, n0
-    for k = 1, n0 do
-        cumulative = f32(cumulative + probs[idx[k]])
-        if cumulative > topp then last = k; break end
+    local bits = float_bits(vals, n0)
+    -- exact sums per binary exponent, then the highest exponent bound whose
+    -- candidates pass topp by a margin
+    local by_exponent = {}
+    for j = 1, n0 do
+        local e = bits[j] >> 23
+        by_exponent[e] = (by_exponent[e] or 0.0) + vals[j]
     end
+    local bound, total = 0, 0.0
+    for e = 255, 0, -1 do
+        local s = by_exponent[e]
+        if s then
+            total = total + s
+            if total > topp + 1e-3 then bound = e; break end
+        end
+    end
+    local order, m = sorted_prefix(idx, bits, n0, bound)
+    local cumulative, last = 0.0, nil
+    for j = 1, m do
+        cumulative = f32(cumulative + probs[order[j]])
+        if cumulative > topp then last = j; break end
+    end
+    if not last and m < n0 then
+        order, m = sorted_prefix(idx, bits, n0, 0)
+        cumulative = 0.0
+        for j = 1, m do
+            cumulative = f32(cumulative + probs[order[j]])
+            if cumulative > topp then last = j; break end
+        end
+    end
+    last = last or m
     local r = f32(coin * cumulative)
     local cdf = 0.0
-    for k = 1, last do
-        cdf = f32(cdf + probs[idx[k]])
-        if r < cdf then return idx[k] - 1 end
+    for j = 1, last do
+        cdf = f32(cdf + probs[order[j]])
+        if r < cdf then return order[j] - 1 end
     end
-    return idx[last] - 1
+    return order[last] - 1
 end
 
 local Sampler = {}
@@ -108,8 +164,15 @@ M.Sampler = Sampler
 -- stand for the same bits). temperature and topp are rounded to float32 as
 -- run.c stores them.
 function M.new(vocab_size, temperature, topp, seed)
-    assert(math.type(vocab_size) == "integer" and vocab_size > 0, "sampler: vocab_size must be a positive integer")
-    assert(math.type(seed) == "integer", "sampler: seed must be an integer")
+    if math.type(vocab_size) ~= "integer" or vocab_size < 1 then
+        error("sampler: vocab_size must be a positive integer, got " .. tostring(vocab_size), 2)
+    end
+    if math.type(seed) ~= "integer" then
+        error("sampler: seed must be an integer, got " .. tostring(seed), 2)
+    end
+    if type(temperature) ~= "number" or type(topp) ~= "number" then
+        error("sampler: temperature and topp must be numbers", 2)
+    end
     return setmetatable({
         vocab_size = vocab_size,
         temperature = f32(temperature),

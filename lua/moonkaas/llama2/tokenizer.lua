@@ -121,7 +121,9 @@ end
 -- Raises an error only where run.c would read out of bounds (a vocabulary
 -- without " " or too small for byte fallback).
 function Tokenizer:encode(text, bos, eos)
-    assert(type(text) == "string", "encode: text must be a string")
+    if type(text) ~= "string" then
+        error("tokenizer: encode needs a string, got " .. type(text), 2)
+    end
     text = cstring(text)
     local lookup = self:index()
     local vocab, scores = self.vocab, self.scores

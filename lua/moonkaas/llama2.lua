@@ -1,0 +1,338 @@
+-- moonkaas.llama2 — llama2.c checkpoints run through moonkaas.
+--
+-- What llama2.c's run.c does, with the network defined in Lua and compiled
+-- by moonkaas (one graph per step, see llama2/model.lua):
+--
+--   local llama2 = require "moonkaas.llama2"
+--   local mk = require "moonkaas"
+--   local c = assert(llama2.read_config("stories260K.bin"))      -- header, checked
+--   local tok = assert(llama2.load_tokenizer("tok512.bin", c.vocab_size))
+--   local net = llama2.build(mk, c, {device = "cpu", greedy = true})
+--   local sampler = llama2.sampler(c.vocab_size, 0.0, 0.9, 42)
+--   llama2.generate(net, tok, sampler, "Once upon a time", 256)
+--   net:reset()                         -- before the next generation
+--
+-- Parts: checkpoint (format, header checks, mmap'd weights), tokenizer
+-- (encode/decode as run.c), sampler (run.c's, in float32), float32 (the
+-- emulation), model (the graph). This file adds run.c's generate and chat
+-- loops and its command line; scripts/llama2.lua is the thin CLI over main().
+
+local checkpoint = require("moonkaas.llama2.checkpoint")
+local tokenizer = require("moonkaas.llama2.tokenizer")
+local sampler = require("moonkaas.llama2.sampler")
+local model = require("moonkaas.llama2.model")
+local float32 = require("moonkaas.llama2.float32")
+
+local M = {
+    checkpoint = checkpoint,
+    tokenizer = tokenizer,
+    sampler_module = sampler,
+    model = model,
+    float32 = float32,
+    read_config = checkpoint.read_config,
+    clock = function() return model.clock() end,
+}
+
+-- Tokenizer for a model's vocabulary: (path, vocab_size) → tokenizer | nil, err.
+M.load_tokenizer = tokenizer.load
+
+-- run.c's sampler: (vocab_size, temperature, topp, seed) → sampler.
+M.sampler = sampler.new
+
+-- Maps the weights of a checked config and compiles the model.
+--   opts: device ("cpu" | "cuda"), cudnn, greedy (argmax output: temperature 0),
+--         log (function(msg), progress)
+function M.build(mk, c, opts)
+    opts = opts or {}
+    local log = opts.log or function() end
+    local t0 = model.clock()
+    local w = checkpoint.map(mk, c)
+    log(string.format("mapped %s (%.1f MB) in %.0f ms", c.path, c.file_bytes / 1e6, (model.clock() - t0) * 1000))
+    return model.build(mk, c, w, opts)
+end
+
+-- ---------------------------------------------------------------------------
+-- generation loops (run.c's generate and chat)
+
+local function default_write(s)
+    io.stdout:write(s)
+    io.stdout:flush()
+end
+
+local function next_token(net, smp, result)
+    if net.greedy then return result end
+    return smp:sample(result)
+end
+
+-- Generates up to `steps` positions from `prompt`, printing pieces through
+-- opts.write (stdout by default) and "achieved tok/s" through opts.report
+-- (stderr by default). Returns the generated ids (prompt included, 0-based
+-- token ids) and the tok/s figure (nil when fewer than two steps ran).
+-- The transformer must be fresh or reset.
+function M.generate(net, tok, smp, prompt, steps, opts)
+    opts = opts or {}
+    local write = opts.write or default_write
+    local report = opts.report or function(s) io.stderr:write(s) end
+    local stop_on_bos = opts.stop_on_bos ~= false
+    local prompt_tokens = tok:encode(prompt or "", true, false)
+    local ids = { prompt_tokens[1] }
+    local start
+    local token, pos = prompt_tokens[1], 0
+    while pos < steps do
+        local result = net:forward(token, pos)
+        local nxt
+        if pos < #prompt_tokens - 1 then
+            nxt = prompt_tokens[pos + 2]       -- still inside the prompt: force it
+        else
+            nxt = next_token(net, smp, result)
+        end
+        pos = pos + 1
+        -- BOS (1) delimits sequences.
+        if nxt == tokenizer.BOS and stop_on_bos then break end
+        write(tokenizer.printable(tok:decode(token, nxt)))
+        ids[#ids + 1] = nxt
+        token = nxt
+        -- The first step is slower (warm-up): the timer starts after it.
+        if not start then start = model.clock() end
+    end
+    write("\n")
+    local rate
+    if pos > 1 then
+        local elapsed = model.clock() - start
+        rate = (pos - 1) / math.max(elapsed, 1e-9)
+        report(string.format("achieved tok/s: %f\n", rate))
+    end
+    return ids, rate
+end
+
+-- run.c reads lines into 512-byte buffers with fgets.
+local function default_read_line(guide)
+    io.stdout:write(guide)
+    io.stdout:flush()
+    return io.stdin:read("l")
+end
+
+-- run.c's chat loop: Llama 2 chat template, the assistant's turn ends on EOS
+-- (2), user (and, at the start, system) prompts from opts.read_line(guide)
+-- unless given. Writes through opts.write. Ends after `steps` positions.
+function M.chat(net, tok, smp, user_prompt, system_prompt, steps, opts)
+    opts = opts or {}
+    local write = opts.write or default_write
+    local read_line = opts.read_line or default_read_line
+    local function read(guide, previous)
+        local line = read_line(guide)
+        if line == nil then return previous or "" end   -- fgets at EOF keeps the buffer
+        return line:sub(1, 511)
+    end
+    local system, user = "", ""
+    local prompt_tokens, user_idx = {}, 1
+    local user_turn = true
+    local nxt, token
+    local pos = 0
+    while pos < steps do
+        if user_turn then
+            if pos == 0 then
+                if system_prompt == nil then
+                    system = read("Enter system prompt (optional): ", system)
+                else
+                    system = system_prompt
+                end
+            end
+            if pos == 0 and user_prompt ~= nil then
+                user = user_prompt
+            else
+                user = read("User: ", user)
+            end
+            local rendered
+            if pos == 0 and system ~= "" then
+                rendered = string.format("[INST] <<SYS>>\n%s\n<</SYS>>\n\n%s [/INST]", system, user)
+            else
+                rendered = string.format("[INST] %s [/INST]", user)
+            end
+            prompt_tokens = tok:encode(rendered, true, false)
+            user_idx = 1
+            user_turn = false
+            write("Assistant: ")
+        end
+        if user_idx <= #prompt_tokens then
+            token = prompt_tokens[user_idx]
+            user_idx = user_idx + 1
+        else
+            token = nxt
+        end
+        -- EOS (2) ends the assistant's turn.
+        if token == tokenizer.EOS then user_turn = true end
+        nxt = next_token(net, smp, net:forward(token, pos))
+        pos = pos + 1
+        if user_idx > #prompt_tokens and nxt ~= tokenizer.EOS then
+            write(tokenizer.printable(tok:decode(token, nxt)))
+        end
+        if nxt == tokenizer.EOS then write("\n") end
+    end
+    write("\n")
+end
+
+-- ---------------------------------------------------------------------------
+-- command line (run.c's, plus -d and --cudnn)
+
+M.USAGE = [[
+Usage:   lua scripts/llama2.lua <checkpoint> [options]
+Example: lua scripts/llama2.lua model.bin -n 256 -i "Once upon a time"
+Options:
+  -t <float>  temperature in [0,inf], default 1.0
+  -p <float>  p value in top-p (nucleus) sampling in [0,1] default 0.9
+  -s <int>    random seed, default time(NULL)
+  -n <int>    number of steps to run for, default 256. 0 = max_seq_len
+  -i <string> input prompt
+  -z <string> optional path to custom tokenizer
+  -m <string> mode: generate|chat, default: generate
+  -y <string> (optional) system prompt in chat mode
+  -d <string> device: cpu|cuda, default: cuda when available
+  --cudnn     fuse with cuDNN (CUDA only)
+  -h          print this help
+]]
+
+-- C's atoi on a 32-bit int: the leading integer, wrapped to int32.
+local function parse_int(s)
+    local v = math.tointeger(tonumber(s))
+    if not v then return nil end
+    return ((v + 0x80000000) & 0xFFFFFFFF) - 0x80000000
+end
+
+-- Parses argv (a 1-based array, argv[1] the checkpoint). Returns an options
+-- table, or nil, a message ("" for -h) and the exit code.
+function M.parse_args(argv)
+    local o = {
+        tokenizer = "tokenizer.bin", temperature = 1.0, topp = 0.9, steps = 256,
+        prompt = nil, seed = 0, mode = "generate", system_prompt = nil,
+        device = nil, cudnn = false,
+    }
+    for _, a in ipairs(argv) do
+        if a == "-h" or a == "--help" then return nil, "", 0 end
+    end
+    if #argv < 1 then return nil, "missing <checkpoint>", 1 end
+    o.checkpoint = argv[1]
+    if o.checkpoint:sub(1, 1) == "-" then
+        return nil, "the first argument must be the checkpoint, not " .. o.checkpoint, 1
+    end
+    local i = 2
+    while i <= #argv do
+        local flag = argv[i]
+        if flag == "--cudnn" then
+            o.cudnn = true
+            i = i + 1
+        else
+            if flag:sub(1, 1) ~= "-" or #flag ~= 2 then
+                return nil, "unknown option: " .. flag, 1
+            end
+            local value = argv[i + 1]
+            if value == nil then return nil, "option " .. flag .. " needs a value", 1 end
+            local letter = flag:sub(2, 2)
+            local function number(v)
+                local n = tonumber(v)
+                if not n or n ~= n then return nil end
+                return n
+            end
+            if letter == "t" then
+                o.temperature = number(value)
+            elseif letter == "p" then
+                o.topp = number(value)
+            elseif letter == "s" then
+                o.seed = parse_int(value)
+            elseif letter == "n" then
+                o.steps = parse_int(value)
+            elseif letter == "i" then
+                o.prompt = value
+            elseif letter == "z" then
+                o.tokenizer = value
+            elseif letter == "m" then
+                if value ~= "generate" and value ~= "chat" then
+                    return nil, "unknown mode: " .. value, 1
+                end
+                o.mode = value
+            elseif letter == "y" then
+                o.system_prompt = value
+            elseif letter == "d" then
+                if value ~= "cpu" and value ~= "cuda" then
+                    return nil, "unknown device: " .. value .. " (cpu|cuda)", 1
+                end
+                o.device = value
+            else
+                return nil, "unknown option: " .. flag, 1
+            end
+            for _, k in ipairs({ "temperature", "topp", "seed", "steps" }) do
+                if o[k] == nil then
+                    return nil, string.format("bad value for %s: %q", flag, value), 1
+                end
+            end
+            i = i + 2
+        end
+    end
+    -- run.c's overrides.
+    if o.temperature < 0 then o.temperature = 0.0 end
+    if o.topp < 0 or o.topp > 1 then o.topp = 0.9 end
+    if o.steps < 0 then o.steps = 0 end
+    if o.seed == 0 then o.seed = os.time() & 0xFFFFFFFF end
+    return o
+end
+
+-- The CLI: returns the process exit code. env (optional, for tests):
+-- mk (the moonkaas module), stdout/stderr writers, read_line.
+function M.main(argv, env)
+    env = env or {}
+    local err_write = env.stderr or function(s) io.stderr:write(s) end
+    local o, msg, code = M.parse_args(argv)
+    if not o then
+        if msg ~= "" then err_write("error: " .. msg .. "\n") end
+        if code == 0 then
+            (env.stdout or function(s) io.stdout:write(s) end)(M.USAGE)
+        else
+            err_write(M.USAGE)
+        end
+        return code
+    end
+    local function fail(m)
+        err_write(m .. "\n")
+        return 1
+    end
+    local c, cerr = checkpoint.read_config(o.checkpoint)
+    if not c then return fail(cerr) end
+    if o.steps == 0 or o.steps > c.seq_len then o.steps = c.seq_len end
+    local tok, terr = tokenizer.load(o.tokenizer, c.vocab_size)
+    if not tok then return fail(terr) end
+
+    local mk = env.mk
+    if not mk then
+        local ok, m = pcall(require, "moonkaas")
+        if not ok then return fail("cannot load the moonkaas module: " .. tostring(m)) end
+        mk = m
+    end
+    local has_cuda, no_cuda_why = false, "this moonkaas has no cuda_available()"
+    if mk.cuda_available then has_cuda, no_cuda_why = mk.cuda_available() end
+    local device = o.device or (has_cuda and "cuda" or "cpu")
+    if o.cudnn and device ~= "cuda" then
+        if o.device == "cpu" then return fail("--cudnn needs -d cuda") end
+        return fail("--cudnn: no CUDA device: " .. tostring(no_cuda_why))
+    end
+    if device == "cuda" and not has_cuda then
+        return fail("-d cuda: no CUDA device: " .. tostring(no_cuda_why))
+    end
+    local smp = sampler.new(c.vocab_size, o.temperature, o.topp, o.seed)
+    local log = function(m) err_write(m .. "\n") end
+    log(string.format("%s: %s", c.path, checkpoint.describe(c)))
+    local ok, net = pcall(M.build, mk, c, {
+        device = device, cudnn = o.cudnn, greedy = smp:greedy(), log = log })
+    if not ok then return fail(tostring(net)) end
+    local run_ok, rerr = pcall(function()
+        if o.mode == "generate" then
+            M.generate(net, tok, smp, o.prompt, o.steps, { write = env.stdout, report = err_write })
+        else
+            M.chat(net, tok, smp, o.prompt, o.system_prompt, o.steps,
+                   { write = env.stdout, read_line = env.read_line })
+        end
+    end)
+    if not run_ok then return fail(tostring(rerr)) end
+    return 0
+end
+
+return M

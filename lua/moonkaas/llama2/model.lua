@@ -1,0 +1,227 @@
+-- moonkaas.llama2.model — the Llama-2 transformer as one moonkaas graph per step.
+--
+-- One evaluation = one token at one position, exactly run.c's forward():
+--
+--   inputs   token, pos, pos1 (= pos + 1): int64 [1]
+--   x        = embedding(token)                                   [1, D]
+--   per layer:
+--     xb     = rms_norm(x, rms_att)                               [1, D]
+--     q      = xb @ wq^T  → [heads, hs/2, 2], rotated (RoPE)      [heads, hs/2, 2]
+--     k, v   = xb @ wk^T, xb @ wv^T; k rotated                    [1, kv_dim]
+--     K, V   = caches [seq, kv_dim] (BufferTensors), row pos := k, v
+--     att    = q [kv_heads, group, hs] @ K viewed [kv_heads, hs, seq]
+--              → [kv_heads, group, seq], softmax over the first pos1 columns
+--     o      = att @ V viewed [kv_heads, seq, hs] → [1, D]
+--     x      = x + o @ wo^T
+--     x      = x + (silu(xb2 @ w1^T) * (xb2 @ w3^T)) @ w2^T,  xb2 = rms_norm(x, rms_ffn)
+--   logits   = rms_norm(x, rms_final) @ wcls^T                    [1, V]
+--   output   argmax(logits) (int64, greedy) or logits [V]
+--
+-- Weights stay in llama2.c's [out, in] layout and enter matmuls permuted:
+-- the compiler takes a permuted operand as a strided view (no copy).
+--
+-- The attention runs over the whole cache: columns past pos are left out of
+-- the softmax, and their scores multiply V rows that are still zero. So the
+-- caches must be zero beyond pos: a generation starts on a fresh model or
+-- after reset(), which recompiles (zeroing the BufferTensors).
+--
+-- RoPE: the table [seq_len, head_size] holds (cos, sin) pairs computed as
+-- run.c does in float32: freq = 1 / 10000^(i / head_size) for even i,
+-- val = pos * freq. Row pos is picked with an EmbeddingNode. The query's
+-- table is pre-scaled by 1/sqrt(head_size), which folds run.c's division of
+-- the scores into the rotation (one node less per layer).
+
+local F = require("moonkaas.llama2.float32")
+local f32 = F.f32
+
+local M = {}
+
+-- The RoPE tables as nested Lua tables [seq_len][head_size]: the plain
+-- rotation for keys and the one scaled by 1/sqrt(head_size) for queries.
+function M.rope_tables(c)
+    local hs = c.head_size
+    local inv_sqrt = 1.0 / f32(math.sqrt(hs))
+    local freqs = {}
+    for i = 0, hs - 2, 2 do
+        local exponent = f32(i / hs)
+        freqs[#freqs + 1] = f32(1.0 / f32(10000.0 ^ exponent))
+    end
+    local k_table, q_table = {}, {}
+    for pos = 0, c.seq_len - 1 do
+        local krow, qrow = {}, {}
+        for j, freq in ipairs(freqs) do
+            local val = f32(pos * freq)
+            local fcr, fci = f32(math.cos(val)), f32(math.sin(val))
+            krow[2 * j - 1], krow[2 * j] = fcr, fci
+            qrow[2 * j - 1], qrow[2 * j] = fcr * inv_sqrt, fci * inv_sqrt
+        end
+        k_table[pos + 1], q_table[pos + 1] = krow, qrow
+    end
+    return k_table, q_table
+end
+
+-- Builds the graph's output node. `w` is checkpoint.map's table, `c` the
+-- config; opts.greedy selects the argmax output.
+function M.graph(mk, c, w, opts)
+    local D, hs = c.dim, c.head_size
+    local heads, kv_heads, kv_dim = c.n_heads, c.n_kv_heads, c.kv_dim
+    local group, S, V = c.kv_mul, c.seq_len, c.vocab_size
+
+    local token = mk.input("token", "int64", { 1 })
+    local pos = mk.input("pos", "int64", { 1 })
+    local pos1 = mk.input("pos1", "int64", { 1 })
+
+    local k_table, q_table = M.rope_tables(c)
+    local rope_k = mk.constant(mk.tensor(k_table), "rope_k")     -- [seq, hs]
+    local rope_q = mk.constant(mk.tensor(q_table), "rope_q")     -- [seq, hs], scaled
+    local fk = mk.embedding(rope_k, pos):reshape({ 1, hs // 2, 2 })
+    local fq = mk.embedding(rope_q, pos):reshape({ 1, hs // 2, 2 })
+
+    local function T(tensor, name)   -- a weight [out, in] as a [in, out] view
+        return mk.constant(tensor, name):permute({ 1, 0 })
+    end
+    local function vec(tensor, name)  -- a norm weight [D]
+        return mk.constant(tensor, name)
+    end
+
+    local emb = mk.constant(w.token_embedding, "token_embedding")   -- [V, D]
+    local x = mk.embedding(emb, token)                              -- [1, D]
+
+    for l, lw in ipairs(w.layers) do
+        local p = "l" .. (l - 1) .. "_"
+        local xb = x:rms_norm(vec(lw.rms_att, p .. "rms_att"))        -- [1, D]
+        local q = xb:matmul(T(lw.wq, p .. "wq"))                      -- [1, D]
+        local k = xb:matmul(T(lw.wk, p .. "wk"))                      -- [1, kv_dim]
+        local v = xb:matmul(T(lw.wv, p .. "wv"))                      -- [1, kv_dim]
+        q = q:reshape({ heads, hs // 2, 2 }):complex_mul(fq)         -- [heads, hs/2, 2]
+        k = k:reshape({ kv_heads, hs // 2, 2 }):complex_mul(fk):reshape({ 1, kv_dim })
+
+        local kc = mk.buffer("float32", { S, kv_dim }):replace(k, pos, pos1)   -- [S, kv_dim]
+        local vc = mk.buffer("float32", { S, kv_dim }):replace(v, pos, pos1)   -- [S, kv_dim]
+
+        local qg = q:reshape({ kv_heads, group, hs })                            -- [kvh, g, hs]
+        local kt = kc:reshape({ S, kv_heads, hs }):permute({ 1, 2, 0 })         -- [kvh, hs, S]
+        local att = qg:matmul(kt):sliced_softmax(pos1)                          -- [kvh, g, S]
+        local vt = vc:reshape({ S, kv_heads, hs }):permute({ 1, 0, 2 })         -- [kvh, S, hs]
+        local o = att:matmul(vt):reshape({ 1, D })                              -- [1, D]
+        x = x + o:matmul(T(lw.wo, p .. "wo"))                                  -- [1, D]
+
+        xb = x:rms_norm(vec(lw.rms_ffn, p .. "rms_ffn"))                       -- [1, D]
+        local h1 = xb:matmul(T(lw.w1, p .. "w1")):silu()                       -- [1, H]
+        local h3 = xb:matmul(T(lw.w3, p .. "w3"))                              -- [1, H]
+        x = x + (h1 * h3):matmul(T(lw.w2, p .. "w2"))                          -- [1, D]
+    end
+
+    x = x:rms_norm(vec(w.rms_final, "rms_final"))                             -- [1, D]
+    local wcls = c.shared_classifier and emb or mk.constant(w.wcls, "wcls")   -- [V, D]
+    local logits = x:matmul(wcls:permute({ 1, 0 }))                           -- [1, V]
+    if opts.greedy then
+        return logits:argmax()                                                -- int64 [1, 1]
+    end
+    return logits:reshape({ V })                                              -- [V]
+end
+
+local Transformer = {}
+Transformer.__index = Transformer
+M.Transformer = Transformer
+
+-- Builds and compiles the model.
+--   mk       the moonkaas module
+--   c, w     checkpoint config and mapped weights
+--   opts     device ("cpu" | "cuda"), cudnn (bool), greedy (bool: argmax out),
+--            log (function(msg) for progress, optional)
+function M.build(mk, c, w, opts)
+    opts = opts or {}
+    local self = setmetatable({
+        mk = mk, config = c, weights = w,
+        greedy = opts.greedy and true or false,
+        device = opts.device or "cpu", cudnn = opts.cudnn and true or false,
+        log = opts.log or function() end,
+    }, Transformer)
+    local t0 = M.clock()
+    self.output = M.graph(mk, c, w, { greedy = self.greedy })
+    self.log(string.format("built the graph in %.0f ms", (M.clock() - t0) * 1000))
+    self:compile()
+    -- Per-step inputs, reused: a few bytes in per token.
+    self.token_t = mk.tensor({ 0 }, "int64")
+    self.pos_t = mk.tensor({ 0 }, "int64")
+    self.pos1_t = mk.tensor({ 1 }, "int64")
+    self.inputs = { token = self.token_t, pos = self.pos_t, pos1 = self.pos1_t }
+    self.out = nil      -- the output tensor, filled in place by every run
+    return self
+end
+
+function Transformer:compile()
+    local t0 = M.clock()
+    local ok, model = pcall(self.mk.compile, self.output, { device = self.device, cudnn = self.cudnn })
+    if not ok then error("compiling the llama2 graph failed: " .. tostring(model), 0) end
+    self.model = model
+    self.out = nil
+    local ok_stats, st = pcall(model.stats, model)
+    if ok_stats and type(st) == "table" then
+        self.log(string.format("%d nodes, %d launches per token, arena %.2f MB, buffers %.2f MB",
+            st.nodes or 0, st.launches or 0, (st.arena_bytes or 0) / 1e6, (st.buffer_bytes or 0) / 1e6))
+    end
+    self.log(string.format("compiled for %s%s in %.0f ms", self.device, self.cudnn and " (cudnn)" or "",
+                           (M.clock() - t0) * 1000))
+end
+
+-- Starts a new generation: the KV caches must be zero past the position of
+-- every step (see the header), so the model is compiled afresh.
+function Transformer:reset()
+    if self.model and self.model.reset then
+        self.model:reset()
+        return
+    end
+    if self.model and self.model.close then self.model:close() end
+    self.model = nil
+    collectgarbage()
+    self:compile()
+end
+
+-- Evaluates one step. Returns the argmax id (greedy model) or the logits as
+-- a 1-based Lua array of float32 values.
+function Transformer:forward(token, pos)
+    local c = self.config
+    if math.type(token) ~= "integer" or token < 0 or token >= c.vocab_size then
+        error(string.format("forward: token %s out of range [0, %d)", tostring(token), c.vocab_size), 2)
+    end
+    if math.type(pos) ~= "integer" or pos < 0 or pos >= c.seq_len then
+        error(string.format("forward: position %s out of range [0, %d)", tostring(pos), c.seq_len), 2)
+    end
+    self.token_t:set(1, token)
+    self.pos_t:set(1, pos)
+    self.pos1_t:set(1, pos + 1)
+    if not self.out then
+        local info = self.model:output()
+        self.out = self.mk.zeros(info.dtype, info.shape)
+    end
+    local out = self.model:run(self.inputs, self.out)
+    if self.greedy then
+        return math.tointeger(out:get(1))
+    end
+    return out:totable()
+end
+
+-- Wall-clock seconds: the binding's clock when it has one; else `date`
+-- through a pipe (a millisecond or two per call: only called around loops),
+-- else os.clock (process CPU time, wrong with several threads).
+local function date_clock()
+    local p = io.popen("date +%s.%N 2>/dev/null")
+    if not p then return nil end
+    local s = p:read("l")
+    p:close()
+    return tonumber(s)
+end
+
+function M.clock()
+    local ok, mk = pcall(require, "moonkaas")
+    local f = ok and type(mk) == "table" and (rawget(mk, "clock") or rawget(mk, "now"))
+    if type(f) ~= "function" then
+        f = date_clock() and date_clock or os.clock
+    end
+    M.clock = f
+    return f()
+end
+
+return M

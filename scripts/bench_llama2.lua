@@ -1,0 +1,280 @@
+-- bench_llama2.lua — tokens per second of llama2 shapes through moonkaas.
+--
+--   lua scripts/bench_llama2.lua [--7b] [--only 15M|110M|7B] [--runs N] [--steps N]
+--       [--devices cpu,cuda] [--dir DIR] [--keep] [--tokenizer PATH]
+--       [--bandwidth GB/s] [--runomp PATH] [--threads N] [--cudnn]
+--
+-- Protocol (../shared/BENCHMARKS.md): random-weight checkpoints in llama2.c's
+-- legacy layout with the real shapes (stories15M, stories110M; Llama-2-7B
+-- with --7b, for the GPU machine), weights uniform in ±1/sqrt(fan_in), norms
+-- 1, the legacy freq_cis block filled with the true cos/sin table. Greedy,
+-- 256 steps, prompt "Once upon a time", tokenizer.bin; tok/s as run.c counts
+-- it (the timer starts after the first step), the median of --runs runs.
+-- Random weights may pick BOS, which would end a run.c generation early; the
+-- benchmark runs all the steps regardless.
+--
+-- On CUDA it also prints the roofline fraction: (weight bytes + KV-cache bytes
+-- read per token) x tok/s / bandwidth (--bandwidth, default 4300 GB/s, the
+-- H200's measured copy bandwidth). The model reads the whole KV cache every
+-- step (see lua/moonkaas/llama2/model.lua), so that is what is counted.
+--
+-- --runomp PATH also runs llama2.c's runomp (built outside the checkout) on
+-- the same files with OMP_NUM_THREADS (--threads, default: all cores), for a
+-- side-by-side table.
+
+local here = (arg and arg[0] or ""):match("^(.*)[/\\]") or "."
+local root = here .. "/.."
+local build = os.getenv("MK_BUILD") or (root .. "/build")
+package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.path
+package.cpath = build .. "/?.so;" .. package.cpath
+
+local mk = require("moonkaas")
+local llama2 = require("moonkaas.llama2")
+
+local SHAPES = {
+    { name = "15M", header = { 288, 768, 6, 6, 6, 32000, 256 } },
+    { name = "110M", header = { 768, 2048, 12, 12, 12, 32000, 1024 } },
+    { name = "7B", header = { 4096, 11008, 32, 32, 32, -32000, 2048 }, big = true },
+}
+
+local USAGE = [[
+usage: lua scripts/bench_llama2.lua [--7b] [--only 15M|110M|7B] [--runs N] [--steps N]
+       [--devices cpu,cuda] [--dir DIR] [--keep] [--tokenizer PATH]
+       [--bandwidth GB/s] [--runomp PATH] [--threads N] [--cudnn]
+]]
+
+local function parse(argv)
+    local o = { runs = 3, steps = 256, bandwidth = 4300, keep = false, big = false, cudnn = false }
+    local i = 1
+    while i <= #argv do
+        local a, v = argv[i], argv[i + 1]
+        local function need() if v == nil then error("option " .. a .. " needs a value", 0) end return v end
+        if a == "--7b" then o.big = true
+        elseif a == "--keep" then o.keep = true
+        elseif a == "--cudnn" then o.cudnn = true
+        elseif a == "-h" or a == "--help" then io.write(USAGE); os.exit(0)
+        else
+            if a == "--only" then o.only = need()
+            elseif a == "--runs" then o.runs = math.tointeger(tonumber(need()))
+            elseif a == "--steps" then o.steps = math.tointeger(tonumber(need()))
+            elseif a == "--devices" then o.devices = need()
+            elseif a == "--dir" then o.dir = need()
+            elseif a == "--tokenizer" then o.tokenizer = need()
+            elseif a == "--bandwidth" then o.bandwidth = tonumber(need())
+            elseif a == "--runomp" then o.runomp = need()
+            elseif a == "--threads" then o.threads = math.tointeger(tonumber(need()))
+            else error("unknown option " .. a, 0) end
+            i = i + 1
+        end
+        i = i + 1
+    end
+    if not o.runs or o.runs < 1 or not o.steps or o.steps < 2 or not o.bandwidth then
+        error("bad numeric option", 0)
+    end
+    return o
+end
+
+-- ---------------------------------------------------------------------------
+-- fast random checkpoint writer
+
+local BLOCK = 1 << 18      -- floats per random block (1 MiB)
+
+local blocks = {}
+-- A 1 MiB string of float32 uniform in ±scale, one per distinct scale.
+local function random_block(scale)
+    local b = blocks[scale]
+    if b then return b end
+    local parts, chunk = {}, 1024
+    local fmt = "<" .. string.rep("f", chunk)
+    local vals = {}
+    for _ = 1, BLOCK // chunk do
+        for k = 1, chunk do vals[k] = (2 * math.random() - 1) * scale end
+        parts[#parts + 1] = string.pack(fmt, table.unpack(vals, 1, chunk))
+    end
+    b = table.concat(parts)
+    blocks[scale] = b
+    return b
+end
+
+-- Writes n floats uniform in ±scale: the block repeated from a random start.
+local function write_random(f, n, scale)
+    local b = random_block(scale)
+    local bytes = 4 * n
+    local start = 4 * math.random(0, BLOCK - 1)
+    local piece = b:sub(start + 1) .. b:sub(1, start)
+    while bytes >= #piece do
+        f:write(piece)
+        bytes = bytes - #piece
+    end
+    if bytes > 0 then f:write(piece:sub(1, bytes)) end
+end
+
+local function write_const(f, n, value)
+    local one = string.pack("<f", value)
+    local chunk = one:rep(math.min(n, BLOCK))
+    while n >= BLOCK do f:write(chunk); n = n - BLOCK end
+    if n > 0 then f:write(one:rep(n)) end
+end
+
+local function write_checkpoint(path, h)
+    local D, H, L, heads, kvh, V, S = table.unpack(h)
+    local shared = V > 0
+    V = math.abs(V)
+    local hs = D // heads
+    local kv = hs * kvh
+    local f = assert(io.open(path, "wb"))
+    f:setvbuf("full", 1 << 22)
+    f:write(string.pack("<i4i4i4i4i4i4i4", table.unpack(h)))
+    local sD, sH = 1 / math.sqrt(D), 1 / math.sqrt(H)
+    write_random(f, V * D, sD)            -- token embedding [V, D]
+    write_const(f, L * D, 1.0)            -- rms_att [L, D]
+    write_random(f, L * D * D, sD)        -- wq [L, D, D]
+    write_random(f, L * kv * D, sD)       -- wk [L, kv, D]
+    write_random(f, L * kv * D, sD)       -- wv [L, kv, D]
+    write_random(f, L * D * D, sD)        -- wo [L, D, D]
+    write_const(f, L * D, 1.0)            -- rms_ffn [L, D]
+    write_random(f, L * H * D, sD)        -- w1 [L, H, D]
+    write_random(f, L * D * H, sH)        -- w2 [L, D, H]
+    write_random(f, L * H * D, sD)        -- w3 [L, H, D]
+    write_const(f, D, 1.0)                -- rms_final [D]
+    -- legacy freq_cis: real [S, hs/2] then imaginary [S, hs/2]
+    for part = 1, 2 do
+        local fn = part == 1 and math.cos or math.sin
+        for pos = 0, S - 1 do
+            local row = {}
+            for i = 0, hs // 2 - 1 do
+                row[#row + 1] = fn(pos / 10000 ^ (2 * i / hs))
+            end
+            f:write(string.pack("<" .. string.rep("f", #row), table.unpack(row)))
+        end
+    end
+    if not shared then write_random(f, V * D, sD) end   -- wcls [V, D]
+    f:close()
+end
+
+-- ---------------------------------------------------------------------------
+
+local function median(t)
+    table.sort(t)
+    local n = #t
+    if n % 2 == 1 then return t[(n + 1) // 2] end
+    return (t[n // 2] + t[n // 2 + 1]) / 2
+end
+
+local function file_size(path)
+    local f = io.open(path, "rb")
+    if not f then return nil end
+    local n = f:seek("end")
+    f:close()
+    return n
+end
+
+local function main(argv)
+    local o = parse(argv)
+    math.randomseed(os.time())
+    local dir = o.dir
+    if not dir then
+        dir = os.tmpname()
+        os.remove(dir)
+    end
+    if not os.execute("mkdir -p '" .. dir:gsub("'", "'\\''") .. "'") then
+        error("cannot create the folder " .. dir, 0)
+    end
+    local tok_path = o.tokenizer
+    if not tok_path then
+        tok_path = root .. "/../shared/models/tokenizer.bin"
+        if not io.open(tok_path, "rb") then tok_path = "tokenizer.bin" end
+    end
+    local devices = {}
+    if o.devices then
+        for d in o.devices:gmatch("[^,]+") do devices[#devices + 1] = d end
+    else
+        devices = { "cpu" }
+        if mk.cuda_available() then devices[#devices + 1] = "cuda" end
+    end
+
+    local rows = {}
+    for _, shape in ipairs(SHAPES) do
+        local wanted = (o.only and o.only == shape.name) or (not o.only and (not shape.big or o.big))
+        if wanted then
+            local path = string.format("%s/llama2_%s_random.bin", dir, shape.name)
+            local h = shape.header
+            local hdr = {}
+            for k, name in ipairs(llama2.checkpoint.FIELDS) do hdr[name] = h[k] end
+            local c0 = assert(llama2.checkpoint.config_from_header(hdr))
+            if file_size(path) ~= c0.expected_bytes then
+                local t0 = llama2.clock()
+                io.stderr:write(string.format("writing %s (%.1f MB) ...\n", path, c0.expected_bytes / 1e6))
+                write_checkpoint(path, h)
+                io.stderr:write(string.format("  written in %.1f s\n", llama2.clock() - t0))
+            end
+            local c = assert(llama2.read_config(path))
+            local tok = assert(llama2.load_tokenizer(tok_path, c.vocab_size))
+            local smp = llama2.sampler(c.vocab_size, 0.0, 0.9, 1)
+            -- bytes read per token: every weight except the embedding table
+            -- (one row) and the legacy RoPE block, plus both KV caches whole.
+            local weights = c.file_bytes - 28 - 4 * c.seq_len * c.head_size
+                            - (c.shared_classifier and 0 or 4 * c.vocab_size * c.dim)
+            local kv_bytes = 2 * 4 * c.n_layers * c.seq_len * c.kv_dim
+            for _, device in ipairs(devices) do
+                local net = llama2.build(mk, c, {
+                    device = device, cudnn = o.cudnn and device == "cuda", greedy = true,
+                    log = function(m) io.stderr:write("  " .. m .. "\n") end })
+                local rates = {}
+                for r = 1, o.runs do
+                    if r > 1 then net:reset() end
+                    local _, rate = llama2.generate(net, tok, smp, "Once upon a time", o.steps,
+                        { write = function() end, report = function() end, stop_on_bos = false })
+                    rates[#rates + 1] = rate
+                    io.stderr:write(string.format("  %s %s run %d: %.1f tok/s\n", shape.name, device, r, rate))
+                end
+                local rate = median(rates)
+                local row = { shape = shape.name, who = "moonkaas " .. device .. (net.cudnn and "+cudnn" or ""),
+                              rate = rate }
+                if device == "cuda" then
+                    row.roofline = (weights + kv_bytes) * rate / (o.bandwidth * 1e9)
+                    row.weights_only = weights * rate / (o.bandwidth * 1e9)
+                end
+                rows[#rows + 1] = row
+                net = nil
+                collectgarbage()
+            end
+            if o.runomp then
+                local threads = o.threads and ("OMP_NUM_THREADS=" .. o.threads .. " ") or ""
+                local rates = {}
+                for r = 1, o.runs do
+                    local cmd = string.format("%s'%s' '%s' -z '%s' -t 0 -n %d -i 'Once upon a time' 2>&1 >/dev/null",
+                        threads, o.runomp, path, tok_path, o.steps)
+                    local p = io.popen(cmd)
+                    local out = p:read("a")
+                    p:close()
+                    local rate = tonumber(out:match("achieved tok/s: ([%d%.]+)"))
+                    if rate then rates[#rates + 1] = rate end
+                    io.stderr:write(string.format("  %s runomp run %d: %s tok/s\n", shape.name, r, tostring(rate)))
+                end
+                if #rates > 0 then
+                    rows[#rows + 1] = { shape = shape.name, who = "llama2.c runomp" ..
+                        (o.threads and (" (" .. o.threads .. " threads)") or ""), rate = median(rates) }
+                end
+            end
+            if not o.keep and not o.dir then os.remove(path) end
+        end
+    end
+    if not o.keep and not o.dir then os.remove(dir) end
+
+    -- roofline: weights + whole KV caches (what the model reads); weights:
+    -- the weights alone (the floor of a model that reads only pos + 1 rows).
+    print(string.format("| %-6s | %-28s | %12s | %8s | %8s |", "shape", "runner", "tok/s", "roofline", "weights"))
+    print("|--------|------------------------------|--------------|----------|----------|")
+    for _, r in ipairs(rows) do
+        print(string.format("| %-6s | %-28s | %12.1f | %8s | %8s |", r.shape, r.who, r.rate,
+            r.roofline and string.format("%.1f%%", 100 * r.roofline) or "-",
+            r.weights_only and string.format("%.1f%%", 100 * r.weights_only) or "-"))
+    end
+end
+
+local ok, err = pcall(main, { ... })
+if not ok then
+    io.stderr:write("bench_llama2: " .. tostring(err) .. "\n" .. USAGE)
+    os.exit(1)
+end

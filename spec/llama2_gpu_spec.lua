@@ -1,0 +1,92 @@
+-- llama2 on CUDA #gpu: run.c's golden text for stories260K, the logits of
+-- random checkpoints against the double-precision reference, and (with
+-- cuDNN fusion, where TF32 may flip near-ties) how many of the 200 greedy
+-- tokens agree with the golden run. Skipped without a GPU.
+
+local H = require("spec.llama2_helpers")
+local llama2 = require("moonkaas.llama2")
+
+local mk, why = H.mk()
+
+local function need_gpu()
+    if not mk then
+        pending("the moonkaas core module is not built: " .. tostring(why))
+        return false
+    end
+    local ok, reason = mk.cuda_available()
+    if not ok then
+        pending("no CUDA device: " .. tostring(reason))
+        return false
+    end
+    return true
+end
+
+local function need_models()
+    if not H.models_present() then
+        pending("../shared/models is absent")
+        return false
+    end
+    return true
+end
+
+local function greedy_ids(device, cudnn)
+    local c = assert(llama2.read_config(H.models .. "/stories260K.bin"))
+    local tok = assert(llama2.load_tokenizer(H.models .. "/tok512.bin", c.vocab_size))
+    local net = llama2.build(mk, c, { device = device, cudnn = cudnn, greedy = true })
+    local out = {}
+    local ids = llama2.generate(net, tok, llama2.sampler(c.vocab_size, 0.0, 0.9, 1), nil, 200,
+        { write = function(s) out[#out + 1] = s end, report = function() end })
+    return ids, table.concat(out)
+end
+
+describe("llama2 on CUDA #gpu", function()
+    it("prints run.c's golden text for stories260K -t 0 -n 200", function()
+        if not need_gpu() or not need_models() then return end
+        local expected = H.read_file(H.models .. "/stories260K_t0_n200.expected.txt")
+        local out, err = {}, {}
+        local code = llama2.main({ H.models .. "/stories260K.bin", "-z", H.models .. "/tok512.bin",
+                                   "-t", "0", "-n", "200", "-d", "cuda" },
+            { mk = mk, stdout = function(s) out[#out + 1] = s end, stderr = function(s) err[#err + 1] = s end })
+        assert.are.equal(0, code, table.concat(err))
+        assert.are.equal(expected .. "\n", table.concat(out))
+    end)
+
+    it("gives the reference's logits on random checkpoints (GQA, unshared)", function()
+        if not need_gpu() then return end
+        H.seed("llama2 cuda reference")
+        local cfg = { dim = 24, hidden_dim = 36, n_layers = 3, n_heads = 6, n_kv_heads = 2,
+                      vocab_size = 29, seq_len = 10, shared = false }
+        local path = os.tmpname()
+        local W = H.write_checkpoint(path, cfg)
+        local c = assert(llama2.read_config(path))
+        local net = llama2.build(mk, c, { device = "cuda", greedy = false })
+        for round = 1, 2 do
+            local ref = H.reference(cfg, W)
+            for pos = 0, cfg.seq_len - 1 do
+                local token = math.random(0, cfg.vocab_size - 1)
+                local worst, at = H.worst(net:forward(token, pos), ref:step(token, pos), 2e-4, 2e-4)
+                assert(worst <= 1, string.format("round %d pos %d: logit %s off by %.3g tolerances",
+                                                 round, pos, tostring(at), worst))
+            end
+            net:reset()
+        end
+        os.remove(path)
+    end)
+
+    it("reports how many greedy tokens agree with cuDNN fusion (TF32)", function()
+        if not need_gpu() or not need_models() then return end
+        local golden = greedy_ids("cpu", false)
+        local ok, ids = pcall(greedy_ids, "cuda", true)
+        if not ok then
+            pending("cuDNN fusion unavailable: " .. tostring(ids))
+            return
+        end
+        local same, first = 0, nil
+        for i = 1, math.max(#golden, #ids) do
+            if golden[i] == ids[i] then same = same + 1 elseif not first then first = i - 1 end
+        end
+        print(string.format("llama2 --cudnn: %d of %d greedy tokens agree with the golden run%s",
+            same - 1, #golden - 1, first and (", the first difference at position " .. first) or ""))
+        assert.is_true(#ids > 1)
+    end)
+end)

@@ -1,0 +1,269 @@
+-- Helpers for the llama2 specs: a seeded RNG, a llama2.c checkpoint and
+-- tokenizer writer, and an independent double-precision forward pass (the
+-- reference the compiled model is checked against). Written from run.c's
+-- description, sharing no code with lua/moonkaas/llama2/.
+
+local H = {}
+
+if os.getenv("MK_BUILD") then
+    package.cpath = os.getenv("MK_BUILD") .. "/?.so;" .. package.cpath
+end
+
+H.models = "../shared/models"
+
+function H.models_present()
+    local f = io.open(H.models .. "/stories260K.bin", "rb")
+    if f then f:close() return true end
+    return false
+end
+
+function H.read_file(path)
+    local f = assert(io.open(path, "rb"))
+    local s = f:read("a")
+    f:close()
+    return s
+end
+
+function H.write_file(path, bytes)
+    local f = assert(io.open(path, "wb"))
+    f:write(bytes)
+    f:close()
+end
+
+-- Seeds math.random from the clock and prints the seed, so a failure can be
+-- replayed with LLAMA2_SPEC_SEED=<seed>.
+function H.seed(what)
+    local seed = tonumber(os.getenv("LLAMA2_SPEC_SEED") or "") or (os.time() ~ math.floor(os.clock() * 1e6))
+    math.randomseed(seed)
+    print(string.format("%s: seed %d (LLAMA2_SPEC_SEED=%d replays it)", what, seed, seed))
+    return seed
+end
+
+-- The moonkaas module, or nil and why (the core may not be built).
+function H.mk()
+    local ok, mk = pcall(require, "moonkaas")
+    if ok then return mk end
+    return nil, tostring(mk)
+end
+
+function H.f32(x)
+    return (string.unpack("<f", string.pack("<f", x)))
+end
+
+function H.tmpname()
+    local p = os.tmpname()
+    return p
+end
+
+-- ---------------------------------------------------------------------------
+-- checkpoint writer
+
+-- cfg: dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len,
+-- shared (bool). Writes random float32 weights in run.c's order and returns
+-- them as tables: W.emb[v][d], W.layers[l].{rms_att[d], wq[o][i], ...},
+-- W.rms_final[d], W.wcls[v][d]. Values are float32, so the reference reads
+-- exactly what the model reads.
+function H.write_checkpoint(path, cfg)
+    local D, Hd, L = cfg.dim, cfg.hidden_dim, cfg.n_layers
+    local hs = D // cfg.n_heads
+    local kv = hs * cfg.n_kv_heads
+    local V, S = cfg.vocab_size, cfg.seq_len
+    local parts = {}
+    local function emit(values)
+        local n = #values
+        local i = 1
+        while i <= n do
+            local j = math.min(n, i + 999)
+            parts[#parts + 1] = string.pack("<" .. string.rep("f", j - i + 1), table.unpack(values, i, j))
+            i = j + 1
+        end
+    end
+    local function matrix(rows, cols, scale, offset)
+        local m, flat = {}, {}
+        for r = 1, rows do
+            local row = {}
+            for c = 1, cols do
+                local v = H.f32((offset or 0) + (2 * math.random() - 1) * scale)
+                row[c] = v
+                flat[#flat + 1] = v
+            end
+            m[r] = row
+        end
+        return m, flat
+    end
+    parts[1] = string.pack("<i4i4i4i4i4i4i4", D, Hd, L, cfg.n_heads, cfg.n_kv_heads,
+                           cfg.shared and V or -V, S)
+    local W = { layers = {} }
+    for l = 1, L do W.layers[l] = {} end
+    local flat
+    W.emb, flat = matrix(V, D, 1.0); emit(flat)
+    -- The per-layer blocks are stored layer after layer within each kind.
+    local kinds = {
+        { "rms_att", 1, D, 0.3, 1.0 },
+        { "wq", D, D, 1.2 / math.sqrt(D) },
+        { "wk", kv, D, 1.2 / math.sqrt(D) },
+        { "wv", kv, D, 1 / math.sqrt(D) },
+        { "wo", D, D, 1 / math.sqrt(D) },
+        { "rms_ffn", 1, D, 0.3, 1.0 },
+        { "w1", Hd, D, 1 / math.sqrt(D) },
+        { "w2", D, Hd, 1 / math.sqrt(Hd) },
+        { "w3", Hd, D, 1 / math.sqrt(D) },
+    }
+    for _, k in ipairs(kinds) do
+        for l = 1, L do
+            local m
+            m, flat = matrix(k[2], k[3], k[4], k[5])
+            W.layers[l][k[1]] = k[2] == 1 and m[1] or m
+            emit(flat)
+        end
+    end
+    local m
+    m, flat = matrix(1, D, 0.3, 1.0)
+    W.rms_final = m[1]
+    emit(flat)
+    -- The legacy freq_cis block (skipped by readers): filled with noise, so a
+    -- reader that used it would fail.
+    local _, noise = matrix(S, hs, 5.0)
+    emit(noise)
+    if cfg.shared then
+        W.wcls = W.emb
+    else
+        W.wcls, flat = matrix(V, D, 1 / math.sqrt(D))
+        emit(flat)
+    end
+    H.write_file(path, table.concat(parts))
+    return W
+end
+
+-- ---------------------------------------------------------------------------
+-- reference forward pass, double precision
+
+local function matvec(w, x)      -- w [out][in] @ x [in] -> [out]
+    local out = {}
+    for o = 1, #w do
+        local row, s = w[o], 0.0
+        for i = 1, #x do s = s + row[i] * x[i] end
+        out[o] = s
+    end
+    return out
+end
+
+local function rmsnorm(x, w)
+    local ss = 0.0
+    for i = 1, #x do ss = ss + x[i] * x[i] end
+    local scale = 1.0 / math.sqrt(ss / #x + 1e-5)
+    local out = {}
+    for i = 1, #x do out[i] = w[i] * (x[i] * scale) end
+    return out
+end
+
+-- A stateful reference: ref:step(token, pos) returns the logits [V] (1-based)
+-- for that position; positions must come in order 0, 1, 2, ...
+function H.reference(cfg, W)
+    local D, L = cfg.dim, cfg.n_layers
+    local heads, kvh = cfg.n_heads, cfg.n_kv_heads
+    local hs = D // heads
+    local kv_mul = heads // kvh
+    local K, Vc = {}, {}
+    for l = 1, L do K[l], Vc[l] = {}, {} end
+    local ref = {}
+    function ref.step(_, token, pos)
+        local x = {}
+        for i = 1, D do x[i] = W.emb[token + 1][i] end
+        for l = 1, L do
+            local lw = W.layers[l]
+            local xb = rmsnorm(x, lw.rms_att)
+            local q, k, v = matvec(lw.wq, xb), matvec(lw.wk, xb), matvec(lw.wv, xb)
+            -- RoPE on each (even, odd) pair of every head.
+            for h = 0, heads - 1 do
+                for j = 0, hs - 1, 2 do
+                    local theta = pos / 10000 ^ (j / hs)
+                    local c, s = math.cos(theta), math.sin(theta)
+                    local a = h * hs + j + 1
+                    q[a], q[a + 1] = q[a] * c - q[a + 1] * s, q[a] * s + q[a + 1] * c
+                    if h < kvh then
+                        k[a], k[a + 1] = k[a] * c - k[a + 1] * s, k[a] * s + k[a + 1] * c
+                    end
+                end
+            end
+            K[l][pos], Vc[l][pos] = k, v
+            local att_out = {}
+            for h = 0, heads - 1 do
+                local g = h // kv_mul
+                local scores, max = {}, -math.huge
+                for t = 0, pos do
+                    local s = 0.0
+                    for i = 1, hs do s = s + q[h * hs + i] * K[l][t][g * hs + i] end
+                    s = s / math.sqrt(hs)
+                    scores[t] = s
+                    if s > max then max = s end
+                end
+                local sum = 0.0
+                for t = 0, pos do scores[t] = math.exp(scores[t] - max); sum = sum + scores[t] end
+                for i = 1, hs do
+                    local acc = 0.0
+                    for t = 0, pos do acc = acc + scores[t] / sum * Vc[l][t][g * hs + i] end
+                    att_out[h * hs + i] = acc
+                end
+            end
+            local o = matvec(lw.wo, att_out)
+            for i = 1, D do x[i] = x[i] + o[i] end
+            xb = rmsnorm(x, lw.rms_ffn)
+            local h1, h3 = matvec(lw.w1, xb), matvec(lw.w3, xb)
+            for i = 1, #h1 do h1[i] = h1[i] / (1 + math.exp(-h1[i])) * h3[i] end
+            local f = matvec(lw.w2, h1)
+            for i = 1, D do x[i] = x[i] + f[i] end
+        end
+        x = rmsnorm(x, W.rms_final)
+        return matvec(W.wcls, x)
+    end
+    return ref
+end
+
+-- The largest |got - want| / (atol + rtol |want|) over two arrays; <= 1 passes.
+function H.worst(got, want, atol, rtol)
+    local worst, at = 0.0, nil
+    for i = 1, #want do
+        local e = math.abs(got[i] - want[i]) / (atol + rtol * math.abs(want[i]))
+        if not (e <= worst) then worst, at = e, i end
+    end
+    return worst, at
+end
+
+-- ---------------------------------------------------------------------------
+-- tokenizer writer: entries = {{piece, score}, ...} in id order
+
+function H.tokenizer_bytes(entries, max_len)
+    local parts = { string.pack("<i4", max_len or 16) }
+    for _, e in ipairs(entries) do
+        parts[#parts + 1] = string.pack("<fi4", e[2], #e[1]) .. e[1]
+    end
+    return table.concat(parts)
+end
+
+-- A small valid vocabulary of `n` >= 259 entries: <unk>, <s>, </s>, the 256
+-- byte tokens, then " ", letters and a few merges.
+function H.small_vocab(extra)
+    local e = { { "<unk>", 0 }, { "\n<s>\n", 0 }, { "\n</s>\n", 0 } }
+    for b = 0, 255 do e[#e + 1] = { string.format("<0x%02X>", b), 0 } end
+    for _, x in ipairs(extra or { { " ", -1 }, { "a", -2 }, { "b", -3 }, { "ab", -1.5 }, { " a", -0.5 } }) do
+        e[#e + 1] = x
+    end
+    return e
+end
+
+-- Runs `lua5.4 scripts/llama2.lua args...` from the repository root;
+-- returns exit code, stdout, stderr.
+function H.run_cli(args)
+    local out, err = os.tmpname(), os.tmpname()
+    local quoted = {}
+    for i, a in ipairs(args) do quoted[i] = "'" .. a:gsub("'", "'\\''") .. "'" end
+    local cmd = string.format("lua5.4 scripts/llama2.lua %s >%s 2>%s </dev/null",
+                              table.concat(quoted, " "), out, err)
+    local _, _, code = os.execute(cmd)
+    local o, e = H.read_file(out), H.read_file(err)
+    os.remove(out); os.remove(err)
+    return code, o, e
+end
+
+return H
