@@ -480,12 +480,54 @@ static void mm_loops(const float *a, int64_t sar, int64_t sac, const float *b, i
     }
 }
 
+/*
+ * c [n] = a [k] (dense) @ b, with b held either as [n, k] rows (transposed: each
+ * output a dot product) or as [k, n] rows (normal: rows of b scaled and added).
+ * Split over OpenMP threads rather than left to OpenBLAS: a one-token model
+ * runs hundreds of small launches, and OpenBLAS's own threads spinning between
+ * them starve OpenMP's (and the other way round) — 4× slower on 2 cores.
+ */
+static void mv_omp(const float *a, const float *b, int64_t ldb, bool b_rows_are_outputs,
+                   float *c, int64_t k, int64_t n) {
+    if (b_rows_are_outputs) {
+#pragma omp parallel for schedule(static) if (n * k >= CPU_PAR_MIN)
+        for (int64_t j = 0; j < n; j++) {
+            const float *bj = b + j * ldb;
+            float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+            for (int64_t kk = 0; kk < k; kk++)
+                s += bj[kk] * a[kk];
+            c[j] = s;
+        }
+        return;
+    }
+    enum { COLS = 512 }; /* a block of outputs stays in L1 while b's rows stream by */
+#pragma omp parallel for schedule(static) if (n * k >= CPU_PAR_MIN)
+    for (int64_t j0 = 0; j0 < n; j0 += COLS) {
+        int64_t j1 = j0 + COLS < n ? j0 + COLS : n;
+        float *restrict cj = c + j0;
+        for (int64_t j = 0; j < j1 - j0; j++)
+            cj[j] = 0.0f;
+        for (int64_t kk = 0; kk < k; kk++) {
+            float av = a[kk];
+            const float *bk = b + kk * ldb + j0;
+#pragma omp simd
+            for (int64_t j = 0; j < j1 - j0; j++)
+                cj[j] += av * bk[j];
+        }
+    }
+}
+
 /* One product c [m, n] = a [m, k] @ b [k, n] through CBLAS where the layouts allow. */
 static void mm_one(const float *a, int64_t sar, int64_t sac, const float *b, int64_t sbr,
                    int64_t sbc, float *c, int64_t m, int64_t k, int64_t n) {
     bool ta, tb;
     int64_t lda, ldb;
     bool ok_b = blas_layout(k, n, sbr, sbc, &tb, &ldb) && n <= INT32_MAX && k <= INT32_MAX;
+    if (ok_b && m == 1 && (sac == 1 || k == 1)) {
+        mv_omp(a, b, ldb, tb, c, k, n);
+        return;
+    }
     if (ok_b && m == 1 && (sac != 0 || k == 1) && sac <= INT32_MAX) {
         /* c [n] = b^T a: b normal is [k, n] (Trans), transposed is held as [n, k]. */
         int incx = k == 1 ? 1 : (int)sac;

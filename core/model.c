@@ -392,6 +392,17 @@ MK_API void mk_model_free(mk_model *m) {
     free(m);
 }
 
+MK_API int mk_model_reset(mk_model *m, mk_error **err) {
+    if (!m) return mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "mk_model_reset: NULL model");
+    for (int i = 0; i < m->graph->n_nodes; i++) {
+        const mk_node *n = m->graph->nodes[i];
+        if (n->owner == n && n->storage == MK_STORAGE_BUFFER &&
+            m->dev->zero(m->dev_state, m->base[i], mk_node_bytes(n), err))
+            return -1;
+    }
+    return 0;
+}
+
 /* ---- evaluate ------------------------------------------------------------------------ */
 
 MK_API int mk_evaluate(mk_model *m, const mk_named_tensor *inputs, size_t n_inputs, void *output,

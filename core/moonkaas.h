@@ -131,6 +131,10 @@ MK_API mk_model *mk_compile(mk_context *, const char *script,
 MK_API int mk_evaluate(mk_model *, const mk_named_tensor *inputs, size_t n_inputs,
                        void *output, size_t output_bytes, mk_error **err);
 
+/* Zeroes every BufferTensor, as after compile (e.g. a KV cache before a new
+ * generation). Costs a memset per buffer, no recompilation. */
+MK_API int mk_model_reset(mk_model *, mk_error **err);
+
 MK_API void mk_model_free(mk_model *);
 
 /* ---- introspection ------------------------------------------------------ */

@@ -37,6 +37,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define LMK_EXPORT __attribute__((visibility("default")))
@@ -1395,6 +1396,22 @@ static int model_stats(lua_State *L) {
     return 1;
 }
 
+/* model:reset(): every BufferTensor back to zero, as after compile */
+static int model_reset(lua_State *L) {
+    lmk_model *m = check_model(L, 1, "reset", true);
+    mk_error *err = NULL;
+    if (mk_model_reset(m->model, &err) != 0) raise_core(L, err);
+    return 0;
+}
+
+/* mk.clock() -> seconds of a monotonic wall clock, for timing */
+static int l_clock(lua_State *L) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    lua_pushnumber(L, (lua_Number)ts.tv_sec + (lua_Number)ts.tv_nsec * 1e-9);
+    return 1;
+}
+
 static int model_script(lua_State *L) {
     lmk_model *m = check_model(L, 1, "script", true);
     const char *s = mk_model_script(m->model);
@@ -1555,7 +1572,7 @@ LMK_EXPORT int luaopen_moonkaas_core(lua_State *L) {
         {NULL, NULL}};
     static const luaL_Reg model_methods[] = {
         {"run", model_run}, {"stats", model_stats}, {"script", model_script},
-        {"fusion_report", model_fusion_report},
+        {"fusion_report", model_fusion_report}, {"reset", model_reset},
         {"inputs", model_inputs}, {"output", model_output}, {"close", model_release},
         {NULL, NULL}};
     define_type(L, MODEL_MT, model_meta, model_methods, NULL); /* __index = methods */
@@ -1579,7 +1596,7 @@ LMK_EXPORT int luaopen_moonkaas_core(lua_State *L) {
         {"buffer", l_buffer}, {"embedding", l_embedding}, {"node_info", l_node_info},
         {"compile_script", l_compile_script}, {"cuda_available", l_cuda_available},
         {"format_script", l_format_script}, {"is_node", l_is_node},
-        {"is_tensor", l_is_tensor}, {NULL, NULL}};
+        {"is_tensor", l_is_tensor}, {"clock", l_clock}, {NULL, NULL}};
     luaL_newlib(L, functions);
     lua_pushstring(L, mk_version());
     lua_setfield(L, -2, "version");

@@ -149,6 +149,23 @@ describe("buffers", function()
         for j = 1, dim do assert.are.equal(rr.data[j], out:get(rows, j)) end
     end)
 
+    it("go back to zero on model:reset(), and nothing else does", function()
+        local acc = mk.buffer("float32", { 2, 3 })
+        local x = mk.input("x", "float32", { 2, 3 })
+        local model <close> = mk.compile(acc:replace(acc + x, 0, 2))
+        local xt, xr = H.rand({ 2, 3 })
+        model:run({ x = xt })
+        local twice = model:run({ x = xt })
+        H.assert_close(twice, R.add(xr, xr))
+        model:reset()
+        H.assert_close(model:run({ x = xt }), xr)    -- one addition again, from zeros
+        model:reset()
+        model:reset()                                -- idempotent
+        H.assert_close(model:run({ x = xt }), xr)
+        model:close()
+        assert.has_error(function() model:reset() end)
+    end)
+
     it("carry a Fibonacci-style recurrence", function()
         -- state s = (a, b); each run s <- s @ [[0, 1], [1, 1]] + kick = (b, a + b) + kick
         local s = mk.buffer("float32", { 2 })
@@ -233,5 +250,15 @@ describe("MLPs", function()
             local gv, wv = logits.data[(i - 1) * 10 + g + 1], logits.data[(i - 1) * 10 + want_best + 1]
             assert.is_true(g == want_best or math.abs(gv - wv) < 1e-4, ("row %d: %d vs %d"):format(i, g, want_best))
         end
+    end)
+end)
+
+describe("mk.clock", function()
+    it("gives monotonic wall-clock seconds", function()
+        local t0 = mk.clock()
+        assert.is_number(t0)
+        local t1
+        repeat t1 = mk.clock() until t1 > t0
+        assert.is_true(t1 - t0 < 1.0)
     end)
 end)

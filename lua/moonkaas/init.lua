@@ -160,6 +160,9 @@ end
 -- mk.compile_script(text[, constants[, opts]]) -> model, for any script.
 mk.compile_script = core.compile_script
 
+-- mk.clock() -> seconds on a monotonic wall clock (for timing loops).
+mk.clock = core.clock
+
 -- The best device this process can use, and why when it is the CPU.
 function mk.best_device()
     local ok, why = core.cuda_available()

@@ -299,6 +299,9 @@ static void test_api_misuse(void) {
     mk_error_free(err), err = NULL;
     CHECK(mk_compile(ctx, NULL, NULL, 0, NULL, &err) == NULL && err, "NULL script");
     mk_error_free(err), err = NULL;
+    CHECK(mk_model_reset(NULL, &err) == -1 && mk_error_code_of(err) == MK_ERR_ARGUMENT,
+          "reset NULL");
+    mk_error_free(err), err = NULL;
 
     mk_model *m = mk_compile(ctx, ok, two, 1, NULL, &err);
     CHECK(m != NULL, "%s", mk_error_message(err));

@@ -23,7 +23,7 @@
 -- The attention runs over the whole cache: columns past pos are left out of
 -- the softmax, and their scores multiply V rows that are still zero. So the
 -- caches must be zero beyond pos: a generation starts on a fresh model or
--- after reset(), which recompiles (zeroing the BufferTensors).
+-- after reset(), which zeroes the BufferTensors.
 --
 -- RoPE: the table [seq_len, head_size] holds (cos, sin) pairs computed as
 -- run.c does in float32: freq = 1 / 10000^(i / head_size) for even i,
@@ -167,16 +167,9 @@ function Transformer:compile()
 end
 
 -- Starts a new generation: the KV caches must be zero past the position of
--- every step (see the header), so the model is compiled afresh.
+-- every step (see the header), so their buffers are zeroed.
 function Transformer:reset()
-    if self.model and self.model.reset then
-        self.model:reset()
-        return
-    end
-    if self.model and self.model.close then self.model:close() end
-    self.model = nil
-    collectgarbage()
-    self:compile()
+    self.model:reset()
 end
 
 -- Evaluates one step. Returns the argmax id (greedy model) or the logits as
@@ -203,25 +196,9 @@ function Transformer:forward(token, pos)
     return out:totable()
 end
 
--- Wall-clock seconds: the binding's clock when it has one; else `date`
--- through a pipe (a millisecond or two per call: only called around loops),
--- else os.clock (process CPU time, wrong with several threads).
-local function date_clock()
-    local p = io.popen("date +%s.%N 2>/dev/null")
-    if not p then return nil end
-    local s = p:read("l")
-    p:close()
-    return tonumber(s)
-end
-
+-- Wall-clock seconds (monotonic).
 function M.clock()
-    local ok, mk = pcall(require, "moonkaas")
-    local f = ok and type(mk) == "table" and (rawget(mk, "clock") or rawget(mk, "now"))
-    if type(f) ~= "function" then
-        f = date_clock() and date_clock or os.clock
-    end
-    M.clock = f
-    return f()
+    return require("moonkaas").clock()
 end
 
 return M
