@@ -8,7 +8,9 @@
 BUILD    ?= build
 CC       ?= gcc
 OPT      ?= -O2
-CFLAGS   ?= $(OPT) -g
+# Built where it runs (make, luarocks): use the machine's vector units; ARCH= for a portable build.
+ARCH     ?= -march=native
+CFLAGS   ?= $(OPT) $(ARCH) -g
 SAN      ?=
 CFLAGS   += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fPIC -fopenmp \
             -fvisibility=hidden -DMK_BUILDING -Icore $(SAN)
