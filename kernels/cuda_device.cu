@@ -7,14 +7,14 @@
  *   open      probe, stream, cuBLAS handle + workspace, fault record
  *   alloc/upload/zero   the arena, constants and buffers (compile time only)
  *   prepare   one pinned block for every input, the output and the fault
- *             record; then every launch is captured once into a graph:
- *                 [clear fault] → launch 0 → … → launch n-1 → [fault → pinned]
+ *             record; then the copies and every launch are captured once:
+ *                 [inputs: pinned → device] → [clear fault] → launch 0 → …
+ *                 → launch n-1 → [output → pinned] → [fault → pinned]
  *             and instantiated. A capture failure is an error, never a
  *             fallback to eager launches.
- *   evaluate  host → pinned (memcpy), pinned → device (async), graph launch,
- *             device → pinned (the output, async), one sync,
- *             then either the fault as MK_ERR_EVAL naming the node, or
- *             pinned → host. Nothing is allocated.
+ *   evaluate  host → pinned (memcpy), one graph launch, one sync, then
+ *             either the fault as MK_ERR_EVAL naming the node, or pinned →
+ *             host. Two CUDA calls; nothing is allocated.
  *   close     everything above, in reverse.
  *
  * CUDA is initialised only by mk_cuda_probe and open, so loading the library
@@ -285,7 +285,13 @@ static int cuda_prepare(void *state, const mk_launch *launches, int n, const mk_
      */
     MK_CUDA_TRY(err, cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal));
     capturing = true;
-    if (cudaMemsetAsync(s->fault, 0, sizeof *s->fault, s->stream) != cudaSuccess)
+    /* The graph opens with the inputs' copies from their pinned slots, so an
+     * evaluation is memcpys on the host, one graph launch and one sync. */
+    for (int i = 0; failed_at == -1 && i < n_in; i++)
+        if (in[i].bytes && cudaMemcpyAsync(in[i].device, s->in_stage[i], in[i].bytes,
+                                           cudaMemcpyHostToDevice, s->stream) != cudaSuccess)
+            failed_at = -2;
+    if (failed_at == -1 && cudaMemsetAsync(s->fault, 0, sizeof *s->fault, s->stream) != cudaSuccess)
         failed_at = -2;
     for (int i = 0; failed_at == -1 && i < n; i++) {
         const mk_launch *l = &launches[i];
@@ -298,7 +304,11 @@ static int cuda_prepare(void *state, const mk_launch *launches, int n, const mk_
             failed_at = i;
         }
     }
-    /* the graph's last node brings the fault record back to pinned memory */
+    /* the graph's last nodes bring the output and the fault record back to pinned memory */
+    if (failed_at == -1 && out && out->bytes &&
+        cudaMemcpyAsync(s->out_stage, out->device, out->bytes, cudaMemcpyDeviceToHost,
+                        s->stream) != cudaSuccess)
+        failed_at = -2;
     if (failed_at == -1 && cudaMemcpyAsync(s->fault_stage, s->fault, sizeof *s->fault,
                                            cudaMemcpyDeviceToHost, s->stream) != cudaSuccess)
         failed_at = -2;
@@ -306,8 +316,8 @@ static int cuda_prepare(void *state, const mk_launch *launches, int n, const mk_
         cudaError_t status = cudaStreamEndCapture(s->stream, &graph);
         capturing = false;
         if (failed_at == -2) {
-            mk_fail(err, MK_ERR_DEVICE, 0, 0, "capturing the CUDA graph: the error word's "
-                    "clear or copy failed: %s", cudaGetErrorString(status));
+            mk_fail(err, MK_ERR_DEVICE, 0, 0, "capturing the CUDA graph: an input, output or "
+                    "error-word copy failed: %s", cudaGetErrorString(status));
             goto fail;
         }
         if (failed_at >= 0) {
@@ -375,16 +385,10 @@ static int cuda_evaluate(void *state, const mk_launch *launches, int n, const mk
     if (!s->exec || n_in != s->n_in)
         return MK_INTERNAL(err, "cuda evaluate before prepare, or with other copies");
     MK_CUDA_TRY(err, cudaSetDevice(s->device));
-    for (int i = 0; i < n_in; i++) {
-        if (!in[i].bytes) continue;
-        memcpy(s->in_stage[i], in[i].host, in[i].bytes);
-        MK_CUDA_TRY(err, cudaMemcpyAsync(in[i].device, s->in_stage[i], in[i].bytes,
-                                         cudaMemcpyHostToDevice, s->stream));
-    }
+    /* the stream is idle here (every evaluation ends in a sync): the slots are free */
+    for (int i = 0; i < n_in; i++)
+        if (in[i].bytes) memcpy(s->in_stage[i], in[i].host, in[i].bytes);
     MK_CUDA_TRY(err, cudaGraphLaunch(s->exec, s->stream));
-    if (out && out->bytes)
-        MK_CUDA_TRY(err, cudaMemcpyAsync(s->out_stage, out->device, out->bytes,
-                                         cudaMemcpyDeviceToHost, s->stream));
     MK_CUDA_TRY(err, cudaStreamSynchronize(s->stream));
     if (s->fault_stage->flag) return fault_error(s->fault_stage, launches, n, err);
     if (out && out->bytes) memcpy(out->host, s->out_stage, out->bytes);
