@@ -40,7 +40,7 @@ if ls spec/*_spec.lua > /dev/null 2>&1; then
         # lua5.4 itself is not instrumented: its leaks are not ours; CUDA needs the shadow gap
         export ASAN_OPTIONS=detect_leaks=0:protect_shadow_gap=0:${ASAN_OPTIONS:-}
     fi
-    MK_BUILD="$BUILD" LUA_CPATH="$BUILD/?.so;;" $LUA "$BUSTED" -o TAP > "$log/busted.out" 2>&1
+    MK_BUILD="$BUILD" $LUA "$BUSTED" -o TAP > "$log/busted.out" 2>&1
     rc=$?
     unset LD_PRELOAD
     cat "$log/busted.out"
