@@ -29,9 +29,11 @@ t:argmax, t:totable) is 1-based, as Lua tables are.
            x:sliced_softmax(p) x:argmax()    n.shape n.dtype n.op n.name
   models   mk.compile(node[, opts])  mk.compile_script(text[, constants[, opts]])
            m:run(inputs[, out]) m:stats() m:script() m:inputs() m:output()
+           m:reset() (buffers back to zero) m:fusion_report() (cuDNN groups)
            m:close() (also <close> and the collector)
   misc     mk.script(node)  mk.lower(node)  mk.format_script(text)
            mk.cuda_available()  mk.best_device()  mk.version  mk.build_info
+           mk.clock() (monotonic wall-clock seconds, for timing)
 
 On the CPU a model uses its constants' memory in place (no copy): writing to
 a constant's tensor with t:set after compiling changes that model's weights.
@@ -159,9 +161,6 @@ end
 
 -- mk.compile_script(text[, constants[, opts]]) -> model, for any script.
 mk.compile_script = core.compile_script
-
--- mk.clock() -> seconds on a monotonic wall clock (for timing loops).
-mk.clock = core.clock
 
 -- The best device this process can use, and why when it is the CPU.
 function mk.best_device()
