@@ -13,15 +13,7 @@ local R = H.ref_ops
 
 local no_cuda = H.requires_cuda()
 
-local function gpu_it(name, body)
-    it(name .. " #gpu", function()
-        if no_cuda then
-            pending(name .. ": " .. no_cuda)
-            return
-        end
-        body()
-    end)
-end
+local gpu_it = H.gpu(it, function(why) pending(why) end)
 
 -- max |got - want| <= tol * rms(want)
 local function assert_rms_close(got, want, tol)

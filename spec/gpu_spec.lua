@@ -6,18 +6,8 @@ local mk = H.mk()
 H.seed("gpu_spec")
 local R = H.ref_ops
 
-local no_cuda = H.requires_cuda()
 
--- Runs body unless CUDA is missing; then the spec is pending with the reason.
-local function gpu_it(name, body)
-    it(name .. " #gpu", function()
-        if no_cuda then
-            pending(name .. ": " .. no_cuda)
-            return
-        end
-        body()
-    end)
-end
+local gpu_it = H.gpu(it, function(why) pending(why) end)
 
 describe("CUDA #gpu", function()
     for _, case in ipairs(H.op_cases()) do

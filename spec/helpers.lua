@@ -12,6 +12,10 @@ spec/helpers.lua — what the busted specs share:
                                precision, written from DESIGN.md, not from the core
   helpers.requires_cuda()      nil when a CUDA device is usable, else the reason
                                (specs call pending(reason) with it)
+  helpers.gpu(it, skip)        a gpu_it(name, body): it(name .. " #gpu", body),
+                               skip(reason) where no CUDA device is usable; pass
+                               function(why) pending(why) end (busted binds the
+                               test-level pending only while a test runs)
 ]]
 local helpers = {}
 
@@ -494,6 +498,21 @@ function helpers.requires_cuda()
     local ok, why = helpers.mk().cuda_available()
     if ok then return nil end
     return "no CUDA device: " .. tostring(why)
+end
+
+-- gpu_it(name, body) for a spec file: runs body where CUDA is usable, else
+-- reports the spec skipped with the reason.
+function helpers.gpu(it, skip)
+    local no_cuda = helpers.requires_cuda()
+    return function(name, body)
+        it(name .. " #gpu", function()
+            if no_cuda then
+                skip(name .. ": " .. no_cuda)
+                return
+            end
+            body()
+        end)
+    end
 end
 
 -- Asserts that f() raises an error whose message starts with `prefix` and
