@@ -90,14 +90,14 @@ MK_API const char *mk_build_info(void) {
 MK_API size_t mk_dtype_size(mk_dtype d) { return d == MK_DTYPE_INT64 ? 8 : 4; }
 MK_API const char *mk_dtype_name(mk_dtype d) { return d == MK_DTYPE_INT64 ? "int64" : "float32"; }
 
-void mk_strbuf_put(mk_strbuf *b, const char *fmt, ...) {
+void mk_strbuf_putv(mk_strbuf *b, const char *fmt, va_list ap) {
     if (b->failed) return;
-    va_list ap;
-    va_start(ap, fmt);
+    va_list again;
+    va_copy(again, ap);
     int k = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
     if (k < 0) {
         b->failed = true;
+        va_end(again);
         return;
     }
     size_t need = b->len + (size_t)k + 1;
@@ -107,15 +107,22 @@ void mk_strbuf_put(mk_strbuf *b, const char *fmt, ...) {
         char *s = realloc(b->s, cap);
         if (!s) {
             b->failed = true;
+            va_end(again);
             return;
         }
         b->s = s;
         b->cap = cap;
     }
-    va_start(ap, fmt);
-    vsnprintf(b->s + b->len, (size_t)k + 1, fmt, ap);
-    va_end(ap);
+    vsnprintf(b->s + b->len, (size_t)k + 1, fmt, again);
+    va_end(again);
     b->len += (size_t)k;
+}
+
+void mk_strbuf_put(mk_strbuf *b, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    mk_strbuf_putv(b, fmt, ap);
+    va_end(ap);
 }
 
 double mk_now_ms(void) {

@@ -38,12 +38,6 @@ mk_fusion *mk_fusion_new(struct mk_cudnn_cache **cache) {
     mk_fusion *f = calloc(1, sizeof *f);
     if (!f) return NULL;
     f->cache = cache;
-    f->report_cap = 256;
-    if (!(f->report = malloc(f->report_cap))) {
-        free(f);
-        return NULL;
-    }
-    f->report[0] = 0;
     return f;
 }
 
@@ -65,7 +59,7 @@ void mk_fusion_free(mk_fusion *f) {
     }
     free(f->groups);
     free(f->dropped);
-    free(f->report);
+    free(f->report.s);
     free(f);
 }
 
@@ -87,24 +81,9 @@ static void report(mk_fusion *f, const char *fmt, ...) __attribute__((format(pri
 static void report(mk_fusion *f, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    int k = vsnprintf(NULL, 0, fmt, ap);
+    mk_strbuf_putv(&f->report, fmt, ap);
     va_end(ap);
-    if (k < 0) return;
-    size_t need = f->report_len + (size_t)k + 2;
-    if (need > f->report_cap) {
-        size_t cap = f->report_cap;
-        while (cap < need) cap *= 2;
-        char *s = realloc(f->report, cap);
-        if (!s) return;
-        f->report = s;
-        f->report_cap = cap;
-    }
-    va_start(ap, fmt);
-    vsnprintf(f->report + f->report_len, (size_t)k + 1, fmt, ap);
-    va_end(ap);
-    f->report_len += (size_t)k;
-    f->report[f->report_len++] = '\n';
-    f->report[f->report_len] = 0;
+    mk_strbuf_put(&f->report, "\n");
 }
 
 static int push(void ***items, int *n, int *cap, void *item) {

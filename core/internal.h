@@ -51,6 +51,7 @@ typedef struct {
     bool failed;
 } mk_strbuf;
 void mk_strbuf_put(mk_strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void mk_strbuf_putv(mk_strbuf *b, const char *fmt, va_list ap);
 
 /* ---- graph -------------------------------------------------------------- */
 
@@ -281,8 +282,7 @@ typedef struct mk_fusion {
     int n_dropped, cap_dropped;
     mk_node **dropped;             /* nodes the groups replaced, owned */
     int fused, cache_hits, rejected, tf32;
-    char *report;                  /* one line per group tried; never NULL after mk_fusion_new */
-    size_t report_len, report_cap;
+    mk_strbuf report;              /* one line per group tried (report.s NULL: none yet) */
 } mk_fusion;
 
 mk_fusion *mk_fusion_new(struct mk_cudnn_cache **cache);

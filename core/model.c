@@ -459,7 +459,7 @@ MK_API int mk_model_output_info(const mk_model *m, mk_tensor_info *out) {
 MK_API const char *mk_model_script(const mk_model *m) { return m ? m->script : NULL; }
 
 MK_API const char *mk_model_fusion_report(const mk_model *m) {
-    return m && m->fusion ? m->fusion->report : "";
+    return m && m->fusion && m->fusion->report.s ? m->fusion->report.s : "";
 }
 
 MK_API int mk_model_stats(const mk_model *m, mk_stats *out) {
