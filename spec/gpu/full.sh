@@ -28,15 +28,16 @@ BUSTED=${BUSTED:-/opt/lua/usr/bin/busted} timeout 420 sh spec/run_tests.sh "$BUI
 note "suite: $(tail -n 1 "$OUT/tests.log") ($(( $(date +%s) - t0 )) s)"
 grep -a -A3 '^not ok' "$OUT/tests.log" | head -n 40 | tee -a "$summary"
 
-{ cat "$M/stories260K_t0_n200.expected.txt"; echo; } > "$OUT/golden.txt"
+golden=$(mktemp)
+{ cat "$M/stories260K_t0_n200.expected.txt"; echo; } > "$golden"
 for flags in "" "--cudnn"; do
     name=golden_cuda${flags:+_cudnn}
     MK_BUILD="$BUILD" timeout 120 lua5.4 scripts/llama2.lua "$M/stories260K.bin" -z "$M/tok512.bin" \
         -t 0 -n 200 -d cuda $flags > "$OUT/$name.txt" 2> "$OUT/$name.err"
-    if cmp -s "$OUT/$name.txt" "$OUT/golden.txt"; then
+    if cmp -s "$OUT/$name.txt" "$golden"; then
         note "$name: equal to llama2.c's golden text ($(grep -a 'tok/s' "$OUT/$name.err"))"
     else
-        note "$name: DIFFERS from the golden text (first difference: $(cmp "$OUT/$name.txt" "$OUT/golden.txt" 2>&1))"
+        note "$name: DIFFERS from the golden text (first difference: $(cmp "$OUT/$name.txt" "$golden" 2>&1))"
         [ -z "$flags" ] && failed=1
     fi
 done
