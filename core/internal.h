@@ -4,11 +4,14 @@
  *
  * Stages, in order (one file each):
  *   script.c   text → graph (parse, shape/dtype rules from ops.c), graph → text
- *   passes.c   ordered passes over the graph (views, ...)
+ *   passes.c   ordered passes over the graph (storage and views, cuDNN fusion, verify)
+ *   fusion.c   the cuDNN fusion pass: which groups, and their structural traces
  *   planner.c  offsets in one arena (best fit, neighbour merging)
  *   model.c    compile (plan, allocate, bind launches) and evaluate
  *   cpu.c      the CPU device: kernels and device table
- *   kernels/   the CUDA device
+ *   kernels/   the CUDA device (cuda_device.cu) and its kernels; cuDNN in cudnn_fuser.cu
+ * Shared by all: ops.c (the op table), tensor.c (shapes, strides), error.c
+ * (errors as values, the string builder, clocks).
  */
 #ifndef MK_INTERNAL_H
 #define MK_INTERNAL_H
