@@ -1,7 +1,8 @@
 /*
  * passes.c — the ordered passes between parsing and planning. Each is a named
- * function over the graph; the table below is the whole pipeline. In debug
- * builds (MK_VERIFY) the verifier runs after every pass.
+ * function over the graph; the table below is the whole pipeline. The
+ * verifier runs last in every build: it is linear and cheap, and what it
+ * checks (owners, order, dense inputs) is what the planner and binder rely on.
  */
 #include "internal.h"
 
@@ -82,7 +83,7 @@ static int assign_storage(mk_graph *g, const mk_compile_options *opts, mk_error 
 
 /* ---- verifier --------------------------------------------------------------- */
 
-/* Invariants the planner and binder rely on; cheap, so always run once at the end. */
+/* Invariants the planner and binder rely on. */
 static int verify(mk_graph *g, const mk_compile_options *opts, mk_error **err) {
     for (int i = 0; i < g->n_nodes; i++) {
         const mk_node *n = g->nodes[i];
