@@ -75,7 +75,7 @@ $(LUA_MOD): $(LUA_OBJ) $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) -shared -o $@ $(LUA_OBJ) $(LIB_A) $(LDLIBS)
 
-$(BUILD)/tests/%: spec/c/%.c spec/c/test.h $(LIB_A)
+$(BUILD)/tests/%: spec/c/%.c spec/c/test.h spec/c/mnist_script.h $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Ispec/c -o $@ $< $(LIB_A) $(LDLIBS)
 

@@ -424,6 +424,15 @@ static bool blas_layout(int64_t rows, int64_t cols, int64_t sr, int64_t sc, bool
     return false;
 }
 
+/* x [k] · y [k], both dense, vectorised. */
+static inline float dot(const float *x, const float *y, int64_t k) {
+    float t = 0.0f;
+#pragma omp simd reduction(+ : t)
+    for (int64_t i = 0; i < k; i++)
+        t += x[i] * y[i];
+    return t;
+}
+
 /*
  * c [m, n] (contiguous) = a [m, k] (strides sar, sac) @ b [k, n] (strides sbr, sbc)
  * with plain loops: for small products (a BLAS call costs more than the work,
@@ -449,14 +458,8 @@ static void mm_loops(const float *a, int64_t sar, int64_t sac, const float *b, i
         } else if (sbr == 1 && sac == 1) {
             /* b's columns are contiguous (attention scores over a cached K):
              * one vectorised dot product per column. */
-            for (int64_t j = 0; j < n; j++) {
-                const float *bj = b + j * sbc;
-                float t = 0.0f;
-#pragma omp simd reduction(+ : t)
-                for (int64_t kk = 0; kk < k; kk++)
-                    t += ai[kk] * bj[kk];
-                ci[j] = t;
-            }
+            for (int64_t j = 0; j < n; j++)
+                ci[j] = dot(ai, b + j * sbc, k);
         } else {
             for (int64_t j = 0; j < n; j++) {
                 float t = 0.0f;
@@ -494,14 +497,8 @@ static void mv_omp(const float *a, const float *b, int64_t ldb, bool b_rows_are_
             }
             c[4 * q] = s0, c[4 * q + 1] = s1, c[4 * q + 2] = s2, c[4 * q + 3] = s3;
         }
-        for (int64_t j = 4 * quads; j < n; j++) {
-            const float *bj = b + j * ldb;
-            float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-            for (int64_t kk = 0; kk < k; kk++)
-                s += bj[kk] * a[kk];
-            c[j] = s;
-        }
+        for (int64_t j = 4 * quads; j < n; j++)
+            c[j] = dot(a, b + j * ldb, k);
         return;
     }
     enum { COLS = 512 }; /* a block of outputs stays in L1 while b's rows stream by */
