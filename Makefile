@@ -1,9 +1,16 @@
-# moonkaas — build the library, the Lua module and the tests.
+# moonkaas — build the library, the Lua module, the CUDA plugin and the tests.
 #
-#   make            build/libmoonkaas.{so,a}, build/moonkaas/core.so (Lua module), C tests
+#   make            build/libmoonkaas.{so,a}, build/moonkaas/core.so (Lua module), C tests,
+#                   and where nvcc is found the CUDA plugin build/libmoonkaas_cuda.so (with
+#                   a copy in build/moonkaas/, beside core.so). The core links no CUDA
+#                   library: it opens the plugin (core/plugin.c) the first time CUDA is asked for.
 #   make test       every C test and busted spec; ends with "N passed, N failed, N skipped"
 #   make asan       the same under AddressSanitizer + UBSan (build-asan/)
-#   make CUDA=1     force the CUDA device (default: built when nvcc is found); CUDA=0 turns it off
+#   make valgrind   the C tests and CPU specs under valgrind (build-valgrind/)
+#   make plugin     only the CUDA plugin (and its copy beside core.so)
+#   make module     only the Lua module and the plugin beside it (what luarocks builds)
+#   make CUDA=1     force the CUDA plugin (default: built when nvcc is found); CUDA=0: no plugin
+#   make CUDNN=0    the plugin without cuDNN (default: with it when cudnn_graph.h is found)
 
 BUILD    ?= build
 CC       ?= gcc
@@ -14,31 +21,27 @@ CFLAGS   ?= $(OPT) $(ARCH) -g
 SAN      ?=
 CFLAGS   += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fPIC -fopenmp \
             -fvisibility=hidden -DMK_BUILDING -Icore $(SAN)
-LDLIBS   += -lopenblas -lm -fopenmp $(SAN)
+# -ldl -pthread: plugin.c opens the CUDA plugin once (dlopen, pthread_once)
+LDLIBS   += -lopenblas -lm -fopenmp -ldl -pthread $(SAN)
 LUA      ?= lua5.4
 LUA_INCDIR ?= $(firstword $(wildcard /usr/include/lua5.4) /usr/include)
 LUA_LIBDIR ?= $(LUA_INCDIR)/../../lib/x86_64-linux-gnu
 BLAS_INC ?= $(firstword $(wildcard /usr/include/x86_64-linux-gnu/openblas-pthread) /usr/include/x86_64-linux-gnu)
 CFLAGS   += -I$(BLAS_INC)
 
+# ---- the CUDA plugin's toolchain ------------------------------------------------
 NVCC     ?= $(firstword $(wildcard /usr/local/cuda/bin/nvcc) $(shell command -v nvcc 2>/dev/null))
 CUDA     ?= $(if $(NVCC),1,0)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 CUDA_ARCH ?= sm_90
 CUDNN_INC ?= $(firstword $(dir $(wildcard /usr/include/x86_64-linux-gnu/cudnn_graph.h $(CUDA_HOME)/include/cudnn_graph.h /usr/include/cudnn_graph.h)))
+CUDNN    ?= $(if $(CUDNN_INC),1,0)
+ifneq ($(CUDA),1)
+CUDNN    := 0
+endif
 
 CORE_SRC := $(wildcard core/*.c)
 CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/%.o)
-CU_SRC   := $(wildcard kernels/*.cu)
-CU_OBJ   :=
-ifeq ($(CUDA),1)
-CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/%.o)
-CFLAGS   += -DMK_WITH_CUDA -I$(CUDA_HOME)/include $(if $(CUDNN_INC),-I$(CUDNN_INC))
-LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublas -lcudnn -lstdc++
-NVFLAGS  ?= -O3 -g -lineinfo -std=c++17 -Xcompiler -fPIC,-fvisibility=hidden -DMK_BUILDING \
-            -DMK_WITH_CUDA -Icore $(if $(CUDNN_INC),-I$(CUDNN_INC)) \
-            $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(subst sm_,,$(a)),code=$(a))
-endif
 
 LUA_SRC  := $(wildcard lua/*.c)
 LUA_OBJ  := $(LUA_SRC:%.c=$(BUILD)/%.o)
@@ -49,25 +52,59 @@ LIB_SO   := $(BUILD)/libmoonkaas.so
 LIB_A    := $(BUILD)/libmoonkaas.a
 LUA_MOD  := $(BUILD)/moonkaas/core.so
 
-all: $(LIB_SO) $(LIB_A) $(if $(LUA_SRC),$(LUA_MOD)) $(CTESTS)
+# The plugin: kernels/*.cu (cudnn_fuser.cu only with CUDNN=1) and its own copies of the
+# core's error.c and tensor.c (mk_fail, the string builder, dtypes, mk_walk, mk_fault).
+PLUGIN_NAME := libmoonkaas_cuda.so
+PLUGIN   :=
+PLUGIN_LUA :=
+CU_OBJ   :=
+ifeq ($(CUDA),1)
+PLUGIN   := $(BUILD)/$(PLUGIN_NAME)
+PLUGIN_LUA := $(BUILD)/moonkaas/$(PLUGIN_NAME)
+CU_SRC   := $(filter-out $(if $(filter 1,$(CUDNN)),,kernels/cudnn_fuser.cu),$(wildcard kernels/*.cu))
+CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/%.o)
+PLUGIN_CORE_OBJ := $(BUILD)/plugin/core/error.o $(BUILD)/plugin/core/tensor.o
+# The core knows only that a plugin was built (mk_build_info), never a CUDA header.
+CFLAGS   += -DMK_WITH_CUDA $(if $(filter 1,$(CUDNN)),-DMK_WITH_CUDNN)
+NVFLAGS  ?= -O3 -g -lineinfo
+NVFLAGS  += -std=c++17 -Xcompiler -fPIC,-fvisibility=hidden -DMK_BUILDING -DMK_WITH_CUDA -Icore \
+            $(if $(filter 1,$(CUDNN)),-DMK_WITH_CUDNN $(if $(CUDNN_INC),-I$(CUDNN_INC))) \
+            $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(subst sm_,,$(a)),code=$(a))
+# Only the entry is exported (kernels/plugin.map); -Bsymbolic binds the plugin's own
+# references to its own copies; -z defs: everything it needs is in it or its libraries.
+PLUGIN_LDFLAGS := -shared -Wl,--version-script=kernels/plugin.map -Wl,-Bsymbolic -Wl,-z,defs \
+            -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64
+PLUGIN_LIBS := -lcublas -lcudart $(if $(filter 1,$(CUDNN)),-lcudnn) -lstdc++ -lm $(SAN)
+endif
 
-$(BUILD)/core/%.o: core/%.c core/moonkaas.h core/internal.h
+all: $(LIB_SO) $(LIB_A) $(if $(LUA_SRC),$(LUA_MOD)) $(CTESTS) $(PLUGIN) $(PLUGIN_LUA)
+module: $(LUA_MOD) $(PLUGIN_LUA)
+plugin: $(PLUGIN) $(PLUGIN_LUA)
+
+# Every object depends on what the build includes (CUDA, CUDNN): switching CUDA=0/1 or
+# CUDNN=0/1 in one build tree rebuilds what it changes, never a mix of both.
+CONFIG   := CUDA=$(CUDA) CUDNN=$(CUDNN)
+STAMP    := $(BUILD)/.config
+ifeq ($(filter clean,$(MAKECMDGOALS)),)
+$(shell mkdir -p $(BUILD) && { [ "$$(cat $(STAMP) 2>/dev/null)" = '$(CONFIG)' ] || printf '%s\n' '$(CONFIG)' > $(STAMP); })
+endif
+
+$(BUILD)/core/%.o: core/%.c core/moonkaas.h core/internal.h $(STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/kernels/%.o: kernels/%.cu core/moonkaas.h core/internal.h $(wildcard kernels/*.h)
-	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -c $< -o $@
+# The build directory is the plugin's last-but-one place to look (core/plugin.c).
+$(BUILD)/core/plugin.o: CFLAGS += -DMK_CUDA_PLUGIN_DIR='"$(abspath $(BUILD))"'
 
-$(BUILD)/lua/%.o: lua/%.c core/moonkaas.h
+$(BUILD)/lua/%.o: lua/%.c core/moonkaas.h $(STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -I$(LUA_INCDIR) -I$(LUA_INCDIR)/../x86_64-linux-gnu -c $< -o $@
 
-$(LIB_A): $(CORE_OBJ) $(CU_OBJ)
+$(LIB_A): $(CORE_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(LIB_SO): $(CORE_OBJ) $(CU_OBJ)
+$(LIB_SO): $(CORE_OBJ)
 	$(CC) -shared -o $@ $^ $(LDLIBS)
 
 # The Lua module links the static library: one self-contained core.so.
@@ -84,19 +121,39 @@ $(BUILD)/tests/lua_host_test: spec/c/lua_host_test.c spec/c/test.h $(LUA_OBJ) $(
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -I$(LUA_INCDIR) -I$(LUA_INCDIR)/../x86_64-linux-gnu -Ispec/c -o $@ $< $(LUA_OBJ) $(LIB_A) -L$(LUA_LIBDIR) -l$(LUA) $(LDLIBS)
 
-# luarocks (build type make) calls `make` then `make install` with these set.
+# ---- the CUDA plugin ------------------------------------------------------------------
+ifeq ($(CUDA),1)
+$(BUILD)/kernels/%.o: kernels/%.cu core/moonkaas.h core/internal.h $(wildcard kernels/*.h) $(STAMP)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+$(BUILD)/plugin/core/%.o: core/%.c core/moonkaas.h core/internal.h $(STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(PLUGIN): $(CU_OBJ) $(PLUGIN_CORE_OBJ) kernels/plugin.map
+	$(CC) $(PLUGIN_LDFLAGS) -o $@ $(CU_OBJ) $(PLUGIN_CORE_OBJ) $(PLUGIN_LIBS)
+
+# A copy beside the Lua module: the core looks in its own file's directory first.
+$(PLUGIN_LUA): $(PLUGIN)
+	@mkdir -p $(dir $@)
+	cp -f $< $@
+endif
+
+# luarocks (build type make) calls `make module` then `make install` with these set.
 PREFIX      ?= /usr/local
 INST_LIBDIR ?= $(PREFIX)/lib/lua/5.4
 INST_LUADIR ?= $(PREFIX)/share/lua/5.4
-install: $(LUA_MOD)
+install: module
 	install -d $(INST_LIBDIR)/moonkaas $(INST_LUADIR)/moonkaas
 	install -m 755 $(LUA_MOD) $(INST_LIBDIR)/moonkaas/core.so
+	$(if $(PLUGIN_LUA),install -m 755 $(PLUGIN_LUA) $(INST_LIBDIR)/moonkaas/$(PLUGIN_NAME))
 	cd lua && find moonkaas -name '*.lua' -exec install -D -m 644 {} $(INST_LUADIR)/{} \;
 
 test: all
 	@sh spec/run_tests.sh $(BUILD)
 
-# The whole suite under AddressSanitizer + UBSan (a separate build tree).
+# The whole suite under AddressSanitizer + UBSan (a separate build tree, its own plugin).
 asan:
 	$(MAKE) BUILD=build-asan OPT="-O1 -fno-omit-frame-pointer" \
 	    SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined" all
@@ -109,6 +166,6 @@ valgrind:
 	sh spec/valgrind.sh build-valgrind
 
 clean:
-	rm -rf build build-asan build-valgrind
+	rm -rf build build-asan build-valgrind build-nocudnn
 
-.PHONY: all test asan valgrind clean install
+.PHONY: all module plugin test asan valgrind clean install

@@ -25,8 +25,9 @@ external_dependencies = {
 }
 build = {
     type = "make",
-    -- only the module: the C tests and the embedding example are not installed
-    build_target = "build/moonkaas/core.so",
+    -- the module and, where nvcc is found, the CUDA plugin beside it (core/plugin.c
+    -- looks in the module's directory first); the C tests are not installed
+    build_target = "module",
     build_variables = {
         LUA_INCDIR = "$(LUA_INCDIR)",
         -- luarocks' CFLAGS (-O2 -fPIC) go to OPT: the Makefile appends its own

@@ -1,25 +1,25 @@
 /*
- * cpu.c — the CPU device: one kernel per op family (plain C, OpenMP, CBLAS)
- * and the device table model.c evaluates through.
+ * cpu.c — the CPU device: one kernel per kernel family (plain C, OpenMP,
+ * CBLAS) and the device table model.c evaluates through.
  *
  * Every kernel receives a launch bound once at compile time (addresses are
- * final). `out` is always contiguous (row-major). Inputs are contiguous too,
- * except:
- *   - the right operand of SumNode, HadamardProductNode and
- *     ComplexHadamardProductNode arrives already broadcast to `out`'s shape,
- *     with stride 0 on the broadcast dims;
- *   - PermuteNode's input arrives viewed with the permuted shape and strides;
- *   - MatMulNode's operands may be strided: per matrix either column stride 1
+ * final) whose dtypes model.c has checked against the table at the bottom.
+ * `out` is always contiguous (row-major). Inputs are contiguous too, except:
+ *   - the second operand of a broadcasting op arrives already broadcast to
+ *     `out`'s shape, with stride 0 on the broadcast dims;
+ *   - a copy that may be a view (permute) gets its input viewed with the
+ *     output's shape and the layout's strides;
+ *   - matrix products take strided operands: per matrix either column stride 1
  *     (normal) or row stride 1 (transposed), plus any batch stride.
  * The elementwise kernels walk strides for every operand anyway, so a strided
- * left operand costs speed, never correctness.
+ * first operand costs speed, never correctness.
  *
  * Kernels allocate nothing. Small launches stay on one thread: llama2 runs one
  * token at a time, and an OpenMP fork costs more than a 288-element add.
  *
- * Sections: helpers · elementwise (sum, hadamard, relu, silu, complex_mul) ·
- * data movement (permute, replace_slice, embedding) · matmul · row reductions
- * (rms_norm, sliced_softmax, argmax) · the device table.
+ * Sections: helpers · pointwise expressions · complex_mul · data movement
+ * (permute, replace_slice, embedding) · matmul · row reductions (rms_norm,
+ * sliced_softmax, argmax) · the device table.
  *
  * Tested through the public API against double-precision loops:
  *   make build/tests/ops_test && ./build/tests/ops_test
@@ -40,79 +40,31 @@
 
 static int64_t read_i64(const mk_tensor *t) { return *(const int64_t *)t->data; }
 
-static int bad_dtype(const mk_launch *l, mk_error **err) {
-    return mk_fail(err, MK_ERR_INTERNAL, 0, 0, "cpu.c: %s $%d: no CPU kernel for dtype %s",
-                   l->node->op->name, l->node->id, mk_dtype_name(l->out.dtype));
-}
-
-/*
- * A walk over the elements of a contiguous output reading up to two strided
- * operands. Size-1 dims are dropped and neighbouring dims merged wherever both
- * operands are linear across them, so out [4, 8, 16] = a [4, 8, 16] + b [1, 1, 16]
- * (b strides 0, 0, 1) walks as [32, 16] with b strides [0, 1], and the
- * innermost dim is as long as possible.
- */
-typedef struct {
-    int rank; /* >= 1 */
-    int64_t shape[MK_MAX_RANK];
-    int64_t sa[MK_MAX_RANK]; /* strides of operand a, in elements */
-    int64_t sb[MK_MAX_RANK]; /* strides of operand b */
-} cpu_walk;
-
-static void walk_init(cpu_walk *w, int rank, const int64_t *shape, const int64_t *sa,
-                      const int64_t *sb) {
-    w->rank = 0;
-    for (int d = 0; d < rank; d++) {
-        if (shape[d] == 1)
-            continue;
-        int r = w->rank;
-        if (r > 0 && w->sa[r - 1] == sa[d] * shape[d] && w->sb[r - 1] == sb[d] * shape[d]) {
-            w->shape[r - 1] *= shape[d];
-            w->sa[r - 1] = sa[d];
-            w->sb[r - 1] = sb[d];
-        } else {
-            w->shape[r] = shape[d];
-            w->sa[r] = sa[d];
-            w->sb[r] = sb[d];
-            w->rank++;
-        }
-    }
-    if (w->rank == 0) {
-        w->rank = 1;
-        w->shape[0] = 1;
-        w->sa[0] = w->sb[0] = 0;
-    }
-}
-
-/* Element offsets of a and b at the start of row `row` (all dims but the last). */
-static inline void walk_row(const cpu_walk *w, int64_t row, int64_t *oa, int64_t *ob) {
-    int64_t a = 0, b = 0;
-    for (int d = w->rank - 2; d >= 0; d--) {
-        int64_t i = row % w->shape[d];
-        row /= w->shape[d];
-        a += i * w->sa[d];
-        b += i * w->sb[d];
-    }
-    *oa = a;
-    *ob = b;
+/* The walk over out (contiguous) reading a and b with their strides. */
+static void walk_two(mk_walk *w, int rank, const int64_t *shape, const mk_tensor *a,
+                     const mk_tensor *b) {
+    const int64_t *strides[2] = {a->stride, b->stride};
+    mk_walk_init(w, rank, shape, 2, strides);
 }
 
 /*
  * One stretch of the innermost dim: n output elements at o (contiguous), reading
  * a and b with strides sa and sb (elements). ctx carries what a kernel needs
- * besides (complex_mul's strides of the (re, im) axis).
+ * besides (the expression, complex_mul's strides of the (re, im) axis).
  */
 typedef void (*cpu_row_fn)(const void *ctx, char *o, const char *a, int64_t sa, const char *b,
                            int64_t sb, int64_t n);
 
 /*
- * Runs fn over the whole walk in tiles of at most CPU_TILE elements, in
- * parallel when there are at least CPU_PAR_MIN. out_step is the bytes one
- * walk element takes in the output, in_size the bytes of one input element.
+ * Runs fn over the whole walk (operands a, b) in tiles of at most CPU_TILE
+ * elements, in parallel when there are at least CPU_PAR_MIN. out_step is the
+ * bytes one walk element takes in the output, in_size the bytes of one input
+ * element.
  */
-static void walk_run(const cpu_walk *w, size_t out_step, size_t in_size, char *o, const char *a,
+static void walk_run(const mk_walk *w, size_t out_step, size_t in_size, char *o, const char *a,
                      const char *b, cpu_row_fn fn, const void *ctx) {
-    int64_t n = w->shape[w->rank - 1], sa = w->sa[w->rank - 1], sb = w->sb[w->rank - 1];
+    int last = w->rank - 1;
+    int64_t n = w->shape[last], sa = w->stride[0][last], sb = w->stride[1][last];
     int64_t total = 1;
     for (int d = 0; d < w->rank; d++)
         total *= w->shape[d];
@@ -122,111 +74,111 @@ static void walk_run(const cpu_walk *w, size_t out_step, size_t in_size, char *o
     for (int64_t t = 0; t < tiles; t++) {
         int64_t row = t / per_row, c0 = (t % per_row) * CPU_TILE;
         int64_t len = n - c0 < CPU_TILE ? n - c0 : CPU_TILE;
-        int64_t oa, ob;
-        walk_row(w, row, &oa, &ob);
+        int64_t oa = mk_walk_row_offset(w, 0, row), ob = mk_walk_row_offset(w, 1, row);
         fn(ctx, o + (size_t)(row * n + c0) * out_step, a + (size_t)(oa + c0 * sa) * in_size, sa,
            b + (size_t)(ob + c0 * sb) * in_size, sb, len);
     }
 }
 
-/* ---- elementwise: sum, hadamard, relu, silu ----------------------------- */
+/* ---- pointwise expressions ----------------------------------------------- */
 
-/* Rows of a binary op; the common cases (b contiguous, b one broadcast value)
- * get loops the compiler vectorises. */
-#define CPU_BINARY_ROW(NAME, T, OP)                                                          \
+/*
+ * A pointwise op's program (expr.c) over one stretch, in chunks of CPU_CHUNK
+ * elements: a and b are read in place where they are contiguous (else
+ * gathered), each instruction is one vectorisable loop over the chunk into a
+ * register of the stack, and the last one writes the output directly. So
+ * `a + b` is a single loop, and SiLU costs five short passes over L1. Float32
+ * evaluates one rounding per operation (the build does not contract), which
+ * keeps SiLU bit-identical to run.c's; int64 + - * wrap around.
+ */
+#define CPU_CHUNK 256
+
+static inline float f32_gt(float x, float y) { return x > y ? 1.0f : 0.0f; }
+static inline float f32_lt(float x, float y) { return x < y ? 1.0f : 0.0f; }
+static inline int64_t i64_add(int64_t x, int64_t y) { return (int64_t)((uint64_t)x + (uint64_t)y); }
+static inline int64_t i64_sub(int64_t x, int64_t y) { return (int64_t)((uint64_t)x - (uint64_t)y); }
+static inline int64_t i64_mul(int64_t x, int64_t y) { return (int64_t)((uint64_t)x * (uint64_t)y); }
+static inline int64_t i64_neg(int64_t x) { return (int64_t)(0 - (uint64_t)x); }
+
+#define CPU_LOOP(EXPR)                                                                       \
+    do {                                                                                     \
+        _Pragma("omp simd")                                                                  \
+        for (int64_t i = 0; i < len; i++)                                                    \
+            d[i] = (EXPR);                                                                   \
+    } while (0)
+
+/* Defines NAME: the program over n elements of type T (see above). Integer
+ * programs never hold / or functions (the op rules refuse those dtypes). */
+#define CPU_PROGRAM(NAME, T, NEG, ADD, SUB, MUL, DIV, EXP, TANH, SQRT, GT, LT)               \
     static void NAME(const void *ctx, char *o_, const char *a_, int64_t sa, const char *b_, \
                      int64_t sb, int64_t n) {                                                \
-        (void)ctx;                                                                           \
-        T *restrict o = (T *)o_;                                                             \
-        const T *a = (const T *)a_, *b = (const T *)b_;                                      \
-        if (sa == 1 && sb == 1) {                                                            \
-            _Pragma("omp simd")                                                              \
-            for (int64_t i = 0; i < n; i++)                                                  \
-                o[i] = a[i] OP b[i];                                                         \
-        } else if (sa == 1 && sb == 0) {                                                     \
-            T v = b[0];                                                                      \
-            _Pragma("omp simd")                                                              \
-            for (int64_t i = 0; i < n; i++)                                                  \
-                o[i] = a[i] OP v;                                                            \
-        } else {                                                                             \
-            for (int64_t i = 0; i < n; i++)                                                  \
-                o[i] = a[i * sa] OP b[i * sb];                                               \
-        }                                                                                    \
-    }
-
-CPU_BINARY_ROW(row_add_f32, float, +)
-CPU_BINARY_ROW(row_add_i64, int64_t, +)
-CPU_BINARY_ROW(row_mul_f32, float, *)
-CPU_BINARY_ROW(row_mul_i64, int64_t, *)
-
-/* out = a OP b; out, a: [...]; b: broadcast to out's shape (strides 0 where broadcast). */
-static int binary(const mk_launch *l, cpu_row_fn f32, cpu_row_fn i64, mk_error **err) {
-    const mk_tensor *a = &l->in[0], *b = &l->in[1];
-    cpu_row_fn fn = l->out.dtype == MK_DTYPE_FLOAT32 ? f32
-                    : l->out.dtype == MK_DTYPE_INT64 ? i64
-                                                     : NULL;
-    if (!fn)
-        return bad_dtype(l, err);
-    cpu_walk w;
-    walk_init(&w, l->out.rank, l->out.shape, a->stride, b->stride);
-    size_t es = mk_dtype_size(l->out.dtype);
-    walk_run(&w, es, es, l->out.data, a->data, b->data, fn, NULL);
-    return 0;
-}
-
-int mk_cpu_sum(const mk_launch *l, mk_error **err) {
-    return binary(l, row_add_f32, row_add_i64, err);
-}
-
-int mk_cpu_hadamard(const mk_launch *l, mk_error **err) {
-    return binary(l, row_mul_f32, row_mul_i64, err);
-}
-
-#define CPU_UNARY_ROW(NAME, T, EXPR)                                                         \
-    static void NAME(const void *ctx, char *o_, const char *a_, int64_t sa, const char *b_, \
-                     int64_t sb, int64_t n) {                                                \
-        (void)ctx, (void)b_, (void)sb;                                                       \
-        T *restrict o = (T *)o_;                                                             \
-        const T *a = (const T *)a_;                                                          \
-        if (sa == 1) {                                                                       \
-            _Pragma("omp simd")                                                              \
-            for (int64_t i = 0; i < n; i++) {                                                \
-                T x = a[i];                                                                  \
-                o[i] = (EXPR);                                                               \
-            }                                                                                \
-        } else {                                                                             \
-            for (int64_t i = 0; i < n; i++) {                                                \
-                T x = a[i * sa];                                                             \
-                o[i] = (EXPR);                                                               \
+        const mk_expr *e = ctx;                                                              \
+        T regs[MK_EXPR_MAX][CPU_CHUNK], ga[CPU_CHUNK], gb[CPU_CHUNK];                        \
+        for (int64_t i0 = 0; i0 < n; i0 += CPU_CHUNK) {                                      \
+            int64_t len = n - i0 < CPU_CHUNK ? n - i0 : CPU_CHUNK;                           \
+            const T *r[2 + MK_EXPR_MAX];                                                     \
+            const T *a = (const T *)a_ + i0 * sa, *b = (const T *)b_ + i0 * sb;              \
+            if (sa != 1)                                                                     \
+                for (int64_t i = 0; i < len; i++)                                            \
+                    ga[i] = a[i * sa];                                                       \
+            r[0] = sa == 1 ? a : ga;                                                         \
+            if (e->n_in > 1 && sb != 1)                                                      \
+                for (int64_t i = 0; i < len; i++)                                            \
+                    gb[i] = b[i * sb];                                                       \
+            r[1] = sb == 1 ? b : gb;                                                         \
+            for (int j = 0; j < e->n; j++) {                                                 \
+                const mk_xinsn *in = &e->insn[j];                                            \
+                T *restrict d = j == e->n - 1 ? (T *)o_ + i0 : regs[j];                      \
+                const T *x = r[in->x], *y = r[in->y], *z = r[in->z];                         \
+                switch ((mk_xop)in->op) {                                                    \
+                case MK_X_CONST: CPU_LOOP((T)in->k); break;                                  \
+                case MK_X_NEG: CPU_LOOP(NEG(x[i])); break;                                   \
+                case MK_X_EXP: CPU_LOOP(EXP(x[i])); break;                                   \
+                case MK_X_TANH: CPU_LOOP(TANH(x[i])); break;                                 \
+                case MK_X_SQRT: CPU_LOOP(SQRT(x[i])); break;                                 \
+                case MK_X_ADD: CPU_LOOP(ADD(x[i], y[i])); break;                             \
+                case MK_X_SUB: CPU_LOOP(SUB(x[i], y[i])); break;                             \
+                case MK_X_MUL: CPU_LOOP(MUL(x[i], y[i])); break;                             \
+                case MK_X_DIV: CPU_LOOP(DIV(x[i], y[i])); break;                             \
+                case MK_X_GT: CPU_LOOP(GT(x[i], y[i])); break;                               \
+                case MK_X_LT: CPU_LOOP(LT(x[i], y[i])); break;                               \
+                case MK_X_SELECT: CPU_LOOP(x[i] ? y[i] : z[i]); break;                       \
+                }                                                                            \
+                r[2 + j] = d;                                                                \
             }                                                                                \
         }                                                                                    \
     }
 
-CPU_UNARY_ROW(row_relu_f32, float, x > 0.0f ? x : 0.0f)
-CPU_UNARY_ROW(row_relu_i64, int64_t, x > 0 ? x : 0)
-/* As run.c's SwiGLU writes it (x * (1 / (1 + e^-x))), so llama2 outputs match it bit for bit. */
-CPU_UNARY_ROW(row_silu_f32, float, x * (1.0f / (1.0f + expf(-x))))
+#define F_NEG(x) (-(x))
+#define F_ADD(x, y) ((x) + (y))
+#define F_SUB(x, y) ((x) - (y))
+#define F_MUL(x, y) ((x) * (y))
+#define F_DIV(x, y) ((x) / (y))
+#define I_NONE(x) (x)
+#define I_NONE2(x, y) (x)
+#define I_GT(x, y) ((int64_t)((x) > (y)))
+#define I_LT(x, y) ((int64_t)((x) < (y)))
+CPU_PROGRAM(program_f32, float, F_NEG, F_ADD, F_SUB, F_MUL, F_DIV, expf, tanhf, sqrtf, f32_gt,
+            f32_lt)
+CPU_PROGRAM(program_i64, int64_t, i64_neg, i64_add, i64_sub, i64_mul, I_NONE2, I_NONE, I_NONE,
+            I_NONE, I_GT, I_LT)
 
-/* out = f(x); out, x: [...]. */
-static int unary(const mk_launch *l, cpu_row_fn f32, cpu_row_fn i64, mk_error **err) {
-    const mk_tensor *x = &l->in[0];
-    cpu_row_fn fn = l->out.dtype == MK_DTYPE_FLOAT32 ? f32
-                    : l->out.dtype == MK_DTYPE_INT64 ? i64
-                                                     : NULL;
-    if (!fn)
-        return bad_dtype(l, err);
-    cpu_walk w;
-    walk_init(&w, l->out.rank, l->out.shape, x->stride, x->stride);
+/* The program runner of each dtype the device evaluates expressions in. */
+static const cpu_row_fn programs[MK_DTYPE_COUNT] = {
+    [MK_DTYPE_FLOAT32] = program_f32,
+    [MK_DTYPE_INT64] = program_i64,
+};
+
+/* out = the op's expression of a (and b, broadcast); the table below lists the dtypes. */
+static int cpu_pointwise(const mk_launch *l, mk_error **err) {
+    (void)err;
+    const mk_tensor *a = &l->in[0], *b = l->n_in > 1 ? &l->in[1] : &l->in[0];
+    mk_walk w;
+    walk_two(&w, l->out.rank, l->out.shape, a, b);
     size_t es = mk_dtype_size(l->out.dtype);
-    walk_run(&w, es, es, l->out.data, x->data, x->data, fn, NULL);
+    walk_run(&w, es, es, l->out.data, a->data, b->data, programs[l->out.dtype], l->expr);
     return 0;
 }
-
-int mk_cpu_relu(const mk_launch *l, mk_error **err) {
-    return unary(l, row_relu_f32, row_relu_i64, err);
-}
-
-int mk_cpu_silu(const mk_launch *l, mk_error **err) { return unary(l, row_silu_f32, NULL, err); }
 
 /* ---- elementwise: complex_mul ------------------------------------------- */
 
@@ -250,16 +202,14 @@ static void row_complex_mul(const void *ctx_, char *o_, const char *a_, int64_t 
 }
 
 /* out [..., 2] = a [..., 2] * b [..., 2] as complex numbers (re, im); b broadcast. */
-int mk_cpu_complex_mul(const mk_launch *l, mk_error **err) {
+static int cpu_complex_mul(const mk_launch *l, mk_error **err) {
     const mk_tensor *a = &l->in[0], *b = &l->in[1];
     int r = l->out.rank;
-    if (l->out.dtype != MK_DTYPE_FLOAT32)
-        return bad_dtype(l, err);
     if (r < 1 || l->out.shape[r - 1] != 2)
-        return MK_INTERNAL(err, "ComplexHadamardProductNode: last axis is not 2");
+        return MK_INTERNAL(err, "complex product: the last axis is not 2");
     /* Walk the complex numbers: every dim but the last. */
-    cpu_walk w;
-    walk_init(&w, r - 1, l->out.shape, a->stride, b->stride);
+    mk_walk w;
+    walk_two(&w, r - 1, l->out.shape, a, b);
     cpu_complex_ctx ctx = {a->stride[r - 1], b->stride[r - 1]};
     walk_run(&w, 2 * sizeof(float), sizeof(float), l->out.data, a->data, b->data,
              row_complex_mul, &ctx);
@@ -281,6 +231,8 @@ int mk_cpu_complex_mul(const mk_launch *l, mk_error **err) {
                 o[i] = a[i * sa];                                                            \
     }
 
+CPU_COPY_ROW(row_copy_8, uint8_t)
+CPU_COPY_ROW(row_copy_16, uint16_t)
 CPU_COPY_ROW(row_copy_32, uint32_t)
 CPU_COPY_ROW(row_copy_64, uint64_t)
 
@@ -291,54 +243,63 @@ CPU_COPY_ROW(row_copy_64, uint64_t)
  */
 #define CPU_BLOCK 32
 
-static void transpose(const cpu_walk *w, size_t es, char *o, const char *x) {
-    int r = w->rank;
-    int64_t R = w->shape[r - 2], C = w->shape[r - 1], s = w->sa[r - 1];
-    int64_t batches = 1;
-    for (int d = 0; d < r - 2; d++)
-        batches *= w->shape[d];
-    int64_t br = (R + CPU_BLOCK - 1) / CPU_BLOCK, bc = (C + CPU_BLOCK - 1) / CPU_BLOCK;
-    int64_t blocks = batches * br * bc;
-#pragma omp parallel for schedule(static) if (batches * R * C >= CPU_PAR_MIN)
-    for (int64_t t = 0; t < blocks; t++) {
-        int64_t bt = t / (br * bc), i0 = (t / bc % br) * CPU_BLOCK, j0 = (t % bc) * CPU_BLOCK;
-        int64_t off = 0, rest = bt;
-        for (int d = r - 3; d >= 0; d--) {
-            off += rest % w->shape[d] * w->sa[d];
-            rest /= w->shape[d];
-        }
-        int64_t i1 = i0 + CPU_BLOCK < R ? i0 + CPU_BLOCK : R;
-        int64_t j1 = j0 + CPU_BLOCK < C ? j0 + CPU_BLOCK : C;
-        if (es == 4) {
-            uint32_t *ob = (uint32_t *)o + bt * R * C;
-            const uint32_t *xb = (const uint32_t *)x + off;
-            for (int64_t j = j0; j < j1; j++)
-                for (int64_t i = i0; i < i1; i++)
-                    ob[i * C + j] = xb[i + j * s];
-        } else {
-            uint64_t *ob = (uint64_t *)o + bt * R * C;
-            const uint64_t *xb = (const uint64_t *)x + off;
-            for (int64_t j = j0; j < j1; j++)
-                for (int64_t i = i0; i < i1; i++)
-                    ob[i * C + j] = xb[i + j * s];
-        }
+typedef void (*cpu_transpose_fn)(const mk_walk *w, char *o, const char *x);
+
+#define CPU_TRANSPOSE(NAME, T)                                                               \
+    static void NAME(const mk_walk *w, char *o, const char *x) {                             \
+        int r = w->rank;                                                                     \
+        int64_t R = w->shape[r - 2], C = w->shape[r - 1], s = w->stride[0][r - 1];           \
+        int64_t batches = 1;                                                                 \
+        for (int d = 0; d < r - 2; d++)                                                      \
+            batches *= w->shape[d];                                                          \
+        int64_t br = (R + CPU_BLOCK - 1) / CPU_BLOCK, bc = (C + CPU_BLOCK - 1) / CPU_BLOCK;  \
+        int64_t blocks = batches * br * bc;                                                  \
+        _Pragma("omp parallel for schedule(static) if (batches * R * C >= CPU_PAR_MIN)")     \
+        for (int64_t t = 0; t < blocks; t++) {                                               \
+            int64_t bt = t / (br * bc), i0 = (t / bc % br) * CPU_BLOCK;                      \
+            int64_t j0 = (t % bc) * CPU_BLOCK, off = 0, rest = bt;                           \
+            for (int d = r - 3; d >= 0; d--) {                                               \
+                off += rest % w->shape[d] * w->stride[0][d];                                 \
+                rest /= w->shape[d];                                                         \
+            }                                                                                \
+            int64_t i1 = i0 + CPU_BLOCK < R ? i0 + CPU_BLOCK : R;                            \
+            int64_t j1 = j0 + CPU_BLOCK < C ? j0 + CPU_BLOCK : C;                            \
+            T *ob = (T *)o + bt * R * C;                                                     \
+            const T *xb = (const T *)x + off;                                                \
+            for (int64_t j = j0; j < j1; j++)                                                \
+                for (int64_t i = i0; i < i1; i++)                                            \
+                    ob[i * C + j] = xb[i + j * s];                                           \
+        }                                                                                    \
     }
-}
+
+CPU_TRANSPOSE(transpose_8, uint8_t)
+CPU_TRANSPOSE(transpose_16, uint16_t)
+CPU_TRANSPOSE(transpose_32, uint32_t)
+CPU_TRANSPOSE(transpose_64, uint64_t)
+
+/* A permute moves elements of any dtype: only their size matters (1, 2, 4, 8 bytes). */
+static const struct {
+    cpu_row_fn copy;
+    cpu_transpose_fn transpose;
+} movers[4] = {{row_copy_8, transpose_8},
+               {row_copy_16, transpose_16},
+               {row_copy_32, transpose_32},
+               {row_copy_64, transpose_64}};
 
 /* out [...] (contiguous) = x viewed with the permuted shape and strides. */
-int mk_cpu_permute(const mk_launch *l, mk_error **err) {
+static int cpu_permute(const mk_launch *l, mk_error **err) {
     const mk_tensor *x = &l->in[0];
     size_t es = mk_dtype_size(l->out.dtype);
-    cpu_walk w;
-    walk_init(&w, l->out.rank, l->out.shape, x->stride, x->stride);
+    int size_log2 = es ? __builtin_ctzll(es) : 0;
+    if (es > 8 || es != (size_t)1 << size_log2)
+        return MK_INTERNAL(err, "permute: an element size other than 1, 2, 4 or 8 bytes");
+    mk_walk w;
+    walk_two(&w, l->out.rank, l->out.shape, x, x);
     int r = w.rank;
-    if (r >= 2 && w.sa[r - 2] == 1 && w.sa[r - 1] != 1) {
-        transpose(&w, es, l->out.data, x->data);
-        return 0;
-    }
-    walk_run(&w, es, es, l->out.data, x->data, x->data, es == 4 ? row_copy_32 : row_copy_64,
-             NULL);
-    (void)err;
+    if (r >= 2 && w.stride[0][r - 2] == 1 && w.stride[0][r - 1] != 1)
+        movers[size_log2].transpose(&w, l->out.data, x->data);
+    else
+        walk_run(&w, es, es, l->out.data, x->data, x->data, movers[size_log2].copy, NULL);
     return 0;
 }
 
@@ -349,26 +310,18 @@ int mk_cpu_permute(const mk_launch *l, mk_error **err) {
  * begin, end: int64 [1], read now. For a vector the rows are elements. Bad
  * bounds write nothing.
  */
-int mk_cpu_replace_slice(const mk_launch *l, mk_error **err) {
+static int cpu_replace_slice(const mk_launch *l, mk_error **err) {
     const mk_tensor *x = &l->in[0], *r = &l->in[1];
     int64_t begin = read_i64(&l->in[2]), end = read_i64(&l->in[3]);
     int64_t rows = x->shape[0], r_rows = r->shape[0];
-    int id = l->node->id;
     if (begin < 0 || end > rows || begin > end)
-        return mk_fail(err, MK_ERR_EVAL, 0, 0,
-                       "ReplaceSliceNode $%d: rows [%lld, %lld) are out of range for a first "
-                       "axis of %lld",
-                       id, (long long)begin, (long long)end, (long long)rows);
+        return mk_fault(err, l->node, MK_FAULT_RANGE, begin, end, rows);
     if (end - begin != r_rows)
-        return mk_fail(err, MK_ERR_EVAL, 0, 0,
-                       "ReplaceSliceNode $%d: rows [%lld, %lld) are %lld rows but the "
-                       "replacement has %lld",
-                       id, (long long)begin, (long long)end, (long long)(end - begin),
-                       (long long)r_rows);
+        return mk_fault(err, l->node, MK_FAULT_ROWS, begin, end, r_rows);
     size_t es = mk_dtype_size(x->dtype);
     size_t row_bytes = (size_t)(mk_tensor_numel(x) / rows) * es;
     if ((size_t)mk_tensor_numel(r) * es != (size_t)r_rows * row_bytes)
-        return MK_INTERNAL(err, "ReplaceSliceNode: replacement rows differ from x's rows");
+        return MK_INTERNAL(err, "in-place write: replacement rows differ from x's rows");
     char *o = l->out.data;
     if (o != x->data) /* not bound in place: out starts as a copy of x */
         memcpy(o, x->data, (size_t)mk_tensor_numel(x) * es);
@@ -378,15 +331,13 @@ int mk_cpu_replace_slice(const mk_launch *l, mk_error **err) {
 }
 
 /* out [n, D] = table [V, D] rows at ids [n] (int64). An id outside [0, V) writes nothing. */
-int mk_cpu_embedding(const mk_launch *l, mk_error **err) {
+static int cpu_embedding(const mk_launch *l, mk_error **err) {
     const mk_tensor *table = &l->in[0], *ids_t = &l->in[1];
     const int64_t *ids = ids_t->data;
     int64_t n = mk_tensor_numel(ids_t), V = table->shape[0];
     for (int64_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= V)
-            return mk_fail(err, MK_ERR_EVAL, 0, 0,
-                           "EmbeddingNode $%d: id %lld (position %lld) is outside [0, %lld)",
-                           l->node->id, (long long)ids[i], (long long)i, (long long)V);
+            return mk_fault(err, l->node, MK_FAULT_ID, ids[i], i, V);
     size_t row_bytes = (size_t)(mk_tensor_numel(table) / V) * mk_dtype_size(table->dtype);
     char *o = l->out.data;
     const char *t = table->data;
@@ -555,10 +506,8 @@ static void mm_one(const float *a, int64_t sar, int64_t sac, const float *b, int
  *   [k] @ [k, n] → [n];  [m, k] @ [k, n] → [m, n];  [B, m, k] @ [B, k, n] → [B, m, n].
  * a and b are strided (see blas_layout); out is contiguous.
  */
-int mk_cpu_matmul(const mk_launch *l, mk_error **err) {
+static int cpu_matmul(const mk_launch *l, mk_error **err) {
     const mk_tensor *a = &l->in[0], *b = &l->in[1];
-    if (l->out.dtype != MK_DTYPE_FLOAT32)
-        return bad_dtype(l, err);
     float *c = l->out.data;
     const float *ap = a->data, *bp = b->data;
     if (a->rank == 1 && b->rank == 2) {
@@ -587,16 +536,14 @@ int mk_cpu_matmul(const mk_launch *l, mk_error **err) {
         }
         return 0;
     }
-    return MK_INTERNAL(err, "MatMulNode: operand ranks not 1/2, 2/2 or 3/3");
+    return MK_INTERNAL(err, "matrix product: operand ranks not 1/2, 2/2 or 3/3");
 }
 
 /* ---- row reductions: rms_norm, sliced_softmax, argmax ------------------- */
 
 /* out [rows, n] = w [n] * x [rows, n] / sqrt(mean(x²) + 1e-5), as run.c's rmsnorm. */
-int mk_cpu_rms_norm(const mk_launch *l, mk_error **err) {
+static int cpu_rms_norm(const mk_launch *l, mk_error **err) {
     const mk_tensor *x = &l->in[0], *wt = &l->in[1];
-    if (l->out.dtype != MK_DTYPE_FLOAT32)
-        return bad_dtype(l, err);
     int64_t n = x->shape[x->rank - 1], rows = mk_tensor_numel(x) / n;
     const float *xp = x->data, *w = wt->data;
     float *out = l->out.data;
@@ -621,16 +568,12 @@ int mk_cpu_rms_norm(const mk_launch *l, mk_error **err) {
  * out [rows, n]: per row, softmax of x's first p elements (max subtracted, as
  * run.c), the other n - p copied; p: int64 [1], read now, 0 <= p <= n.
  */
-int mk_cpu_sliced_softmax(const mk_launch *l, mk_error **err) {
+static int cpu_sliced_softmax(const mk_launch *l, mk_error **err) {
     const mk_tensor *x = &l->in[0];
-    if (l->out.dtype != MK_DTYPE_FLOAT32)
-        return bad_dtype(l, err);
     int64_t n = x->shape[x->rank - 1], rows = mk_tensor_numel(x) / n;
     int64_t p = read_i64(&l->in[1]);
     if (p < 0 || p > n)
-        return mk_fail(err, MK_ERR_EVAL, 0, 0,
-                       "SlicedSoftmaxNode $%d: prefix %lld is outside [0, %lld]", l->node->id,
-                       (long long)p, (long long)n);
+        return mk_fault(err, l->node, MK_FAULT_PREFIX, p, n, 0);
     const float *xp = x->data;
     float *out = l->out.data;
 #pragma omp parallel for schedule(static) if (rows > 1 && rows * n >= CPU_PAR_MIN / 4)
@@ -658,10 +601,8 @@ int mk_cpu_sliced_softmax(const mk_launch *l, mk_error **err) {
 }
 
 /* out [rows] (int64; shape [..., 1]) = index of the largest of x [rows, n], the first on ties. */
-int mk_cpu_argmax(const mk_launch *l, mk_error **err) {
+static int cpu_argmax(const mk_launch *l, mk_error **err) {
     const mk_tensor *x = &l->in[0];
-    if (x->dtype != MK_DTYPE_FLOAT32 || l->out.dtype != MK_DTYPE_INT64)
-        return bad_dtype(l, err);
     int64_t n = x->shape[x->rank - 1], rows = mk_tensor_numel(x) / n;
     const float *xp = x->data;
     int64_t *out = l->out.data;
@@ -737,11 +678,7 @@ static int cpu_evaluate(void *state, const mk_launch *launches, int n, const mk_
             memcpy(in[i].device, in[i].host, in[i].bytes);
     for (int i = 0; i < n; i++) {
         const mk_launch *l = &launches[i];
-        mk_kernel_fn kernel = l->node->op->kernel[MK_DEVICE_CPU];
-        if (!kernel)
-            return mk_fail(err, MK_ERR_INTERNAL, 0, 0, "cpu.c: %s $%d has no CPU kernel",
-                           l->node->op->name, l->node->id);
-        if (kernel(l, err) != 0)
+        if (mk_cpu_device.kernels[l->node->op->kernel].fn(l, err) != 0)
             return -1;
     }
     if (out && out->bytes && out->device != out->host)
@@ -749,8 +686,25 @@ static int cpu_evaluate(void *state, const mk_launch *launches, int n, const mk_
     return 0;
 }
 
+#define F32 MK_DTYPE_BIT(MK_DTYPE_FLOAT32)
+#define I64 MK_DTYPE_BIT(MK_DTYPE_INT64)
+/* Indexed by kernel family; the dtypes are those of every data operand and the
+ * result (argmax: float32 in, int64 out; embedding: int64 ids). */
+static const mk_kernel cpu_kernels[MK_KERNEL_COUNT] = {
+    [MK_KERNEL_POINTWISE] = {cpu_pointwise, F32 | I64},
+    [MK_KERNEL_MATMUL] = {cpu_matmul, F32},
+    [MK_KERNEL_PERMUTE] = {cpu_permute, MK_DTYPES_ALL},
+    [MK_KERNEL_REPLACE_SLICE] = {cpu_replace_slice, MK_DTYPES_ALL},
+    [MK_KERNEL_RMS_NORM] = {cpu_rms_norm, F32},
+    [MK_KERNEL_COMPLEX_MUL] = {cpu_complex_mul, F32},
+    [MK_KERNEL_SLICED_SOFTMAX] = {cpu_sliced_softmax, F32},
+    [MK_KERNEL_EMBEDDING] = {cpu_embedding, MK_DTYPES_ALL},
+    [MK_KERNEL_ARGMAX] = {cpu_argmax, F32 | I64},
+};
+
 const mk_device_ops mk_cpu_device = {
     .name = "cpu",
+    .kernels = cpu_kernels,
     .open = cpu_open,
     .close = cpu_close,
     .alloc = cpu_alloc,

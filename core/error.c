@@ -1,6 +1,6 @@
 /*
  * error.c — errors as values, and the small facts every stage asks for
- * (version, dtypes, clocks).
+ * (version, build, the string builder, clocks).
  */
 #include "internal.h"
 
@@ -31,7 +31,7 @@ static const char *kind_of(mk_error_code code) {
 static struct {
     mk_error e;
     char text[32];
-} out_of_memory = {{MK_ERR_NOMEM, 0, 0}, "out of memory"};
+} out_of_memory = {{MK_ERR_NOMEM, 0, 0, true}, "out of memory"};
 
 int mk_failv(mk_error **err, mk_error_code code, int line, int column, const char *fmt,
              va_list ap) {
@@ -49,6 +49,7 @@ int mk_failv(mk_error **err, mk_error_code code, int line, int column, const cha
     e->code = code;
     e->line = line;
     e->column = column;
+    e->is_static = false;
     snprintf(e->message, n, "%s%s: %s", where, kind_of(code), body);
     *err = e;
     return -1;
@@ -68,7 +69,7 @@ MK_API int mk_error_line(const mk_error *e) { return e ? e->line : 0; }
 MK_API int mk_error_column(const mk_error *e) { return e ? e->column : 0; }
 
 MK_API void mk_error_free(mk_error *e) {
-    if (e && e != &out_of_memory.e) free(e);
+    if (e && !e->is_static) free(e);
 }
 
 MK_API void mk_string_free(char *s) { free(s); }
@@ -79,16 +80,17 @@ MK_API const char *mk_version(void) {
     return MK_STR(MK_VERSION_MAJOR) "." MK_STR(MK_VERSION_MINOR) "." MK_STR(MK_VERSION_PATCH);
 }
 
+/* What this build made: the CPU always; the CUDA plugin where it was built
+ * (it is opened only when CUDA is asked for: mk_cuda_available says if it loads). */
 MK_API const char *mk_build_info(void) {
-#ifdef MK_WITH_CUDA
-    return "cpu (OpenMP, OpenBLAS), cuda (cuBLAS, cuDNN)";
+#if defined(MK_WITH_CUDA) && defined(MK_WITH_CUDNN)
+    return "cpu (OpenMP, OpenBLAS), cuda plugin (cuBLAS, cuDNN)";
+#elif defined(MK_WITH_CUDA)
+    return "cpu (OpenMP, OpenBLAS), cuda plugin (cuBLAS; built without cuDNN)";
 #else
     return "cpu (OpenMP, OpenBLAS)";
 #endif
 }
-
-MK_API size_t mk_dtype_size(mk_dtype d) { return d == MK_DTYPE_INT64 ? 8 : 4; }
-MK_API const char *mk_dtype_name(mk_dtype d) { return d == MK_DTYPE_INT64 ? "int64" : "float32"; }
 
 void mk_strbuf_putv(mk_strbuf *b, const char *fmt, va_list ap) {
     if (b->failed) return;

@@ -1,17 +1,19 @@
 /*
  * fusion.c — the cuDNN fusion pass: picks groups of nodes that one cuDNN
- * operation graph computes and replaces each with one CudnnGroupNode.
+ * operation graph computes and replaces each with one group node (the op
+ * table's internal row of role MK_ROLE_GROUP).
  *
  * Groups (all float32, at most MK_GROUP_MAX_OPS nodes, at most MK_MAX_INPUTS
  * distinct operands from outside):
  *
- *   matmul group    [pointwise chain feeding A] → MatMulNode(A, B) → [pointwise chain]
- *   pointwise chain two or more of SumNode, HadamardProductNode, ReLUNode, SiLUNode
+ *   matmul group    [pointwise chain feeding A] → a matrix product (A, B) → [pointwise chain]
+ *   pointwise chain two or more pointwise nodes cuDNN computes (cudnn_modes below:
+ *                   add, multiply, relu, silu)
  *
  * A chain follows single-consumer edges only: every node but the group's last
  * has exactly one reader, which is the next node of the group, so no one
  * outside sees an intermediate and the group's last node keeps its identity
- * (its id, its storage and any view of it): it *becomes* the CudnnGroupNode.
+ * (its id, its storage and any view of it): it *becomes* the group node.
  * The other members leave the graph (kept alive in the mk_fusion for reports).
  *
  * Broadcasting: the outside operand of a Sum/Hadamard may broadcast only in the
@@ -43,9 +45,10 @@ mk_fusion *mk_fusion_new(struct mk_cudnn_cache **cache) {
 
 static void group_free(mk_fused_group *grp) {
     if (!grp) return;
-#ifdef MK_WITH_CUDA
-    mk_cudnn_group_release(grp);
-#endif
+    if (grp->plan || grp->varpack) { /* made by the plugin's fuser, so it is loaded */
+        const mk_cuda_plugin *p = mk_cuda_plugin_get(NULL, 0);
+        if (p && p->cudnn_group_release) p->cudnn_group_release(grp);
+    }
     free(grp->trace);
     free(grp);
 }
@@ -63,18 +66,12 @@ void mk_fusion_free(mk_fusion *f) {
     free(f);
 }
 
-/* ---- the CudnnGroupNode row ------------------------------------------------------ */
-
-int mk_fusion_infer(mk_node *n, mk_error **err) {
-    return mk_fail(err, MK_ERR_NAME, n->line, n->column,
-                   "CudnnGroupNode is made by the cuDNN fusion pass; scripts cannot use it");
-}
+/* ---- the group node's row -------------------------------------------------------- */
 
 size_t mk_fusion_scratch(const mk_node *n) { return n->group ? n->group->workspace_bytes : 0; }
 
 /* ---- which nodes may join a group --------------------------------------------------- */
 
-#ifdef MK_WITH_CUDA /* without CUDA the pass refuses use_cudnn, so none of this is needed */
 
 /* Appends one line; a report that cannot grow is cut short, never an error. */
 static void report(mk_fusion *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -99,18 +96,28 @@ static int push(void ***items, int *n, int *cap, void *item) {
 }
 
 
+/*
+ * What cuDNN's pointwise modes compute, as the op table's expressions say it:
+ * a pointwise node whose expression is one of these joins groups. (Other
+ * pointwise ops stay plain kernels; an op whose expression changes simply
+ * stops fusing.)
+ */
 static const struct {
-    const char *name;
+    const char *expr;
     mk_group_op_kind kind;
-} fusable[] = {
-    {"MatMulNode", MK_GOP_MATMUL}, {"SumNode", MK_GOP_ADD}, {"HadamardProductNode", MK_GOP_MUL},
-    {"ReLUNode", MK_GOP_RELU},     {"SiLUNode", MK_GOP_SILU},
+} cudnn_modes[] = {
+    {"a + b", MK_GOP_ADD},
+    {"a * b", MK_GOP_MUL},
+    {"a > 0 ? a : 0", MK_GOP_RELU},
+    {"a * (1.0f / (1.0f + expf(-a)))", MK_GOP_SILU}, /* cuDNN's swish with beta 1 */
 };
 
 static int kind_of(const mk_node *n) {
     if (n->dtype != MK_DTYPE_FLOAT32) return -1;
-    for (size_t i = 0; i < sizeof fusable / sizeof fusable[0]; i++)
-        if (!strcmp(n->op->name, fusable[i].name)) return (int)fusable[i].kind;
+    if (n->op->role == MK_ROLE_MATMUL) return MK_GOP_MATMUL;
+    if (n->op->role != MK_ROLE_POINTWISE || !n->op->expr) return -1;
+    for (size_t i = 0; i < sizeof cudnn_modes / sizeof cudnn_modes[0]; i++)
+        if (!strcmp(n->op->expr, cudnn_modes[i].expr)) return (int)cudnn_modes[i].kind;
     return -1;
 }
 
@@ -215,7 +222,7 @@ static bool extends(const mk_graph *g, const candidate *c, const mk_node *cur,
 }
 
 /*
- * Nodes that write in place (ReplaceSliceNode) between the group's first and
+ * Nodes that write in place (role MK_ROLE_INPLACE) between the group's first and
  * last member would be moved across: the group reads its operands at its last
  * member's step. Refuse when one writes into memory an operand lives in.
  */
@@ -223,7 +230,7 @@ static bool hazard(const mk_graph *g, const candidate *c) {
     int first = c->node[0]->index, last = c->node[c->n - 1]->index;
     for (int i = first + 1; i < last; i++) {
         const mk_node *w = g->nodes[i];
-        if (!(w->op->flags & MK_OPF_INPLACE)) continue;
+        if (w->op->role != MK_ROLE_INPLACE) continue;
         for (int k = 0; k < c->n_ext; k++)
             if (c->ext[k]->owner == w->owner) return true;
     }
@@ -330,7 +337,8 @@ static mk_fused_group *group_of(const candidate *c) {
     return grp;
 }
 
-/* "MatMulNode $4 ($1, $2), SumNode $5 (+ $3), ReLUNode $6" for reports and the script. */
+/* "<op> $4 [$1 $2] <op> $5 [$3] <op> $6": members and outside operands, for reports
+ * and the script. */
 static char *describe(const candidate *c) {
     mk_strbuf b = {0};
     for (int i = 0; i < c->n; i++) {
@@ -362,7 +370,7 @@ typedef struct {
 } pass_state;
 
 /*
- * Compiles candidate c. 0: replaced by a CudnnGroupNode; 1: rejected (stays
+ * Compiles candidate c. 0: replaced by a group node; 1: rejected (stays
  * as plain nodes, reason reported); -1: error.
  */
 static int try_group(pass_state *st, const candidate *c, mk_error **err) {
@@ -370,18 +378,19 @@ static int try_group(pass_state *st, const candidate *c, mk_error **err) {
     char why[768] = "";
     char *what = describe(c);
     mk_fused_group *grp = group_of(c);
-    const mk_op *group_op = mk_op_find("CudnnGroupNode", strlen("CudnnGroupNode"));
+    const mk_op *group_op = mk_op_internal(MK_ROLE_GROUP);
+    const mk_cuda_plugin *plugin = mk_cuda_plugin_get(NULL, 0);
     if (!what || !grp || push((void ***)&f->groups, &f->n_groups, &f->cap_groups, grp)) {
         free(what);
         group_free(grp);
         return mk_fail(err, MK_ERR_NOMEM, 0, 0, "fusing a cuDNN group");
     }
-    if (!group_op) {
+    if (!group_op || !plugin || !plugin->cudnn_compile_group) {
         free(what);
-        return MK_INTERNAL(err, "the op table has no CudnnGroupNode row");
+        return MK_INTERNAL(err, "no group row in the op table, or no cuDNN in the plugin");
     }
     /* from here the fusion state owns grp */
-    int rc = mk_cudnn_compile_group(f->cache, grp, why, sizeof why, err);
+    int rc = plugin->cudnn_compile_group(f->cache, grp, why, sizeof why, err);
     if (rc != 0) {
         f->groups[--f->n_groups] = NULL;
         group_free(grp);
@@ -498,14 +507,9 @@ static int fuse_chains(pass_state *st, mk_error **err) {
     }
     return 0;
 }
-#endif
 
 int mk_fusion_pass(mk_graph *g, const mk_compile_options *opts, mk_error **err) {
     if (!opts->use_cudnn || opts->no_passes || !g->fusion) return 0;
-#ifndef MK_WITH_CUDA
-    return mk_fail(err, MK_ERR_NO_DEVICE, 0, 0,
-                   "use_cudnn: moonkaas was built without CUDA, so without the cuDNN fuser");
-#else
     pass_state st = {.g = g, .f = g->fusion};
     size_t n = (size_t)(g->n_nodes ? g->n_nodes : 1);
     int rc = -1;
@@ -541,5 +545,4 @@ done:
     free(st.taken);
     free(st.gone);
     return rc;
-#endif
 }

@@ -9,8 +9,11 @@
  *   planner.c  offsets in one arena (best fit, neighbour merging)
  *   model.c    compile (plan, allocate, bind launches) and evaluate
  *   cpu.c      the CPU device: kernels and device table
- *   kernels/   the CUDA device (cuda_device.cu) and its kernels; cuDNN in cudnn_fuser.cu
- * Shared by all: ops.c (the op table), tensor.c (shapes, strides), error.c
+ *   plugin.c   finds and opens the CUDA device plugin (dlopen) the first time CUDA is asked for
+ *   kernels/   the CUDA device plugin (cuda_device.cu) and its kernels; cuDNN in cudnn_fuser.cu
+ * Shared by all: ops.c (the op table: the only file that knows an op), tensor.c
+ * (the dtype table, shapes, strides, the strided walk, run-time fault messages),
+ * expr.c (pointwise expressions: parsed once, run by each device), error.c
  * (errors as values, the string builder, clocks).
  */
 #ifndef MK_INTERNAL_H
@@ -28,6 +31,7 @@
 struct mk_error {
     mk_error_code code;
     int line, column; /* 1-based; 0 when not about the script */
+    bool is_static;   /* the out-of-memory error: never freed (each copy of error.c has one) */
     char message[];   /* the whole message, prefixes included */
 };
 
@@ -56,6 +60,23 @@ typedef struct {
 void mk_strbuf_put(mk_strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void mk_strbuf_putv(mk_strbuf *b, const char *fmt, va_list ap);
 
+/* ---- the dtype table (tensor.c) ------------------------------------------- */
+
+typedef struct {
+    const char *name;    /* script name */
+    size_t size;         /* bytes per element */
+    const char *c_type;  /* the element's type in generated CUDA C */
+    bool is_float;
+    mk_dtype accum;      /* what sums and products of it accumulate in */
+} mk_dtype_row;
+
+/* The row of d, or NULL outside the table. */
+const mk_dtype_row *mk_dtype_row_of(mk_dtype d);
+#define MK_DTYPE_BIT(d) (1u << (unsigned)(d))
+#define MK_DTYPES_FLOAT \
+    (MK_DTYPE_BIT(MK_DTYPE_FLOAT32) | MK_DTYPE_BIT(MK_DTYPE_FLOAT16) | MK_DTYPE_BIT(MK_DTYPE_BFLOAT16))
+#define MK_DTYPES_ALL ((1u << MK_DTYPE_COUNT) - 1u)
+
 /* ---- graph -------------------------------------------------------------- */
 
 typedef struct mk_op mk_op;
@@ -82,9 +103,10 @@ struct mk_node {
     int64_t shape[MK_MAX_RANK];
 
     /* attributes, as the script gives them */
-    char *name;                   /* InputTensor/ConstantTensor name, else NULL */
+    char *name;                   /* an input's or constant's name, else NULL */
+    const void *value;            /* mk_op_infer only: a known operand's data, else NULL */
     int n_attr;
-    int64_t attr[MK_MAX_RANK];    /* SliceNode: begin, end; Reshape: shape; Permute: perm */
+    int64_t attr[MK_MAX_RANK];    /* the integers and integer list of the signature, in order */
 
     /* decided by passes and the planner */
     int n_consumers;
@@ -96,7 +118,7 @@ struct mk_node {
     size_t scratch_bytes;
     int64_t offset;            /* arena offset (owners in the arena), else -1 */
 
-    struct mk_fused_group *group; /* CudnnGroupNode: what it computes (fusion.c), else NULL */
+    struct mk_fused_group *group; /* a cuDNN group node: what it computes (fusion.c), else NULL */
 };
 
 typedef struct {
@@ -121,6 +143,46 @@ const char *mk_shape_str(int rank, const int64_t *shape, char *buf, size_t size)
 /* passes.c: the ordered pass list, run between parsing and planning */
 int mk_passes_run(mk_graph *g, const mk_compile_options *opts, mk_error **err);
 
+/* ---- pointwise expressions (expr.c) ------------------------------------------ */
+
+/*
+ * A pointwise op's scalar expression (its row's `expr`, C syntax over a and b:
+ * numbers, + - * /, unary -, < >, ?:, parentheses, expf tanhf sqrtf) compiled
+ * to a straight-line program over registers. Register 0 is a, 1 is b; every
+ * instruction writes a new register, the last one is the result. Each device
+ * runs the program as it likes (the CPU over tiles, CUDA per element); a code
+ * generator may print the expression itself instead. Evaluated in the
+ * operands' dtype (float32 or int64; integer + - * wrap around), one rounding
+ * per operation, so the result equals the C expression compiled without
+ * contraction.
+ */
+typedef enum {
+    MK_X_CONST, /* r[dst] = k */
+    MK_X_NEG, MK_X_EXP, MK_X_TANH, MK_X_SQRT,                   /* r[dst] = f(r[x]) */
+    MK_X_ADD, MK_X_SUB, MK_X_MUL, MK_X_DIV, MK_X_GT, MK_X_LT,   /* r[dst] = r[x] op r[y] */
+    MK_X_SELECT,                                                /* r[dst] = r[x] ? r[y] : r[z] */
+} mk_xop;
+
+#define MK_EXPR_MAX 24 /* instructions; registers are 2 + MK_EXPR_MAX */
+
+typedef struct {
+    unsigned char op, x, y, z; /* mk_xop, operand registers */
+    double k;                  /* MK_X_CONST */
+} mk_xinsn;
+
+typedef struct {
+    int n;         /* instructions; the result is register n + 1 (a itself when n == 0) */
+    int n_in;      /* operands read: 1 (a) or 2 (a, b) */
+    bool has_float_only; /* uses / or a function: not for integer dtypes */
+    mk_xinsn insn[MK_EXPR_MAX];
+} mk_expr;
+
+/* Compiles `src`; fails with MK_ERR_INTERNAL naming the expression and the position. */
+int mk_expr_compile(const char *src, mk_expr *out, mk_error **err);
+/* The program of a pointwise op's `expr` (compiled once per process), or NULL
+ * for ops without one (ops.c). */
+const mk_expr *mk_op_program(const struct mk_op *op);
+
 /* ---- tensors as kernels see them ---------------------------------------- */
 
 typedef struct {
@@ -131,11 +193,45 @@ typedef struct {
     int64_t stride[MK_MAX_RANK]; /* elements; 0 where broadcast */
 } mk_tensor;
 
-/* `b` with stride 0 on its dims of size 1 where `like` is larger (the right
- * operand of SumNode, HadamardProductNode, ComplexHadamardProductNode). */
+/* `b` with stride 0 on its dims of size 1 where `like` is larger (the second
+ * operand of an MK_OP_BROADCAST op). */
 mk_tensor mk_tensor_broadcast(const mk_tensor *b, const mk_tensor *like);
 int64_t mk_tensor_numel(const mk_tensor *t);
 bool mk_tensor_is_contiguous(const mk_tensor *t);
+
+/*
+ * The strided walk every device uses: the elements of a contiguous result of
+ * `shape`, read from up to MK_WALK_MAX operands with their own strides (0 where
+ * broadcast). Size-1 dims are dropped and neighbouring dims merged wherever all
+ * operands are linear across them, so out [4, 8, 16] = a [4, 8, 16] + b [1, 1, 16]
+ * walks as [32, 16] with b's strides [0, 1]. A plain struct, passed to CUDA
+ * kernels by value.
+ */
+#define MK_WALK_MAX 3
+typedef struct {
+    int rank; /* >= 1 */
+    int n;    /* operands */
+    int64_t shape[MK_MAX_RANK];
+    int64_t stride[MK_WALK_MAX][MK_MAX_RANK]; /* elements */
+} mk_walk;
+void mk_walk_init(mk_walk *w, int rank, const int64_t *shape, int n,
+                  const int64_t *const *strides);
+/* Element offset of operand k at the start of row `row` (all dims but the last). */
+int64_t mk_walk_row_offset(const mk_walk *w, int k, int64_t row);
+
+/*
+ * Run-time faults: a value read on the device is out of range. Kernels of
+ * every device report them through mk_fault, so the message is the same on
+ * each: "evaluation error: <op> $7: rows [3, 9) are out of range ...".
+ */
+typedef enum {
+    MK_FAULT_RANGE = 1, /* begin, end, rows: rows [begin, end) are not within [0, rows] */
+    MK_FAULT_ROWS,      /* begin, end, rows of the replacement: counts differ */
+    MK_FAULT_PREFIX,    /* prefix, n: a prefix outside [0, n] */
+    MK_FAULT_ID,        /* id, position, V: an id outside [0, V) */
+} mk_fault_kind;
+int mk_fault(mk_error **err, const mk_node *n, mk_fault_kind kind, int64_t v0, int64_t v1,
+             int64_t v2);
 
 /* One kernel call, bound once at compile time to fixed device addresses. */
 typedef struct mk_launch {
@@ -144,6 +240,7 @@ typedef struct mk_launch {
     int n_in;
     mk_tensor out;
     mk_tensor in[MK_MAX_INPUTS];
+    const mk_expr *expr;       /* a pointwise op's program (MK_KERNEL_POINTWISE), else NULL */
     void *scratch;             /* scratch_bytes of arena, or NULL */
     size_t scratch_bytes;
     void *dev;                 /* the device's per-model state (stream, handles) */
@@ -153,43 +250,57 @@ typedef int (*mk_kernel_fn)(const mk_launch *l, mk_error **err);
 
 /* ---- the op table (ops.c) ----------------------------------------------- */
 
-enum {
-    MK_OPF_LEAF = 1 << 0,      /* Input/Constant/Buffer: no kernel */
-    MK_OPF_POINTWISE = 1 << 1, /* elementwise (fusable) */
-    MK_OPF_VIEW = 1 << 2,      /* shares its input's memory (Reshape, Slice) */
-    MK_OPF_INPLACE = 1 << 3,   /* writes into its first input and returns it */
-    MK_OPF_MAYBE_VIEW = 1 << 4,/* a view where every consumer takes strides (Permute) */
-    MK_OPF_STRIDED_IN = 1 << 5,/* accepts strided operands (MatMul) */
-    MK_OPF_BROADCAST = 1 << 6, /* the right operand broadcasts where its dim is 1 */
-};
+/* Kernel families: an op row names one; each device has a kernel (or none) for it. */
+#define MK_KERNELS(X) \
+    X(POINTWISE) X(MATMUL) X(PERMUTE) X(REPLACE_SLICE) X(RMS_NORM) X(COMPLEX_MUL) \
+    X(SLICED_SOFTMAX) X(EMBEDDING) X(ARGMAX) X(CUDNN_GROUP)
+typedef enum {
+    MK_KERNEL_NONE,
+#define MK_KERNEL_ENUM(k) MK_KERNEL_##k,
+    MK_KERNELS(MK_KERNEL_ENUM)
+#undef MK_KERNEL_ENUM
+    MK_KERNEL_COUNT
+} mk_kernel_id;
 
-#define MK_DEVICE_COUNT 2
+/* A device's kernel for one family, and the dtypes it takes: model.c checks
+ * every data operand and the result against `dtypes` when it binds a launch. */
+typedef struct {
+    mk_kernel_fn fn;  /* NULL: the device has none */
+    unsigned dtypes;  /* MK_DTYPE_BIT of each dtype it handles */
+} mk_kernel;
 
 struct mk_op {
-    const char *name;  /* script name */
-    const char *alias; /* another accepted script name (MulNode), or NULL */
-    /*
-     * Arguments, one letter each: n node, s identifier (a name), d dtype,
-     * l integer list (a shape or permutation), i integer.
-     */
-    const char *signature;
-    unsigned flags;
+    const char *name;      /* script name */
+    const char *alias;     /* another accepted script name, or NULL */
+    const char *signature; /* one letter per argument, as mk_op_desc says */
+    mk_op_role role;
+    mk_leaf_kind leaf;
+    unsigned flags;        /* MK_OP_* */
+    const char *method, *infix, *expr, *summary; /* as mk_op_desc */
     /* Shape/dtype rule: fills n->dtype/rank/shape from inputs and attributes, or
      * fails with the node's line and column. */
     int (*infer)(mk_node *n, mk_error **err);
-    /* Leaves: where the data live (arena slot, constant, persistent buffer). */
-    mk_storage storage;
-    /* Views and in-place ops: the strides (elements) and the byte offset into the
-     * input's memory at which n's elements lie; NULL for ops that own memory. */
+    /* Views, in-place ops and copies that may be views: the strides (elements)
+     * and the byte offset into the first input's memory at which n's elements
+     * lie; NULL for ops that own memory. A MK_ROLE_MOVE op with a layout is a
+     * view where every reader takes its strides, else a copy that reads its
+     * input through them. */
     int64_t (*layout)(const mk_node *n, int64_t *stride);
+    /* May operand k be read as a strided view with these shape and strides?
+     * NULL: every operand must be dense. */
+    bool (*takes_strided)(int k, int rank, const int64_t *shape, const int64_t *stride);
     /* Scratch bytes the kernel needs (NULL: none). */
     size_t (*scratch)(const mk_node *n);
-    mk_kernel_fn kernel[MK_DEVICE_COUNT]; /* indexed by mk_device; NULL: not on that device */
+    mk_kernel_id kernel;
 };
 
 const mk_op *mk_op_find(const char *name, size_t len);
-extern const mk_op mk_ops[];
-extern const int mk_op_count;
+/* The row made only by passes for role `role` (the cuDNN group), or NULL. */
+const mk_op *mk_op_internal(mk_op_role role);
+/* Leaf storage: where a leaf's data live. */
+mk_storage mk_op_leaf_storage(const mk_op *op);
+/* Is node n's operand k a run-time bound (signature letter r)? */
+bool mk_op_operand_is_bound(const mk_op *op, int k);
 
 /* ---- devices ------------------------------------------------------------ */
 
@@ -202,6 +313,7 @@ typedef struct {
 
 typedef struct mk_device_ops {
     const char *name;
+    const mk_kernel *kernels; /* [MK_KERNEL_COUNT], indexed by mk_kernel_id */
     /* Per-model state (streams, library handles); NULL state is fine for the CPU. */
     int (*open)(void **state, mk_error **err);
     void (*close)(void *state);
@@ -220,22 +332,35 @@ typedef struct mk_device_ops {
 } mk_device_ops;
 
 extern const mk_device_ops mk_cpu_device;
-#ifdef MK_WITH_CUDA
-extern const mk_device_ops mk_cuda_device;
-int mk_cuda_probe(char *reason, size_t size); /* kernels/: 1 if a device is usable */
-#endif
 
-/* Kernels: one function per op family and device (cpu.c, kernels/). */
-#define MK_KERNELS(X)                                                              \
-    X(sum) X(hadamard) X(relu) X(silu) X(matmul) X(permute) X(replace_slice)      \
-    X(rms_norm) X(complex_mul) X(sliced_softmax) X(embedding) X(argmax)
+/*
+ * The CUDA device is a plugin (build/libmoonkaas_cuda.so, from kernels/) that
+ * plugin.c opens with dlopen the first time CUDA is asked for, so a CPU-only
+ * process maps no CUDA library. It exports one function, MK_CUDA_PLUGIN_ENTRY,
+ * returning this table. The plugin is built from the same tree as the core:
+ * abi and the struct sizes guard against mixing builds.
+ */
+#define MK_CUDA_PLUGIN_ABI 2
+#define MK_CUDA_PLUGIN_ENTRY "mk_cuda_plugin_entry"
+#define MK_CUDA_PLUGIN_FILE "libmoonkaas_cuda.so"
+struct mk_fused_group;
+struct mk_cudnn_cache;
+typedef struct {
+    int abi;                      /* MK_CUDA_PLUGIN_ABI */
+    size_t node_size, launch_size, op_size; /* sizeof each, as the plugin was built */
+    const mk_device_ops *device;
+    int (*probe)(char *reason, size_t size); /* 1 if a device is usable, else 0 and why */
+    /* cuDNN (NULL when the plugin was built with CUDNN=0) */
+    void (*cudnn_cache_free)(struct mk_cudnn_cache *);
+    int (*cudnn_compile_group)(struct mk_cudnn_cache **cache, struct mk_fused_group *g,
+                               char *why, size_t why_size, mk_error **err);
+    void (*cudnn_group_release)(struct mk_fused_group *g);
+} mk_cuda_plugin;
+typedef const mk_cuda_plugin *(*mk_cuda_plugin_entry_fn)(void);
 
-#define MK_DECLARE_CPU(k) int mk_cpu_##k(const mk_launch *l, mk_error **err);
-MK_KERNELS(MK_DECLARE_CPU)
-#ifdef MK_WITH_CUDA
-#define MK_DECLARE_CUDA(k) int mk_cuda_##k(const mk_launch *l, mk_error **err);
-MK_KERNELS(MK_DECLARE_CUDA)
-#endif
+/* plugin.c: the plugin, loaded once per process; NULL with the reason in
+ * `reason` when there is none or it is broken. Thread-safe. */
+const mk_cuda_plugin *mk_cuda_plugin_get(char *reason, size_t size);
 
 /* ---- cuDNN fusion (core/fusion.c picks groups, kernels/cudnn_fuser.cu runs them) ---- */
 
@@ -292,23 +417,17 @@ mk_fusion *mk_fusion_new(struct mk_cudnn_cache **cache);
 void mk_fusion_free(mk_fusion *);
 /* The pass (passes.c runs it after assign-storage when opts->use_cudnn). */
 int mk_fusion_pass(mk_graph *g, const mk_compile_options *opts, mk_error **err);
-/* The CudnnGroupNode row's rules: never written in scripts; scratch = cuDNN workspace. */
-int mk_fusion_infer(mk_node *n, mk_error **err);
+/* The group row's scratch: the cuDNN workspace. */
 size_t mk_fusion_scratch(const mk_node *n);
 
-#ifdef MK_WITH_CUDA
-/* kernels/cudnn_fuser.cu. The cache: a cuDNN handle and plans keyed by trace. */
-void mk_cudnn_cache_free(struct mk_cudnn_cache *);
-/* Finds or builds g's plan. 0: fused (g->plan, workspace_bytes, cache_hit, tf32 set);
- * 1: cuDNN rejects the group, the reason in `why`; -1: a hard error (no handle). */
-int mk_cudnn_compile_group(struct mk_cudnn_cache **cache, mk_fused_group *g, char *why,
-                           size_t why_size, mk_error **err);
-void mk_cudnn_group_release(mk_fused_group *g); /* the variant pack and the plan reference */
-int mk_cuda_cudnn_group(const mk_launch *l, mk_error **err); /* the kernel: execute on the stream */
-#define MK_CUDNN_KERNEL mk_cuda_cudnn_group
-#else
-#define MK_CUDNN_KERNEL NULL
-#endif
+/*
+ * kernels/cudnn_fuser.cu, reached through the plugin table: the cache (a cuDNN
+ * handle and plans keyed by trace) is freed with cudnn_cache_free;
+ * cudnn_compile_group finds or builds g's plan: 0 fused (g->plan,
+ * workspace_bytes, cache_hit, tf32 set), 1 cuDNN rejects the group (the reason
+ * in `why`), -1 a hard error; cudnn_group_release drops the variant pack and
+ * the plan reference. The group's kernel is the device's MK_KERNEL_CUDNN_GROUP.
+ */
 
 /* ---- planner (planner.c) ------------------------------------------------ */
 

@@ -32,7 +32,7 @@ struct mk_model {
     mk_launch *launches; /* [n_launches] in evaluation order */
 
     int n_inputs;
-    mk_node **inputs;    /* [n_inputs] InputTensor nodes, script order */
+    mk_node **inputs;    /* [n_inputs] input leaves, script order */
     mk_copy *in_copies;  /* [n_inputs] host field filled per evaluation */
     mk_copy out_copy;
 
@@ -55,9 +55,10 @@ MK_API mk_context *mk_context_new(mk_error **err) {
 
 static void context_release(mk_context *ctx) {
     if (!ctx || --ctx->refs > 0) return;
-#ifdef MK_WITH_CUDA
-    mk_cudnn_cache_free(ctx->cudnn);
-#endif
+    if (ctx->cudnn) { /* made only through the plugin, so it is loaded */
+        const mk_cuda_plugin *p = mk_cuda_plugin_get(NULL, 0);
+        if (p && p->cudnn_cache_free) p->cudnn_cache_free(ctx->cudnn);
+    }
     free(ctx);
 }
 
@@ -66,12 +67,8 @@ MK_API void mk_context_free(mk_context *ctx) { context_release(ctx); }
 /* ---- devices ----------------------------------------------------------------- */
 
 MK_API int mk_cuda_available(char *reason, size_t size) {
-#ifdef MK_WITH_CUDA
-    return mk_cuda_probe(reason, size);
-#else
-    if (reason && size) snprintf(reason, size, "moonkaas was built without CUDA (make CUDA=1)");
-    return 0;
-#endif
+    const mk_cuda_plugin *p = mk_cuda_plugin_get(reason, size);
+    return p ? p->probe(reason, size) : 0;
 }
 
 static const mk_device_ops *device_for(const mk_compile_options *opts, mk_error **err) {
@@ -84,29 +81,23 @@ static const mk_device_ops *device_for(const mk_compile_options *opts, mk_error 
         mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "unknown device %d", (int)opts->device);
         return NULL;
     }
-    char reason[256];
-#ifndef MK_WITH_CUDA
-    if (opts->use_cudnn) {
-        mk_fail(err, MK_ERR_NO_DEVICE, 0, 0,
-                "use_cudnn: moonkaas was built without CUDA, so without the cuDNN fuser "
-                "(make CUDA=1)");
-        return NULL;
-    }
-#endif
-    if (!mk_cuda_available(reason, sizeof reason)) {
+    char reason[512];
+    const mk_cuda_plugin *p = mk_cuda_plugin_get(reason, sizeof reason);
+    if (!p || !p->probe(reason, sizeof reason)) {
         mk_fail(err, MK_ERR_NO_DEVICE, 0, 0, "%s", reason);
         return NULL;
     }
-#ifdef MK_WITH_CUDA
-    return &mk_cuda_device;
-#else
-    return NULL;
-#endif
+    if (opts->use_cudnn && !p->cudnn_compile_group) {
+        mk_fail(err, MK_ERR_NO_DEVICE, 0, 0,
+                "use_cudnn: this build's CUDA device was made without cuDNN (make CUDNN=1)");
+        return NULL;
+    }
+    return p->device;
 }
 
 /* ---- constants ----------------------------------------------------------------- */
 
-/* data[i] for each ConstantTensor node i; every name given exactly once. */
+/* data[i] for each constant leaf i; every name given exactly once. */
 static int match_constants(const mk_graph *g, const mk_named_tensor *given, size_t n_given,
                            const void **data, mk_error **err) {
     for (size_t j = 0; j < n_given; j++) {
@@ -119,8 +110,7 @@ static int match_constants(const mk_graph *g, const mk_named_tensor *given, size
         bool known = false;
         for (int i = 0; i < g->n_nodes && !known; i++) {
             const mk_node *n = g->nodes[i];
-            if (n->op->storage == MK_STORAGE_CONSTANT && (n->op->flags & MK_OPF_LEAF) &&
-                !strcmp(n->name, given[j].name)) {
+            if (n->op->leaf == MK_LEAF_CONSTANT && !strcmp(n->name, given[j].name)) {
                 data[i] = given[j].data;
                 known = true;
             }
@@ -131,7 +121,7 @@ static int match_constants(const mk_graph *g, const mk_named_tensor *given, size
     }
     for (int i = 0; i < g->n_nodes; i++) {
         const mk_node *n = g->nodes[i];
-        if ((n->op->flags & MK_OPF_LEAF) && n->op->storage == MK_STORAGE_CONSTANT && !data[i])
+        if (n->op->leaf == MK_LEAF_CONSTANT && !data[i])
             return mk_fail(err, MK_ERR_INPUT, n->line, n->column, "constant '%s' is not given",
                            n->name);
     }
@@ -140,9 +130,7 @@ static int match_constants(const mk_graph *g, const mk_named_tensor *given, size
 
 /* ---- memory plan ------------------------------------------------------------------ */
 
-static bool is_input(const mk_node *n) {
-    return (n->op->flags & MK_OPF_LEAF) && n->op->storage == MK_STORAGE_ARENA;
-}
+static bool is_input(const mk_node *n) { return n->op->leaf == MK_LEAF_INPUT; }
 
 /*
  * Walks the evaluation order: an owner in the arena gets its offset at its own
@@ -257,33 +245,52 @@ static mk_tensor tensor_of(const mk_model *m, const mk_node *n) {
     return t;
 }
 
-/* A node runs a kernel unless it is a leaf or a pure view. */
+/* A node runs a kernel unless it is a leaf or a view (in-place writes run one). */
 static bool launches(const mk_node *n) {
-    if (n->op->flags & (MK_OPF_LEAF | MK_OPF_VIEW)) return false;
-    return !((n->op->flags & MK_OPF_MAYBE_VIEW) && n->storage == MK_STORAGE_VIEW);
+    if (n->op->role == MK_ROLE_LEAF) return false;
+    return n->storage != MK_STORAGE_VIEW || n->op->role == MK_ROLE_INPLACE;
+}
+
+/* Does the device's kernel take every data operand's dtype and the result's? */
+static int check_dtypes(const mk_model *m, const mk_node *n, const mk_kernel *k,
+                        mk_error **err) {
+    for (int i = -1; i < n->n_in; i++) {
+        const mk_node *x = i < 0 ? n : n->in[i];
+        if (i >= 0 && mk_op_operand_is_bound(n->op, i)) continue; /* int64 [1], read by all */
+        if (!(k->dtypes & MK_DTYPE_BIT(x->dtype)))
+            return mk_fail(err, MK_ERR_DTYPE, n->line, n->column, "%s is not supported by %s on %s",
+                           mk_dtype_name(x->dtype), n->op->name, m->dev->name);
+    }
+    return 0;
 }
 
 static int bind(mk_model *m, const int64_t *scratch_offset, mk_error **err) {
     mk_graph *g = m->graph;
     for (int i = 0; i < g->n_nodes; i++) {
         const mk_node *n = g->nodes[i];
+        const mk_op *op = n->op;
         if (!launches(n)) continue;
-        if (!n->op->kernel[m->stats.device])
+        const mk_kernel *k = &m->dev->kernels[op->kernel];
+        if (op->kernel == MK_KERNEL_NONE || !k->fn)
             return mk_fail(err, MK_ERR_DEVICE, n->line, n->column, "%s has no %s kernel",
-                           n->op->name, m->dev->name);
+                           op->name, m->dev->name);
+        if (check_dtypes(m, n, k, err)) return -1;
         mk_launch *l = &m->launches[m->n_launches];
         *l = (mk_launch){.node = n, .index = m->n_launches, .n_in = n->n_in,
                          .out = tensor_of(m, n), .dev = m->dev_state};
         m->n_launches++;
-        for (int k = 0; k < n->n_in; k++) l->in[k] = tensor_of(m, n->in[k]);
-        if (n->op->flags & MK_OPF_MAYBE_VIEW) {
-            /* a copying permute reads its input through the permuted strides */
+        for (int j = 0; j < n->n_in; j++) l->in[j] = tensor_of(m, n->in[j]);
+        if (op->layout && op->role == MK_ROLE_MOVE) {
+            /* a copy that is not a view reads its input through the view's layout */
+            int64_t offset = op->layout(n, l->in[0].stride);
+            l->in[0].data = (char *)l->in[0].data + offset;
             l->in[0].rank = n->rank;
             memcpy(l->in[0].shape, n->shape, sizeof n->shape);
-            for (int k = 0; k < n->rank; k++) l->in[0].stride[k] = n->in[0]->stride[n->attr[k]];
         }
-        if (n->op->flags & MK_OPF_BROADCAST) /* the right operand arrives broadcast */
+        if (op->flags & MK_OP_BROADCAST) /* the second operand arrives broadcast */
             l->in[1] = mk_tensor_broadcast(&l->in[1], &l->out);
+        if (op->kernel == MK_KERNEL_POINTWISE && !(l->expr = mk_op_program(op)))
+            return MK_INTERNAL(err, "a pointwise row's expression does not compile");
         if (n->scratch_bytes) {
             l->scratch = (char *)m->arena + scratch_offset[i];
             l->scratch_bytes = n->scratch_bytes;

@@ -95,7 +95,22 @@ MK_API void mk_context_free(mk_context *);
 /* ---- compiling ---------------------------------------------------------- */
 
 typedef enum { MK_DEVICE_CPU = 0, MK_DEVICE_CUDA = 1 } mk_device;
-typedef enum { MK_DTYPE_FLOAT32 = 0, MK_DTYPE_INT64 = 1 } mk_dtype;
+
+/*
+ * Element types: one row each in the dtype table (size, script name, C type of
+ * generated code, float or integer, accumulation type). float16, bfloat16 and
+ * int8 are storage types whose kernels come later: an op given one where its
+ * kernel does not take it fails to compile with, e.g.,
+ * "dtype error: bfloat16 is not supported by MatMulNode on cpu".
+ */
+typedef enum {
+    MK_DTYPE_FLOAT32 = 0,
+    MK_DTYPE_INT64 = 1,
+    MK_DTYPE_FLOAT16 = 2,
+    MK_DTYPE_BFLOAT16 = 3,
+    MK_DTYPE_INT8 = 4,
+} mk_dtype;
+#define MK_DTYPE_COUNT 5
 
 /* A named dense row-major tensor; the name and shape come from the script. */
 typedef struct {
@@ -144,6 +159,9 @@ typedef struct {
     mk_dtype dtype;
     int rank;
     int64_t shape[MK_MAX_RANK];
+    /* mk_op_infer only: the operand's data where the caller knows it (a front
+     * end's constant bound), so its value is checked too; else NULL */
+    const void *value;
 } mk_tensor_info;
 
 MK_API size_t mk_model_input_count(const mk_model *);
@@ -186,13 +204,73 @@ MK_API void mk_string_free(char *);
  * the operands' types in order, `attrs` the integer arguments (SliceNode: begin,
  * end; ReshapeNode: the shape; PermuteNode: the permutation). Front ends use it
  * to raise shape errors when a node is built. Not for Input/Constant/BufferTensor.
+ * Where an `r` operand's `value` is given, its bounds are checked as well.
  */
 MK_API int mk_op_infer(const char *op, const mk_tensor_info *inputs, size_t n_inputs,
                        const int64_t *attrs, size_t n_attrs, mk_tensor_info *out,
                        mk_error **err);
 
-MK_API size_t mk_dtype_size(mk_dtype);
-MK_API const char *mk_dtype_name(mk_dtype);
+/* The ConstantTensor declarations of a script, in script order (name, dtype,
+ * shape), without compiling it: *count entries, freed with mk_tensor_infos_free.
+ * Front ends check the tensors they pass against it. Not NULL on success, also
+ * when there are none; NULL with an error when the script does not parse. */
+MK_API mk_tensor_info *mk_script_constants(const char *script, size_t *count, mk_error **err);
+MK_API void mk_tensor_infos_free(mk_tensor_info *);
+
+/* ---- the op table ------------------------------------------------------- */
+
+/* What an op is to the passes (the grouping pass reads only this). */
+typedef enum {
+    MK_ROLE_LEAF,      /* InputTensor, ConstantTensor, BufferTensor: data, no kernel */
+    MK_ROLE_POINTWISE, /* elementwise; `expr` gives the scalar expression where there is one */
+    MK_ROLE_REDUCTION, /* reduces or normalises along the last axis */
+    MK_ROLE_MATMUL,    /* a matrix product */
+    MK_ROLE_VIEW,      /* new shape or strides over its input's memory, no kernel */
+    MK_ROLE_INPLACE,   /* writes into its first operand and returns it */
+    MK_ROLE_MOVE,      /* moves data (a copy that may become a view, a gather) */
+    MK_ROLE_GROUP,     /* made by a fusion pass: several nodes as one */
+} mk_op_role;
+
+typedef enum { MK_LEAF_NONE, MK_LEAF_INPUT, MK_LEAF_CONSTANT, MK_LEAF_BUFFER } mk_leaf_kind;
+
+enum {
+    MK_OP_BROADCAST = 1 << 0, /* the second operand broadcasts onto the first (same rank,
+                                 each dim equal or 1) */
+    MK_OP_COMMUTES = 1 << 1,  /* a op b == b op a: front ends may swap to broadcast */
+    MK_OP_INTERNAL = 1 << 2,  /* made by passes: scripts and front ends cannot build it */
+    MK_OP_FUNCTION = 1 << 3,  /* front ends offer it as a function (mk.embedding(t, ids)),
+                                 not as a method of its first operand */
+};
+
+typedef struct {
+    const char *name;      /* script name, "MatMulNode" */
+    const char *alias;     /* another accepted script name ("MulNode"), or NULL */
+    /* One letter per argument: n a node; r an int64 [1] node read on the device
+     * at run time (a bound: slice ends, a prefix); s a name; d a dtype;
+     * l an integer list (shape, permutation); i an integer. */
+    const char *signature;
+    mk_op_role role;
+    mk_leaf_kind leaf;
+    unsigned flags;        /* MK_OP_* */
+    const char *method;    /* the front ends' name ("matmul", "sliced_softmax"), or NULL */
+    const char *infix;     /* the front ends' operator ("+", "-", "*", "/"), or NULL */
+    const char *expr;      /* pointwise: the scalar expression over a (and b), in C
+                              ("a > 0 ? a : 0"); NULL where the op has its own kernel */
+    const char *summary;   /* one line: what it computes */
+} mk_op_desc;
+
+/* The op table, for front ends and tools: rows 0 .. mk_op_count() - 1.
+ * mk_op_info returns NULL past the end; the strings are static. */
+MK_API size_t mk_op_count(void);
+MK_API const mk_op_desc *mk_op_info(size_t i);
+
+/* ---- dtypes ------------------------------------------------------------- */
+
+MK_API size_t mk_dtype_size(mk_dtype);       /* bytes; 0 outside the table */
+MK_API const char *mk_dtype_name(mk_dtype);  /* "float32"; "?" outside the table */
+MK_API bool mk_dtype_is_float(mk_dtype);
+/* The dtype a script name ("bfloat16", len bytes) stands for: 0, or -1 when unknown. */
+MK_API int mk_dtype_parse(const char *name, size_t len, mk_dtype *out);
 
 #ifdef __cplusplus
 }

@@ -1,11 +1,18 @@
 /*
- * ops.c — the op table: one row per node kind with its script name, argument
- * signature, flags, shape/dtype rule and kernels per device. Nothing else in
- * the compiler switches on op names; adding an op is adding a row here and its
- * kernels (core/cpu.c, kernels/).
+ * ops.c — the op table: one row per node kind, and the only file that knows
+ * an op. A row gives the script name and argument signature, the role the
+ * passes read, the front ends' method and operator, the scalar expression of a
+ * pointwise op, the shape/dtype rule, the view layout, which operands may be
+ * strided, scratch, and the kernel family each device looks up.
+ *
+ * Adding a pointwise op is adding a row with its expression: every device runs
+ * expressions (cpu.c over tiles, kernels/pointwise.cu per element) and the Lua
+ * binding makes its method from the row. Other ops add a kernel family
+ * (MK_KERNELS in internal.h) and a kernel per device.
  */
 #include "internal.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -35,15 +42,13 @@ static void set_shape(mk_node *n, mk_dtype dtype, int rank, const int64_t *shape
 }
 
 static int need_dtype(mk_node *n, const mk_node *x, unsigned allowed, mk_error **err) {
-    if (allowed & (1u << x->dtype)) return 0;
+    if (allowed & MK_DTYPE_BIT(x->dtype)) return 0;
     return FAIL(err, n, MK_ERR_DTYPE, "%s does not take %s (operand $%d)", n->op->name,
                 mk_dtype_name(x->dtype), x->id);
 }
-#define F32 (1u << MK_DTYPE_FLOAT32)
-#define I64 (1u << MK_DTYPE_INT64)
 
-/* An int64 [1] operand: a dynamic bound read on the device at run time. */
-static int need_scalar_i64(mk_node *n, const mk_node *x, const char *what, mk_error **err) {
+/* An int64 [1] operand (signature letter r): a bound read on the device at run time. */
+static int need_bound(mk_node *n, const mk_node *x, const char *what, mk_error **err) {
     if (x->dtype != MK_DTYPE_INT64)
         return FAIL(err, n, MK_ERR_DTYPE, "%s: %s ($%d) must be int64, not %s", n->op->name, what,
                     x->id, mk_dtype_name(x->dtype));
@@ -51,6 +56,13 @@ static int need_scalar_i64(mk_node *n, const mk_node *x, const char *what, mk_er
         return FAIL(err, n, MK_ERR_SHAPE, "%s: %s ($%d) must have shape [1], not %s",
                     n->op->name, what, x->id, SHAPE(x));
     return 0;
+}
+
+/* A bound's value where the caller knows it (mk_op_infer from a front end). */
+static bool known(const mk_node *x, int64_t *v) {
+    if (!x->value) return false;
+    *v = *(const int64_t *)x->value;
+    return true;
 }
 
 static int infer_leaf(mk_node *n, mk_error **err) {
@@ -77,10 +89,20 @@ static int infer_broadcast(mk_node *n, unsigned dtypes, mk_error **err) {
     return 0;
 }
 
-static int infer_add_mul(mk_node *n, mk_error **err) { return infer_broadcast(n, F32 | I64, err); }
+/* Ops with an expression: any dtype its program can be evaluated in (integers
+ * only without / and functions); one operand, or b broadcast onto a. */
+static int infer_pointwise(mk_node *n, mk_error **err) {
+    const mk_expr *e = mk_op_program(n->op);
+    if (!e) return MK_INTERNAL(err, "a pointwise row's expression does not compile");
+    unsigned dtypes = e->has_float_only ? MK_DTYPES_FLOAT : MK_DTYPES_ALL;
+    if (n->n_in == 2) return infer_broadcast(n, dtypes, err);
+    if (need_dtype(n, n->in[0], dtypes, err)) return -1;
+    set_shape(n, n->in[0]->dtype, n->in[0]->rank, n->in[0]->shape);
+    return 0;
+}
 
 static int infer_complex_mul(mk_node *n, mk_error **err) {
-    if (infer_broadcast(n, F32, err)) return -1;
+    if (infer_broadcast(n, MK_DTYPES_FLOAT, err)) return -1;
     if (n->shape[n->rank - 1] != 2 || n->in[1]->shape[n->rank - 1] != 2)
         return FAIL(err, n, MK_ERR_SHAPE,
                     "%s: the last axis holds (re, im) and must be 2 in both, got %s and %s",
@@ -88,17 +110,10 @@ static int infer_complex_mul(mk_node *n, mk_error **err) {
     return 0;
 }
 
-static int infer_unary(mk_node *n, unsigned dtypes, mk_error **err) {
-    if (need_dtype(n, n->in[0], dtypes, err)) return -1;
-    set_shape(n, n->in[0]->dtype, n->in[0]->rank, n->in[0]->shape);
-    return 0;
-}
-static int infer_relu(mk_node *n, mk_error **err) { return infer_unary(n, F32 | I64, err); }
-static int infer_silu(mk_node *n, mk_error **err) { return infer_unary(n, F32, err); }
-
 static int infer_matmul(mk_node *n, mk_error **err) {
     const mk_node *a = n->in[0], *b = n->in[1];
-    if (need_dtype(n, a, F32, err) || need_dtype(n, b, F32, err)) return -1;
+    if (need_dtype(n, a, MK_DTYPES_FLOAT, err) || need_dtype(n, b, MK_DTYPES_FLOAT, err))
+        return -1;
     int64_t out[3];
     int rank = -1;
     if (a->rank == 1 && b->rank == 2 && a->shape[0] == b->shape[0]) {
@@ -116,7 +131,7 @@ static int infer_matmul(mk_node *n, mk_error **err) {
         return FAIL(err, n, MK_ERR_SHAPE,
                     "%s: cannot multiply %s by %s (takes [k]@[k,n], [m,k]@[k,n], [B,m,k]@[B,k,n])",
                     n->op->name, SHAPE(a), SHAPE(b));
-    set_shape(n, MK_DTYPE_FLOAT32, rank, out);
+    set_shape(n, a->dtype, rank, out); /* the activations' dtype */
     return 0;
 }
 
@@ -173,15 +188,26 @@ static int infer_replace_slice(mk_node *n, mk_error **err) {
         return FAIL(err, n, MK_ERR_SHAPE,
                     "%s: %s does not fit rows of %s (same rank and trailing dims, no more rows)",
                     n->op->name, SHAPE(r), SHAPE(x));
-    if (need_scalar_i64(n, n->in[2], "begin", err) || need_scalar_i64(n, n->in[3], "end", err))
-        return -1;
+    if (need_bound(n, n->in[2], "begin", err) || need_bound(n, n->in[3], "end", err)) return -1;
+    /* Known bounds are checked now, as the kernels would at run time. */
+    int64_t rows = x->shape[0], k = r->shape[0], b, e;
+    bool kb = known(n->in[2], &b), ke = known(n->in[3], &e);
+    if (!kb) b = ke ? e - k : 0;
+    if (!ke) e = b + k;
+    if ((kb || ke) && (b < 0 || e > rows || e - b != k))
+        return FAIL(err, n, MK_ERR_SHAPE,
+                    "%s: rows [%lld, %lld) of %s are not %lld rows within [0, %lld] for the "
+                    "replacement %s",
+                    n->op->name, (long long)b, (long long)e, SHAPE(x), (long long)k,
+                    (long long)rows, SHAPE(r));
     set_shape(n, x->dtype, x->rank, x->shape);
     return 0;
 }
 
 static int infer_rms_norm(mk_node *n, mk_error **err) {
     const mk_node *x = n->in[0], *w = n->in[1];
-    if (need_dtype(n, x, F32, err) || need_dtype(n, w, F32, err)) return -1;
+    if (need_dtype(n, x, MK_DTYPES_FLOAT, err) || need_dtype(n, w, MK_DTYPES_FLOAT, err))
+        return -1;
     if (w->rank != 1 || w->shape[0] != x->shape[x->rank - 1])
         return FAIL(err, n, MK_ERR_SHAPE, "%s: weights %s must be [%lld], the last axis of %s",
                     n->op->name, SHAPE(w), (long long)x->shape[x->rank - 1], SHAPE(x));
@@ -190,9 +216,14 @@ static int infer_rms_norm(mk_node *n, mk_error **err) {
 }
 
 static int infer_sliced_softmax(mk_node *n, mk_error **err) {
-    if (need_dtype(n, n->in[0], F32, err) || need_scalar_i64(n, n->in[1], "prefix", err))
+    const mk_node *x = n->in[0];
+    if (need_dtype(n, x, MK_DTYPES_FLOAT, err) || need_bound(n, n->in[1], "prefix", err))
         return -1;
-    set_shape(n, n->in[0]->dtype, n->in[0]->rank, n->in[0]->shape);
+    int64_t p, cols = x->shape[x->rank - 1];
+    if (known(n->in[1], &p) && (p < 0 || p > cols))
+        return FAIL(err, n, MK_ERR_SHAPE, "%s: prefix %lld is outside [0, %lld] for %s",
+                    n->op->name, (long long)p, (long long)cols, SHAPE(x));
+    set_shape(n, x->dtype, x->rank, x->shape);
     return 0;
 }
 
@@ -211,10 +242,16 @@ static int infer_embedding(mk_node *n, mk_error **err) {
 }
 
 static int infer_argmax(mk_node *n, mk_error **err) {
-    if (need_dtype(n, n->in[0], F32, err)) return -1;
+    if (need_dtype(n, n->in[0], MK_DTYPES_FLOAT, err)) return -1;
     set_shape(n, MK_DTYPE_INT64, n->in[0]->rank, n->in[0]->shape);
     n->shape[n->rank - 1] = 1;
     return 0;
+}
+
+/* Rows only passes make: a script naming one is refused before this runs. */
+static int infer_internal(mk_node *n, mk_error **err) {
+    return FAIL(err, n, MK_ERR_NAME, "%s is made by the compiler's passes; scripts cannot use it",
+                n->op->name);
 }
 
 /* ---- view layouts: strides and byte offset into the input's memory ---------- */
@@ -240,52 +277,107 @@ static int64_t layout_same(const mk_node *n, int64_t *stride) {
     return 0;
 }
 
+/* ---- strided operands --------------------------------------------------------- */
+
+/* A matrix product reads each matrix with a unit stride along one of its two
+ * axes (normal or transposed for BLAS) and any batch stride; a vector must be
+ * dense. */
+static bool matmul_takes(int k, int rank, const int64_t *shape, const int64_t *stride) {
+    (void)k;
+    if (rank == 1) return shape[0] == 1 || stride[0] == 1;
+    int r = rank - 2, c = rank - 1;
+    return stride[c] == 1 || stride[r] == 1 || shape[r] == 1 || shape[c] == 1;
+}
+
+/* A fused group's operands keep the strides they had in the graph. */
+static bool group_takes(int k, int rank, const int64_t *shape, const int64_t *stride) {
+    (void)k, (void)rank, (void)shape, (void)stride;
+    return true;
+}
+
 /* ---- the table ------------------------------------------------------------ */
 
-#ifdef MK_WITH_CUDA
-#define KERNELS(k) {mk_cpu_##k, mk_cuda_##k}
-#else
-#define KERNELS(k) {mk_cpu_##k, NULL}
-#endif
+#define ROW(name_, sig, role_, flags_, method_, infix_, expr_, summary_)                         \
+    .name = name_, .signature = sig, .role = role_, .flags = flags_, .method = method_,          \
+    .infix = infix_, .expr = expr_, .summary = summary_
+#define POINTWISE(name_, sig, flags_, method_, infix_, expr_, summary_)                          \
+    {ROW(name_, sig, MK_ROLE_POINTWISE, flags_, method_, infix_, expr_, summary_),               \
+     .infer = infer_pointwise, .kernel = MK_KERNEL_POINTWISE}
+#define BINARY (MK_OP_BROADCAST)
+#define COMMUTING (MK_OP_BROADCAST | MK_OP_COMMUTES)
 
-#define ARENA MK_STORAGE_ARENA
-const mk_op mk_ops[] = {
-    /* name, alias, signature, flags, infer, storage, layout, scratch, kernels */
-    {"InputTensor", NULL, "sdl", MK_OPF_LEAF, infer_leaf, ARENA, NULL, NULL, {NULL, NULL}},
-    {"ConstantTensor", NULL, "sdl", MK_OPF_LEAF, infer_leaf, MK_STORAGE_CONSTANT, NULL, NULL,
-     {NULL, NULL}},
-    {"BufferTensor", NULL, "dl", MK_OPF_LEAF, infer_leaf, MK_STORAGE_BUFFER, NULL, NULL,
-     {NULL, NULL}},
-    {"SumNode", NULL, "nn", MK_OPF_POINTWISE | MK_OPF_BROADCAST, infer_add_mul, ARENA, NULL, NULL, KERNELS(sum)},
-    {"HadamardProductNode", NULL, "nn", MK_OPF_POINTWISE | MK_OPF_BROADCAST, infer_add_mul, ARENA, NULL, NULL,
-     KERNELS(hadamard)},
-    {"ReLUNode", NULL, "n", MK_OPF_POINTWISE, infer_relu, ARENA, NULL, NULL, KERNELS(relu)},
-    {"SiLUNode", NULL, "n", MK_OPF_POINTWISE, infer_silu, ARENA, NULL, NULL, KERNELS(silu)},
-    {"MatMulNode", "MulNode", "nn", MK_OPF_STRIDED_IN, infer_matmul, ARENA, NULL, NULL,
-     KERNELS(matmul)},
-    {"SliceNode", NULL, "nii", MK_OPF_VIEW, infer_slice, ARENA, layout_slice, NULL, {NULL, NULL}},
-    {"ReshapeNode", NULL, "nl", MK_OPF_VIEW, infer_reshape, ARENA, layout_reshape, NULL,
-     {NULL, NULL}},
-    {"PermuteNode", NULL, "nl", MK_OPF_MAYBE_VIEW, infer_permute, ARENA, layout_permute, NULL,
-     KERNELS(permute)},
-    {"ReplaceSliceNode", NULL, "nnnn", MK_OPF_INPLACE, infer_replace_slice, ARENA, layout_same,
-     NULL, KERNELS(replace_slice)},
-    {"RmsNormNode", NULL, "nn", 0, infer_rms_norm, ARENA, NULL, NULL, KERNELS(rms_norm)},
-    {"ComplexHadamardProductNode", NULL, "nn", MK_OPF_BROADCAST, infer_complex_mul, ARENA, NULL, NULL,
-     KERNELS(complex_mul)},
-    {"SlicedSoftmaxNode", NULL, "nn", 0, infer_sliced_softmax, ARENA, NULL, NULL,
-     KERNELS(sliced_softmax)},
-    {"EmbeddingNode", NULL, "nn", 0, infer_embedding, ARENA, NULL, NULL, KERNELS(embedding)},
-    {"ArgMaxNode", NULL, "n", 0, infer_argmax, ARENA, NULL, NULL, KERNELS(argmax)},
-    /* made by the fusion pass (fusion.c), never parsed: its name field describes the group */
-    {"CudnnGroupNode", NULL, "s", MK_OPF_STRIDED_IN, mk_fusion_infer, ARENA, NULL,
-     mk_fusion_scratch, {NULL, MK_CUDNN_KERNEL}},
+static const mk_op ops[] = {
+    {ROW("InputTensor", "sdl", MK_ROLE_LEAF, MK_OP_FUNCTION, "input", NULL, NULL,
+         "a tensor fed at every evaluation"),
+     .leaf = MK_LEAF_INPUT, .infer = infer_leaf},
+    {ROW("ConstantTensor", "sdl", MK_ROLE_LEAF, MK_OP_FUNCTION, "constant", NULL, NULL,
+         "weights, given at compile time"),
+     .leaf = MK_LEAF_CONSTANT, .infer = infer_leaf},
+    {ROW("BufferTensor", "dl", MK_ROLE_LEAF, MK_OP_FUNCTION, "buffer", NULL, NULL,
+         "persistent state, zero after compile, kept across evaluations"),
+     .leaf = MK_LEAF_BUFFER, .infer = infer_leaf},
+
+    POINTWISE("SumNode", "nn", COMMUTING, "add", "+", "a + b", "a + b, b broadcast onto a"),
+    POINTWISE("SubNode", "nn", BINARY, "sub", "-", "a - b", "a - b, b broadcast onto a"),
+    POINTWISE("HadamardProductNode", "nn", COMMUTING, "mul", "*", "a * b",
+              "a * b elementwise, b broadcast onto a"),
+    POINTWISE("DivNode", "nn", BINARY, "div", "/", "a / b", "a / b, b broadcast onto a"),
+    POINTWISE("ReLUNode", "n", 0, "relu", NULL, "a > 0 ? a : 0", "max(x, 0)"),
+    /* as run.c's SwiGLU writes it, so llama2 outputs match run.c bit for bit */
+    POINTWISE("SiLUNode", "n", 0, "silu", NULL, "a * (1.0f / (1.0f + expf(-a)))",
+              "x * sigmoid(x)"),
+    POINTWISE("ExpNode", "n", 0, "exp", NULL, "expf(a)", "e^x"),
+    POINTWISE("TanhNode", "n", 0, "tanh", NULL, "tanhf(a)", "tanh(x)"),
+    POINTWISE("SigmoidNode", "n", 0, "sigmoid", NULL, "1.0f / (1.0f + expf(-a))",
+              "1 / (1 + e^-x)"),
+    POINTWISE("GELUNode", "n", 0, "gelu", NULL,
+              "0.5f * a * (1.0f + tanhf(0.7978845608f * (a + 0.044715f * a * a * a)))",
+              "GELU, tanh form: x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))"),
+    {ROW("ComplexHadamardProductNode", "nn", MK_ROLE_POINTWISE, COMMUTING, "complex_mul", NULL,
+         NULL, "a * b as complex numbers (re, im) along a last axis of 2, b broadcast onto a"),
+     .infer = infer_complex_mul, .kernel = MK_KERNEL_COMPLEX_MUL},
+
+    {ROW("MatMulNode", "nn", MK_ROLE_MATMUL, 0, "matmul", NULL, NULL,
+         "[k]@[k,n], [m,k]@[k,n] or [B,m,k]@[B,k,n]"),
+     .alias = "MulNode", .infer = infer_matmul, .takes_strided = matmul_takes,
+     .kernel = MK_KERNEL_MATMUL},
+    {ROW("RmsNormNode", "nn", MK_ROLE_REDUCTION, 0, "rms_norm", NULL, NULL,
+         "w * x / sqrt(mean(x^2) + 1e-5) over the last axis"),
+     .infer = infer_rms_norm, .kernel = MK_KERNEL_RMS_NORM},
+    {ROW("SlicedSoftmaxNode", "nr", MK_ROLE_REDUCTION, 0, "sliced_softmax", NULL, NULL,
+         "softmax of the first prefix elements of each row, the rest unchanged"),
+     .infer = infer_sliced_softmax, .kernel = MK_KERNEL_SLICED_SOFTMAX},
+    {ROW("ArgMaxNode", "n", MK_ROLE_REDUCTION, 0, "argmax", NULL, NULL,
+         "int64 index of the largest element of the last axis (the first on ties)"),
+     .infer = infer_argmax, .kernel = MK_KERNEL_ARGMAX},
+
+    {ROW("SliceNode", "nii", MK_ROLE_VIEW, 0, "slice", NULL, NULL,
+         "rows [begin, end) of the first axis"),
+     .infer = infer_slice, .layout = layout_slice},
+    {ROW("ReshapeNode", "nl", MK_ROLE_VIEW, 0, "reshape", NULL, NULL,
+         "the same elements in a new shape"),
+     .infer = infer_reshape, .layout = layout_reshape},
+    {ROW("PermuteNode", "nl", MK_ROLE_MOVE, 0, "permute", NULL, NULL, "axes reordered"),
+     .infer = infer_permute, .layout = layout_permute, .kernel = MK_KERNEL_PERMUTE},
+    {ROW("ReplaceSliceNode", "nnrr", MK_ROLE_INPLACE, 0, "replace", NULL, NULL,
+         "writes r into rows [begin, end) of x in place and returns x"),
+     .infer = infer_replace_slice, .layout = layout_same, .kernel = MK_KERNEL_REPLACE_SLICE},
+    {ROW("EmbeddingNode", "nn", MK_ROLE_MOVE, MK_OP_FUNCTION, "embedding", NULL, NULL,
+         "rows of table [V, D] picked by int64 ids [n]"),
+     .infer = infer_embedding, .kernel = MK_KERNEL_EMBEDDING},
+
+    /* made by the cuDNN fusion pass (fusion.c), never parsed: its name field
+     * describes the group */
+    {ROW("CudnnGroupNode", "s", MK_ROLE_GROUP, MK_OP_INTERNAL, NULL, NULL, NULL,
+         "a cuDNN graph of several nodes"),
+     .infer = infer_internal, .takes_strided = group_takes, .scratch = mk_fusion_scratch,
+     .kernel = MK_KERNEL_CUDNN_GROUP},
 };
-const int mk_op_count = (int)(sizeof mk_ops / sizeof mk_ops[0]);
+#define N_OPS (sizeof ops / sizeof ops[0])
 
 const mk_op *mk_op_find(const char *name, size_t len) {
-    for (int i = 0; i < mk_op_count; i++) {
-        const mk_op *op = &mk_ops[i];
+    for (size_t i = 0; i < N_OPS; i++) {
+        const mk_op *op = &ops[i];
         if ((strlen(op->name) == len && !memcmp(op->name, name, len)) ||
             (op->alias && strlen(op->alias) == len && !memcmp(op->alias, name, len)))
             return op;
@@ -293,11 +385,76 @@ const mk_op *mk_op_find(const char *name, size_t len) {
     return NULL;
 }
 
+const mk_op *mk_op_internal(mk_op_role role) {
+    for (size_t i = 0; i < N_OPS; i++)
+        if (ops[i].role == role && (ops[i].flags & MK_OP_INTERNAL)) return &ops[i];
+    return NULL;
+}
+
+mk_storage mk_op_leaf_storage(const mk_op *op) {
+    switch (op->leaf) {
+    case MK_LEAF_CONSTANT: return MK_STORAGE_CONSTANT;
+    case MK_LEAF_BUFFER: return MK_STORAGE_BUFFER;
+    default: return MK_STORAGE_ARENA; /* inputs: a slot the planner places */
+    }
+}
+
+bool mk_op_operand_is_bound(const mk_op *op, int k) {
+    int seen = 0;
+    for (const char *c = op->signature; *c; c++)
+        if (*c == 'n' || *c == 'r') {
+            if (seen == k) return *c == 'r';
+            seen++;
+        }
+    return false;
+}
+
+/* ---- expressions, compiled once per process -------------------------------------- */
+
+static mk_expr programs[N_OPS];
+static bool program_ok[N_OPS];
+static pthread_once_t programs_once = PTHREAD_ONCE_INIT;
+
+static void compile_programs(void) {
+    for (size_t i = 0; i < N_OPS; i++) {
+        mk_error *err = NULL;
+        program_ok[i] = ops[i].expr && mk_expr_compile(ops[i].expr, &programs[i], &err) == 0;
+        mk_error_free(err); /* a row that fails is a bug the op tests catch */
+    }
+}
+
+const mk_expr *mk_op_program(const mk_op *op) {
+    if (!op || op < ops || op >= ops + N_OPS || !op->expr) return NULL;
+    pthread_once(&programs_once, compile_programs);
+    return program_ok[op - ops] ? &programs[op - ops] : NULL;
+}
+
+/* ---- the public view of the table -------------------------------------------------- */
+
+MK_API size_t mk_op_count(void) { return N_OPS; }
+
+static mk_op_desc descs[N_OPS];
+static pthread_once_t descs_once = PTHREAD_ONCE_INIT;
+
+static void fill_descs(void) {
+    for (size_t i = 0; i < N_OPS; i++) {
+        const mk_op *op = &ops[i];
+        descs[i] = (mk_op_desc){op->name,  op->alias,  op->signature, op->role, op->leaf,
+                                op->flags, op->method, op->infix,     op->expr, op->summary};
+    }
+}
+
+MK_API const mk_op_desc *mk_op_info(size_t i) {
+    if (i >= N_OPS) return NULL;
+    pthread_once(&descs_once, fill_descs);
+    return &descs[i];
+}
+
 /* ---- the front ends' entry: one op checked outside a script ---------------- */
 
-static int count_letters(const char *sig, char c) {
+static int count_letters(const char *sig, const char *letters) {
     int k = 0;
-    for (; *sig; sig++) k += *sig == c;
+    for (; *sig; sig++) k += strchr(letters, *sig) != NULL;
     return k;
 }
 
@@ -308,17 +465,19 @@ MK_API int mk_op_infer(const char *name, const mk_tensor_info *inputs, size_t n_
         return mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "mk_op_infer: NULL argument");
     const mk_op *op = mk_op_find(name, strlen(name));
     if (!op) return mk_fail(err, MK_ERR_NAME, 0, 0, "unknown node '%s'", name);
-    if (op->flags & MK_OPF_LEAF)
-        return mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "mk_op_infer: %s has no operands", name);
-    int want_in = count_letters(op->signature, 'n');
-    int want_i = count_letters(op->signature, 'i');
-    bool list = count_letters(op->signature, 'l') > 0;
+    if (op->role == MK_ROLE_LEAF || (op->flags & MK_OP_INTERNAL))
+        return mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "mk_op_infer: %s is not built from operands",
+                       name);
+    int want_in = count_letters(op->signature, "nr");
+    int want_i = count_letters(op->signature, "i");
+    bool list = count_letters(op->signature, "l") > 0;
     if ((int)n_inputs != want_in)
         return mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "%s takes %d operands, got %zu", name, want_in,
                        n_inputs);
     if (list ? (n_attrs < 1 || n_attrs > MK_MAX_RANK) : (int)n_attrs != want_i)
-        return mk_fail(err, MK_ERR_SHAPE, 0, 0, "%s: %zu integer arguments (%s)", name, n_attrs,
-                       list ? "a list of 1 to 4" : want_i ? "needs 2" : "needs none");
+        return mk_fail(err, MK_ERR_SHAPE, 0, 0, "%s: %zu integer arguments (%s %d)", name,
+                       n_attrs, list ? "a list of 1 to" : "needs",
+                       list ? MK_MAX_RANK : want_i);
 
     mk_node operands[MK_MAX_INPUTS];
     mk_node n = {.op = op, .n_in = (int)n_inputs, .n_attr = (int)n_attrs};
@@ -326,11 +485,14 @@ MK_API int mk_op_infer(const char *name, const mk_tensor_info *inputs, size_t n_
         const mk_tensor_info *t = &inputs[i];
         mk_node *x = &operands[i];
         *x = (mk_node){.id = (int)i + 1, .dtype = t->dtype, .rank = t->rank};
-        if (t->rank < 1 || t->rank > MK_MAX_RANK || (t->dtype != MK_DTYPE_FLOAT32 &&
-                                                     t->dtype != MK_DTYPE_INT64))
+        if (t->rank < 1 || t->rank > MK_MAX_RANK || !mk_dtype_row_of(t->dtype))
             return mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "%s: operand %zu is not a valid tensor",
                            name, i + 1);
         memcpy(x->shape, t->shape, sizeof x->shape);
+        /* a value is only read for bounds: int64 [1] */
+        if (t->value && mk_op_operand_is_bound(op, (int)i) && t->dtype == MK_DTYPE_INT64 &&
+            t->rank == 1 && t->shape[0] == 1)
+            x->value = t->value;
         n.in[i] = x;
     }
     if (n_attrs) memcpy(n.attr, attrs, sizeof(int64_t) * n_attrs);

@@ -19,24 +19,16 @@ static int count_consumers(mk_graph *g, const mk_compile_options *opts, mk_error
 
 /* ---- storage and views ----------------------------------------------------- */
 
-/* Can MatMul read operand `which` of shape/strides (rank, shape, stride) as is?
- * Each matrix needs a unit stride along one of its two axes (normal or
- * transposed for BLAS); a batch may have any stride. A vector must be dense. */
-static bool matmul_takes(int rank, const int64_t *shape, const int64_t *stride) {
-    if (rank == 1) return shape[0] == 1 || stride[0] == 1;
-    int r = rank - 2, c = rank - 1;
-    return stride[c] == 1 || stride[r] == 1 || shape[r] == 1 || shape[c] == 1;
-}
-
-/* A PermuteNode is a view when every reader is a MatMul that takes its strides
- * and it is not the output (callers get dense memory). */
-static bool permute_is_view(const mk_graph *g, const mk_node *p, const int64_t *stride) {
+/* A copy that may be a view (its op's layout, role MK_ROLE_MOVE) is one when
+ * every reader takes it with those strides and it is not the output (callers
+ * get dense memory). */
+static bool may_stay_view(const mk_graph *g, const mk_node *p, const int64_t *stride) {
     if (p == g->output || p->n_consumers == 0) return false;
     for (int i = p->index + 1; i < g->n_nodes; i++) {
         const mk_node *c = g->nodes[i];
         for (int k = 0; k < c->n_in; k++)
-            if (c->in[k] == p && !((c->op->flags & MK_OPF_STRIDED_IN) &&
-                                   matmul_takes(p->rank, p->shape, stride)))
+            if (c->in[k] == p &&
+                !(c->op->takes_strided && c->op->takes_strided(k, p->rank, p->shape, stride)))
                 return false;
     }
     return true;
@@ -51,28 +43,27 @@ static void own(mk_node *n, mk_storage storage) {
 
 /* Owners for every node: leaves own their storage kind; views and in-place ops
  * share their first input's owner at the offset and strides their layout gives;
- * a PermuteNode is a view only where its readers take strides, else a copy. */
+ * a copy that may be a view is one only where its readers take the strides. */
 static int assign_storage(mk_graph *g, const mk_compile_options *opts, mk_error **err) {
     for (int i = 0; i < g->n_nodes; i++) {
         mk_node *n = g->nodes[i];
         const mk_op *op = n->op;
-        if (op->flags & MK_OPF_LEAF) {
-            own(n, op->storage);
+        if (op->role == MK_ROLE_LEAF) {
+            own(n, mk_op_leaf_storage(op));
             continue;
         }
         int64_t stride[MK_MAX_RANK];
         int64_t offset = op->layout ? op->layout(n, stride) : 0;
-        bool is_view = (op->flags & (MK_OPF_VIEW | MK_OPF_INPLACE)) ||
-                       ((op->flags & MK_OPF_MAYBE_VIEW) && !opts->no_passes &&
-                        permute_is_view(g, n, stride));
+        bool is_view = op->layout && (op->role == MK_ROLE_VIEW || op->role == MK_ROLE_INPLACE ||
+                                      (!opts->no_passes && may_stay_view(g, n, stride)));
         if (!is_view) {
             own(n, MK_STORAGE_ARENA);
             continue;
         }
         const mk_node *x = n->in[0];
-        if ((op->flags & MK_OPF_INPLACE) && x->owner->storage == MK_STORAGE_CONSTANT)
+        if (op->role == MK_ROLE_INPLACE && x->owner->storage == MK_STORAGE_CONSTANT)
             return mk_fail(err, MK_ERR_ARGUMENT, n->line, n->column,
-                           "%s cannot write into ConstantTensor $%d", op->name, x->owner->id);
+                           "%s cannot write into the constant $%d", op->name, x->owner->id);
         n->storage = MK_STORAGE_VIEW;
         n->owner = x->owner;
         n->view_offset = x->view_offset + offset;
@@ -87,18 +78,20 @@ static int assign_storage(mk_graph *g, const mk_compile_options *opts, mk_error 
 static int verify(mk_graph *g, const mk_compile_options *opts, mk_error **err) {
     for (int i = 0; i < g->n_nodes; i++) {
         const mk_node *n = g->nodes[i];
+        const mk_op *op = n->op;
         if (!n->owner || n->owner->owner != n->owner || n->owner->index > n->index)
             return MK_INTERNAL(err, "a node's owner is not an earlier owning node");
         for (int k = 0; k < n->n_in; k++)
             if (n->in[k]->index >= n->index) return MK_INTERNAL(err, "graph is not in order");
-        bool dense_needed = !(n->op->flags & (MK_OPF_STRIDED_IN | MK_OPF_MAYBE_VIEW |
-                                              MK_OPF_VIEW | MK_OPF_INPLACE));
-        for (int k = 0; k < n->n_in && dense_needed; k++) {
-            mk_tensor t = {.rank = n->in[k]->rank};
-            memcpy(t.shape, n->in[k]->shape, sizeof t.shape);
-            memcpy(t.stride, n->in[k]->stride, sizeof t.stride);
-            if (!mk_tensor_is_contiguous(&t))
-                return MK_INTERNAL(err, "a strided view reaches an op that needs dense input");
+        if (op->layout) continue; /* views, in-place writes and copies read through their layout */
+        for (int k = 0; k < n->n_in; k++) {
+            const mk_node *x = n->in[k];
+            mk_tensor t = {.rank = x->rank};
+            memcpy(t.shape, x->shape, sizeof t.shape);
+            memcpy(t.stride, x->stride, sizeof t.stride);
+            bool ok = op->takes_strided ? op->takes_strided(k, x->rank, x->shape, x->stride)
+                                        : mk_tensor_is_contiguous(&t);
+            if (!ok) return MK_INTERNAL(err, "a strided view reaches an op that cannot read it");
         }
     }
     return 0;
@@ -111,7 +104,7 @@ static const struct {
     int (*run)(mk_graph *, const mk_compile_options *, mk_error **);
 } passes[] = {
     {"count-consumers", count_consumers},
-    {"assign-storage", assign_storage}, /* views: reshape, slice, permute into matmul */
+    {"assign-storage", assign_storage}, /* views, in-place writes, copies that stay views */
     {"fuse-cudnn", mk_fusion_pass},     /* with use_cudnn: matmul/pointwise groups (fusion.c) */
     {"verify", verify},
 };

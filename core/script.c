@@ -198,6 +198,7 @@ static int graph_add(mk_graph *g, mk_node *n) {
 static const char *arg_kind(char c) {
     switch (c) {
     case 'n': return "a node ($N)";
+    case 'r': return "an int64 [1] node ($N)";
     case 's': return "a name";
     case 'd': return "a dtype";
     case 'l': return "an integer list";
@@ -218,14 +219,15 @@ static int parse_arg(lexer *lx, const id_map *ids, mk_node *n, char want, int in
     token t = lx->tok;
     const mk_op *op = n->op;
     char buf[64];
-    bool ok = (want == 'n' && t.kind == T_REF) || ((want == 's' || want == 'd') && t.kind == T_NAME) ||
+    bool ok = ((want == 'n' || want == 'r') && t.kind == T_REF) || ((want == 's' || want == 'd') && t.kind == T_NAME) ||
               (want == 'i' && t.kind == T_INT) || (want == 'l' && is_punct(&t, '['));
     if (!ok)
         return mk_fail(lx->err, MK_ERR_ARGUMENT, t.line, t.column,
                        "%s: argument %d must be %s, found %s", op->name, index + 1, arg_kind(want),
                        describe(&t, buf, sizeof buf));
     switch (want) {
-    case 'n': {
+    case 'n':
+    case 'r': {
         mk_node *x = id_find(ids, t.value);
         if (!x)
             return mk_fail(lx->err, MK_ERR_NAME, t.line, t.column,
@@ -238,11 +240,15 @@ static int parse_arg(lexer *lx, const id_map *ids, mk_node *n, char want, int in
         if (!n->name) return mk_fail(lx->err, MK_ERR_NOMEM, 0, 0, "parsing a name");
         return next(lx);
     case 'd':
-        if (t.len == 7 && !memcmp(t.start, "float32", 7)) n->dtype = MK_DTYPE_FLOAT32;
-        else if (t.len == 5 && !memcmp(t.start, "int64", 5)) n->dtype = MK_DTYPE_INT64;
-        else
-            return mk_fail(lx->err, MK_ERR_DTYPE, t.line, t.column,
-                           "unknown dtype '%.*s' (float32 or int64)", (int)t.len, t.start);
+        if (mk_dtype_parse(t.start, t.len, &n->dtype) != 0) {
+            char known[128] = "";
+            size_t used = 0;
+            for (int d = 0; d < MK_DTYPE_COUNT && used < sizeof known; d++)
+                used += (size_t)snprintf(known + used, sizeof known - used, "%s%s",
+                                         d ? ", " : "", mk_dtype_name((mk_dtype)d));
+            return mk_fail(lx->err, MK_ERR_DTYPE, t.line, t.column, "unknown dtype '%.*s' (%s)",
+                           (int)t.len, t.start, known);
+        }
         return next(lx);
     case 'i':
         if (n->n_attr == MK_MAX_RANK) return MK_INTERNAL(lx->err, "too many integer arguments");
@@ -288,6 +294,9 @@ static int parse_statement(lexer *lx, id_map *ids, mk_graph *g) {
     if (!op)
         return mk_fail(lx->err, MK_ERR_NAME, name.line, name.column, "unknown node '%.*s'",
                        (int)name.len, name.start);
+    if (op->flags & MK_OP_INTERNAL)
+        return mk_fail(lx->err, MK_ERR_NAME, name.line, name.column,
+                       "%s is made by the compiler's passes; scripts cannot use it", op->name);
 
     mk_node *n = calloc(1, sizeof *n);
     if (!n || graph_add(g, n)) {
@@ -405,7 +414,8 @@ char *mk_graph_print(const mk_graph *g) {
         for (const char *c = n->op->signature; *c; c++) {
             if (c != n->op->signature) mk_strbuf_put(&b, ", ");
             switch (*c) {
-            case 'n': mk_strbuf_put(&b, "$%d", n->in[in++]->id); break;
+            case 'n':
+            case 'r': mk_strbuf_put(&b, "$%d", n->in[in++]->id); break;
             case 's': mk_strbuf_put(&b, "%s", n->name); break;
             case 'd': mk_strbuf_put(&b, "%s", mk_dtype_name(n->dtype)); break;
             case 'i': mk_strbuf_put(&b, "%lld", (long long)n->attr[attr++]); break;
@@ -418,9 +428,9 @@ char *mk_graph_print(const mk_graph *g) {
         }
         mk_strbuf_put(&b, ");");
         /* What the passes decided, for people reading the compiled script. */
-        if (n->storage == MK_STORAGE_VIEW && !(n->op->flags & MK_OPF_VIEW))
-            mk_strbuf_put(&b, "  # %s of $%d", n->op->flags & MK_OPF_INPLACE ? "in place" : "view",
-                n->owner->id);
+        if (n->storage == MK_STORAGE_VIEW && n->op->role != MK_ROLE_VIEW)
+            mk_strbuf_put(&b, "  # %s of $%d",
+                          n->op->role == MK_ROLE_INPLACE ? "in place" : "view", n->owner->id);
         mk_strbuf_put(&b, "\n");
     }
     mk_strbuf_put(&b, "result = $%d;\n", g->output->id);
@@ -439,3 +449,41 @@ MK_API char *mk_script_format(const char *script, mk_error **err) {
     mk_graph_free(g);
     return s;
 }
+
+MK_API mk_tensor_info *mk_script_constants(const char *script, size_t *count, mk_error **err) {
+    if (!count) {
+        mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "mk_script_constants: NULL count");
+        return NULL;
+    }
+    *count = 0;
+    mk_graph *g = mk_graph_parse(script, err);
+    if (!g) return NULL;
+    /* One block: the entries, then their names. */
+    size_t n = 0, names = 0;
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i]->op->leaf == MK_LEAF_CONSTANT) {
+            n++;
+            names += strlen(g->nodes[i]->name) + 1;
+        }
+    mk_tensor_info *out = malloc(n * sizeof *out + names + 1);
+    if (!out) {
+        mk_fail(err, MK_ERR_NOMEM, 0, 0, "listing the script's constants");
+        mk_graph_free(g);
+        return NULL;
+    }
+    char *name = (char *)(out + n);
+    for (int i = 0; i < g->n_nodes; i++) {
+        const mk_node *x = g->nodes[i];
+        if (x->op->leaf != MK_LEAF_CONSTANT) continue;
+        mk_tensor_info *t = &out[(*count)++];
+        *t = (mk_tensor_info){.name = name, .dtype = x->dtype, .rank = x->rank};
+        memcpy(t->shape, x->shape, sizeof t->shape);
+        size_t len = strlen(x->name) + 1;
+        memcpy(name, x->name, len);
+        name += len;
+    }
+    mk_graph_free(g);
+    return out;
+}
+
+MK_API void mk_tensor_infos_free(mk_tensor_info *infos) { free(infos); }

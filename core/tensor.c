@@ -1,11 +1,55 @@
 /*
- * tensor.c — shapes, strides and sizes, shared by the parser, the passes, the
- * binder and the kernels.
+ * tensor.c — what every stage and every device shares about tensors: the
+ * dtype table, sizes, strides, the strided walk the kernels iterate with, and
+ * the messages of run-time faults (so the CPU and CUDA say the same thing).
  */
 #include "internal.h"
 
 #include <stdio.h>
 #include <string.h>
+
+/* ---- the dtype table --------------------------------------------------------- */
+
+/* Indexed by mk_dtype. The accumulation type is what sums and products of the
+ * dtype are carried in (float32 for the low-precision floats). */
+static const mk_dtype_row dtypes[MK_DTYPE_COUNT] = {
+    [MK_DTYPE_FLOAT32] = {"float32", 4, "float", true, MK_DTYPE_FLOAT32},
+    [MK_DTYPE_INT64] = {"int64", 8, "long long", false, MK_DTYPE_INT64},
+    [MK_DTYPE_FLOAT16] = {"float16", 2, "__half", true, MK_DTYPE_FLOAT32},
+    [MK_DTYPE_BFLOAT16] = {"bfloat16", 2, "__nv_bfloat16", true, MK_DTYPE_FLOAT32},
+    [MK_DTYPE_INT8] = {"int8", 1, "signed char", false, MK_DTYPE_INT64},
+};
+
+const mk_dtype_row *mk_dtype_row_of(mk_dtype d) {
+    return (unsigned)d < MK_DTYPE_COUNT ? &dtypes[d] : NULL;
+}
+
+MK_API size_t mk_dtype_size(mk_dtype d) {
+    const mk_dtype_row *r = mk_dtype_row_of(d);
+    return r ? r->size : 0;
+}
+
+MK_API const char *mk_dtype_name(mk_dtype d) {
+    const mk_dtype_row *r = mk_dtype_row_of(d);
+    return r ? r->name : "?";
+}
+
+MK_API bool mk_dtype_is_float(mk_dtype d) {
+    const mk_dtype_row *r = mk_dtype_row_of(d);
+    return r && r->is_float;
+}
+
+MK_API int mk_dtype_parse(const char *name, size_t len, mk_dtype *out) {
+    if (!name) return -1;
+    for (int d = 0; d < MK_DTYPE_COUNT; d++)
+        if (strlen(dtypes[d].name) == len && !memcmp(dtypes[d].name, name, len)) {
+            if (out) *out = (mk_dtype)d;
+            return 0;
+        }
+    return -1;
+}
+
+/* ---- shapes and strides ------------------------------------------------------- */
 
 int64_t mk_node_numel(const mk_node *n) {
     int64_t k = 1;
@@ -56,4 +100,66 @@ bool mk_tensor_is_contiguous(const mk_tensor *t) {
         s *= t->shape[i];
     }
     return true;
+}
+
+/* ---- the strided walk ---------------------------------------------------------- */
+
+void mk_walk_init(mk_walk *w, int rank, const int64_t *shape, int n,
+                  const int64_t *const *strides) {
+    memset(w, 0, sizeof *w);
+    w->n = n;
+    for (int d = 0; d < rank; d++) {
+        if (shape[d] == 1) continue;
+        int r = w->rank;
+        bool merge = r > 0;
+        for (int k = 0; k < n && merge; k++)
+            merge = w->stride[k][r - 1] == strides[k][d] * shape[d];
+        if (merge) {
+            w->shape[r - 1] *= shape[d];
+            for (int k = 0; k < n; k++) w->stride[k][r - 1] = strides[k][d];
+        } else {
+            w->shape[r] = shape[d];
+            for (int k = 0; k < n; k++) w->stride[k][r] = strides[k][d];
+            w->rank++;
+        }
+    }
+    if (w->rank == 0) { /* a single element */
+        w->rank = 1;
+        w->shape[0] = 1;
+    }
+}
+
+int64_t mk_walk_row_offset(const mk_walk *w, int k, int64_t row) {
+    int64_t off = 0;
+    for (int d = w->rank - 2; d >= 0; d--) {
+        off += (row % w->shape[d]) * w->stride[k][d];
+        row /= w->shape[d];
+    }
+    return off;
+}
+
+/* ---- run-time faults ------------------------------------------------------------- */
+
+int mk_fault(mk_error **err, const mk_node *n, mk_fault_kind kind, int64_t v0, int64_t v1,
+             int64_t v2) {
+    const char *op = n->op->name;
+    long long a = v0, b = v1, c = v2;
+    switch (kind) {
+    case MK_FAULT_RANGE:
+        return mk_fail(err, MK_ERR_EVAL, 0, 0,
+                       "%s $%d: rows [%lld, %lld) are out of range for a first axis of %lld", op,
+                       n->id, a, b, c);
+    case MK_FAULT_ROWS:
+        return mk_fail(err, MK_ERR_EVAL, 0, 0,
+                       "%s $%d: rows [%lld, %lld) are %lld rows but the replacement has %lld", op,
+                       n->id, a, b, b - a, c);
+    case MK_FAULT_PREFIX:
+        return mk_fail(err, MK_ERR_EVAL, 0, 0, "%s $%d: prefix %lld is outside [0, %lld]", op,
+                       n->id, a, b);
+    case MK_FAULT_ID:
+        return mk_fail(err, MK_ERR_EVAL, 0, 0,
+                       "%s $%d: id %lld (position %lld) is outside [0, %lld)", op, n->id, a, b, c);
+    }
+    return mk_fail(err, MK_ERR_INTERNAL, 0, 0, "%s $%d: unknown run-time fault %d", op, n->id,
+                   (int)kind);
 }

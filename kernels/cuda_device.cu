@@ -3,7 +3,7 @@
  * stream, a cuBLAS handle bound to it with its own workspace, the error word),
  * device memory, pinned staging, and the CUDA graph every evaluation replays.
  *
- * Life of a CUDA model (model.c drives it through mk_cuda_device):
+ * Life of a CUDA model (model.c drives it through the plugin's device table):
  *   open      probe, stream, cuBLAS handle + workspace, fault record
  *   alloc/upload/zero   the arena, constants and buffers (compile time only)
  *   prepare   one pinned block for every input, the output and the fault
@@ -17,8 +17,12 @@
  *             host. Two CUDA calls; nothing is allocated.
  *   close     everything above, in reverse.
  *
- * CUDA is initialised only by mk_cuda_probe and open, so loading the library
- * on a machine without a GPU costs nothing and the CPU device still works.
+ * CUDA is initialised only by the probe and open, so loading the plugin on a
+ * machine without a GPU costs nothing and the CPU device still works.
+ *
+ * The plugin's one exported symbol, mk_cuda_plugin_entry, is at the end: the
+ * table core/plugin.c checks (abi, struct sizes) and takes the device, the
+ * probe and the cuDNN hooks from.
  */
 #include "cuda_device.h"
 
@@ -74,7 +78,7 @@ static void put_reason(char *reason, size_t size, const char *fmt, ...) {
     va_end(ap);
 }
 
-int mk_cuda_probe(char *reason, size_t size) {
+static int cuda_probe(char *reason, size_t size) {
     int count = 0;
     cudaError_t status = cudaGetDeviceCount(&count);
     if (status != cudaSuccess) {
@@ -134,7 +138,7 @@ static void cuda_close(void *state) {
 static int cuda_open(void **state, mk_error **err) {
     *state = NULL;
     char reason[256];
-    if (!mk_cuda_probe(reason, sizeof reason))
+    if (!cuda_probe(reason, sizeof reason))
         return mk_fail(err, MK_ERR_NO_DEVICE, 0, 0, "%s", reason);
     mk_cuda_state *s = (mk_cuda_state *)calloc(1, sizeof *s);
     if (!s) return mk_fail(err, MK_ERR_NOMEM, 0, 0, "cannot allocate the CUDA device state");
@@ -239,6 +243,34 @@ void *mk_cuda_extra(mk_cuda_state *s, size_t bytes, mk_error **err) {
     return p;
 }
 
+/* ---- the kernels ---------------------------------------------------------- */
+
+#define F32 MK_DTYPE_BIT(MK_DTYPE_FLOAT32)
+#define I64 MK_DTYPE_BIT(MK_DTYPE_INT64)
+
+/* The kernels, indexed by mk_kernel_id, and the dtypes each takes (model.c
+ * checks every launch's operands and result against them at compile time). */
+struct cuda_kernel_table {
+    mk_kernel k[MK_KERNEL_COUNT];
+    constexpr cuda_kernel_table() : k() {
+        k[MK_KERNEL_POINTWISE] = {mk_cuda_pointwise, F32 | I64};
+        k[MK_KERNEL_MATMUL] = {mk_cuda_matmul, F32};
+        k[MK_KERNEL_PERMUTE] = {mk_cuda_permute, MK_DTYPES_ALL};
+        k[MK_KERNEL_REPLACE_SLICE] = {mk_cuda_replace_slice, MK_DTYPES_ALL};
+        k[MK_KERNEL_RMS_NORM] = {mk_cuda_rms_norm, F32};
+        k[MK_KERNEL_COMPLEX_MUL] = {mk_cuda_complex_mul, F32};
+        k[MK_KERNEL_SLICED_SOFTMAX] = {mk_cuda_sliced_softmax, F32};       /* the prefix: a bound */
+        k[MK_KERNEL_EMBEDDING] = {mk_cuda_embedding, MK_DTYPES_ALL};       /* ids: int64 */
+        k[MK_KERNEL_ARGMAX] = {mk_cuda_argmax, F32 | I64};                 /* int64: the result */
+#ifdef MK_WITH_CUDNN
+        k[MK_KERNEL_CUDNN_GROUP] = {mk_cuda_cudnn_group, F32};
+#else
+        k[MK_KERNEL_CUDNN_GROUP] = {NULL, 0}; /* CUDNN=0: no fused groups */
+#endif
+    }
+};
+static constexpr cuda_kernel_table cuda_kernels;
+
 /* ---- prepare: staging and capture ---------------------------------------- */
 
 static size_t stage_round(size_t bytes) {
@@ -295,10 +327,11 @@ static int cuda_prepare(void *state, const mk_launch *launches, int n, const mk_
         failed_at = -2;
     for (int i = 0; failed_at == -1 && i < n; i++) {
         const mk_launch *l = &launches[i];
-        mk_kernel_fn kernel = l->node->op->kernel[MK_DEVICE_CUDA];
+        /* model.c bound only launches whose kernel this table has (and whose dtypes it takes) */
+        mk_kernel_id id = l->node->op->kernel;
+        mk_kernel_fn kernel = (unsigned)id < MK_KERNEL_COUNT ? cuda_kernels.k[id].fn : NULL;
         if (!kernel) {
-            mk_fail(err, MK_ERR_INTERNAL, 0, 0, "%s $%d has no CUDA kernel", l->node->op->name,
-                    l->node->id);
+            MK_INTERNAL(err, "a launch whose kernel the CUDA device does not have");
             failed_at = i;
         } else if (kernel(l, err) != 0) {
             failed_at = i;
@@ -351,32 +384,14 @@ fail:
 
 /* ---- evaluate ------------------------------------------------------------ */
 
-/* The fault record as the error the CPU device would give for the same value. */
+/* The fault record as the error the CPU device gives for the same value (mk_fault). */
 static int fault_error(const mk_cuda_fault *f, const mk_launch *launches, int n,
                        mk_error **err) {
     if (f->launch < 0 || f->launch >= n)
         return mk_fail(err, MK_ERR_INTERNAL, 0, 0, "a CUDA kernel reported launch %d of %d",
                        f->launch, n);
-    const mk_node *node = launches[f->launch].node;
-    const long long *v = f->value;
-    switch (f->reason) {
-    case MK_CUDA_FAULT_REPLACE_RANGE:
-        return mk_fail(err, MK_ERR_EVAL, 0, 0,
-                       "%s $%d: rows [%lld, %lld) are out of range for a first axis of %lld",
-                       node->op->name, node->id, v[0], v[1], v[2]);
-    case MK_CUDA_FAULT_REPLACE_ROWS:
-        return mk_fail(err, MK_ERR_EVAL, 0, 0,
-                       "%s $%d: rows [%lld, %lld) are %lld rows but the replacement has %lld",
-                       node->op->name, node->id, v[0], v[1], v[1] - v[0], v[2]);
-    case MK_CUDA_FAULT_PREFIX:
-        return mk_fail(err, MK_ERR_EVAL, 0, 0, "%s $%d: prefix %lld is outside [0, %lld]",
-                       node->op->name, node->id, v[0], v[1]);
-    case MK_CUDA_FAULT_ID:
-        return mk_fail(err, MK_ERR_EVAL, 0, 0, "%s $%d: id %lld (position %lld) is outside "
-                       "[0, %lld)", node->op->name, node->id, v[0], v[1], v[2]);
-    }
-    return mk_fail(err, MK_ERR_INTERNAL, 0, 0, "%s $%d: unknown CUDA fault %d", node->op->name,
-                   node->id, f->reason);
+    return mk_fault(err, launches[f->launch].node, (mk_fault_kind)f->kind, f->value[0],
+                    f->value[1], f->value[2]);
 }
 
 static int cuda_evaluate(void *state, const mk_launch *launches, int n, const mk_copy *in,
@@ -400,7 +415,30 @@ fail:
     return -1;
 }
 
-extern "C" const mk_device_ops mk_cuda_device = {
-    "cuda",     cuda_open,   cuda_close,    cuda_alloc, cuda_free,
-    cuda_upload, cuda_zero, cuda_prepare, cuda_evaluate,
+/* ---- the device table and the plugin's entry ---------------------------------- */
+
+static const mk_device_ops cuda_device = {
+    "cuda",      cuda_kernels.k, cuda_open, cuda_close,   cuda_alloc,
+    cuda_free,   cuda_upload,    cuda_zero, cuda_prepare, cuda_evaluate,
 };
+
+static const mk_cuda_plugin plugin = {
+    MK_CUDA_PLUGIN_ABI,
+    sizeof(mk_node),
+    sizeof(mk_launch),
+    sizeof(mk_op),
+    &cuda_device,
+    cuda_probe,
+#ifdef MK_WITH_CUDNN
+    mk_cudnn_cache_free,
+    mk_cudnn_compile_group,
+    mk_cudnn_group_release,
+#else
+    NULL,
+    NULL,
+    NULL,
+#endif
+};
+
+/* The plugin's only exported symbol (kernels/plugin.map), MK_CUDA_PLUGIN_ENTRY. */
+extern "C" MK_API const mk_cuda_plugin *mk_cuda_plugin_entry(void) { return &plugin; }

@@ -4,9 +4,16 @@
  * record kernels write when a run-time value is out of range, and the TRY
  * macros that turn every CUDA/cuBLAS status into an mk_error.
  *
- * Files: cuda_device.cu (device table, graph capture, staging, faults),
- * pointwise.cu, matmul.cu, norm_softmax.cu, gather.cu (one per op family);
- * cudnn_fuser.cu (fused groups) reads the stream from the same state.
+ * Files: cuda_device.cu (device table, graph capture, staging, faults, the
+ * plugin's entry), pointwise.cu, matmul.cu, norm_softmax.cu, gather.cu (one
+ * per kernel family); cudnn_fuser.cu (fused groups, CUDNN=1 builds only)
+ * reads the stream from the same state.
+ *
+ * All of this is built into build/libmoonkaas_cuda.so, a plugin that the core
+ * opens (core/plugin.c) the first time CUDA is asked for. The plugin carries
+ * its own copies of core/error.c and core/tensor.c, hides every symbol but
+ * mk_cuda_plugin_entry (kernels/plugin.map) and binds its own references to
+ * itself (-Bsymbolic), so it never reaches into the process that loads it.
  */
 #ifndef MK_CUDA_DEVICE_H
 #define MK_CUDA_DEVICE_H
@@ -23,30 +30,24 @@ extern "C" {
  * value (slice bounds, prefix, an id) skips the write and claims `flag` with
  * atomicCAS; only the claimer fills the rest. Launches run in stream order, so
  * the first faulting launch is the one reported. The captured graph clears
- * the record at the start of every evaluation.
+ * the record at the start of every evaluation; evaluate turns it into the
+ * error mk_fault (core/tensor.c) words for every device.
  */
 typedef struct {
     unsigned int flag;   /* 0: no fault; 1: the fields below are being / were written */
     int launch;          /* index of the faulting launch */
-    int reason;          /* MK_CUDA_FAULT_* */
+    int kind;            /* mk_fault_kind */
     int pad;
-    long long value[3];  /* reason-specific values */
+    long long value[3];  /* the kind's values, as mk_fault takes them */
 } mk_cuda_fault;
-
-enum {
-    MK_CUDA_FAULT_REPLACE_RANGE = 1, /* begin, end, rows */
-    MK_CUDA_FAULT_REPLACE_ROWS,      /* begin, end, replacement rows */
-    MK_CUDA_FAULT_PREFIX,            /* prefix, n */
-    MK_CUDA_FAULT_ID,                /* id, position, V */
-};
 
 /* Records a fault unless an earlier one already holds the word. */
 static __device__ __forceinline__ void mk_cuda_fault_raise(mk_cuda_fault *f, int launch,
-                                                           int reason, long long v0,
+                                                           mk_fault_kind kind, long long v0,
                                                            long long v1, long long v2) {
     if (atomicCAS(&f->flag, 0u, 1u) == 0u) {
         f->launch = launch;
-        f->reason = reason;
+        f->kind = (int)kind;
         f->value[0] = v0;
         f->value[1] = v1;
         f->value[2] = v2;
@@ -129,58 +130,72 @@ static inline unsigned int mk_cuda_blocks(long long n, long long per_block) {
 }
 
 /*
- * Index arithmetic over a contiguous output of up to MK_MAX_RANK dims: the
- * element offset in an operand with other strides (0 where broadcast). Dims
- * of size 1 are dropped and neighbours merged where the operand is linear
- * across them, so the common cases cost one or two divisions.
+ * The strided walk on the device. mk_walk (core/tensor.c) drops size-1 dims
+ * and merges neighbours once on the host; the kernels then turn an element
+ * index of the contiguous result into each operand's element offset, with one
+ * division per remaining dim (the common cases: none or one or two).
  */
-typedef struct {
-    int rank; /* >= 1 */
-    int64_t shape[MK_MAX_RANK];
-    int64_t stride[MK_MAX_RANK];
-} mk_cuda_walk;
 
-static inline mk_cuda_walk mk_cuda_walk_make(int rank, const int64_t *shape,
-                                             const int64_t *stride) {
-    mk_cuda_walk w;
-    w.rank = 0;
-    for (int d = 0; d < rank; d++) {
-        if (shape[d] == 1) continue;
-        int r = w.rank;
-        if (r > 0 && w.stride[r - 1] == stride[d] * shape[d]) {
-            w.shape[r - 1] *= shape[d];
-            w.stride[r - 1] = stride[d];
-        } else {
-            w.shape[r] = shape[d];
-            w.stride[r] = stride[d];
-            w.rank++;
-        }
-    }
-    if (w.rank == 0) {
-        w.rank = 1;
-        w.shape[0] = 1;
-        w.stride[0] = 0;
-    }
+/* A walk of operand `stride` alone (n = 1) over `shape`. */
+static inline mk_walk mk_cuda_walk1(int rank, const int64_t *shape, const int64_t *stride) {
+    mk_walk w;
+    const int64_t *strides[1] = {stride};
+    mk_walk_init(&w, rank, shape, 1, strides);
     return w;
 }
 
-/* Is the walk a plain contiguous run (offset == index)? */
-static inline bool mk_cuda_walk_linear(const mk_cuda_walk *w) {
-    return w->rank == 1 && (w->stride[0] == 1 || w->shape[0] == 1);
+/* Is operand k a plain contiguous run (offset == index)? */
+static inline bool mk_cuda_walk_linear(const mk_walk *w, int k) {
+    return w->rank == 1 && (w->stride[k][0] == 1 || w->shape[0] == 1);
 }
 
-static __device__ __forceinline__ long long mk_cuda_walk_offset(const mk_cuda_walk &w,
-                                                                long long i) {
-    long long off = 0;
+/* Offsets of operands 0 .. N-1 of the walk at element i < the walk's numel
+ * (the divisions are shared; the outermost dim needs none). */
+template <int N>
+static __device__ __forceinline__ void mk_cuda_walk_offsets(const mk_walk &w, long long i,
+                                                            long long *off) {
 #pragma unroll
-    for (int d = MK_MAX_RANK - 1; d >= 0; d--) {
+    for (int k = 0; k < N; k++) off[k] = 0;
+#pragma unroll
+    for (int d = MK_MAX_RANK - 1; d >= 1; d--) {
         if (d < w.rank) {
-            long long q = i / w.shape[d];
-            off += (i - q * w.shape[d]) * w.stride[d];
+            long long q = i / w.shape[d], r = i - q * w.shape[d];
+#pragma unroll
+            for (int k = 0; k < N; k++) off[k] += r * w.stride[k][d];
             i = q;
         }
     }
+#pragma unroll
+    for (int k = 0; k < N; k++) off[k] += i * w.stride[k][0];
+}
+
+/* The offset of operand 0 at element i. */
+static __device__ __forceinline__ long long mk_cuda_walk_offset(const mk_walk &w, long long i) {
+    long long off;
+    mk_cuda_walk_offsets<1>(w, i, &off);
     return off;
 }
+
+/* ---- the plugin's kernels (one file per family) and its table -------------- */
+
+int mk_cuda_pointwise(const mk_launch *l, mk_error **err);      /* pointwise.cu */
+int mk_cuda_permute(const mk_launch *l, mk_error **err);        /* pointwise.cu */
+int mk_cuda_complex_mul(const mk_launch *l, mk_error **err);    /* pointwise.cu */
+int mk_cuda_matmul(const mk_launch *l, mk_error **err);         /* matmul.cu */
+int mk_cuda_rms_norm(const mk_launch *l, mk_error **err);       /* norm_softmax.cu */
+int mk_cuda_sliced_softmax(const mk_launch *l, mk_error **err); /* norm_softmax.cu */
+int mk_cuda_argmax(const mk_launch *l, mk_error **err);         /* norm_softmax.cu */
+int mk_cuda_embedding(const mk_launch *l, mk_error **err);      /* gather.cu */
+int mk_cuda_replace_slice(const mk_launch *l, mk_error **err);  /* gather.cu */
+
+#ifdef MK_WITH_CUDNN
+/* cudnn_fuser.cu (left out of CUDNN=0 builds): the plugin table's cuDNN hooks,
+ * as core/internal.h describes them, and the group's kernel. */
+void mk_cudnn_cache_free(struct mk_cudnn_cache *c);
+int mk_cudnn_compile_group(struct mk_cudnn_cache **cache, mk_fused_group *g, char *why,
+                           size_t why_size, mk_error **err);
+void mk_cudnn_group_release(mk_fused_group *g);
+int mk_cuda_cudnn_group(const mk_launch *l, mk_error **err);
+#endif
 
 #endif

@@ -575,10 +575,10 @@ int mk_cuda_cudnn_group(const mk_launch *l, mk_error **err) {
     mk_cuda_state *s = mk_cuda_state_of(l);
     mk_fused_group *g = l->node->group;
     if (!g || !g->plan || l->n_in != g->n_in)
-        return MK_INTERNAL(err, "a CudnnGroupNode without its compiled group");
+        return MK_INTERNAL(err, "a cuDNN group launch without its compiled group");
     mk_cudnn_plan *p = g->plan;
     if (l->scratch_bytes < p->workspace_bytes)
-        return MK_INTERNAL(err, "a CudnnGroupNode got less scratch than its workspace");
+        return MK_INTERNAL(err, "a cuDNN group launch got less scratch than its workspace");
     void *ptrs[MK_MAX_INPUTS + 1];
     for (int k = 0; k < g->n_in; k++) ptrs[k] = l->in[k].data;
     ptrs[g->n_in] = l->out.data;

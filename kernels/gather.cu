@@ -8,17 +8,17 @@
  * The ids and bounds are read by the kernels at run time, never baked into
  * the captured graph. A bad value skips the write and raises the model's
  * fault record (see cuda_device.h); the evaluation then fails naming the node.
- * Rows move as 16-, 8- or 4-byte units, whichever divides the row and the
- * addresses, so float and int64 tables share one kernel.
+ * Rows move as 16-, 8-, 4-, 2- or 1-byte units, whichever is the widest that
+ * divides the row and the addresses, so tables of every dtype share one kernel.
  */
 #include "cuda_device.h"
 
-/* The widest unit (16, 8 or 4 bytes) dividing `bytes` and aligning every pointer. */
+/* The widest unit (16, 8, 4, 2 or 1 bytes) dividing `bytes` and aligning every pointer. */
 static int unit_for(size_t bytes, const void *p, const void *q) {
     uintptr_t a = (uintptr_t)p | (uintptr_t)q | (uintptr_t)bytes;
-    if ((a & 15u) == 0) return 16;
-    if ((a & 7u) == 0) return 8;
-    return 4;
+    for (int unit = 16; unit > 1; unit /= 2)
+        if ((a & (uintptr_t)(unit - 1)) == 0) return unit;
+    return 1;
 }
 
 static unsigned int grid_for(long long n) {
@@ -39,34 +39,36 @@ static __global__ void embedding_kernel(U *out, const U *table, const long long 
         long long row = e / units, c = e - row * units;
         long long id = ids[row];
         if (id < 0 || id >= V) {
-            if (c == 0) mk_cuda_fault_raise(fault, launch, MK_CUDA_FAULT_ID, id, row, V);
+            if (c == 0) mk_cuda_fault_raise(fault, launch, MK_FAULT_ID, id, row, V);
             continue;
         }
         out[e] = table[id * units + c];
     }
 }
 
-int mk_cuda_embedding(const mk_launch *l, mk_error **err) {
+template <typename U>
+static void embedding_as(const mk_launch *l, const long long *ids, long long n, long long V,
+                         long long units) {
     mk_cuda_state *s = mk_cuda_state_of(l);
+    embedding_kernel<U><<<grid_for(n * units), MK_CUDA_BLOCK, 0, s->stream>>>(
+        (U *)l->out.data, (const U *)l->in[0].data, ids, n, V, units, s->fault, l->index);
+}
+
+/* MK_KERNEL_EMBEDDING: tables of every dtype; ids int64. */
+int mk_cuda_embedding(const mk_launch *l, mk_error **err) {
     const mk_tensor *table = &l->in[0], *ids = &l->in[1];
     long long V = table->shape[0], n = mk_tensor_numel(ids);
     size_t row_bytes = (size_t)(mk_tensor_numel(table) / V) * mk_dtype_size(table->dtype);
     int unit = unit_for(row_bytes, table->data, l->out.data);
     long long units = (long long)(row_bytes / (size_t)unit);
-    unsigned int grid = grid_for(n * units);
     const long long *pid = (const long long *)ids->data;
-    if (unit == 16)
-        embedding_kernel<uint4><<<grid, MK_CUDA_BLOCK, 0, s->stream>>>(
-            (uint4 *)l->out.data, (const uint4 *)table->data, pid, n, V, units, s->fault,
-            l->index);
-    else if (unit == 8)
-        embedding_kernel<uint2><<<grid, MK_CUDA_BLOCK, 0, s->stream>>>(
-            (uint2 *)l->out.data, (const uint2 *)table->data, pid, n, V, units, s->fault,
-            l->index);
-    else
-        embedding_kernel<unsigned int><<<grid, MK_CUDA_BLOCK, 0, s->stream>>>(
-            (unsigned int *)l->out.data, (const unsigned int *)table->data, pid, n, V, units,
-            s->fault, l->index);
+    switch (unit) {
+    case 16: embedding_as<uint4>(l, pid, n, V, units); break;
+    case 8: embedding_as<uint2>(l, pid, n, V, units); break;
+    case 4: embedding_as<unsigned int>(l, pid, n, V, units); break;
+    case 2: embedding_as<unsigned short>(l, pid, n, V, units); break;
+    default: embedding_as<unsigned char>(l, pid, n, V, units); break;
+    }
     return mk_cuda_check_launch(l, "embedding", err);
 }
 
@@ -85,12 +87,12 @@ static __global__ void replace_slice_kernel(U *x, const U *r, const long long *b
     bool first = blockIdx.x == 0 && threadIdx.x == 0;
     if (begin < 0 || end > rows || begin > end) {
         if (first)
-            mk_cuda_fault_raise(fault, launch, MK_CUDA_FAULT_REPLACE_RANGE, begin, end, rows);
+            mk_cuda_fault_raise(fault, launch, MK_FAULT_RANGE, begin, end, rows);
         return;
     }
     if (end - begin != r_rows) {
         if (first)
-            mk_cuda_fault_raise(fault, launch, MK_CUDA_FAULT_REPLACE_ROWS, begin, end, r_rows);
+            mk_cuda_fault_raise(fault, launch, MK_FAULT_ROWS, begin, end, r_rows);
         return;
     }
     U *dst = x + begin * row_units;
@@ -100,6 +102,16 @@ static __global__ void replace_slice_kernel(U *x, const U *r, const long long *b
         dst[e] = r[e];
 }
 
+template <typename U>
+static void replace_slice_as(const mk_launch *l, char *o, const char *src, long long rows,
+                             long long r_rows, long long row_units) {
+    mk_cuda_state *s = mk_cuda_state_of(l);
+    const long long *pb = (const long long *)l->in[2].data, *pe = (const long long *)l->in[3].data;
+    replace_slice_kernel<U><<<grid_for(r_rows * row_units), MK_CUDA_BLOCK, 0, s->stream>>>(
+        (U *)o, (const U *)src, pb, pe, rows, r_rows, row_units, s->fault, l->index);
+}
+
+/* MK_KERNEL_REPLACE_SLICE: every dtype; begin and end int64 [1]. */
 int mk_cuda_replace_slice(const mk_launch *l, mk_error **err) {
     mk_cuda_state *s = mk_cuda_state_of(l);
     const mk_tensor *x = &l->in[0], *r = &l->in[1];
@@ -109,7 +121,7 @@ int mk_cuda_replace_slice(const mk_launch *l, mk_error **err) {
     size_t row_bytes = x_bytes / (size_t)rows;
     size_t r_bytes = (size_t)mk_tensor_numel(r) * es;
     if (r_bytes != (size_t)r_rows * row_bytes)
-        return MK_INTERNAL(err, "ReplaceSliceNode: replacement rows differ from x's rows");
+        return MK_INTERNAL(err, "the replacement's rows differ from x's rows");
     char *o = (char *)l->out.data;
     const char *src = (const char *)r->data;
     cudaError_t status;
@@ -117,7 +129,7 @@ int mk_cuda_replace_slice(const mk_launch *l, mk_error **err) {
         /* not bound in place: out starts as a copy of x */
         status = cudaMemcpyAsync(o, x->data, x_bytes, cudaMemcpyDeviceToDevice, s->stream);
         if (status != cudaSuccess)
-            return mk_cuda_fail_status(err, status, "ReplaceSliceNode: cudaMemcpyAsync",
+            return mk_cuda_fail_status(err, status, "cudaMemcpyAsync (replace: x into out)",
                                        __FILE__, __LINE__);
     }
     if (src < o + x_bytes && o < src + r_bytes) {
@@ -127,23 +139,18 @@ int mk_cuda_replace_slice(const mk_launch *l, mk_error **err) {
         if (!aside) return -1;
         status = cudaMemcpyAsync(aside, src, r_bytes, cudaMemcpyDeviceToDevice, s->stream);
         if (status != cudaSuccess)
-            return mk_cuda_fail_status(err, status, "ReplaceSliceNode: cudaMemcpyAsync",
+            return mk_cuda_fail_status(err, status, "cudaMemcpyAsync (replace: r aside)",
                                        __FILE__, __LINE__);
         src = aside;
     }
     int unit = unit_for(row_bytes, o, src);
     long long row_units = (long long)(row_bytes / (size_t)unit);
-    unsigned int grid = grid_for(r_rows * row_units);
-    const long long *pb = (const long long *)l->in[2].data, *pe = (const long long *)l->in[3].data;
-    if (unit == 16)
-        replace_slice_kernel<uint4><<<grid, MK_CUDA_BLOCK, 0, s->stream>>>(
-            (uint4 *)o, (const uint4 *)src, pb, pe, rows, r_rows, row_units, s->fault, l->index);
-    else if (unit == 8)
-        replace_slice_kernel<uint2><<<grid, MK_CUDA_BLOCK, 0, s->stream>>>(
-            (uint2 *)o, (const uint2 *)src, pb, pe, rows, r_rows, row_units, s->fault, l->index);
-    else
-        replace_slice_kernel<unsigned int><<<grid, MK_CUDA_BLOCK, 0, s->stream>>>(
-            (unsigned int *)o, (const unsigned int *)src, pb, pe, rows, r_rows, row_units,
-            s->fault, l->index);
+    switch (unit) {
+    case 16: replace_slice_as<uint4>(l, o, src, rows, r_rows, row_units); break;
+    case 8: replace_slice_as<uint2>(l, o, src, rows, r_rows, row_units); break;
+    case 4: replace_slice_as<unsigned int>(l, o, src, rows, r_rows, row_units); break;
+    case 2: replace_slice_as<unsigned short>(l, o, src, rows, r_rows, row_units); break;
+    default: replace_slice_as<unsigned char>(l, o, src, rows, r_rows, row_units); break;
+    }
     return mk_cuda_check_launch(l, "replace_slice", err);
 }

@@ -110,16 +110,12 @@ static int mm_status(const mk_launch *l, cublasStatus_t status, const char *call
 }
 
 /*
- * out = a @ b. Reduced to one (possibly batched) product
+ * MK_KERNEL_MATMUL (float32): out = a @ b. Reduced to one (possibly batched) product
  *   C [m, n] = A [m, k] · B [k, n], batch B_count, with strides per operand.
  */
 int mk_cuda_matmul(const mk_launch *l, mk_error **err) {
     mk_cuda_state *s = mk_cuda_state_of(l);
     const mk_tensor *a = &l->in[0], *b = &l->in[1];
-    if (l->out.dtype != MK_DTYPE_FLOAT32 || a->dtype != MK_DTYPE_FLOAT32 ||
-        b->dtype != MK_DTYPE_FLOAT32)
-        return mk_fail(err, MK_ERR_INTERNAL, 0, 0, "%s $%d: no CUDA kernel for dtype %s",
-                       l->node->op->name, l->node->id, mk_dtype_name(l->out.dtype));
     long long batch = 1, m, k, n;
     long long a_sr, a_sc, a_sb = 0, b_sr, b_sc, b_sb = 0;
     if (a->rank == 1 && b->rank == 2) {
@@ -135,7 +131,7 @@ int mk_cuda_matmul(const mk_launch *l, mk_error **err) {
         a_sb = a->stride[0], a_sr = a->stride[1], a_sc = a->stride[2];
         b_sb = b->stride[0], b_sr = b->stride[1], b_sc = b->stride[2];
     } else {
-        return MK_INTERNAL(err, "MatMulNode: operand ranks not 1/2, 2/2 or 3/3");
+        return MK_INTERNAL(err, "matmul operand ranks not 1/2, 2/2 or 3/3");
     }
     if (m > 0x7fffffffLL || n > 0x7fffffffLL || k > 0x7fffffffLL || batch > 0x7fffffffLL)
         return mk_fail(err, MK_ERR_SHAPE, 0, 0, "%s $%d: dimensions beyond cuBLAS's int range",

@@ -9,8 +9,13 @@ local R = H.ref_ops
 
 local gpu_it = H.gpu(it, function(why) pending(why) end)
 
+-- every node kind, and the pointwise ops that came from the op table alone
+-- (SubNode, DivNode, ExpNode, TanhNode, SigmoidNode, GELUNode: generated code)
+local cases = H.op_cases()
+for _, case in ipairs(H.pointwise_cases()) do cases[#cases + 1] = case end
+
 describe("CUDA #gpu", function()
-    for _, case in ipairs(H.op_cases()) do
+    for _, case in ipairs(cases) do
         gpu_it(case.name, function()
             local cpu <close> = mk.compile(case.output)
             local want = H.ref(cpu:run(case.feeds))
@@ -169,6 +174,27 @@ describe("CUDA large and odd shapes #gpu", function()
                 assert(math.abs(g - acc) <= 1e-4 + 1e-4 * math.abs(acc),
                     string.format("[%d, %d]: %.9g vs %.9g", i, j, g, acc))
             end
+        end
+    end)
+
+    gpu_it("1M-element chain of the new pointwise ops agrees with the CPU and the reference", function()
+        local n = 1 << 20
+        local at, av = big_rand({ n }, 2)
+        local dt, dv = big_rand({ n }, 1) -- magnitudes in [0.1, 1]: never zero
+        local a, d = mk.input("a", "float32", { n }), mk.constant(dt, "d")
+        local y = ((a - d) / d):tanh():gelu() + (1 - a):sigmoid() * (a / 4):exp()
+        local cpu <close> = mk.compile(y)
+        local gpu <close> = mk.compile(y, { device = "cuda" })
+        local want, got = cpu:run({ a = at }), gpu:run({ a = at })
+        assert.is_true(sampled_rel(got, want, 20000) < 1e-5)
+        for _ = 1, 2000 do
+            local i = math.random(0, n - 1)
+            local x, w = av(i), dv(i)
+            local t = R.tanh({ shape = { 1 }, data = { (x - w) / w } })
+            local ref = R.gelu(t).data[1] + 1 / (1 + math.exp(-(1 - x))) * math.exp(x / 4)
+            local g = got:get(i + 1)
+            assert(math.abs(g - ref) <= 1e-5 + 1e-5 * math.abs(ref),
+                string.format("element %d: %.9g vs %.9g", i, g, ref))
         end
     end)
 

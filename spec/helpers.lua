@@ -10,6 +10,11 @@ spec/helpers.lua — what the busted specs share:
   helpers.assert_close(got, want[, atol, rtol])   |got - want| <= atol + rtol |want|
   helpers.ref_ops.*            the nodes' semantics as plain Lua loops in double
                                precision, written from DESIGN.md, not from the core
+  helpers.op_cases()           fresh random {name, output, feeds, want, atol, rtol}
+                               cases, one or more per node kind
+  helpers.pointwise_cases()    the same for SubNode, DivNode, ExpNode, TanhNode,
+                               SigmoidNode, GELUNode (broadcasting, numbers on
+                               either side, int64 wrap-around, a fused tree)
   helpers.requires_cuda()      nil when a CUDA device is usable, else the reason
                                (specs call pending(reason) with it)
   helpers.gpu(it, skip)        a gpu_it(name, body): it(name .. " #gpu", body),
@@ -169,6 +174,9 @@ end
 
 function R.add(a, b) return broadcast(a, b, function(x, y) return x + y end) end
 function R.mul(a, b) return broadcast(a, b, function(x, y) return x * y end) end
+-- int64 operands are Lua integers: their differences wrap around as int64 does
+function R.sub(a, b) return broadcast(a, b, function(x, y) return x - y end) end
+function R.div(a, b) return broadcast(a, b, function(x, y) return x / y end) end
 
 local function map(x, f)
     local out = new(x.shape, x.dtype)
@@ -177,6 +185,28 @@ local function map(x, f)
 end
 function R.relu(x) return map(x, function(v) return v > 0 and v or 0 end) end
 function R.silu(x) return map(x, function(v) return v / (1 + math.exp(-v)) end) end
+function R.exp(x) return map(x, math.exp) end
+
+-- Lua 5.4 has no math.tanh: (1 - e^-2|v|) / (1 + e^-2|v|) with v's sign
+local function tanh(v)
+    local t = math.exp(-2 * math.abs(v))
+    local r = (1 - t) / (1 + t)
+    return v < 0 and -r or r
+end
+function R.tanh(x) return map(x, tanh) end
+function R.sigmoid(x) return map(x, function(v) return 1 / (1 + math.exp(-v)) end) end
+-- GELU in its tanh form: v/2 (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3)))
+function R.gelu(x)
+    local c = math.sqrt(2 / math.pi)
+    return map(x, function(v) return 0.5 * v * (1 + tanh(c * (v + 0.044715 * v ^ 3))) end)
+end
+
+-- A reference of `shape` holding v everywhere (a number turned into a constant).
+function R.fill(shape, v, dtype)
+    local out = new(shape, dtype)
+    for i = 1, numel(shape) do out.data[i] = v end
+    return out
+end
 
 -- [k]@[k,n], [m,k]@[k,n], [B,m,k]@[B,k,n]
 function R.matmul(a, b)
@@ -486,6 +516,131 @@ function helpers.op_cases()
         local ct, cr = helpers.randint({ V, D }, -50, 50)
         add("EmbeddingNode of an int64 constant", mk.embedding(mk.constant(ct), ids), { ids = it },
             R.embedding(cr, ir), 0, 0)
+    end
+
+    return cases
+end
+
+-- v rounded to float32, as a number becomes when it is made a float32 constant.
+function helpers.f32(v)
+    return (string.unpack("<f", string.pack("<f", v)))
+end
+
+-- A float32 tensor whose values have magnitudes in [lo, hi] and either sign
+-- (denominators, never near zero), and its reference.
+function helpers.rand_away(shape, lo, hi)
+    local data = {}
+    for i = 1, numel(shape) do
+        local v = lo + (hi - lo) * math.random()
+        data[i] = math.random() < 0.5 and -v or v
+    end
+    local t = helpers.mk().tensor(data, "float32", shape)
+    return t, helpers.ref(t)
+end
+
+--[[
+Fresh random cases for the pointwise ops the core's table brought without any
+binding code (SubNode, DivNode, ExpNode, TanhNode, SigmoidNode, GELUNode), in
+op_cases' form: ops_spec-style CPU checks in pointwise_spec, CUDA against the
+CPU in gpu_spec.
+]]
+function helpers.pointwise_cases()
+    local mk = helpers.mk()
+    local cases = {}
+    local function add(name, output, feeds, want, atol, rtol)
+        cases[#cases + 1] = { name = name, output = output, feeds = feeds, want = want,
+            atol = atol or 1e-6, rtol = rtol or 1e-5 }
+    end
+    local function input(name, shape, lo, hi)
+        local t, r = helpers.rand(shape, lo, hi)
+        return mk.input(name, "float32", shape), t, r
+    end
+    local function input_away(name, shape, lo, hi)
+        local t, r = helpers.rand_away(shape, lo, hi)
+        return mk.input(name, "float32", shape), t, r
+    end
+    local S = helpers.shape_str
+
+    for rank = 1, 4 do
+        local shape = rand_shape(rank, 1, 6)
+        local a, at, ar = input("a", shape)
+        local b, bt, br = input("b", shape)
+        local d, dt, dr = input_away("d", shape, 0.5, 2)
+        add("SubNode rank " .. rank, a - b, { a = at, b = bt }, R.sub(ar, br))
+        add("SubNode as a:sub(b) rank " .. rank, a:sub(b), { a = at, b = bt }, R.sub(ar, br))
+        add("DivNode rank " .. rank, a / d, { a = at, d = dt }, R.div(ar, dr))
+        add("DivNode as a:div(d) rank " .. rank, a:div(d), { a = at, d = dt }, R.div(ar, dr))
+        -- the second operand broadcasts where its dim is 1
+        local cshape = copy(shape)
+        for i = 1, rank do if math.random() < 0.5 then cshape[i] = 1 end end
+        local c, ct, cr = input_away("c", cshape, 0.5, 2)
+        add("SubNode broadcast " .. S(cshape) .. " onto " .. S(shape), a - c, { a = at, c = ct },
+            R.sub(ar, cr))
+        add("DivNode broadcast " .. S(cshape) .. " onto " .. S(shape), a / c, { a = at, c = ct },
+            R.div(ar, cr))
+        local x, xt, xr = input("x", shape, -3, 3)
+        add("ExpNode rank " .. rank, x:exp(), { x = xt }, R.exp(xr))
+        add("TanhNode rank " .. rank, x:tanh(), { x = xt }, R.tanh(xr))
+        local g, gt, gr = input("g", shape, -5, 5)
+        add("SigmoidNode rank " .. rank, g:sigmoid(), { g = gt }, R.sigmoid(gr))
+        add("GELUNode rank " .. rank, g:gelu(), { g = gt }, R.gelu(gr))
+    end
+
+    do -- the issue's shapes: [2, 3] - [1, 3] and [2, 3] / [2, 1]
+        local a, at, ar = input("a", { 2, 3 })
+        local r, rt, rr = input("r", { 1, 3 })
+        local c, ct, cr = input_away("c", { 2, 1 }, 0.5, 2)
+        add("SubNode [2, 3] - [1, 3]", a - r, { a = at, r = rt }, R.sub(ar, rr))
+        add("DivNode [2, 3] / [2, 1]", a / c, { a = at, c = ct }, R.div(ar, cr))
+    end
+
+    do -- numbers on either side: x - k, k - x, x / k, k / x
+        local shape = rand_shape(math.random(1, 4), 1, 5)
+        local x, xt, xr = input_away("x", shape, 0.25, 2)
+        local k = helpers.f32(0.5 + 2.5 * math.random())
+        local ones = {}
+        for i = 1, #shape do ones[i] = 1 end
+        local kb, kf = R.fill(ones, k), R.fill(shape, k)
+        add("x - k", x - k, { x = xt }, R.sub(xr, kb))
+        add("k - x", k - x, { x = xt }, R.sub(kf, xr))
+        add("x / k", x / k, { x = xt }, R.div(xr, kb))
+        add("k / x", k / x, { x = xt }, R.div(kf, xr))
+    end
+
+    do -- int64 SubNode: exact, wrapping around at the ends of the range as SumNode
+        local rows, cols = math.random(2, 5), math.random(2, 5)
+        local lo, hi = {}, {}
+        for i = 1, rows * cols do
+            if math.random() < 0.5 then
+                lo[i] = math.mininteger + math.random(0, 1000) -- minus a positive: wraps
+                hi[i] = math.random(1001, 1 << 40)
+            else
+                lo[i] = math.random(-1000000, 1000000)
+                hi[i] = math.random(-1000000, 1000000)
+            end
+        end
+        local it, jt = mk.tensor(lo, "int64", { rows, cols }), mk.tensor(hi, "int64", { rows, cols })
+        local ir, jr = helpers.ref(it), helpers.ref(jt)
+        local i, j = mk.input("i", "int64", { rows, cols }), mk.input("j", "int64", { rows, cols })
+        add("int64 SubNode wraps around", i - j, { i = it, j = jt }, R.sub(ir, jr), 0, 0)
+        local ct, cr = helpers.randint({ rows, 1 }, -1000, 1000)
+        local c = mk.input("c", "int64", { rows, 1 })
+        add("int64 SubNode broadcast and numbers", (7 - i) - c - 3, { i = it, c = ct },
+            R.sub(R.sub(R.sub(R.fill({ rows, cols }, 7, "int64"), ir), cr), R.fill({ 1, 1 }, 3, "int64")),
+            0, 0)
+    end
+
+    do -- a tree of the new ops: one fused group where the device fuses
+        local shape = rand_shape(2, 2, 6)
+        local a, at, ar = input("a", shape, -2, 2)
+        local b, bt, br = input("b", shape, -2, 2)
+        local d, dt, dr = input_away("d", shape, 0.5, 2)
+        local y = ((a - b) / d):tanh() * a:sigmoid() + (b - 1):exp():gelu() / 2
+        local ones = { 1, 1 }
+        local want = R.add(R.mul(R.tanh(R.div(R.sub(ar, br), dr)), R.sigmoid(ar)),
+            R.div(R.gelu(R.exp(R.sub(br, R.fill(ones, 1)))), R.fill(ones, 2)))
+        add("a tree of SubNode, DivNode, TanhNode, SigmoidNode, ExpNode, GELUNode", y,
+            { a = at, b = bt, d = dt }, want, 1e-5, 1e-4)
     end
 
     return cases

@@ -5,7 +5,9 @@
 #   2. `luarocks pack` of a source rock made from that copy, then
 #      `luarocks install` of the .src.rock;
 # and after each, from another directory with only `luarocks path` of that tree,
-# `lua5.4 -e 'require "moonkaas"'` loads the installed module and runs a network.
+# `lua5.4 -e 'require "moonkaas"'` loads the installed module and runs a network;
+# where the build made the CUDA plugin, it is installed beside core.so and the
+# module finds it there (on a machine without a GPU only the device probe fails).
 # Prints "rock check: ok" and exits 0, or says what failed and exits 1.
 #
 #   sh spec/rock_check.sh          (CUDA=0 in the environment skips the CUDA build)
@@ -44,7 +46,7 @@ check_tree() {
     (
         eval "$($LR --tree "$1" path)"
         cd "$tmp/elsewhere"
-        MK_TREE="$1" MK_MODULES="$tmp/modules" $LUA -e '
+        MK_TREE="$1" MK_MODULES="$tmp/modules" MK_PLUGIN="$plugin" $LUA -e '
             local tree = os.getenv("MK_TREE")
             local core = package.searchpath("moonkaas.core", package.cpath)
             assert(core and core:sub(1, #tree) == tree, "moonkaas.core not from the tree: " .. tostring(core))
@@ -57,7 +59,16 @@ check_tree() {
                 local where = package.searchpath(name, package.path)
                 assert(where and where:sub(1, #tree) == tree, "module " .. name .. " is not installed")
             end
+            local plugin = core:gsub("core%.so$", "libmoonkaas_cuda.so")
+            local ok, why = mk.cuda_available()
+            if os.getenv("MK_PLUGIN") == "1" then
+                assert(io.open(plugin), "no CUDA plugin beside the module: " .. plugin)
+                assert(ok or not why:find("plugin", 1, true), "the CUDA plugin does not load: " .. why)
+            else
+                assert(not io.open(plugin), "a CUDA plugin where the build made none: " .. plugin)
+            end
             print("  require \"moonkaas\" " .. mk.version .. " from " .. core)
+            print("  CUDA: " .. (ok and "available" or why))
         '
     ) || fail "the module installed in $1 does not load from another directory"
 }
@@ -66,6 +77,9 @@ check_tree() {
 echo "rock check: luarocks make in a clean copy"
 (cd "$tmp/src/moonkaas" && $LR make --tree "$tmp/tree-make" moonkaas-scm-1.rockspec) \
     > "$tmp/make.log" 2>&1 || { cat "$tmp/make.log"; fail "luarocks make"; }
+# the build made the plugin (nvcc found, CUDA not 0): each tree must have it beside core.so
+plugin=0
+[ -f "$tmp/src/moonkaas/build/libmoonkaas_cuda.so" ] && plugin=1
 check_tree "$tmp/tree-make"
 
 # ---- 2. luarocks pack, then install of the source rock ------------------------------

@@ -72,9 +72,13 @@ describe("mk.tensor", function()
         H.assert_error(function() mk.tensor("x") end, "argument error: tensor:")
     end)
 
-    it("refuses unknown dtypes such as int32", function()
-        H.assert_error(function() mk.tensor({ 1 }, "int32") end, "dtype error: tensor:", "int32")
-        H.assert_error(function() mk.zeros("float16", { 2 }) end, "dtype error: zeros:", "float16")
+    it("refuses unknown dtypes such as int32, naming the known ones", function()
+        local err = H.assert_error(function() mk.tensor({ 1 }, "int32") end, "dtype error: tensor:", "int32")
+        for _, name in ipairs({ "float32", "int64", "float16", "bfloat16", "int8" }) do
+            assert.is_truthy(err:find(name, 1, true), name .. " in " .. err)
+        end
+        H.assert_error(function() mk.zeros("float64", { 2 }) end, "dtype error: zeros:", "float64")
+        H.assert_error(function() mk.zeros(32, { 2 }) end, "argument error: zeros:", "bfloat16")
     end)
 
     it("takes a flat table and a shape", function()
@@ -165,6 +169,66 @@ describe("bytes", function()
         H.assert_error(function() mk.from_bytes("abc", "float32", { 1 }) end,
             "argument error: from_bytes:", "3 bytes", "4 expected")
         H.assert_error(function() mk.from_bytes(12, "float32", { 1 }) end, "argument error: from_bytes:")
+    end)
+end)
+
+describe("storage dtypes (float16, bfloat16, int8)", function()
+    local sizes = { float16 = 2, bfloat16 = 2, int8 = 1 }
+
+    local function random_bytes(n)
+        local b = {}
+        for i = 1, n do b[i] = string.char(math.random(0, 255)) end
+        return table.concat(b)
+    end
+
+    it("are made by zeros, from_bytes and from_file, sized by the dtype table", function()
+        for dtype, size in pairs(sizes) do
+            local shape = H.rand_shape(math.random(1, 4), 1, 4)
+            local n = H.numel(shape)
+            local z = mk.zeros(dtype, shape)
+            assert.are.equal(dtype, z.dtype)
+            assert.are.same(shape, z.shape)
+            assert.are.equal(string.rep("\0", n * size), z:bytes())
+            local bytes = random_bytes(n * size)
+            local t = mk.from_bytes(bytes, dtype, shape)
+            assert.are.equal(bytes, t:bytes())
+            assert.are.equal(bytes, t:copy():bytes())
+            H.assert_error(function() mk.from_bytes(bytes .. "x", dtype, shape) end,
+                "argument error: from_bytes:", (n * size + 1) .. " bytes", (n * size) .. " expected")
+            local path = os.tmpname()
+            local f = assert(io.open(path, "wb"))
+            f:write(string.rep("p", 2 * size) .. bytes)
+            f:close()
+            local m = mk.from_file(path, { offset = 2 * size, dtype = dtype, shape = shape })
+            assert.are.equal(bytes, m:bytes())
+            assert.is_true(m.readonly)
+            if size > 1 then
+                H.assert_error(function() mk.from_file(path, { offset = 1, dtype = dtype, shape = { 1 } }) end,
+                    "file error: " .. path .. ":", "multiple of " .. size, dtype)
+            end
+            m = nil
+            collectgarbage()
+            os.remove(path)
+        end
+    end)
+
+    it("say clearly that their elements are not readable from Lua yet", function()
+        for dtype in pairs(sizes) do
+            local t = mk.zeros(dtype, { 2, 3 })
+            local why = dtype .. " elements cannot be read or written from Lua yet"
+            H.assert_error(function() t:get(1) end, "dtype error: get:", why, "mk.from_bytes")
+            H.assert_error(function() t:set(1, 1) end, "dtype error: set:", why)
+            H.assert_error(function() t:totable() end, "dtype error: totable:", why)
+            H.assert_error(function() t:argmax() end, "dtype error: argmax:", why)
+            H.assert_error(function() mk.tensor({ 1, 2 }, dtype) end, "dtype error: tensor:", why)
+            -- tostring never raises (print and error messages use it)
+            local s = tostring(t)
+            assert.is_truthy(s:find("tensor " .. dtype .. " [2, 3]", 1, true), s)
+            -- as nodes they take the core's rules: numbers cannot become constants of them
+            local x = mk.input("x", dtype, { 2, 3 })
+            assert.are.equal(dtype, x.dtype)
+            H.assert_error(function() return x + 1 end, "dtype error:", why)
+        end
     end)
 end)
 

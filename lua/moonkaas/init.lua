@@ -21,12 +21,28 @@ t:argmax, t:totable) is 1-based, as Lua tables are.
            mk.from_file(path, {offset =, dtype =, shape =})  (mmap, read-only)
            t.dtype t.shape t.rank t.numel t.readonly #t tostring(t)
            t:totable() t:bytes() t:get(i...) t:set(i..., v) t:argmax() t:copy()
-  nodes    mk.input(name, dtype, shape)  mk.constant(tensor[, name])
-           mk.buffer(dtype, shape)  mk.embedding(table, ids)
-           a + b  a * b  (numbers become broadcast constants)
-           x:matmul(w) x:relu() x:silu() x:slice(b, e) x:reshape{...}
-           x:permute{...} x:replace(r, b, e) x:rms_norm(w) x:complex_mul(f)
-           x:sliced_softmax(p) x:argmax()    n.shape n.dtype n.op n.name
+           dtypes: float32, int64, float16, bfloat16, int8 (the core's table);
+           elements are read and written as Lua numbers for float32 and int64
+           only: tensors of the others come from zeros, from_bytes, from_file
+  nodes    mk.input(name, dtype, shape) | mk.input(name, shape) (float32)
+           mk.constant(tensor[, name])  mk.buffer(dtype, shape)
+           a + b  a - b  a * b (elementwise)  a / b; b broadcasts onto a (same
+           rank, each dim equal or 1); + and * commute, so either side may
+           broadcast. A number becomes a constant of the other operand's
+           dtype: [1, ..., 1] on the right, the other's shape on the left of
+           - and / (1 - x, 2 / x). A host tensor becomes an unnamed constant.
+           x:add(y) x:sub(y) x:mul(y) x:div(y)  x:relu() x:silu() x:exp()
+           x:tanh() x:sigmoid() x:gelu() (tanh form)  x:matmul(w)
+           x:slice(b, e) x:reshape{...} x:permute{...} (or the integers as
+           arguments)  x:replace(r, b, e) x:rms_norm(w) x:complex_mul(f)
+           x:sliced_softmax(p) x:argmax()  mk.embedding(table, ids)
+           b, e and p are int64 [1] nodes, or Lua integers (constants whose
+           range the core checks when the node is built)
+           n.shape n.dtype n.op n.name n.rank  mk.node_info(n)
+           All of these but the three leaves come from the core's op table:
+           mk.ops() lists its rows {name, alias, signature, role, method,
+           infix, expr, summary, broadcast, commutes, ...}, and a row the
+           core adds appears here with its shape checks.
   models   mk.compile(node[, opts])  mk.compile_script(text[, constants[, opts]])
            m:run(inputs[, out]) m:stats() m:script() m:inputs() m:output()
            m:reset() (buffers back to zero) m:fusion_report() (cuDNN groups)
@@ -84,7 +100,9 @@ end
 --[[
 Lowers the DAG ending at `output` to script text. Returns the text and the
 constants table {name = tensor} that compiling it needs. Input and constant
-names are checked for clashes; unnamed constants become constant_<k>.
+names are checked for clashes; unnamed constants become constant_<k>. Each
+statement is printed from its op's signature (core.node_info), so no op is
+special here.
 ]]
 local function lower(output)
     if not is_node(output) then
@@ -109,11 +127,8 @@ local function lower(output)
     for index, n in ipairs(order) do
         id[n] = index
         local i = info[n]
-        local args = {}
-        if i.op == "InputTensor" then
-            args = { i.name, i.dtype, list(i.shape) }
-        elseif i.op == "ConstantTensor" then
-            local name = i.name
+        local name = i.name
+        if i.leaf == "constant" then
             if not name then
                 repeat
                     k = k + 1
@@ -122,16 +137,32 @@ local function lower(output)
                 owner[name] = n
             end
             constants[name] = i.tensor
-            args = { name, i.dtype, list(i.shape) }
-        elseif i.op == "BufferTensor" then
-            args = { i.dtype, list(i.shape) }
-        else
-            for _, m in ipairs(i.inputs) do args[#args + 1] = "$" .. id[m] end
-            if i.op == "SliceNode" then
-                args[#args + 1] = i.attrs[1]
-                args[#args + 1] = i.attrs[2]
-            elseif i.op == "ReshapeNode" or i.op == "PermuteNode" then
-                args[#args + 1] = list(i.attrs)
+        end
+        -- one argument per signature letter: n/r an operand, s the name, d the
+        -- dtype, i the next integer, l the integers that the i's after it leave
+        local args, input, attr = {}, 0, 0
+        local sig = i.signature
+        local ints_left = select(2, sig:gsub("i", ""))
+        for c in sig:gmatch(".") do
+            if c == "n" or c == "r" then
+                input = input + 1
+                args[#args + 1] = "$" .. id[i.inputs[input]]
+            elseif c == "s" then
+                args[#args + 1] = name
+            elseif c == "d" then
+                args[#args + 1] = i.dtype
+            elseif c == "i" then
+                attr = attr + 1
+                args[#args + 1] = i.attrs[attr]
+                ints_left = ints_left - 1
+            elseif c == "l" then
+                local items = {}
+                for j = attr + 1, #i.attrs - ints_left do items[#items + 1] = i.attrs[j] end
+                attr = attr + #items
+                args[#args + 1] = list(items)
+            else
+                error(format("internal error: script: %s has an unknown signature letter '%s'",
+                    i.op, c), 0)
             end
         end
         lines[index] = format("$%d = %s(%s);", index, i.op, concat(args, ", "))

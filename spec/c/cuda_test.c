@@ -282,7 +282,7 @@ static double *ref_binary(char op, const arg *a, const arg *b) {
             bstride *= b->shape[d];
         }
         double x = at(a, i), y = at(b, bi);
-        r[i] = op == '+' ? x + y : x * y;
+        r[i] = op == '+' ? x + y : op == '-' ? x - y : op == '*' ? x * y : x / y;
     }
     return r;
 }
@@ -387,25 +387,52 @@ static void test_pointwise_binary(void) {
         binary_case("SumNode", '+', F32, cases[i].rank, cases[i].shape, cases[i].bshape);
         binary_case("HadamardProductNode", '*', F32, cases[i].rank, cases[i].shape,
                     cases[i].bshape);
+        binary_case("SubNode", '-', F32, cases[i].rank, cases[i].shape, cases[i].bshape);
+        binary_case("DivNode", '/', F32, cases[i].rank, cases[i].shape, cases[i].bshape);
     }
     /* int64: exact, wide values too */
     binary_case("SumNode", '+', I64, 2, (int64_t[]){37, 45}, (int64_t[]){37, 45});
     binary_case("HadamardProductNode", '*', I64, 3, (int64_t[]){4, 37, 33},
                 (int64_t[]){1, 37, 1});
     binary_case("SumNode", '+', I64, 1, (int64_t[]){big}, (int64_t[]){1});
+    binary_case("SubNode", '-', I64, 2, (int64_t[]){37, 45}, (int64_t[]){37, 45});
+    binary_case("SubNode", '-', I64, 3, (int64_t[]){4, 37, 33}, (int64_t[]){4, 1, 33});
+    binary_case("SubNode", '-', I64, 1, (int64_t[]){big}, (int64_t[]){1});
+}
+
+static double ref_relu(double x) { return x > 0 ? x : 0; }
+static double ref_silu(double x) { return x / (1.0 + exp(-x)); }
+static double ref_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+/* The tanh form: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))). */
+static double ref_gelu(double x) {
+    return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+
+/* The double-precision reference of a unary op by its script name. */
+static double (*unary_ref(const char *op))(double) {
+    if (!strcmp(op, "ReLUNode")) return ref_relu;
+    if (!strcmp(op, "SiLUNode")) return ref_silu;
+    if (!strcmp(op, "ExpNode")) return exp;
+    if (!strcmp(op, "TanhNode")) return tanh;
+    if (!strcmp(op, "SigmoidNode")) return ref_sigmoid;
+    return ref_gelu;
 }
 
 static void unary_case(const char *op_node, mk_dtype dt, int rank, const int64_t *shape) {
     arg x = arg_rand("x", false, dt, rank, shape, 4.0);
+    /* GELU's 1 + tanh cancels below x = -2, where a float32 result has an error
+     * near 1e-8 absolute but not relative: over a few elements the norm-wise
+     * check would read it as wrong. special_case checks that tail absolutely. */
+    if (!strcmp(op_node, "GELUNode"))
+        for (int64_t i = 0; i < x.n; i++)
+            if (((float *)x.data)[i] < -2.0f) ((float *)x.data)[i] = -((float *)x.data)[i];
     char script[512], label[160];
     int k = decl(script, sizeof script, 1, &x);
     snprintf(script + k, sizeof script - (size_t)k, "$2 = %s($1);\nresult = $2;\n", op_node);
     snprintf(label, sizeof label, "%s %s %s", op_node, dtn(dt), shp(rank, shape));
     double *ref = malloc((size_t)x.n * sizeof *ref);
-    for (int64_t i = 0; i < x.n; i++) {
-        double v = at(&x, i);
-        ref[i] = op_node[0] == 'R' ? (v > 0 ? v : 0) : v / (1.0 + exp(-v));
-    }
+    double (*f)(double) = unary_ref(op_node);
+    for (int64_t i = 0; i < x.n; i++) ref[i] = f(at(&x, i));
     if (dt == F32) {
         free(both_f32(label, script, &x, 1, x.n, ref, TOL));
     } else {
@@ -421,12 +448,302 @@ static void unary_case(const char *op_node, mk_dtype dt, int rank, const int64_t
 static void test_pointwise_unary(void) {
     int64_t big = quick ? 65536 : 1048576;
     int64_t shapes[][2] = {{1, big}, {1000, 1049}, {37, 45}, {1, 1}, {3, 1}};
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-        unary_case("ReLUNode", F32, 2, shapes[i]);
-        unary_case("SiLUNode", F32, 2, shapes[i]);
-    }
+    const char *ops[] = {"ReLUNode", "SiLUNode", "ExpNode", "TanhNode", "SigmoidNode", "GELUNode"};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++)
+            unary_case(ops[k], F32, 2, shapes[i]);
+    for (size_t k = 2; k < sizeof ops / sizeof ops[0]; k++)
+        unary_case(ops[k], F32, 4, (int64_t[]){3, 1, 37, 5});
     unary_case("ReLUNode", I64, 2, (int64_t[]){37, 45});
     unary_case("ReLUNode", I64, 1, (int64_t[]){big});
+}
+
+/* ---- pointwise ops on views: strided, offset and broadcast operands ------- */
+
+/* An operand as a view of a stored arg: rows [lo, hi) of its first axis
+ * (SliceNode; lo < 0: none), then its axes permuted (PermuteNode; perm[0] < 0: none). */
+typedef struct {
+    int rank;
+    int64_t shape[4]; /* as stored */
+    int64_t lo, hi;
+    int perm[4];
+    bool constant;
+} vspec;
+
+typedef struct {
+    const arg *a;
+    int rank;
+    int64_t shape[4], stride[4], offset; /* the logical tensor over a's elements */
+} view;
+
+/* Declares the arg as node $*next and its views after it; returns the view's node. */
+static int decl_view(char *s, size_t size, int *used, int *next, const arg *a, const vspec *v,
+                     view *out) {
+    int id = (*next)++;
+    *used += decl(s + *used, size - (size_t)*used, id, a);
+    int64_t dense[4], sh[4], s1 = 1;
+    for (int d = v->rank - 1; d >= 0; d--) {
+        dense[d] = s1;
+        s1 *= v->shape[d];
+    }
+    memcpy(sh, v->shape, sizeof sh);
+    out->a = a;
+    out->rank = v->rank;
+    out->offset = 0;
+    if (v->lo >= 0) {
+        *used += snprintf(s + *used, size - (size_t)*used, "$%d = SliceNode($%d, %lld, %lld);\n",
+                          *next, id, (long long)v->lo, (long long)v->hi);
+        id = (*next)++;
+        out->offset = v->lo * dense[0];
+        sh[0] = v->hi - v->lo;
+    }
+    for (int i = 0; i < v->rank; i++) {
+        int p = v->perm[0] < 0 ? i : v->perm[i];
+        out->shape[i] = sh[p];
+        out->stride[i] = dense[p];
+    }
+    if (v->perm[0] >= 0) {
+        int64_t p64[4];
+        for (int i = 0; i < v->rank; i++) p64[i] = v->perm[i];
+        *used += snprintf(s + *used, size - (size_t)*used, "$%d = PermuteNode($%d, %s);\n", *next,
+                          id, shp(v->rank, p64));
+        id = (*next)++;
+    }
+    return id;
+}
+
+/* The element of the view at multi-index idx (dims of size 1 in the view broadcast). */
+static double view_at(const view *v, const int64_t *idx) {
+    int64_t off = v->offset;
+    for (int d = 0; d < v->rank; d++) off += (v->shape[d] == 1 ? 0 : idx[d]) * v->stride[d];
+    return at(v->a, off);
+}
+
+/* op_node over view(A) (and view(B), broadcast onto A's view): CUDA vs CPU vs double. */
+static void strided_case(const char *op_node, char op, mk_dtype dt, const vspec *va,
+                         const vspec *vb) {
+    arg args[2] = {arg_rand("a", va->constant, dt, va->rank, va->shape, 2.0),
+                   vb ? arg_rand("b", vb->constant, dt, vb->rank, vb->shape, 2.0)
+                      : arg_new("b", false, dt, 1, (int64_t[]){1})};
+    char script[2048], label[200];
+    int used = 0, next = 1;
+    view A, B;
+    int ia = decl_view(script, sizeof script, &used, &next, &args[0], va, &A);
+    int ib = vb ? decl_view(script, sizeof script, &used, &next, &args[1], vb, &B) : 0;
+    if (vb)
+        snprintf(script + used, sizeof script - (size_t)used, "$%d = %s($%d, $%d);\nresult = $%d;\n",
+                 next, op_node, ia, ib, next);
+    else
+        snprintf(script + used, sizeof script - (size_t)used, "$%d = %s($%d);\nresult = $%d;\n",
+                 next, op_node, ia, next);
+    snprintf(label, sizeof label, "%s %s of views %s%s%s", op_node, dtn(dt), shp(A.rank, A.shape),
+             vb ? " and " : "", vb ? shp(B.rank, B.shape) : "");
+    int64_t n = numel(A.rank, A.shape);
+    double *ref = malloc((size_t)n * sizeof *ref);
+    double (*f)(double) = vb ? NULL : unary_ref(op_node);
+    for (int64_t i = 0; i < n; i++) {
+        int64_t idx[4], rest = i;
+        for (int d = A.rank - 1; d >= 0; d--) {
+            idx[d] = rest % A.shape[d];
+            rest /= A.shape[d];
+        }
+        double x = view_at(&A, idx);
+        if (!vb) {
+            ref[i] = f(x);
+            continue;
+        }
+        double y = view_at(&B, idx);
+        ref[i] = op == '+' ? x + y : op == '-' ? x - y : op == '*' ? x * y : x / y;
+    }
+    int nargs = vb ? 2 : 1;
+    if (dt == F32) {
+        free(both_f32(label, script, args, nargs, n, ref, TOL));
+    } else {
+        int64_t *r64 = malloc((size_t)n * sizeof *r64);
+        for (int64_t i = 0; i < n; i++) r64[i] = (int64_t)ref[i];
+        both_i64(label, script, args, nargs, n, r64);
+        free(r64);
+    }
+    free(ref);
+    args_free(args, 2);
+}
+
+#define NOSLICE -1, 0
+#define NOPERM {-1, 0, 0, 0}
+
+static void test_pointwise_strided(void) {
+    /* b strided and broadcast: [17, 64, 33] - [17, 1, 33] */
+    strided_case("SubNode", '-', F32, &(vspec){3, {64, 33, 17}, NOSLICE, {2, 0, 1}, false},
+                 &(vspec){3, {33, 1, 17}, NOSLICE, {2, 1, 0}, true});
+    /* an offset (unaligned) slice over a transposed row */
+    strided_case("DivNode", '/', F32, &(vspec){2, {50, 300}, 1, 50, NOPERM, false},
+                 &(vspec){2, {300, 1}, NOSLICE, {1, 0}, false});
+    strided_case("SumNode", '+', F32, &(vspec){4, {5, 6, 7, 8}, NOSLICE, {3, 1, 0, 2}, false},
+                 &(vspec){4, {8, 1, 5, 1}, NOSLICE, NOPERM, true});
+    /* full size, one operand transposed: the strided read on the large path */
+    strided_case("HadamardProductNode", '*', F32, &(vspec){2, {1000, 1049}, NOSLICE, NOPERM, false},
+                 &(vspec){2, {1049, 1000}, NOSLICE, {1, 0}, false});
+    strided_case("SubNode", '-', F32, &(vspec){2, {1049, 1000}, NOSLICE, {1, 0}, false},
+                 &(vspec){2, {1000, 1049}, 0, 1000, NOPERM, true});
+    strided_case("DivNode", '/', F32, &(vspec){1, {1000}, 3, 1000, NOPERM, false},
+                 &(vspec){1, {1}, NOSLICE, NOPERM, true});
+    strided_case("DivNode", '/', F32, &(vspec){3, {70, 3, 40}, 2, 62, {1, 2, 0}, false},
+                 &(vspec){3, {3, 60, 1}, NOSLICE, {0, 2, 1}, false});
+    /* int64 Sub: exact */
+    strided_case("SubNode", '-', I64, &(vspec){3, {40, 3, 70}, NOSLICE, {1, 2, 0}, false},
+                 &(vspec){3, {3, 1, 40}, NOSLICE, NOPERM, false});
+    strided_case("SubNode", '-', I64, &(vspec){2, {513, 7}, 1, 512, {1, 0}, false},
+                 &(vspec){2, {511, 1}, NOSLICE, {1, 0}, true});
+    /* unary ops of views */
+    strided_case("ExpNode", 0, F32, &(vspec){2, {33, 65}, NOSLICE, {1, 0}, false}, NULL);
+    strided_case("GELUNode", 0, F32, &(vspec){2, {100, 37}, 3, 99, NOPERM, false}, NULL);
+    strided_case("TanhNode", 0, F32, &(vspec){4, {2, 3, 5, 7}, NOSLICE, {3, 2, 1, 0}, false}, NULL);
+    strided_case("SigmoidNode", 0, F32, &(vspec){3, {9, 40, 30}, 1, 8, {2, 0, 1}, false}, NULL);
+    strided_case("SiLUNode", 0, F32, &(vspec){2, {1024, 1000}, NOSLICE, {1, 0}, false}, NULL);
+    strided_case("ReLUNode", 0, I64, &(vspec){3, {40, 3, 70}, 5, 35, {2, 0, 1}, false}, NULL);
+}
+
+/*
+ * The new pointwise ops in one graph, broadcasting between them (a generated
+ * or fused kernel must agree with the CPU):
+ * y = relu(silu(gelu(a / b - exp(c)) * sigmoid(tanh(a)))) + exp(c),
+ * a [m, n], b [1, n] (constant), c [m, 1]; and in int64, relu((a - b) - c) + c.
+ */
+static void test_pointwise_chain(void) {
+    int64_t sizes[][2] = {{1000, 1049}, {37, 45}, {1, 1}, {513, 7}};
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        int64_t m = sizes[k][0], n = sizes[k][1];
+        arg args[3] = {arg_rand("a", false, F32, 2, (int64_t[]){m, n}, 1.0),
+                       arg_rand("b", true, F32, 2, (int64_t[]){1, n}, 1.0),
+                       arg_rand("c", false, F32, 2, (int64_t[]){m, 1}, 1.0)};
+        char script[1024], label[128];
+        int used = 0;
+        for (int i = 0; i < 3; i++)
+            used += decl(script + used, sizeof script - (size_t)used, i + 1, &args[i]);
+        snprintf(script + used, sizeof script - (size_t)used,
+                 "$4 = DivNode($1, $2);\n$5 = ExpNode($3);\n$6 = SubNode($4, $5);\n"
+                 "$7 = GELUNode($6);\n$8 = TanhNode($1);\n$9 = SigmoidNode($8);\n"
+                 "$10 = HadamardProductNode($7, $9);\n$11 = SiLUNode($10);\n"
+                 "$12 = ReLUNode($11);\n$13 = SumNode($12, $5);\nresult = $13;\n");
+        snprintf(label, sizeof label, "pointwise chain float32 [%lld, %lld]", (long long)m,
+                 (long long)n);
+        double *ref = malloc((size_t)(m * n) * sizeof *ref);
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) {
+                double av = at(&args[0], i * n + j), ec = exp(at(&args[2], i));
+                double g = ref_gelu(av / at(&args[1], j) - ec) * ref_sigmoid(tanh(av));
+                ref[i * n + j] = ref_relu(ref_silu(g)) + ec;
+            }
+        free(both_f32(label, script, args, 3, m * n, ref, TOL));
+        free(ref);
+        args_free(args, 3);
+
+        arg iargs[3] = {arg_rand("a", false, I64, 2, (int64_t[]){m, n}, 1.0),
+                        arg_rand("b", true, I64, 2, (int64_t[]){1, n}, 1.0),
+                        arg_rand("c", false, I64, 2, (int64_t[]){m, 1}, 1.0)};
+        used = 0;
+        for (int i = 0; i < 3; i++)
+            used += decl(script + used, sizeof script - (size_t)used, i + 1, &iargs[i]);
+        snprintf(script + used, sizeof script - (size_t)used,
+                 "$4 = SubNode($1, $2);\n$5 = SubNode($4, $3);\n$6 = ReLUNode($5);\n"
+                 "$7 = SumNode($6, $3);\nresult = $7;\n");
+        snprintf(label, sizeof label, "pointwise chain int64 [%lld, %lld]", (long long)m,
+                 (long long)n);
+        int64_t *r64 = malloc((size_t)(m * n) * sizeof *r64);
+        const int64_t *a = iargs[0].data, *b = iargs[1].data, *c = iargs[2].data;
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) {
+                int64_t d = a[i * n + j] - b[j] - c[i];
+                r64[i * n + j] = (d > 0 ? d : 0) + c[i];
+            }
+        both_i64(label, script, iargs, 3, m * n, r64);
+        free(r64);
+        args_free(iargs, 3);
+    }
+}
+
+/* ---- special values and int64 wraparound ------------------------------------ */
+
+/* NaN where the reference is NaN, the infinity where it is beyond float32, else close. */
+static bool close_special(double got, double want, double atol, double rtol) {
+    if (isnan(want)) return isnan(got);
+    float wf = (float)want;
+    if (isinf(wf)) return got == (double)wf;
+    return test_close(got, want, atol, rtol);
+}
+
+/* Specials planted at random places among random values, so vector paths meet them too. */
+static void special_case(const char *op_node, char op, const float *xa, const float *xb, int k) {
+    int64_t n = 4099;
+    arg args[2] = {arg_rand("a", false, F32, 1, &n, 4.0), arg_rand("b", false, F32, 1, &n, 4.0)};
+    float *a = args[0].data, *b = args[1].data;
+    for (int i = 0; i < k; i++) {
+        int64_t at_ = test_randint(0, n - 1);
+        a[at_] = xa[i];
+        if (xb) b[at_] = xb[i];
+    }
+    char script[512];
+    snprintf(script, sizeof script,
+             "$1 = InputTensor(a, float32, [4099]);\n$2 = InputTensor(b, float32, [4099]);\n"
+             "$3 = %s($1%s);\nresult = $3;\n", op_node, xb ? ", $2" : "");
+    float *cpu = run_once(MK_DEVICE_CPU, op_node, script, args, 2, (size_t)n * 4);
+    float *gpu = run_once(test_dev, op_node, script, args, 2, (size_t)n * 4);
+    double (*f)(double) = xb ? NULL : unary_ref(op_node);
+    /* GELU's 1 + tanh cancels for x < 0: its error there is absolute */
+    double atol = !strcmp(op_node, "GELUNode") ? 1e-5 : 1e-37;
+    int bad = 0;
+    for (int64_t i = 0; cpu && gpu && i < n && bad < 3; i++) {
+        double want = xb ? (op == '/' ? (double)a[i] / b[i] : (double)a[i] - b[i]) : f(a[i]);
+        bool ok = close_special(gpu[i], want, atol, TOL) && close_special(cpu[i], want, atol, TOL);
+        CHECK(ok, "%s at x = %.9g%s%.9g: cuda %.9g, cpu %.9g, want %.9g", op_node, (double)a[i],
+              xb ? ", y = " : "", xb ? (double)b[i] : 0.0, gpu[i], cpu[i], want);
+        bad += !ok;
+    }
+    if (cpu && gpu) printf("#   %-44s specials: %s\n", op_node, bad ? "WRONG" : "all as expected");
+    free(cpu);
+    free(gpu);
+    args_free(args, 2);
+}
+
+static void test_pointwise_specials(void) {
+    const float inf = INFINITY, nan = NAN;
+    float ex[] = {100, -100, 89, 88.5f, -87, -103, 1e-20f, 20, -20, nan, inf, -inf};
+    float th[] = {20, -20, 100, -100, 9.5f, -9.5f, 1e-20f, -1e-4f, nan, inf, -inf};
+    float sg[] = {100, -100, 80, -80, 20, -20, 1e-20f, nan, inf, -inf};
+    float ge[] = {100, -100, 10, -10, 1e13f, -1e13f, 1e-20f, nan, inf};
+    float si[] = {100, -100, -80, 20, 1e-20f, nan, inf};
+    special_case("ExpNode", 0, ex, NULL, (int)(sizeof ex / sizeof ex[0]));
+    special_case("TanhNode", 0, th, NULL, (int)(sizeof th / sizeof th[0]));
+    special_case("SigmoidNode", 0, sg, NULL, (int)(sizeof sg / sizeof sg[0]));
+    special_case("GELUNode", 0, ge, NULL, (int)(sizeof ge / sizeof ge[0]));
+    special_case("SiLUNode", 0, si, NULL, (int)(sizeof si / sizeof si[0]));
+    float da[] = {1, -0.5f, 0.75f, 1e30f, -1e30f, 1e-30f, inf, 1, nan, 1, -1};
+    float db[] = {1e-30f, 1e-37f, -3e-38f, 1e-30f, 1e-30f, 1e30f, 2, inf, 1, 0, 0};
+    special_case("DivNode", '/', da, db, (int)(sizeof da / sizeof da[0]));
+    float sa[] = {3e38f, -3e38f, 1.00000012f, inf, inf, 2.5f};
+    float sb[] = {-3e38f, 3e38f, 1, 1, inf, nan};
+    special_case("SubNode", '-', sa, sb, (int)(sizeof sa / sizeof sa[0]));
+}
+
+static void test_int64_wraparound(void) {
+    int64_t n = 4099;
+    arg args[2] = {arg_new("a", false, I64, 1, &n), arg_new("b", false, I64, 1, &n)};
+    int64_t *a = args[0].data, *b = args[1].data, *ref = malloc((size_t)n * sizeof *ref);
+    const int64_t ea[] = {INT64_MIN, INT64_MAX, INT64_MIN, INT64_MAX, INT64_MIN + 5, -3};
+    const int64_t eb[] = {1, -1, INT64_MAX, INT64_MIN, 10, INT64_MAX};
+    for (int64_t i = 0; i < n; i++) {
+        if (i < 6) a[i] = ea[i], b[i] = eb[i];
+        else { /* anywhere in the range, never zero */
+            do a[i] = (int64_t)test_rand_u64(); while (!a[i]);
+            do b[i] = (int64_t)test_rand_u64(); while (!b[i]);
+        }
+        ref[i] = (int64_t)((uint64_t)a[i] - (uint64_t)b[i]);
+    }
+    both_i64("SubNode int64 wraparound", "$1 = InputTensor(a, int64, [4099]);\n"
+             "$2 = InputTensor(b, int64, [4099]);\n$3 = SubNode($1, $2);\nresult = $3;\n",
+             args, 2, n, ref);
+    free(ref);
+    args_free(args, 2);
 }
 
 /*
@@ -1325,6 +1642,10 @@ int main(void) {
     }
     CASE(test_pointwise_binary);
     CASE(test_pointwise_unary);
+    CASE(test_pointwise_strided);
+    CASE(test_pointwise_chain);
+    CASE(test_pointwise_specials);
+    CASE(test_int64_wraparound);
     CASE(test_matmul_2d);
     CASE(test_matmul_vector);
     CASE(test_matmul_batched);

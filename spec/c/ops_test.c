@@ -232,48 +232,82 @@ static void random_shape(int rank, int64_t lo, int64_t hi, int64_t *shape) {
         shape[d] = test_randint(lo, hi);
 }
 
-/* ---- elementwise: sum, hadamard (broadcast right operand) ---------------- */
+/* ---- elementwise: the binary ops (second operand broadcast) -------------- */
+
+typedef struct {
+    const char *name;
+    char op;        /* + - * / */
+    bool takes_i64; /* int64 too (+ - * wrap around) */
+} binop;
+
+static const binop BINOPS[] = {
+    {"SumNode", '+', true},
+    {"HadamardProductNode", '*', true},
+    {"SubNode", '-', true},
+    {"DivNode", '/', false},
+};
+#define N_BINOPS ((int)(sizeof BINOPS / sizeof BINOPS[0]))
+
+/* One rounding of exact float32 operands: well within 1e-6 of the double result. */
+#define BIN_ATOL 1e-30
+#define BIN_RTOL 1e-6
+
+static double ref_binop(char op, double a, double b) {
+    switch (op) {
+    case '+': return a + b;
+    case '-': return a - b;
+    case '*': return a * b;
+    default: return a / b;
+    }
+}
+
+/* Largest |value| of int64 operands: products stay exact in a double. */
+static double i64_range(char op) { return op == '*' ? MUL_I64 : BIG_I64; }
+
+/* want[i] = a[i] op b[i with b's 1-dims pinned to 0] over a's shape. */
+static void ref_broadcast(char op, const ht *a, const ht *b, double *want) {
+    for (int64_t i = 0; i < a->n; i++) {
+        int64_t idx[4];
+        unravel(a->rank, a->shape, i, idx);
+        for (int d = 0; d < a->rank; d++)
+            if (b->shape[d] == 1)
+                idx[d] = 0;
+        want[i] = ref_binop(op, a->v[i], b->v[ravel(b->rank, b->shape, idx)]);
+    }
+}
 
 /*
  * a [shape] OP b [shape with the dims in `mask` set to 1], for every mask over
- * ranks 1–4, both ops, both dtypes; b a constant or an input.
+ * ranks 1–4, every binary op, both dtypes where the op takes int64; b a
+ * constant or an input.
  */
 static void test_binary_broadcast(void) {
-    const char *ops[2] = {"SumNode", "HadamardProductNode"};
     for (int rank = 1; rank <= 4; rank++)
         for (int mask = 0; mask < (1 << rank); mask++)
-            for (int op = 0; op < 2; op++)
-                for (int dt = 0; dt < 2; dt++) {
+            for (int op = 0; op < N_BINOPS; op++)
+                for (int dt = 0; dt < (BINOPS[op].takes_i64 ? 2 : 1); dt++) {
                     mk_dtype dtype = dt ? I64 : F32;
                     int64_t sa[4], sb[4];
                     random_shape(rank, 1, rank <= 2 ? 9 : 5, sa);
                     for (int d = 0; d < rank; d++)
                         sb[d] = (mask >> d) & 1 ? 1 : sa[d];
                     bool b_const = test_randint(0, 1);
-                    double hi = dtype == F32 ? 1.0 : op ? MUL_I64 : BIG_I64;
+                    double hi = dtype == F32 ? 1.0 : i64_range(BINOPS[op].op);
                     ht a = ht_rand_range(dtype, rank, sa, 0.1, hi);
                     ht b = ht_rand_range(dtype, rank, sb, 0.1, hi);
                     ht out = ht_new(dtype, rank, sa);
                     double *want = malloc(sizeof(double) * (size_t)a.n);
-                    for (int64_t i = 0; i < a.n; i++) {
-                        int64_t idx[4];
-                        unravel(rank, sa, i, idx);
-                        for (int d = 0; d < rank; d++)
-                            if (sb[d] == 1)
-                                idx[d] = 0;
-                        double bv = b.v[ravel(rank, sb, idx)];
-                        want[i] = op ? a.v[i] * bv : a.v[i] + bv;
-                    }
+                    ref_broadcast(BINOPS[op].op, &a, &b, want);
                     script s = {0};
                     say(&s, "$1 = InputTensor(a, %s, %s);", dtname(dtype), shp(rank, sa));
                     say(&s, "$2 = %s(b, %s, %s);", b_const ? "ConstantTensor" : "InputTensor",
                         dtname(dtype), shp(rank, sb));
-                    say(&s, "$3 = %s($1, $2);", ops[op]);
+                    say(&s, "$3 = %s($1, $2);", BINOPS[op].name);
                     say(&s, "result = $3;");
                     mk_named_tensor an = {"a", a.data}, bn = {"b", b.data};
                     mk_named_tensor ins[2] = {an, bn};
                     if (run_once(&s, b_const ? &bn : NULL, b_const, ins, b_const ? 1 : 2, &out))
-                        same(ops[op], &out, want, ATOL, RTOL, &s);
+                        same(BINOPS[op].name, &out, want, BIN_ATOL, BIN_RTOL, &s);
                     free(want);
                     ht_free(&a), ht_free(&b), ht_free(&out);
                 }
@@ -284,10 +318,10 @@ static void test_binary_large(void) {
     int64_t sa[2] = {test_randint(150, 200), test_randint(250, 300)};
     int64_t pats[4][2] = {{sa[0], sa[1]}, {1, sa[1]}, {sa[0], 1}, {1, 1}};
     for (int p = 0; p < 4; p++)
-        for (int op = 0; op < 2; op++)
-            for (int dt = 0; dt < 2; dt++) {
+        for (int op = 0; op < N_BINOPS; op++)
+            for (int dt = 0; dt < (BINOPS[op].takes_i64 ? 2 : 1); dt++) {
                 mk_dtype dtype = dt ? I64 : F32;
-                double hi = dtype == F32 ? 1.0 : op ? MUL_I64 : BIG_I64;
+                double hi = dtype == F32 ? 1.0 : i64_range(BINOPS[op].op);
                 ht a = ht_rand_range(dtype, 2, sa, 0.1, hi);
                 ht b = ht_rand_range(dtype, 2, pats[p], 0.1, hi);
                 ht out = ht_new(dtype, 2, sa);
@@ -296,54 +330,220 @@ static void test_binary_large(void) {
                     for (int64_t j = 0; j < sa[1]; j++) {
                         double bv = b.v[(pats[p][0] == 1 ? 0 : i) * pats[p][1] +
                                         (pats[p][1] == 1 ? 0 : j)];
-                        double av = a.v[i * sa[1] + j];
-                        want[i * sa[1] + j] = op ? av * bv : av + bv;
+                        want[i * sa[1] + j] = ref_binop(BINOPS[op].op, a.v[i * sa[1] + j], bv);
                     }
                 script s = {0};
                 say(&s, "$1 = InputTensor(a, %s, %s);", dtname(dtype), shp(2, sa));
                 say(&s, "$2 = InputTensor(b, %s, %s);", dtname(dtype), shp(2, pats[p]));
-                say(&s, "$3 = %s($1, $2);", op ? "HadamardProductNode" : "SumNode");
+                say(&s, "$3 = %s($1, $2);", BINOPS[op].name);
                 say(&s, "result = $3;");
                 mk_named_tensor ins[2] = {{"a", a.data}, {"b", b.data}};
                 if (run_once(&s, NULL, 0, ins, 2, &out))
-                    same("large binary", &out, want, ATOL, RTOL, &s);
+                    same("large binary", &out, want, BIN_ATOL, BIN_RTOL, &s);
                 free(want);
                 ht_free(&a), ht_free(&b), ht_free(&out);
             }
 }
 
-/* ---- elementwise: relu, silu --------------------------------------------- */
+/* ---- elementwise: the unary ops ------------------------------------------ */
 
+static double ref_relu(double x) { return x > 0 ? x : 0; }
+static double ref_silu(double x) { return x / (1.0 + exp(-x)); }
+static double ref_exp(double x) { return exp(x); }
+static double ref_tanh(double x) { return tanh(x); }
+static double ref_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+/* The tanh form: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))). */
+static double ref_gelu(double x) {
+    return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+
+typedef struct {
+    const char *name;
+    double (*ref)(double);
+    bool takes_i64;
+    /* float32 libm-grade functions: 2e-6 relative. GELU's 1 + tanh cancels for
+     * x < 0, where its error is absolute (about |x|·1e-7). */
+    double atol, rtol;
+    double hi, wide; /* |x| of random values: usual, and wide (large tensors) */
+} unop;
+
+static const unop UNOPS[] = {
+    {"ReLUNode", ref_relu, true, 0, 0, 6.0, 1e6},
+    {"SiLUNode", ref_silu, false, 1e-30, 2e-6, 6.0, 80.0},
+    {"ExpNode", ref_exp, false, 1e-30, 2e-6, 6.0, 85.0},
+    {"TanhNode", ref_tanh, false, 1e-30, 2e-6, 4.0, 20.0},
+    {"SigmoidNode", ref_sigmoid, false, 1e-30, 2e-6, 8.0, 80.0},
+    {"GELUNode", ref_gelu, false, 2e-6, 2e-6, 6.0, 20.0},
+};
+#define N_UNOPS ((int)(sizeof UNOPS / sizeof UNOPS[0]))
+
+/* Every unary op over ranks 1–4, small and large (threaded); int64 where taken. */
 static void test_unary(void) {
+    for (int u = 0; u < N_UNOPS; u++)
+        for (int dt = 0; dt < (UNOPS[u].takes_i64 ? 2 : 1); dt++)
+            for (int rank = 1; rank <= 4; rank++)
+                for (int big = 0; big < 2; big++) {
+                    int64_t sh[4];
+                    random_shape(rank, 1, 6, sh);
+                    if (big)
+                        sh[0] = 40000 / shape_numel(rank - 1, sh + 1) + 1;
+                    mk_dtype dtype = dt ? I64 : F32;
+                    ht x = dtype == F32
+                               ? ht_rand_range(dtype, rank, sh, 0.05,
+                                               big ? UNOPS[u].wide : UNOPS[u].hi)
+                               : ht_rand(dtype, rank, sh);
+                    ht out = ht_new(dtype, rank, sh);
+                    double *want = malloc(sizeof(double) * (size_t)x.n);
+                    for (int64_t i = 0; i < x.n; i++)
+                        want[i] = UNOPS[u].ref(x.v[i]);
+                    script s = {0};
+                    say(&s, "$1 = InputTensor(x, %s, %s);", dtname(dtype), shp(rank, sh));
+                    say(&s, "$2 = %s($1);", UNOPS[u].name);
+                    say(&s, "result = $2;");
+                    mk_named_tensor in = {"x", x.data};
+                    if (run_once(&s, NULL, 0, &in, 1, &out))
+                        same(UNOPS[u].name, &out, want, UNOPS[u].atol, UNOPS[u].rtol, &s);
+                    free(want);
+                    ht_free(&x), ht_free(&out);
+                }
+}
+
+/* ---- elementwise: special values ----------------------------------------- */
+
+/*
+ * got against the double result: NaN where it is NaN, the infinity where the
+ * result is beyond float32 (exp(100), 1e30 / 1e-30), else atol + rtol·|want|
+ * (results under float32's normal range pass through atol).
+ */
+static bool close_special(double got, double want, double atol, double rtol) {
+    if (isnan(want))
+        return isnan(got);
+    float wf = (float)want;
+    if (isinf(wf))
+        return got == (double)wf;
+    return test_close(got, want, atol, rtol);
+}
+
+/* x [n] through `op`; the reference `want` computed by the caller. */
+static void special_case(const char *op, int n_in, const float *a, const float *b, int n,
+                         double atol, double rtol, double (*ref1)(double), char bop) {
+    script s = {0};
+    say(&s, "$1 = InputTensor(a, float32, [%d]);", n);
+    if (n_in == 2) {
+        say(&s, "$2 = InputTensor(b, float32, [%d]);", n);
+        say(&s, "$3 = %s($1, $2);", op);
+        say(&s, "result = $3;");
+    } else {
+        say(&s, "$2 = %s($1);", op);
+        say(&s, "result = $2;");
+    }
+    ht out = ht_new(F32, 1, (int64_t[]){n});
+    mk_named_tensor ins[2] = {{"a", a}, {"b", b}};
+    if (run_once(&s, NULL, 0, ins, (size_t)n_in, &out))
+        for (int i = 0; i < n; i++) {
+            double want = n_in == 2 ? ref_binop(bop, a[i], b[i]) : ref1(a[i]);
+            CHECK(close_special(out.v[i], want, atol, rtol),
+                  "%s (no_passes=%d) at %d: x = %.9g%s%.9g: got %.9g want %.9g", op, no_passes, i,
+                  (double)a[i], n_in == 2 ? ", y = " : "", n_in == 2 ? (double)b[i] : 0.0,
+                  out.v[i], want);
+        }
+    ht_free(&out);
+}
+
+/* Overflow, underflow, saturation, infinities and NaN, one op at a time. */
+static void test_special_values(void) {
+    const float inf = INFINITY, nan = NAN;
+    /* Results below float32's normal range (exp(-100), sigmoid(-100)) pass
+     * through this atol: a denormal or a flushed zero are both right. */
+    const double tiny = 1e-37;
     struct {
         const char *op;
-        mk_dtype dt;
-    } cases[] = {{"ReLUNode", F32}, {"ReLUNode", I64}, {"SiLUNode", F32}};
-    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
-        for (int rank = 1; rank <= 4; rank++)
-            for (int big = 0; big < 2; big++) {
-                int64_t sh[4];
-                random_shape(rank, 1, 6, sh);
-                if (big)
-                    sh[0] = 40000 / shape_numel(rank - 1, sh + 1) + 1;
-                mk_dtype dt = cases[c].dt;
-                ht x = dt == F32 ? ht_rand_range(dt, rank, sh, 0.05, 6.0) : ht_rand(dt, rank, sh);
-                ht out = ht_new(dt, rank, sh);
-                double *want = malloc(sizeof(double) * (size_t)x.n);
-                for (int64_t i = 0; i < x.n; i++) {
-                    double v = x.v[i];
-                    want[i] = cases[c].op[0] == 'R' ? (v > 0 ? v : 0) : v / (1.0 + exp(-v));
-                }
-                script s = {0};
-                say(&s, "$1 = InputTensor(x, %s, %s);", dtname(dt), shp(rank, sh));
-                say(&s, "$2 = %s($1);", cases[c].op);
-                say(&s, "result = $2;");
-                mk_named_tensor in = {"x", x.data};
-                if (run_once(&s, NULL, 0, &in, 1, &out))
-                    same(cases[c].op, &out, want, ATOL, RTOL, &s);
-                free(want);
-                ht_free(&x), ht_free(&out);
-            }
+        double (*ref)(double);
+        double atol;
+        float x[16];
+        int n;
+    } un[] = {
+        {"ExpNode", ref_exp, tiny,
+         {100, -100, 89, 88.5f, -87, -103, 1e-20f, -1e-20f, 20, -20, nan, inf, -inf}, 13},
+        {"TanhNode", ref_tanh, tiny,
+         {20, -20, 100, -100, 9.5f, -9.5f, 1e-20f, -1e-20f, 1e-4f, nan, inf, -inf}, 12},
+        {"SigmoidNode", ref_sigmoid, tiny,
+         {100, -100, 80, -80, 20, -20, 1e-20f, -1e-20f, nan, inf, -inf}, 11},
+        {"GELUNode", ref_gelu, 2e-6, {100, -100, 10, -10, 1e13f, -1e13f, 1e-20f, -1e-20f, nan, inf},
+         10},
+        {"SiLUNode", ref_silu, tiny, {100, -100, -80, 20, 1e-20f, -1e-20f, nan, inf}, 8},
+        {"ReLUNode", ref_relu, 0, {1e30f, -1e30f, 1e-30f, -1e-30f, inf, -inf, 3.5f, -2.25f}, 8},
+    };
+    for (size_t k = 0; k < sizeof un / sizeof un[0]; k++)
+        special_case(un[k].op, 1, un[k].x, NULL, un[k].n, un[k].atol, un[k].op[0] == 'R' ? 0 : 2e-6,
+                     un[k].ref, 0);
+
+    /* division by values near zero (finite, overflowing, underflowing), by zero and infinity */
+    float da[] = {1, -0.5f, 0.75f, 1e30f, -1e30f, 1e-30f, 3, inf, 1, nan, 1, -1};
+    float db[] = {1e-30f, 1e-37f, -3e-38f, 1e-30f, 1e-30f, 1e30f, 7, 2, inf, 1, 0, 0};
+    special_case("DivNode", 2, da, db, 12, tiny, BIN_RTOL, NULL, '/');
+    /* near-zero divisors drawn at random: large finite quotients */
+    float ra[16], rb[16];
+    for (int i = 0; i < 16; i++) {
+        ra[i] = (float)rand_value(F32, 0.1, 1.0);
+        rb[i] = (float)(rand_value(F32, 1.0, 10.0) * pow(10.0, -(double)test_randint(20, 37)));
+    }
+    special_case("DivNode", 2, ra, rb, 16, tiny, BIN_RTOL, NULL, '/');
+    /* subtraction overflowing to ±inf, exact cancellation, inf - inf */
+    float sa[] = {3e38f, -3e38f, 1.00000012f, 1e-30f, inf, inf, 2.5f};
+    float sb[] = {-3e38f, 3e38f, 1, 1.00000012e-30f, 1, inf, nan};
+    special_case("SubNode", 2, sa, sb, 7, tiny, BIN_RTOL, NULL, '-');
+}
+
+/* ---- int64: wraparound --------------------------------------------------- */
+
+static int64_t wrap_add(int64_t a, int64_t b) { return (int64_t)((uint64_t)a + (uint64_t)b); }
+static int64_t wrap_sub(int64_t a, int64_t b) { return (int64_t)((uint64_t)a - (uint64_t)b); }
+
+/* a (op) b over [n] with b [n] or b [1]; compared exactly as int64 (not through doubles). */
+static void wrap_case(const char *op, int64_t (*ref)(int64_t, int64_t), const int64_t *a,
+                      const int64_t *b, int64_t n, int64_t nb) {
+    script s = {0};
+    say(&s, "$1 = InputTensor(a, int64, [%lld]);", (long long)n);
+    say(&s, "$2 = InputTensor(b, int64, [%lld]);", (long long)nb);
+    say(&s, "$3 = %s($1, $2);", op);
+    say(&s, "result = $3;");
+    mk_model *m = compile(&s, NULL, 0);
+    if (!m)
+        return;
+    int64_t *got = malloc(sizeof(int64_t) * (size_t)n);
+    mk_named_tensor ins[2] = {{"a", a}, {"b", b}};
+    mk_error *err = NULL;
+    int rc = mk_evaluate(m, ins, 2, got, sizeof(int64_t) * (size_t)n, &err);
+    CHECK(rc == 0, "%s: %s", op, mk_error_message(err));
+    for (int64_t i = 0; rc == 0 && i < n; i++) {
+        int64_t want = ref(a[i], b[nb == 1 ? 0 : i]);
+        CHECK(got[i] == want, "%s (no_passes=%d) at %lld: %lld, %lld: got %lld want %lld", op,
+              no_passes, (long long)i, (long long)a[i], (long long)b[nb == 1 ? 0 : i],
+              (long long)got[i], (long long)want);
+        if (got[i] != want)
+            break;
+    }
+    mk_error_free(err);
+    free(got);
+    mk_model_free(m);
+}
+
+static void test_int64_wraparound(void) {
+    enum { N = 64 };
+    int64_t a[N] = {INT64_MIN, INT64_MAX, INT64_MIN, INT64_MAX, INT64_MIN + 5, -3, 7, INT64_MAX - 1};
+    int64_t b[N] = {1, -1, INT64_MAX, INT64_MIN, 10, INT64_MAX, INT64_MIN, -2};
+    for (int i = 8; i < N; i++) { /* anywhere in the range, never zero */
+        do a[i] = (int64_t)test_rand_u64(); while (a[i] == 0);
+        do b[i] = (int64_t)test_rand_u64(); while (b[i] == 0);
+    }
+    wrap_case("SubNode", wrap_sub, a, b, N, N);
+    wrap_case("SumNode", wrap_add, a, b, N, N);
+    /* one b for all: INT64_MIN or INT64_MAX against every a */
+    int64_t bmin = INT64_MIN, bmax = INT64_MAX;
+    wrap_case("SubNode", wrap_sub, a, &bmin, N, 1);
+    wrap_case("SubNode", wrap_sub, a, &bmax, N, 1);
+    wrap_case("SumNode", wrap_add, a, &bmax, N, 1);
 }
 
 /* ---- elementwise: complex_mul -------------------------------------------- */
@@ -736,6 +936,288 @@ static void test_views(void) {
     ht_free(&x), ht_free(&w), ht_free(&out2), ht_free(&w2), ht_free(&xa), ht_free(&out3);
 }
 
+/* ---- elementwise ops on strided views ------------------------------------ */
+
+static void random_perm(int rank, int *perm) {
+    for (int d = 0; d < rank; d++)
+        perm[d] = d;
+    for (int d = rank - 1; d > 0; d--) {
+        int j = (int)test_randint(0, d), t = perm[d];
+        perm[d] = perm[j];
+        perm[j] = t;
+    }
+}
+
+/*
+ * Declares the logical tensor L as a view: stored permuted by `perm` (a
+ * PermuteNode over it, a strided view or, with no_passes, a copy) and, where
+ * pad > 0, inside a stored tensor with `pad` more rows on each side of its
+ * first axis (a SliceNode: an offset view). *store gets the data to pass as
+ * `name`; returns the node that is L.
+ */
+static int declare_view(script *s, int *next, const char *name, bool constant, const ht *L,
+                        const int *perm, int64_t pad, ht *store) {
+    ht S = store_permuted(L, perm);
+    if (pad > 0) {
+        int64_t big[4];
+        memcpy(big, S.shape, sizeof big);
+        big[0] += 2 * pad;
+        *store = ht_rand(L->dtype, S.rank, big);
+        int64_t row = S.n / S.shape[0];
+        for (int64_t i = 0; i < S.n; i++)
+            ht_set(store, pad * row + i, S.v[i]);
+        ht_free(&S);
+    } else {
+        *store = S;
+    }
+    int id = (*next)++;
+    say(s, "$%d = %s(%s, %s, %s);", id, constant ? "ConstantTensor" : "InputTensor", name,
+        dtname(L->dtype), shp(store->rank, store->shape));
+    if (pad > 0) {
+        say(s, "$%d = SliceNode($%d, %lld, %lld);", *next, id, (long long)pad,
+            (long long)(pad + store->shape[0] - 2 * pad));
+        id = (*next)++;
+    }
+    if (!perm_is_identity(L->rank, perm)) {
+        say(s, "$%d = PermuteNode($%d, %s);", *next, id, perm_str(L->rank, perm));
+        id = (*next)++;
+    }
+    return id;
+}
+
+/* Binary ops whose operands are permuted and sliced views, b also broadcast. */
+static void test_binary_strided(void) {
+    for (int rank = 1; rank <= 4; rank++)
+        for (int op = 0; op < N_BINOPS; op++)
+            for (int rep = 0; rep < 3; rep++) {
+                mk_dtype dtype = BINOPS[op].takes_i64 && rep == 2 ? I64 : F32;
+                int64_t sa[4], sb[4];
+                random_shape(rank, 1, rank <= 2 ? 9 : 5, sa);
+                for (int d = 0; d < rank; d++)
+                    sb[d] = test_randint(0, 2) == 0 ? 1 : sa[d];
+                double hi = dtype == F32 ? 1.0 : i64_range(BINOPS[op].op);
+                ht a = ht_rand_range(dtype, rank, sa, 0.1, hi);
+                ht b = ht_rand_range(dtype, rank, sb, 0.1, hi);
+                int pa[4], pb[4];
+                random_perm(rank, pa);
+                random_perm(rank, pb);
+                script s = {0};
+                int next = 1;
+                ht sta, stb;
+                bool a_const = test_randint(0, 1), b_const = test_randint(0, 1);
+                int ia = declare_view(&s, &next, "a", a_const, &a, pa, test_randint(0, 2), &sta);
+                int ib = declare_view(&s, &next, "b", b_const, &b, pb, test_randint(0, 2), &stb);
+                say(&s, "$%d = %s($%d, $%d);", next, BINOPS[op].name, ia, ib);
+                say(&s, "result = $%d;", next);
+                ht out = ht_new(dtype, rank, sa);
+                double *want = malloc(sizeof(double) * (size_t)a.n);
+                ref_broadcast(BINOPS[op].op, &a, &b, want);
+                mk_named_tensor an = {"a", sta.data}, bn = {"b", stb.data}, cs[2], ins[2];
+                size_t nc = 0, ni = 0;
+                if (a_const) cs[nc++] = an; else ins[ni++] = an;
+                if (b_const) cs[nc++] = bn; else ins[ni++] = bn;
+                if (run_once(&s, cs, nc, ins, ni, &out))
+                    same(BINOPS[op].name, &out, want, BIN_ATOL, BIN_RTOL, &s);
+                free(want);
+                ht_free(&a), ht_free(&b), ht_free(&sta), ht_free(&stb), ht_free(&out);
+            }
+}
+
+/* Unary ops of permuted and sliced views. */
+static void test_unary_strided(void) {
+    for (int rank = 1; rank <= 4; rank++)
+        for (int u = 0; u < N_UNOPS; u++)
+            for (int rep = 0; rep < 2; rep++) {
+                mk_dtype dtype = UNOPS[u].takes_i64 && rep == 1 ? I64 : F32;
+                int64_t sh[4];
+                random_shape(rank, 1, rank <= 2 ? 12 : 5, sh);
+                ht x = dtype == F32 ? ht_rand_range(dtype, rank, sh, 0.05, UNOPS[u].hi)
+                                    : ht_rand(dtype, rank, sh);
+                int perm[4];
+                random_perm(rank, perm);
+                script s = {0};
+                int next = 1;
+                ht st;
+                int ix = declare_view(&s, &next, "x", false, &x, perm, test_randint(0, 2), &st);
+                say(&s, "$%d = %s($%d);", next, UNOPS[u].name, ix);
+                say(&s, "result = $%d;", next);
+                ht out = ht_new(dtype, rank, sh);
+                double *want = malloc(sizeof(double) * (size_t)x.n);
+                for (int64_t i = 0; i < x.n; i++)
+                    want[i] = UNOPS[u].ref(x.v[i]);
+                mk_named_tensor in = {"x", st.data};
+                if (run_once(&s, NULL, 0, &in, 1, &out))
+                    same(UNOPS[u].name, &out, want, UNOPS[u].atol, UNOPS[u].rtol, &s);
+                free(want);
+                ht_free(&x), ht_free(&st), ht_free(&out);
+            }
+}
+
+/*
+ * Every new op in one graph, with broadcasts between them:
+ * y = relu(silu(gelu(a / b - exp(c)) * sigmoid(tanh(a)))) + exp(c),
+ * a [m, n], b [1, n] (constant), c [m, 1].
+ */
+static void test_pointwise_chain(void) {
+    for (int big = 0; big < 2; big++) {
+        int64_t m = big ? test_randint(200, 300) : test_randint(1, 9);
+        int64_t n = big ? test_randint(200, 300) : test_randint(1, 9);
+        ht a = ht_rand(F32, 2, (int64_t[]){m, n}), b = ht_rand(F32, 2, (int64_t[]){1, n});
+        ht c = ht_rand(F32, 2, (int64_t[]){m, 1});
+        ht out = ht_new(F32, 2, (int64_t[]){m, n});
+        double *want = malloc(sizeof(double) * (size_t)out.n);
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) {
+                double av = a.v[i * n + j], ec = exp(c.v[i]);
+                double g = ref_gelu(av / b.v[j] - ec) * ref_sigmoid(tanh(av));
+                want[i * n + j] = ref_relu(ref_silu(g)) + ec;
+            }
+        script s = {0};
+        say(&s, "$1 = InputTensor(a, float32, [%lld, %lld]);", (long long)m, (long long)n);
+        say(&s, "$2 = ConstantTensor(b, float32, [1, %lld]);", (long long)n);
+        say(&s, "$3 = InputTensor(c, float32, [%lld, 1]);", (long long)m);
+        say(&s, "$4 = DivNode($1, $2);");
+        say(&s, "$5 = ExpNode($3);");
+        say(&s, "$6 = SubNode($4, $5);");
+        say(&s, "$7 = GELUNode($6);");
+        say(&s, "$8 = TanhNode($1);");
+        say(&s, "$9 = SigmoidNode($8);");
+        say(&s, "$10 = HadamardProductNode($7, $9);");
+        say(&s, "$11 = SiLUNode($10);");
+        say(&s, "$12 = ReLUNode($11);");
+        say(&s, "$13 = SumNode($12, $5);");
+        say(&s, "result = $13;");
+        mk_named_tensor c_b = {"b", b.data}, ins[2] = {{"a", a.data}, {"c", c.data}};
+        if (run_once(&s, &c_b, 1, ins, 2, &out))
+            same("pointwise chain", &out, want, 1e-5, 1e-5, &s);
+        free(want);
+        ht_free(&a), ht_free(&b), ht_free(&c), ht_free(&out);
+    }
+}
+
+/* ---- the new ops: bad scripts -------------------------------------------- */
+
+/* Compiling `text` must fail with `code` at line:column, the kind prefix and `fragment`. */
+static void expect_compile_error(const char *text, mk_error_code code, int line, int column,
+                                 const char *kind, const char *fragment) {
+    mk_error *err = NULL;
+    mk_model *m = mk_compile(ctx, text, NULL, 0, NULL, &err);
+    CHECK(m == NULL && err != NULL, "compiled:\n%s", text);
+    mk_model_free(m);
+    if (!err)
+        return;
+    const char *msg = mk_error_message(err);
+    char prefix[96];
+    snprintf(prefix, sizeof prefix, "script:%d:%d: %s: ", line, column, kind);
+    CHECK(mk_error_code_of(err) == code, "code %d, want %d: %s\n%s", (int)mk_error_code_of(err),
+          (int)code, msg, text);
+    CHECK(mk_error_line(err) == line && mk_error_column(err) == column,
+          "at %d:%d, want %d:%d: %s\n%s", mk_error_line(err), mk_error_column(err), line, column,
+          msg, text);
+    CHECK(!strncmp(msg, prefix, strlen(prefix)), "'%s' does not start with '%s'", msg, prefix);
+    CHECK(strstr(msg, fragment) != NULL, "'%s' lacks '%s'", msg, fragment);
+    mk_error_free(err);
+}
+
+/* After an error the context still compiles and runs `op` (float32 [3], a - b etc.). */
+static void check_context_usable(const char *op, int n_in, double (*ref1)(double), char bop) {
+    float x[3], y[3], got[3];
+    for (int i = 0; i < 3; i++) {
+        x[i] = (float)rand_value(F32, 0.1, 2.0);
+        y[i] = (float)rand_value(F32, 0.1, 2.0);
+    }
+    script s = {0};
+    say(&s, "$1 = InputTensor(x, float32, [3]);");
+    say(&s, "$2 = InputTensor(y, float32, [3]);");
+    if (n_in == 2)
+        say(&s, "$3 = %s($1, $2);", op);
+    else
+        say(&s, "$3 = %s($1);", op);
+    say(&s, "result = $3;");
+    mk_error *err = NULL;
+    mk_model *m = mk_compile(ctx, s.text, NULL, 0, NULL, &err);
+    CHECK(m != NULL, "%s after an error: %s", op, mk_error_message(err));
+    mk_named_tensor ins[2] = {{"x", x}, {"y", y}};
+    if (m && mk_evaluate(m, ins, 2, got, sizeof got, &err) == 0) {
+        for (int i = 0; i < 3; i++) {
+            double want = n_in == 2 ? ref_binop(bop, x[i], y[i]) : ref1(x[i]);
+            CHECK(test_close(got[i], want, 2e-6, 2e-6), "%s after an error: got %.9g want %.9g",
+                  op, got[i], want);
+        }
+    } else if (m) {
+        CHECK(0, "%s after an error: evaluate: %s", op, mk_error_message(err));
+    }
+    mk_model_free(m);
+    mk_error_free(err);
+}
+
+static void test_new_ops_bad_scripts(void) {
+    static const char *f23 = "$1 = InputTensor(a, float32, [2, 3]);\n";
+    static const char *i23 = "$1 = InputTensor(a, int64, [2, 3]);\n";
+    const binop *bins[2] = {&BINOPS[2], &BINOPS[3]};
+    for (int k = 0; k < 2; k++) {
+        const char *op = bins[k]->name;
+        int len = (int)strlen(op);
+        char text[512], msg[128];
+        /* one operand: stops at ')'; three: at the third */
+        snprintf(text, sizeof text, "%s$2 = %s($1);\nresult = $2;\n", f23, op);
+        expect_compile_error(text, MK_ERR_ARGUMENT, 2, 9 + len, "argument error", "takes 2 arguments");
+        check_context_usable(op, 2, NULL, bins[k]->op);
+        snprintf(text, sizeof text, "%s$2 = %s($1, $1, $1);\nresult = $2;\n", f23, op);
+        expect_compile_error(text, MK_ERR_ARGUMENT, 2, 15 + len, "argument error", "takes 2 arguments");
+        check_context_usable(op, 2, NULL, bins[k]->op);
+        /* b does not broadcast onto a: transposed, another rank, a itself the smaller */
+        const char *bshapes[3] = {"[3, 2]", "[3]", "[2, 3, 1]"};
+        for (int j = 0; j < 3; j++) {
+            snprintf(text, sizeof text,
+                     "%s$2 = InputTensor(b, float32, %s);\n$3 = %s($1, $2);\nresult = $3;\n", f23,
+                     bshapes[j], op);
+            expect_compile_error(text, MK_ERR_SHAPE, 3, 1, "shape error", "does not broadcast");
+            check_context_usable(op, 2, NULL, bins[k]->op);
+        }
+        snprintf(text, sizeof text,
+                 "%s$2 = InputTensor(b, float32, [2, 1]);\n$3 = %s($2, $1);\nresult = $3;\n", f23,
+                 op);
+        expect_compile_error(text, MK_ERR_SHAPE, 3, 1, "shape error", "does not broadcast");
+        /* mixed dtypes */
+        snprintf(text, sizeof text,
+                 "%s$2 = InputTensor(b, int64, [2, 3]);\n$3 = %s($1, $2);\nresult = $3;\n", f23, op);
+        expect_compile_error(text, MK_ERR_DTYPE, 3, 1, "dtype error", "int64");
+        check_context_usable(op, 2, NULL, bins[k]->op);
+        if (!bins[k]->takes_i64) {
+            snprintf(text, sizeof text,
+                     "%s$2 = InputTensor(b, int64, [2, 3]);\n$3 = %s($1, $2);\nresult = $3;\n",
+                     i23, op);
+            snprintf(msg, sizeof msg, "script:3:1: dtype error: %s does not take int64 (operand $1)",
+                     op);
+            expect_compile_error(text, MK_ERR_DTYPE, 3, 1, "dtype error", msg);
+            check_context_usable(op, 2, NULL, bins[k]->op);
+        }
+    }
+    for (int u = 2; u < N_UNOPS; u++) { /* Exp, Tanh, Sigmoid, GELU */
+        const char *op = UNOPS[u].name;
+        int len = (int)strlen(op);
+        char text[512], msg[128];
+        snprintf(text, sizeof text, "%s$2 = %s();\nresult = $2;\n", f23, op);
+        expect_compile_error(text, MK_ERR_ARGUMENT, 2, 7 + len, "argument error", "takes 1 arguments");
+        check_context_usable(op, 1, UNOPS[u].ref, 0);
+        snprintf(text, sizeof text, "%s$2 = %s($1, $1);\nresult = $2;\n", f23, op);
+        expect_compile_error(text, MK_ERR_ARGUMENT, 2, 11 + len, "argument error", "takes 1 arguments");
+        check_context_usable(op, 1, UNOPS[u].ref, 0);
+        /* int64: an input, and a computed int64 node further down */
+        snprintf(text, sizeof text, "%s$2 = %s($1);\nresult = $2;\n", i23, op);
+        snprintf(msg, sizeof msg, "script:2:1: dtype error: %s does not take int64 (operand $1)", op);
+        expect_compile_error(text, MK_ERR_DTYPE, 2, 1, "dtype error", msg);
+        check_context_usable(op, 1, UNOPS[u].ref, 0);
+        snprintf(text, sizeof text,
+                 "%s$2 = InputTensor(b, int64, [1, 3]);\n$3 = SubNode($1, $2);\n"
+                 "$4 = %s($3);\nresult = $4;\n", i23, op);
+        snprintf(msg, sizeof msg, "script:4:1: dtype error: %s does not take int64 (operand $3)", op);
+        expect_compile_error(text, MK_ERR_DTYPE, 4, 1, "dtype error", msg);
+        check_context_usable(op, 1, UNOPS[u].ref, 0);
+    }
+}
+
 /* ---- replace_slice into buffers ------------------------------------------ */
 
 /*
@@ -1126,6 +1608,12 @@ int main(void) {
         RUN(test_binary_broadcast);
         RUN(test_binary_large);
         RUN(test_unary);
+        RUN(test_special_values);
+        RUN(test_int64_wraparound);
+        RUN(test_binary_strided);
+        RUN(test_unary_strided);
+        RUN(test_pointwise_chain);
+        RUN(test_new_ops_bad_scripts);
         RUN(test_complex_mul);
         RUN(test_matmul_shapes);
         RUN(test_matmul_attention);

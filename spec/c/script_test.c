@@ -39,7 +39,16 @@ static const char *every_node =
     "$24 = EmbeddingNode($23, $22);\n"
     "$25 = ConstantTensor(v, float32, [3, 5]);\n"
     "$26 = MulNode($24, $25);\n"
-    "result = $26;\n";
+    "$27 = ConstantTensor(d, float32, [1, 5]);\n"
+    "$28 = SubNode($26, $27);\n"
+    "$29 = DivNode($28, $27);\n"
+    "$30 = TanhNode($29);\n"
+    "$31 = ExpNode($30);\n"
+    "$32 = SigmoidNode($31);\n"
+    "$33 = GELUNode($32);\n"
+    "$34 = SubNode($5, $4);\n"
+    "$35 = SlicedSoftmaxNode($33, $34);\n"
+    "result = $35;\n";
 
 static void test_hamkaas_mnist_parses_unchanged(void) {
     mk_error *err = NULL;
@@ -66,21 +75,29 @@ static void test_every_node_round_trips(void) {
     char *again = text ? mk_script_format(text, &err) : NULL;
     CHECK(again && !strcmp(again, text), "round trip differs:\n%s\n---\n%s", text ? text : "",
           again ? again : mk_error_message(err));
+    /* the new ops print under their own names, operands as written */
+    const char *lines[] = {"$28 = SubNode($26, $27);", "$29 = DivNode($28, $27);",
+                           "$30 = TanhNode($29);",     "$31 = ExpNode($30);",
+                           "$32 = SigmoidNode($31);",  "$33 = GELUNode($32);",
+                           "$34 = SubNode($5, $4);"};
+    for (size_t i = 0; text && i < sizeof lines / sizeof lines[0]; i++)
+        CHECK(strstr(text, lines[i]) != NULL, "'%s' not in:\n%s", lines[i], text);
     mk_string_free(text);
     mk_string_free(again);
     mk_error_free(err);
 }
 
 static void test_every_node_compiles(void) {
-    static float w[64], f[8], g[12], table[36], v[15];
+    static float w[64], f[8], g[12], table[36], v[15], d[5];
+    for (int i = 0; i < 5; i++) d[i] = (float)test_uniform(0.5, 1.5);
     for (int i = 0; i < 15; i++) v[i] = (float)test_uniform(-1, 1);
     for (int i = 0; i < 64; i++) w[i] = (float)test_uniform(-1, 1);
     for (int i = 0; i < 8; i++) f[i] = (float)test_uniform(-1, 1);
     for (int i = 0; i < 12; i++) g[i] = (float)test_uniform(0.5, 1.5);
     for (int i = 0; i < 36; i++) table[i] = (float)test_uniform(-1, 1);
-    mk_named_tensor c[] = {{"w", w}, {"f", f}, {"g", g}, {"table", table}, {"v", v}};
+    mk_named_tensor c[] = {{"w", w}, {"f", f}, {"g", g}, {"table", table}, {"v", v}, {"d", d}};
     mk_error *err = NULL;
-    mk_model *m = mk_compile(ctx, every_node, c, 5, NULL, &err);
+    mk_model *m = mk_compile(ctx, every_node, c, 6, NULL, &err);
     CHECK(m != NULL, "%s", mk_error_message(err));
     if (m) {
         float x[32], y[20];
@@ -185,6 +202,70 @@ static const bad_case bad[] = {
      MK_ERR_SHAPE, 4, 1, "does not fit"},
     {X1 "$2 = InputTensor(i, int64, [2, 1]);\n$3 = EmbeddingNode($1, $2);\nresult = $3;",
      MK_ERR_SHAPE, 3, 1, "ids must be [n]"},
+    /* the pointwise ops added with the expression evaluator */
+    {X1 "$2 = SubNode($1);\nresult = $2;", MK_ERR_ARGUMENT, 2, 16, "takes 2 arguments"},
+    {X1 "$2 = DivNode($1, $1, $1);\nresult = $2;", MK_ERR_ARGUMENT, 2, 22, "takes 2 arguments"},
+    {X1 "$2 = ExpNode();\nresult = $2;", MK_ERR_ARGUMENT, 2, 14, "takes 1 arguments"},
+    {X1 "$2 = TanhNode($1, $1);\nresult = $2;", MK_ERR_ARGUMENT, 2, 19, "takes 1 arguments"},
+    {X1 "$2 = SigmoidNode(2);\nresult = $2;", MK_ERR_ARGUMENT, 2, 18, "must be a node"},
+    {X1 "$2 = GELUNode($1, $1);\nresult = $2;", MK_ERR_ARGUMENT, 2, 19, "takes 1 arguments"},
+    {X1 "$2 = SubtractNode($1, $1);\nresult = $2;", MK_ERR_NAME, 2, 6,
+     "unknown node 'SubtractNode'"},
+    {X1 "$2 = DivNode($1, $7);\nresult = $2;", MK_ERR_NAME, 2, 18, "$7 is used before"},
+    {"$1 = InputTensor(x, int64, [2, 3]);\n$2 = DivNode($1, $1);\nresult = $2;", MK_ERR_DTYPE,
+     2, 1, "dtype error: DivNode does not take int64 (operand $1)"},
+    {"$1 = InputTensor(x, int64, [2, 3]);\n$2 = ExpNode($1);\nresult = $2;", MK_ERR_DTYPE, 2, 1,
+     "dtype error: ExpNode does not take int64 (operand $1)"},
+    {"$1 = InputTensor(x, int64, [2, 3]);\n$2 = TanhNode($1);\nresult = $2;", MK_ERR_DTYPE, 2,
+     1, "dtype error: TanhNode does not take int64 (operand $1)"},
+    {"$1 = InputTensor(x, int64, [2, 3]);\n\n$2 = ReLUNode($1);\n$3 = SigmoidNode($2);\n"
+     "result = $3;",
+     MK_ERR_DTYPE, 4, 1, "dtype error: SigmoidNode does not take int64 (operand $2)"},
+    {"$1 = InputTensor(x, int64, [2, 3]);\n$2 = GELUNode($1);\nresult = $2;", MK_ERR_DTYPE, 2,
+     1, "dtype error: GELUNode does not take int64 (operand $1)"},
+    {X1 "$2 = InputTensor(y, int64, [2, 3]);\n$3 = SubNode($1, $2);\nresult = $3;", MK_ERR_DTYPE,
+     3, 1, "differ in dtype"},
+    {X1 "$2 = InputTensor(y, float32, [3, 2]);\n$3 = SubNode($1, $2);\nresult = $3;",
+     MK_ERR_SHAPE, 3, 1, "does not broadcast"},
+    {X1 "$2 = InputTensor(y, float32, [2, 3, 1]);\n$3 = DivNode($1, $2);\nresult = $3;",
+     MK_ERR_SHAPE, 3, 1, "does not broadcast"},
+    {X1 "$2 = InputTensor(y, float32, [2, 1]);\n   $3 = DivNode($2, $1);\nresult = $3;",
+     MK_ERR_SHAPE, 3, 4, "[2, 3] does not broadcast to [2, 1]"},
+    /* storage dtypes: they parse; a kernel that does not take them fails the compile */
+    {"$1 = InputTensor(x, float8, [2]);\nresult = $1;", MK_ERR_DTYPE, 1, 21,
+     "unknown dtype 'float8'"},
+    {"$1 = InputTensor(x, bf16, [2]);\nresult = $1;", MK_ERR_DTYPE, 1, 21, "unknown dtype 'bf16'"},
+    {"$1 = InputTensor(x, bfloat16, [4]);\n$2 = InputTensor(w, bfloat16, [4, 3]);\n"
+     "$3 = MatMulNode($1, $2);\nresult = $3;",
+     MK_ERR_DTYPE, 3, 1, "dtype error: bfloat16 is not supported by MatMulNode on cpu"},
+    {"$1 = InputTensor(x, int8, [4]);\n$2 = ReLUNode($1);\nresult = $2;", MK_ERR_DTYPE, 2, 1,
+     "dtype error: int8 is not supported by ReLUNode on cpu"},
+    {"$1 = InputTensor(x, float16, [4, 3]);\n$2 = InputTensor(y, float16, [1, 3]);\n"
+     "$3 = SubNode($1, $2);\nresult = $3;",
+     MK_ERR_DTYPE, 3, 1, "dtype error: float16 is not supported by SubNode on cpu"},
+    {"$1 = InputTensor(x, int8, [4, 3]);\n$2 = InputTensor(y, int8, [4, 3]);\n"
+     "$3 = SumNode($1, $2);\nresult = $3;",
+     MK_ERR_DTYPE, 3, 1, "dtype error: int8 is not supported by SumNode on cpu"},
+    {"$1 = InputTensor(x, bfloat16, [4, 3]);\n$2 = SliceNode($1, 1, 3);\n$3 = GELUNode($2);\n"
+     "result = $3;",
+     MK_ERR_DTYPE, 3, 1, "dtype error: bfloat16 is not supported by GELUNode on cpu"},
+    {"$1 = InputTensor(x, float16, [4, 3]);\n$2 = ArgMaxNode($1);\nresult = $2;", MK_ERR_DTYPE, 2,
+     1, "dtype error: float16 is not supported by ArgMaxNode on cpu"},
+    {"$1 = InputTensor(x, bfloat16, [4, 3]);\n$2 = InputTensor(w, bfloat16, [3]);\n"
+     "$3 = RmsNormNode($1, $2);\nresult = $3;",
+     MK_ERR_DTYPE, 3, 1, "dtype error: bfloat16 is not supported by RmsNormNode on cpu"},
+    {"$1 = InputTensor(x, bfloat16, [4, 3]);\n$2 = InputTensor(p, int64, [1]);\n"
+     "$3 = SlicedSoftmaxNode($1, $2);\nresult = $3;",
+     MK_ERR_DTYPE, 3, 1, "dtype error: bfloat16 is not supported by SlicedSoftmaxNode on cpu"},
+    /* an integer storage type to a float-only op: refused by the op itself, like int64 */
+    {"$1 = InputTensor(x, int8, [4]);\n$2 = ExpNode($1);\nresult = $2;", MK_ERR_DTYPE, 2, 1,
+     "dtype error: ExpNode does not take int8 (operand $1)"},
+    {"$1 = InputTensor(x, bfloat16, [4, 3]);\n$2 = InputTensor(y, float32, [4, 3]);\n"
+     "$3 = SumNode($1, $2);\nresult = $3;",
+     MK_ERR_DTYPE, 3, 1, "operands differ in dtype (bfloat16 and float32)"},
+    {"$1 = InputTensor(t, float32, [10, 3]);\n$2 = InputTensor(i, int8, [2]);\n"
+     "$3 = EmbeddingNode($1, $2);\nresult = $3;",
+     MK_ERR_DTYPE, 3, 1, "ids ($2) must be int64, not int8"},
 };
 
 static void test_bad_scripts(void) {
@@ -315,6 +396,158 @@ static void test_api_misuse(void) {
     mk_error_free(err);
 }
 
+/* ---- storage dtypes: float16, bfloat16, int8 ------------------------------ */
+
+static const char *storage_script =
+    "$1 = InputTensor(h, float16, [2, 3]);\n"
+    "$2 = ConstantTensor(b, bfloat16, [4]);\n"
+    "$3 = BufferTensor(int8, [3, 5]);\n"
+    "$4 = InputTensor(q, int8, [6]);\n"
+    "$5 = ConstantTensor(e, float16, [1, 2, 3]);\n"
+    "$6 = BufferTensor(bfloat16, [2, 2]);\n"
+    "$7 = InputTensor(c, bfloat16, [2, 3, 4, 5]);\n"
+    "$8 = ReshapeNode($1, [3, 2]);\n"
+    "result = $8;\n";
+
+/* They parse and print under their names, as every declaration kind. */
+static void test_storage_dtypes_round_trip(void) {
+    mk_error *err = NULL;
+    char *text = mk_script_format(storage_script, &err);
+    CHECK(text != NULL, "%s", mk_error_message(err));
+    if (!text) {
+        mk_error_free(err);
+        return;
+    }
+    /* each declaration line prints as written */
+    const char *p = storage_script;
+    while (*p) {
+        const char *nl = strchr(p, '\n');
+        char line[128];
+        snprintf(line, sizeof line, "%.*s", (int)(nl - p), p);
+        CHECK(strstr(text, line) != NULL, "'%s' not in:\n%s", line, text);
+        p = nl + 1;
+    }
+    char *again = mk_script_format(text, &err);
+    CHECK(again && !strcmp(again, text), "not a fixed point:\n%s\n---\n%s", text,
+          again ? again : mk_error_message(err));
+    mk_string_free(again);
+    mk_string_free(text);
+    mk_error_free(err);
+}
+
+/* A storage tensor through views only (no kernel): its bytes come back as they were. */
+static void view_case(const char *what, const char *text, const char *in_name, size_t in_bytes,
+                      bool constant, size_t begin, size_t out_bytes, mk_dtype dt, int rank,
+                      const int64_t *shape) {
+    unsigned char *in = malloc(in_bytes), *out = malloc(out_bytes + 8);
+    for (size_t i = 0; i < in_bytes; i++) /* never zero */
+        in[i] = (unsigned char)test_randint(1, 255);
+    mk_named_tensor t = {in_name, in};
+    mk_error *err = NULL;
+    mk_model *m = mk_compile(ctx, text, constant ? &t : NULL, constant, NULL, &err);
+    CHECK(m != NULL, "%s: %s\n%s", what, mk_error_message(err), text);
+    if (m) {
+        mk_tensor_info info;
+        CHECK(mk_model_output_info(m, &info) == 0 && info.dtype == dt && info.rank == rank &&
+                  !memcmp(info.shape, shape, sizeof(int64_t) * (size_t)rank),
+              "%s: output info dtype %d rank %d", what, (int)info.dtype, info.rank);
+        size_t n_in = constant || !in_name ? 0 : 1;
+        CHECK(mk_evaluate(m, &t, n_in, out, out_bytes, &err) == 0, "%s: %s", what,
+              mk_error_message(err));
+        if (in_name)
+            CHECK(!memcmp(out, in + begin, out_bytes), "%s: the bytes differ", what);
+        else
+            for (size_t i = 0; i < out_bytes; i++)
+                CHECK(out[i] == 0, "%s: a buffer is zero after compile; byte %zu is %d", what, i,
+                      out[i]);
+        mk_error_free(err), err = NULL;
+        /* the output's size counts the dtype's bytes: 4 per element is wrong */
+        CHECK(mk_evaluate(m, &t, n_in, out, out_bytes + 2, &err) == -1 &&
+                  mk_error_code_of(err) == MK_ERR_ARGUMENT,
+              "%s: a %zu-byte buffer for a %zu-byte output: %s", what, out_bytes + 2, out_bytes,
+              err ? mk_error_message(err) : "accepted");
+    }
+    mk_error_free(err);
+    mk_model_free(m);
+    free(in), free(out);
+}
+
+static void test_storage_dtypes_views(void) {
+    view_case("bfloat16 input, reshape, slice",
+              "$1 = InputTensor(x, bfloat16, [4, 6]);\n$2 = ReshapeNode($1, [6, 4]);\n"
+              "$3 = SliceNode($2, 1, 5);\nresult = $3;\n",
+              "x", 48, false, 8, 32, MK_DTYPE_BFLOAT16, 2, (int64_t[]){4, 4});
+    view_case("int8 input, slice, reshape",
+              "$1 = InputTensor(x, int8, [10]);\n$2 = SliceNode($1, 2, 7);\n"
+              "$3 = ReshapeNode($2, [5, 1]);\nresult = $3;\n",
+              "x", 10, false, 2, 5, MK_DTYPE_INT8, 2, (int64_t[]){5, 1});
+    view_case("float16 constant, slice",
+              "$1 = ConstantTensor(w, float16, [3, 4]);\n$2 = SliceNode($1, 1, 3);\nresult = $2;\n",
+              "w", 24, true, 8, 16, MK_DTYPE_FLOAT16, 2, (int64_t[]){2, 4});
+    view_case("bfloat16 input as the result", "$1 = InputTensor(x, bfloat16, [5]);\nresult = $1;\n",
+              "x", 10, false, 0, 10, MK_DTYPE_BFLOAT16, 1, (int64_t[]){5});
+    view_case("bfloat16 buffer, reshape",
+              "$1 = BufferTensor(bfloat16, [3, 4]);\n$2 = ReshapeNode($1, [12]);\nresult = $2;\n",
+              NULL, 0, false, 0, 24, MK_DTYPE_BFLOAT16, 1, (int64_t[]){12});
+    view_case("int8 buffer, slice",
+              "$1 = BufferTensor(int8, [3, 4]);\n$2 = SliceNode($1, 2, 3);\nresult = $2;\n", NULL,
+              0, false, 0, 4, MK_DTYPE_INT8, 2, (int64_t[]){1, 4});
+    /* moves that are kernels but only move bytes: a permute, a run-time row write */
+    {
+        uint16_t x[12], y[12];
+        for (int i = 0; i < 12; i++) x[i] = (uint16_t)test_randint(1, 65535);
+        mk_error *e = NULL;
+        mk_model *pm = mk_compile(ctx, "$1 = InputTensor(x, bfloat16, [4, 3]);\n"
+                                       "$2 = PermuteNode($1, [1, 0]);\nresult = $2;\n",
+                                  NULL, 0, NULL, &e);
+        CHECK(pm != NULL, "bfloat16 permute: %s", mk_error_message(e));
+        mk_named_tensor in = {"x", x};
+        if (pm && mk_evaluate(pm, &in, 1, y, sizeof y, &e) == 0) {
+            for (int i = 0; i < 3; i++)
+                for (int j = 0; j < 4; j++)
+                    CHECK(y[i * 4 + j] == x[j * 3 + i], "bfloat16 permute at [%d, %d]", i, j);
+        } else if (pm) {
+            CHECK(0, "bfloat16 permute: %s", mk_error_message(e));
+        }
+        mk_model_free(pm);
+        mk_error_free(e), e = NULL;
+        /* int8 rows written into a buffer at run-time rows, kept across evaluations */
+        mk_model *rm = mk_compile(ctx, "$1 = BufferTensor(int8, [5, 3]);\n"
+                                       "$2 = InputTensor(r, int8, [2, 3]);\n"
+                                       "$3 = InputTensor(b, int64, [1]);\n"
+                                       "$4 = InputTensor(e, int64, [1]);\n"
+                                       "$5 = ReplaceSliceNode($1, $2, $3, $4);\nresult = $5;\n",
+                                  NULL, 0, NULL, &e);
+        CHECK(rm != NULL, "int8 replace: %s", mk_error_message(e));
+        int8_t state[15] = {0}, r[6], out[15];
+        for (int step = 0; rm && step < 3; step++) {
+            int64_t b = test_randint(0, 3), end = b + 2;
+            for (int i = 0; i < 6; i++) r[i] = (int8_t)(test_randint(0, 1) ? 1 : -1) * (int8_t)test_randint(1, 127);
+            memcpy(state + b * 3, r, 6);
+            mk_named_tensor ins[3] = {{"r", r}, {"b", &b}, {"e", &end}};
+            CHECK(mk_evaluate(rm, ins, 3, out, sizeof out, &e) == 0, "int8 replace: %s",
+                  mk_error_message(e));
+            CHECK(!memcmp(out, state, sizeof out), "int8 replace: step %d, rows [%lld, %lld)",
+                  step, (long long)b, (long long)end);
+        }
+        mk_model_free(rm);
+        mk_error_free(e);
+    }
+    /* an input's info carries its storage dtype */
+    mk_error *err = NULL;
+    mk_model *m = mk_compile(ctx, "$1 = InputTensor(x, float16, [2, 3]);\n"
+                                  "$2 = ReshapeNode($1, [6]);\nresult = $2;\n",
+                             NULL, 0, NULL, &err);
+    CHECK(m != NULL, "%s", mk_error_message(err));
+    mk_tensor_info info;
+    CHECK(m && mk_model_input_count(m) == 1 && mk_model_input_info(m, 0, &info) == 0 &&
+              info.dtype == MK_DTYPE_FLOAT16 && info.rank == 2 && info.shape[1] == 3 &&
+              info.name && !strcmp(info.name, "x"),
+          "input info");
+    mk_model_free(m);
+    mk_error_free(err);
+}
+
 static void test_op_infer(void) {
     mk_error *err = NULL;
     mk_tensor_info a = {.dtype = MK_DTYPE_FLOAT32, .rank = 2, .shape = {5, 7}};
@@ -346,6 +579,8 @@ int main(void) {
     RUN(test_context_usable_after_errors);
     RUN(test_api_misuse);
     RUN(test_op_infer);
+    RUN(test_storage_dtypes_round_trip);
+    RUN(test_storage_dtypes_views);
     mk_context_free(ctx);
     return test_summary("script");
 }

@@ -23,6 +23,12 @@ summary=$OUT/summary.txt
 : > "$summary"
 note() { echo "$*" | tee -a "$summary"; }
 
+# the CUDA plugin must be there, or every CUDA case would only be skipped
+if [ ! -f "$BUILD/libmoonkaas_cuda.so" ] || [ ! -f "$BUILD/moonkaas/libmoonkaas_cuda.so" ]; then
+    note "plugin: $BUILD/libmoonkaas_cuda.so or its copy in $BUILD/moonkaas/ is missing (make CUDA=1)"
+    failed=1
+fi
+
 t0=$(date +%s)
 BUSTED=${BUSTED:-/opt/lua/usr/bin/busted} timeout 420 sh spec/run_tests.sh "$BUILD" > "$OUT/tests.log" 2>&1 || failed=1
 note "suite: $(tail -n 1 "$OUT/tests.log") ($(( $(date +%s) - t0 )) s)"

@@ -1,6 +1,8 @@
 #!/bin/sh
 # spec/gpu/run.sh — the CUDA device's checks on the GPU machine, in one call:
 #
+#   0. build/tests/plugin_test        the CUDA plugin (build/libmoonkaas_cuda.so) loads
+#                                     and its probe finds the device
 #   1. build/tests/cuda_test          every op, CUDA against the CPU and double references
 #   2. busted spec/gpu_spec.lua       the Lua front end on CUDA (#gpu)
 #   3. compute-sanitizer memcheck     cuda_test again (MK_CUDA_TEST_QUICK=1 sizes; the
@@ -41,6 +43,21 @@ note() { echo "$*" | tee -a "$summary"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,temperature.gpu \
     --format=csv > "$OUT/nvidia-smi.txt" 2>&1
 note "# device: $(tail -n 1 "$OUT/nvidia-smi.txt")"
+
+# ---- 0. the plugin ------------------------------------------------------------------
+# The core opens $BUILD/libmoonkaas_cuda.so (or the copy beside the Lua module) when
+# CUDA is first asked for; without it every CUDA case below would only be skipped.
+if [ -f "$BUILD/libmoonkaas_cuda.so" ] && [ -f "$BUILD/moonkaas/libmoonkaas_cuda.so" ]; then
+    plugin_out=$(timeout 120 "$BUILD/tests/plugin_test" 2>&1)
+    rc=$?
+    note "plugin_test: rc $rc, $(echo "$plugin_out" | grep -a '^# c-test' | tail -n 1)"
+    echo "$plugin_out" | grep -a '^#   \(plugin\|probe\|no plugin\)\|^not ok\|check failed' | tee -a "$summary"
+    echo "$plugin_out" | grep -aq '^#   probe: 1 ' || { note "plugin_test: the probe finds no device"; rc=1; }
+    [ "$rc" -eq 0 ] || failed=1
+else
+    note "plugin: $BUILD/libmoonkaas_cuda.so or its copy in $BUILD/moonkaas/ is missing (make CUDA=1)"
+    failed=1
+fi
 
 # ---- 1. the C test ---------------------------------------------------------------
 t0=$(date +%s)

@@ -1,0 +1,145 @@
+/*
+ * expr.c — a pointwise op's scalar expression (its row's `expr`, e.g.
+ * "a * (1.0f / (1.0f + expf(-a)))") compiled to a straight-line program
+ * (mk_expr in internal.h) that each device runs: the CPU over tiles of a row,
+ * CUDA per element. Code generators may print the expression itself: it is
+ * valid C and CUDA C.
+ *
+ * Grammar (C's precedence and associativity):
+ *   expr    = compare [ '?' expr ':' expr ]
+ *   compare = sum [ ('>' | '<') sum ]
+ *   sum     = product { ('+' | '-') product }
+ *   product = unary { ('*' | '/') unary }
+ *   unary   = '-' unary | primary
+ *   primary = number | 'a' | 'b' | ('expf' | 'tanhf' | 'sqrtf') '(' expr ')' | '(' expr ')'
+ * Numbers are C literals with an optional 'f' suffix.
+ */
+#include "internal.h"
+
+#include <ctype.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    const char *src, *p;
+    mk_expr *out;
+    mk_error **err;
+} parser;
+
+static int fail_at(parser *ps, const char *what) {
+    return mk_fail(ps->err, MK_ERR_INTERNAL, 0, 0,
+                   "the pointwise expression \"%s\" does not compile at offset %d: %s", ps->src,
+                   (int)(ps->p - ps->src), what);
+}
+
+static void skip(parser *ps) {
+    while (isspace((unsigned char)*ps->p)) ps->p++;
+}
+
+static bool take(parser *ps, char c) {
+    skip(ps);
+    if (*ps->p != c) return false;
+    ps->p++;
+    return true;
+}
+
+/* Appends an instruction; its result register, or -1. */
+static int emit(parser *ps, mk_xop op, int x, int y, int z, double k) {
+    mk_expr *e = ps->out;
+    if (x < 0 || y < 0 || z < 0) return -1;
+    if (e->n == MK_EXPR_MAX) return fail_at(ps, "too many operations");
+    e->insn[e->n] = (mk_xinsn){(unsigned char)op, (unsigned char)x, (unsigned char)y,
+                               (unsigned char)z, k};
+    if (op == MK_X_DIV || op == MK_X_EXP || op == MK_X_TANH || op == MK_X_SQRT)
+        e->has_float_only = true;
+    return 2 + e->n++;
+}
+
+static int parse_expr(parser *ps);
+
+static int parse_primary(parser *ps) {
+    skip(ps);
+    const char *p = ps->p;
+    if (isdigit((unsigned char)*p) || *p == '.') {
+        char *end;
+        double v = strtod(p, &end);
+        if (end == p) return fail_at(ps, "a number");
+        ps->p = end + (*end == 'f');
+        return emit(ps, MK_X_CONST, 0, 0, 0, v);
+    }
+    if (take(ps, '(')) {
+        int r = parse_expr(ps);
+        if (r >= 0 && !take(ps, ')')) return fail_at(ps, "expected ')'");
+        return r;
+    }
+    size_t len = 0;
+    while (isalnum((unsigned char)p[len]) || p[len] == '_') len++;
+    if (len == 1 && (*p == 'a' || *p == 'b')) {
+        ps->p += 1;
+        if (*p == 'b') ps->out->n_in = 2;
+        return *p == 'a' ? 0 : 1;
+    }
+    static const struct {
+        const char *name;
+        mk_xop op;
+    } calls[] = {{"expf", MK_X_EXP}, {"tanhf", MK_X_TANH}, {"sqrtf", MK_X_SQRT}};
+    for (size_t i = 0; i < sizeof calls / sizeof calls[0]; i++)
+        if (strlen(calls[i].name) == len && !memcmp(p, calls[i].name, len)) {
+            ps->p += len;
+            if (!take(ps, '(')) return fail_at(ps, "expected '(' after a function");
+            int r = parse_expr(ps);
+            if (r >= 0 && !take(ps, ')')) return fail_at(ps, "expected ')'");
+            return emit(ps, calls[i].op, r, 0, 0, 0);
+        }
+    return fail_at(ps, "expected a number, a, b, a function or '('");
+}
+
+static int parse_unary(parser *ps) {
+    if (take(ps, '-')) return emit(ps, MK_X_NEG, parse_unary(ps), 0, 0, 0);
+    return parse_primary(ps);
+}
+
+static int parse_product(parser *ps) {
+    int r = parse_unary(ps);
+    for (;;) {
+        if (take(ps, '*')) r = emit(ps, MK_X_MUL, r, parse_unary(ps), 0, 0);
+        else if (take(ps, '/')) r = emit(ps, MK_X_DIV, r, parse_unary(ps), 0, 0);
+        else return r;
+    }
+}
+
+static int parse_sum(parser *ps) {
+    int r = parse_product(ps);
+    for (;;) {
+        if (take(ps, '+')) r = emit(ps, MK_X_ADD, r, parse_product(ps), 0, 0);
+        else if (take(ps, '-')) r = emit(ps, MK_X_SUB, r, parse_product(ps), 0, 0);
+        else return r;
+    }
+}
+
+static int parse_compare(parser *ps) {
+    int r = parse_sum(ps);
+    if (take(ps, '>')) return emit(ps, MK_X_GT, r, parse_sum(ps), 0, 0);
+    if (take(ps, '<')) return emit(ps, MK_X_LT, r, parse_sum(ps), 0, 0);
+    return r;
+}
+
+static int parse_expr(parser *ps) {
+    int c = parse_compare(ps);
+    if (c < 0 || !take(ps, '?')) return c;
+    int x = parse_expr(ps);
+    if (x >= 0 && !take(ps, ':')) return fail_at(ps, "expected ':'");
+    return emit(ps, MK_X_SELECT, c, x, parse_expr(ps), 0);
+}
+
+int mk_expr_compile(const char *src, mk_expr *out, mk_error **err) {
+    *out = (mk_expr){.n_in = 1};
+    parser ps = {.src = src, .p = src, .out = out, .err = err};
+    int r = parse_expr(&ps);
+    if (r < 0) return -1;
+    skip(&ps);
+    if (*ps.p) return fail_at(&ps, "unexpected text after the expression");
+    if (r != out->n + 1) /* a bare operand: the result must be the last instruction */
+        return fail_at(&ps, "the expression computes nothing");
+    return 0;
+}

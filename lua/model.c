@@ -1,0 +1,463 @@
+/*
+ * model.c — compiling scripts and running models.
+ *
+ *   model (moonkaas.model) a compiled mk_model; on the CPU its constants are
+ *         borrowed in place, so the model keeps their tensors alive (user
+ *         value 1). Born closed; __gc, __close and model:close() are one
+ *         idempotent release.
+ *
+ * core.compile_script(text, constants, opts) checks the constants against the
+ * script's constant declarations (mk_script_constants) before the core
+ * reads their bytes, and model:run checks inputs against mk_model_input_info.
+ */
+#include "lmk.h"
+
+#include <stdio.h>
+#include <string.h>
+
+typedef struct {
+    mk_model *model; /* NULL while closed */
+    mk_device device;
+} lmk_model;
+
+static lmk_model *check_model(lua_State *L, int idx, const char *fn, bool open) {
+    lmk_model *m = (lmk_model *)luaL_testudata(L, idx, LMK_MODEL_MT);
+    if (!m)
+        LMK_ARG_ERROR(L, fn, "argument #%d must be a model, got %s", idx, luaL_typename(L, idx));
+    if (open && !m->model) LMK_ARG_ERROR(L, fn, "the model is closed");
+    return m;
+}
+
+/* __gc and __close: one idempotent release. */
+static int model_release(lua_State *L) {
+    lmk_model *m = check_model(L, 1, "close", false);
+    if (m->model) mk_model_free(m->model);
+    m->model = NULL;
+    lua_pushnil(L);
+    lua_setiuservalue(L, 1, 1); /* the borrowed constants may go */
+    return 0;
+}
+
+static const char *device_name(mk_device d) { return d == MK_DEVICE_CUDA ? "cuda" : "cpu"; }
+
+/* ==== compiling =============================================================== */
+
+/*
+ * lua_pcall'd with the mk_script_constants array and its count: pushes
+ * {{name =, dtype = mk_dtype, shape =}, ...}. A memory error here must not
+ * leak the array, so the caller frees it after the pcall either way.
+ */
+static int push_declared(lua_State *L) {
+    const mk_tensor_info *infos = (const mk_tensor_info *)lua_touserdata(L, 1);
+    size_t count = (size_t)lua_tointeger(L, 2);
+    lua_createtable(L, (int)count, 0);
+    for (size_t i = 0; i < count; i++) {
+        lua_createtable(L, 0, 3);
+        lua_pushstring(L, infos[i].name);
+        lua_setfield(L, -2, "name");
+        lua_pushinteger(L, infos[i].dtype);
+        lua_setfield(L, -2, "dtype");
+        lmk_push_shape(L, infos[i].rank, infos[i].shape);
+        lua_setfield(L, -2, "shape");
+        lua_rawseti(L, -2, (lua_Integer)i + 1);
+    }
+    return 1;
+}
+
+/* Reads {dtype =, shape =} of a push_declared entry on top. */
+static void read_declared(lua_State *L, mk_dtype *dtype, int *rank, int64_t *shape) {
+    lua_getfield(L, -1, "dtype");
+    *dtype = (mk_dtype)lua_tointeger(L, -1);
+    lua_getfield(L, -2, "shape");
+    *rank = (int)lua_rawlen(L, -1);
+    for (int i = 0; i < *rank && i < MK_MAX_RANK; i++) {
+        lua_rawgeti(L, -1, i + 1);
+        shape[i] = (int64_t)lua_tointeger(L, -1);
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 2);
+}
+
+/*
+ * Checks the constants table (name -> tensor) against the constant
+ * declarations of the script: each given, with the script's dtype and shape
+ * (the core reads exactly that many bytes), and no extra names.
+ */
+static void check_constants(lua_State *L, int script_idx, int consts_idx) {
+    const char *fn = "compile";
+    mk_error *err = NULL;
+    size_t count = 0;
+    mk_tensor_info *infos = mk_script_constants(lua_tostring(L, script_idx), &count, &err);
+    if (!infos) lmk_raise_core(L, err);
+    lua_pushcfunction(L, push_declared);
+    lua_pushlightuserdata(L, infos);
+    lua_pushinteger(L, (lua_Integer)count);
+    int status = lua_pcall(L, 2, 1, 0);
+    mk_tensor_infos_free(infos);
+    if (status != LUA_OK) lua_error(L);
+    int declared = lua_gettop(L);
+    lua_newtable(L); /* names seen */
+    int seen = lua_gettop(L);
+    for (size_t i = 1; i <= count; i++) {
+        mk_dtype dtype;
+        int rank;
+        int64_t shape[MK_MAX_RANK];
+        lua_rawgeti(L, declared, (lua_Integer)i);
+        read_declared(L, &dtype, &rank, shape);
+        lua_getfield(L, -1, "name");
+        const char *nm = lua_tostring(L, -1); /* anchored by `declared` */
+        lua_pop(L, 2);
+        lua_pushboolean(L, 1);
+        lua_setfield(L, seen, nm);
+        if (lua_isnil(L, consts_idx)) lua_pushnil(L);
+        else lua_getfield(L, consts_idx, nm);
+        lmk_tensor *t = lmk_to_tensor(L, -1);
+        if (lua_isnil(L, -1))
+            lmk_raise(L, "input error", fn, "missing constant '%s' (%s %s)", nm,
+                      mk_dtype_name(dtype), LMK_SHAPE_STR(rank, shape));
+        if (!t)
+            LMK_ARG_ERROR(L, fn, "constant '%s' must be a tensor, got %s", nm,
+                          luaL_typename(L, -1));
+        if (t->dtype != dtype || !lmk_same_shape(t->rank, t->shape, rank, shape))
+            lmk_raise(L, "input error", fn, "constant '%s' is %s %s, the script declares %s %s",
+                      nm, mk_dtype_name(t->dtype), LMK_SHAPE_STR(t->rank, t->shape),
+                      mk_dtype_name(dtype), LMK_SHAPE_STR(rank, shape));
+        lua_pop(L, 1);
+    }
+    if (!lua_isnil(L, consts_idx)) {
+        lua_pushnil(L);
+        while (lua_next(L, consts_idx)) {
+            lua_pop(L, 1);
+            if (lua_type(L, -1) != LUA_TSTRING)
+                LMK_ARG_ERROR(L, fn, "constant names must be strings, got %s",
+                              luaL_typename(L, -1));
+            lua_pushvalue(L, -1);
+            if (lua_gettable(L, seen) == LUA_TNIL)
+                lmk_raise(L, "input error", fn,
+                          "unknown constant '%s' (the script declares no such constant)",
+                          lua_tostring(L, -2));
+            lua_pop(L, 1);
+        }
+    }
+    lua_settop(L, declared - 1);
+}
+
+/* Reads compile options from the table at idx. */
+static mk_compile_options check_options(lua_State *L, int idx) {
+    const char *fn = "compile";
+    mk_compile_options o = {.device = MK_DEVICE_CPU};
+    if (lua_isnoneornil(L, idx)) return o;
+    if (lua_type(L, idx) != LUA_TTABLE)
+        LMK_ARG_ERROR(L, fn, "options must be a table, got %s", luaL_typename(L, idx));
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : NULL;
+        if (k && !strcmp(k, "device")) {
+            const char *d = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+            if (d && !strcmp(d, "cpu")) o.device = MK_DEVICE_CPU;
+            else if (d && !strcmp(d, "cuda")) o.device = MK_DEVICE_CUDA;
+            else LMK_ARG_ERROR(L, fn, "device must be \"cpu\" or \"cuda\", got %s",
+                               d ? d : luaL_typename(L, -1));
+        } else if (k && (!strcmp(k, "cudnn") || !strcmp(k, "passes"))) {
+            if (!lua_isboolean(L, -1))
+                LMK_ARG_ERROR(L, fn, "option %s must be a boolean, got %s", k,
+                              luaL_typename(L, -1));
+            if (k[0] == 'c') o.use_cudnn = lua_toboolean(L, -1);
+            else o.no_passes = !lua_toboolean(L, -1);
+        } else {
+            LMK_ARG_ERROR(L, fn, "unknown option %s (device, cudnn, passes)",
+                          k ? k : luaL_typename(L, -2));
+        }
+        lua_pop(L, 1);
+    }
+    return o;
+}
+
+/*
+ * core.compile_script(text, constants, opts) -> model. constants maps the name
+ * of each constant the script declares to a tensor (its data is handed over,
+ * not copied in Lua).
+ */
+static int l_compile_script(lua_State *L) {
+    const char *fn = "compile";
+    lua_settop(L, 3);
+    if (lua_type(L, 1) != LUA_TSTRING)
+        LMK_ARG_ERROR(L, fn, "the script must be a string, got %s", luaL_typename(L, 1));
+    if (!lua_isnil(L, 2) && lua_type(L, 2) != LUA_TTABLE)
+        LMK_ARG_ERROR(L, fn, "constants must be a table {name = tensor}, got %s",
+                      luaL_typename(L, 2));
+    mk_compile_options opts = check_options(L, 3);
+    check_constants(L, 1, 2);
+
+    /* A private copy of the constants: the CPU model borrows their memory. */
+    lua_newtable(L);
+    int keep = lua_gettop(L);
+    size_t n = 0;
+    if (!lua_isnil(L, 2)) {
+        lua_pushnil(L);
+        while (lua_next(L, 2)) {
+            lua_pushvalue(L, -2);
+            lua_insert(L, -2);
+            lua_rawset(L, keep);
+            n++;
+        }
+    }
+    /* The name/data array lives in a userdata, so an error cannot leak it. */
+    mk_named_tensor *named =
+        (mk_named_tensor *)lua_newuserdatauv(L, (n ? n : 1) * sizeof *named, 0);
+    size_t i = 0;
+    lua_pushnil(L);
+    while (lua_next(L, keep)) {
+        named[i].name = lua_tostring(L, -2); /* anchored by `keep` */
+        named[i].data = lmk_to_tensor(L, -1)->data;
+        i++;
+        lua_pop(L, 1);
+    }
+    opts.borrow_constants = opts.device == MK_DEVICE_CPU;
+
+    mk_context *ctx = lmk_context(L);
+    lmk_model *m = (lmk_model *)lua_newuserdatauv(L, sizeof *m, 1);
+    m->model = NULL;
+    m->device = opts.device;
+    luaL_setmetatable(L, LMK_MODEL_MT);
+    mk_error *err = NULL;
+    m->model = mk_compile(ctx, lua_tostring(L, 1), named, n, &opts, &err);
+    if (!m->model) lmk_raise_core(L, err);
+    if (opts.borrow_constants) {
+        lua_pushvalue(L, keep);
+        lua_setiuservalue(L, -2, 1);
+    }
+    return 1;
+}
+
+/* ==== running ================================================================== */
+
+static void push_info(lua_State *L, const mk_tensor_info *info) {
+    lua_createtable(L, 0, 3);
+    if (info->name) {
+        lua_pushstring(L, info->name);
+        lua_setfield(L, -2, "name");
+    }
+    lua_pushstring(L, mk_dtype_name(info->dtype));
+    lua_setfield(L, -2, "dtype");
+    lmk_push_shape(L, info->rank, info->shape);
+    lua_setfield(L, -2, "shape");
+}
+
+/* Raises "input error: run: unknown input 'k' (the model takes a, b)". */
+static int raise_unknown_input(lua_State *L, const char *k, const mk_named_tensor *named,
+                               size_t count) {
+    luaL_Buffer b;
+    char line[160];
+    snprintf(line, sizeof line, "input error: run: unknown input '%s' (the model takes ", k);
+    luaL_buffinit(L, &b);
+    luaL_addstring(&b, line);
+    for (size_t i = 0; i < count; i++) {
+        if (i) luaL_addstring(&b, ", ");
+        luaL_addstring(&b, named[i].name);
+    }
+    luaL_addstring(&b, count ? ")" : "no inputs)");
+    luaL_pushresult(&b);
+    return lua_error(L);
+}
+
+/*
+ * model:run({name = tensor, ...}[, out]) -> a new output tensor (or `out`,
+ * filled). Names, dtypes and shapes are checked against the model first.
+ */
+static int model_run(lua_State *L) {
+    const char *fn = "run";
+    lmk_model *m = check_model(L, 1, fn, true);
+    lua_settop(L, 3);
+    if (lua_isnil(L, 2)) { /* a model without inputs may be run as model:run() */
+        lua_newtable(L);
+        lua_replace(L, 2);
+    }
+    if (lua_type(L, 2) != LUA_TTABLE)
+        LMK_ARG_ERROR(L, fn, "inputs must be a table {name = tensor}, got %s",
+                      luaL_typename(L, 2));
+    size_t count = mk_model_input_count(m->model);
+    mk_named_tensor *named =
+        (mk_named_tensor *)lua_newuserdatauv(L, (count ? count : 1) * sizeof *named, 0);
+    for (size_t i = 0; i < count; i++) {
+        mk_tensor_info info;
+        if (mk_model_input_info(m->model, i, &info) != 0)
+            return lmk_raise(L, "internal error", fn, "no information on input %zu", i + 1);
+        lua_getfield(L, 2, info.name);
+        lmk_tensor *t = lmk_to_tensor(L, -1);
+        if (lua_isnil(L, -1))
+            lmk_raise(L, "input error", fn, "missing input '%s' (%s %s)", info.name,
+                      mk_dtype_name(info.dtype), LMK_SHAPE_STR(info.rank, info.shape));
+        if (!t)
+            lmk_raise(L, "input error", fn, "input '%s' must be a tensor, got %s", info.name,
+                      luaL_typename(L, -1));
+        if (t->dtype != info.dtype)
+            lmk_raise(L, "input error", fn, "input '%s' is %s, the model takes %s %s", info.name,
+                      mk_dtype_name(t->dtype), mk_dtype_name(info.dtype),
+                      LMK_SHAPE_STR(info.rank, info.shape));
+        if (!lmk_same_shape(t->rank, t->shape, info.rank, info.shape))
+            lmk_raise(L, "input error", fn, "input '%s' has shape %s, the model takes %s",
+                      info.name, LMK_SHAPE_STR(t->rank, t->shape),
+                      LMK_SHAPE_STR(info.rank, info.shape));
+        named[i] = (mk_named_tensor){info.name, t->data}; /* anchored by the inputs table */
+        lua_pop(L, 1);
+    }
+    lua_pushnil(L);
+    while (lua_next(L, 2)) {
+        lua_pop(L, 1);
+        if (lua_type(L, -1) != LUA_TSTRING)
+            lmk_raise(L, "input error", fn, "input names must be strings, got %s",
+                      luaL_typename(L, -1));
+        const char *k = lua_tostring(L, -1);
+        bool known = false;
+        for (size_t i = 0; i < count && !known; i++) known = !strcmp(named[i].name, k);
+        if (!known) return raise_unknown_input(L, k, named, count);
+    }
+    mk_tensor_info out_info;
+    if (mk_model_output_info(m->model, &out_info) != 0)
+        return lmk_raise(L, "internal error", fn, "no information on the output");
+    lmk_tensor *out;
+    if (!lua_isnil(L, 3)) {
+        out = lmk_check_tensor(L, 3, fn);
+        if (out->readonly) LMK_ARG_ERROR(L, fn, "the output tensor is read-only");
+        if (out->dtype != out_info.dtype ||
+            !lmk_same_shape(out->rank, out->shape, out_info.rank, out_info.shape))
+            LMK_ARG_ERROR(L, fn, "the output tensor is %s %s, the model gives %s %s",
+                          mk_dtype_name(out->dtype), LMK_SHAPE_STR(out->rank, out->shape),
+                          mk_dtype_name(out_info.dtype),
+                          LMK_SHAPE_STR(out_info.rank, out_info.shape));
+        lua_pushvalue(L, 3);
+    } else {
+        out = lmk_push_tensor(L, fn, out_info.dtype, out_info.rank, out_info.shape);
+    }
+    mk_error *err = NULL;
+    if (mk_evaluate(m->model, named, count, out->data, out->bytes, &err) != 0)
+        lmk_raise_core(L, err);
+    return 1;
+}
+
+/* ==== introspection ============================================================ */
+
+static int model_stats(lua_State *L) {
+    lmk_model *m = check_model(L, 1, "stats", true);
+    mk_stats s;
+    memset(&s, 0, sizeof s);
+    if (mk_model_stats(m->model, &s) != 0)
+        return lmk_raise(L, "internal error", "stats", "the model gave no statistics");
+    lua_createtable(L, 0, 13);
+#define FIELD_INT(k, v) (lua_pushinteger(L, (lua_Integer)(v)), lua_setfield(L, -2, k))
+    FIELD_INT("arena_bytes", s.arena_bytes);
+    FIELD_INT("lower_bound_bytes", s.lower_bound_bytes);
+    FIELD_INT("constant_bytes", s.constant_bytes);
+    FIELD_INT("buffer_bytes", s.buffer_bytes);
+    FIELD_INT("nodes", s.nodes);
+    FIELD_INT("launches", s.launches);
+    FIELD_INT("fused", s.fused_groups);
+    FIELD_INT("cudnn_cache_hits", s.cudnn_cache_hits);
+    FIELD_INT("cudnn_rejected", s.cudnn_rejected);
+    FIELD_INT("cudnn_tf32_groups", s.cudnn_tf32_groups);
+#undef FIELD_INT
+    lua_pushnumber(L, s.compile_ms);
+    lua_setfield(L, -2, "compile_ms");
+    lua_pushnumber(L, s.plan_ms);
+    lua_setfield(L, -2, "plan_ms");
+    lua_pushstring(L, device_name((mk_device)s.device));
+    lua_setfield(L, -2, "device");
+    return 1;
+}
+
+/* model:reset(): every buffer back to zero, as after compile */
+static int model_reset(lua_State *L) {
+    lmk_model *m = check_model(L, 1, "reset", true);
+    mk_error *err = NULL;
+    if (mk_model_reset(m->model, &err) != 0) lmk_raise_core(L, err);
+    return 0;
+}
+
+static int model_script(lua_State *L) {
+    lmk_model *m = check_model(L, 1, "script", true);
+    const char *s = mk_model_script(m->model);
+    lua_pushstring(L, s ? s : "");
+    return 1;
+}
+
+/* model:fusion_report() -> one line per group the cuDNN pass tried ("" without cuDNN) */
+static int model_fusion_report(lua_State *L) {
+    lmk_model *m = check_model(L, 1, "fusion_report", true);
+    const char *s = mk_model_fusion_report(m->model);
+    lua_pushstring(L, s ? s : "");
+    return 1;
+}
+
+/* model:inputs() -> {{name =, dtype =, shape =}, ...}; model:output() -> {dtype =, shape =} */
+static int model_inputs(lua_State *L) {
+    lmk_model *m = check_model(L, 1, "inputs", true);
+    size_t count = mk_model_input_count(m->model);
+    lua_createtable(L, (int)count, 0);
+    for (size_t i = 0; i < count; i++) {
+        mk_tensor_info info;
+        if (mk_model_input_info(m->model, i, &info) != 0) continue;
+        push_info(L, &info);
+        lua_rawseti(L, -2, (lua_Integer)i + 1);
+    }
+    return 1;
+}
+
+static int model_output(lua_State *L) {
+    lmk_model *m = check_model(L, 1, "output", true);
+    mk_tensor_info info;
+    if (mk_model_output_info(m->model, &info) != 0)
+        return lmk_raise(L, "internal error", "output", "no information on the output");
+    info.name = NULL;
+    push_info(L, &info);
+    return 1;
+}
+
+static int model_tostring(lua_State *L) {
+    lmk_model *m = check_model(L, 1, "tostring", false);
+    if (!m->model) {
+        lua_pushstring(L, "model (closed)");
+        return 1;
+    }
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    luaL_addstring(&b, "model ");
+    luaL_addstring(&b, device_name(m->device));
+    luaL_addstring(&b, " (");
+    size_t count = mk_model_input_count(m->model);
+    for (size_t i = 0; i < count; i++) {
+        mk_tensor_info info;
+        if (mk_model_input_info(m->model, i, &info) != 0) continue;
+        char line[160];
+        snprintf(line, sizeof line, "%s%s %s %s", i ? ", " : "", info.name,
+                 mk_dtype_name(info.dtype), LMK_SHAPE_STR(info.rank, info.shape));
+        luaL_addstring(&b, line);
+    }
+    mk_tensor_info out;
+    if (mk_model_output_info(m->model, &out) == 0) {
+        char line[160];
+        snprintf(line, sizeof line, ") -> %s %s", mk_dtype_name(out.dtype),
+                 LMK_SHAPE_STR(out.rank, out.shape));
+        luaL_addstring(&b, line);
+    }
+    luaL_pushresult(&b);
+    return 1;
+}
+
+/* ==== registration ============================================================== */
+
+void lmk_open_model(lua_State *L) {
+    static const luaL_Reg meta[] = {
+        {"__gc", model_release}, {"__close", model_release}, {"__tostring", model_tostring},
+        {NULL, NULL}};
+    static const luaL_Reg methods[] = {
+        {"run", model_run}, {"stats", model_stats}, {"script", model_script},
+        {"fusion_report", model_fusion_report}, {"reset", model_reset},
+        {"inputs", model_inputs}, {"output", model_output}, {"close", model_release},
+        {NULL, NULL}};
+    lmk_define_type(L, LMK_MODEL_MT, meta, methods, NULL); /* __index = methods */
+    lua_pop(L, 1);
+
+    static const luaL_Reg functions[] = {{"compile_script", l_compile_script}, {NULL, NULL}};
+    luaL_setfuncs(L, functions, 0);
+}

@@ -1,0 +1,572 @@
+/*
+ * tensor.c — host tensors and file mappings.
+ *
+ *   tensor  (moonkaas.tensor) a dense row-major host array of any dtype of the
+ *           core's table, rank 1 to 4, that owns its bytes (just after its
+ *           header), or a read-only window into a file mapping
+ *   mapping (moonkaas.mapping) one mmap of a file, shared by every tensor made
+ *           from that file and kept alive by them (user value 1 of each tensor)
+ *
+ * Any dtype can be made (mk.zeros, mk.from_bytes, mk.from_file: sizes from
+ * mk_dtype_size) and handed to models. Elements are read and written as Lua
+ * numbers (mk.tensor, t:get, t:set, t:totable, t:argmax, tostring) through the
+ * `elements` table below: float32 and int64 for now; for another dtype those
+ * raise a dtype error saying so.
+ */
+#include "lmk.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define MAPPINGS_KEY "moonkaas.mappings" /* weak table: file identity -> mapping */
+
+/* ==== elements as Lua numbers ================================================ */
+
+/* How one dtype's elements become Lua numbers and back; data is the tensor's. */
+typedef struct {
+    void (*push)(lua_State *L, const void *data, int64_t i);
+    void (*store)(void *data, int64_t i, lua_Integer iv, lua_Number nv);
+    bool (*greater)(const void *data, int64_t i, int64_t j); /* argmax: x[i] beats x[j] */
+    int (*format)(char *buf, size_t size, const void *data, int64_t i);
+} element_ops;
+
+static void push_f32(lua_State *L, const void *data, int64_t i) {
+    lua_pushnumber(L, ((const float *)data)[i]);
+}
+static void store_f32(void *data, int64_t i, lua_Integer iv, lua_Number nv) {
+    (void)iv;
+    ((float *)data)[i] = (float)nv;
+}
+static bool greater_f32(const void *data, int64_t i, int64_t j) {
+    const float *x = (const float *)data; /* a NaN wins, as the first one */
+    return x[i] > x[j] || (isnan(x[i]) && !isnan(x[j]));
+}
+static int format_f32(char *buf, size_t size, const void *data, int64_t i) {
+    return snprintf(buf, size, "%.6g", (double)((const float *)data)[i]);
+}
+
+static void push_i64(lua_State *L, const void *data, int64_t i) {
+    lua_pushinteger(L, ((const int64_t *)data)[i]);
+}
+static void store_i64(void *data, int64_t i, lua_Integer iv, lua_Number nv) {
+    (void)nv;
+    ((int64_t *)data)[i] = (int64_t)iv;
+}
+static bool greater_i64(const void *data, int64_t i, int64_t j) {
+    return ((const int64_t *)data)[i] > ((const int64_t *)data)[j];
+}
+static int format_i64(char *buf, size_t size, const void *data, int64_t i) {
+    return snprintf(buf, size, "%lld", (long long)((const int64_t *)data)[i]);
+}
+
+/* Indexed by mk_dtype; a dtype without a row has no Lua element view yet. */
+static const element_ops elements[MK_DTYPE_COUNT] = {
+    [MK_DTYPE_FLOAT32] = {push_f32, store_f32, greater_f32, format_f32},
+    [MK_DTYPE_INT64] = {push_i64, store_i64, greater_i64, format_i64},
+};
+
+static const element_ops *element_ops_of(mk_dtype d) {
+    return (unsigned)d < MK_DTYPE_COUNT && elements[d].push ? &elements[d] : NULL;
+}
+
+/* The element view of t's dtype, or a dtype error naming fn. */
+static const element_ops *need_elements(lua_State *L, mk_dtype dtype, const char *fn) {
+    const element_ops *e = element_ops_of(dtype);
+    if (!e)
+        lmk_raise(L, "dtype error", fn,
+                  "%s elements cannot be read or written from Lua yet (mk.zeros, mk.from_bytes "
+                  "and mk.from_file make such tensors)",
+                  mk_dtype_name(dtype));
+    return e;
+}
+
+/* Reads the Lua number at idx as an element of `dtype` (an integer dtype takes
+ * integral values only); `where` names the element in errors. */
+static void check_element(lua_State *L, mk_dtype dtype, int idx, const char *fn,
+                          const char *where, lua_Integer *iv, lua_Number *nv) {
+    if (lua_type(L, idx) != LUA_TNUMBER)
+        LMK_ARG_ERROR(L, fn, "element %s is %s, expected a number", where,
+                      luaL_typename(L, idx));
+    *nv = lua_tonumber(L, idx);
+    *iv = 0;
+    if (!mk_dtype_is_float(dtype)) {
+        int ok = 0;
+        *iv = lua_tointegerx(L, idx, &ok);
+        if (!ok)
+            LMK_ARG_ERROR(L, fn, "element %s = %s is not an integer (%s tensor)", where,
+                          lua_tostring(L, idx), mk_dtype_name(dtype));
+    }
+}
+
+static void store_element(lua_State *L, lmk_tensor *t, const element_ops *e, int64_t i, int idx,
+                          const char *fn, const char *where) {
+    lua_Integer iv;
+    lua_Number nv;
+    check_element(L, t->dtype, idx, fn, where, &iv, &nv);
+    e->store(t->data, i, iv, nv);
+}
+
+void lmk_fill_tensor(lua_State *L, lmk_tensor *t, int idx, const char *fn) {
+    const element_ops *e = need_elements(L, t->dtype, fn);
+    int ok = 1;
+    lua_Integer iv = mk_dtype_is_float(t->dtype) ? 0 : lua_tointegerx(L, idx, &ok);
+    if (!ok)
+        lmk_raise(L, "dtype error", fn, "%s is not an integer, and the other operand is %s",
+                  lua_tostring(L, idx), mk_dtype_name(t->dtype));
+    lua_Number nv = lua_tonumber(L, idx);
+    for (int64_t i = 0; i < t->numel; i++) e->store(t->data, i, iv, nv);
+}
+
+/* ==== making tensors ========================================================= */
+
+/* Element count and bytes of a shape, refusing sizes that overflow. */
+static size_t shape_bytes(lua_State *L, const char *fn, mk_dtype dtype, int rank,
+                          const int64_t *shape, int64_t *numel_out) {
+    uint64_t numel = 1;
+    for (int i = 0; i < rank; i++)
+        if (__builtin_mul_overflow(numel, (uint64_t)shape[i], &numel) || numel > (1ull << 48))
+            lmk_raise(L, "shape error", fn, "%s has too many elements",
+                      LMK_SHAPE_STR(rank, shape));
+    if (numel_out) *numel_out = (int64_t)numel;
+    return (size_t)numel * mk_dtype_size(dtype);
+}
+
+/* The header rounded up so inline data keep the allocator's 16-byte alignment. */
+#define TENSOR_HEADER ((sizeof(lmk_tensor) + 15) & ~(size_t)15)
+
+lmk_tensor *lmk_to_tensor(lua_State *L, int idx) {
+    return (lmk_tensor *)luaL_testudata(L, idx, LMK_TENSOR_MT);
+}
+
+lmk_tensor *lmk_check_tensor(lua_State *L, int idx, const char *fn) {
+    lmk_tensor *t = lmk_to_tensor(L, idx);
+    if (!t)
+        LMK_ARG_ERROR(L, fn, "argument #%d must be a tensor, got %s", idx, luaL_typename(L, idx));
+    return t;
+}
+
+lmk_tensor *lmk_push_tensor(lua_State *L, const char *fn, mk_dtype dtype, int rank,
+                            const int64_t *shape) {
+    int64_t numel;
+    size_t bytes = shape_bytes(L, fn, dtype, rank, shape, &numel);
+    lmk_tensor *t = (lmk_tensor *)lua_newuserdatauv(L, TENSOR_HEADER + bytes, 1);
+    *t = (lmk_tensor){.dtype = dtype, .rank = rank, .numel = numel, .bytes = bytes};
+    memcpy(t->shape, shape, sizeof(int64_t) * (size_t)rank);
+    t->data = (char *)t + TENSOR_HEADER;
+    memset(t->data, 0, bytes);
+    luaL_setmetatable(L, LMK_TENSOR_MT);
+    return t;
+}
+
+/* Fills t from the nested table at idx (depth 0 = the outermost axis). */
+static void fill_nested(lua_State *L, int idx, lmk_tensor *t, const element_ops *e, int depth,
+                        int64_t *index, int64_t *next, const char *fn) {
+    char where[96];
+    lua_Integer n = (lua_Integer)lua_rawlen(L, idx);
+    if (n != t->shape[depth])
+        lmk_raise(L, "shape error", fn, "ragged table: %s %s has %lld entries, expected %lld",
+                  depth ? "row" : "table",
+                  depth ? lmk_shape_str(depth, index, where, sizeof where) : "", (long long)n,
+                  (long long)t->shape[depth]);
+    luaL_checkstack(L, 2, "tensor nesting");
+    for (lua_Integer i = 1; i <= n; i++) {
+        index[depth] = i;
+        lua_rawgeti(L, idx, i);
+        if (depth + 1 < t->rank) {
+            if (lua_type(L, -1) != LUA_TTABLE)
+                lmk_raise(L, "shape error", fn, "ragged table: entry %s is %s, expected a table",
+                          lmk_shape_str(depth + 1, index, where, sizeof where),
+                          luaL_typename(L, -1));
+            fill_nested(L, lua_gettop(L), t, e, depth + 1, index, next, fn);
+        } else {
+            store_element(L, t, e, *next, -1, fn,
+                          lmk_shape_str(depth + 1, index, where, sizeof where));
+            (*next)++;
+        }
+        lua_pop(L, 1);
+    }
+}
+
+/* mk.tensor(nested_table[, dtype]) or mk.tensor(flat_table, dtype, shape) */
+int lmk_tensor_new(lua_State *L) {
+    const char *fn = "tensor";
+    int64_t shape[MK_MAX_RANK];
+    int rank = 0;
+    if (lua_type(L, 1) == LUA_TNUMBER)
+        lmk_raise(L, "shape error", fn,
+                  "a number is a 0-d tensor (ranks 1 to %d): wrap it, {%s}", MK_MAX_RANK,
+                  lua_tostring(L, 1));
+    if (lua_type(L, 1) != LUA_TTABLE)
+        LMK_ARG_ERROR(L, fn, "argument #1 must be a (nested) table of numbers, got %s",
+                      luaL_typename(L, 1));
+    mk_dtype dtype = lmk_check_dtype(L, 2, fn, true);
+    const element_ops *e = need_elements(L, dtype, fn);
+    if (!lua_isnoneornil(L, 3)) {
+        /* A flat table and an explicit shape. */
+        rank = lmk_check_shape(L, 3, fn, shape);
+        lmk_tensor *t = lmk_push_tensor(L, fn, dtype, rank, shape);
+        lua_Integer n = (lua_Integer)lua_rawlen(L, 1);
+        if (n != t->numel)
+            lmk_raise(L, "shape error", fn, "%lld values for shape %s (%lld elements)",
+                      (long long)n, LMK_SHAPE_STR(rank, shape), (long long)t->numel);
+        char where[32];
+        for (lua_Integer i = 1; i <= n; i++) {
+            lua_rawgeti(L, 1, i);
+            snprintf(where, sizeof where, "[%lld]", (long long)i);
+            store_element(L, t, e, i - 1, -1, fn, where);
+            lua_pop(L, 1);
+        }
+        return 1;
+    }
+    /* The shape is read down the first entries: {{1, 2, 3}, {4, 5, 6}} is [2, 3]. */
+    lua_pushvalue(L, 1);
+    while (lua_type(L, -1) == LUA_TTABLE) {
+        lua_Integer n = (lua_Integer)lua_rawlen(L, -1);
+        if (n == 0) lmk_raise(L, "shape error", fn, "empty table (no empty tensors)");
+        if (rank == MK_MAX_RANK)
+            lmk_raise(L, "shape error", fn, "nesting deeper than %d (ranks 1 to %d)",
+                      MK_MAX_RANK, MK_MAX_RANK);
+        shape[rank++] = n;
+        lua_rawgeti(L, -1, 1);
+        lua_remove(L, -2);
+    }
+    lua_pop(L, 1);
+    lmk_tensor *t = lmk_push_tensor(L, fn, dtype, rank, shape);
+    int64_t index[MK_MAX_RANK] = {0}, next = 0;
+    fill_nested(L, 1, t, e, 0, index, &next, fn);
+    return 1;
+}
+
+/* mk.zeros(dtype, shape) */
+static int l_zeros(lua_State *L) {
+    int64_t shape[MK_MAX_RANK];
+    mk_dtype dtype = lmk_check_dtype(L, 1, "zeros", false);
+    int rank = lmk_check_shape(L, 2, "zeros", shape);
+    lmk_push_tensor(L, "zeros", dtype, rank, shape);
+    return 1;
+}
+
+/* mk.from_bytes(string, dtype, shape): a copy of the bytes. */
+static int l_from_bytes(lua_State *L) {
+    const char *fn = "from_bytes";
+    int64_t shape[MK_MAX_RANK];
+    if (lua_type(L, 1) != LUA_TSTRING)
+        LMK_ARG_ERROR(L, fn, "argument #1 must be a string, got %s", luaL_typename(L, 1));
+    size_t len;
+    const char *s = lua_tolstring(L, 1, &len);
+    mk_dtype dtype = lmk_check_dtype(L, 2, fn, false);
+    int rank = lmk_check_shape(L, 3, fn, shape);
+    size_t bytes = shape_bytes(L, fn, dtype, rank, shape, NULL);
+    if (len != bytes)
+        LMK_ARG_ERROR(L, fn, "%zu bytes for %s %s (%zu expected)", len, mk_dtype_name(dtype),
+                      LMK_SHAPE_STR(rank, shape), bytes);
+    lmk_tensor *t = lmk_push_tensor(L, fn, dtype, rank, shape);
+    memcpy(t->data, s, bytes);
+    return 1;
+}
+
+/* ==== file mappings ========================================================== */
+
+typedef struct {
+    void *addr; /* NULL while closed */
+    size_t size;
+} lmk_mapping;
+
+static int mapping_gc(lua_State *L) {
+    lmk_mapping *m = (lmk_mapping *)luaL_checkudata(L, 1, LMK_MAPPING_MT);
+    if (m->addr) munmap(m->addr, m->size);
+    m->addr = NULL;
+    return 0;
+}
+
+/*
+ * Pushes the mapping of the whole file `path` (size from st), sharing one per
+ * file identity through a weak table so that every tensor of a checkpoint holds
+ * the same mapping. Errors name the file.
+ */
+static lmk_mapping *push_mapping(lua_State *L, const char *path, const struct stat *st) {
+    char key[128];
+    snprintf(key, sizeof key, "%llu:%llu:%lld:%lld.%09ld", (unsigned long long)st->st_dev,
+             (unsigned long long)st->st_ino, (long long)st->st_size,
+             (long long)st->st_mtim.tv_sec, (long)st->st_mtim.tv_nsec);
+    lua_getfield(L, LUA_REGISTRYINDEX, MAPPINGS_KEY);
+    int cache = lua_gettop(L);
+    if (lua_getfield(L, cache, key) == LUA_TUSERDATA) {
+        lua_remove(L, cache);
+        return (lmk_mapping *)lua_touserdata(L, -1);
+    }
+    lua_pop(L, 1);
+    /* Closed first: if anything below fails, nothing is left to release. */
+    lmk_mapping *m = (lmk_mapping *)lua_newuserdatauv(L, sizeof *m, 0);
+    m->addr = NULL;
+    m->size = 0;
+    luaL_setmetatable(L, LMK_MAPPING_MT);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return (void)lmk_raise(L, "file error", path, "%s", strerror(errno)), NULL;
+    void *addr = mmap(NULL, (size_t)st->st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int map_errno = errno;
+    close(fd);
+    if (addr == MAP_FAILED)
+        return (void)lmk_raise(L, "file error", path, "mmap: %s", strerror(map_errno)), NULL;
+    m->addr = addr;
+    m->size = (size_t)st->st_size;
+    lua_pushvalue(L, -1);
+    lua_setfield(L, cache, key);
+    lua_remove(L, cache);
+    return m;
+}
+
+/* mk.from_file(path, {offset =, dtype =, shape =}): a read-only window, no copy. */
+static int l_from_file(lua_State *L) {
+    const char *fn = "from_file";
+    int64_t shape[MK_MAX_RANK];
+    if (lua_type(L, 1) != LUA_TSTRING)
+        LMK_ARG_ERROR(L, fn, "argument #1 must be a path, got %s", luaL_typename(L, 1));
+    const char *path = lua_tostring(L, 1);
+    if (lua_type(L, 2) != LUA_TTABLE)
+        LMK_ARG_ERROR(L, fn, "argument #2 must be a table {offset =, dtype =, shape =}, got %s",
+                      luaL_typename(L, 2));
+    lua_pushnil(L);
+    while (lua_next(L, 2)) {
+        const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
+        if (strcmp(k, "offset") && strcmp(k, "dtype") && strcmp(k, "shape"))
+            LMK_ARG_ERROR(L, fn, "unknown option %s (offset, dtype, shape)", k);
+        lua_pop(L, 1);
+    }
+    lua_getfield(L, 2, "offset");
+    int64_t offset = lua_isnil(L, -1) ? 0 : lmk_check_int(L, -1, fn, "offset");
+    lua_getfield(L, 2, "dtype");
+    mk_dtype dtype = lmk_check_dtype(L, -1, fn, true);
+    lua_getfield(L, 2, "shape");
+    if (lua_isnil(L, -1)) LMK_ARG_ERROR(L, fn, "the options need a shape");
+    int rank = lmk_check_shape(L, lua_gettop(L), fn, shape);
+    lua_pop(L, 3);
+    int64_t numel;
+    size_t bytes = shape_bytes(L, fn, dtype, rank, shape, &numel);
+    if (offset < 0)
+        lmk_raise(L, "file error", path, "offset %lld is negative", (long long)offset);
+    /* Elements are read in place (and borrowed by CPU models): keep them aligned. */
+    if (offset % (int64_t)mk_dtype_size(dtype))
+        lmk_raise(L, "file error", path, "offset %lld is not a multiple of %zu (%s)",
+                  (long long)offset, mk_dtype_size(dtype), mk_dtype_name(dtype));
+    struct stat st;
+    if (stat(path, &st) != 0) lmk_raise(L, "file error", path, "%s", strerror(errno));
+    if (!S_ISREG(st.st_mode)) lmk_raise(L, "file error", path, "not a regular file");
+    if ((uint64_t)offset > (uint64_t)st.st_size ||
+        bytes > (uint64_t)st.st_size - (uint64_t)offset)
+        lmk_raise(L, "file error", path,
+                  "offset %lld + %zu bytes (%s %s) runs past the end of the file (%lld bytes)",
+                  (long long)offset, bytes, mk_dtype_name(dtype), LMK_SHAPE_STR(rank, shape),
+                  (long long)st.st_size);
+    lmk_mapping *m = push_mapping(L, path, &st);
+    lmk_tensor *t = (lmk_tensor *)lua_newuserdatauv(L, sizeof *t, 1);
+    *t = (lmk_tensor){.dtype = dtype, .rank = rank, .numel = numel, .bytes = bytes,
+                      .data = (char *)m->addr + offset, .readonly = true};
+    memcpy(t->shape, shape, sizeof(int64_t) * (size_t)rank);
+    luaL_setmetatable(L, LMK_TENSOR_MT);
+    lua_pushvalue(L, -2);
+    lua_setiuservalue(L, -2, 1); /* the tensor keeps its mapping alive */
+    return 1;
+}
+
+/* ==== tensor methods ========================================================= */
+
+static void push_totable(lua_State *L, const lmk_tensor *t, const element_ops *e, int depth,
+                         int64_t *next) {
+    luaL_checkstack(L, 3, "totable");
+    lua_createtable(L, (int)t->shape[depth], 0);
+    for (int64_t i = 0; i < t->shape[depth]; i++) {
+        if (depth + 1 < t->rank) push_totable(L, t, e, depth + 1, next);
+        else e->push(L, t->data, (*next)++);
+        lua_rawseti(L, -2, (lua_Integer)i + 1);
+    }
+}
+
+static int tensor_totable(lua_State *L) {
+    lmk_tensor *t = lmk_check_tensor(L, 1, "totable");
+    const element_ops *e = need_elements(L, t->dtype, "totable");
+    int64_t next = 0;
+    push_totable(L, t, e, 0, &next);
+    return 1;
+}
+
+static int tensor_bytes(lua_State *L) {
+    lmk_tensor *t = lmk_check_tensor(L, 1, "bytes");
+    lua_pushlstring(L, (const char *)t->data, t->bytes);
+    return 1;
+}
+
+/*
+ * The flat 0-based element of the 1-based index arguments from `first` to
+ * `last`: one index counts row-major through the whole tensor, `rank` indices
+ * address one element.
+ */
+static int64_t element_index(lua_State *L, const lmk_tensor *t, int first, int last,
+                             const char *fn) {
+    int n = last - first + 1;
+    if (n == 1) {
+        int64_t i = lmk_check_int(L, first, fn, "index");
+        if (i < 1 || i > t->numel)
+            LMK_ARG_ERROR(L, fn, "index %lld is out of range (1 to %lld)", (long long)i,
+                          (long long)t->numel);
+        return i - 1;
+    }
+    if (n != t->rank)
+        LMK_ARG_ERROR(L, fn, "%d indices for a rank-%d tensor (give 1 flat index or %d)", n,
+                      t->rank, t->rank);
+    int64_t flat = 0;
+    for (int d = 0; d < t->rank; d++) {
+        int64_t i = lmk_check_int(L, first + d, fn, "index");
+        if (i < 1 || i > t->shape[d])
+            LMK_ARG_ERROR(L, fn, "index %lld of axis %d is out of range (1 to %lld)",
+                          (long long)i, d, (long long)t->shape[d]);
+        flat = flat * t->shape[d] + (i - 1);
+    }
+    return flat;
+}
+
+/* t:get(i) (flat, 1-based) or t:get(i, j, ...) (one 1-based index per axis) */
+static int tensor_get(lua_State *L) {
+    lmk_tensor *t = lmk_check_tensor(L, 1, "get");
+    int top = lua_gettop(L);
+    if (top < 2) LMK_ARG_ERROR(L, "get", "needs an index");
+    int64_t i = element_index(L, t, 2, top, "get");
+    need_elements(L, t->dtype, "get")->push(L, t->data, i);
+    return 1;
+}
+
+/* t:set(i, v) or t:set(i, j, ..., v) */
+static int tensor_set(lua_State *L) {
+    lmk_tensor *t = lmk_check_tensor(L, 1, "set");
+    int top = lua_gettop(L);
+    if (top < 3) LMK_ARG_ERROR(L, "set", "needs an index and a value");
+    if (t->readonly)
+        LMK_ARG_ERROR(L, "set", "the tensor is a read-only view of a file mapping");
+    const element_ops *e = need_elements(L, t->dtype, "set");
+    int64_t i = element_index(L, t, 2, top - 1, "set");
+    char where[32];
+    snprintf(where, sizeof where, "%lld", (long long)i + 1);
+    store_element(L, t, e, i, top, "set", where);
+    return 0;
+}
+
+/* t:argmax(): the 1-based flat index of the largest element, the first on ties. */
+static int tensor_argmax(lua_State *L) {
+    lmk_tensor *t = lmk_check_tensor(L, 1, "argmax");
+    const element_ops *e = need_elements(L, t->dtype, "argmax");
+    int64_t best = 0;
+    for (int64_t i = 1; i < t->numel; i++)
+        if (e->greater(t->data, i, best)) best = i;
+    lua_pushinteger(L, best + 1);
+    return 1;
+}
+
+/* t:copy(): a new tensor owning a copy of the elements (writable). */
+static int tensor_copy(lua_State *L) {
+    lmk_tensor *t = lmk_check_tensor(L, 1, "copy");
+    lmk_tensor *c = lmk_push_tensor(L, "copy", t->dtype, t->rank, t->shape);
+    memcpy(c->data, t->data, t->bytes);
+    return 1;
+}
+
+/* Appends nested contents to buf, at most `limit` entries per axis. */
+static void format_nested(char *buf, size_t size, size_t *n, const lmk_tensor *t,
+                          const element_ops *e, int depth, int64_t offset, int64_t stride) {
+    const int limit = 6;
+#define PUT(...) (*n < size ? (*n += (size_t)snprintf(buf + *n, size - *n, __VA_ARGS__)) : 0)
+    PUT("{");
+    int64_t dim = t->shape[depth], inner = stride / dim;
+    for (int64_t i = 0; i < dim; i++) {
+        if (i == limit - 1 && dim > limit) {
+            PUT(", ...");
+            break;
+        }
+        if (i) PUT(", ");
+        if (depth + 1 < t->rank)
+            format_nested(buf, size, n, t, e, depth + 1, offset + i * inner, inner);
+        else if (*n < size) *n += (size_t)e->format(buf + *n, size - *n, t->data, offset + i);
+    }
+    PUT("}");
+#undef PUT
+}
+
+/* "tensor float32 [2, 3] {{...}, ...}"; a dtype without a Lua element view
+ * shows no elements (tostring never raises: print and error messages use it). */
+static int tensor_tostring(lua_State *L) {
+    lmk_tensor *t = lmk_check_tensor(L, 1, "tostring");
+    const element_ops *e = element_ops_of(t->dtype);
+    char buf[400];
+    size_t n = (size_t)snprintf(buf, sizeof buf, "tensor %s %s ", mk_dtype_name(t->dtype),
+                                LMK_SHAPE_STR(t->rank, t->shape));
+    if (e) format_nested(buf, sizeof buf, &n, t, e, 0, 0, t->numel);
+    else n += (size_t)snprintf(buf + n, sizeof buf - n, "(%zu bytes, no element view in Lua)",
+                               t->bytes);
+    if (n >= sizeof buf) memcpy(buf + sizeof buf - 5, "...}", 5);
+    lua_pushstring(L, buf);
+    return 1;
+}
+
+static int tensor_len(lua_State *L) {
+    lua_pushinteger(L, lmk_check_tensor(L, 1, "len")->shape[0]);
+    return 1;
+}
+
+/* Fields first (dtype, shape, rank, numel, readonly), then methods (upvalue 1). */
+static int tensor_index(lua_State *L) {
+    lmk_tensor *t = lmk_check_tensor(L, 1, "index");
+    const char *k = lua_type(L, 2) == LUA_TSTRING ? lua_tostring(L, 2) : NULL;
+    if (k) {
+        if (!strcmp(k, "dtype")) return lua_pushstring(L, mk_dtype_name(t->dtype)), 1;
+        if (!strcmp(k, "shape")) return lmk_push_shape(L, t->rank, t->shape), 1;
+        if (!strcmp(k, "rank")) return lua_pushinteger(L, t->rank), 1;
+        if (!strcmp(k, "numel")) return lua_pushinteger(L, t->numel), 1;
+        if (!strcmp(k, "readonly")) return lua_pushboolean(L, t->readonly), 1;
+    }
+    lua_pushvalue(L, 2);
+    lua_gettable(L, lua_upvalueindex(1));
+    return 1;
+}
+
+static int l_is_tensor(lua_State *L) {
+    lua_pushboolean(L, lmk_to_tensor(L, 1) != NULL);
+    return 1;
+}
+
+/* ==== registration =========================================================== */
+
+void lmk_open_tensor(lua_State *L) {
+    static const luaL_Reg tensor_meta[] = {
+        {"__tostring", tensor_tostring}, {"__len", tensor_len}, {NULL, NULL}};
+    static const luaL_Reg tensor_methods[] = {
+        {"totable", tensor_totable}, {"bytes", tensor_bytes}, {"get", tensor_get},
+        {"set", tensor_set}, {"argmax", tensor_argmax}, {"copy", tensor_copy}, {NULL, NULL}};
+    lmk_define_type(L, LMK_TENSOR_MT, tensor_meta, tensor_methods, tensor_index);
+    lua_getfield(L, -1, "methods");
+    lua_setfield(L, -3, "tensor_methods");
+    lua_pop(L, 1);
+
+    static const luaL_Reg mapping_meta[] = {{"__gc", mapping_gc}, {NULL, NULL}};
+    lmk_define_type(L, LMK_MAPPING_MT, mapping_meta, NULL, NULL);
+    lua_pop(L, 1);
+
+    if (lua_getfield(L, LUA_REGISTRYINDEX, MAPPINGS_KEY) != LUA_TTABLE) {
+        lua_newtable(L);
+        lua_newtable(L);
+        lua_pushstring(L, "v");
+        lua_setfield(L, -2, "__mode");
+        lua_setmetatable(L, -2);
+        lua_setfield(L, LUA_REGISTRYINDEX, MAPPINGS_KEY);
+    }
+    lua_pop(L, 1);
+
+    static const luaL_Reg functions[] = {
+        {"tensor", lmk_tensor_new}, {"zeros", l_zeros}, {"from_bytes", l_from_bytes},
+        {"from_file", l_from_file}, {"is_tensor", l_is_tensor}, {NULL, NULL}};
+    luaL_setfuncs(L, functions, 0);
+}
