@@ -85,11 +85,13 @@ static void walk_run(const mk_walk *w, size_t out_step, size_t in_size, char *o,
 /*
  * A pointwise op's program (expr.c) over one stretch, in chunks of CPU_CHUNK
  * elements: a and b are read in place where they are contiguous (else
- * gathered), each instruction is one vectorisable loop over the chunk into a
- * register of the stack, and the last one writes the output directly. So
- * `a + b` is a single loop, and SiLU costs five short passes over L1. Float32
- * evaluates one rounding per operation (the build does not contract), which
- * keeps SiLU bit-identical to run.c's; int64 + - * wrap around.
+ * gathered); a constant is one value, never a filled chunk; each instruction
+ * is one vectorisable loop over the chunk into a register on the stack (or a
+ * single value when all it reads are constants), and the last one writes the
+ * output directly. So `a + b` is a single loop, ReLU (MK_X_MAX with a
+ * constant) one, and SiLU five short passes over L1. Float32 evaluates one
+ * rounding per operation (the build does not contract), which keeps SiLU
+ * bit-identical to run.c's; int64 + - * wrap around.
  */
 #define CPU_CHUNK 256
 
@@ -99,12 +101,35 @@ static inline int64_t i64_add(int64_t x, int64_t y) { return (int64_t)((uint64_t
 static inline int64_t i64_sub(int64_t x, int64_t y) { return (int64_t)((uint64_t)x - (uint64_t)y); }
 static inline int64_t i64_mul(int64_t x, int64_t y) { return (int64_t)((uint64_t)x * (uint64_t)y); }
 static inline int64_t i64_neg(int64_t x) { return (int64_t)(0 - (uint64_t)x); }
+#define MAX_OF(x, y) ((x) > (y) ? (x) : (y))
 
-#define CPU_LOOP(EXPR)                                                                       \
+/* d = F(x) or F(x, y) over the chunk; an operand that is one value (sx, sy) is
+ * read once, and a result of values only is itself one value. */
+#define CPU_UNARY(F)                                                                         \
     do {                                                                                     \
-        _Pragma("omp simd")                                                                  \
-        for (int64_t i = 0; i < len; i++)                                                    \
-            d[i] = (EXPR);                                                                   \
+        if (sx) {                                                                            \
+            one[j] = F(x[0]);                                                                \
+            break;                                                                           \
+        }                                                                                    \
+        _Pragma("omp simd") for (int64_t i = 0; i < len; i++) d[i] = F(x[i]);                \
+        is_one = false;                                                                      \
+    } while (0)
+#define CPU_BINARY(F)                                                                        \
+    do {                                                                                     \
+        if (sx && sy) {                                                                      \
+            one[j] = F(x[0], y[0]);                                                          \
+            break;                                                                           \
+        }                                                                                    \
+        __typeof__(x[0] + 0) xv = x[0], yv = y[0];                                           \
+        (void)xv, (void)yv; /* unused where F ignores an operand (no integer division) */    \
+        if (sy) {                                                                            \
+            _Pragma("omp simd") for (int64_t i = 0; i < len; i++) d[i] = F(x[i], yv);        \
+        } else if (sx) {                                                                     \
+            _Pragma("omp simd") for (int64_t i = 0; i < len; i++) d[i] = F(xv, y[i]);        \
+        } else {                                                                             \
+            _Pragma("omp simd") for (int64_t i = 0; i < len; i++) d[i] = F(x[i], y[i]);      \
+        }                                                                                    \
+        is_one = false;                                                                      \
     } while (0)
 
 /* Defines NAME: the program over n elements of type T (see above). Integer
@@ -113,10 +138,11 @@ static inline int64_t i64_neg(int64_t x) { return (int64_t)(0 - (uint64_t)x); }
     static void NAME(const void *ctx, char *o_, const char *a_, int64_t sa, const char *b_, \
                      int64_t sb, int64_t n) {                                                \
         const mk_expr *e = ctx;                                                              \
-        T regs[MK_EXPR_MAX][CPU_CHUNK], ga[CPU_CHUNK], gb[CPU_CHUNK];                        \
+        T regs[MK_EXPR_MAX][CPU_CHUNK], ga[CPU_CHUNK], gb[CPU_CHUNK], one[MK_EXPR_MAX];      \
         for (int64_t i0 = 0; i0 < n; i0 += CPU_CHUNK) {                                      \
             int64_t len = n - i0 < CPU_CHUNK ? n - i0 : CPU_CHUNK;                           \
             const T *r[2 + MK_EXPR_MAX];                                                     \
+            bool single[2 + MK_EXPR_MAX] = {false, false};                                   \
             const T *a = (const T *)a_ + i0 * sa, *b = (const T *)b_ + i0 * sb;              \
             if (sa != 1)                                                                     \
                 for (int64_t i = 0; i < len; i++)                                            \
@@ -128,23 +154,36 @@ static inline int64_t i64_neg(int64_t x) { return (int64_t)(0 - (uint64_t)x); }
             r[1] = sb == 1 ? b : gb;                                                         \
             for (int j = 0; j < e->n; j++) {                                                 \
                 const mk_xinsn *in = &e->insn[j];                                            \
-                T *restrict d = j == e->n - 1 ? (T *)o_ + i0 : regs[j];                      \
+                bool last = j == e->n - 1, is_one = true;                                    \
+                T *restrict d = last ? (T *)o_ + i0 : regs[j];                               \
                 const T *x = r[in->x], *y = r[in->y], *z = r[in->z];                         \
+                bool sx = single[in->x], sy = single[in->y];                                 \
                 switch ((mk_xop)in->op) {                                                    \
-                case MK_X_CONST: CPU_LOOP((T)in->k); break;                                  \
-                case MK_X_NEG: CPU_LOOP(NEG(x[i])); break;                                   \
-                case MK_X_EXP: CPU_LOOP(EXP(x[i])); break;                                   \
-                case MK_X_TANH: CPU_LOOP(TANH(x[i])); break;                                 \
-                case MK_X_SQRT: CPU_LOOP(SQRT(x[i])); break;                                 \
-                case MK_X_ADD: CPU_LOOP(ADD(x[i], y[i])); break;                             \
-                case MK_X_SUB: CPU_LOOP(SUB(x[i], y[i])); break;                             \
-                case MK_X_MUL: CPU_LOOP(MUL(x[i], y[i])); break;                             \
-                case MK_X_DIV: CPU_LOOP(DIV(x[i], y[i])); break;                             \
-                case MK_X_GT: CPU_LOOP(GT(x[i], y[i])); break;                               \
-                case MK_X_LT: CPU_LOOP(LT(x[i], y[i])); break;                               \
-                case MK_X_SELECT: CPU_LOOP(x[i] ? y[i] : z[i]); break;                       \
+                case MK_X_CONST: one[j] = (T)in->k; break;                                   \
+                case MK_X_NEG: CPU_UNARY(NEG); break;                                        \
+                case MK_X_EXP: CPU_UNARY(EXP); break;                                        \
+                case MK_X_TANH: CPU_UNARY(TANH); break;                                      \
+                case MK_X_SQRT: CPU_UNARY(SQRT); break;                                      \
+                case MK_X_ADD: CPU_BINARY(ADD); break;                                       \
+                case MK_X_SUB: CPU_BINARY(SUB); break;                                       \
+                case MK_X_MUL: CPU_BINARY(MUL); break;                                       \
+                case MK_X_DIV: CPU_BINARY(DIV); break;                                       \
+                case MK_X_GT: CPU_BINARY(GT); break;                                         \
+                case MK_X_LT: CPU_BINARY(LT); break;                                         \
+                case MK_X_MAX: CPU_BINARY(MAX_OF); break;                                    \
+                case MK_X_SELECT: {                                                          \
+                    bool sz = single[in->z];                                                 \
+                    for (int64_t i = 0; i < len; i++)                                        \
+                        d[i] = x[sx ? 0 : i] ? y[sy ? 0 : i] : z[sz ? 0 : i];                \
+                    is_one = false;                                                          \
+                    break;                                                                   \
                 }                                                                            \
-                r[2 + j] = d;                                                                \
+                }                                                                            \
+                if (is_one && last) /* a constant result: write it out */                    \
+                    for (int64_t i = 0; i < len; i++)                                        \
+                        d[i] = one[j];                                                       \
+                single[2 + j] = is_one && !last;                                             \
+                r[2 + j] = is_one && !last ? &one[j] : d;                                    \
             }                                                                                \
         }                                                                                    \
     }

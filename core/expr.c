@@ -132,6 +132,53 @@ static int parse_expr(parser *ps) {
     return emit(ps, MK_X_SELECT, c, x, parse_expr(ps), 0);
 }
 
+/*
+ * Tidies a program without changing a result bit: equal constants share one
+ * register; x > y ? x : y becomes MK_X_MAX(x, y) (ReLU: one pass instead of
+ * three); instructions nobody reads go, and registers are renumbered.
+ */
+static void tidy(mk_expr *e) {
+    int alias[2 + MK_EXPR_MAX]; /* register -> the register that holds its value */
+    for (int r = 0; r < 2 + MK_EXPR_MAX; r++) alias[r] = r;
+    for (int i = 0; i < e->n; i++) {
+        mk_xinsn *in = &e->insn[i];
+        in->x = (unsigned char)alias[in->x];
+        in->y = (unsigned char)alias[in->y];
+        in->z = (unsigned char)alias[in->z];
+        if (in->op == MK_X_CONST)
+            for (int j = 0; j < i; j++)
+                if (e->insn[j].op == MK_X_CONST && e->insn[j].k == in->k) {
+                    alias[2 + i] = alias[2 + j];
+                    break;
+                }
+        if (in->op == MK_X_SELECT && in->x >= 2) {
+            const mk_xinsn *c = &e->insn[in->x - 2];
+            if (c->op == MK_X_GT && c->x == in->y && c->y == in->z)
+                *in = (mk_xinsn){MK_X_MAX, c->x, c->y, 0, 0};
+        }
+    }
+    bool live[2 + MK_EXPR_MAX] = {false};
+    live[e->n + 1] = true;
+    for (int i = e->n - 1; i >= 0; i--) {
+        const mk_xinsn *in = &e->insn[i];
+        if (!live[2 + i]) continue;
+        live[in->x] = true;
+        if (in->op >= MK_X_ADD) live[in->y] = true;
+        if (in->op == MK_X_SELECT) live[in->z] = true;
+    }
+    int renum[2 + MK_EXPR_MAX] = {0, 1}, kept = 0;
+    for (int i = 0; i < e->n; i++) {
+        if (!live[2 + i]) continue;
+        mk_xinsn in = e->insn[i];
+        in.x = (unsigned char)renum[in.x];
+        in.y = (unsigned char)renum[in.y];
+        in.z = (unsigned char)renum[in.z];
+        renum[2 + i] = 2 + kept;
+        e->insn[kept++] = in;
+    }
+    e->n = kept;
+}
+
 int mk_expr_compile(const char *src, mk_expr *out, mk_error **err) {
     *out = (mk_expr){.n_in = 1};
     parser ps = {.src = src, .p = src, .out = out, .err = err};
@@ -141,5 +188,6 @@ int mk_expr_compile(const char *src, mk_expr *out, mk_error **err) {
     if (*ps.p) return fail_at(&ps, "unexpected text after the expression");
     if (r != out->n + 1) /* a bare operand: the result must be the last instruction */
         return fail_at(&ps, "the expression computes nothing");
+    tidy(out);
     return 0;
 }

@@ -161,6 +161,7 @@ typedef enum {
     MK_X_NEG, MK_X_EXP, MK_X_TANH, MK_X_SQRT,                   /* r[dst] = f(r[x]) */
     MK_X_ADD, MK_X_SUB, MK_X_MUL, MK_X_DIV, MK_X_GT, MK_X_LT,   /* r[dst] = r[x] op r[y] */
     MK_X_SELECT,                                                /* r[dst] = r[x] ? r[y] : r[z] */
+    MK_X_MAX,   /* r[dst] = r[x] > r[y] ? r[x] : r[y] (what "a > 0 ? a : 0" compiles to) */
 } mk_xop;
 
 #define MK_EXPR_MAX 24 /* instructions; registers are 2 + MK_EXPR_MAX */

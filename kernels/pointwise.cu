@@ -190,6 +190,7 @@ static __device__ __forceinline__ void x_run(const pw_program<T> &p, const T *a,
         case MK_X_GT: X_LANES(REG(x, w) > REG(y, w) ? (T)1 : (T)0); break;
         case MK_X_LT: X_LANES(REG(x, w) < REG(y, w) ? (T)1 : (T)0); break;
         case MK_X_SELECT: X_LANES(REG(x, w) != (T)0 ? REG(y, w) : REG(z, w)); break;
+        case MK_X_MAX: X_LANES(REG(x, w) > REG(y, w) ? REG(x, w) : REG(y, w)); break;
         }
 #undef d
     }
@@ -333,7 +334,8 @@ static int single_op(const mk_expr *e) {
     const mk_xinsn *in = &e->insn[0];
     int arity = x_arity(in->op);
     if (arity == 1 && in->x == 0) return in->op;
-    if (arity == 2 && in->x == 0 && in->y == 1 && in->op != MK_X_GT && in->op != MK_X_LT)
+    if (arity == 2 && in->x == 0 && in->y == 1 && in->op != MK_X_GT && in->op != MK_X_LT &&
+        in->op != MK_X_MAX)
         return in->op;
     return -1;
 }
