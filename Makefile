@@ -96,7 +96,7 @@ $(BUILD)/core/%.o: core/%.c core/moonkaas.h core/internal.h $(STAMP)
 # The build directory is the plugin's last-but-one place to look (core/plugin.c).
 $(BUILD)/core/plugin.o: CFLAGS += -DMK_CUDA_PLUGIN_DIR='"$(abspath $(BUILD))"'
 
-$(BUILD)/lua/%.o: lua/%.c core/moonkaas.h $(STAMP)
+$(BUILD)/lua/%.o: lua/%.c $(wildcard lua/*.h) core/moonkaas.h $(STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -I$(LUA_INCDIR) -I$(LUA_INCDIR)/../x86_64-linux-gnu -c $< -o $@
 

@@ -387,33 +387,6 @@ static int cpu_embedding(const mk_launch *l, mk_error **err) {
 
 /* ---- matmul ------------------------------------------------------------- */
 
-/*
- * One matrix operand as BLAS sees it: rows × cols with element strides
- * (sr, sc). Normal when sc == 1 (ld = sr), transposed when sr == 1 (the
- * memory holds cols × rows, ld = sc). A dim of size 1 makes its stride
- * irrelevant. Returns false when neither layout fits (then the plain loops run).
- */
-static bool blas_layout(int64_t rows, int64_t cols, int64_t sr, int64_t sc, bool *trans,
-                        int64_t *ld) {
-    if (cols == 1 || sc == 1) {
-        int64_t l = rows == 1 ? cols : sr;
-        if (l >= cols && l <= INT32_MAX) {
-            *trans = false;
-            *ld = l;
-            return true;
-        }
-    }
-    if (rows == 1 || sr == 1) {
-        int64_t l = cols == 1 ? rows : sc;
-        if (l >= rows && l <= INT32_MAX) {
-            *trans = true;
-            *ld = l;
-            return true;
-        }
-    }
-    return false;
-}
-
 /* x [k] · y [k], both dense, vectorised. */
 static inline float dot(const float *x, const float *y, int64_t k) {
     float t = 0.0f;
@@ -513,7 +486,7 @@ static void mm_one(const float *a, int64_t sar, int64_t sac, const float *b, int
                    int64_t sbc, float *c, int64_t m, int64_t k, int64_t n) {
     bool ta, tb;
     int64_t lda, ldb;
-    bool ok_b = blas_layout(k, n, sbr, sbc, &tb, &ldb) && n <= INT32_MAX && k <= INT32_MAX;
+    bool ok_b = mk_matrix_layout(k, n, sbr, sbc, &tb, &ldb) && n <= INT32_MAX && k <= INT32_MAX;
     if (ok_b && m == 1 && (sac == 1 || k == 1)) {
         mv_omp(a, b, ldb, tb, c, k, n);
         return;
@@ -529,7 +502,7 @@ static void mm_one(const float *a, int64_t sar, int64_t sac, const float *b, int
                         0.0f, c, 1);
         return;
     }
-    if (ok_b && m <= INT32_MAX && blas_layout(m, k, sar, sac, &ta, &lda)) {
+    if (ok_b && m <= INT32_MAX && mk_matrix_layout(m, k, sar, sac, &ta, &lda)) {
         cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
                     (int)m, (int)n, (int)k, 1.0f, a, (int)lda, b, (int)ldb, 0.0f, c, (int)n);
         return;
@@ -543,7 +516,7 @@ static void mm_one(const float *a, int64_t sar, int64_t sac, const float *b, int
 /*
  * out = a @ b, float32:
  *   [k] @ [k, n] → [n];  [m, k] @ [k, n] → [m, n];  [B, m, k] @ [B, k, n] → [B, m, n].
- * a and b are strided (see blas_layout); out is contiguous.
+ * a and b are strided (see mk_matrix_layout); out is contiguous.
  */
 static int cpu_matmul(const mk_launch *l, mk_error **err) {
     const mk_tensor *a = &l->in[0], *b = &l->in[1];

@@ -221,6 +221,17 @@ void mk_walk_init(mk_walk *w, int rank, const int64_t *shape, int n,
 int64_t mk_walk_row_offset(const mk_walk *w, int k, int64_t row);
 
 /*
+ * One matrix operand rows × cols with element strides (sr, sc) as BLAS
+ * libraries take it: normal when sc == 1 (ld = sr), transposed when sr == 1
+ * (the memory holds cols × rows, ld = sc); a dim of size 1 makes its stride
+ * irrelevant. False when neither fits (or ld would not be an int). CBLAS on
+ * the CPU and cuBLAS (which sees the row-major matrix as its transpose) both
+ * read their flags from it.
+ */
+bool mk_matrix_layout(int64_t rows, int64_t cols, int64_t sr, int64_t sc, bool *transposed,
+                      int64_t *ld);
+
+/*
  * Run-time faults: a value read on the device is out of range. Kernels of
  * every device report them through mk_fault, so the message is the same on
  * each: "evaluation error: <op> $7: rows [3, 9) are out of range ...".

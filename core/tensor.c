@@ -102,6 +102,29 @@ bool mk_tensor_is_contiguous(const mk_tensor *t) {
     return true;
 }
 
+/* ---- matrices as BLAS libraries see them ---------------------------------------- */
+
+bool mk_matrix_layout(int64_t rows, int64_t cols, int64_t sr, int64_t sc, bool *transposed,
+                      int64_t *ld) {
+    if (cols == 1 || sc == 1) {
+        int64_t l = rows == 1 ? cols : sr;
+        if (l >= cols && l >= 1 && l <= INT32_MAX) {
+            *transposed = false;
+            *ld = l;
+            return true;
+        }
+    }
+    if (rows == 1 || sr == 1) {
+        int64_t l = cols == 1 ? rows : sc;
+        if (l >= rows && l >= 1 && l <= INT32_MAX) {
+            *transposed = true;
+            *ld = l;
+            return true;
+        }
+    }
+    return false;
+}
+
 /* ---- the strided walk ---------------------------------------------------------- */
 
 void mk_walk_init(mk_walk *w, int rank, const int64_t *shape, int n,

@@ -1,5 +1,6 @@
 /*
- * cudnn_fuser.cu — CudnnGroupNode: a group of MatMul/pointwise nodes that the
+ * cudnn_fuser.cu — the group kernel (MK_KERNEL_CUDNN_GROUP): matrix product and
+ * pointwise nodes that the
  * fusion pass (core/fusion.c) chose, run as one cuDNN operation graph built
  * through cuDNN 9's backend C API.
  *

@@ -1,9 +1,9 @@
 /*
  * gather.cu — data movement steered by run-time values on the GPU:
  *
- *   EmbeddingNode     out [n, D] = table [V, D] rows at ids [n] (int64, on the device)
- *   ReplaceSliceNode  x [R, ...] rows [begin, end) = r [end - begin, ...], in place;
- *                     begin, end: int64 [1] on the device (a vector's rows are elements)
+ *   MK_KERNEL_EMBEDDING      out [n, D] = table [V, D] rows at ids [n] (int64, on the device)
+ *   MK_KERNEL_REPLACE_SLICE  x [R, ...] rows [begin, end) = r [end - begin, ...], in place;
+ *                            begin, end: int64 [1] on the device (a vector's rows are elements)
  *
  * The ids and bounds are read by the kernels at run time, never baked into
  * the captured graph. A bad value skips the write and raises the model's

@@ -1,5 +1,5 @@
 /*
- * matmul.cu — MatMulNode on the GPU through cuBLAS (float32, no TF32):
+ * matmul.cu — the matrix product (MK_KERNEL_MATMUL) through cuBLAS (float32, no TF32):
  *
  *   [k]       @ [k, n]       → [n]         cublasSgemv, or gemv_rows (below) for
  *                                          a transposed weight (llama2's x @ Wᵀ)
@@ -21,7 +21,7 @@
  * How cuBLAS sees one row-major operand X [rows, cols] with element strides
  * (sr, sc): as the column-major matrix Xᵀ [cols, rows] (op N, ld = sr) when
  * sc == 1, or as X itself stored column-major [rows, cols] (op T, ld = sc)
- * when sr == 1. A dim of size 1 makes its stride irrelevant.
+ * when sr == 1: mk_matrix_layout (tensor.c, shared with CBLAS on the CPU).
  */
 typedef struct {
     cublasOperation_t op; /* applied to the stored matrix to get Xᵀ */
@@ -30,23 +30,12 @@ typedef struct {
 
 static bool mm_layout_of(long long rows, long long cols, long long sr, long long sc,
                          mm_layout *out) {
-    if (cols == 1 || sc == 1) {
-        long long ld = rows == 1 ? cols : sr;
-        if (ld >= cols && ld >= 1 && ld <= 0x7fffffffLL) {
-            out->op = CUBLAS_OP_N;
-            out->ld = ld;
-            return true;
-        }
-    }
-    if (rows == 1 || sr == 1) {
-        long long ld = cols == 1 ? rows : sc;
-        if (ld >= rows && ld >= 1 && ld <= 0x7fffffffLL) {
-            out->op = CUBLAS_OP_T;
-            out->ld = ld;
-            return true;
-        }
-    }
-    return false;
+    bool transposed;
+    int64_t ld;
+    if (!mk_matrix_layout(rows, cols, sr, sc, &transposed, &ld)) return false;
+    out->op = transposed ? CUBLAS_OP_T : CUBLAS_OP_N; /* row-major normal is cuBLAS's Xᵀ */
+    out->ld = ld;
+    return true;
 }
 
 static int mm_bad_layout(const mk_launch *l, const char *which, mk_error **err) {

@@ -2,10 +2,10 @@
  * norm_softmax.cu — row reductions on the GPU, over the last axis of a
  * contiguous x [rows, n]:
  *
- *   RmsNormNode        out = w [n] * x / sqrt(mean(x²) + 1e-5)        (as run.c)
- *   SlicedSoftmaxNode  out[:p] = softmax(x[:p]), out[p:] = x[p:];  p: int64 [1]
- *                      read on the device at run time, 0 <= p <= n, else a fault
- *   ArgMaxNode         out [rows] (int64) = index of the largest, first on ties
+ *   MK_KERNEL_RMS_NORM        out = w [n] * x / sqrt(mean(x²) + 1e-5)        (as run.c)
+ *   MK_KERNEL_SLICED_SOFTMAX  out[:p] = softmax(x[:p]), out[p:] = x[p:];  p: int64 [1]
+ *                             read on the device at run time, 0 <= p <= n, else a fault
+ *   MK_KERNEL_ARGMAX          out [rows] (int64) = index of the largest, first on ties
  *
  * A row is reduced by a group of G threads: one warp for short rows (eight
  * rows per block), a block of 512 for long ones. Partial results combine

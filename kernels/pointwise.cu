@@ -1,11 +1,10 @@
 /*
  * pointwise.cu — elementwise ops and the permuting copy on the GPU:
  *
- *   every op with an expression   out = the op's program (mk_expr) over a (and b):
- *     (SumNode, SubNode, HadamardProductNode, DivNode, ReLUNode, SiLUNode,
- *      ExpNode, TanhNode, SigmoidNode, GELUNode, ...)     float32, int64
- *   ComplexHadamardProductNode    out [..., 2] = a * b as complex (re, im)
- *   PermuteNode                   out = x viewed with permuted strides, made contiguous
+ *   MK_KERNEL_POINTWISE    out = the op's program (mk_expr) over a (and b), for every
+ *                          op row with an expression; float32, int64
+ *   MK_KERNEL_COMPLEX_MUL  out [..., 2] = a * b as complex (re, im)
+ *   MK_KERNEL_PERMUTE      out = x viewed with permuted strides, made contiguous
  *
  * `out` is contiguous; `a` has out's shape with its own strides, `b` (and
  * complex_mul's b) arrives broadcast to out's shape with stride 0 on broadcast

@@ -75,6 +75,9 @@ describe("sampling rules", function()
         local q = { 0.25, 0.25, 0.25, 0.25 }
         assert.are.equal(2, S.sample_topp(q, 4, f(0.6), f(0.9)))
         assert.are.equal(0, S.sample_topp(q, 4, f(0.6), f(0.1)))
+        -- every probability under run.c's cutoff (1 - topp) / (n - 1): all are candidates
+        assert.are.equal(0, S.sample_topp({ f(0.5), f(0.5) }, 2, f(0.3), f(0.9)))
+        assert.are.equal(1, S.sample_topp({ f(0.4), f(0.6) }, 2, f(0.2), f(0.5)))
         -- nothing passes topp: every candidate is kept
         assert.are.equal(3, S.sample_topp({ 0.2, 0.2, 0.2, 0.2 }, 4, f(0.95), f(0.999)))
     end)
@@ -86,6 +89,7 @@ describe("sampling rules", function()
             local cutoff = f(f(1 - topp) / (n - 1))
             local c = {}
             for i = 1, n do if probs[i] >= cutoff then c[#c + 1] = i end end
+            if #c == 0 then for i = 1, n do c[i] = i end end -- nothing passes the cutoff
             table.sort(c, function(a, b)
                 if probs[a] ~= probs[b] then return probs[a] > probs[b] end
                 return a < b

@@ -116,6 +116,12 @@ function M.sample_topp(probs, n, topp, coin)
         local p = probs[i]
         if p >= cutoff then n0 = n0 + 1; idx[n0] = i; vals[n0] = p end
     end
+    if n0 == 0 then
+        -- Only where n is tiny and topp < 1/2 can every probability fall under the
+        -- cutoff (run.c then reads before its candidate array): take them all.
+        for i = 1, n do idx[i] = i; vals[i] = probs[i] end
+        n0 = n
+    end
     local bits = float_bits(vals, n0)
     -- exact sums per binary exponent, then the highest exponent bound whose
     -- candidates pass topp by a margin
