@@ -260,9 +260,14 @@ typedef struct {
 } mk_op_desc;
 
 /* The op table, for front ends and tools: rows 0 .. mk_op_count() - 1.
- * mk_op_info returns NULL past the end; the strings are static. */
+ * mk_op_info returns NULL past the end; the strings are static. A signature
+ * holds at most one l, which takes every integer its i letters leave. */
 MK_API size_t mk_op_count(void);
 MK_API const mk_op_desc *mk_op_info(size_t i);
+/* "pointwise", "reduction", ...; "input", "constant", "buffer" (NULL for
+ * MK_LEAF_NONE or a value outside the enum). */
+MK_API const char *mk_op_role_name(mk_op_role);
+MK_API const char *mk_leaf_kind_name(mk_leaf_kind);
 
 /* ---- dtypes ------------------------------------------------------------- */
 

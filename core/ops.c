@@ -450,6 +450,22 @@ MK_API const mk_op_desc *mk_op_info(size_t i) {
     return &descs[i];
 }
 
+MK_API const char *mk_op_role_name(mk_op_role role) {
+    static const char *const names[] = {
+        [MK_ROLE_LEAF] = "leaf",           [MK_ROLE_POINTWISE] = "pointwise",
+        [MK_ROLE_REDUCTION] = "reduction", [MK_ROLE_MATMUL] = "matmul",
+        [MK_ROLE_VIEW] = "view",           [MK_ROLE_INPLACE] = "inplace",
+        [MK_ROLE_MOVE] = "move",           [MK_ROLE_GROUP] = "group",
+    };
+    return (unsigned)role < sizeof names / sizeof names[0] ? names[role] : NULL;
+}
+
+MK_API const char *mk_leaf_kind_name(mk_leaf_kind kind) {
+    static const char *const names[] = {
+        [MK_LEAF_INPUT] = "input", [MK_LEAF_CONSTANT] = "constant", [MK_LEAF_BUFFER] = "buffer"};
+    return (unsigned)kind < sizeof names / sizeof names[0] ? names[kind] : NULL;
+}
+
 /* ---- the front ends' entry: one op checked outside a script ---------------- */
 
 static int count_letters(const char *sig, const char *letters) {

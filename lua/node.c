@@ -351,13 +351,6 @@ static int l_buffer(lua_State *L) {
 /* Indexed by mk_leaf_kind. */
 static const lua_CFunction leaf_builders[] = {
     [MK_LEAF_INPUT] = l_input, [MK_LEAF_CONSTANT] = l_constant, [MK_LEAF_BUFFER] = l_buffer};
-static const char *const leaf_names[] = {
-    [MK_LEAF_INPUT] = "input", [MK_LEAF_CONSTANT] = "constant", [MK_LEAF_BUFFER] = "buffer"};
-#define N_LEAF_KINDS (sizeof leaf_names / sizeof leaf_names[0])
-
-static const char *leaf_name(mk_leaf_kind k) {
-    return (unsigned)k < N_LEAF_KINDS ? leaf_names[k] : NULL;
-}
 
 /* ==== fields and introspection =============================================== */
 
@@ -404,7 +397,7 @@ static int l_node_info(lua_State *L) {
     lua_createtable(L, 0, 9);
     set_string(L, "op", d->name);
     set_string(L, "signature", d->signature);
-    set_string(L, "leaf", leaf_name(d->leaf));
+    set_string(L, "leaf", mk_leaf_kind_name(d->leaf));
     set_string(L, "dtype", mk_dtype_name(n->dtype));
     lmk_push_shape(L, n->rank, n->shape);
     lua_setfield(L, -2, "shape");
@@ -428,14 +421,6 @@ static int l_is_node(lua_State *L) {
     return 1;
 }
 
-/* Indexed by mk_op_role. */
-static const char *const role_names[] = {
-    [MK_ROLE_LEAF] = "leaf",           [MK_ROLE_POINTWISE] = "pointwise",
-    [MK_ROLE_REDUCTION] = "reduction", [MK_ROLE_MATMUL] = "matmul",
-    [MK_ROLE_VIEW] = "view",           [MK_ROLE_INPLACE] = "inplace",
-    [MK_ROLE_MOVE] = "move",           [MK_ROLE_GROUP] = "group",
-};
-#define N_ROLES (sizeof role_names / sizeof role_names[0])
 
 /*
  * mk.ops() -> {{name =, alias =, signature =, role =, leaf =, method =,
@@ -451,8 +436,8 @@ static int l_ops(lua_State *L) {
         set_string(L, "name", d->name);
         set_string(L, "alias", d->alias);
         set_string(L, "signature", d->signature);
-        set_string(L, "role", (unsigned)d->role < N_ROLES ? role_names[d->role] : NULL);
-        set_string(L, "leaf", leaf_name(d->leaf));
+        set_string(L, "role", mk_op_role_name(d->role));
+        set_string(L, "leaf", mk_leaf_kind_name(d->leaf));
         set_string(L, "method", d->method);
         set_string(L, "infix", d->infix);
         set_string(L, "expr", d->expr);
@@ -526,7 +511,7 @@ void lmk_open_node(lua_State *L) {
         const mk_op_desc *d = mk_op_info(i);
         if (d->flags & MK_OP_INTERNAL) continue;
         if (d->leaf != MK_LEAF_NONE) {
-            if (d->method && leaf_name(d->leaf)) {
+            if (d->method && mk_leaf_kind_name(d->leaf)) {
                 lua_pushcfunction(L, leaf_builders[d->leaf]);
                 lua_setfield(L, module, d->method);
             }

@@ -111,6 +111,10 @@ static void test_op_table_rows(void) {
     CHECK(n >= 23, "only %zu rows", n);
     CHECK(mk_op_info(n) == NULL && mk_op_info(n + 1) == NULL && mk_op_info((size_t)-1) == NULL,
           "a row past the end");
+    CHECK(!strcmp(mk_op_role_name(MK_ROLE_POINTWISE), "pointwise") &&
+              !strcmp(mk_leaf_kind_name(MK_LEAF_CONSTANT), "constant") &&
+              mk_op_role_name((mk_op_role)99) == NULL && mk_leaf_kind_name((mk_leaf_kind)-1) == NULL,
+          "role and leaf names");
     int leaves[4] = {0};
     const unsigned known_flags = MK_OP_BROADCAST | MK_OP_COMMUTES | MK_OP_INTERNAL | MK_OP_FUNCTION;
     for (size_t i = 0; i < n; i++) {
@@ -123,6 +127,9 @@ static void test_op_table_rows(void) {
         if (!d->name)
             continue;
         const char *name = d->name;
+        CHECK(mk_op_role_name(d->role) != NULL, "%s: its role has no name", name);
+        CHECK((d->leaf == MK_LEAF_NONE) == (mk_leaf_kind_name(d->leaf) == NULL),
+              "%s: leaf kind %d and its name disagree", name, (int)d->leaf);
         CHECK(d->summary && d->summary[0], "%s: no summary", name);
         CHECK(d->signature != NULL, "%s: no signature", name);
         CHECK(strspn(d->signature, "nrsdli") == strlen(d->signature),
