@@ -137,6 +137,11 @@ void mk_graph_free(mk_graph *g);
 int64_t mk_node_numel(const mk_node *n);
 size_t mk_node_bytes(const mk_node *n);
 void mk_contiguous_strides(int rank, const int64_t *shape, int64_t *stride);
+/* The element count of a shape, checked: 0 when a dim is not positive or the
+ * count would pass MK_MAX_NUMEL (also where the product overflows). */
+int64_t mk_shape_numel(int rank, const int64_t *shape);
+/* op->infer and then the size check every result passes (script.c, mk_op_infer). */
+int mk_node_infer(mk_node *n, mk_error **err);
 /* "[2, 3, 4]" into buf */
 const char *mk_shape_str(int rank, const int64_t *shape, char *buf, size_t size);
 

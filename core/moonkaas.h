@@ -51,6 +51,9 @@ extern "C" {
 #define MK_VERSION_MINOR 1
 #define MK_VERSION_PATCH 0
 #define MK_MAX_RANK 4
+/* The most elements one tensor may have (2^48): element counts and byte sizes
+ * then never overflow. A larger shape is a shape error where it is declared. */
+#define MK_MAX_NUMEL ((int64_t)1 << 48)
 
 typedef struct mk_context mk_context;
 typedef struct mk_model mk_model;

@@ -32,6 +32,9 @@ static int check_dims(mk_node *n, int rank, const int64_t *dims, mk_error **err)
         if (dims[i] <= 0)
             return FAIL(err, n, MK_ERR_SHAPE, "%s: dimension %d is %lld (must be positive)",
                         n->op->name, i, (long long)dims[i]);
+    if (!mk_shape_numel(rank, dims))
+        return FAIL(err, n, MK_ERR_SHAPE, "%s: %s has more than 2^48 elements", n->op->name,
+                    mk_shape_str(rank, dims, (char[96]){0}, 96));
     return 0;
 }
 
@@ -148,9 +151,8 @@ static int infer_slice(mk_node *n, mk_error **err) {
 }
 
 static int infer_reshape(mk_node *n, mk_error **err) {
-    if (check_dims(n, n->n_attr, n->attr, err)) return -1;
-    int64_t k = 1;
-    for (int i = 0; i < n->n_attr; i++) k *= n->attr[i];
+    if (check_dims(n, n->n_attr, n->attr, err)) return -1; /* so the count cannot overflow */
+    int64_t k = mk_shape_numel(n->n_attr, n->attr);
     if (k != mk_node_numel(n->in[0]))
         return FAIL(err, n, MK_ERR_SHAPE, "%s: %s has %lld elements, %s would need %lld",
                     n->op->name, SHAPE(n->in[0]), (long long)mk_node_numel(n->in[0]),
@@ -466,6 +468,15 @@ MK_API const char *mk_leaf_kind_name(mk_leaf_kind kind) {
     return (unsigned)kind < sizeof names / sizeof names[0] ? names[kind] : NULL;
 }
 
+int mk_node_infer(mk_node *n, mk_error **err) {
+    if (n->op->infer(n, err)) return -1;
+    /* results larger than their operands (a product, a gather) are bounded too */
+    if (!mk_shape_numel(n->rank, n->shape))
+        return FAIL(err, n, MK_ERR_SHAPE, "%s: the result %s has more than 2^48 elements",
+                    n->op->name, SHAPE(n));
+    return 0;
+}
+
 /* ---- the front ends' entry: one op checked outside a script ---------------- */
 
 static int count_letters(const char *sig, const char *letters) {
@@ -501,7 +512,8 @@ MK_API int mk_op_infer(const char *name, const mk_tensor_info *inputs, size_t n_
         const mk_tensor_info *t = &inputs[i];
         mk_node *x = &operands[i];
         *x = (mk_node){.id = (int)i + 1, .dtype = t->dtype, .rank = t->rank};
-        if (t->rank < 1 || t->rank > MK_MAX_RANK || !mk_dtype_row_of(t->dtype))
+        if (t->rank < 1 || t->rank > MK_MAX_RANK || !mk_dtype_row_of(t->dtype) ||
+            !mk_shape_numel(t->rank, t->shape))
             return mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "%s: operand %zu is not a valid tensor",
                            name, i + 1);
         memcpy(x->shape, t->shape, sizeof x->shape);
@@ -512,7 +524,7 @@ MK_API int mk_op_infer(const char *name, const mk_tensor_info *inputs, size_t n_
         n.in[i] = x;
     }
     if (n_attrs) memcpy(n.attr, attrs, sizeof(int64_t) * n_attrs);
-    if (op->infer(&n, err)) return -1;
+    if (mk_node_infer(&n, err)) return -1;
     *out = (mk_tensor_info){.name = NULL, .dtype = n.dtype, .rank = n.rank};
     memcpy(out->shape, n.shape, sizeof out->shape);
     return 0;

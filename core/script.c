@@ -329,7 +329,7 @@ static int parse_statement(lexer *lx, id_map *ids, mk_graph *g) {
                        "%s takes %d arguments (%s), found %d", op->name, want, sig, got);
     }
     if (next(lx) || expect(lx, ';')) return -1;
-    if (op->infer(n, lx->err)) return -1;
+    if (mk_node_infer(n, lx->err)) return -1;
     if (id_put(ids, n)) return mk_fail(lx->err, MK_ERR_NOMEM, 0, 0, "parsing the script");
     return 0;
 }

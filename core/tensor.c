@@ -61,6 +61,14 @@ size_t mk_node_bytes(const mk_node *n) {
     return (size_t)mk_node_numel(n) * mk_dtype_size(n->dtype);
 }
 
+int64_t mk_shape_numel(int rank, const int64_t *shape) {
+    int64_t k = 1;
+    for (int i = 0; i < rank; i++)
+        if (shape[i] <= 0 || __builtin_mul_overflow(k, shape[i], &k) || k > MK_MAX_NUMEL)
+            return 0;
+    return k;
+}
+
 void mk_contiguous_strides(int rank, const int64_t *shape, int64_t *stride) {
     int64_t s = 1;
     for (int i = rank - 1; i >= 0; i--) {

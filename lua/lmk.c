@@ -98,6 +98,11 @@ int lmk_check_shape(lua_State *L, int idx, const char *fn, int64_t *shape) {
         if (shape[i] <= 0)
             lmk_raise(L, "shape error", fn, "dimension %d of %s is %lld (no empty tensors)", i,
                       LMK_SHAPE_STR(rank, shape), (long long)shape[i]);
+    int64_t numel = 1;
+    for (int i = 0; i < rank; i++)
+        if (__builtin_mul_overflow(numel, shape[i], &numel) || numel > MK_MAX_NUMEL)
+            lmk_raise(L, "shape error", fn, "%s has more than 2^48 elements",
+                      LMK_SHAPE_STR(rank, shape));
     return rank;
 }
 

@@ -130,7 +130,7 @@ static size_t shape_bytes(lua_State *L, const char *fn, mk_dtype dtype, int rank
                           const int64_t *shape, int64_t *numel_out) {
     uint64_t numel = 1;
     for (int i = 0; i < rank; i++)
-        if (__builtin_mul_overflow(numel, (uint64_t)shape[i], &numel) || numel > (1ull << 48))
+        if (__builtin_mul_overflow(numel, (uint64_t)shape[i], &numel) || numel > (uint64_t)MK_MAX_NUMEL)
             lmk_raise(L, "shape error", fn, "%s has too many elements",
                       LMK_SHAPE_STR(rank, shape));
     if (numel_out) *numel_out = (int64_t)numel;

@@ -125,6 +125,19 @@ typedef struct {
 
 #define X1 "$1 = InputTensor(x, float32, [2, 3]);\n"
 static const bad_case bad[] = {
+    /* sizes that would overflow an element count or a byte size (found by trying them:
+     * before, these compiled with tiny storage and crashed at evaluate) */
+    {"$1 = BufferTensor(float32, [2147483648, 2147483648]);\n$2 = ReLUNode($1);\nresult = $2;\n",
+     MK_ERR_SHAPE, 1, 1, "BufferTensor: [2147483648, 2147483648] has more than 2^48 elements"},
+    {"$1 = InputTensor(x, float32, [16]);\n$2 = ReshapeNode($1, [1152921504606846977, 16]);\n"
+     "$3 = SliceNode($2, 0, 1);\nresult = $3;\n",
+     MK_ERR_SHAPE, 2, 1, "ReshapeNode: [1152921504606846977, 16] has more than 2^48 elements"},
+    {"$1 = InputTensor(x, float32, [16]);\n$2 = ReshapeNode($1, [1099511627776, 1099511627776]);\n"
+     "result = $2;\n",
+     MK_ERR_SHAPE, 2, 1, "has more than 2^48 elements"},
+    {"$1 = InputTensor(a, float32, [16777216, 1]);\n$2 = InputTensor(b, float32, [1, 16777217]);\n"
+     "$3 = MatMulNode($1, $2);\nresult = $3;\n",
+     MK_ERR_SHAPE, 3, 1, "MatMulNode: the result [16777216, 16777217] has more than 2^48 elements"},
     /* syntax */
     {X1 "$2 = ReLUNode($1)\nresult = $2;", MK_ERR_SYNTAX, 3, 1, "expected ';'"},
     {X1 "$2 = ReLUNode($1;\nresult = $2;", MK_ERR_SYNTAX, 2, 17, "expected ','"},
