@@ -125,12 +125,16 @@ typedef struct {
     int n_nodes, cap;
     mk_node **nodes; /* evaluation order = script order */
     mk_node *output;
+    int n_names;
+    mk_node **names; /* [n_names] the named leaves, sorted by name (parse checks they differ) */
     struct mk_fusion *fusion; /* set by model.c when opts->use_cudnn, for the fusion pass */
 } mk_graph;
 
 /* script.c */
 mk_graph *mk_graph_parse(const char *script, mk_error **err);
 char *mk_graph_print(const mk_graph *g); /* NULL only when out of memory */
+/* The leaf named `name` (an input or a constant), or NULL: O(log n). */
+mk_node *mk_graph_find_name(const mk_graph *g, const char *name);
 void mk_graph_free(mk_graph *g);
 
 /* helpers used by script.c, ops.c, passes */

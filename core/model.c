@@ -9,12 +9,14 @@
  */
 #include "internal.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 struct mk_context {
-    int refs; /* the context and each of its models hold one */
+    atomic_int refs; /* the context and each of its models hold one; models may be freed
+                        on any thread */
     struct mk_cudnn_cache *cudnn; /* cuDNN handle and compiled plans, made on first use */
 };
 
@@ -33,6 +35,7 @@ struct mk_model {
 
     int n_inputs;
     mk_node **inputs;    /* [n_inputs] input leaves, script order */
+    int *input_slot;     /* [n_nodes] k where node i is inputs[k], else -1 */
     mk_copy *in_copies;  /* [n_inputs] host field filled per evaluation */
     mk_copy out_copy;
 
@@ -49,12 +52,12 @@ MK_API mk_context *mk_context_new(mk_error **err) {
         mk_fail(err, MK_ERR_NOMEM, 0, 0, "creating a context");
         return NULL;
     }
-    ctx->refs = 1;
+    atomic_init(&ctx->refs, 1);
     return ctx;
 }
 
 static void context_release(mk_context *ctx) {
-    if (!ctx || --ctx->refs > 0) return;
+    if (!ctx || atomic_fetch_sub(&ctx->refs, 1) > 1) return;
     if (ctx->cudnn) { /* made only through the plugin, so it is loaded */
         const mk_cuda_plugin *p = mk_cuda_plugin_get(NULL, 0);
         if (p && p->cudnn_cache_free) p->cudnn_cache_free(ctx->cudnn);
@@ -103,21 +106,14 @@ static int match_constants(const mk_graph *g, const mk_named_tensor *given, size
     for (size_t j = 0; j < n_given; j++) {
         if (!given[j].name || !given[j].data)
             return mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "constant %zu has a NULL name or data", j);
-        for (size_t k = 0; k < j; k++)
-            if (!strcmp(given[k].name, given[j].name))
-                return mk_fail(err, MK_ERR_INPUT, 0, 0, "constant '%s' is given twice",
-                               given[j].name);
-        bool known = false;
-        for (int i = 0; i < g->n_nodes && !known; i++) {
-            const mk_node *n = g->nodes[i];
-            if (n->op->leaf == MK_LEAF_CONSTANT && !strcmp(n->name, given[j].name)) {
-                data[i] = given[j].data;
-                known = true;
-            }
-        }
-        if (!known)
+        const mk_node *n = mk_graph_find_name(g, given[j].name);
+        if (!n || n->op->leaf != MK_LEAF_CONSTANT)
             return mk_fail(err, MK_ERR_INPUT, 0, 0, "constant '%s' is not in the script",
                            given[j].name);
+        if (data[n->index])
+            return mk_fail(err, MK_ERR_INPUT, 0, 0, "constant '%s' is given twice",
+                           given[j].name);
+        data[n->index] = given[j].data;
     }
     for (int i = 0; i < g->n_nodes; i++) {
         const mk_node *n = g->nodes[i];
@@ -318,7 +314,7 @@ MK_API mk_model *mk_compile(mk_context *ctx, const char *script,
     int64_t *scratch_offset = NULL;
     if (!m) goto nomem;
     m->ctx = ctx;
-    ctx->refs++;
+    atomic_fetch_add(&ctx->refs, 1);
     m->dev = dev;
     m->stats.device = (int)opts.device;
     if (!(m->graph = mk_graph_parse(script, err))) goto fail;
@@ -336,7 +332,9 @@ MK_API mk_model *mk_compile(mk_context *ctx, const char *script,
     m->owns_alloc = calloc((size_t)n, sizeof *m->owns_alloc);
     m->launches = calloc((size_t)n, sizeof *m->launches);
     m->inputs = calloc((size_t)n, sizeof *m->inputs);
-    if (!const_data || !scratch_offset || !m->base || !m->owns_alloc || !m->launches || !m->inputs)
+    m->input_slot = calloc((size_t)n, sizeof *m->input_slot);
+    if (!const_data || !scratch_offset || !m->base || !m->owns_alloc || !m->launches ||
+        !m->inputs || !m->input_slot)
         goto nomem;
     if (match_constants(g, constants, n_constants, const_data, err)) goto fail;
     if (plan_memory(m, scratch_offset, err)) goto fail;
@@ -345,8 +343,10 @@ MK_API mk_model *mk_compile(mk_context *ctx, const char *script,
     if (allocate(m, const_data, &opts, err)) goto fail;
     if (bind(m, scratch_offset, err)) goto fail;
 
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
+        m->input_slot[i] = is_input(g->nodes[i]) ? m->n_inputs : -1;
         if (is_input(g->nodes[i])) m->inputs[m->n_inputs++] = g->nodes[i];
+    }
     m->in_copies = calloc((size_t)(m->n_inputs ? m->n_inputs : 1), sizeof *m->in_copies);
     if (!m->in_copies) goto nomem;
     for (int k = 0; k < m->n_inputs; k++)
@@ -393,6 +393,7 @@ MK_API void mk_model_free(mk_model *m) {
     free(m->owns_alloc);
     free(m->launches);
     free(m->inputs);
+    free(m->input_slot);
     free(m->in_copies);
     free(m->script);
     context_release(m->ctx);
@@ -425,9 +426,13 @@ MK_API int mk_evaluate(mk_model *m, const mk_named_tensor *inputs, size_t n_inpu
         const mk_named_tensor *t = &inputs[j];
         if (!t->name || !t->data)
             return mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "input %zu has a NULL name or data", j);
-        int k = 0;
-        while (k < m->n_inputs && strcmp(m->inputs[k]->name, t->name)) k++;
-        if (k == m->n_inputs)
+        /* callers mostly give the inputs in the model's order; else a lookup by name */
+        int k = (size_t)m->n_inputs > j && !strcmp(m->inputs[j]->name, t->name) ? (int)j : -1;
+        if (k < 0) {
+            const mk_node *x = mk_graph_find_name(m->graph, t->name);
+            k = x ? m->input_slot[x->index] : -1;
+        }
+        if (k < 0)
             return mk_fail(err, MK_ERR_INPUT, 0, 0, "'%s' is not an input of this model", t->name);
         if (m->in_copies[k].host)
             return mk_fail(err, MK_ERR_INPUT, 0, 0, "input '%s' is given twice", t->name);

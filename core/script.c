@@ -177,6 +177,7 @@ void mk_graph_free(mk_graph *g) {
         free(g->nodes[i]);
     }
     free(g->nodes);
+    free(g->names);
     free(g);
 }
 
@@ -335,21 +336,42 @@ static int parse_statement(lexer *lx, id_map *ids, mk_graph *g) {
 }
 
 /* Input and constant names are how callers address tensors: each once. */
-static int check_names(const mk_graph *g, mk_error **err) {
-    mk_node **named = malloc(sizeof *named * (size_t)(g->n_nodes ? g->n_nodes : 1));
-    if (!named) return mk_fail(err, MK_ERR_NOMEM, 0, 0, "checking names");
-    int k = 0, rc = 0;
+/* By name, then by script order. */
+static int by_name(const void *x, const void *y) {
+    const mk_node *a = *(mk_node *const *)x, *b = *(mk_node *const *)y;
+    int c = strcmp(a->name, b->name);
+    return c ? c : (a->index > b->index) - (a->index < b->index);
+}
+
+/* Input and constant names are how callers address tensors: each once. Sorts
+ * them into g->names (for mk_graph_find_name), so 40,000 inputs cost a sort,
+ * not 40,000² comparisons. */
+static int index_names(mk_graph *g, mk_error **err) {
+    g->names = malloc(sizeof *g->names * (size_t)(g->n_nodes ? g->n_nodes : 1));
+    if (!g->names) return mk_fail(err, MK_ERR_NOMEM, 0, 0, "indexing the script's names");
+    g->n_names = 0;
     for (int i = 0; i < g->n_nodes; i++)
-        if (g->nodes[i]->name) named[k++] = g->nodes[i];
-    /* Few names in practice; a sort would only pay with thousands. */
-    for (int i = 0; i < k && !rc; i++)
-        for (int j = 0; j < i && !rc; j++)
-            if (!strcmp(named[i]->name, named[j]->name))
-                rc = mk_fail(err, MK_ERR_NAME, named[i]->line, named[i]->column,
-                             "the name '%s' is used twice (first by $%d at line %d)",
-                             named[i]->name, named[j]->id, named[j]->line);
-    free(named);
-    return rc;
+        if (g->nodes[i]->name) g->names[g->n_names++] = g->nodes[i];
+    qsort(g->names, (size_t)g->n_names, sizeof *g->names, by_name);
+    for (int i = 1; i < g->n_names; i++) {
+        const mk_node *first = g->names[i - 1], *again = g->names[i];
+        if (!strcmp(first->name, again->name))
+            return mk_fail(err, MK_ERR_NAME, again->line, again->column,
+                           "the name '%s' is used twice (first by $%d at line %d)", again->name,
+                           first->id, first->line);
+    }
+    return 0;
+}
+
+mk_node *mk_graph_find_name(const mk_graph *g, const char *name) {
+    int lo = 0, hi = g->n_names;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2, c = strcmp(g->names[mid]->name, name);
+        if (!c) return g->names[mid];
+        if (c < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    return NULL;
 }
 
 mk_graph *mk_graph_parse(const char *script, mk_error **err) {
@@ -394,7 +416,7 @@ mk_graph *mk_graph_parse(const char *script, mk_error **err) {
                 "nothing may follow the result line, found %s", describe(&lx.tok, buf, sizeof buf));
         goto fail;
     }
-    if (check_names(g, err)) goto fail;
+    if (index_names(g, err)) goto fail;
     free(ids.slots);
     return g;
 fail:
