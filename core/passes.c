@@ -6,6 +6,7 @@
  */
 #include "internal.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 /* ---- consumers ----------------------------------------------------------- */
@@ -15,6 +16,51 @@ static int count_consumers(mk_graph *g, const mk_compile_options *opts, mk_error
     for (int i = 0; i < g->n_nodes; i++)
         for (int k = 0; k < g->nodes[i]->n_in; k++) g->nodes[i]->in[k]->n_consumers++;
     return 0;
+}
+
+/* ---- dead nodes ------------------------------------------------------------- */
+
+/* The leaf whose memory n's first operand chain ends in (views and in-place
+ * writes share it), or NULL for a node that owns its memory. */
+static const mk_node *memory_leaf(const mk_node *n) {
+    while (n->op->layout && n->n_in > 0) n = n->in[0];
+    return n->op->role == MK_ROLE_LEAF ? n : NULL;
+}
+
+/*
+ * Nodes whose result reaches neither the output nor persistent state leave the
+ * graph (they would run every evaluation for nothing, and their dtypes would
+ * still have to suit a kernel). Roots: the output, and in-place writes into a
+ * BufferTensor (the next evaluation sees them). Leaves stay: they are the
+ * model's interface (its inputs and constants are given by name either way).
+ */
+static int drop_dead(mk_graph *g, const mk_compile_options *opts, mk_error **err) {
+    if (opts->no_passes || g->n_nodes == 0) return 0;
+    bool *live = calloc((size_t)g->n_nodes, sizeof *live);
+    if (!live) return mk_fail(err, MK_ERR_NOMEM, 0, 0, "dropping dead nodes");
+    live[g->output->index] = true;
+    for (int i = g->n_nodes - 1; i >= 0; i--) {
+        const mk_node *n = g->nodes[i];
+        const mk_node *leaf = n->op->role == MK_ROLE_INPLACE ? memory_leaf(n) : NULL;
+        if (n->op->role == MK_ROLE_LEAF || (leaf && leaf->op->leaf == MK_LEAF_BUFFER))
+            live[i] = true;
+        if (live[i])
+            for (int k = 0; k < n->n_in; k++) live[n->in[k]->index] = true;
+    }
+    int kept = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        mk_node *n = g->nodes[i];
+        if (!live[i]) {
+            free(n->name);
+            free(n);
+            continue;
+        }
+        n->index = kept;
+        g->nodes[kept++] = n;
+    }
+    g->n_nodes = kept;
+    free(live);
+    return count_consumers(g, opts, err);
 }
 
 /* ---- storage and views ----------------------------------------------------- */
@@ -104,6 +150,7 @@ static const struct {
     int (*run)(mk_graph *, const mk_compile_options *, mk_error **);
 } passes[] = {
     {"count-consumers", count_consumers},
+    {"drop-dead", drop_dead},           /* what reaches neither the output nor a buffer */
     {"assign-storage", assign_storage}, /* views, in-place writes, copies that stay views */
     {"fuse-cudnn", mk_fusion_pass},     /* with use_cudnn: matmul/pointwise groups (fusion.c) */
     {"verify", verify},

@@ -681,6 +681,64 @@ static void test_models_freed_across_threads(void) {
     }
 }
 
+/* Nodes that reach neither the output nor a buffer do not run (before: they ran
+ * every evaluation, and a dead bfloat16 ReLU made compile fail); an in-place
+ * write into a buffer is state and stays, though the output does not read it. */
+static void test_dead_nodes(void) {
+    mk_error *err = NULL;
+    mk_context *c = mk_context_new(&err);
+    const char *dead = "$1 = InputTensor(x, float32, [4]);\n"
+                       "$2 = ReLUNode($1);\n"     /* dead */
+                       "$3 = ExpNode($2);\n"      /* dead */
+                       "$4 = SiLUNode($1);\n"
+                       "result = $4;\n";
+    for (int passes = 0; passes < 2; passes++) {
+        mk_compile_options o = {.no_passes = passes == 0};
+        mk_model *m = mk_compile(c, dead, NULL, 0, &o, &err);
+        mk_stats st;
+        CHECK(m && mk_model_stats(m, &st) == 0 && st.launches == (passes ? 1 : 3),
+              "passes %d: %d launches (%s)", passes, m ? st.launches : -1,
+              err ? mk_error_message(err) : "");
+        mk_model_free(m);
+        mk_error_free(err);
+        err = NULL;
+    }
+    const char *bf16 = "$1 = InputTensor(x, bfloat16, [4]);\n"
+                       "$2 = ReLUNode($1);\n"     /* dead: no kernel needed */
+                       "$3 = ReshapeNode($1, [2, 2]);\n"
+                       "result = $3;\n";
+    mk_model *m = mk_compile(c, bf16, NULL, 0, NULL, &err);
+    CHECK(m != NULL, "a dead bfloat16 ReLU: %s", err ? mk_error_message(err) : "");
+    mk_model_free(m);
+    mk_error_free(err);
+    err = NULL;
+
+    const char *state = "$1 = BufferTensor(float32, [4]);\n"
+                        "$2 = InputTensor(x, float32, [4]);\n"
+                        "$3 = SumNode($1, $2);\n"  /* reads the buffer before the write */
+                        "$4 = ConstantTensor(b, int64, [1]);\n"
+                        "$5 = ConstantTensor(e, int64, [1]);\n"
+                        "$6 = ReplaceSliceNode($1, $2, $4, $5);\n" /* read by no one */
+                        "result = $3;\n";
+    int64_t b = 0, e = 4;
+    mk_named_tensor k[] = {{"b", &b}, {"e", &e}};
+    m = mk_compile(c, state, k, 2, NULL, &err);
+    CHECK(m != NULL, "state: %s", err ? mk_error_message(err) : "");
+    if (m) {
+        float x[4], y[4];
+        for (int i = 0; i < 4; i++) x[i] = (float)test_randint(1, 100);
+        mk_named_tensor in[] = {{"x", x}};
+        bool ok = mk_evaluate(m, in, 1, y, sizeof y, &err) == 0;
+        for (int i = 0; i < 4; i++) ok &= y[i] == x[i];
+        ok &= mk_evaluate(m, in, 1, y, sizeof y, &err) == 0;
+        for (int i = 0; i < 4; i++) ok &= y[i] == 2 * x[i]; /* the first run's write */
+        CHECK(ok, "the buffer write must stay: %s", err ? mk_error_message(err) : "values");
+    }
+    mk_model_free(m);
+    mk_error_free(err);
+    mk_context_free(c);
+}
+
 int main(void) {
     test_srand(test_seed());
     mk_error *err = NULL;
@@ -694,6 +752,7 @@ int main(void) {
     RUN(test_api_misuse);
     RUN(test_many_inputs);
     RUN(test_models_freed_across_threads);
+    RUN(test_dead_nodes);
     RUN(test_op_infer);
     RUN(test_storage_dtypes_round_trip);
     RUN(test_storage_dtypes_views);
