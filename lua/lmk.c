@@ -106,7 +106,8 @@ int lmk_check_shape(lua_State *L, int idx, const char *fn, int64_t *shape) {
     return rank;
 }
 
-bool lmk_is_identifier(const char *s) {
+bool lmk_is_identifier(const char *s, size_t len) {
+    if (strlen(s) != len) return false; /* an embedded NUL: C would see a shorter name */
     if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || *s == '_')) return false;
     for (s++; *s; s++)
         if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||

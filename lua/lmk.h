@@ -72,7 +72,8 @@ int lmk_check_int_list(lua_State *L, int idx, const char *fn, const char *what, 
 int lmk_check_shape(lua_State *L, int idx, const char *fn, int64_t *shape);
 
 /* A name usable in the script: [A-Za-z_][A-Za-z0-9_]*. */
-bool lmk_is_identifier(const char *s);
+/* [A-Za-z_][A-Za-z0-9_]*, len bytes with no NUL among them. */
+bool lmk_is_identifier(const char *s, size_t len);
 
 /* ---- shapes (lmk.c) -------------------------------------------------------- */
 

@@ -131,6 +131,9 @@ static void check_constants(lua_State *L, int script_idx, int consts_idx) {
             if (lua_type(L, -1) != LUA_TSTRING)
                 LMK_ARG_ERROR(L, fn, "constant names must be strings, got %s",
                               luaL_typename(L, -1));
+            if (strlen(lua_tostring(L, -1)) != lua_rawlen(L, -1))
+                LMK_ARG_ERROR(L, fn, "constant name '%s\\0...' holds a NUL byte",
+                              lua_tostring(L, -1));
             lua_pushvalue(L, -1);
             if (lua_gettable(L, seen) == LUA_TNIL)
                 lmk_raise(L, "input error", fn,
@@ -302,16 +305,26 @@ static int model_run(lua_State *L) {
         named[i] = (mk_named_tensor){info.name, t->data}; /* anchored by the inputs table */
         lua_pop(L, 1);
     }
+    /* Every input was found by name above: the table holds no other key exactly
+     * when it has `count` of them (linear; the search for the odd one is the
+     * error path only). */
+    size_t keys = 0;
     lua_pushnil(L);
     while (lua_next(L, 2)) {
+        lua_pop(L, 1);
+        keys++;
+    }
+    lua_pushnil(L);
+    while (keys != count && lua_next(L, 2)) {
         lua_pop(L, 1);
         if (lua_type(L, -1) != LUA_TSTRING)
             lmk_raise(L, "input error", fn, "input names must be strings, got %s",
                       luaL_typename(L, -1));
         const char *k = lua_tostring(L, -1);
-        bool known = false;
-        for (size_t i = 0; i < count && !known; i++) known = !strcmp(named[i].name, k);
-        if (!known) return raise_unknown_input(L, k, named, count);
+        bool whole = strlen(k) == lua_rawlen(L, -1); /* a NUL inside names no input */
+        bool found = false;
+        for (size_t i = 0; i < count && whole && !found; i++) found = !strcmp(named[i].name, k);
+        if (!found) return raise_unknown_input(L, k, named, count);
     }
     mk_tensor_info out_info;
     if (mk_model_output_info(m->model, &out_info) != 0)
@@ -320,6 +333,16 @@ static int model_run(lua_State *L) {
     if (!lua_isnil(L, 3)) {
         out = lmk_check_tensor(L, 3, fn);
         if (out->readonly) LMK_ARG_ERROR(L, fn, "the output tensor is read-only");
+        if (lua_getiuservalue(L, 1, 1) == LUA_TTABLE) { /* the constants a CPU model borrows */
+            lua_pushnil(L);
+            while (lua_next(L, -2)) {
+                if (lua_rawequal(L, -1, 3))
+                    LMK_ARG_ERROR(L, fn, "the output tensor is the model's constant '%s' (its "
+                                  "weights would be overwritten)", lua_tostring(L, -2));
+                lua_pop(L, 1);
+            }
+        }
+        lua_pop(L, 1);
         if (out->dtype != out_info.dtype ||
             !lmk_same_shape(out->rank, out->shape, out_info.rank, out_info.shape))
             LMK_ARG_ERROR(L, fn, "the output tensor is %s %s, the model gives %s %s",

@@ -200,7 +200,8 @@ static void read_arguments(lua_State *L, const mk_op_desc *d, int mode, op_call 
             a = read_list(L, a, top - (int)strlen(s + 1), c);
             break;
         case 's':
-            if (lua_type(L, a) != LUA_TSTRING || !lmk_is_identifier(lua_tostring(L, a)))
+            if (lua_type(L, a) != LUA_TSTRING ||
+                !lmk_is_identifier(lua_tostring(L, a), lua_rawlen(L, a)))
                 LMK_ARG_ERROR(L, c->fn, "%s must be a name ([A-Za-z_][A-Za-z0-9_]*), got %s",
                               what, lua_type(L, a) == LUA_TSTRING ? lua_tostring(L, a)
                                                                   : luaL_typename(L, a));
@@ -300,8 +301,9 @@ static void check_name(lua_State *L, int idx, const char *fn) {
     if (lua_type(L, idx) != LUA_TSTRING)
         LMK_ARG_ERROR(L, fn, "the name must be a string, got %s", luaL_typename(L, idx));
     const char *name = lua_tostring(L, idx);
-    if (!lmk_is_identifier(name))
-        LMK_ARG_ERROR(L, fn, "name '%s' is not an identifier ([A-Za-z_][A-Za-z0-9_]*)", name);
+    if (!lmk_is_identifier(name, lua_rawlen(L, idx)))
+        LMK_ARG_ERROR(L, fn, "name '%s%s' is not an identifier ([A-Za-z_][A-Za-z0-9_]*)", name,
+                      strlen(name) != lua_rawlen(L, idx) ? "\\0..." : "");
 }
 
 /* mk.input(name, dtype, shape) or mk.input(name, shape) (float32) */

@@ -84,6 +84,28 @@ describe("model:run", function()
     end)
 end)
 
+describe("names and outputs that would go wrong in C", function()
+    it("refuses names with a NUL byte inside (C would see a shorter name)", function()
+        E(function() mk.input("x\0y", "float32", { 2 }) end, "argument error: input:", "not an identifier")
+        E(function() mk.constant(mk.tensor { 1, 2 }, "w\0z") end, "argument error: constant:")
+        local text = "$1 = InputTensor(x, float32, [2]);\nresult = $1;\n"
+        E(function() mk.compile_script(text, { ["x\0"] = mk.tensor { 1, 2 } }) end,
+            "argument error: compile:", "NUL")
+        local m <close> = mk.compile(mk.input("x", "float32", { 2 }):relu())
+        E(function() m:run { x = mk.tensor { 1, 2 }, ["x\0y"] = mk.tensor { 1, 2 } } end,
+            "input error: run: unknown input")
+    end)
+
+    it("refuses a borrowed constant as the output tensor (the weights would change)", function()
+        local w = mk.tensor { 1.5, -2 }
+        local x = mk.input("x", "float32", { 2 })
+        local m <close> = mk.compile(x + mk.constant(w, "w"))
+        E(function() m:run({ x = mk.tensor { 1, 1 } }, w) end, "argument error: run:", "constant 'w'")
+        assert.are.same({ 1.5, -2 }, w:totable())
+        assert.are.same({ 2.5, -1 }, m:run({ x = mk.tensor { 1, 1 } }):totable())
+    end)
+end)
+
 describe("model release", function()
     it("closes once, idempotently, with <close>, :close() and the collector", function()
         local x = mk.input("x", "float32", { 2 })
