@@ -165,6 +165,21 @@ describe("llama2 tokenizer errors", function()
         expect(string.pack("<i4fi4", 4, 0 / 0, 1) .. "a", 1, "corrupt token 0: score is NaN")
     end)
 
+    it("refuses a tokenizer with more tokens than the model (another model's)", function()
+        local good = H.tokenizer_bytes(H.small_vocab(), 4)
+        expect(good, 263, "holds more than the model's 263 tokens")
+        assert.truthy(T.load(path, 264))
+    end)
+
+    it("refuses tokenizer.bin (32,000 tokens) for stories260K (512) through the command line", function()
+        if not H.models_present() then pending("../shared/models is absent") return end
+        local code, out, err = H.run_cli({ H.models .. "/stories260K.bin", "-z", H.models .. "/tokenizer.bin",
+                                           "-d", "cpu", "-n", "4" })
+        assert.are.equal(1, code)
+        assert.are.equal("", out)
+        assert.truthy(err:find("holds more than the model's 512 tokens", 1, true), err)
+    end)
+
     it("reports a truncated tokenizer.bin through the command line", function()
         if not H.models_present() then pending("../shared/models is absent") return end
         H.write_file(path, H.read_file(H.models .. "/tok512.bin"):sub(1, 3000))

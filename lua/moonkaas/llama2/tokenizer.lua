@@ -75,6 +75,13 @@ function M.parse(bytes, vocab_size, name)
         scores[id] = score
         pos = pos + len
     end
+    if pos <= size then
+        -- run.c would read the first vocab_size pieces and ignore the rest: the
+        -- text would be another model's pieces for these ids
+        return nil, string.format("%s: holds more than the model's %d tokens (%d bytes follow "
+            .. "token %d): a tokenizer for another model?", name, vocab_size, size - pos + 1,
+            vocab_size - 1)
+    end
     local t = setmetatable({
         vocab = vocab,              -- [0, vocab_size) → piece
         scores = scores,            -- [0, vocab_size) → float32 merge score
