@@ -5,8 +5,12 @@ local mk = H.mk()
 H.seed("ops_spec")
 local R = H.ref_ops
 
+-- every op's cases, then the random pointwise trees of the newer ops
+local cases = H.op_cases()
+for _, case in ipairs(H.pointwise_cases()) do cases[#cases + 1] = case end
+
 describe("CPU values", function()
-    for _, case in ipairs(H.op_cases()) do
+    for _, case in ipairs(cases) do
         it(case.name, function()
             local model <close> = mk.compile(case.output)
             local out = model:run(case.feeds)

@@ -1,7 +1,8 @@
 -- The ops the Lua side gets from the core's op table alone: SubNode (x - y,
 -- x:sub(y)), DivNode (x / y, x:div(y)), ExpNode, TanhNode, SigmoidNode and
--- GELUNode on the CPU against double-precision references (helpers.ref_ops),
--- their errors, the table as mk.ops() shows it, and their scripts.
+-- GELUNode: their values run with every other op in ops_spec.lua
+-- (helpers.pointwise_cases); here their operands, errors, the table as mk.ops()
+-- shows it, and their scripts.
 local H = require "spec.helpers"
 local mk = H.mk()
 H.seed("pointwise_spec")
@@ -10,19 +11,6 @@ local E = H.assert_error
 
 local function f32(name, shape) return mk.input(name, "float32", shape) end
 local function i64(name, shape) return mk.input(name, "int64", shape) end
-
-describe("new pointwise ops on the CPU", function()
-    for _, case in ipairs(H.pointwise_cases()) do
-        it(case.name, function()
-            local model <close> = mk.compile(case.output)
-            local out = model:run(case.feeds)
-            assert.are.equal(case.output.dtype, out.dtype)
-            H.assert_close(out, case.want, case.atol, case.rtol)
-            local plain <close> = mk.compile(case.output, { passes = false })
-            H.assert_close(plain:run(case.feeds), case.want, case.atol, case.rtol)
-        end)
-    end
-end)
 
 describe("numbers as operands", function()
     local function operand(node, k) return mk.node_info(mk.node_info(node).inputs[k]) end
