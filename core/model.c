@@ -193,6 +193,25 @@ done:
     return rc;
 }
 
+/* The model's device memory against opts->max_bytes, before any is allocated. */
+static int check_budget(const mk_model *m, const mk_compile_options *opts, mk_error **err) {
+    if (!opts->max_bytes) return 0;
+    size_t constants = 0, buffers = 0;
+    bool borrowed = opts->borrow_constants && m->dev == &mk_cpu_device;
+    for (int i = 0; i < m->graph->n_nodes; i++) {
+        const mk_node *n = m->graph->nodes[i];
+        if (n->owner != n) continue;
+        if (n->storage == MK_STORAGE_CONSTANT && !borrowed) constants += mk_node_bytes(n);
+        if (n->storage == MK_STORAGE_BUFFER) buffers += mk_node_bytes(n);
+    }
+    size_t arena = m->stats.arena_bytes, total = arena + constants + buffers;
+    if (total <= opts->max_bytes) return 0;
+    return mk_fail(err, MK_ERR_NOMEM, 0, 0,
+                   "the model needs %zu bytes of %s memory (arena %zu, constants %zu, buffers "
+                   "%zu), more than max_bytes %zu",
+                   total, m->dev->name, arena, constants, buffers, opts->max_bytes);
+}
+
 /* ---- allocation and binding -------------------------------------------------------- */
 
 static int allocate(mk_model *m, const void **const_data, const mk_compile_options *opts,
@@ -338,6 +357,7 @@ MK_API mk_model *mk_compile(mk_context *ctx, const char *script,
         goto nomem;
     if (match_constants(g, constants, n_constants, const_data, err)) goto fail;
     if (plan_memory(m, scratch_offset, err)) goto fail;
+    if (check_budget(m, &opts, err)) goto fail;
 
     if (dev->open(&m->dev_state, err)) goto fail;
     if (allocate(m, const_data, &opts, err)) goto fail;

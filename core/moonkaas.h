@@ -127,6 +127,9 @@ typedef struct {
     bool borrow_constants; /* CPU: use the caller's constant memory in place (e.g. an mmap'd
                               checkpoint); it must outlive the model */
     bool no_passes;        /* skip optional optimisation passes (debugging) */
+    size_t max_bytes;      /* 0: no limit; else the most device memory the model may take
+                              (arena + copied constants + buffers), checked before anything
+                              is allocated: more is an MK_ERR_NOMEM error saying how much */
 } mk_compile_options;
 
 /* Is a CUDA device usable? Returns 1, or 0 with a reason in `reason` (may be NULL). */

@@ -167,8 +167,13 @@ static mk_compile_options check_options(lua_State *L, int idx) {
                               luaL_typename(L, -1));
             if (k[0] == 'c') o.use_cudnn = lua_toboolean(L, -1);
             else o.no_passes = !lua_toboolean(L, -1);
+        } else if (k && !strcmp(k, "max_bytes")) {
+            if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < 0)
+                LMK_ARG_ERROR(L, fn, "max_bytes must be a non-negative integer, got %s",
+                              luaL_tolstring(L, -1, NULL));
+            o.max_bytes = (size_t)lua_tointeger(L, -1);
         } else {
-            LMK_ARG_ERROR(L, fn, "unknown option %s (device, cudnn, passes)",
+            LMK_ARG_ERROR(L, fn, "unknown option %s (device, cudnn, passes, max_bytes)",
                           k ? k : luaL_typename(L, -2));
         }
         lua_pop(L, 1);

@@ -739,6 +739,39 @@ static void test_dead_nodes(void) {
     mk_context_free(c);
 }
 
+/* max_bytes bounds what a model may take before anything is allocated (before,
+ * nothing bounded what a script asked for). */
+static void test_max_bytes(void) {
+    const char *script = "$1 = InputTensor(x, float32, [1024]);\n"
+                         "$2 = ConstantTensor(w, float32, [1024]);\n"
+                         "$3 = BufferTensor(float32, [4096]);\n"
+                         "$4 = SumNode($1, $2);\n"
+                         "result = $4;\n";
+    static float w[1024];
+    for (int i = 0; i < 1024; i++) w[i] = (float)test_uniform(-1, 1);
+    mk_named_tensor k[] = {{"w", w}};
+    mk_error *err = NULL;
+    mk_compile_options o = {.max_bytes = 4096 * 4 + 1024 * 4}; /* buffer + constant: no arena */
+    mk_model *m = mk_compile(ctx, script, k, 1, &o, &err);
+    CHECK(!m && err && mk_error_code_of(err) == MK_ERR_NOMEM &&
+              strstr(mk_error_message(err), "constants 4096, buffers 16384") &&
+              strstr(mk_error_message(err), "more than max_bytes 20480"),
+          "over the limit: %s", err ? mk_error_message(err) : "compiled");
+    mk_error_free(err);
+    err = NULL;
+    o.max_bytes = 64 << 10;
+    m = mk_compile(ctx, script, k, 1, &o, &err);
+    CHECK(m != NULL, "under the limit: %s", err ? mk_error_message(err) : "");
+    mk_model_free(m);
+    mk_error_free(err);
+    err = NULL;
+    o = (mk_compile_options){.max_bytes = 4096 * 4 + 1, .borrow_constants = true};
+    m = mk_compile(ctx, script, k, 1, &o, &err); /* borrowed constants cost nothing */
+    CHECK(!m && strstr(mk_error_message(err), "constants 0,"), "borrowed: %s",
+          err ? mk_error_message(err) : "compiled");
+    mk_error_free(err);
+}
+
 int main(void) {
     test_srand(test_seed());
     mk_error *err = NULL;
@@ -753,6 +786,7 @@ int main(void) {
     RUN(test_many_inputs);
     RUN(test_models_freed_across_threads);
     RUN(test_dead_nodes);
+    RUN(test_max_bytes);
     RUN(test_op_infer);
     RUN(test_storage_dtypes_round_trip);
     RUN(test_storage_dtypes_views);
