@@ -365,17 +365,24 @@ helpers.rand_perm = rand_perm
 Fresh random cases, one or more per node kind. Each is {name =, output = node,
 feeds = {name = tensor}, want = reference, atol =, rtol =}.
 ]]
-function helpers.op_cases()
+-- A list of cases, its add(name, output, feeds, want[, atol[, rtol]]) with
+-- these default tolerances, and input(name, shape, lo, hi) -> node, tensor, ref.
+local function case_list(atol, rtol)
     local mk = helpers.mk()
     local cases = {}
-    local function add(name, output, feeds, want, atol, rtol)
+    local function add(name, output, feeds, want, a, r)
         cases[#cases + 1] = { name = name, output = output, feeds = feeds, want = want,
-            atol = atol or 1e-5, rtol = rtol or 1e-5 }
+            atol = a or atol, rtol = r or rtol }
     end
     local function input(name, shape, lo, hi)
         local t, r = helpers.rand(shape, lo, hi)
         return mk.input(name, "float32", shape), t, r
     end
+    return mk, cases, add, input
+end
+
+function helpers.op_cases()
+    local mk, cases, add, input = case_list(1e-5, 1e-5)
 
     for rank = 1, 4 do
         local shape = rand_shape(rank, 1, 6)
@@ -541,20 +548,11 @@ end
 --[[
 Fresh random cases for the pointwise ops the core's table brought without any
 binding code (SubNode, DivNode, ExpNode, TanhNode, SigmoidNode, GELUNode), in
-op_cases' form: ops_spec-style CPU checks in pointwise_spec, CUDA against the
-CPU in gpu_spec.
+op_cases' form: checked on the CPU with every other op in ops_spec, CUDA
+against the CPU in gpu_spec.
 ]]
 function helpers.pointwise_cases()
-    local mk = helpers.mk()
-    local cases = {}
-    local function add(name, output, feeds, want, atol, rtol)
-        cases[#cases + 1] = { name = name, output = output, feeds = feeds, want = want,
-            atol = atol or 1e-6, rtol = rtol or 1e-5 }
-    end
-    local function input(name, shape, lo, hi)
-        local t, r = helpers.rand(shape, lo, hi)
-        return mk.input(name, "float32", shape), t, r
-    end
+    local mk, cases, add, input = case_list(1e-6, 1e-5)
     local function input_away(name, shape, lo, hi)
         local t, r = helpers.rand_away(shape, lo, hi)
         return mk.input(name, "float32", shape), t, r
