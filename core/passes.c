@@ -20,10 +20,18 @@ static int count_consumers(mk_graph *g, const mk_compile_options *opts, mk_error
 
 /* ---- dead nodes ------------------------------------------------------------- */
 
-/* The leaf whose memory n's first operand chain ends in (views and in-place
- * writes share it), or NULL for a node that owns its memory. */
-static const mk_node *memory_leaf(const mk_node *n) {
+/* The node at the end of n's chain of first operands through views, copies
+ * that may be views, and in-place writes: every node sharing memory with n
+ * has the same root (the converse need not hold). */
+static const mk_node *memory_root(const mk_node *n) {
     while (n->op->layout && n->n_in > 0) n = n->in[0];
+    return n;
+}
+
+/* The leaf whose memory n's first operand chain ends in, or NULL for a node
+ * that owns its memory. */
+static const mk_node *memory_leaf(const mk_node *n) {
+    n = memory_root(n);
     return n->op->role == MK_ROLE_LEAF ? n : NULL;
 }
 
@@ -65,17 +73,28 @@ static int drop_dead(mk_graph *g, const mk_compile_options *opts, mk_error **err
 
 /* ---- storage and views ----------------------------------------------------- */
 
-/* A copy that may be a view (its op's layout, role MK_ROLE_MOVE) is one when
- * every reader takes it with those strides and it is not the output (callers
- * get dense memory). */
+/*
+ * A copy that may be a view (its op's layout, role MK_ROLE_MOVE) is one when
+ * every reader takes it with those strides, it is not the output (callers get
+ * dense memory), and no in-place write into the memory it would view comes
+ * between it and its last reader: the copy is what the graph means (its
+ * input's values at its place), and a view read after such a write would see
+ * the write.
+ */
 static bool may_stay_view(const mk_graph *g, const mk_node *p, const int64_t *stride) {
     if (p == g->output || p->n_consumers == 0) return false;
-    for (int i = p->index + 1; i < g->n_nodes; i++) {
+    const mk_node *root = memory_root(p->in[0]);
+    bool written = false;
+    for (int i = p->index + 1, readers = p->n_consumers; readers > 0; i++) {
         const mk_node *c = g->nodes[i];
-        for (int k = 0; k < c->n_in; k++)
-            if (c->in[k] == p &&
-                !(c->op->takes_strided && c->op->takes_strided(k, p->rank, p->shape, stride)))
+        for (int k = 0; k < c->n_in; k++) {
+            if (c->in[k] != p) continue;
+            if (written || !(c->op->takes_strided &&
+                             c->op->takes_strided(k, p->rank, p->shape, stride)))
                 return false;
+            readers--;
+        }
+        written = written || (c->op->role == MK_ROLE_INPLACE && memory_root(c) == root);
     }
     return true;
 }
