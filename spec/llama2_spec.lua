@@ -249,4 +249,34 @@ describe("llama2 model against a double-precision reference", function()
         assert.has_error(function() net:forward(0, -1) end)
         os.remove(path)
     end)
+
+    it("sizes the KV caches by the steps asked for, not by the header's seq_len", function()
+        if not need_core() then return end
+        H.seed("llama2 steps")
+        local cfg = CONFIGS[4]
+        local path = H.tmpname()
+        H.write_checkpoint(path, cfg)
+        local c = assert(llama2.read_config(path))
+        local full = llama2.build(mk, c, { device = "cpu", greedy = false })
+        local steps = 5
+        local short = llama2.build(mk, c, { device = "cpu", greedy = false, steps = steps })
+        local kv_bytes = function(s) return 2 * c.n_layers * s * c.kv_dim * 4 end
+        assert.are.equal(kv_bytes(cfg.seq_len), full.model:stats().buffer_bytes)
+        assert.are.equal(kv_bytes(steps), short.model:stats().buffer_bytes)
+        -- the same logits at every position it holds; none past them
+        local token = 1
+        for pos = 0, steps - 1 do
+            local a, b = full:forward(token, pos), short:forward(token, pos)
+            local worst = H.worst(b, a, 1e-6, 1e-5)
+            assert.is_true(worst <= 1, string.format("position %d: %.3g of the tolerance", pos, worst))
+            token = (token * 7 + pos) % cfg.vocab_size
+        end
+        assert.has_error(function() short:forward(0, steps) end, "forward: position 5 out of range [0, 5)")
+        -- more steps than the header's context hold only seq_len positions
+        local long = llama2.build(mk, c, { device = "cpu", steps = cfg.seq_len * 100 })
+        assert.are.equal(kv_bytes(cfg.seq_len), long.model:stats().buffer_bytes)
+        assert.has_error(function() llama2.build(mk, c, { steps = 0 }) end,
+            "llama2: steps must be a positive integer (got 0)")
+        os.remove(path)
+    end)
 end)

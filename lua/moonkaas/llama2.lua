@@ -41,7 +41,7 @@ M.sampler = sampler.new
 
 -- Maps the weights of a checked config and compiles the model.
 --   opts: device ("cpu" | "cuda"), cudnn, greedy (argmax output: temperature 0),
---         log (function(msg), progress)
+--         steps (positions to hold, default seq_len), log (function(msg), progress)
 function M.build(mk, c, opts)
     opts = opts or {}
     local log = opts.log or function() end
@@ -321,7 +321,7 @@ function M.main(argv, env)
     local log = function(m) err_write(m .. "\n") end
     log(string.format("%s: %s", c.path, checkpoint.describe(c)))
     local ok, net = pcall(M.build, mk, c, {
-        device = device, cudnn = o.cudnn, greedy = smp:greedy(), log = log })
+        device = device, cudnn = o.cudnn, greedy = smp:greedy(), steps = o.steps, log = log })
     if not ok then return fail(tostring(net)) end
     local run_ok, rerr = pcall(function()
         if o.mode == "generate" then

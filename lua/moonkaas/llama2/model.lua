@@ -36,9 +36,10 @@ local f32 = F.f32
 
 local M = {}
 
--- The RoPE tables as nested Lua tables [seq_len][head_size]: the plain
--- rotation for keys and the one scaled by 1/sqrt(head_size) for queries.
-function M.rope_tables(c)
+-- The RoPE tables as nested Lua tables [S][head_size] for positions [0, S)
+-- (default seq_len): the plain rotation for keys and the one scaled by
+-- 1/sqrt(head_size) for queries.
+function M.rope_tables(c, S)
     local hs = c.head_size
     local inv_sqrt = 1.0 / f32(math.sqrt(hs))
     local freqs = {}
@@ -47,7 +48,7 @@ function M.rope_tables(c)
         freqs[#freqs + 1] = f32(1.0 / f32(10000.0 ^ exponent))
     end
     local k_table, q_table = {}, {}
-    for pos = 0, c.seq_len - 1 do
+    for pos = 0, (S or c.seq_len) - 1 do
         local krow, qrow = {}, {}
         for j, freq in ipairs(freqs) do
             local val = f32(pos * freq)
@@ -61,17 +62,18 @@ function M.rope_tables(c)
 end
 
 -- Builds the graph's output node. `w` is checkpoint.map's table, `c` the
--- config; opts.greedy selects the argmax output.
+-- config; opts.greedy selects the argmax output; opts.positions (default
+-- seq_len) the positions the KV caches and RoPE tables hold.
 function M.graph(mk, c, w, opts)
     local D, hs = c.dim, c.head_size
     local heads, kv_heads, kv_dim = c.n_heads, c.n_kv_heads, c.kv_dim
-    local group, S, V = c.kv_mul, c.seq_len, c.vocab_size
+    local group, S, V = c.kv_mul, opts.positions or c.seq_len, c.vocab_size
 
     local token = mk.input("token", "int64", { 1 })
     local pos = mk.input("pos", "int64", { 1 })
     local pos1 = mk.input("pos1", "int64", { 1 })
 
-    local k_table, q_table = M.rope_tables(c)
+    local k_table, q_table = M.rope_tables(c, S)
     local rope_k = mk.constant(mk.tensor(k_table), "rope_k")     -- [seq, hs]
     local rope_q = mk.constant(mk.tensor(q_table), "rope_q")     -- [seq, hs], scaled
     local fk = mk.embedding(rope_k, pos):reshape({ 1, hs // 2, 2 })
@@ -129,17 +131,24 @@ M.Transformer = Transformer
 --   mk       the moonkaas module
 --   c, w     checkpoint config and mapped weights
 --   opts     device ("cpu" | "cuda"), cudnn (bool), greedy (bool: argmax out),
+--            steps (the positions it will run, default and at most seq_len:
+--            the KV caches hold that many, not the header's seq_len blindly),
 --            log (function(msg) for progress, optional)
 function M.build(mk, c, w, opts)
     opts = opts or {}
+    local steps = opts.steps or c.seq_len
+    if math.type(steps) ~= "integer" or steps < 1 then
+        error(string.format("llama2: steps must be a positive integer (got %s)", tostring(steps)), 2)
+    end
     local self = setmetatable({
+        positions = math.min(steps, c.seq_len),
         mk = mk, config = c, weights = w,
         greedy = opts.greedy and true or false,
         device = opts.device or "cpu", cudnn = opts.cudnn and true or false,
         log = opts.log or function() end,
     }, Transformer)
     local t0 = M.clock()
-    self.output = M.graph(mk, c, w, { greedy = self.greedy })
+    self.output = M.graph(mk, c, w, { greedy = self.greedy, positions = self.positions })
     self.log(string.format("built the graph in %.0f ms", (M.clock() - t0) * 1000))
     self:compile()
     -- Per-step inputs, reused: a few bytes in per token.
@@ -179,8 +188,8 @@ function Transformer:forward(token, pos)
     if math.type(token) ~= "integer" or token < 0 or token >= c.vocab_size then
         error(string.format("forward: token %s out of range [0, %d)", tostring(token), c.vocab_size), 2)
     end
-    if math.type(pos) ~= "integer" or pos < 0 or pos >= c.seq_len then
-        error(string.format("forward: position %s out of range [0, %d)", tostring(pos), c.seq_len), 2)
+    if math.type(pos) ~= "integer" or pos < 0 or pos >= self.positions then
+        error(string.format("forward: position %s out of range [0, %d)", tostring(pos), self.positions), 2)
     end
     self.token_t:set(1, token)
     self.pos_t:set(1, pos)
