@@ -148,6 +148,10 @@ int64_t mk_shape_numel(int rank, const int64_t *shape);
 int mk_node_infer(mk_node *n, mk_error **err);
 /* "[2, 3, 4]" into buf */
 const char *mk_shape_str(int rank, const int64_t *shape, char *buf, size_t size);
+/* How a message names operand k of n: its name ('x') where it has one, its
+ * statement ($3, line 2) in a script, else its place (operand 2). */
+const char *mk_operand_ref(const mk_node *n, int k, char *buf, size_t size);
+#define MK_OPERAND(n, k) mk_operand_ref((n), (k), (char[80]){0}, 80)
 
 /* passes.c: the ordered pass list, run between parsing and planning */
 int mk_passes_run(mk_graph *g, const mk_compile_options *opts, mk_error **err);

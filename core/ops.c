@@ -44,20 +44,22 @@ static void set_shape(mk_node *n, mk_dtype dtype, int rank, const int64_t *shape
     memmove(n->shape, shape, sizeof(int64_t) * (size_t)rank);
 }
 
-static int need_dtype(mk_node *n, const mk_node *x, unsigned allowed, mk_error **err) {
+static int need_dtype(mk_node *n, int k, unsigned allowed, mk_error **err) {
+    const mk_node *x = n->in[k];
     if (allowed & MK_DTYPE_BIT(x->dtype)) return 0;
-    return FAIL(err, n, MK_ERR_DTYPE, "%s does not take %s (operand $%d)", n->op->name,
-                mk_dtype_name(x->dtype), x->id);
+    return FAIL(err, n, MK_ERR_DTYPE, "%s does not take %s (%s)", n->op->name,
+                mk_dtype_name(x->dtype), MK_OPERAND(n, k));
 }
 
 /* An int64 [1] operand (signature letter r): a bound read on the device at run time. */
-static int need_bound(mk_node *n, const mk_node *x, const char *what, mk_error **err) {
+static int need_bound(mk_node *n, int k, const char *what, mk_error **err) {
+    const mk_node *x = n->in[k];
     if (x->dtype != MK_DTYPE_INT64)
-        return FAIL(err, n, MK_ERR_DTYPE, "%s: %s ($%d) must be int64, not %s", n->op->name, what,
-                    x->id, mk_dtype_name(x->dtype));
+        return FAIL(err, n, MK_ERR_DTYPE, "%s: %s (%s) must be int64, not %s", n->op->name, what,
+                    MK_OPERAND(n, k), mk_dtype_name(x->dtype));
     if (x->rank != 1 || x->shape[0] != 1)
-        return FAIL(err, n, MK_ERR_SHAPE, "%s: %s ($%d) must have shape [1], not %s",
-                    n->op->name, what, x->id, SHAPE(x));
+        return FAIL(err, n, MK_ERR_SHAPE, "%s: %s (%s) must have shape [1], not %s",
+                    n->op->name, what, MK_OPERAND(n, k), SHAPE(x));
     return 0;
 }
 
@@ -77,7 +79,7 @@ static int infer_leaf(mk_node *n, mk_error **err) {
 /* b broadcasts onto a: same rank, each dim equal or 1 (HamKaas's rule). */
 static int infer_broadcast(mk_node *n, unsigned dtypes, mk_error **err) {
     const mk_node *a = n->in[0], *b = n->in[1];
-    if (need_dtype(n, a, dtypes, err)) return -1;
+    if (need_dtype(n, 0, dtypes, err)) return -1;
     if (a->dtype != b->dtype)
         return FAIL(err, n, MK_ERR_DTYPE, "%s: operands differ in dtype (%s and %s)",
                     n->op->name, mk_dtype_name(a->dtype), mk_dtype_name(b->dtype));
@@ -99,7 +101,7 @@ static int infer_pointwise(mk_node *n, mk_error **err) {
     if (!e) return MK_INTERNAL(err, "a pointwise row's expression does not compile");
     unsigned dtypes = e->has_float_only ? MK_DTYPES_FLOAT : MK_DTYPES_ALL;
     if (n->n_in == 2) return infer_broadcast(n, dtypes, err);
-    if (need_dtype(n, n->in[0], dtypes, err)) return -1;
+    if (need_dtype(n, 0, dtypes, err)) return -1;
     set_shape(n, n->in[0]->dtype, n->in[0]->rank, n->in[0]->shape);
     return 0;
 }
@@ -115,7 +117,7 @@ static int infer_complex_mul(mk_node *n, mk_error **err) {
 
 static int infer_matmul(mk_node *n, mk_error **err) {
     const mk_node *a = n->in[0], *b = n->in[1];
-    if (need_dtype(n, a, MK_DTYPES_FLOAT, err) || need_dtype(n, b, MK_DTYPES_FLOAT, err))
+    if (need_dtype(n, 0, MK_DTYPES_FLOAT, err) || need_dtype(n, 1, MK_DTYPES_FLOAT, err))
         return -1;
     int64_t out[3];
     int rank = -1;
@@ -190,7 +192,7 @@ static int infer_replace_slice(mk_node *n, mk_error **err) {
         return FAIL(err, n, MK_ERR_SHAPE,
                     "%s: %s does not fit rows of %s (same rank and trailing dims, no more rows)",
                     n->op->name, SHAPE(r), SHAPE(x));
-    if (need_bound(n, n->in[2], "begin", err) || need_bound(n, n->in[3], "end", err)) return -1;
+    if (need_bound(n, 2, "begin", err) || need_bound(n, 3, "end", err)) return -1;
     /* Known bounds are checked now, as the kernels would at run time. */
     int64_t rows = x->shape[0], k = r->shape[0], b, e;
     bool kb = known(n->in[2], &b), ke = known(n->in[3], &e);
@@ -208,7 +210,7 @@ static int infer_replace_slice(mk_node *n, mk_error **err) {
 
 static int infer_rms_norm(mk_node *n, mk_error **err) {
     const mk_node *x = n->in[0], *w = n->in[1];
-    if (need_dtype(n, x, MK_DTYPES_FLOAT, err) || need_dtype(n, w, MK_DTYPES_FLOAT, err))
+    if (need_dtype(n, 0, MK_DTYPES_FLOAT, err) || need_dtype(n, 1, MK_DTYPES_FLOAT, err))
         return -1;
     if (w->rank != 1 || w->shape[0] != x->shape[x->rank - 1])
         return FAIL(err, n, MK_ERR_SHAPE, "%s: weights %s must be [%lld], the last axis of %s",
@@ -219,7 +221,7 @@ static int infer_rms_norm(mk_node *n, mk_error **err) {
 
 static int infer_sliced_softmax(mk_node *n, mk_error **err) {
     const mk_node *x = n->in[0];
-    if (need_dtype(n, x, MK_DTYPES_FLOAT, err) || need_bound(n, n->in[1], "prefix", err))
+    if (need_dtype(n, 0, MK_DTYPES_FLOAT, err) || need_bound(n, 1, "prefix", err))
         return -1;
     int64_t p, cols = x->shape[x->rank - 1];
     if (known(n->in[1], &p) && (p < 0 || p > cols))
@@ -235,8 +237,8 @@ static int infer_embedding(mk_node *n, mk_error **err) {
         return FAIL(err, n, MK_ERR_SHAPE, "%s: the table must be [V, D], not %s", n->op->name,
                     SHAPE(t));
     if (ids->dtype != MK_DTYPE_INT64)
-        return FAIL(err, n, MK_ERR_DTYPE, "%s: ids ($%d) must be int64, not %s", n->op->name,
-                    ids->id, mk_dtype_name(ids->dtype));
+        return FAIL(err, n, MK_ERR_DTYPE, "%s: ids (%s) must be int64, not %s", n->op->name,
+                    MK_OPERAND(n, 1), mk_dtype_name(ids->dtype));
     if (ids->rank != 1)
         return FAIL(err, n, MK_ERR_SHAPE, "%s: ids must be [n], not %s", n->op->name, SHAPE(ids));
     set_shape(n, t->dtype, 2, (int64_t[]){ids->shape[0], t->shape[1]});
@@ -244,7 +246,7 @@ static int infer_embedding(mk_node *n, mk_error **err) {
 }
 
 static int infer_argmax(mk_node *n, mk_error **err) {
-    if (need_dtype(n, n->in[0], MK_DTYPES_FLOAT, err)) return -1;
+    if (need_dtype(n, 0, MK_DTYPES_FLOAT, err)) return -1;
     set_shape(n, MK_DTYPE_INT64, n->in[0]->rank, n->in[0]->shape);
     n->shape[n->rank - 1] = 1;
     return 0;
@@ -511,7 +513,8 @@ MK_API int mk_op_infer(const char *name, const mk_tensor_info *inputs, size_t n_
     for (size_t i = 0; i < n_inputs; i++) {
         const mk_tensor_info *t = &inputs[i];
         mk_node *x = &operands[i];
-        *x = (mk_node){.id = (int)i + 1, .dtype = t->dtype, .rank = t->rank};
+        /* named as the front end names it; no statement: messages say "operand i" */
+        *x = (mk_node){.name = (char *)t->name, .dtype = t->dtype, .rank = t->rank};
         if (t->rank < 1 || t->rank > MK_MAX_RANK || !mk_dtype_row_of(t->dtype) ||
             !mk_shape_numel(t->rank, t->shape))
             return mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "%s: operand %zu is not a valid tensor",

@@ -128,7 +128,8 @@ static int assign_storage(mk_graph *g, const mk_compile_options *opts, mk_error 
         const mk_node *x = n->in[0];
         if (op->role == MK_ROLE_INPLACE && x->owner->storage == MK_STORAGE_CONSTANT)
             return mk_fail(err, MK_ERR_ARGUMENT, n->line, n->column,
-                           "%s cannot write into the constant $%d", op->name, x->owner->id);
+                           "%s cannot write into the constant '%s'", op->name,
+                           x->owner->name);
         n->storage = MK_STORAGE_VIEW;
         n->owner = x->owner;
         n->view_offset = x->view_offset + offset;

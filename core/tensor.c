@@ -169,28 +169,46 @@ int64_t mk_walk_row_offset(const mk_walk *w, int k, int64_t row) {
     return off;
 }
 
+/* ---- naming nodes in messages ---------------------------------------------------- */
+
+const char *mk_operand_ref(const mk_node *n, int k, char *buf, size_t size) {
+    const mk_node *x = n->in[k];
+    if (x->name)
+        snprintf(buf, size, "'%s'", x->name);
+    else if (x->id > 0 && x->line > 0)
+        snprintf(buf, size, "$%d, line %d", x->id, x->line);
+    else
+        snprintf(buf, size, "operand %d", k + 1);
+    return buf;
+}
+
 /* ---- run-time faults ------------------------------------------------------------- */
 
+/* Each names the node's op and statement (line and column, the error's prefix)
+ * and the operand whose value is wrong. */
 int mk_fault(mk_error **err, const mk_node *n, mk_fault_kind kind, int64_t v0, int64_t v1,
              int64_t v2) {
     const char *op = n->op->name;
     long long a = v0, b = v1, c = v2;
+    int line = n->line, col = n->column;
     switch (kind) {
     case MK_FAULT_RANGE:
-        return mk_fail(err, MK_ERR_EVAL, 0, 0,
-                       "%s $%d: rows [%lld, %lld) are out of range for a first axis of %lld", op,
-                       n->id, a, b, c);
+        return mk_fail(err, MK_ERR_EVAL, line, col,
+                       "%s: rows [%lld, %lld) (begin %s, end %s) are out of range for a first "
+                       "axis of %lld", op, a, b, MK_OPERAND(n, 2), MK_OPERAND(n, 3), c);
     case MK_FAULT_ROWS:
-        return mk_fail(err, MK_ERR_EVAL, 0, 0,
-                       "%s $%d: rows [%lld, %lld) are %lld rows but the replacement has %lld", op,
-                       n->id, a, b, b - a, c);
+        return mk_fail(err, MK_ERR_EVAL, line, col,
+                       "%s: rows [%lld, %lld) (begin %s, end %s) are %lld rows but the "
+                       "replacement %s has %lld", op, a, b, MK_OPERAND(n, 2), MK_OPERAND(n, 3),
+                       b - a, MK_OPERAND(n, 1), c);
     case MK_FAULT_PREFIX:
-        return mk_fail(err, MK_ERR_EVAL, 0, 0, "%s $%d: prefix %lld is outside [0, %lld]", op,
-                       n->id, a, b);
+        return mk_fail(err, MK_ERR_EVAL, line, col, "%s: prefix %lld (%s) is outside [0, %lld]",
+                       op, a, MK_OPERAND(n, 1), b);
     case MK_FAULT_ID:
-        return mk_fail(err, MK_ERR_EVAL, 0, 0,
-                       "%s $%d: id %lld (position %lld) is outside [0, %lld)", op, n->id, a, b, c);
+        return mk_fail(err, MK_ERR_EVAL, line, col,
+                       "%s: id %lld at position %lld of %s is outside [0, %lld)", op, a, b,
+                       MK_OPERAND(n, 1), c);
     }
-    return mk_fail(err, MK_ERR_INTERNAL, 0, 0, "%s $%d: unknown run-time fault %d", op, n->id,
+    return mk_fail(err, MK_ERR_INTERNAL, line, col, "%s: unknown run-time fault %d", op,
                    (int)kind);
 }

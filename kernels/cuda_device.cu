@@ -57,9 +57,9 @@ int mk_cuda_fail_blas(mk_error **err, cublasStatus_t status, const char *what,
 int mk_cuda_check_launch(const mk_launch *l, const char *kernel, mk_error **err) {
     cudaError_t status = cudaGetLastError();
     if (status == cudaSuccess) return 0;
-    return mk_fail(err, MK_ERR_DEVICE, 0, 0, "%s $%d: launching %s: %s (%s)",
-                   l->node->op->name, l->node->id, kernel, cudaGetErrorString(status),
-                   cudaGetErrorName(status));
+    const mk_node *n = l->node;
+    return mk_fail(err, MK_ERR_DEVICE, n->line, n->column, "%s: launching %s: %s (%s)",
+                   n->op->name, kernel, cudaGetErrorString(status), cudaGetErrorName(status));
 }
 
 /* ---- probe -------------------------------------------------------------- */

@@ -600,8 +600,8 @@ int mk_cuda_cudnn_group(const mk_launch *l, mk_error **err) {
         char why[600];
         status_text(why, sizeof why, what, st);
         variant_pack_free(vp);
-        return mk_fail(err, MK_ERR_DEVICE, 0, 0, "%s $%d (cuDNN group): %s", l->node->op->name,
-                       l->node->id, why);
+        return mk_fail(err, MK_ERR_DEVICE, l->node->line, l->node->column, "%s (cuDNN group): %s",
+                       l->node->op->name, why);
     }
     g->varpack = vp; /* kept with the model: the captured graph was recorded from it */
     /* cuDNN reports its own launch failures in its status; a query it made

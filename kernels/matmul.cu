@@ -40,10 +40,10 @@ static bool mm_layout_of(long long rows, long long cols, long long sr, long long
 
 static int mm_bad_layout(const mk_launch *l, const char *which, mk_error **err) {
     const mk_tensor *t = &l->in[which[0] == 'a' ? 0 : 1];
-    return mk_fail(err, MK_ERR_INTERNAL, 0, 0,
-                   "%s $%d: operand %s strides (%lld, %lld, %lld) are neither row- nor "
+    return mk_fail(err, MK_ERR_INTERNAL, l->node->line, l->node->column,
+                   "%s: operand %s strides (%lld, %lld, %lld) are neither row- nor "
                    "column-contiguous; the passes should have copied it", l->node->op->name,
-                   l->node->id, which, (long long)t->stride[0],
+                   which, (long long)t->stride[0],
                    (long long)(t->rank > 1 ? t->stride[1] : 0),
                    (long long)(t->rank > 2 ? t->stride[2] : 0));
 }
@@ -93,9 +93,10 @@ static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 static int mm_status(const mk_launch *l, cublasStatus_t status, const char *call,
                      mk_error **err) {
     if (status == CUBLAS_STATUS_SUCCESS) return 0;
-    return mk_fail(err, status == CUBLAS_STATUS_ALLOC_FAILED ? MK_ERR_NOMEM : MK_ERR_DEVICE, 0, 0,
-                   "%s $%d: %s: %s (%s)", l->node->op->name, l->node->id, call,
-                   cublasGetStatusString(status), cublasGetStatusName(status));
+    mk_error_code code = status == CUBLAS_STATUS_ALLOC_FAILED ? MK_ERR_NOMEM : MK_ERR_DEVICE;
+    return mk_fail(err, code, l->node->line, l->node->column, "%s: %s: %s (%s)",
+                   l->node->op->name, call, cublasGetStatusString(status),
+                   cublasGetStatusName(status));
 }
 
 /*
@@ -123,8 +124,8 @@ int mk_cuda_matmul(const mk_launch *l, mk_error **err) {
         return MK_INTERNAL(err, "matmul operand ranks not 1/2, 2/2 or 3/3");
     }
     if (m > 0x7fffffffLL || n > 0x7fffffffLL || k > 0x7fffffffLL || batch > 0x7fffffffLL)
-        return mk_fail(err, MK_ERR_SHAPE, 0, 0, "%s $%d: dimensions beyond cuBLAS's int range",
-                       l->node->op->name, l->node->id);
+        return mk_fail(err, MK_ERR_SHAPE, l->node->line, l->node->column,
+                       "%s: dimensions beyond cuBLAS's int range", l->node->op->name);
 
     mm_layout la, lb;
     if (!mm_layout_of(m, k, a_sr, a_sc, &la)) return mm_bad_layout(l, "a", err);

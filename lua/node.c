@@ -248,11 +248,14 @@ static void convert_numbers(lua_State *L, const mk_op_desc *d, op_call *c) {
     }
 }
 
-/* The operands' types for mk_op_infer, in order; a known bound with its value. */
+/* The operands' types for mk_op_infer, in order; a known bound with its value;
+ * a named leaf's name, for messages (the node's user value keeps it alive). */
 static void operand_infos(lua_State *L, const op_call *c, mk_tensor_info *in) {
     for (int k = 0; k < c->n_in; k++) {
         in[k] = info_of(to_node(L, c->arg[k]));
         if (c->known[k]) in[k].value = &c->value[k];
+        if (lua_getiuservalue(L, c->arg[k], UV_NAME) == LUA_TSTRING) in[k].name = lua_tostring(L, -1);
+        lua_pop(L, 1);
     }
 }
 

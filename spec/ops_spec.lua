@@ -62,9 +62,11 @@ describe("run-time ranges", function()
         local function run(bv, ev)
             return model:run({ x = xt, r = rt, b = mk.tensor({ bv }, "int64"), e = mk.tensor({ ev }, "int64") })
         end
-        H.assert_error(function() run(3, 5) end, "evaluation error:", "ReplaceSliceNode")
-        H.assert_error(function() run(-1, 1) end, "evaluation error:")
-        H.assert_error(function() run(0, 1) end, "evaluation error:") -- one row for two
+        H.assert_error(function() run(3, 5) end, "script:",
+            "evaluation error: ReplaceSliceNode: rows [3, 5) (begin 'b', end 'e') are out of range")
+        H.assert_error(function() run(-1, 1) end, "script:", "evaluation error:")
+        H.assert_error(function() run(0, 1) end, "script:", "evaluation error:",
+            "are 1 rows but the replacement 'r' has 2")
         -- the model stays usable
         H.assert_close(run(2, 4), R.replace(H.ref(xt), H.ref(rt), 2, 4), 0, 0)
     end)
@@ -75,9 +77,9 @@ describe("run-time ranges", function()
         local model <close> = mk.compile(mk.embedding(t, ids))
         local tt = H.rand({ 3, 2 })
         H.assert_error(function() model:run({ t = tt, ids = mk.tensor({ 0, 3 }, "int64") }) end,
-            "evaluation error:", "EmbeddingNode")
+            "script:", "evaluation error: EmbeddingNode: id 3 at position 1 of 'ids'")
         H.assert_error(function() model:run({ t = tt, ids = mk.tensor({ -1, 0 }, "int64") }) end,
-            "evaluation error:")
+            "script:", "evaluation error:")
         H.assert_close(model:run({ t = tt, ids = mk.tensor({ 2, 1 }, "int64") }), R.embedding(H.ref(tt), { data = { 2, 1 } }), 0, 0)
     end)
 
@@ -87,8 +89,8 @@ describe("run-time ranges", function()
         local model <close> = mk.compile(x:sliced_softmax(p))
         local xt = H.rand({ 2, 3 })
         H.assert_error(function() model:run({ x = xt, p = mk.tensor({ 4 }, "int64") }) end,
-            "evaluation error:", "SlicedSoftmaxNode")
+            "script:", "evaluation error: SlicedSoftmaxNode: prefix 4 ('p')")
         H.assert_error(function() model:run({ x = xt, p = mk.tensor({ -1 }, "int64") }) end,
-            "evaluation error:")
+            "script:", "evaluation error:")
     end)
 end)
