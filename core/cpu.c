@@ -30,6 +30,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* Below this many elements a launch runs on the calling thread. */
 #define CPU_PAR_MIN 32768
@@ -650,7 +651,11 @@ static void *cpu_alloc(void *state, size_t bytes, mk_error **err) {
     size_t size = bytes ? (bytes + MK_ALIGN - 1) / MK_ALIGN * MK_ALIGN : MK_ALIGN;
     void *p = NULL;
     if (size < bytes || posix_memalign(&p, MK_ALIGN, size) != 0) {
-        mk_fail(err, MK_ERR_NOMEM, 0, 0, "cannot allocate %zu bytes of CPU memory", bytes);
+        long pages = sysconf(_SC_AVPHYS_PAGES), total = sysconf(_SC_PHYS_PAGES);
+        long page = sysconf(_SC_PAGESIZE);
+        mk_fail(err, MK_ERR_NOMEM, 0, 0,
+                "cannot allocate %zu bytes of CPU memory (%lld of %lld bytes of RAM free)", bytes,
+                (long long)pages * page, (long long)total * page);
         return NULL;
     }
     return p;

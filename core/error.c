@@ -63,6 +63,23 @@ int mk_fail(mk_error **err, mk_error_code code, int line, int column, const char
     return -1;
 }
 
+int mk_fail_within(mk_error **err, int line, int column, const char *fmt, ...) {
+    mk_error *e = err ? *err : NULL;
+    if (!e || e->is_static) return -1;
+    const char *kind = kind_of(e->code), *body = strstr(e->message, kind);
+    body = body ? body + strlen(kind) + 2 : e->message; /* after "kind: " */
+    char what[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    *err = NULL;
+    mk_fail(err, e->code, e->line ? e->line : line, e->line ? e->column : column, "%s: %s",
+            what, body);
+    mk_error_free(e);
+    return -1;
+}
+
 MK_API const char *mk_error_message(const mk_error *e) { return e ? e->message : "no error"; }
 MK_API mk_error_code mk_error_code_of(const mk_error *e) { return e ? e->code : 0; }
 MK_API int mk_error_line(const mk_error *e) { return e ? e->line : 0; }

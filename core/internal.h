@@ -44,6 +44,11 @@ int mk_fail(mk_error **err, mk_error_code code, int line, int column, const char
     __attribute__((format(printf, 5, 6)));
 int mk_failv(mk_error **err, mk_error_code code, int line, int column, const char *fmt,
              va_list ap);
+/* Says what the step that failed was for, in front of *err's text, keeping its
+ * kind: "out of memory: constant 'w' (64 bytes): cannot allocate ..."; the
+ * line and column where the error has none. Returns -1. */
+int mk_fail_within(mk_error **err, int line, int column, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 /* A broken invariant: MK_ERR_INTERNAL naming file:line. */
 #define MK_INTERNAL(err, what) \
     mk_fail((err), MK_ERR_INTERNAL, 0, 0, "%s:%d: %s", __FILE__, __LINE__, (what))

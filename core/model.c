@@ -214,12 +214,21 @@ static int check_budget(const mk_model *m, const mk_compile_options *opts, mk_er
 
 /* ---- allocation and binding -------------------------------------------------------- */
 
+/* A leaf's memory could not be had or filled: the error names the leaf. */
+static int leaf_failed(const mk_node *n, mk_error **err) {
+    char shape[96];
+    mk_shape_str(n->rank, n->shape, shape, sizeof shape);
+    return mk_fail_within(err, n->line, n->column, "%s%s%s%s %s %s", n->op->name,
+                          n->name ? " '" : "", n->name ? n->name : "", n->name ? "'" : "",
+                          mk_dtype_name(n->dtype), shape);
+}
+
 static int allocate(mk_model *m, const void **const_data, const mk_compile_options *opts,
                     mk_error **err) {
     mk_graph *g = m->graph;
     if (m->stats.arena_bytes &&
         !(m->arena = m->dev->alloc(m->dev_state, m->stats.arena_bytes, err)))
-        return -1;
+        return mk_fail_within(err, 0, 0, "the model's arena of intermediate values");
     for (int i = 0; i < g->n_nodes; i++) {
         mk_node *n = g->nodes[i];
         if (n->owner != n) continue;
@@ -234,15 +243,16 @@ static int allocate(mk_model *m, const void **const_data, const mk_compile_optio
                 m->base[i] = (void *)const_data[i]; /* never written: in-place ops refuse it */
                 break;
             }
-            if (!(m->base[i] = m->dev->alloc(m->dev_state, bytes, err))) return -1;
+            if (!(m->base[i] = m->dev->alloc(m->dev_state, bytes, err))) return leaf_failed(n, err);
             m->owns_alloc[i] = true;
-            if (m->dev->upload(m->dev_state, m->base[i], const_data[i], bytes, err)) return -1;
+            if (m->dev->upload(m->dev_state, m->base[i], const_data[i], bytes, err))
+                return leaf_failed(n, err);
             break;
         case MK_STORAGE_BUFFER:
             m->stats.buffer_bytes += bytes;
-            if (!(m->base[i] = m->dev->alloc(m->dev_state, bytes, err))) return -1;
+            if (!(m->base[i] = m->dev->alloc(m->dev_state, bytes, err))) return leaf_failed(n, err);
             m->owns_alloc[i] = true;
-            if (m->dev->zero(m->dev_state, m->base[i], bytes, err)) return -1;
+            if (m->dev->zero(m->dev_state, m->base[i], bytes, err)) return leaf_failed(n, err);
             break;
         case MK_STORAGE_VIEW:
             return MK_INTERNAL(err, "a view owns memory");

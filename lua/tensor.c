@@ -151,11 +151,26 @@ lmk_tensor *lmk_check_tensor(lua_State *L, int idx, const char *fn) {
     return t;
 }
 
+/* lua_pcall'd: the userdata of argument 1's size (a memory error is caught). */
+static int new_tensor_userdata(lua_State *L) {
+    lua_newuserdatauv(L, *(const size_t *)lua_touserdata(L, 1), 1);
+    return 1;
+}
+
 lmk_tensor *lmk_push_tensor(lua_State *L, const char *fn, mk_dtype dtype, int rank,
                             const int64_t *shape) {
     int64_t numel;
-    size_t bytes = shape_bytes(L, fn, dtype, rank, shape, &numel);
-    lmk_tensor *t = (lmk_tensor *)lua_newuserdatauv(L, TENSOR_HEADER + bytes, 1);
+    size_t bytes = shape_bytes(L, fn, dtype, rank, shape, &numel), size = TENSOR_HEADER + bytes;
+    lua_pushcfunction(L, new_tensor_userdata);
+    lua_pushlightuserdata(L, &size);
+    int status = lua_pcall(L, 1, 1, 0);
+    if (status != LUA_OK) {
+        if (status != LUA_ERRMEM) lua_error(L);
+        lua_pop(L, 1);
+        lmk_raise(L, "out of memory", fn, "a %s %s tensor needs %zu bytes", mk_dtype_name(dtype),
+                  LMK_SHAPE_STR(rank, shape), bytes);
+    }
+    lmk_tensor *t = (lmk_tensor *)lua_touserdata(L, -1);
     *t = (lmk_tensor){.dtype = dtype, .rank = rank, .numel = numel, .bytes = bytes};
     memcpy(t->shape, shape, sizeof(int64_t) * (size_t)rank);
     t->data = (char *)t + TENSOR_HEADER;

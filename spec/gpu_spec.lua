@@ -65,6 +65,24 @@ describe("CUDA #gpu", function()
         end
     end)
 
+    gpu_it("more memory than the GPU has is an error naming what needed it", function()
+        local huge = { 1 << 22, 1 << 22 } -- 2^46 bytes: more than any GPU has
+        local r = mk.input("r", "float32", { 1, huge[2] })
+        local p = mk.input("p", "int64", { 1 })
+        local err = H.assert_error(function()
+            mk.compile(mk.buffer("float32", huge):replace(r, p, p + 1), { device = "cuda" })
+        end, "script:1:1: out of memory: BufferTensor float32 [4194304, 4194304]: cannot allocate " ..
+            "70368744177664 bytes of CUDA device memory (", " free)")
+        print("# " .. err)
+        local x = mk.input("x", "float32", huge)
+        H.assert_error(function() mk.compile(x:relu(), { device = "cuda" }) end,
+            "out of memory: the model's arena of intermediate values: cannot allocate")
+        -- the device goes on: a model compiles and runs
+        local y = mk.input("y", "float32", { 3 })
+        local m <close> = mk.compile(y:relu(), { device = "cuda" })
+        assert.are.same({ 1, 0, 2 }, m:run({ y = mk.tensor { 1, -1, 2 } }):totable())
+    end)
+
     gpu_it("run-time bounds out of range are evaluation errors", function()
         local x = mk.input("x", "float32", { 4, 2 })
         local r = mk.input("r", "float32", { 2, 2 })

@@ -119,6 +119,27 @@ describe("max_bytes", function()
     end)
 end)
 
+describe("memory that cannot be had", function()
+    -- 2^49 bytes: more than any x86-64 process can map, whatever the overcommit policy
+    local huge = { 1 << 23, 1 << 24 }
+    it("is an error naming what needed it, and nothing is lost", function()
+        E(function() mk.zeros("float32", huge) end, "out of memory: zeros: ",
+            "a float32 [8388608, 16777216] tensor needs 562949953421312 bytes")
+        local x = mk.input("x", "float32", huge)
+        E(function() mk.compile(x:relu()) end,
+            "out of memory: the model's arena of intermediate values: cannot allocate ",
+            "bytes of CPU memory (", "bytes of RAM free)")
+        local r = mk.input("r", "float32", { 1, huge[2] })
+        local p = mk.input("p", "int64", { 1 })
+        E(function() mk.compile(mk.buffer("float32", huge):replace(r, p, p + 1)) end,
+            "script:1:1: out of memory: BufferTensor float32 [8388608, 16777216]: cannot allocate")
+        -- the context and the module go on
+        local y = mk.input("y", "float32", { 3 })
+        local m <close> = mk.compile(y:relu())
+        assert.are.same({ 1, 0, 2 }, m:run({ y = mk.tensor { 1, -1, 2 } }):totable())
+    end)
+end)
+
 describe("model release", function()
     it("closes once, idempotently, with <close>, :close() and the collector", function()
         local x = mk.input("x", "float32", { 2 })

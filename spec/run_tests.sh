@@ -3,7 +3,8 @@
 # line CI reads: "N passed, N failed, N skipped". Exits non-zero on any failure.
 #
 #   sh spec/run_tests.sh [BUILD_DIR]     (make test calls this)
-# With ASAN=1 the specs run with the sanitizer runtime preloaded into lua5.4.
+# With ASAN=1 the specs run with the sanitizer runtime preloaded into lua5.4, and
+# allocations too large to have return NULL (the specs test that failure).
 BUILD=${1:-build}
 LUA=${LUA:-lua5.4}
 BUSTED=${BUSTED:-$(command -v busted || echo /usr/bin/busted)}
@@ -11,7 +12,7 @@ cd "$(dirname "$0")/.." || exit 2
 log=$(mktemp -d)
 passed=0 failed=0 skipped=0
 
-[ -n "$ASAN" ] && export ASAN_OPTIONS=protect_shadow_gap=0:${ASAN_OPTIONS:-}
+[ -n "$ASAN" ] && export ASAN_OPTIONS=protect_shadow_gap=0:allocator_may_return_null=1:${ASAN_OPTIONS:-}
 for t in "$BUILD"/tests/*; do
     [ -x "$t" ] || continue
     name=$(basename "$t")
@@ -38,7 +39,7 @@ if ls spec/*_spec.lua > /dev/null 2>&1; then
     if [ -n "$ASAN" ]; then
         export LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)"
         # lua5.4 itself is not instrumented: its leaks are not ours; CUDA needs the shadow gap
-        export ASAN_OPTIONS=detect_leaks=0:protect_shadow_gap=0:${ASAN_OPTIONS:-}
+        export ASAN_OPTIONS=detect_leaks=0:protect_shadow_gap=0:allocator_may_return_null=1:${ASAN_OPTIONS:-}
     fi
     MK_BUILD="$BUILD" $LUA "$BUSTED" -o TAP > "$log/busted.out" 2>&1
     rc=$?
