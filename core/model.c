@@ -9,6 +9,7 @@
  */
 #include "internal.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,6 +45,38 @@ struct mk_model {
     mk_stats stats;
 };
 
+/* ---- one CUDA setup at a time ---------------------------------------------- */
+
+/*
+ * Compiling for CUDA captures a graph on the model's stream, and another thread
+ * that synchronizes the device meanwhile (cudaFree, cudaHostAlloc, cublasCreate
+ * and cublasDestroy do) breaks that capture. So compiling and freeing CUDA
+ * models, freeing a context's cuDNN cache and probing the device take one
+ * process-wide lock; evaluations (each on its model's own stream) and the CPU
+ * never do. Recursive: a failed compile frees its model, and a model's free its
+ * context, under the lock they hold.
+ */
+static pthread_once_t cuda_lock_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t cuda_lock;
+
+static void cuda_lock_init(void) {
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_settype(&a, PTHREAD_MUTEX_RECURSIVE);
+    pthread_mutex_init(&cuda_lock, &a);
+    pthread_mutexattr_destroy(&a);
+}
+
+static void cuda_enter(bool cuda) {
+    if (!cuda) return;
+    pthread_once(&cuda_lock_once, cuda_lock_init);
+    pthread_mutex_lock(&cuda_lock);
+}
+
+static void cuda_leave(bool cuda) {
+    if (cuda) pthread_mutex_unlock(&cuda_lock);
+}
+
 /* ---- context --------------------------------------------------------------- */
 
 MK_API mk_context *mk_context_new(mk_error **err) {
@@ -60,7 +93,9 @@ static void context_release(mk_context *ctx) {
     if (!ctx || atomic_fetch_sub(&ctx->refs, 1) > 1) return;
     if (ctx->cudnn) { /* made only through the plugin, so it is loaded */
         const mk_cuda_plugin *p = mk_cuda_plugin_get(NULL, 0);
+        cuda_enter(true);
         if (p && p->cudnn_cache_free) p->cudnn_cache_free(ctx->cudnn);
+        cuda_leave(true);
     }
     free(ctx);
 }
@@ -71,7 +106,11 @@ MK_API void mk_context_free(mk_context *ctx) { context_release(ctx); }
 
 MK_API int mk_cuda_available(char *reason, size_t size) {
     const mk_cuda_plugin *p = mk_cuda_plugin_get(reason, size);
-    return p ? p->probe(reason, size) : 0;
+    if (!p) return 0;
+    cuda_enter(true);
+    int ok = p->probe(reason, size);
+    cuda_leave(true);
+    return ok;
 }
 
 static const mk_device_ops *device_for(const mk_compile_options *opts, mk_error **err) {
@@ -326,9 +365,9 @@ static int bind(mk_model *m, const int64_t *scratch_offset, mk_error **err) {
 
 /* ---- compile ----------------------------------------------------------------------- */
 
-MK_API mk_model *mk_compile(mk_context *ctx, const char *script,
-                            const mk_named_tensor *constants, size_t n_constants,
-                            const mk_compile_options *options, mk_error **err) {
+static mk_model *compile(mk_context *ctx, const char *script,
+                         const mk_named_tensor *constants, size_t n_constants,
+                         const mk_compile_options *options, mk_error **err) {
     double t0 = mk_now_ms();
     mk_compile_options opts = options ? *options : (mk_compile_options){0};
     if (!ctx || !script || (n_constants && !constants)) {
@@ -410,7 +449,17 @@ fail:
     return NULL;
 }
 
-MK_API void mk_model_free(mk_model *m) {
+MK_API mk_model *mk_compile(mk_context *ctx, const char *script,
+                            const mk_named_tensor *constants, size_t n_constants,
+                            const mk_compile_options *options, mk_error **err) {
+    bool cuda = options && options->device == MK_DEVICE_CUDA;
+    cuda_enter(cuda);
+    mk_model *m = compile(ctx, script, constants, n_constants, options, err);
+    cuda_leave(cuda);
+    return m;
+}
+
+static void model_free(mk_model *m) {
     if (!m) return;
     if (m->graph && m->base && m->owns_alloc)
         for (int i = 0; i < m->graph->n_nodes; i++)
@@ -428,6 +477,13 @@ MK_API void mk_model_free(mk_model *m) {
     free(m->script);
     context_release(m->ctx);
     free(m);
+}
+
+MK_API void mk_model_free(mk_model *m) {
+    bool cuda = m && m->dev && m->dev != &mk_cpu_device;
+    cuda_enter(cuda);
+    model_free(m);
+    cuda_leave(cuda);
 }
 
 MK_API int mk_model_reset(mk_model *m, mk_error **err) {

@@ -22,8 +22,9 @@
  *     mk_context_free(ctx);
  *
  * Rules every function follows:
- *   - No global state; contexts are independent and may be used from different
- *     threads (one thread per context at a time).
+ *   - No global state besides tables filled once per process (pthread_once).
+ *     Contexts may be shared by threads; a model is used by one thread at a
+ *     time. The section "threads" below says exactly what may run at once.
  *   - Nothing here calls exit/abort. A fallible function returns NULL or -1 and,
  *     when `err` is not NULL, stores a new error the caller frees with
  *     mk_error_free. A failed call leaves the context usable.
@@ -94,6 +95,44 @@ MK_API const char *mk_build_info(void);
 MK_API mk_context *mk_context_new(mk_error **err);
 /* Models compiled in a context keep it alive; freeing both, in any order, is safe. */
 MK_API void mk_context_free(mk_context *);
+
+/* ---- threads ------------------------------------------------------------
+ *
+ * What may run at the same time on different threads (spec/c/threads_test.c
+ * does each on the CPU device, also under ThreadSanitizer in `make tsan`, and
+ * the shared context's compiles and evaluations on CUDA, with and without
+ * cuDNN, where there is a GPU):
+ *
+ *   - Functions without a context or model: mk_version, mk_build_info, the op
+ *     and dtype tables, mk_op_infer, mk_script_format, mk_script_constants,
+ *     mk_cuda_available and the error functions, from any number of threads
+ *     (the CUDA plugin is looked for once, the tables are filled once).
+ *   - mk_compile on one context from several threads at once, on any device.
+ *     Compiles for CUDA, frees of CUDA models and the CUDA probe take turns
+ *     behind one process-wide lock (a graph capture breaks when another
+ *     thread synchronizes the device, as cudaFree and cuBLAS's setup do), so
+ *     they wait for each other; CPU compiles never wait. A context's cuDNN
+ *     handle and plan cache are used only under that lock.
+ *   - Different models evaluate at once, of one context or not, CPU or CUDA
+ *     (each has its own memory and, on CUDA, its own stream, cuBLAS handle
+ *     and graph; evaluations take no lock).
+ *   - One model is used by one thread at a time: mk_evaluate and
+ *     mk_model_reset write its memory and its input and output slots, so two
+ *     of these calls on one model must not overlap (lock around them, or
+ *     compile a model per thread). The read-only mk_model_* functions
+ *     (input/output info, script, stats, fusion report) may run alongside any
+ *     call on the model but mk_model_free. A model may change threads between
+ *     calls (compiled on one, evaluated on another, freed on a third) after
+ *     the usual hand-off (a mutex, a queue, pthread_join).
+ *   - mk_model_free and mk_context_free on any thread, in any order: each
+ *     model holds an atomic reference to its context, and the last of the
+ *     context and its models to go frees it. A model is freed once no other
+ *     thread uses it; a context once no mk_compile in it is still running.
+ *   - Errors are per call: the thread that gets one owns it and may pass it on.
+ *
+ * CPU evaluation runs its own OpenMP and OpenBLAS threads inside each call;
+ * several host threads evaluating at once share the machine's cores.
+ */
 
 /* ---- compiling ---------------------------------------------------------- */
 

@@ -427,10 +427,13 @@ done:
     free(bytes);
 }
 
-/* Address-space limits break AddressSanitizer and valgrind, which map their own memory. */
+/* Address-space limits break AddressSanitizer, ThreadSanitizer and valgrind, which map
+ * their own memory. */
 static const char *oom_test_blocked(void) {
 #if defined(__SANITIZE_ADDRESS__)
     return "AddressSanitizer";
+#elif defined(__SANITIZE_THREAD__)
+    return "ThreadSanitizer";
 #elif defined(__has_feature)
 #if __has_feature(address_sanitizer)
     return "AddressSanitizer";
