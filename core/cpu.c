@@ -41,31 +41,33 @@
 
 static int64_t read_i64(const mk_tensor *t) { return *(const int64_t *)t->data; }
 
-/* The walk over out (contiguous) reading a and b with their strides. */
-static void walk_two(mk_walk *w, int rank, const int64_t *shape, const mk_tensor *a,
-                     const mk_tensor *b) {
-    const int64_t *strides[2] = {a->stride, b->stride};
-    mk_walk_init(w, rank, shape, 2, strides);
+/* The walk over out (contiguous) reading the n operands t[k] with their strides. */
+static void walk_of(mk_walk *w, int rank, const int64_t *shape, int n, const mk_tensor *const *t) {
+    const int64_t *strides[MK_WALK_MAX];
+    for (int k = 0; k < n; k++) strides[k] = t[k]->stride;
+    mk_walk_init(w, rank, shape, n, strides);
 }
 
 /*
- * One stretch of the innermost dim: n output elements at o (contiguous), reading
- * a and b with strides sa and sb (elements). ctx carries what a kernel needs
- * besides (the expression, complex_mul's strides of the (re, im) axis).
+ * One stretch of the innermost dim: n output elements at o (contiguous),
+ * reading operand k at in[k] with stride s[k] (elements). ctx carries what a
+ * kernel needs besides (the expression, complex_mul's strides of the (re, im)
+ * axis).
  */
-typedef void (*cpu_row_fn)(const void *ctx, char *o, const char *a, int64_t sa, const char *b,
-                           int64_t sb, int64_t n);
+typedef void (*cpu_row_fn)(const void *ctx, char *o, const char *const *in, const int64_t *s,
+                           int64_t n);
 
 /*
- * Runs fn over the whole walk (operands a, b) in tiles of at most CPU_TILE
- * elements, in parallel when there are at least CPU_PAR_MIN. out_step is the
- * bytes one walk element takes in the output, in_size the bytes of one input
- * element.
+ * Runs fn over the whole walk (its w->n operands at in[k]) in tiles of at most
+ * CPU_TILE elements, in parallel when there are at least CPU_PAR_MIN. out_step
+ * is the bytes one walk element takes in the output, in_size the bytes of one
+ * input element.
  */
-static void walk_run(const mk_walk *w, size_t out_step, size_t in_size, char *o, const char *a,
-                     const char *b, cpu_row_fn fn, const void *ctx) {
+static void walk_run(const mk_walk *w, size_t out_step, size_t in_size, char *o,
+                     const void *const *in, cpu_row_fn fn, const void *ctx) {
     int last = w->rank - 1;
-    int64_t n = w->shape[last], sa = w->stride[0][last], sb = w->stride[1][last];
+    int64_t n = w->shape[last], s[MK_WALK_MAX];
+    for (int k = 0; k < w->n; k++) s[k] = w->stride[k][last];
     int64_t total = 1;
     for (int d = 0; d < w->rank; d++)
         total *= w->shape[d];
@@ -75,9 +77,10 @@ static void walk_run(const mk_walk *w, size_t out_step, size_t in_size, char *o,
     for (int64_t t = 0; t < tiles; t++) {
         int64_t row = t / per_row, c0 = (t % per_row) * CPU_TILE;
         int64_t len = n - c0 < CPU_TILE ? n - c0 : CPU_TILE;
-        int64_t oa = mk_walk_row_offset(w, 0, row), ob = mk_walk_row_offset(w, 1, row);
-        fn(ctx, o + (size_t)(row * n + c0) * out_step, a + (size_t)(oa + c0 * sa) * in_size, sa,
-           b + (size_t)(ob + c0 * sb) * in_size, sb, len);
+        const char *at[MK_WALK_MAX];
+        for (int k = 0; k < w->n; k++)
+            at[k] = (const char *)in[k] + (size_t)(mk_walk_row_offset(w, k, row) + c0 * s[k]) * in_size;
+        fn(ctx, o + (size_t)(row * n + c0) * out_step, at, s, len);
     }
 }
 
@@ -136,23 +139,21 @@ static inline int64_t i64_neg(int64_t x) { return (int64_t)(0 - (uint64_t)x); }
 /* Defines NAME: the program over n elements of type T (see above). Integer
  * programs never hold / or functions (the op rules refuse those dtypes). */
 #define CPU_PROGRAM(NAME, T, NEG, ADD, SUB, MUL, DIV, EXP, TANH, SQRT, GT, LT)               \
-    static void NAME(const void *ctx, char *o_, const char *a_, int64_t sa, const char *b_, \
-                     int64_t sb, int64_t n) {                                                \
+    static void NAME(const void *ctx, char *o_, const char *const *in, const int64_t *s,     \
+                     int64_t n) {                                                            \
         const mk_expr *e = ctx;                                                              \
-        T regs[MK_EXPR_MAX][CPU_CHUNK], ga[CPU_CHUNK], gb[CPU_CHUNK], one[MK_EXPR_MAX];      \
+        T regs[MK_EXPR_MAX][CPU_CHUNK], g[MK_X_IN][CPU_CHUNK], one[MK_EXPR_MAX];             \
         for (int64_t i0 = 0; i0 < n; i0 += CPU_CHUNK) {                                      \
             int64_t len = n - i0 < CPU_CHUNK ? n - i0 : CPU_CHUNK;                           \
-            const T *r[2 + MK_EXPR_MAX];                                                     \
-            bool single[2 + MK_EXPR_MAX] = {false, false};                                   \
-            const T *a = (const T *)a_ + i0 * sa, *b = (const T *)b_ + i0 * sb;              \
-            if (sa != 1)                                                                     \
-                for (int64_t i = 0; i < len; i++)                                            \
-                    ga[i] = a[i * sa];                                                       \
-            r[0] = sa == 1 ? a : ga;                                                         \
-            if (e->n_in > 1 && sb != 1)                                                      \
-                for (int64_t i = 0; i < len; i++)                                            \
-                    gb[i] = b[i * sb];                                                       \
-            r[1] = sb == 1 ? b : gb;                                                         \
+            const T *r[MK_X_IN + MK_EXPR_MAX];                                               \
+            bool single[MK_X_IN + MK_EXPR_MAX] = {false};                                    \
+            for (int k = 0; k < e->n_in; k++) { /* operands: in place, or gathered */        \
+                const T *x = (const T *)in[k] + i0 * s[k];                                   \
+                if (s[k] != 1)                                                               \
+                    for (int64_t i = 0; i < len; i++)                                        \
+                        g[k][i] = x[i * s[k]];                                               \
+                r[k] = s[k] == 1 ? x : g[k];                                                 \
+            }                                                                                \
             for (int j = 0; j < e->n; j++) {                                                 \
                 const mk_xinsn *in = &e->insn[j];                                            \
                 bool last = j == e->n - 1, is_one = true;                                    \
@@ -183,8 +184,8 @@ static inline int64_t i64_neg(int64_t x) { return (int64_t)(0 - (uint64_t)x); }
                 if (is_one && last) /* a constant result: write it out */                    \
                     for (int64_t i = 0; i < len; i++)                                        \
                         d[i] = one[j];                                                       \
-                single[2 + j] = is_one && !last;                                             \
-                r[2 + j] = is_one && !last ? &one[j] : d;                                    \
+                single[MK_X_IN + j] = is_one && !last;                                       \
+                r[MK_X_IN + j] = is_one && !last ? &one[j] : d;                              \
             }                                                                                \
         }                                                                                    \
     }
@@ -209,14 +210,18 @@ static const cpu_row_fn programs[MK_DTYPE_COUNT] = {
     [MK_DTYPE_INT64] = program_i64,
 };
 
-/* out = the op's expression of a (and b, broadcast); the table below lists the dtypes. */
+/* out = the program of its operands (an op's a, b broadcast; a fused group's
+ * up to MK_X_IN, each with its strides); the table below lists the dtypes. */
 static int cpu_pointwise(const mk_launch *l, mk_error **err) {
-    (void)err;
-    const mk_tensor *a = &l->in[0], *b = l->n_in > 1 ? &l->in[1] : &l->in[0];
+    if (l->expr->n_in > l->n_in || l->n_in > MK_WALK_MAX)
+        return MK_INTERNAL(err, "a pointwise program reads operands its launch does not have");
+    const mk_tensor *t[MK_WALK_MAX];
+    const void *in[MK_WALK_MAX];
+    for (int k = 0; k < l->n_in; k++) t[k] = &l->in[k], in[k] = l->in[k].data;
     mk_walk w;
-    walk_two(&w, l->out.rank, l->out.shape, a, b);
+    walk_of(&w, l->out.rank, l->out.shape, l->n_in, t);
     size_t es = mk_dtype_size(l->out.dtype);
-    walk_run(&w, es, es, l->out.data, a->data, b->data, programs[l->out.dtype], l->expr);
+    walk_run(&w, es, es, l->out.data, in, programs[l->out.dtype], l->expr);
     return 0;
 }
 
@@ -228,11 +233,12 @@ typedef struct {
 } cpu_complex_ctx;
 
 /* n complex numbers: o (pairs, contiguous) = a * b. */
-static void row_complex_mul(const void *ctx_, char *o_, const char *a_, int64_t sa,
-                            const char *b_, int64_t sb, int64_t n) {
+static void row_complex_mul(const void *ctx_, char *o_, const char *const *in,
+                            const int64_t *s, int64_t n) {
     const cpu_complex_ctx *ctx = ctx_;
     float *restrict o = (float *)o_;
-    const float *a = (const float *)a_, *b = (const float *)b_;
+    const float *a = (const float *)in[0], *b = (const float *)in[1];
+    int64_t sa = s[0], sb = s[1];
     int64_t ia = ctx->ia, ib = ctx->ib;
     for (int64_t i = 0; i < n; i++) {
         float ar = a[i * sa], ai = a[i * sa + ia], br = b[i * sb], bi = b[i * sb + ib];
@@ -249,21 +255,22 @@ static int cpu_complex_mul(const mk_launch *l, mk_error **err) {
         return MK_INTERNAL(err, "complex product: the last axis is not 2");
     /* Walk the complex numbers: every dim but the last. */
     mk_walk w;
-    walk_two(&w, r - 1, l->out.shape, a, b);
+    walk_of(&w, r - 1, l->out.shape, 2, (const mk_tensor *[]){a, b});
     cpu_complex_ctx ctx = {a->stride[r - 1], b->stride[r - 1]};
-    walk_run(&w, 2 * sizeof(float), sizeof(float), l->out.data, a->data, b->data,
-             row_complex_mul, &ctx);
+    walk_run(&w, 2 * sizeof(float), sizeof(float), l->out.data,
+             (const void *[]){a->data, b->data}, row_complex_mul, &ctx);
     return 0;
 }
 
 /* ---- data movement: permute --------------------------------------------- */
 
 #define CPU_COPY_ROW(NAME, T)                                                                \
-    static void NAME(const void *ctx, char *o_, const char *a_, int64_t sa, const char *b_, \
-                     int64_t sb, int64_t n) {                                                \
-        (void)ctx, (void)b_, (void)sb;                                                       \
+    static void NAME(const void *ctx, char *o_, const char *const *in, const int64_t *s,     \
+                     int64_t n) {                                                            \
+        (void)ctx;                                                                           \
         T *restrict o = (T *)o_;                                                             \
-        const T *a = (const T *)a_;                                                          \
+        const T *a = (const T *)in[0];                                                       \
+        int64_t sa = s[0];                                                                   \
         if (sa == 1)                                                                         \
             memcpy(o, a, (size_t)n * sizeof(T));                                             \
         else                                                                                 \
@@ -334,12 +341,13 @@ static int cpu_permute(const mk_launch *l, mk_error **err) {
     if (es > 8 || es != (size_t)1 << size_log2)
         return MK_INTERNAL(err, "permute: an element size other than 1, 2, 4 or 8 bytes");
     mk_walk w;
-    walk_two(&w, l->out.rank, l->out.shape, x, x);
+    walk_of(&w, l->out.rank, l->out.shape, 1, &x);
     int r = w.rank;
     if (r >= 2 && w.stride[0][r - 2] == 1 && w.stride[0][r - 1] != 1)
         movers[size_log2].transpose(&w, l->out.data, x->data);
     else
-        walk_run(&w, es, es, l->out.data, x->data, x->data, movers[size_log2].copy, NULL);
+        walk_run(&w, es, es, l->out.data, (const void *[]){x->data}, movers[size_log2].copy,
+                 NULL);
     return 0;
 }
 
@@ -722,6 +730,7 @@ static const mk_kernel cpu_kernels[MK_KERNEL_COUNT] = {
 const mk_device_ops mk_cpu_device = {
     .name = "cpu",
     .kernels = cpu_kernels,
+    .pointwise_operands = MK_X_IN,
     .open = cpu_open,
     .close = cpu_close,
     .alloc = cpu_alloc,

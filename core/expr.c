@@ -52,7 +52,7 @@ static int emit(parser *ps, mk_xop op, int x, int y, int z, double k) {
                                (unsigned char)z, k};
     if (op == MK_X_DIV || op == MK_X_EXP || op == MK_X_TANH || op == MK_X_SQRT)
         e->has_float_only = true;
-    return 2 + e->n++;
+    return MK_X_IN + e->n++;
 }
 
 static int parse_expr(parser *ps);
@@ -137,9 +137,9 @@ static int parse_expr(parser *ps) {
  * register; x > y ? x : y becomes MK_X_MAX(x, y) (ReLU: one pass instead of
  * three); instructions nobody reads go, and registers are renumbered.
  */
-static void tidy(mk_expr *e) {
-    int alias[2 + MK_EXPR_MAX]; /* register -> the register that holds its value */
-    for (int r = 0; r < 2 + MK_EXPR_MAX; r++) alias[r] = r;
+void mk_expr_tidy(mk_expr *e) {
+    int alias[MK_X_IN + MK_EXPR_MAX]; /* register -> the register that holds its value */
+    for (int r = 0; r < MK_X_IN + MK_EXPR_MAX; r++) alias[r] = r;
     for (int i = 0; i < e->n; i++) {
         mk_xinsn *in = &e->insn[i];
         in->x = (unsigned char)alias[in->x];
@@ -148,32 +148,33 @@ static void tidy(mk_expr *e) {
         if (in->op == MK_X_CONST)
             for (int j = 0; j < i; j++)
                 if (e->insn[j].op == MK_X_CONST && e->insn[j].k == in->k) {
-                    alias[2 + i] = alias[2 + j];
+                    alias[MK_X_IN + i] = alias[MK_X_IN + j];
                     break;
                 }
-        if (in->op == MK_X_SELECT && in->x >= 2) {
-            const mk_xinsn *c = &e->insn[in->x - 2];
+        if (in->op == MK_X_SELECT && in->x >= MK_X_IN) {
+            const mk_xinsn *c = &e->insn[in->x - MK_X_IN];
             if (c->op == MK_X_GT && c->x == in->y && c->y == in->z)
                 *in = (mk_xinsn){MK_X_MAX, c->x, c->y, 0, 0};
         }
     }
-    bool live[2 + MK_EXPR_MAX] = {false};
-    live[e->n + 1] = true;
+    bool live[MK_X_IN + MK_EXPR_MAX] = {false};
+    live[MK_X_IN + e->n - 1] = true;
     for (int i = e->n - 1; i >= 0; i--) {
         const mk_xinsn *in = &e->insn[i];
-        if (!live[2 + i]) continue;
+        if (!live[MK_X_IN + i]) continue;
         live[in->x] = true;
         if (in->op >= MK_X_ADD) live[in->y] = true;
         if (in->op == MK_X_SELECT) live[in->z] = true;
     }
-    int renum[2 + MK_EXPR_MAX] = {0, 1}, kept = 0;
+    int renum[MK_X_IN + MK_EXPR_MAX], kept = 0;
+    for (int r = 0; r < MK_X_IN; r++) renum[r] = r;
     for (int i = 0; i < e->n; i++) {
-        if (!live[2 + i]) continue;
+        if (!live[MK_X_IN + i]) continue;
         mk_xinsn in = e->insn[i];
         in.x = (unsigned char)renum[in.x];
         in.y = (unsigned char)renum[in.y];
         in.z = (unsigned char)renum[in.z];
-        renum[2 + i] = 2 + kept;
+        renum[MK_X_IN + i] = MK_X_IN + kept;
         e->insn[kept++] = in;
     }
     e->n = kept;
@@ -186,8 +187,8 @@ int mk_expr_compile(const char *src, mk_expr *out, mk_error **err) {
     if (r < 0) return -1;
     skip(&ps);
     if (*ps.p) return fail_at(&ps, "unexpected text after the expression");
-    if (r != out->n + 1) /* a bare operand: the result must be the last instruction */
+    if (r != MK_X_IN + out->n - 1) /* a bare operand: the result must be the last one */
         return fail_at(&ps, "the expression computes nothing");
-    tidy(out);
+    mk_expr_tidy(out);
     return 0;
 }

@@ -378,7 +378,7 @@ static int try_group(pass_state *st, const candidate *c, mk_error **err) {
     char why[768] = "";
     char *what = describe(c);
     mk_fused_group *grp = group_of(c);
-    const mk_op *group_op = mk_op_internal(MK_ROLE_GROUP);
+    const mk_op *group_op = mk_op_internal(MK_KERNEL_CUDNN_GROUP);
     const mk_cuda_plugin *plugin = mk_cuda_plugin_get(NULL, 0);
     if (!what || !grp || push((void ***)&f->groups, &f->n_groups, &f->cap_groups, grp)) {
         free(what);

@@ -124,7 +124,9 @@ struct mk_node {
     int64_t offset;            /* arena offset (owners in the arena), else -1 */
 
     struct mk_fused_group *group; /* a cuDNN group node: what it computes (fusion.c), else NULL */
+    struct mk_pointwise_group *pw; /* a pointwise group node (group.c), else NULL */
 };
+
 
 typedef struct {
     int n_nodes, cap;
@@ -133,6 +135,8 @@ typedef struct {
     int n_names;
     mk_node **names; /* [n_names] the named leaves, sorted by name (parse checks they differ) */
     struct mk_fusion *fusion; /* set by model.c when opts->use_cudnn, for the fusion pass */
+    int pointwise_operands;   /* set by model.c: the most operands the device's pointwise
+                                 kernel reads (0: no pointwise groups) */
 } mk_graph;
 
 /* script.c */
@@ -160,14 +164,19 @@ const char *mk_operand_ref(const mk_node *n, int k, char *buf, size_t size);
 
 /* passes.c: the ordered pass list, run between parsing and planning */
 int mk_passes_run(mk_graph *g, const mk_compile_options *opts, mk_error **err);
+/* group.c: the grouping pass (pointwise trees), and its lines of the fusion report */
+int mk_group_pass(mk_graph *g, const mk_compile_options *opts, mk_error **err);
+void mk_pointwise_group_free(struct mk_pointwise_group *pw);
+int mk_group_report(const mk_graph *g, mk_strbuf *b);
 
 /* ---- pointwise expressions (expr.c) ------------------------------------------ */
 
 /*
  * A pointwise op's scalar expression (its row's `expr`, C syntax over a and b:
  * numbers, + - * /, unary -, < >, ?:, parentheses, expf tanhf sqrtf) compiled
- * to a straight-line program over registers. Register 0 is a, 1 is b; every
- * instruction writes a new register, the last one is the result. Each device
+ * to a straight-line program over registers. Registers 0 and 1 are a and b (a
+ * fused group's program reads up to MK_X_IN operands); every instruction
+ * writes a new register, the last one is the result. Each device
  * runs the program as it likes (the CPU over tiles, CUDA per element); a code
  * generator may print the expression itself instead. Evaluated in the
  * operands' dtype (float32 or int64; integer + - * wrap around), one rounding
@@ -182,7 +191,8 @@ typedef enum {
     MK_X_MAX,   /* r[dst] = r[x] > r[y] ? r[x] : r[y] (what "a > 0 ? a : 0" compiles to) */
 } mk_xop;
 
-#define MK_EXPR_MAX 24 /* instructions; registers are 2 + MK_EXPR_MAX */
+#define MK_EXPR_MAX 32          /* instructions */
+#define MK_X_IN MK_MAX_INPUTS   /* registers 0 .. MK_X_IN - 1 are the operands a, b, ... */
 
 typedef struct {
     unsigned char op, x, y, z; /* mk_xop, operand registers */
@@ -190,14 +200,28 @@ typedef struct {
 } mk_xinsn;
 
 typedef struct {
-    int n;         /* instructions; the result is register n + 1 (a itself when n == 0) */
-    int n_in;      /* operands read: 1 (a) or 2 (a, b) */
+    int n;         /* instructions; instruction i writes register MK_X_IN + i, the last
+                      one is the result */
+    int n_in;      /* operands read: registers 0 .. n_in - 1 (an op's: a, or a and b) */
     bool has_float_only; /* uses / or a function: not for integer dtypes */
     mk_xinsn insn[MK_EXPR_MAX];
 } mk_expr;
 
 /* Compiles `src`; fails with MK_ERR_INTERNAL naming the expression and the position. */
 int mk_expr_compile(const char *src, mk_expr *out, mk_error **err);
+/* Without changing a result bit: equal constants share a register, x > y ? x : y
+ * becomes MK_X_MAX, dead instructions go (mk_expr_compile and fused groups). */
+void mk_expr_tidy(mk_expr *e);
+
+/* What a pointwise group node computes: its members' expressions as one
+ * program over its operands (in[k] is register k). The root stays in the graph
+ * as the group node; the other members left it for here. */
+typedef struct mk_pointwise_group {
+    mk_expr program;
+    const struct mk_op *root_op;   /* the root's op before it became the group */
+    int n_members;
+    mk_node *members[MK_EXPR_MAX]; /* the other members, in graph order, owned */
+} mk_pointwise_group;
 /* The program of a pointwise op's `expr` (compiled once per process), or NULL
  * for ops without one (ops.c). */
 const mk_expr *mk_op_program(const struct mk_op *op);
@@ -226,7 +250,7 @@ bool mk_tensor_is_contiguous(const mk_tensor *t);
  * walks as [32, 16] with b's strides [0, 1]. A plain struct, passed to CUDA
  * kernels by value.
  */
-#define MK_WALK_MAX 3
+#define MK_WALK_MAX MK_MAX_INPUTS
 typedef struct {
     int rank; /* >= 1 */
     int n;    /* operands */
@@ -325,8 +349,9 @@ struct mk_op {
 };
 
 const mk_op *mk_op_find(const char *name, size_t len);
-/* The row made only by passes for role `role` (the cuDNN group), or NULL. */
-const mk_op *mk_op_internal(mk_op_role role);
+/* The row made only by passes that runs on `kernel` (the cuDNN group, the
+ * pointwise group), or NULL. */
+const mk_op *mk_op_internal(mk_kernel_id kernel);
 /* Leaf storage: where a leaf's data live. */
 mk_storage mk_op_leaf_storage(const mk_op *op);
 /* Is node n's operand k a run-time bound (signature letter r)? */
@@ -344,6 +369,7 @@ typedef struct {
 typedef struct mk_device_ops {
     const char *name;
     const mk_kernel *kernels; /* [MK_KERNEL_COUNT], indexed by mk_kernel_id */
+    int pointwise_operands;   /* the most its MK_KERNEL_POINTWISE kernel reads (<= MK_X_IN) */
     /* Per-model state (streams, library handles); NULL state is fine for the CPU. */
     int (*open)(void **state, mk_error **err);
     void (*close)(void *state);
@@ -370,7 +396,7 @@ extern const mk_device_ops mk_cpu_device;
  * returning this table. The plugin is built from the same tree as the core:
  * abi and the struct sizes guard against mixing builds.
  */
-#define MK_CUDA_PLUGIN_ABI 2
+#define MK_CUDA_PLUGIN_ABI 3
 #define MK_CUDA_PLUGIN_ENTRY "mk_cuda_plugin_entry"
 #define MK_CUDA_PLUGIN_FILE "libmoonkaas_cuda.so"
 struct mk_fused_group;

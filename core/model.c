@@ -42,6 +42,7 @@ struct mk_model {
 
     char *script;        /* after passes */
     mk_fusion *fusion;   /* cuDNN groups and their report (use_cudnn only) */
+    char *report;        /* mk_model_fusion_report: pointwise groups, then cuDNN's */
     mk_stats stats;
 };
 
@@ -351,9 +352,10 @@ static int bind(mk_model *m, const int64_t *scratch_offset, mk_error **err) {
             l->in[0].rank = n->rank;
             memcpy(l->in[0].shape, n->shape, sizeof n->shape);
         }
-        if (op->flags & MK_OP_BROADCAST) /* the second operand arrives broadcast */
-            l->in[1] = mk_tensor_broadcast(&l->in[1], &l->out);
-        if (op->kernel == MK_KERNEL_POINTWISE && !(l->expr = mk_op_program(op)))
+        if ((op->flags & MK_OP_BROADCAST) || n->pw) /* operands arrive broadcast to the result */
+            for (int j = 1; j < n->n_in; j++) l->in[j] = mk_tensor_broadcast(&l->in[j], &l->out);
+        if (op->kernel == MK_KERNEL_POINTWISE &&
+            !(l->expr = n->pw ? &n->pw->program : mk_op_program(op)))
             return MK_INTERNAL(err, "a pointwise row's expression does not compile");
         if (n->scratch_bytes) {
             l->scratch = (char *)m->arena + scratch_offset[i];
@@ -387,6 +389,7 @@ static mk_model *compile(mk_context *ctx, const char *script,
     m->stats.device = (int)opts.device;
     if (!(m->graph = mk_graph_parse(script, err))) goto fail;
     mk_graph *g = m->graph;
+    g->pointwise_operands = dev->pointwise_operands;
     if (opts.use_cudnn) {
         if (!(m->fusion = mk_fusion_new(&ctx->cudnn))) goto nomem;
         g->fusion = m->fusion;
@@ -427,6 +430,14 @@ static mk_model *compile(mk_context *ctx, const char *script,
                      &m->out_copy, err))
         goto fail;
     if (!(m->script = mk_graph_print(g))) goto nomem;
+    mk_strbuf report = {0};
+    m->stats.pointwise_groups = mk_group_report(g, &report);
+    if (m->fusion && m->fusion->report.s) mk_strbuf_put(&report, "%s", m->fusion->report.s);
+    if (report.failed) {
+        free(report.s);
+        goto nomem;
+    }
+    m->report = report.s;
 
     m->stats.nodes = n;
     m->stats.launches = m->n_launches;
@@ -475,6 +486,7 @@ static void model_free(mk_model *m) {
     free(m->input_slot);
     free(m->in_copies);
     free(m->script);
+    free(m->report);
     context_release(m->ctx);
     free(m);
 }
@@ -557,7 +569,7 @@ MK_API int mk_model_output_info(const mk_model *m, mk_tensor_info *out) {
 MK_API const char *mk_model_script(const mk_model *m) { return m ? m->script : NULL; }
 
 MK_API const char *mk_model_fusion_report(const mk_model *m) {
-    return m && m->fusion && m->fusion->report.s ? m->fusion->report.s : "";
+    return m && m->report ? m->report : "";
 }
 
 MK_API int mk_model_stats(const mk_model *m, mk_stats *out) {

@@ -166,6 +166,7 @@ typedef struct {
     bool borrow_constants; /* CPU: use the caller's constant memory in place (e.g. an mmap'd
                               checkpoint); it must outlive the model */
     bool no_passes;        /* skip optional optimisation passes (debugging) */
+    bool no_fusion;        /* one launch per node: no pointwise groups (the grouping pass) */
     size_t max_bytes;      /* 0: no limit; else the most device memory the model may take
                               (arena + copied constants + buffers), checked before anything
                               is allocated: more is an MK_ERR_NOMEM error saying how much */
@@ -223,6 +224,7 @@ typedef struct {
     int nodes;                /* nodes in the compiled graph */
     int launches;             /* kernel launches per evaluation */
     int fused_groups;         /* cuDNN groups (0 without cuDNN) */
+    int pointwise_groups;     /* pointwise trees run as one program each (the grouping pass) */
     double compile_ms;        /* parse to ready */
     double plan_ms;           /* the memory planner's share of compile_ms */
     int device;               /* mk_device */
@@ -234,8 +236,10 @@ typedef struct {
 
 MK_API int mk_model_stats(const mk_model *, mk_stats *out);
 
-/* One line per group the cuDNN fuser tried: "fused", "cache hit" or "rejected:
- * reason" with its nodes (owned by the model; "" without use_cudnn). */
+/* One line per group: each pointwise group the grouping pass made (its
+ * members and program), then each group the cuDNN fuser tried ("fused",
+ * "cache hit" or "rejected: reason" with its nodes). Owned by the model; ""
+ * when there is no group. */
 MK_API const char *mk_model_fusion_report(const mk_model *);
 
 /* The script as the compiler prints it after parsing and checking, without

@@ -372,6 +372,10 @@ static const mk_op ops[] = {
 
     /* made by the cuDNN fusion pass (fusion.c), never parsed: its name field
      * describes the group */
+    /* made by the grouping pass (group.c): a pointwise tree as one program */
+    {ROW("PointwiseGroupNode", "s", MK_ROLE_GROUP, MK_OP_INTERNAL, NULL, NULL, NULL,
+         "several pointwise nodes run as one program"),
+     .infer = infer_internal, .takes_strided = group_takes, .kernel = MK_KERNEL_POINTWISE},
     {ROW("CudnnGroupNode", "s", MK_ROLE_GROUP, MK_OP_INTERNAL, NULL, NULL, NULL,
          "a cuDNN graph of several nodes"),
      .infer = infer_internal, .takes_strided = group_takes, .scratch = mk_fusion_scratch,
@@ -389,9 +393,9 @@ const mk_op *mk_op_find(const char *name, size_t len) {
     return NULL;
 }
 
-const mk_op *mk_op_internal(mk_op_role role) {
+const mk_op *mk_op_internal(mk_kernel_id kernel) {
     for (size_t i = 0; i < N_OPS; i++)
-        if (ops[i].role == role && (ops[i].flags & MK_OP_INTERNAL)) return &ops[i];
+        if (ops[i].kernel == kernel && (ops[i].flags & MK_OP_INTERNAL)) return &ops[i];
     return NULL;
 }
 

@@ -173,6 +173,7 @@ static const struct {
     {"drop-dead", drop_dead},           /* what reaches neither the output nor a buffer */
     {"assign-storage", assign_storage}, /* views, in-place writes, copies that stay views */
     {"fuse-cudnn", mk_fusion_pass},     /* with use_cudnn: matmul/pointwise groups (fusion.c) */
+    {"group", mk_group_pass},           /* pointwise trees as one program each (group.c) */
     {"verify", verify},
 };
 

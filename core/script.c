@@ -173,6 +173,7 @@ static int id_put(id_map *m, mk_node *n) {
 void mk_graph_free(mk_graph *g) {
     if (!g) return;
     for (int i = 0; i < g->n_nodes; i++) {
+        mk_pointwise_group_free(g->nodes[i]->pw);
         free(g->nodes[i]->name);
         free(g->nodes[i]);
     }
@@ -432,6 +433,14 @@ char *mk_graph_print(const mk_graph *g) {
     for (int i = 0; i < g->n_nodes; i++) {
         const mk_node *n = g->nodes[i];
         mk_strbuf_put(&b, "$%d = %s(", n->id, n->op->name);
+        if (n->pw) { /* a pointwise group: its operands, and what it computes */
+            for (int k = 0; k < n->n_in; k++) mk_strbuf_put(&b, "%s$%d", k ? ", " : "", n->in[k]->id);
+            mk_strbuf_put(&b, ");  # one program for");
+            for (int k = 0; k < n->pw->n_members; k++)
+                mk_strbuf_put(&b, " %s $%d,", n->pw->members[k]->op->name, n->pw->members[k]->id);
+            mk_strbuf_put(&b, " %s $%d\n", n->pw->root_op->name, n->id);
+            continue;
+        }
         int in = 0, attr = 0;
         for (const char *c = n->op->signature; *c; c++) {
             if (c != n->op->signature) mk_strbuf_put(&b, ", ");

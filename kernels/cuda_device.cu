@@ -418,8 +418,9 @@ fail:
 /* ---- the device table and the plugin's entry ---------------------------------- */
 
 static const mk_device_ops cuda_device = {
-    "cuda",      cuda_kernels.k, cuda_open, cuda_close,   cuda_alloc,
-    cuda_free,   cuda_upload,    cuda_zero, cuda_prepare, cuda_evaluate,
+    "cuda",     cuda_kernels.k, MK_CUDA_POINTWISE_OPERANDS, cuda_open,    cuda_close,
+    cuda_alloc, cuda_free,      cuda_upload,                cuda_zero,    cuda_prepare,
+    cuda_evaluate,
 };
 
 static const mk_cuda_plugin plugin = {

@@ -120,6 +120,9 @@ static inline mk_cuda_state *mk_cuda_state_of(const mk_launch *l) {
 
 /* Threads per block for the elementwise and copy kernels. */
 #define MK_CUDA_BLOCK 256
+/* The interpreter of pointwise programs (pointwise.cu) reads a and b: a fused
+ * group on this device has at most two operands (core/group.c asks). */
+#define MK_CUDA_POINTWISE_OPERANDS 2
 
 /* Blocks for n items at `per_block` each, within the grid's x limit. */
 static inline unsigned int mk_cuda_blocks(long long n, long long per_block) {

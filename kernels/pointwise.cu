@@ -78,13 +78,13 @@ template <> struct ops_of<long long> { typedef i64_ops type; };
 
 /*
  * The program as the kernels run it. The core's mk_expr is in SSA form
- * (instruction i writes register i + 2); here its registers are reassigned on
+ * (instruction i writes register MK_X_IN + i); here its registers are reassigned on
  * the host, a register reused as soon as its value is dead, so the op table's
  * programs need a handful of registers (SiLU 3, GELU 4). Constants are
  * converted to T once, on the host. A program of one instruction over a (and
  * b) is decoded on the host instead, and its kernel is that one operation.
  */
-#define PW_REGS (2 + MK_EXPR_MAX)
+#define PW_REGS (MK_X_IN + MK_EXPR_MAX)
 
 template <typename T>
 struct pw_program {
@@ -118,7 +118,7 @@ static int pw_compile(const mk_expr *e, pw_program<T> *p) {
         const unsigned char reads[3] = {in->x, in->y, in->z};
         for (int k = 0; k < x_arity(in->op); k++) last[reads[k]] = i;
     }
-    int result = e->n ? e->n + 1 : 0;
+    int result = e->n ? MK_X_IN + e->n - 1 : 0;
     last[result] = e->n; /* the result lives to the end */
     phys[0] = 0, phys[1] = 1;
     busy[0] = last[0] >= 0;
@@ -136,8 +136,8 @@ static int pw_compile(const mk_expr *e, pw_program<T> *p) {
             if (last[reads[k]] == i) busy[phys[reads[k]]] = false;
         int d = 0;
         while (busy[d]) d++;
-        busy[d] = last[i + 2] >= 0; /* a value nobody reads frees its register at once */
-        phys[i + 2] = d;
+        busy[d] = last[MK_X_IN + i] >= 0; /* a value nobody reads frees its register at once */
+        phys[MK_X_IN + i] = d;
         if (d + 1 > used) used = d + 1;
         p->insn[i] = {in->op, reg[0], reg[1], reg[2], (unsigned char)d};
         p->k[i] = in->op == MK_X_CONST ? (T)in->k : (T)0;
@@ -367,7 +367,7 @@ static void pointwise_dispatch(const mk_launch *l) {
 
 /* MK_KERNEL_POINTWISE: float32 and int64 (the device table says so; model.c checks). */
 int mk_cuda_pointwise(const mk_launch *l, mk_error **err) {
-    if (!l->expr || l->expr->n_in > l->n_in)
+    if (!l->expr || l->expr->n_in > l->n_in || l->n_in > MK_CUDA_POINTWISE_OPERANDS)
         return MK_INTERNAL(err, "a pointwise launch without its program or its operands");
     bool two = l->expr->n_in == 2;
     if (l->out.dtype == MK_DTYPE_INT64) {

@@ -161,19 +161,21 @@ static mk_compile_options check_options(lua_State *L, int idx) {
             else if (d && !strcmp(d, "cuda")) o.device = MK_DEVICE_CUDA;
             else LMK_ARG_ERROR(L, fn, "device must be \"cpu\" or \"cuda\", got %s",
                                d ? d : luaL_typename(L, -1));
-        } else if (k && (!strcmp(k, "cudnn") || !strcmp(k, "passes"))) {
+        } else if (k && (!strcmp(k, "cudnn") || !strcmp(k, "passes") || !strcmp(k, "fuse"))) {
             if (!lua_isboolean(L, -1))
                 LMK_ARG_ERROR(L, fn, "option %s must be a boolean, got %s", k,
                               luaL_typename(L, -1));
-            if (k[0] == 'c') o.use_cudnn = lua_toboolean(L, -1);
-            else o.no_passes = !lua_toboolean(L, -1);
+            bool on = lua_toboolean(L, -1);
+            if (k[0] == 'c') o.use_cudnn = on;
+            else if (k[0] == 'p') o.no_passes = !on;
+            else o.no_fusion = !on;
         } else if (k && !strcmp(k, "max_bytes")) {
             if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < 0)
                 LMK_ARG_ERROR(L, fn, "max_bytes must be a non-negative integer, got %s",
                               luaL_tolstring(L, -1, NULL));
             o.max_bytes = (size_t)lua_tointeger(L, -1);
         } else {
-            LMK_ARG_ERROR(L, fn, "unknown option %s (device, cudnn, passes, max_bytes)",
+            LMK_ARG_ERROR(L, fn, "unknown option %s (device, cudnn, fuse, passes, max_bytes)",
                           k ? k : luaL_typename(L, -2));
         }
         lua_pop(L, 1);
@@ -372,7 +374,7 @@ static int model_stats(lua_State *L) {
     memset(&s, 0, sizeof s);
     if (mk_model_stats(m->model, &s) != 0)
         return lmk_raise(L, "internal error", "stats", "the model gave no statistics");
-    lua_createtable(L, 0, 13);
+    lua_createtable(L, 0, 14);
 #define FIELD_INT(k, v) (lua_pushinteger(L, (lua_Integer)(v)), lua_setfield(L, -2, k))
     FIELD_INT("arena_bytes", s.arena_bytes);
     FIELD_INT("lower_bound_bytes", s.lower_bound_bytes);
@@ -381,6 +383,7 @@ static int model_stats(lua_State *L) {
     FIELD_INT("nodes", s.nodes);
     FIELD_INT("launches", s.launches);
     FIELD_INT("fused", s.fused_groups);
+    FIELD_INT("pointwise_groups", s.pointwise_groups);
     FIELD_INT("cudnn_cache_hits", s.cudnn_cache_hits);
     FIELD_INT("cudnn_rejected", s.cudnn_rejected);
     FIELD_INT("cudnn_tf32_groups", s.cudnn_tf32_groups);

@@ -181,7 +181,8 @@ mk.lower = lower
 
 --[[
 mk.compile(node[, opts]) -> model. opts: device = "cpu" | "cuda" (default
-"cpu"), cudnn = boolean, passes = boolean (false skips optional passes),
+"cpu"), cudnn = boolean, fuse = boolean (false: one launch per node, no
+pointwise groups), passes = boolean (false skips optional passes),
 max_bytes = integer (the most device memory the model may take; more is an
 "out of memory: ..." error before anything is allocated). The constants' memory is handed to the core as it is: copied to the device on
 CUDA, borrowed in place on the CPU (the model keeps the tensors alive).

@@ -184,9 +184,9 @@ static const bad_case bad[] = {
     {"$1 = InputTensor(x, int64, [2, 3]);\n$2 = SiLUNode($1);\nresult = $2;", MK_ERR_DTYPE, 2, 1,
      "does not take int64"},
     {X1 "$2 = InputTensor(p, float32, [1]);\n$3 = SlicedSoftmaxNode($1, $2);\nresult = $3;",
-     MK_ERR_DTYPE, 3, 1, "prefix ($2) must be int64"},
+     MK_ERR_DTYPE, 3, 1, "prefix ('p') must be int64"},
     {X1 "$2 = InputTensor(i, float32, [2]);\n$3 = EmbeddingNode($1, $2);\nresult = $3;",
-     MK_ERR_DTYPE, 3, 1, "ids ($2) must be int64"},
+     MK_ERR_DTYPE, 3, 1, "ids ('i') must be int64"},
     /* ranks and dims */
     {"$1 = InputTensor(x, float32, []);\nresult = $1;", MK_ERR_SHAPE, 1, 1, "rank 0"},
     {"$1 = InputTensor(x, float32, [1, 2, 3, 4, 5]);\nresult = $1;", MK_ERR_SHAPE, 1, 43,
@@ -211,7 +211,7 @@ static const bad_case bad[] = {
     {X1 "$2 = ComplexHadamardProductNode($1, $1);\nresult = $2;", MK_ERR_SHAPE, 2, 1,
      "must be 2"},
     {X1 "$2 = InputTensor(b, int64, [2]);\n$3 = ReplaceSliceNode($1, $1, $2, $2);\nresult = $3;",
-     MK_ERR_SHAPE, 3, 1, "begin ($2) must have shape [1]"},
+     MK_ERR_SHAPE, 3, 1, "begin ('b') must have shape [1]"},
     {X1 "$2 = InputTensor(b, int64, [1]);\n$3 = InputTensor(r, float32, [3, 3]);\n"
         "$4 = ReplaceSliceNode($1, $3, $2, $2);\nresult = $4;",
      MK_ERR_SHAPE, 4, 1, "does not fit"},
@@ -228,16 +228,16 @@ static const bad_case bad[] = {
      "unknown node 'SubtractNode'"},
     {X1 "$2 = DivNode($1, $7);\nresult = $2;", MK_ERR_NAME, 2, 18, "$7 is used before"},
     {"$1 = InputTensor(x, int64, [2, 3]);\n$2 = DivNode($1, $1);\nresult = $2;", MK_ERR_DTYPE,
-     2, 1, "dtype error: DivNode does not take int64 (operand $1)"},
+     2, 1, "dtype error: DivNode does not take int64 ('x')"},
     {"$1 = InputTensor(x, int64, [2, 3]);\n$2 = ExpNode($1);\nresult = $2;", MK_ERR_DTYPE, 2, 1,
-     "dtype error: ExpNode does not take int64 (operand $1)"},
+     "dtype error: ExpNode does not take int64 ('x')"},
     {"$1 = InputTensor(x, int64, [2, 3]);\n$2 = TanhNode($1);\nresult = $2;", MK_ERR_DTYPE, 2,
-     1, "dtype error: TanhNode does not take int64 (operand $1)"},
+     1, "dtype error: TanhNode does not take int64 ('x')"},
     {"$1 = InputTensor(x, int64, [2, 3]);\n\n$2 = ReLUNode($1);\n$3 = SigmoidNode($2);\n"
      "result = $3;",
-     MK_ERR_DTYPE, 4, 1, "dtype error: SigmoidNode does not take int64 (operand $2)"},
+     MK_ERR_DTYPE, 4, 1, "dtype error: SigmoidNode does not take int64 ($2, line 3)"},
     {"$1 = InputTensor(x, int64, [2, 3]);\n$2 = GELUNode($1);\nresult = $2;", MK_ERR_DTYPE, 2,
-     1, "dtype error: GELUNode does not take int64 (operand $1)"},
+     1, "dtype error: GELUNode does not take int64 ('x')"},
     {X1 "$2 = InputTensor(y, int64, [2, 3]);\n$3 = SubNode($1, $2);\nresult = $3;", MK_ERR_DTYPE,
      3, 1, "differ in dtype"},
     {X1 "$2 = InputTensor(y, float32, [3, 2]);\n$3 = SubNode($1, $2);\nresult = $3;",
@@ -274,13 +274,13 @@ static const bad_case bad[] = {
      MK_ERR_DTYPE, 3, 1, "dtype error: bfloat16 is not supported by SlicedSoftmaxNode on cpu"},
     /* an integer storage type to a float-only op: refused by the op itself, like int64 */
     {"$1 = InputTensor(x, int8, [4]);\n$2 = ExpNode($1);\nresult = $2;", MK_ERR_DTYPE, 2, 1,
-     "dtype error: ExpNode does not take int8 (operand $1)"},
+     "dtype error: ExpNode does not take int8 ('x')"},
     {"$1 = InputTensor(x, bfloat16, [4, 3]);\n$2 = InputTensor(y, float32, [4, 3]);\n"
      "$3 = SumNode($1, $2);\nresult = $3;",
      MK_ERR_DTYPE, 3, 1, "operands differ in dtype (bfloat16 and float32)"},
     {"$1 = InputTensor(t, float32, [10, 3]);\n$2 = InputTensor(i, int8, [2]);\n"
      "$3 = EmbeddingNode($1, $2);\nresult = $3;",
-     MK_ERR_DTYPE, 3, 1, "ids ($2) must be int64, not int8"},
+     MK_ERR_DTYPE, 3, 1, "ids ('i') must be int64, not int8"},
 };
 
 static void test_bad_scripts(void) {

@@ -1,0 +1,151 @@
+-- The grouping pass: pointwise trees run as one program. Fused and unfused
+-- give bit-identical values (one rounding per operation either way), on
+-- random DAGs of pointwise, broadcast, reduction, matrix, view and in-place
+-- nodes; on CUDA, fused and unfused CUDA agree bit for bit and with the CPU.
+local H = require "spec.helpers"
+local mk = H.mk()
+H.seed("group_spec")
+local R = H.ref_ops
+local gpu_it = H.gpu(it, function(why) pending(why) end)
+
+local function bits_equal(got, want, what)
+    got, want = H.ref(got), H.ref(want)
+    assert.are.same(want.shape, got.shape)
+    for i = 1, #want.data do
+        local g, w = got.data[i], want.data[i]
+        if not (g == w or (g ~= g and w ~= w)) then
+            error(string.format("%s: element %d is %.9g fused, %.9g unfused", what, i, g, w), 2)
+        end
+    end
+end
+
+describe("pointwise groups", function()
+    it("run a chain as one launch, bit-identical to one launch per node", function()
+        local a = mk.input("a", "float32", { 6, 8 })
+        local b = mk.input("b", "float32", { 1, 8 })
+        local y = ((a:silu() * b) + a):relu():gelu() - b:exp()
+        local fused <close> = mk.compile(y)
+        local plain <close> = mk.compile(y, { fuse = false })
+        local fs, ps = fused:stats(), plain:stats()
+        assert.are.equal(1, fs.pointwise_groups)
+        assert.are.equal(2, fs.launches) -- exp(b) is [1, 8]: a launch of its own
+        assert.are.equal(0, ps.pointwise_groups)
+        assert.are.equal(7, ps.launches)
+        assert.is_true(fs.arena_bytes < ps.arena_bytes)
+        assert.truthy(fused:fusion_report():find("pointwise group", 1, true))
+        assert.truthy(fused:script():find("PointwiseGroupNode($1, $", 1, true))
+        assert.are.equal("", plain:fusion_report())
+        local at, ar = H.rand({ 6, 8 }, -3, 3)
+        local bt, br = H.rand({ 1, 8 }, -3, 3)
+        local want = R.sub(R.gelu(R.relu(R.add(R.mul(R.silu(ar), br), ar))), R.exp(br))
+        local got = fused:run({ a = at, b = bt })
+        H.assert_close(got, want, 1e-5, 1e-4)
+        bits_equal(got, plain:run({ a = at, b = bt }), "chain")
+    end)
+
+    it("stop at nodes read twice, at the output's shape and at in-place writes", function()
+        local a = mk.input("a", "float32", { 4, 4 })
+        local t = a:tanh()                       -- read twice: its own launch
+        local y = (t * t):relu() + (t + 1)
+        local m <close> = mk.compile(y)
+        assert.are.equal(2, m:stats().launches) -- tanh; the rest as one group
+        -- a buffer written in place between a node and its reader keeps them apart
+        local buf = mk.buffer("float32", { 4, 4 })
+        local r = mk.input("r", "float32", { 1, 4 })
+        local e = buf:exp()                      -- placed before the write
+        local w = buf:replace(r, 0, 1)
+        local z = (e + 1) + w
+        local m2 <close> = mk.compile(z)
+        local m3 <close> = mk.compile(z, { fuse = false })
+        local rt = H.rand({ 1, 4 })
+        bits_equal(m2:run({ r = rt }), m3:run({ r = rt }), "write between")
+    end)
+end)
+
+-- A random DAG: a few inputs and a buffer, then nodes picked at random, each
+-- reading earlier ones (so values have several readers), ending in a sum of
+-- the last few.
+local S = { 3, 5 }
+local function random_dag(n_nodes)
+    local x = { mk.input("x1", "float32", S), mk.input("x2", "float32", S) }
+    local row = mk.input("row", "float32", { 1, S[2] })
+    local vals = { x[1], x[2], mk.constant(H.rand(S), "c") }
+    local buf = mk.buffer("float32", S)
+    local function pick() return vals[math.random(math.max(1, #vals - 4), #vals)] end
+    local unary = { "relu", "silu", "exp", "tanh", "sigmoid", "gelu", "neg" }
+    for _ = 1, n_nodes do
+        local k, v = math.random(1, 10), nil
+        local p = pick()
+        if k <= 3 then
+            local f = unary[math.random(#unary)]
+            v = f == "neg" and p * -1 or (f == "exp" and (p * 0.25):exp() or p[f](p))
+        elseif k <= 6 then
+            local q = math.random() < 0.3 and row or pick()
+            local op = math.random(1, 4)
+            v = op == 1 and p + q or op == 2 and p - q or op == 3 and p * q or p / (q:exp() + 1)
+        elseif k == 7 then
+            v = p:rms_norm(mk.constant(H.rand({ S[2] }), "w" .. #vals))
+        elseif k == 8 then
+            v = p:matmul(mk.constant(H.rand({ S[2], S[2] }, -0.5, 0.5), "m" .. #vals))
+        elseif k == 9 then
+            v = p:permute({ 1, 0 }):permute({ 1, 0 }) + p:slice(0, S[1])
+        else
+            local b0 = math.random(0, S[1] - 1)
+            v = buf:replace(p:slice(b0, b0 + 1), b0, b0 + 1) * 0.5
+        end
+        vals[#vals + 1] = v
+    end
+    local out = vals[#vals]
+    for i = #vals - 1, math.max(4, #vals - 3), -1 do out = out + vals[i] end
+    return out
+end
+
+local function feeds()
+    return { x1 = H.rand(S, -2, 2), x2 = H.rand(S, -2, 2), row = H.rand({ 1, S[2] }, -2, 2) }
+end
+
+-- Runs model on each feed table, giving only the inputs it takes.
+local function run_all(model, list)
+    local outs = {}
+    for i, f in ipairs(list) do
+        local given = {}
+        for _, info in ipairs(model:inputs()) do given[info.name] = f[info.name] end
+        outs[i] = model:run(given)
+    end
+    return outs
+end
+
+describe("random DAGs", function()
+    it("give the same bits fused and unfused on the CPU", function()
+        local grouped = 0
+        for g = 1, 80 do
+            local out = random_dag(math.random(4, 14))
+            local fused <close> = mk.compile(out)
+            local plain <close> = mk.compile(out, { fuse = false })
+            grouped = grouped + fused:stats().pointwise_groups
+            local list = { feeds(), feeds() }
+            local a, b = run_all(fused, list), run_all(plain, list)
+            for i = 1, #list do
+                local ok, err = pcall(bits_equal, a[i], b[i], "graph " .. g)
+                if not ok then error(err .. "\n" .. fused:script(), 0) end
+            end
+        end
+        assert.is_true(grouped > 40, "only " .. grouped .. " groups in 80 graphs")
+    end)
+
+    gpu_it("give the same bits fused and unfused on CUDA, and the CPU's values", function()
+        for g = 1, 40 do
+            local out = random_dag(math.random(4, 14))
+            local cpu <close> = mk.compile(out, { fuse = false })
+            local fused <close> = mk.compile(out, { device = "cuda" })
+            local plain <close> = mk.compile(out, { device = "cuda", fuse = false })
+            local list = { feeds(), feeds() }
+            local want, a, b = run_all(cpu, list), run_all(fused, list), run_all(plain, list)
+            for i = 1, #list do
+                local ok, err = pcall(bits_equal, a[i], b[i], "graph " .. g)
+                if ok then ok, err = pcall(H.assert_close, a[i], H.ref(want[i]), 1e-4, 1e-4) end
+                if not ok then error(err .. "\n" .. fused:script(), 0) end
+            end
+        end
+    end)
+end)
