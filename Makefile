@@ -77,7 +77,7 @@ NVFLAGS  += -std=c++17 -Xcompiler -fPIC,-fvisibility=hidden -DMK_BUILDING -DMK_W
 # references to its own copies; -z defs: everything it needs is in it or its libraries.
 PLUGIN_LDFLAGS := -shared -Wl,--version-script=kernels/plugin.map -Wl,-Bsymbolic -Wl,-z,defs \
             -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64
-PLUGIN_LIBS := -lcublas -lcudart $(if $(filter 1,$(CUDNN)),-lcudnn) -lstdc++ -lm $(SAN)
+PLUGIN_LIBS := -lcublas -lcudart -lnvrtc $(if $(filter 1,$(CUDNN)),-lcudnn) -lstdc++ -lm $(SAN)
 endif
 
 all: $(LIB_SO) $(LIB_A) $(if $(LUA_SRC),$(LUA_MOD)) $(CTESTS) $(PLUGIN) $(PLUGIN_LUA)

@@ -6,9 +6,9 @@
  * nobody else reads; the root becomes a PointwiseGroupNode (the op table's
  * internal row) whose program is the members' expressions composed over the
  * group's operands, and the other members leave the graph. A device runs the
- * program as it runs one op's (the CPU over tiles, CUDA per element), so a
- * chain like silu(a) * b reads a and b once and writes once, with nothing in
- * between.
+ * program: the CPU as it runs one op's (over tiles), CUDA as a kernel written
+ * for the group (kernels/generated.cu). So a chain like silu(a) * b reads a
+ * and b once and writes once, with nothing in between.
  *
  * A member must
  *   - be pointwise with an expression, of the root's dtype and shape (its
@@ -17,7 +17,8 @@
  *   - have no in-place write between it and the root: its operands are now
  *     read where the root stands, and a write in between could change them.
  * A group stops growing where its program would pass MK_EXPR_MAX instructions
- * or its operands the device's limit (mk_device_ops.pointwise_operands).
+ * or its operands the device's limit (mk_device_ops.pointwise_operands: the
+ * CPU's program runner and CUDA's generated kernels both take MK_X_IN).
  * Nothing is recomputed: results stay bit-identical to one launch per node.
  */
 #include "internal.h"

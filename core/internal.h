@@ -411,8 +411,16 @@ typedef struct {
     int (*cudnn_compile_group)(struct mk_cudnn_cache **cache, struct mk_fused_group *g,
                                char *why, size_t why_size, mk_error **err);
     void (*cudnn_group_release)(struct mk_fused_group *g);
+    /* Writes the kernel of a pointwise group's launch and compiles it with NVRTC
+     * for sm_<arch>, loading nothing: needs no device (CI checks the generator). */
+    int (*generate_check)(const mk_launch *l, int arch, mk_error **err);
 } mk_cuda_plugin;
 typedef const mk_cuda_plugin *(*mk_cuda_plugin_entry_fn)(void);
+
+/* model.c: writes and NVRTC-compiles, for sm_<arch>, the CUDA kernel of each
+ * pointwise group of a model compiled for any device; the number checked, or
+ * -1. Tests use it where there is no GPU (the plugin needs none for this). */
+int mk_model_check_generated(const struct mk_model *m, int arch, mk_error **err);
 
 /* plugin.c: the plugin, loaded once per process; NULL with the reason in
  * `reason` when there is none or it is broken. Thread-safe. */

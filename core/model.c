@@ -568,6 +568,19 @@ MK_API int mk_model_output_info(const mk_model *m, mk_tensor_info *out) {
 
 MK_API const char *mk_model_script(const mk_model *m) { return m ? m->script : NULL; }
 
+int mk_model_check_generated(const mk_model *m, int arch, mk_error **err) {
+    char why[256];
+    const mk_cuda_plugin *p = mk_cuda_plugin_get(why, sizeof why);
+    if (!p) return mk_fail(err, MK_ERR_NO_DEVICE, 0, 0, "%s", why);
+    int checked = 0;
+    for (int i = 0; i < m->n_launches; i++) {
+        if (!m->launches[i].node->pw) continue;
+        if (p->generate_check(&m->launches[i], arch, err)) return -1;
+        checked++;
+    }
+    return checked;
+}
+
 MK_API const char *mk_model_fusion_report(const mk_model *m) {
     return m && m->report ? m->report : "";
 }

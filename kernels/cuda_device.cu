@@ -128,6 +128,7 @@ static void cuda_close(void *state) {
     if (s->fault) cudaFree(s->fault);
     for (int i = 0; i < s->n_extra; i++) cudaFree(s->extra[i]);
     free(s->extra);
+    free(s->generated); /* the kernels stay cached for the process */
     if (s->pinned) cudaFreeHost(s->pinned);
     free(s->in_stage);
     if (s->stream) cudaStreamDestroy(s->stream);
@@ -311,6 +312,9 @@ static int cuda_prepare(void *state, const mk_launch *launches, int n, const mk_
         memset(s->fault_stage, 0, sizeof *s->fault_stage);
     }
 
+    /* Generated kernels are compiled and loaded now: loading is no capture work. */
+    if (mk_cuda_generate(s, launches, n, err)) return -1;
+
     /*
      * Capture. Thread-local mode: a forbidden call on this thread (an
      * allocation, a sync) breaks this capture only, never another context's.
@@ -439,6 +443,7 @@ static const mk_cuda_plugin plugin = {
     NULL,
     NULL,
 #endif
+    mk_cuda_generate_check,
 };
 
 /* The plugin's only exported symbol (kernels/plugin.map), MK_CUDA_PLUGIN_ENTRY. */

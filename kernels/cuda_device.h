@@ -76,6 +76,10 @@ typedef struct mk_cuda_state {
     /* device memory kernels asked for while capturing (freed at close) */
     void **extra;
     int n_extra, cap_extra;
+
+    /* [n launches] a pointwise group's generated kernel (a cudaKernel_t, kept
+     * for the process by generated.cu), else NULL; NULL without groups */
+    void **generated;
 } mk_cuda_state;
 
 /* Stores an error for a CUDA status: MK_ERR_NOMEM for allocation failures,
@@ -120,9 +124,9 @@ static inline mk_cuda_state *mk_cuda_state_of(const mk_launch *l) {
 
 /* Threads per block for the elementwise and copy kernels. */
 #define MK_CUDA_BLOCK 256
-/* The interpreter of pointwise programs (pointwise.cu) reads a and b: a fused
- * group on this device has at most two operands (core/group.c asks). */
-#define MK_CUDA_POINTWISE_OPERANDS 2
+/* Pointwise groups (core/group.c) run generated kernels (generated.cu): as
+ * many operands as a program reads. */
+#define MK_CUDA_POINTWISE_OPERANDS MK_X_IN
 
 /* Blocks for n items at `per_block` each, within the grid's x limit. */
 static inline unsigned int mk_cuda_blocks(long long n, long long per_block) {
@@ -182,6 +186,11 @@ static __device__ __forceinline__ long long mk_cuda_walk_offset(const mk_walk &w
 /* ---- the plugin's kernels (one file per family) and its table -------------- */
 
 int mk_cuda_pointwise(const mk_launch *l, mk_error **err);      /* pointwise.cu */
+/* generated.cu: writes and compiles (NVRTC) the kernel of every pointwise group
+ * among the launches, into s->generated, before the capture; then runs one. */
+int mk_cuda_generate(mk_cuda_state *s, const mk_launch *launches, int n, mk_error **err);
+int mk_cuda_pointwise_generated(const mk_launch *l, mk_error **err);
+int mk_cuda_generate_check(const mk_launch *l, int arch, mk_error **err);
 int mk_cuda_permute(const mk_launch *l, mk_error **err);        /* pointwise.cu */
 int mk_cuda_complex_mul(const mk_launch *l, mk_error **err);    /* pointwise.cu */
 int mk_cuda_matmul(const mk_launch *l, mk_error **err);         /* matmul.cu */

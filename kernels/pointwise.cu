@@ -2,7 +2,8 @@
  * pointwise.cu — elementwise ops and the permuting copy on the GPU:
  *
  *   MK_KERNEL_POINTWISE    out = the op's program (mk_expr) over a (and b), for every
- *                          op row with an expression; float32, int64
+ *                          op row with an expression; float32, int64 (a pointwise
+ *                          group runs the kernel generated.cu writes for it)
  *   MK_KERNEL_COMPLEX_MUL  out [..., 2] = a * b as complex (re, im)
  *   MK_KERNEL_PERMUTE      out = x viewed with permuted strides, made contiguous
  *
@@ -367,7 +368,8 @@ static void pointwise_dispatch(const mk_launch *l) {
 
 /* MK_KERNEL_POINTWISE: float32 and int64 (the device table says so; model.c checks). */
 int mk_cuda_pointwise(const mk_launch *l, mk_error **err) {
-    if (!l->expr || l->expr->n_in > l->n_in || l->n_in > MK_CUDA_POINTWISE_OPERANDS)
+    if (l->node->pw) return mk_cuda_pointwise_generated(l, err); /* a group: its own kernel */
+    if (!l->expr || l->expr->n_in > l->n_in || l->n_in > 2)
         return MK_INTERNAL(err, "a pointwise launch without its program or its operands");
     bool two = l->expr->n_in == 2;
     if (l->out.dtype == MK_DTYPE_INT64) {
