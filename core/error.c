@@ -23,6 +23,7 @@ static const char *kind_of(mk_error_code code) {
     case MK_ERR_DEVICE: return "device error";
     case MK_ERR_INTERNAL: return "internal error";
     case MK_ERR_NO_DEVICE: return "no CUDA device";
+    case MK_ERR_FILE: return "file error";
     }
     return "error";
 }

@@ -162,6 +162,10 @@ const char *mk_shape_str(int rank, const int64_t *shape, char *buf, size_t size)
 const char *mk_operand_ref(const mk_node *n, int k, char *buf, size_t size);
 #define MK_OPERAND(n, k) mk_operand_ref((n), (k), (char[80]){0}, 80)
 
+/* safetensors.c: checks the header of a whole file's bytes (for fuzzing: no file,
+ * no mapping); the tensors it names in *count. */
+int mk_safetensors_parse_buffer(const void *file, size_t size, size_t *count, mk_error **err);
+
 /* passes.c: the ordered pass list, run between parsing and planning */
 int mk_passes_run(mk_graph *g, const mk_compile_options *opts, mk_error **err);
 /* group.c: the grouping pass (pointwise trees), and its lines of the fusion report */

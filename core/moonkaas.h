@@ -74,6 +74,7 @@ typedef enum {
     MK_ERR_DEVICE,      /* the device is missing or failed ("no CUDA device: ...") */
     MK_ERR_INTERNAL,    /* a broken invariant inside moonkaas (a bug: please report) */
     MK_ERR_NO_DEVICE,   /* compiled for CUDA where there is none ("no CUDA device: ...") */
+    MK_ERR_FILE,        /* a file cannot be read or written, or its contents are malformed */
 } mk_error_code;
 
 /* The whole message, e.g. "script:3:14: syntax error: expected ')'". */
@@ -265,6 +266,32 @@ MK_API int mk_op_infer(const char *op, const mk_tensor_info *inputs, size_t n_in
  * when there are none; NULL with an error when the script does not parse. */
 MK_API mk_tensor_info *mk_script_constants(const char *script, size_t *count, mk_error **err);
 MK_API void mk_tensor_infos_free(mk_tensor_info *);
+
+/* ---- safetensors files ---------------------------------------------------
+ *
+ * The format most weights are kept in: an 8-byte length, a JSON header naming
+ * each tensor's dtype (F32, F16, BF16, I64, I8 here), shape and byte range,
+ * then the data. Opening maps the file read-only and checks the whole header
+ * (malformed JSON, unknown dtypes, offsets outside the file or not matching
+ * the shape, duplicate names are MK_ERR_FILE errors naming the file and the
+ * tensor); tensors are read in place, valid until mk_safetensors_close. A
+ * scalar (shape []) reads as [1]. The format does not promise alignment: a
+ * tensor's data is aligned to its element size only where the writer put it so
+ * (mk_safetensors_save does); copy it before reading elements where it is not.
+ */
+typedef struct mk_safetensors mk_safetensors;
+MK_API mk_safetensors *mk_safetensors_open(const char *path, mk_error **err);
+MK_API size_t mk_safetensors_count(const mk_safetensors *);
+/* Tensor i, in the header's order: its name, dtype and shape in *info (the
+ * name lives as long as the file is open), its bytes at *data. Any out
+ * pointer may be NULL. Returns -1 when i is out of range. */
+MK_API int mk_safetensors_tensor(const mk_safetensors *, size_t i, mk_tensor_info *info,
+                                 const void **data, size_t *bytes);
+MK_API void mk_safetensors_close(mk_safetensors *);
+/* Writes n tensors (infos[i] names and describes data[i]) to path, whole or
+ * not at all (a temporary file renamed over it). */
+MK_API int mk_safetensors_save(const char *path, const mk_tensor_info *infos,
+                               const void *const *data, size_t n, mk_error **err);
 
 /* ---- the op table ------------------------------------------------------- */
 

@@ -390,6 +390,103 @@ static int l_from_file(lua_State *L) {
     return 1;
 }
 
+/* ==== safetensors files ====================================================== */
+
+#define LMK_SAFETENSORS_MT "moonkaas.safetensors"
+
+static int safetensors_gc(lua_State *L) {
+    mk_safetensors **h = (mk_safetensors **)luaL_checkudata(L, 1, LMK_SAFETENSORS_MT);
+    mk_safetensors_close(*h);
+    *h = NULL;
+    return 0;
+}
+
+/* mk.load_safetensors(path) -> {name = tensor}: read-only windows into the
+ * mapped file, which stays mapped while any of them lives (a tensor the file
+ * does not align to its element size is a copy). */
+static int l_load_safetensors(lua_State *L) {
+    const char *fn = "load_safetensors";
+    if (lua_type(L, 1) != LUA_TSTRING)
+        LMK_ARG_ERROR(L, fn, "argument #1 must be a path, got %s", luaL_typename(L, 1));
+    /* the handle first, closed: a raise below leaves nothing open */
+    mk_safetensors **h = (mk_safetensors **)lua_newuserdatauv(L, sizeof *h, 0);
+    *h = NULL;
+    luaL_setmetatable(L, LMK_SAFETENSORS_MT);
+    int handle = lua_gettop(L);
+    mk_error *err = NULL;
+    if (!(*h = mk_safetensors_open(lua_tostring(L, 1), &err))) return lmk_raise_core(L, err);
+    size_t n = mk_safetensors_count(*h);
+    lua_createtable(L, 0, n > INT32_MAX ? 0 : (int)n);
+    for (size_t i = 0; i < n; i++) {
+        mk_tensor_info info;
+        const void *data;
+        size_t bytes;
+        mk_safetensors_tensor(*h, i, &info, &data, &bytes);
+        if ((uintptr_t)data % mk_dtype_size(info.dtype)) {
+            /* a writer that did not align it: elements are read whole, so a copy */
+            lmk_tensor *t = lmk_push_tensor(L, fn, info.dtype, info.rank, info.shape);
+            memcpy(t->data, data, bytes);
+            lua_setfield(L, -2, info.name);
+            continue;
+        }
+        lmk_tensor *t = (lmk_tensor *)lua_newuserdatauv(L, sizeof *t, 1);
+        *t = (lmk_tensor){.dtype = info.dtype, .rank = info.rank,
+                          .numel = (int64_t)(bytes / mk_dtype_size(info.dtype)), .bytes = bytes,
+                          .data = (void *)data, .readonly = true};
+        memcpy(t->shape, info.shape, sizeof(int64_t) * (size_t)info.rank);
+        luaL_setmetatable(L, LMK_TENSOR_MT);
+        lua_pushvalue(L, handle);
+        lua_setiuservalue(L, -2, 1); /* the tensor keeps the file mapped */
+        lua_setfield(L, -2, info.name);
+    }
+    return 1;
+}
+
+/* mk.save_safetensors(path, {name = tensor}): every tensor, in name order. */
+static int l_save_safetensors(lua_State *L) {
+    const char *fn = "save_safetensors";
+    if (lua_type(L, 1) != LUA_TSTRING)
+        LMK_ARG_ERROR(L, fn, "argument #1 must be a path, got %s", luaL_typename(L, 1));
+    if (lua_type(L, 2) != LUA_TTABLE)
+        LMK_ARG_ERROR(L, fn, "argument #2 must be a table {name = tensor}, got %s",
+                      luaL_typename(L, 2));
+    /* the names, sorted (table.sort through the API: a plain array of strings) */
+    lua_settop(L, 2);
+    lua_newtable(L);
+    lua_Integer n = 0;
+    lua_pushnil(L);
+    while (lua_next(L, 2)) {
+        if (lua_type(L, -2) != LUA_TSTRING || !lmk_to_tensor(L, -1))
+            LMK_ARG_ERROR(L, fn, "the table must map names to tensors (a %s maps to a %s)",
+                          luaL_typename(L, -2), luaL_typename(L, -1));
+        lua_pop(L, 1);
+        lua_pushvalue(L, -1);
+        lua_rawseti(L, 3, ++n);
+    }
+    lua_getglobal(L, "table");
+    lua_getfield(L, -1, "sort");
+    lua_pushvalue(L, 3);
+    lua_call(L, 1, 0);
+    lua_pop(L, 1);
+    /* arrays of n infos and pointers, as userdata the collector frees */
+    mk_tensor_info *infos = (mk_tensor_info *)lua_newuserdatauv(L, sizeof *infos * (size_t)(n ? n : 1), 0);
+    const void **data = (const void **)lua_newuserdatauv(L, sizeof *data * (size_t)(n ? n : 1), 0);
+    for (lua_Integer i = 1; i <= n; i++) {
+        lua_rawgeti(L, 3, i);
+        const char *name = lua_tostring(L, -1); /* anchored in table 3 */
+        lua_gettable(L, 2);
+        lmk_tensor *t = lmk_to_tensor(L, -1); /* anchored in table 2 */
+        lua_pop(L, 1);
+        infos[i - 1] = (mk_tensor_info){.name = name, .dtype = t->dtype, .rank = t->rank};
+        memcpy(infos[i - 1].shape, t->shape, sizeof(int64_t) * (size_t)t->rank);
+        data[i - 1] = t->data;
+    }
+    mk_error *err = NULL;
+    if (mk_safetensors_save(lua_tostring(L, 1), infos, data, (size_t)n, &err))
+        return lmk_raise_core(L, err);
+    return 0;
+}
+
 /* ==== tensor methods ========================================================= */
 
 static void push_totable(lua_State *L, const lmk_tensor *t, const element_ops *e, int depth,
@@ -569,6 +666,9 @@ void lmk_open_tensor(lua_State *L) {
     static const luaL_Reg mapping_meta[] = {{"__gc", mapping_gc}, {NULL, NULL}};
     lmk_define_type(L, LMK_MAPPING_MT, mapping_meta, NULL, NULL);
     lua_pop(L, 1);
+    static const luaL_Reg safetensors_meta[] = {{"__gc", safetensors_gc}, {NULL, NULL}};
+    lmk_define_type(L, LMK_SAFETENSORS_MT, safetensors_meta, NULL, NULL);
+    lua_pop(L, 1);
 
     if (lua_getfield(L, LUA_REGISTRYINDEX, MAPPINGS_KEY) != LUA_TTABLE) {
         lua_newtable(L);
@@ -582,6 +682,8 @@ void lmk_open_tensor(lua_State *L) {
 
     static const luaL_Reg functions[] = {
         {"tensor", lmk_tensor_new}, {"zeros", l_zeros}, {"from_bytes", l_from_bytes},
-        {"from_file", l_from_file}, {"is_tensor", l_is_tensor}, {NULL, NULL}};
+        {"from_file", l_from_file}, {"is_tensor", l_is_tensor},
+        {"load_safetensors", l_load_safetensors}, {"save_safetensors", l_save_safetensors},
+        {NULL, NULL}};
     luaL_setfuncs(L, functions, 0);
 }

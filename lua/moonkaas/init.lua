@@ -19,6 +19,9 @@ t:argmax, t:totable) is 1-based, as Lua tables are.
   tensors  mk.tensor(nested[, dtype]) | mk.tensor(flat, dtype, shape)
            mk.zeros(dtype, shape)  mk.from_bytes(s, dtype, shape)
            mk.from_file(path, {offset =, dtype =, shape =})  (mmap, read-only)
+           mk.load_safetensors(path) -> {name = tensor} (mmap, read-only)
+           mk.save_safetensors(path, {name = tensor})
+           mk.tensor_from_string(s, dtype, shape) (the same as mk.from_bytes)
            t.dtype t.shape t.rank t.numel t.readonly #t tostring(t)
            t:totable() t:bytes() t:get(i...) t:set(i..., v) t:argmax() t:copy()
            dtypes: float32, int64, float16, bfloat16, int8 (the core's table);
@@ -61,6 +64,7 @@ local core = require "moonkaas.core"
 
 local mk = {}
 for k, v in pairs(core) do mk[k] = v end
+mk.tensor_from_string = core.from_bytes
 
 local node_info = core.node_info
 local concat, format = table.concat, string.format
