@@ -162,6 +162,9 @@ const char *mk_shape_str(int rank, const int64_t *shape, char *buf, size_t size)
 const char *mk_operand_ref(const mk_node *n, int k, char *buf, size_t size);
 #define MK_OPERAND(n, k) mk_operand_ref((n), (k), (char[80]){0}, 80)
 
+/* dot.c: the compiled graph as Graphviz DOT (NULL when out of memory) */
+char *mk_graph_dot(const mk_graph *g);
+
 /* safetensors.c: checks the header of a whole file's bytes (for fuzzing: no file,
  * no mapping); the tensors it names in *count. */
 int mk_safetensors_parse_buffer(const void *file, size_t size, size_t *count, mk_error **err);

@@ -243,6 +243,14 @@ MK_API int mk_model_stats(const mk_model *, mk_stats *out);
  * when there is no group. */
 MK_API const char *mk_model_fusion_report(const mk_model *);
 
+/* The compiled plan as a Graphviz DOT picture (render with `dot -Tsvg`): a
+ * node per op with its dtype, shape and memory (arena offset and size,
+ * constant, buffer, view or in-place write of another node), edges from
+ * operands to readers, views dashed to their owners, each pointwise group a
+ * cluster of the nodes it replaced. Free with mk_string_free; NULL when out of
+ * memory. */
+MK_API char *mk_model_dot(const mk_model *);
+
 /* The script as the compiler prints it after parsing and checking, without
  * compiling; for tools and tests. Free with mk_string_free. */
 MK_API char *mk_script_format(const char *script, mk_error **err);

@@ -412,11 +412,21 @@ static int model_script(lua_State *L) {
     return 1;
 }
 
-/* model:fusion_report() -> one line per group the cuDNN pass tried ("" without cuDNN) */
+/* model:fusion_report() -> one line per pointwise group, then per group the cuDNN
+ * pass tried ("" without groups) */
 static int model_fusion_report(lua_State *L) {
     lmk_model *m = check_model(L, 1, "fusion_report", true);
     const char *s = mk_model_fusion_report(m->model);
     lua_pushstring(L, s ? s : "");
+    return 1;
+}
+
+/* model:dot() -> the compiled plan as Graphviz DOT */
+static int model_dot(lua_State *L) {
+    lmk_model *m = check_model(L, 1, "dot", true);
+    char *s = mk_model_dot(m->model);
+    if (!s) return luaL_error(L, "out of memory: dot: the picture of the model");
+    lmk_push_core_string(L, s);
     return 1;
 }
 
@@ -483,7 +493,7 @@ void lmk_open_model(lua_State *L) {
         {NULL, NULL}};
     static const luaL_Reg methods[] = {
         {"run", model_run}, {"stats", model_stats}, {"script", model_script},
-        {"fusion_report", model_fusion_report}, {"reset", model_reset},
+        {"fusion_report", model_fusion_report}, {"dot", model_dot}, {"reset", model_reset},
         {"inputs", model_inputs}, {"output", model_output}, {"close", model_release},
         {NULL, NULL}};
     lmk_define_type(L, LMK_MODEL_MT, meta, methods, NULL); /* __index = methods */

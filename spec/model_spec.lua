@@ -140,6 +140,39 @@ describe("memory that cannot be had", function()
     end)
 end)
 
+describe("model:dot()", function()
+    it("draws every node, its memory, the edges, views and pointwise groups", function()
+        local a, b = mk.input("a", "float32", { 4, 8 }), mk.input("b", "float32", { 1, 8 })
+        local w = mk.constant(H.rand({ 8, 8 }), "w")
+        local buf = mk.buffer("float32", { 4, 8 })
+        local y = ((a:matmul(w:permute({ 1, 0 })):silu() * b) + a):relu() + buf:replace(b, 0, 1)
+        local m <close> = mk.compile(y)
+        local dot = m:dot()
+        assert.truthy(dot:find("^digraph moonkaas {"))
+        assert.truthy(dot:find("}\n$"))
+        -- every node the compiled script has, and the group's members
+        local declared = {}
+        for id in dot:gmatch("\n%s*([nm]%d+) %[shape=") do declared[id] = true end
+        local statements = select(2, m:script():gsub("\n%$", "")) + 1
+        local n_nodes = 0
+        for id in pairs(declared) do if id:sub(1, 1) == "n" then n_nodes = n_nodes + 1 end end
+        assert.are.equal(statements, n_nodes)
+        for from, to in dot:gmatch("\n%s*([nm]%d+) %-> ([nm]%d+)") do
+            assert.is_true(declared[from] and declared[to], from .. " -> " .. to)
+        end
+        assert.truthy(dot:find("subgraph cluster_", 1, true))
+        assert.truthy(dot:find("$5 SiLUNode", 1, true))
+        assert.truthy(dot:find("view of $2 +0 B", 1, true))      -- the permuted weight
+        assert.truthy(dot:find("in place of $10 +0 B", 1, true)) -- the write into the buffer
+        assert.truthy(dot:find("$2 ConstantTensor 'w'\\nfloat32 [8, 8]\\nconstant, 256 B", 1, true))
+        assert.truthy(dot:find("arena @", 1, true))
+        assert.truthy(dot:find("style=dashed", 1, true))
+        -- without groups, no cluster
+        local plain <close> = mk.compile(y, { fuse = false })
+        assert.falsy(plain:dot():find("cluster", 1, true))
+    end)
+end)
+
 describe("model release", function()
     it("closes once, idempotently, with <close>, :close() and the collector", function()
         local x = mk.input("x", "float32", { 2 })

@@ -1,0 +1,118 @@
+/*
+ * dot.c — the compiled plan as a Graphviz picture (mk_graph_dot).
+ *
+ * A box per node with its op, shape, dtype and where its memory is (an arena
+ * offset and size, its own constant or buffer, or a view or in-place write of
+ * another node's); leaves are ellipses (inputs), notes (constants) and
+ * cylinders (buffers). Edges run from operand to reader; a dashed grey edge
+ * joins a view to the node whose memory it shares. A pointwise group is a
+ * cluster holding the nodes it replaced, labelled with what runs it.
+ */
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* s with " and \ escaped, for a DOT string */
+static void put_escaped(mk_strbuf *b, const char *s) {
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\') mk_strbuf_put(b, "\\%c", *s);
+        else if (*s == '\n') mk_strbuf_put(b, "\\n");
+        else mk_strbuf_put(b, "%c", *s);
+    }
+}
+
+static const char *shape_of(const mk_node *n) {
+    if (n->op->role != MK_ROLE_LEAF) return "box";
+    switch (n->op->leaf) {
+    case MK_LEAF_CONSTANT: return "note";
+    case MK_LEAF_BUFFER: return "cylinder";
+    default: return "ellipse";
+    }
+}
+
+/* One node's statement: "n<index> [label=..., shape=...];" (members of a group
+ * have no index in the graph: they are named m<id>). */
+static void put_node(mk_strbuf *b, const mk_node *n, const char *id, const char *op_name,
+                     bool placed) {
+    char shape[96];
+    mk_shape_str(n->rank, n->shape, shape, sizeof shape);
+    mk_strbuf_put(b, "  %s [shape=%s, label=\"$%d %s", id, shape_of(n), n->id, op_name);
+    if (n->name) {
+        mk_strbuf_put(b, " '");
+        put_escaped(b, n->name);
+        mk_strbuf_put(b, "'");
+    }
+    mk_strbuf_put(b, "\\n%s %s", mk_dtype_name(n->dtype), shape);
+    if (placed) {
+        size_t bytes = mk_node_bytes(n);
+        switch (n->storage) {
+        case MK_STORAGE_ARENA:
+            mk_strbuf_put(b, "\\narena @%lld, %zu B", (long long)n->offset, bytes);
+            break;
+        case MK_STORAGE_CONSTANT: mk_strbuf_put(b, "\\nconstant, %zu B", bytes); break;
+        case MK_STORAGE_BUFFER: mk_strbuf_put(b, "\\nbuffer, %zu B", bytes); break;
+        case MK_STORAGE_VIEW:
+            mk_strbuf_put(b, "\\n%s $%d +%lld B",
+                          n->op->role == MK_ROLE_INPLACE ? "in place of" : "view of",
+                          n->owner->id, (long long)n->view_offset);
+            break;
+        }
+    }
+    mk_strbuf_put(b, "\"];\n");
+}
+
+char *mk_graph_dot(const mk_graph *g) {
+    mk_strbuf b = {0};
+    mk_strbuf_put(&b, "digraph moonkaas {\n  rankdir=TB;\n"
+                      "  node [fontname=\"monospace\", fontsize=10];\n"
+                      "  edge [color=\"#555555\"];\n");
+    char id[32];
+    for (int i = 0; i < g->n_nodes; i++) {
+        const mk_node *n = g->nodes[i];
+        snprintf(id, sizeof id, "n%d", n->index);
+        if (!n->pw) {
+            put_node(&b, n, id, n->op->name, true);
+            continue;
+        }
+        /* a group: its members inside, the group node (the root's place) last */
+        mk_strbuf_put(&b, "  subgraph cluster_%d {\n    style=rounded; color=\"#3366aa\";\n"
+                          "    label=\"%s $%d: one kernel, %d instructions over %d operands\";\n",
+                      n->index, n->op->name, n->id, n->pw->program.n, n->n_in);
+        for (int k = 0; k < n->pw->n_members; k++) {
+            char mid[32];
+            snprintf(mid, sizeof mid, "m%d", n->pw->members[k]->id);
+            mk_strbuf_put(&b, "  ");
+            put_node(&b, n->pw->members[k], mid, n->pw->members[k]->op->name, false);
+        }
+        mk_strbuf_put(&b, "  ");
+        put_node(&b, n, id, n->pw->root_op->name, true);
+        mk_strbuf_put(&b, "  }\n");
+    }
+    /* edges: operands to readers; inside a group, between its members */
+    for (int i = 0; i < g->n_nodes; i++) {
+        const mk_node *n = g->nodes[i];
+        for (int k = 0; k < n->n_in; k++)
+            mk_strbuf_put(&b, "  n%d -> n%d;\n", n->in[k]->index, n->index);
+        if (n->storage == MK_STORAGE_VIEW && n->owner != n)
+            mk_strbuf_put(&b, "  n%d -> n%d [style=dashed, color=\"#aaaaaa\", arrowhead=none];\n",
+                          n->index, n->owner->index);
+        if (!n->pw) continue;
+        for (int m = 0; m < n->pw->n_members; m++) { /* each member feeds a later member or the root */
+            const mk_node *x = n->pw->members[m];
+            const mk_node *reader = n;
+            for (int r = m + 1; r < n->pw->n_members && reader == n; r++)
+                for (int k = 0; k < n->pw->members[r]->n_in; k++)
+                    if (n->pw->members[r]->in[k] == x) reader = n->pw->members[r];
+            if (reader == n) mk_strbuf_put(&b, "  m%d -> n%d [style=bold];\n", x->id, n->index);
+            else mk_strbuf_put(&b, "  m%d -> m%d [style=bold];\n", x->id, reader->id);
+        }
+    }
+    mk_strbuf_put(&b, "}\n");
+    if (b.failed) {
+        free(b.s);
+        return NULL;
+    }
+    return b.s;
+}
