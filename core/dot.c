@@ -116,3 +116,52 @@ char *mk_graph_dot(const mk_graph *g) {
     }
     return b.s;
 }
+
+/* ---- the arena over time ------------------------------------------------------ */
+
+/*
+ * An SVG of the plan's arena: x is the evaluation order (one column per node),
+ * y the offset in bytes, one box per tensor from the node that writes it to
+ * its last reader, labelled with its $N; a line marks the live-bytes lower
+ * bound no plan can beat. Written here, no dependency.
+ */
+char *mk_graph_memory_svg(const mk_graph *g, size_t arena_bytes, size_t lower_bound) {
+    const double W = 900, H = 420, left = 60, top = 30, right = 20, bottom = 40;
+    double cols = g->n_nodes + 1 > 1 ? g->n_nodes + 1 : 2;
+    double bytes = arena_bytes ? (double)arena_bytes : 1;
+    double sx = (W - left - right) / cols, sy = (H - top - bottom) / bytes;
+    mk_strbuf b = {0};
+    mk_strbuf_put(&b, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+                      "font-family=\"monospace\" font-size=\"9\">\n", W, H);
+    mk_strbuf_put(&b, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#f8f8f8\" "
+                      "stroke=\"#999\"/>\n", left, top, W - left - right, H - top - bottom);
+    mk_strbuf_put(&b, "<text x=\"%.1f\" y=\"18\" font-size=\"12\">arena: %zu bytes, live-bytes "
+                      "lower bound %zu (%d nodes)</text>\n", left, arena_bytes, lower_bound,
+                  g->n_nodes);
+    for (int i = 0; i < g->n_nodes; i++) {
+        const mk_node *n = g->nodes[i];
+        if (n->owner != n || n->storage != MK_STORAGE_ARENA || n->offset < 0) continue;
+        double x0 = left + n->index * sx, x1 = left + (n->last_use + 1) * sx;
+        double y0 = top + (double)n->offset * sy, h = (double)mk_node_bytes(n) * sy;
+        unsigned hue = (unsigned)(n->id * 47) % 360;
+        mk_strbuf_put(&b, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" "
+                          "fill=\"hsl(%u,60%%,75%%)\" stroke=\"#333\" stroke-width=\"0.5\">"
+                          "<title>$%d %s: %zu B at %lld, nodes %d to %d</title></rect>\n",
+                      x0, y0, x1 - x0, h > 0.5 ? h : 0.5, hue, n->id, n->op->name,
+                      mk_node_bytes(n), (long long)n->offset, n->index, n->last_use);
+        if (h >= 9 && x1 - x0 >= 24)
+            mk_strbuf_put(&b, "<text x=\"%.1f\" y=\"%.1f\">$%d</text>\n", x0 + 2, y0 + 9, n->id);
+    }
+    double yb = top + (double)lower_bound * sy;
+    mk_strbuf_put(&b, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#c00\" "
+                      "stroke-dasharray=\"4 3\"/>\n<text x=\"%.1f\" y=\"%.1f\" fill=\"#c00\">lower "
+                      "bound</text>\n", left, yb, W - right, yb, W - right - 70, yb - 3);
+    mk_strbuf_put(&b, "<text x=\"%.1f\" y=\"%.1f\">evaluation order →</text>\n"
+                      "<text x=\"4\" y=\"%.1f\">offset ↓</text>\n</svg>\n",
+                  left, H - 14, top + 10);
+    if (b.failed) {
+        free(b.s);
+        return NULL;
+    }
+    return b.s;
+}

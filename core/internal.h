@@ -164,6 +164,8 @@ const char *mk_operand_ref(const mk_node *n, int k, char *buf, size_t size);
 
 /* dot.c: the compiled graph as Graphviz DOT (NULL when out of memory) */
 char *mk_graph_dot(const mk_graph *g);
+/* dot.c: the arena over the evaluation order as SVG (NULL when out of memory) */
+char *mk_graph_memory_svg(const mk_graph *g, size_t arena_bytes, size_t lower_bound);
 
 /* safetensors.c: checks the header of a whole file's bytes (for fuzzing: no file,
  * no mapping); the tensors it names in *count. */

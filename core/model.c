@@ -583,6 +583,11 @@ int mk_model_check_generated(const mk_model *m, int arch, mk_error **err) {
 
 MK_API char *mk_model_dot(const mk_model *m) { return m ? mk_graph_dot(m->graph) : NULL; }
 
+MK_API char *mk_model_memory_svg(const mk_model *m) {
+    return m ? mk_graph_memory_svg(m->graph, m->stats.arena_bytes, m->stats.lower_bound_bytes)
+             : NULL;
+}
+
 MK_API const char *mk_model_fusion_report(const mk_model *m) {
     return m && m->report ? m->report : "";
 }

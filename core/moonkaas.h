@@ -250,6 +250,10 @@ MK_API const char *mk_model_fusion_report(const mk_model *);
  * cluster of the nodes it replaced. Free with mk_string_free; NULL when out of
  * memory. */
 MK_API char *mk_model_dot(const mk_model *);
+/* The arena as an SVG picture: x the evaluation order, y the offset, a box per
+ * tensor from the node that writes it to its last reader, the live-bytes
+ * lower bound as a line. Free with mk_string_free; NULL when out of memory. */
+MK_API char *mk_model_memory_svg(const mk_model *);
 
 /* The script as the compiler prints it after parsing and checking, without
  * compiling; for tools and tests. Free with mk_string_free. */

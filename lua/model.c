@@ -421,13 +421,17 @@ static int model_fusion_report(lua_State *L) {
     return 1;
 }
 
-/* model:dot() -> the compiled plan as Graphviz DOT */
-static int model_dot(lua_State *L) {
-    lmk_model *m = check_model(L, 1, "dot", true);
-    char *s = mk_model_dot(m->model);
-    if (!s) return luaL_error(L, "out of memory: dot: the picture of the model");
+/* model:dot() -> the compiled plan as Graphviz DOT; model:memory_svg() -> the arena as SVG */
+static int model_picture(lua_State *L, const char *fn, char *(*draw)(const mk_model *)) {
+    lmk_model *m = check_model(L, 1, fn, true);
+    char *s = draw(m->model);
+    if (!s) return luaL_error(L, "out of memory: %s: the picture of the model", fn);
     lmk_push_core_string(L, s);
     return 1;
+}
+static int model_dot(lua_State *L) { return model_picture(L, "dot", mk_model_dot); }
+static int model_memory_svg(lua_State *L) {
+    return model_picture(L, "memory_svg", mk_model_memory_svg);
 }
 
 /* model:inputs() -> {{name =, dtype =, shape =}, ...}; model:output() -> {dtype =, shape =} */
@@ -493,7 +497,8 @@ void lmk_open_model(lua_State *L) {
         {NULL, NULL}};
     static const luaL_Reg methods[] = {
         {"run", model_run}, {"stats", model_stats}, {"script", model_script},
-        {"fusion_report", model_fusion_report}, {"dot", model_dot}, {"reset", model_reset},
+        {"fusion_report", model_fusion_report}, {"dot", model_dot},
+        {"memory_svg", model_memory_svg}, {"reset", model_reset},
         {"inputs", model_inputs}, {"output", model_output}, {"close", model_release},
         {NULL, NULL}};
     lmk_define_type(L, LMK_MODEL_MT, meta, methods, NULL); /* __index = methods */

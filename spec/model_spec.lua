@@ -171,6 +171,21 @@ describe("model:dot()", function()
         local plain <close> = mk.compile(y, { fuse = false })
         assert.falsy(plain:dot():find("cluster", 1, true))
     end)
+
+    it("memory_svg draws a box per tensor in the arena and the lower bound", function()
+        local x = mk.input("x", "float32", { 16, 16 })
+        local y = x:relu():matmul(x):tanh():matmul(x:exp())
+        local m <close> = mk.compile(y, { fuse = false })
+        local svg = m:memory_svg()
+        assert.truthy(svg:find("^<svg xmlns="))
+        assert.truthy(svg:find("</svg>\n$"))
+        local st = m:stats()
+        assert.truthy(svg:find(string.format("arena: %d bytes, live-bytes lower bound %d",
+            st.arena_bytes, st.lower_bound_bytes), 1, true))
+        -- the input, relu, the first product, tanh, exp, the second product
+        assert.are.equal(6, select(2, svg:gsub("<title>", "")))
+        assert.truthy(svg:find("lower bound</text>", 1, true))
+    end)
 end)
 
 describe("model release", function()
