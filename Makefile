@@ -9,6 +9,9 @@
 #   make valgrind   the C tests and CPU specs under valgrind (build-valgrind/)
 #   make tsan       every C test (threads_test's threads among them) under ThreadSanitizer
 #                   (build-tsan/, without OpenMP); any race report fails
+#   make fuzz       each libFuzzer target in spec/fuzz/ for FUZZ_SECONDS (default 60) under
+#                   ASan + UBSan, built with clang in build-fuzz/ (no OpenMP: one thread per
+#                   run); fails if any target crashes
 #   make plugin     only the CUDA plugin (and its copy beside core.so)
 #   make module     only the Lua module and the plugin beside it (what luarocks builds)
 #   make CUDA=1     force the CUDA plugin (default: built when nvcc is found); CUDA=0: no plugin
@@ -179,7 +182,25 @@ tsan:
 	    SAN="-fsanitize=thread" all
 	sh spec/tsan.sh build-tsan
 
-clean:
-	rm -rf build build-asan build-valgrind build-tsan build-nocudnn
+# libFuzzer targets (spec/fuzz/*_fuzz.c) over a clang build of the library and the
+# binding with ASan + UBSan; spec/fuzz/run.sh runs each on a scratch copy of its
+# seed corpus and prints the executions per target.
+FUZZ_SECONDS ?= 60
+FUZZ_CC  ?= clang
+FUZZ_BINS := $(patsubst spec/fuzz/%.c,$(BUILD)/fuzz/%,$(wildcard spec/fuzz/*_fuzz.c))
+fuzz:
+	$(MAKE) BUILD=build-fuzz CC=$(FUZZ_CC) CUDA=0 ARCH= OPENMP= OPT="-O1 -fno-omit-frame-pointer" \
+	    SAN="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined" fuzz-targets
+	sh spec/fuzz/run.sh build-fuzz $(FUZZ_SECONDS)
 
-.PHONY: all module plugin test asan valgrind tsan clean install
+fuzz-targets: $(FUZZ_BINS)
+
+$(BUILD)/fuzz/%: spec/fuzz/%.c spec/fuzz/fuzz.h $(LUA_OBJ) $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -fsanitize=fuzzer -I$(LUA_INCDIR) -I$(LUA_INCDIR)/../x86_64-linux-gnu \
+	    -DMK_FUZZ_ROOT='"$(abspath .)"' -o $@ $< $(LUA_OBJ) $(LIB_A) -L$(LUA_LIBDIR) -l$(LUA) $(LDLIBS)
+
+clean:
+	rm -rf build build-asan build-valgrind build-tsan build-nocudnn build-fuzz
+
+.PHONY: all module plugin test asan valgrind tsan fuzz fuzz-targets clean install

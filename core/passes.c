@@ -38,22 +38,32 @@ static const mk_node *memory_leaf(const mk_node *n) {
 /*
  * Nodes whose result reaches neither the output nor persistent state leave the
  * graph (they would run every evaluation for nothing, and their dtypes would
- * still have to suit a kernel). Roots: the output, and in-place writes into a
- * BufferTensor (the next evaluation sees them). Leaves stay: they are the
- * model's interface (its inputs and constants are given by name either way).
+ * still have to suit a kernel). Roots: the output, in-place writes into a
+ * BufferTensor (the next evaluation sees them), and in-place writes into memory
+ * that a live node (or the output) reads after them, through the node written
+ * into or a view of it: `$5 = ReplaceSliceNode($1, ...); result = $1;` outputs
+ * the write. Leaves stay: they are the model's interface (its inputs and
+ * constants are given by name either way).
  */
 static int drop_dead(mk_graph *g, const mk_compile_options *opts, mk_error **err) {
     if (opts->no_passes || g->n_nodes == 0) return 0;
-    bool *live = calloc((size_t)g->n_nodes, sizeof *live);
+    /* read_later[r]: the memory rooted at node r is read after the node looked at */
+    bool *live = calloc((size_t)g->n_nodes * 2, sizeof *live);
     if (!live) return mk_fail(err, MK_ERR_NOMEM, 0, 0, "dropping dead nodes");
+    bool *read_later = live + g->n_nodes;
     live[g->output->index] = true;
+    read_later[memory_root(g->output)->index] = true;
     for (int i = g->n_nodes - 1; i >= 0; i--) {
         const mk_node *n = g->nodes[i];
         const mk_node *leaf = n->op->role == MK_ROLE_INPLACE ? memory_leaf(n) : NULL;
-        if (n->op->role == MK_ROLE_LEAF || (leaf && leaf->op->leaf == MK_LEAF_BUFFER))
+        if (n->op->role == MK_ROLE_LEAF || (leaf && leaf->op->leaf == MK_LEAF_BUFFER) ||
+            (n->op->role == MK_ROLE_INPLACE && read_later[memory_root(n)->index]))
             live[i] = true;
         if (live[i])
-            for (int k = 0; k < n->n_in; k++) live[n->in[k]->index] = true;
+            for (int k = 0; k < n->n_in; k++) {
+                live[n->in[k]->index] = true;
+                read_later[memory_root(n->in[k])->index] = true;
+            }
     }
     int kept = 0;
     for (int i = 0; i < g->n_nodes; i++) {

@@ -165,6 +165,14 @@ describe("llama2 tokenizer errors", function()
         expect(string.pack("<i4fi4", 4, 0 / 0, 1) .. "a", 1, "corrupt token 0: score is NaN")
     end)
 
+    it("refuses a vocabulary too small for BOS and EOS (found by tokenizer_fuzz)", function()
+        -- encode emitted EOS (2) for a 2-token vocabulary, an id decode refused
+        local two = string.pack("<i4fi4", 1, 0, 1) .. "a" .. string.pack("<fi4", 0, 1) .. "b"
+        expect(two, 2, "a vocabulary of 2 tokens has no BOS (1) and EOS (2) tokens")
+        expect(string.pack("<i4fi4", 1, 0, 1) .. "a", 1, "a vocabulary of 1 token has no BOS")
+        assert.truthy(T.parse(two .. string.pack("<fi4", 0, 1) .. "c", 3, "three"))
+    end)
+
     it("refuses a tokenizer with more tokens than the model (another model's)", function()
         local good = H.tokenizer_bytes(H.small_vocab(), 4)
         expect(good, 263, "holds more than the model's 263 tokens")

@@ -772,6 +772,53 @@ static void test_max_bytes(void) {
     mk_error_free(err);
 }
 
+/* An in-place write whose result no one uses is still seen by whatever reads
+ * the memory it wrote after it: the output itself or a later node. Found by
+ * spec/fuzz/graph_fuzz.c: drop-dead removed the write with passes on, so the
+ * two compiles disagreed (passes off runs every node). */
+static void test_dead_nodes_keep_writes_read_later(void) {
+    const char *scripts[] = {
+        "$1 = InputTensor(x, float32, [4]);\n"
+        "$2 = InputTensor(r, float32, [2]);\n"
+        "$3 = ConstantTensor(b, int64, [1]);\n"
+        "$4 = ConstantTensor(e, int64, [1]);\n"
+        "$5 = ReplaceSliceNode($1, $2, $3, $4);\n"
+        "result = $1;\n",
+        "$1 = InputTensor(x, float32, [4]);\n"
+        "$2 = SliceNode($1, 0, 4);\n"            /* a view placed before the write */
+        "$3 = InputTensor(r, float32, [2]);\n"
+        "$4 = ConstantTensor(b, int64, [1]);\n"
+        "$5 = ConstantTensor(e, int64, [1]);\n"
+        "$6 = ReplaceSliceNode($1, $3, $4, $5);\n"
+        "$7 = ReLUNode($2);\n"                   /* reads it after the write */
+        "result = $7;\n",
+    };
+    int64_t b = 1, e = 3;
+    mk_named_tensor k[] = {{"b", &b}, {"e", &e}};
+    float x[4], r[2], want[4], y[4];
+    for (int i = 0; i < 4; i++) x[i] = (float)test_randint(-50, 50) + 0.5f;
+    for (int i = 0; i < 2; i++) r[i] = (float)test_randint(-50, 50) + 0.25f;
+    mk_named_tensor in[] = {{"x", x}, {"r", r}};
+    for (int s = 0; s < 2; s++) {
+        for (int i = 0; i < 4; i++) {
+            want[i] = i >= b && i < e ? r[i - b] : x[i];
+            if (s == 1 && want[i] < 0) want[i] = 0;
+        }
+        for (int passes = 0; passes < 2; passes++) {
+            mk_error *err = NULL;
+            mk_compile_options o = {.no_passes = !passes};
+            mk_model *m = mk_compile(ctx, scripts[s], k, 2, &o, &err);
+            int rc = m ? mk_evaluate(m, in, 2, y, sizeof y, &err) : -1;
+            CHECK(rc == 0, "script %d, passes %d: %s", s, passes, err ? mk_error_message(err) : "");
+            for (int i = 0; rc == 0 && i < 4; i++)
+                CHECK(y[i] == want[i], "script %d, passes %d: y[%d] = %g, want %g", s, passes, i,
+                      y[i], want[i]);
+            mk_model_free(m);
+            mk_error_free(err);
+        }
+    }
+}
+
 int main(void) {
     test_srand(test_seed());
     mk_error *err = NULL;
@@ -786,6 +833,7 @@ int main(void) {
     RUN(test_many_inputs);
     RUN(test_models_freed_across_threads);
     RUN(test_dead_nodes);
+    RUN(test_dead_nodes_keep_writes_read_later);
     RUN(test_max_bytes);
     RUN(test_op_infer);
     RUN(test_storage_dtypes_round_trip);

@@ -82,6 +82,11 @@ function M.parse(bytes, vocab_size, name)
             .. "token %d): a tokenizer for another model?", name, vocab_size, size - pos + 1,
             vocab_size - 1)
     end
+    if vocab_size <= EOS then
+        -- encode emits BOS (1) and EOS (2): ids such a vocabulary cannot decode
+        return nil, string.format("%s: a vocabulary of %d token%s has no BOS (1) and EOS (2) tokens",
+                                  name, vocab_size, vocab_size == 1 and "" or "s")
+    end
     local t = setmetatable({
         vocab = vocab,              -- [0, vocab_size) → piece
         scores = scores,            -- [0, vocab_size) → float32 merge score

@@ -1,0 +1,190 @@
+-- spec/fuzz/seeds.lua — writes the seed corpora of the fuzz targets (committed
+-- under spec/fuzz/<target>_corpus/; run again after a format change):
+--
+--     MK_BUILD=build lua5.4 spec/fuzz/seeds.lua
+--
+-- script_fuzz      scripts: HamKaas's MNIST, the header's example, every node
+--                  kind, the pointwise ops, a tiny llama2 step, a few broken ones
+-- checkpoint_fuzz  tiny valid llama2.c checkpoints (shared and unshared
+--                  classifier, grouped-query attention), bad headers, and the
+--                  first 2 KB of ../shared/models/stories260K.bin when present
+-- tokenizer_fuzz   a tiny tokenizer, and the first whole records (under 4 KB)
+--                  of ../shared/models/tok512.bin when present
+-- graph_fuzz       a few fixed byte strings (graph_fuzz reads bytes as choices)
+--
+-- Weights and bytes come from a fixed-seed generator: the files are the same
+-- every time. Other files in the corpora are inputs that once crashed a target
+-- (kept as regression seeds; the fix names its test).
+
+package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
+package.cpath = (os.getenv("MK_BUILD") or "build") .. "/?.so;" .. package.cpath
+local mk = require "moonkaas"
+local model = require "moonkaas.llama2.model"
+local checkpoint = require "moonkaas.llama2.checkpoint"
+
+local DIR = "spec/fuzz/"
+local MODELS = "../shared/models/"
+
+local function write(target, name, bytes)
+    local path = DIR .. target .. "_corpus/" .. name
+    local f = assert(io.open(path, "wb"))
+    f:write(bytes)
+    f:close()
+    print(string.format("%-60s %6d bytes", path, #bytes))
+end
+
+local function read(path)
+    local f = io.open(path, "rb")
+    if not f then return nil end
+    local s = f:read("a")
+    f:close()
+    return s
+end
+
+local state = 12345
+local function rand() -- an LCG: reproducible on every Lua 5.4
+    state = (state * 6364136223846793005 + 1442695040888963407) & 0x7FFFFFFFFFFFFFFF
+    return (state >> 33) / 2 ^ 30
+end
+
+-- ---- scripts ------------------------------------------------------------------
+
+write("script_fuzz", "mnist.txt", table.concat({
+    "$1 = InputTensor(input, float32, [128, 28, 28]);",
+    "$2 = ReshapeNode($1, [128, 784]);",
+    "$3 = ConstantTensor(constant_0, float32, [784, 1000]);",
+    "$4 = MulNode($2, $3);",
+    "$5 = ConstantTensor(constant_1, float32, [1, 1000]);",
+    "$6 = SumNode($4, $5);",
+    "$7 = ReLUNode($6);",
+    "$8 = ConstantTensor(constant_2, float32, [1000, 10]);",
+    "$9 = MulNode($7, $8);",
+    "$10 = ConstantTensor(constant_3, float32, [1, 10]);",
+    "$11 = SumNode($9, $10);",
+    "result = $11;", ""}, "\n"))
+
+write("script_fuzz", "header_example.txt", table.concat({
+    "# the example of core/moonkaas.h",
+    "$1 = InputTensor(x, float32, [2, 3]);",
+    "$2 = ConstantTensor(w, float32, [3, 4]);",
+    "$3 = MatMulNode($1, $2);",
+    "$4 = ReLUNode($3);",
+    "result = $4;", ""}, "\n"))
+
+do -- every node kind (script_spec's)
+    local x = mk.input("x", "float32", { 4, 2 })
+    local kv = mk.buffer("float32", { 8, 2 })
+    local pos = mk.input("pos", "int64", { 1 })
+    local ids = mk.input("ids", "int64", { 3 })
+    local y = kv:replace(x:slice(1, 2):silu(), 3, 4)
+    local z = mk.embedding(y, ids):sliced_softmax(pos):permute({ 1, 0 }):argmax()
+    write("script_fuzz", "every_node.txt", mk.script(z))
+end
+
+do -- the pointwise ops, broadcasting, a norm and a complex product
+    local x = mk.input("x", "float32", { 2, 3, 2 })
+    local b = mk.input("b", "float32", { 1, 3, 1 })
+    local w = mk.constant(mk.tensor({ 0.5, 2 }), "w")
+    local y = ((x + b) * b - x / b):exp():tanh():sigmoid():gelu():relu():silu()
+    y = y:rms_norm(w):complex_mul(x):reshape({ 3, 4 })
+    write("script_fuzz", "pointwise.txt", mk.script(y))
+end
+
+do -- a llama2 step of a tiny model (every op the showcase uses)
+    local c = assert(checkpoint.config_from_header({ dim = 8, hidden_dim = 12, n_layers = 1,
+        n_heads = 4, n_kv_heads = 2, vocab_size = 6, seq_len = 4 }))
+    local w = { token_embedding = mk.zeros("float32", { 6, 8 }), rms_final = mk.zeros("float32", { 8 }),
+                layers = { {
+                    rms_att = mk.zeros("float32", { 8 }), wq = mk.zeros("float32", { 8, 8 }),
+                    wk = mk.zeros("float32", { 4, 8 }), wv = mk.zeros("float32", { 4, 8 }),
+                    wo = mk.zeros("float32", { 8, 8 }), rms_ffn = mk.zeros("float32", { 8 }),
+                    w1 = mk.zeros("float32", { 12, 8 }), w2 = mk.zeros("float32", { 8, 12 }),
+                    w3 = mk.zeros("float32", { 12, 8 }) } } }
+    w.wcls = w.token_embedding
+    write("script_fuzz", "llama2_step.txt", mk.script(model.graph(mk, c, w, { greedy = true })))
+end
+
+write("script_fuzz", "views_inplace.txt", table.concat({
+    "$1 = BufferTensor(float32, [4, 3]);",
+    "$2 = PermuteNode($1, [1, 0]);",
+    "$3 = InputTensor(r, float32, [2, 3]);",
+    "$4 = InputTensor(b, int64, [1]);",
+    "$5 = InputTensor(e, int64, [1]);",
+    "$6 = ReplaceSliceNode($1, $3, $4, $5);",
+    "$7 = SliceNode($6, 1, 3);",
+    "$8 = ReshapeNode($7, [3, 2]);",
+    "$9 = MatMulNode($2, $8);",
+    "$10 = SumNode($9, $2);",
+    "result = $10;", ""}, "\n"))
+
+write("script_fuzz", "dtypes.txt", table.concat({
+    "$1 = InputTensor(h, float16, [2, 2]);",
+    "$2 = ConstantTensor(k, bfloat16, [2, 2]);",
+    "$3 = InputTensor(q, int8, [4]);",
+    "$4 = InputTensor(i, int64, [2, 2]);",
+    "$5 = SumNode($4, $4);",
+    "$6 = PermuteNode($1, [1, 0]);",
+    "result = $5;", ""}, "\n"))
+
+write("script_fuzz", "syntax_error.txt", "$1 = InputTensor(x, float32, [2]);\n$2 = ReLUNode($1;\nresult = $2;\n")
+write("script_fuzz", "shape_error.txt",
+      "$1 = InputTensor(x, float32, [2, 3]);\n$2 = MatMulNode($1, $1);\nresult = $2;\n")
+write("script_fuzz", "huge_buffer.txt",
+      "$1 = BufferTensor(float32, [2147483648, 2147483648]);\n$2 = ReLUNode($1);\nresult = $2;\n")
+
+-- ---- checkpoints ---------------------------------------------------------------
+
+local function checkpoint_bytes(h, shared)
+    local c = assert(checkpoint.config_from_header({ dim = h[1], hidden_dim = h[2], n_layers = h[3],
+        n_heads = h[4], n_kv_heads = h[5], vocab_size = shared and h[6] or -h[6], seq_len = h[7] }))
+    local floats = (c.expected_bytes - checkpoint.HEADER_BYTES) // 4
+    local parts = { string.pack("<i4i4i4i4i4i4i4", h[1], h[2], h[3], h[4], h[5], shared and h[6] or -h[6], h[7]) }
+    for _ = 1, floats do parts[#parts + 1] = string.pack("<f", 2 * rand() - 1) end
+    return table.concat(parts)
+end
+
+write("checkpoint_fuzz", "tiny_shared.bin", checkpoint_bytes({ 4, 6, 1, 2, 2, 5, 3 }, true))
+write("checkpoint_fuzz", "tiny_unshared_gqa.bin", checkpoint_bytes({ 8, 4, 2, 4, 2, 6, 2 }, false))
+write("checkpoint_fuzz", "header_zero_dim.bin", string.pack("<i4i4i4i4i4i4i4", 0, 4, 1, 2, 2, 5, 3))
+write("checkpoint_fuzz", "header_huge.bin",
+      string.pack("<i4i4i4i4i4i4i4", 0x7FFFFFFE, 0x7FFFFFFF, 0x7FFFFFFF, 2, 2, -0x7FFFFFFF, 0x7FFFFFFF))
+local stories = read(MODELS .. "stories260K.bin")
+if stories then
+    write("checkpoint_fuzz", "stories260K_head.bin", stories:sub(1, 2048))
+else
+    print("(no " .. MODELS .. "stories260K.bin: its head is not written)")
+end
+
+-- ---- tokenizers ----------------------------------------------------------------
+
+local function tokenizer_bytes(max_len, pieces)
+    local parts = { string.pack("<i4", max_len) }
+    for i, p in ipairs(pieces) do parts[#parts + 1] = string.pack("<fi4", p[2] or -i, #p[1]) .. p[1] end
+    return table.concat(parts)
+end
+
+write("tokenizer_fuzz", "tiny.bin", tokenizer_bytes(3, {
+    { "<unk>", 0 }, { "\n<s>\n", 0 }, { "\n</s>\n", 0 }, { "<0x41>", 0 }, { " " }, { "a" }, { "b" },
+    { " a", -1 }, { "ab", -0.5 }, { "é" }, { "\0x" } }))
+local tok = read(MODELS .. "tok512.bin")
+if tok then
+    -- whole records only: the fuzzer sizes the vocabulary by the records it finds
+    local pos, last = 5, 5
+    while pos + 7 <= #tok do
+        local _, len = string.unpack("<fi4", tok, pos)
+        if pos + 8 + len - 1 > 4096 then break end
+        pos = pos + 8 + len
+        last = pos
+    end
+    write("tokenizer_fuzz", "tok512_head.bin", tok:sub(1, last - 1))
+else
+    print("(no " .. MODELS .. "tok512.bin: its head is not written)")
+end
+
+-- ---- graph choices -------------------------------------------------------------
+
+for i = 1, 6 do
+    local bytes = {}
+    for k = 1, 16 * i do bytes[k] = string.char(math.floor(rand() * 256)) end
+    write("graph_fuzz", string.format("choices_%d.bin", i), table.concat(bytes))
+end
