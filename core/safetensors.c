@@ -252,7 +252,8 @@ static int int_list(reader *r, uint64_t *out, int most, int *count, const char *
 static int tensor_entry(reader *r, entry *e) {
     bool have_dtype = false, have_shape = false, have_offsets = false;
     if (!take(r, '{')) return bad(r, "expected {\"dtype\", \"shape\", \"data_offsets\"}");
-    if (!take(r, '}')) do {
+    bool empty = take(r, '}');
+    if (!empty) do {
         char *key;
         if (string(r, &key)) return -1;
         if (!take(r, ':')) {
@@ -303,7 +304,7 @@ static int tensor_entry(reader *r, entry *e) {
         free(key);
         if (rc) return -1;
     } while (take(r, ','));
-    if (!take(r, '}')) return bad(r, "expected ',' or '}'");
+    if (!empty && !take(r, '}')) return bad(r, "expected ',' or '}'");
     if (!have_dtype || !have_shape || !have_offsets)
         return bad(r, "each tensor needs dtype, shape and data_offsets");
     return 0;
@@ -333,7 +334,8 @@ static int parse(mk_safetensors *st, const unsigned char *file, size_t size, mk_
     st->data = file + 8 + n;
     uint64_t data_size = size - 8 - n;
     if (!take(&r, '{')) return bad(&r, "it is not a JSON object");
-    if (!take(&r, '}')) do {
+    bool empty = take(&r, '}');
+    if (!empty) do {
         char *name;
         if (string(&r, &name)) return -1;
         if (!take(&r, ':')) {
@@ -378,7 +380,7 @@ static int parse(mk_safetensors *st, const unsigned char *file, size_t size, mk_
             if (!strcmp(st->entries[i].name, name)) return bad(&r, "the name is used twice");
         r.tensor = NULL;
     } while (take(&r, ','));
-    if (!take(&r, '}')) return bad(&r, "expected ',' or '}'");
+    if (!empty && !take(&r, '}')) return bad(&r, "expected ',' or '}'");
     space(&r);
     if (r.p != r.end) return bad(&r, "text after the JSON object");
     return 0;
@@ -481,7 +483,7 @@ MK_API int mk_safetensors_save(const char *path, const mk_tensor_info *infos,
         for (size_t k = 0; k < sizeof dtypes / sizeof dtypes[0]; k++)
             if (dtypes[k].dtype == t->dtype) code = dtypes[k].name;
         int64_t numel = t->rank >= 1 && t->rank <= MK_MAX_RANK ? mk_shape_numel(t->rank, t->shape) : 0;
-        if (!t->name || !*t->name || !code || !numel || !data[i]) {
+        if (!t->name || !code || !numel || !data[i]) {
             free(b.s);
             return mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "%s: tensor %zu ('%s') is not one "
                            "safetensors can hold here (a name, a dtype the format names, a "

@@ -120,7 +120,7 @@ static inline void fuzz_check_error(mk_error **errp, const char *what, const cha
     const char *msg = mk_error_message(err);
     mk_error_code code = mk_error_code_of(err);
     if (!msg || !*msg) FUZZ_FINDING("%s: an error without a message (code %d)", what, (int)code);
-    if (code < MK_ERR_SYNTAX || code > MK_ERR_NO_DEVICE)
+    if (code < MK_ERR_SYNTAX || code > MK_ERR_FILE)
         FUZZ_FINDING("%s: error code %d outside the enum: %s", what, (int)code, msg);
     if (code == MK_ERR_INTERNAL)
         FUZZ_FINDING("%s: internal error: %s\n---- script\n%s", what, msg, script ? script : "");
