@@ -183,14 +183,18 @@ tsan:
 	sh spec/tsan.sh build-tsan
 
 # libFuzzer targets (spec/fuzz/*_fuzz.c) over a clang build of the library and the
-# binding with ASan + UBSan; spec/fuzz/run.sh runs each on a scratch copy of its
-# seed corpus and prints the executions per target.
+# binding with ASan + UBSan; spec/fuzz/seeds.lua writes their seed corpora (with
+# the plain Lua module) into build-fuzz/seeds; spec/fuzz/run.sh runs each target on
+# a scratch copy of its seeds and prints the executions per target.
 FUZZ_SECONDS ?= 60
 FUZZ_CC  ?= clang
 FUZZ_BINS := $(patsubst spec/fuzz/%.c,$(BUILD)/fuzz/%,$(wildcard spec/fuzz/*_fuzz.c))
 fuzz:
 	$(MAKE) BUILD=build-fuzz CC=$(FUZZ_CC) CUDA=0 ARCH= OPENMP= OPT="-O1 -fno-omit-frame-pointer" \
 	    SAN="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined" fuzz-targets
+	$(MAKE) $(LUA_MOD)
+	rm -rf build-fuzz/seeds
+	MK_BUILD=$(BUILD) $(LUA) spec/fuzz/seeds.lua build-fuzz/seeds > /dev/null
 	sh spec/fuzz/run.sh build-fuzz $(FUZZ_SECONDS)
 
 fuzz-targets: $(FUZZ_BINS)

@@ -14,7 +14,7 @@
  * ...") is a finding.
  *
  *     build-fuzz/fuzz/checkpoint_fuzz -max_total_time=60 build-fuzz/corpus/checkpoint_fuzz
- * Seeds: spec/fuzz/checkpoint_fuzz_corpus/ (spec/fuzz/seeds.lua writes them).
+ * Seeds: build-fuzz/seeds/checkpoint_fuzz/ (spec/fuzz/seeds.lua writes them).
  */
 #include <unistd.h>
 

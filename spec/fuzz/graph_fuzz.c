@@ -16,7 +16,7 @@
  *     build-fuzz/fuzz/graph_fuzz -max_total_time=60 build-fuzz/corpus/graph_fuzz
  *     build-fuzz/fuzz/graph_fuzz crash-<sha1>      prints the script and both results
  *     MK_FUZZ_VERBOSE=1 build-fuzz/fuzz/graph_fuzz -runs=0 DIR   every input's script
- * Seeds: spec/fuzz/graph_fuzz_corpus/ (any bytes are a graph).
+ * Seeds: build-fuzz/seeds/graph_fuzz/ (spec/fuzz/seeds.lua; any bytes are a graph).
  */
 #include <math.h>
 #include <stdarg.h>

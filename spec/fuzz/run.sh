@@ -1,7 +1,8 @@
 #!/bin/sh
 # Runs every fuzz target built in BUILD/fuzz/ for SECONDS each, one after the
 # other (one job), on a scratch corpus BUILD/corpus/<target> seeded from
-# spec/fuzz/<target>_corpus/ (what the fuzzer adds stays out of the checkout).
+# BUILD/seeds/<target>/ (spec/fuzz/seeds.lua writes those; what the fuzzer adds
+# stays out of the checkout).
 # Prints one line per target (executions, seconds, result) and exits non-zero
 # if any target crashed; crashing inputs are kept in BUILD/artifacts/.
 #
@@ -20,7 +21,7 @@ for bin in "$BUILD"/fuzz/*_fuzz; do
     name=$(basename "$bin")
     corpus="$BUILD/corpus/$name"
     mkdir -p "$corpus"
-    [ -d "spec/fuzz/${name}_corpus" ] && cp spec/fuzz/"${name}"_corpus/* "$corpus"/ 2> /dev/null
+    [ -d "$BUILD/seeds/$name" ] && cp "$BUILD/seeds/$name"/* "$corpus"/ 2> /dev/null
     log="$BUILD/logs/$name.log"
     dict=""
     [ -f "spec/fuzz/$name.dict" ] && dict="-dict=spec/fuzz/$name.dict"

@@ -9,7 +9,7 @@
  *
  *     make fuzz                                  (all targets)
  *     build-fuzz/fuzz/safetensors_fuzz -max_total_time=60 build-fuzz/corpus/safetensors_fuzz
- * Seeds: spec/fuzz/safetensors_fuzz_corpus/ (files mk.save_safetensors wrote, and by hand).
+ * Seeds: build-fuzz/seeds/safetensors_fuzz/ (spec/fuzz/seeds.lua writes them).
  */
 #include "fuzz.h"
 

@@ -10,7 +10,7 @@
  *
  *     make fuzz                                  (all targets)
  *     build-fuzz/fuzz/script_fuzz -max_total_time=60 build-fuzz/corpus/script_fuzz
- * Seeds: spec/fuzz/script_fuzz_corpus/ (scripts from the specs and the README).
+ * Seeds: build-fuzz/seeds/script_fuzz/ (spec/fuzz/seeds.lua: scripts from the specs and the README).
  */
 #include "fuzz.h"
 

@@ -1,7 +1,8 @@
--- spec/fuzz/seeds.lua — writes the seed corpora of the fuzz targets (committed
--- under spec/fuzz/<target>_corpus/; run again after a format change):
+-- spec/fuzz/seeds.lua — writes the seed corpora of the fuzz targets into
+-- OUT/<target>/ (default build-fuzz/seeds; `make fuzz` runs it before the
+-- targets, so no binary seed is kept in the repository):
 --
---     MK_BUILD=build lua5.4 spec/fuzz/seeds.lua
+--     MK_BUILD=build lua5.4 spec/fuzz/seeds.lua [OUT]
 --
 -- script_fuzz      scripts: HamKaas's MNIST, the header's example, every node
 --                  kind, the pointwise ops, a tiny llama2 step, a few broken ones
@@ -11,10 +12,11 @@
 -- tokenizer_fuzz   a tiny tokenizer, and the first whole records (under 4 KB)
 --                  of ../shared/models/tok512.bin when present
 -- graph_fuzz       a few fixed byte strings (graph_fuzz reads bytes as choices)
+-- safetensors_fuzz files mk.save_safetensors writes, and one written by hand
 --
 -- Weights and bytes come from a fixed-seed generator: the files are the same
--- every time. Other files in the corpora are inputs that once crashed a target
--- (kept as regression seeds; the fix names its test).
+-- every time. The last section holds inputs that once made a target fail,
+-- byte for byte (kept as regression seeds; the fix names its test).
 
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 package.cpath = (os.getenv("MK_BUILD") or "build") .. "/?.so;" .. package.cpath
@@ -22,11 +24,17 @@ local mk = require "moonkaas"
 local model = require "moonkaas.llama2.model"
 local checkpoint = require "moonkaas.llama2.checkpoint"
 
-local DIR = "spec/fuzz/"
+local OUT = arg and arg[1] or "build-fuzz/seeds"
 local MODELS = "../shared/models/"
 
+local made = {}
 local function write(target, name, bytes)
-    local path = DIR .. target .. "_corpus/" .. name
+    local dir = OUT .. "/" .. target
+    if not made[dir] then
+        assert(os.execute("mkdir -p '" .. dir .. "'"), "cannot make " .. dir)
+        made[dir] = true
+    end
+    local path = dir .. "/" .. name
     local f = assert(io.open(path, "wb"))
     f:write(bytes)
     f:close()
@@ -188,3 +196,45 @@ for i = 1, 6 do
     for k = 1, 16 * i do bytes[k] = string.char(math.floor(rand() * 256)) end
     write("graph_fuzz", string.format("choices_%d.bin", i), table.concat(bytes))
 end
+
+-- ---- safetensors ----------------------------------------------------------------
+
+do
+    local tmp = os.tmpname()
+    local function saved(name, tensors)
+        mk.save_safetensors(tmp, tensors)
+        write("safetensors_fuzz", name, read(tmp))
+    end
+    saved("two.safetensors", { w = mk.tensor({ { 1, 2 }, { 3, 4 } }), ids = mk.tensor({ 7, 8, 9 }, "int64") })
+    saved("dtypes.safetensors", { h = mk.from_bytes("abcd", "float16", { 2 }),
+                                  b = mk.from_bytes("abcd", "bfloat16", { 1, 2 }),
+                                  i = mk.from_bytes("xyz", "int8", { 3 }) })
+    os.remove(tmp)
+    local function file(header, data) return string.pack("<I8", #header) .. header .. (data or "") end
+    write("safetensors_fuzz", "by_hand.safetensors", file(
+        '{"__metadata__":{"format":"pt","k":"v"},' ..
+        '"a\\u00e9\\ud83d\\ude00":{"dtype":"F32","shape":[],"data_offsets":[0,4]},' ..
+        '"b":{"dtype":"I64","shape":[2],"data_offsets":[4,20]}}',
+        string.pack("<f<i8<i8", 1.5, 7, -9)))
+    write("safetensors_fuzz", "empty.safetensors", file("{}"))
+end
+
+-- ---- inputs that once failed ------------------------------------------------------
+
+-- graph_fuzz: a write into an input read afterwards was dropped with passes on
+-- (script_test.c's test_dead_nodes_keep_writes_read_later)
+write("graph_fuzz", "dead_write_read_later.bin", "\xff\xff\xff \x03\x0a\x01J$\xc12\x90\x15\xc1")
+-- tokenizer_fuzz: a vocabulary without BOS and EOS (llama2_errors_spec.lua)
+write("tokenizer_fuzz", "two_token_vocabulary.bin", "\x80\0\0\0" .. ("\0"):rep(19) .. ("\xb6"):rep(29) .. ("\0"):rep(25))
+-- safetensors_fuzz: an empty name read but not saved; a file of metadata only that
+-- did not read back once saved (safetensors_spec.lua)
+write("safetensors_fuzz", "empty_name.bin",
+    "\xa8\0\0\0\0\0\0\0{\"\":{\"dtype\":\"BF16\",\"shape\":[1,1,2],\"data_offsets\":[0,4]}," ..
+    "\"h\":{\"dtype\":\"F16\",\"shape\":[2],\"data_offsets\":[4,8]}," ..
+    "\"\xd8i\":{\"dtype\":\"I8\",\"shape\":[3],\"data_offsets\":[8,11]}}     ababcdxxy")
+write("safetensors_fuzz", "no_tensors_saved.bin",
+    "\xa4\0\0\0\0\0\0\0{\"__metadata__\":{\"b\":{\"dtype\":\"BF1\",\"shape\":[1,2]," ..
+    "\"d\xff\x31ata_offsee\":[1,2],\"data_offsets\":[0,4]},\"h\":{\"dtypshape\":[2]," ..
+    "\"data_offsets\":[4,8]},\"[3__m],offsets\":[8,11]}}     abcdabcd\xd8i\":{\"ts\":[0,4]}," ..
+    "\"h\":{\"dto")
+

@@ -12,7 +12,7 @@
  * ("attempt to ...", "bad argument ...") is a finding.
  *
  *     build-fuzz/fuzz/tokenizer_fuzz -max_total_time=60 build-fuzz/corpus/tokenizer_fuzz
- * Seeds: spec/fuzz/tokenizer_fuzz_corpus/ (spec/fuzz/seeds.lua writes them).
+ * Seeds: build-fuzz/seeds/tokenizer_fuzz/ (spec/fuzz/seeds.lua writes them).
  */
 #include "fuzz.h"
 
