@@ -642,6 +642,54 @@ static int cpu_argmax(const mk_launch *l, mk_error **err) {
     return 0;
 }
 
+/* ---- matrix–vector groups ---------------------------------------------- */
+
+static const mk_kernel cpu_kernels[MK_KERNEL_COUNT];
+
+/* Where node x's values lie while group l runs: an operand of the group, a
+ * result (the group's memory, or the memory a row write writes), a view of a
+ * member, or a member's scratch. */
+static mk_tensor member_tensor(const mk_launch *l, const mk_node *x) {
+    const mk_product_group *pg = l->node->prod;
+    for (int k = 0; k < l->n_in; k++)
+        if (l->node->in[k] == x) return l->in[k];
+    mk_tensor t = {.dtype = x->dtype, .rank = x->rank};
+    memcpy(t.shape, x->shape, sizeof t.shape);
+    memcpy(t.stride, x->stride, sizeof t.stride);
+    if (x->op->role == MK_ROLE_INPLACE) { /* a row write: in place into its x */
+        t.data = member_tensor(l, x->in[0]).data;
+        return t;
+    }
+    if (x->storage == MK_STORAGE_VIEW) { /* a view of a member that owns memory */
+        t.data = (char *)member_tensor(l, x->owner).data + x->view_offset;
+        return t;
+    }
+    for (int o = 0; o < pg->n_outs; o++)
+        if (pg->out[o].end == x) {
+            t.data = (float *)l->out.data + pg->out[o].offset;
+            return t;
+        }
+    for (int m = 0; m < pg->n_members; m++)
+        if (pg->members[m] == x) t.data = (char *)l->scratch + pg->scratch[m];
+    return t;
+}
+
+/* A matrix–vector group: its members one by one, each by its own kernel, over
+ * scratch: the values of the nodes alone, bit for bit. (Fused loops on the CPU
+ * are the next step.) */
+static int cpu_product(const mk_launch *l, mk_error **err) {
+    const mk_product_group *pg = l->node->prod;
+    for (int t = 0; t < pg->n_members; t++) {
+        const mk_node *m = pg->members[t];
+        if (m->storage == MK_STORAGE_VIEW && m->op->role != MK_ROLE_INPLACE) continue;
+        mk_launch s = {.node = m, .index = l->index, .n_in = m->n_in,
+                       .out = member_tensor(l, m), .dev = l->dev};
+        for (int k = 0; k < m->n_in; k++) s.in[k] = member_tensor(l, m->in[k]);
+        if (mk_launch_operands(&s, err) || cpu_kernels[m->op->kernel].fn(&s, err)) return -1;
+    }
+    return 0;
+}
+
 /* ---- the device table --------------------------------------------------- */
 
 /* The CPU needs no per-model state. */
@@ -725,6 +773,7 @@ static const mk_kernel cpu_kernels[MK_KERNEL_COUNT] = {
     [MK_KERNEL_SLICED_SOFTMAX] = {cpu_sliced_softmax, F32},
     [MK_KERNEL_EMBEDDING] = {cpu_embedding, MK_DTYPES_ALL},
     [MK_KERNEL_ARGMAX] = {cpu_argmax, F32 | I64},
+    [MK_KERNEL_PRODUCT] = {cpu_product, F32 | I64},
 };
 
 const mk_device_ops mk_cpu_device = {

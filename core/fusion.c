@@ -3,7 +3,7 @@
  * operation graph computes and replaces each with one group node (the op
  * table's internal row of role MK_ROLE_GROUP).
  *
- * Groups (all float32, at most MK_GROUP_MAX_OPS nodes, at most MK_MAX_INPUTS
+ * Groups (all float32, at most MK_GROUP_MAX_OPS nodes, at most MK_GROUP_MAX_INPUTS
  * distinct operands from outside):
  *
  *   matmul group    [pointwise chain feeding A] → a matrix product (A, B) → [pointwise chain]
@@ -161,7 +161,7 @@ typedef struct {
     int n;
     mk_node *node[MK_GROUP_MAX_OPS]; /* evaluation order; the last one is the output */
     int n_ext;
-    mk_node *ext[MK_MAX_INPUTS];
+    mk_node *ext[MK_GROUP_MAX_INPUTS];
 } candidate;
 
 static bool is_member(const candidate *c, const mk_node *x) {
@@ -173,7 +173,7 @@ static bool is_member(const candidate *c, const mk_node *x) {
 /* The outside operands of c plus node x; false when they would be too many. */
 static bool fits(const candidate *c, const mk_node *x) {
     if (c->n >= MK_GROUP_MAX_OPS) return false;
-    const mk_node *ext[MK_MAX_INPUTS * 2];
+    const mk_node *ext[MK_GROUP_MAX_INPUTS * 2];
     int n_ext = c->n_ext;
     memcpy(ext, c->ext, sizeof(mk_node *) * (size_t)n_ext);
     for (int k = 0; k < x->n_in; k++) {
@@ -181,7 +181,7 @@ static bool fits(const candidate *c, const mk_node *x) {
         bool seen = is_member(c, in);
         for (int j = 0; j < n_ext && !seen; j++) seen = ext[j] == in;
         if (!seen) {
-            if (n_ext == MK_MAX_INPUTS) return false;
+            if (n_ext == MK_GROUP_MAX_INPUTS) return false;
             ext[n_ext++] = in;
         }
     }
@@ -419,7 +419,7 @@ static int try_group(pass_state *st, const candidate *c, mk_error **err) {
     mk_node *o = c->node[c->n - 1];
     o->op = group_op;
     o->n_in = c->n_ext;
-    for (int k = 0; k < MK_MAX_INPUTS; k++) o->in[k] = k < c->n_ext ? c->ext[k] : NULL;
+    for (int k = 0; k < MK_GROUP_MAX_INPUTS; k++) o->in[k] = k < c->n_ext ? c->ext[k] : NULL;
     o->n_attr = 0;
     free(o->name);
     o->name = what;
@@ -472,7 +472,7 @@ static int fuse_matmuls(pass_state *st, mk_error **err) {
         int with_pro = n_pro;
         for (; with_pro >= 0; with_pro--) {
             with_prologue(&c, pro, with_pro, m);
-            if (c.n_ext <= MK_MAX_INPUTS && (with_pro == 0 || !hazard(g, &c))) break;
+            if (c.n_ext <= MK_GROUP_MAX_INPUTS && (with_pro == 0 || !hazard(g, &c))) break;
         }
         if (with_pro < 0) continue; /* unreachable: a matmul alone has two operands */
         grow_forward(st, &c);

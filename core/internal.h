@@ -23,7 +23,7 @@
 
 #include <stdarg.h>
 
-#define MK_MAX_INPUTS 4
+#define MK_MAX_INPUTS 16
 #define MK_ALIGN 256
 
 /* ---- errors ------------------------------------------------------------- */
@@ -125,6 +125,7 @@ struct mk_node {
 
     struct mk_fused_group *group; /* a cuDNN group node: what it computes (fusion.c), else NULL */
     struct mk_pointwise_group *pw; /* a pointwise group node (group.c), else NULL */
+    struct mk_product_group *prod; /* a matrix–vector group node (product.c), else NULL */
 };
 
 
@@ -177,6 +178,12 @@ int mk_passes_run(mk_graph *g, const mk_compile_options *opts, mk_error **err);
 int mk_group_pass(mk_graph *g, const mk_compile_options *opts, mk_error **err);
 void mk_pointwise_group_free(struct mk_pointwise_group *pw);
 int mk_group_report(const mk_graph *g, mk_strbuf *b);
+/* product.c: matrix–vector groups, and their lines of the fusion report (one
+ * per group, and one per product left to the device's matrix kernel) */
+int mk_product_pass(mk_graph *g, const mk_compile_options *opts, mk_error **err);
+void mk_product_group_free(struct mk_product_group *pg);
+int mk_product_report(const mk_graph *g, mk_strbuf *b);
+size_t mk_product_scratch(const mk_node *n);
 
 /* ---- pointwise expressions (expr.c) ------------------------------------------ */
 
@@ -201,7 +208,7 @@ typedef enum {
 } mk_xop;
 
 #define MK_EXPR_MAX 32          /* instructions */
-#define MK_X_IN MK_MAX_INPUTS   /* registers 0 .. MK_X_IN - 1 are the operands a, b, ... */
+#define MK_X_IN 4               /* registers 0 .. MK_X_IN - 1 are the operands a, b, ... */
 
 typedef struct {
     unsigned char op, x, y, z; /* mk_xop, operand registers */
@@ -231,6 +238,63 @@ typedef struct mk_pointwise_group {
     int n_members;
     mk_node *members[MK_EXPR_MAX]; /* the other members, in graph order, owned */
 } mk_pointwise_group;
+/*
+ * What a matrix–vector group node computes (product.c). Decoding multiplies
+ * a few rows A [m, k] by weight matrices B_j [k, n_j] whose columns lie
+ * contiguous (an [out, in] weight read through a permute): the group does the
+ * products reading A once, with the RmsNorm that makes A folded in (prologue)
+ * and, per result, the pointwise nodes, one complex rotation (RoPE) and one
+ * in-place row write that follow (epilogue). A result's element e (= row *
+ * n + column, whatever views reshape it) is
+ *     program(sources at e), then rotated, then written
+ * where a source is a product's value at e or an operand read through the
+ * broadcast of the shape it was read in. Results without a row write lie in
+ * the group node's own memory at `offset`; the graph keeps a GroupOutputNode
+ * view for each result, so readers need not know.
+ *
+ * The members (the original nodes) are kept, in graph order: the CPU runs
+ * them one by one over scratch (bit-identical to the nodes alone), CUDA
+ * generates one kernel from the fields below.
+ */
+#define MK_PRODUCTS_MAX 4     /* products of one group (siblings reading the same A) */
+#define MK_PRODUCT_MEMBERS 32 /* nodes one group may replace */
+#define MK_MATVEC_ROWS 4      /* rows of A a group takes; more is a matrix product */
+
+typedef struct {
+    int in;                /* the group node's operand k, or -1 for a product */
+    int product;           /* the product's index, or -1 */
+    int rank;              /* the shape the operand is read in (broadcast to it) */
+    int64_t shape[MK_MAX_RANK];
+} mk_product_source;
+
+typedef struct {
+    struct mk_node *end;       /* the member whose result this is */
+    int n_src;
+    mk_product_source src[MK_X_IN]; /* registers 0 .. n_src - 1 of the program */
+    mk_expr program;           /* n == 0: the value is src[0] */
+    int rotate;                /* operand of the complex multiplier (RoPE), or -1 */
+    int rotate_rank;           /* the shape it is read in */
+    int64_t rotate_shape[MK_MAX_RANK];
+    int64_t n;                 /* columns (every product it reads has n columns) */
+    int64_t offset;            /* elements into the group node's memory (no row write) */
+    int row_x, row_begin, row_end; /* a row write: operands of x and its bounds, else -1 */
+    int64_t row_count;         /* rows the write replaces (the replacement's first dim) */
+} mk_product_out;
+
+typedef struct mk_product_group {
+    int64_t m, k;                  /* A [m, k] */
+    int a;                         /* operand: A, or the x that the RmsNorm normalises */
+    int norm_w;                    /* operand: the RmsNorm's weight [k], or -1 */
+    int n_products;
+    int b[MK_PRODUCTS_MAX];        /* operand: B_j [k, n_j] */
+    int n_outs;
+    mk_product_out out[MK_PRODUCTS_MAX];
+    int n_members;
+    struct mk_node *members[MK_PRODUCT_MEMBERS]; /* graph order, owned */
+    int64_t scratch[MK_PRODUCT_MEMBERS]; /* bytes into the CPU's scratch, or -1 */
+    size_t scratch_bytes;
+} mk_product_group;
+
 /* The program of a pointwise op's `expr` (compiled once per process), or NULL
  * for ops without one (ops.c). */
 const mk_expr *mk_op_program(const struct mk_op *op);
@@ -259,7 +323,7 @@ bool mk_tensor_is_contiguous(const mk_tensor *t);
  * walks as [32, 16] with b's strides [0, 1]. A plain struct, passed to CUDA
  * kernels by value.
  */
-#define MK_WALK_MAX MK_MAX_INPUTS
+#define MK_WALK_MAX MK_X_IN
 typedef struct {
     int rank; /* >= 1 */
     int n;    /* operands */
@@ -311,12 +375,16 @@ typedef struct mk_launch {
 
 typedef int (*mk_kernel_fn)(const mk_launch *l, mk_error **err);
 
+/* model.c: what a launch's operands need once bound to the node's tensors:
+ * broadcast onto the result where the op broadcasts, a pointwise program. */
+int mk_launch_operands(mk_launch *l, mk_error **err);
+
 /* ---- the op table (ops.c) ----------------------------------------------- */
 
 /* Kernel families: an op row names one; each device has a kernel (or none) for it. */
 #define MK_KERNELS(X) \
     X(POINTWISE) X(MATMUL) X(PERMUTE) X(REPLACE_SLICE) X(RMS_NORM) X(COMPLEX_MUL) \
-    X(SLICED_SOFTMAX) X(EMBEDDING) X(ARGMAX) X(CUDNN_GROUP)
+    X(SLICED_SOFTMAX) X(EMBEDDING) X(ARGMAX) X(CUDNN_GROUP) X(PRODUCT)
 typedef enum {
     MK_KERNEL_NONE,
 #define MK_KERNEL_ENUM(k) MK_KERNEL_##k,
@@ -405,7 +473,7 @@ extern const mk_device_ops mk_cpu_device;
  * returning this table. The plugin is built from the same tree as the core:
  * abi and the struct sizes guard against mixing builds.
  */
-#define MK_CUDA_PLUGIN_ABI 3
+#define MK_CUDA_PLUGIN_ABI 4
 #define MK_CUDA_PLUGIN_ENTRY "mk_cuda_plugin_entry"
 #define MK_CUDA_PLUGIN_FILE "libmoonkaas_cuda.so"
 struct mk_fused_group;
@@ -420,14 +488,15 @@ typedef struct {
     int (*cudnn_compile_group)(struct mk_cudnn_cache **cache, struct mk_fused_group *g,
                                char *why, size_t why_size, mk_error **err);
     void (*cudnn_group_release)(struct mk_fused_group *g);
-    /* Writes the kernel of a pointwise group's launch and compiles it with NVRTC
-     * for sm_<arch>, loading nothing: needs no device (CI checks the generator). */
+    /* Writes the kernel of a group's launch (pointwise or matrix–vector) and
+     * compiles it with NVRTC for sm_<arch>, loading nothing: needs no device
+     * (CI checks the generator). */
     int (*generate_check)(const mk_launch *l, int arch, mk_error **err);
 } mk_cuda_plugin;
 typedef const mk_cuda_plugin *(*mk_cuda_plugin_entry_fn)(void);
 
 /* model.c: writes and NVRTC-compiles, for sm_<arch>, the CUDA kernel of each
- * pointwise group of a model compiled for any device; the number checked, or
+ * group (pointwise or matrix–vector) of a model compiled for any device; the number checked, or
  * -1. Tests use it where there is no GPU (the plugin needs none for this). */
 int mk_model_check_generated(const struct mk_model *m, int arch, mk_error **err);
 
@@ -438,6 +507,7 @@ const mk_cuda_plugin *mk_cuda_plugin_get(char *reason, size_t size);
 /* ---- cuDNN fusion (core/fusion.c picks groups, kernels/cudnn_fuser.cu runs them) ---- */
 
 #define MK_GROUP_MAX_OPS 16 /* nodes one fused group may replace */
+#define MK_GROUP_MAX_INPUTS 4 /* operands of one cuDNN group */
 
 typedef enum { MK_GOP_MATMUL, MK_GOP_ADD, MK_GOP_MUL, MK_GOP_RELU, MK_GOP_SILU } mk_group_op_kind;
 
@@ -465,8 +535,8 @@ typedef struct mk_fused_group {
     int rank;                      /* of every tensor in the group: 3, or 4 for 4-D pointwise */
     int n_ops;
     mk_group_op op[MK_GROUP_MAX_OPS]; /* evaluation order; the last one is the output */
-    int n_in;                      /* <= MK_MAX_INPUTS */
-    mk_group_input in[MK_MAX_INPUTS];
+    int n_in;                      /* <= MK_GROUP_MAX_INPUTS */
+    mk_group_input in[MK_GROUP_MAX_INPUTS];
     char *trace;                   /* structural key: ops, shapes, strides, dtypes, operand order */
     /* filled by the fuser */
     struct mk_cudnn_plan *plan;    /* shared through the context's cache */

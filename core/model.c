@@ -329,6 +329,16 @@ static int check_dtypes(const mk_model *m, const mk_node *n, const mk_kernel *k,
     return 0;
 }
 
+int mk_launch_operands(mk_launch *l, mk_error **err) {
+    const mk_node *n = l->node;
+    if ((n->op->flags & MK_OP_BROADCAST) || n->pw) /* operands arrive broadcast to the result */
+        for (int j = 1; j < n->n_in; j++) l->in[j] = mk_tensor_broadcast(&l->in[j], &l->out);
+    if (n->op->kernel == MK_KERNEL_POINTWISE &&
+        !(l->expr = n->pw ? &n->pw->program : mk_op_program(n->op)))
+        return MK_INTERNAL(err, "a pointwise row's expression does not compile");
+    return 0;
+}
+
 static int bind(mk_model *m, const int64_t *scratch_offset, mk_error **err) {
     mk_graph *g = m->graph;
     for (int i = 0; i < g->n_nodes; i++) {
@@ -352,11 +362,7 @@ static int bind(mk_model *m, const int64_t *scratch_offset, mk_error **err) {
             l->in[0].rank = n->rank;
             memcpy(l->in[0].shape, n->shape, sizeof n->shape);
         }
-        if ((op->flags & MK_OP_BROADCAST) || n->pw) /* operands arrive broadcast to the result */
-            for (int j = 1; j < n->n_in; j++) l->in[j] = mk_tensor_broadcast(&l->in[j], &l->out);
-        if (op->kernel == MK_KERNEL_POINTWISE &&
-            !(l->expr = n->pw ? &n->pw->program : mk_op_program(op)))
-            return MK_INTERNAL(err, "a pointwise row's expression does not compile");
+        if (mk_launch_operands(l, err)) return -1;
         if (n->scratch_bytes) {
             l->scratch = (char *)m->arena + scratch_offset[i];
             l->scratch_bytes = n->scratch_bytes;
@@ -432,6 +438,7 @@ static mk_model *compile(mk_context *ctx, const char *script,
     if (!(m->script = mk_graph_print(g))) goto nomem;
     mk_strbuf report = {0};
     m->stats.pointwise_groups = mk_group_report(g, &report);
+    m->stats.product_groups = mk_product_report(g, &report);
     if (m->fusion && m->fusion->report.s) mk_strbuf_put(&report, "%s", m->fusion->report.s);
     if (report.failed) {
         free(report.s);
@@ -574,7 +581,7 @@ int mk_model_check_generated(const mk_model *m, int arch, mk_error **err) {
     if (!p) return mk_fail(err, MK_ERR_NO_DEVICE, 0, 0, "%s", why);
     int checked = 0;
     for (int i = 0; i < m->n_launches; i++) {
-        if (!m->launches[i].node->pw) continue;
+        if (!m->launches[i].node->pw && !m->launches[i].node->prod) continue;
         if (p->generate_check(&m->launches[i], arch, err)) return -1;
         checked++;
     }

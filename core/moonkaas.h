@@ -226,6 +226,8 @@ typedef struct {
     int launches;             /* kernel launches per evaluation */
     int fused_groups;         /* cuDNN groups (0 without cuDNN) */
     int pointwise_groups;     /* pointwise trees run as one program each (the grouping pass) */
+    int product_groups;       /* matrix-vector products with their prologue and epilogues as
+                                 one launch each (the matrix-vector pass) */
     double compile_ms;        /* parse to ready */
     double plan_ms;           /* the memory planner's share of compile_ms */
     int device;               /* mk_device */

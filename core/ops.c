@@ -376,6 +376,15 @@ static const mk_op ops[] = {
     {ROW("PointwiseGroupNode", "s", MK_ROLE_GROUP, MK_OP_INTERNAL, NULL, NULL, NULL,
          "several pointwise nodes run as one program"),
      .infer = infer_internal, .takes_strided = group_takes, .kernel = MK_KERNEL_POINTWISE},
+    /* made by the matrix–vector pass (product.c): products with their prologue
+     * and epilogues as one node, and a view standing for each of its results */
+    {ROW("ProductGroupNode", "s", MK_ROLE_GROUP, MK_OP_INTERNAL, NULL, NULL, NULL,
+         "matrix-vector products with the nodes before and after them, as one"),
+     .infer = infer_internal, .takes_strided = group_takes, .scratch = mk_product_scratch,
+     .kernel = MK_KERNEL_PRODUCT},
+    {ROW("GroupOutputNode", "s", MK_ROLE_VIEW, MK_OP_INTERNAL, NULL, NULL, NULL,
+         "a result of a group: a view of the memory the group wrote"),
+     .infer = infer_internal, .takes_strided = group_takes},
     {ROW("CudnnGroupNode", "s", MK_ROLE_GROUP, MK_OP_INTERNAL, NULL, NULL, NULL,
          "a cuDNN graph of several nodes"),
      .infer = infer_internal, .takes_strided = group_takes, .scratch = mk_fusion_scratch,

@@ -184,6 +184,8 @@ static const struct {
     {"assign-storage", assign_storage}, /* views, in-place writes, copies that stay views */
     {"fuse-cudnn", mk_fusion_pass},     /* with use_cudnn: matmul/pointwise groups (fusion.c) */
     {"group", mk_group_pass},           /* pointwise trees as one program each (group.c) */
+    {"products", mk_product_pass},      /* matrix-vector products with what surrounds them
+                                           (product.c) */
     {"verify", verify},
 };
 

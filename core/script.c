@@ -174,6 +174,7 @@ void mk_graph_free(mk_graph *g) {
     if (!g) return;
     for (int i = 0; i < g->n_nodes; i++) {
         mk_pointwise_group_free(g->nodes[i]->pw);
+        mk_product_group_free(g->nodes[i]->prod);
         free(g->nodes[i]->name);
         free(g->nodes[i]);
     }
@@ -439,6 +440,20 @@ char *mk_graph_print(const mk_graph *g) {
             for (int k = 0; k < n->pw->n_members; k++)
                 mk_strbuf_put(&b, " %s $%d,", n->pw->members[k]->op->name, n->pw->members[k]->id);
             mk_strbuf_put(&b, " %s $%d\n", n->pw->root_op->name, n->id);
+            continue;
+        }
+        if (n->op->flags & MK_OP_INTERNAL) { /* a matrix–vector group or a result of one */
+            for (int k = 0; k < n->n_in; k++) mk_strbuf_put(&b, "%s$%d", k ? ", " : "", n->in[k]->id);
+            mk_strbuf_put(&b, ");");
+            if (n->prod) {
+                mk_strbuf_put(&b, "  # one launch for");
+                for (int k = 0; k < n->prod->n_members; k++)
+                    mk_strbuf_put(&b, "%s %s $%d", k ? "," : "", n->prod->members[k]->op->name,
+                                  n->prod->members[k]->id);
+            } else {
+                mk_strbuf_put(&b, "  # a result of the group, view of $%d", n->owner->id);
+            }
+            mk_strbuf_put(&b, "\n");
             continue;
         }
         int in = 0, attr = 0;

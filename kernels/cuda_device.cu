@@ -263,6 +263,7 @@ struct cuda_kernel_table {
         k[MK_KERNEL_SLICED_SOFTMAX] = {mk_cuda_sliced_softmax, F32};       /* the prefix: a bound */
         k[MK_KERNEL_EMBEDDING] = {mk_cuda_embedding, MK_DTYPES_ALL};       /* ids: int64 */
         k[MK_KERNEL_ARGMAX] = {mk_cuda_argmax, F32 | I64};                 /* int64: the result */
+        k[MK_KERNEL_PRODUCT] = {mk_cuda_product, F32 | I64};               /* int64: row bounds */
 #ifdef MK_WITH_CUDNN
         k[MK_KERNEL_CUDNN_GROUP] = {mk_cuda_cudnn_group, F32};
 #else
@@ -394,8 +395,10 @@ static int fault_error(const mk_cuda_fault *f, const mk_launch *launches, int n,
     if (f->launch < 0 || f->launch >= n)
         return mk_fail(err, MK_ERR_INTERNAL, 0, 0, "a CUDA kernel reported launch %d of %d",
                        f->launch, n);
-    return mk_fault(err, launches[f->launch].node, (mk_fault_kind)f->kind, f->value[0],
-                    f->value[1], f->value[2]);
+    const mk_node *node = launches[f->launch].node; /* in a group: the row write's own node */
+    if (node->prod && f->which > 0 && f->which <= node->prod->n_outs)
+        node = node->prod->out[f->which - 1].end;
+    return mk_fault(err, node, (mk_fault_kind)f->kind, f->value[0], f->value[1], f->value[2]);
 }
 
 static int cuda_evaluate(void *state, const mk_launch *launches, int n, const mk_copy *in,

@@ -37,7 +37,7 @@ typedef struct {
     unsigned int flag;   /* 0: no fault; 1: the fields below are being / were written */
     int launch;          /* index of the faulting launch */
     int kind;            /* mk_fault_kind */
-    int pad;
+    int which;           /* a matrix–vector group's result whose row write faulted, + 1 */
     long long value[3];  /* the kind's values, as mk_fault takes them */
 } mk_cuda_fault;
 
@@ -186,10 +186,12 @@ static __device__ __forceinline__ long long mk_cuda_walk_offset(const mk_walk &w
 /* ---- the plugin's kernels (one file per family) and its table -------------- */
 
 int mk_cuda_pointwise(const mk_launch *l, mk_error **err);      /* pointwise.cu */
-/* generated.cu: writes and compiles (NVRTC) the kernel of every pointwise group
- * among the launches, into s->generated, before the capture; then runs one. */
+/* generated.cu: writes and compiles (NVRTC) the kernel of every group (pointwise
+ * or matrix–vector) among the launches, into s->generated, before the capture;
+ * then runs one. */
 int mk_cuda_generate(mk_cuda_state *s, const mk_launch *launches, int n, mk_error **err);
 int mk_cuda_pointwise_generated(const mk_launch *l, mk_error **err);
+int mk_cuda_product(const mk_launch *l, mk_error **err);
 int mk_cuda_generate_check(const mk_launch *l, int arch, mk_error **err);
 int mk_cuda_permute(const mk_launch *l, mk_error **err);        /* pointwise.cu */
 int mk_cuda_complex_mul(const mk_launch *l, mk_error **err);    /* pointwise.cu */

@@ -181,7 +181,7 @@ static cudnnBackendDescriptor_t pointwise(builder *b, cudnnPointwiseMode_t mode,
  * the last), one operation per op. */
 static cudnnBackendDescriptor_t op_graph(builder *b, const mk_fused_group *g) {
     int R = g->rank;
-    cudnnBackendDescriptor_t in[MK_MAX_INPUTS], res[MK_GROUP_MAX_OPS], ops[MK_GROUP_MAX_OPS];
+    cudnnBackendDescriptor_t in[MK_GROUP_MAX_INPUTS], res[MK_GROUP_MAX_OPS], ops[MK_GROUP_MAX_OPS];
     for (int k = 0; k < g->n_in; k++)
         if (!(in[k] = tensor(b, MK_CUDNN_UID_IN + k, R, g->in[k].shape, g->in[k].stride,
                              g->in[k].align, false)))
@@ -265,13 +265,13 @@ fail:
  */
 static int trial_run(mk_cudnn_cache *c, const mk_fused_group *g, mk_cudnn_plan *p,
                      cudnnBackendDescriptor_t plan, size_t workspace, char *why, size_t size) {
-    void *ptrs[MK_MAX_INPUTS + 1] = {NULL};
+    void *ptrs[MK_GROUP_MAX_INPUTS + 1] = {NULL};
     void *ws = NULL;
     cudnnBackendDescriptor_t vp = NULL;
     const char *what = "";
     int rc = 1;
     size_t total = workspace;
-    size_t bytes[MK_MAX_INPUTS + 1];
+    size_t bytes[MK_GROUP_MAX_INPUTS + 1];
     for (int k = 0; k < g->n_in; k++)
         total += bytes[k] = span_bytes(g->rank, g->in[k].shape, g->in[k].stride);
     {
@@ -580,7 +580,7 @@ int mk_cuda_cudnn_group(const mk_launch *l, mk_error **err) {
     mk_cudnn_plan *p = g->plan;
     if (l->scratch_bytes < p->workspace_bytes)
         return MK_INTERNAL(err, "a cuDNN group launch got less scratch than its workspace");
-    void *ptrs[MK_MAX_INPUTS + 1];
+    void *ptrs[MK_GROUP_MAX_INPUTS + 1];
     for (int k = 0; k < g->n_in; k++) ptrs[k] = l->in[k].data;
     ptrs[g->n_in] = l->out.data;
     const char *what = "";

@@ -23,7 +23,7 @@
 #define MK_CUDNN_UID_VIRTUAL 1000
 
 /* Descriptors one plan keeps alive: tensors, ops, graph, engine config, plan. */
-#define MK_CUDNN_MAX_KEEP (4 * MK_GROUP_MAX_OPS + MK_MAX_INPUTS + 8)
+#define MK_CUDNN_MAX_KEEP (4 * MK_GROUP_MAX_OPS + MK_GROUP_MAX_INPUTS + 8)
 
 /*
  * One entry of the cache: the plan compiled for a trace, or the reason cuDNN
@@ -38,7 +38,7 @@ typedef struct mk_cudnn_plan {
     cudnnBackendDescriptor_t keep[MK_CUDNN_MAX_KEEP];
     int n_keep;
     int n_uids;
-    int64_t uids[MK_MAX_INPUTS + 1]; /* inputs in order, then the output */
+    int64_t uids[MK_GROUP_MAX_INPUTS + 1]; /* inputs in order, then the output */
     size_t workspace_bytes;
     bool tf32;                     /* the engine runs on tensor cores (TF32 for float32) */
     struct mk_cudnn_cache *cache;

@@ -384,6 +384,7 @@ static int model_stats(lua_State *L) {
     FIELD_INT("launches", s.launches);
     FIELD_INT("fused", s.fused_groups);
     FIELD_INT("pointwise_groups", s.pointwise_groups);
+    FIELD_INT("product_groups", s.product_groups);
     FIELD_INT("cudnn_cache_hits", s.cudnn_cache_hits);
     FIELD_INT("cudnn_rejected", s.cudnn_rejected);
     FIELD_INT("cudnn_tf32_groups", s.cudnn_tf32_groups);

@@ -1,0 +1,577 @@
+/*
+ * product.c — the matrix–vector pass: the products of a decoding step, with
+ * the nodes before and after them, become one node each.
+ *
+ * Device-independent: it reads op roles and kernel families, never names or
+ * the shape of one network. A group starts at a MatMul whose A has at most
+ * MK_MATVEC_ROWS rows and whose B reads its columns contiguous (an [out, in]
+ * weight through a permute, as every Linear layer holds it), float32:
+ *
+ *   - siblings: the other such products reading the same A (q, k and v; w1
+ *     and w3) join it, up to MK_PRODUCTS_MAX;
+ *   - prologue: when A is an RmsNorm read by those products alone, the norm
+ *     joins and the group reads its x;
+ *   - epilogue, per product, following its single reader: reshapes (any view
+ *     that keeps the element order), pointwise nodes (a residual add, SiLU
+ *     times a sibling's product), one complex rotation (RoPE) and one in-place
+ *     row write (ReplaceSlice: a KV-cache row), in that order.
+ *
+ * A product whose chains meet in a pointwise node (silu(a @ w1) * (a @ w3))
+ * gives one result; the others give one each. The group node stands where its
+ * last member stood; every result is a GroupOutputNode view after it (of the
+ * group's memory, or of the memory the row write wrote), and readers read
+ * those. It is formed only where that keeps the graph's meaning: its operands
+ * come before its first member, nothing between its first and last member
+ * writes in place or reads what it writes, and a row write's memory is no
+ * other operand's.
+ *
+ * Products that stay alone (more rows, a B read by rows, other dtypes) keep the
+ * device's matrix kernel (BLAS, cuBLAS); the report says which and why.
+ */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    mk_node *value;        /* the chain's latest node (may be a view) */
+    mk_node *end;          /* its latest node that computes */
+    int stage;             /* 0 products, 1 pointwise, 2 rotated, 3 written */
+    int n_nodes;
+    mk_node *nodes[MK_PRODUCT_MEMBERS];
+} chain;
+
+typedef struct {
+    mk_graph *g;
+    mk_node *norm;
+    int n_products;
+    mk_node *products[MK_PRODUCTS_MAX];
+    int n_chains;
+    chain chains[MK_PRODUCTS_MAX];
+    int n_in;
+    mk_node *in[MK_MAX_INPUTS];
+    bool *moved;           /* [n_nodes]: nodes that move after the group (valid) */
+} cand;
+
+static bool dense(const mk_node *n) {
+    int64_t s[MK_MAX_RANK];
+    mk_contiguous_strides(n->rank, n->shape, s);
+    for (int d = 0; d < n->rank; d++)
+        if (n->shape[d] > 1 && n->stride[d] != s[d]) return false;
+    return true;
+}
+
+static bool same_shape(const mk_node *a, const mk_node *b) {
+    return a->rank == b->rank && !memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->rank);
+}
+
+/* Why product p cannot start a matrix–vector group, or NULL when it can. */
+static const char *why_not(const mk_node *p) {
+    if (p->op->kernel != MK_KERNEL_MATMUL) return "not a product";
+    const mk_node *a = p->in[0], *b = p->in[1];
+    if (p->dtype != MK_DTYPE_FLOAT32 || a->dtype != MK_DTYPE_FLOAT32 ||
+        b->dtype != MK_DTYPE_FLOAT32)
+        return "not float32";
+    if (a->rank != 2 || b->rank != 2) return "not [m, k] @ [k, n]";
+    if (a->shape[0] > MK_MATVEC_ROWS) return "more rows than a matrix-vector product";
+    if (b->stride[0] != 1 && b->shape[0] > 1) return "B's columns are not contiguous";
+    if (b->shape[1] % 2) return "an odd number of columns";
+    return NULL;
+}
+
+/* n's only reader, or NULL where it has several, none, or is the output. */
+static mk_node *only_reader(const mk_graph *g, const mk_node *n) {
+    if (n->n_consumers != 1 || n == g->output) return NULL;
+    for (int i = n->index + 1; i < g->n_nodes; i++)
+        for (int k = 0; k < g->nodes[i]->n_in; k++)
+            if (g->nodes[i]->in[k] == n) return g->nodes[i];
+    return NULL;
+}
+
+static bool is_pointwise(const mk_node *n) {
+    return n->op->kernel == MK_KERNEL_POINTWISE && n->dtype == MK_DTYPE_FLOAT32 &&
+           (n->pw || mk_op_program(n->op));
+}
+
+static const mk_expr *program_of(const mk_node *n) {
+    return n->pw ? &n->pw->program : mk_op_program(n->op);
+}
+
+static void push(chain *c, mk_node *n) { c->nodes[c->n_nodes++] = n; }
+
+static int members(const cand *c) {
+    int n = c->norm ? 1 : 0;
+    for (int i = 0; i < c->n_chains; i++) n += c->chains[i].n_nodes;
+    return n;
+}
+
+/* The chain whose value is x, or -1. */
+static int chain_of(const cand *c, const mk_node *x) {
+    for (int i = 0; i < c->n_chains; i++)
+        if (c->chains[i].value == x) return i;
+    return -1;
+}
+
+/* Extends chain i by its value's reader where that may join; true if it grew. */
+static bool extend(cand *c, int i) {
+    chain *ch = &c->chains[i];
+    mk_node *v = ch->value, *r = only_reader(c->g, v);
+    if (!r || ch->stage == 3 || members(c) >= MK_PRODUCT_MEMBERS) return false;
+    if (r->op->role == MK_ROLE_VIEW && r->op->layout && r->in[0] == v &&
+        mk_node_numel(r) == mk_node_numel(v) && dense(r) && dense(v) &&
+        r->view_offset == v->view_offset && r->owner == v->owner) {
+        push(ch, r);
+        ch->value = r;
+        return true;
+    }
+    if (is_pointwise(r) && ch->stage <= 1 && same_shape(r, v)) {
+        /* its operands: this value, other chains' values (they merge), or outside */
+        int merge[MK_PRODUCTS_MAX], n_merge = 0;
+        for (int k = 0; k < r->n_in; k++) {
+            int j = chain_of(c, r->in[k]);
+            if (j < 0 || j == i) continue;
+            const chain *o = &c->chains[j];
+            if (o->stage > 1 || !same_shape(o->value, r) || only_reader(c->g, o->value) != r)
+                return false;
+            bool seen = false;
+            for (int q = 0; q < n_merge; q++) seen = seen || merge[q] == j;
+            if (!seen) merge[n_merge++] = j;
+        }
+        int total = members(c) + 1;
+        if (total > MK_PRODUCT_MEMBERS) return false;
+        for (int q = 0; q < n_merge; q++) { /* their nodes join this chain */
+            chain *o = &c->chains[merge[q]];
+            for (int t = 0; t < o->n_nodes; t++) push(ch, o->nodes[t]);
+            o->n_nodes = 0;
+        }
+        push(ch, r);
+        ch->value = ch->end = r;
+        ch->stage = 1;
+        /* drop the merged chains (their nodes now belong to chain i) */
+        int kept = 0;
+        for (int j = 0; j < c->n_chains; j++) {
+            bool gone = false;
+            for (int q = 0; q < n_merge; q++) gone = gone || merge[q] == j;
+            if (!gone) c->chains[kept++] = c->chains[j];
+        }
+        c->n_chains = kept;
+        return true;
+    }
+    if (r->op->kernel == MK_KERNEL_COMPLEX_MUL && ch->stage <= 1 && r->dtype == MK_DTYPE_FLOAT32 &&
+        same_shape(r, v) && (r->in[0] == v) != (r->in[1] == v)) {
+        push(ch, r);
+        ch->value = ch->end = r;
+        ch->stage = 2;
+        return true;
+    }
+    if (r->op->kernel == MK_KERNEL_REPLACE_SLICE && r->in[1] == v && r->in[0] != v &&
+        r->dtype == MK_DTYPE_FLOAT32 && dense(r->in[0]) && v->rank >= 1 &&
+        mk_node_numel(v) * r->in[0]->shape[0] == v->shape[0] * mk_node_numel(r->in[0])) {
+        push(ch, r);
+        ch->value = ch->end = r;
+        ch->stage = 3;
+        return true;
+    }
+    return false;
+}
+
+static bool is_member(const cand *c, const mk_node *x) {
+    if (x == c->norm) return true;
+    for (int i = 0; i < c->n_chains; i++)
+        for (int t = 0; t < c->chains[i].n_nodes; t++)
+            if (c->chains[i].nodes[t] == x) return true;
+    return false;
+}
+
+/* The operand index of x (added where new), or -1 when there is no room. */
+static int operand(cand *c, mk_node *x) {
+    for (int k = 0; k < c->n_in; k++)
+        if (c->in[k] == x) return k;
+    if (c->n_in == MK_MAX_INPUTS) return -1;
+    c->in[c->n_in] = x;
+    return c->n_in++;
+}
+
+static int product_index(const cand *c, const mk_node *x) {
+    while (x->op->role == MK_ROLE_VIEW && x->n_in > 0 && is_member(c, x)) x = x->in[0];
+    for (int j = 0; j < c->n_products; j++)
+        if (c->products[j] == x) return j;
+    return -1;
+}
+
+/* The node a member's view chain starts at (itself when it computes). */
+static const mk_node *computed(const cand *c, const mk_node *x) {
+    while (x->op->role == MK_ROLE_VIEW && x->n_in > 0 && is_member(c, x)) x = x->in[0];
+    return x;
+}
+
+/* A source register for x as `like` reads it: a product or an operand. */
+static int source_of(cand *c, mk_product_out *o, const mk_node *x, const mk_node *like) {
+    int j = product_index(c, x), k = j < 0 ? operand(c, (mk_node *)x) : -1;
+    if (j < 0 && k < 0) return -1;
+    for (int s = 0; s < o->n_src; s++)
+        if (o->src[s].product == j && o->src[s].in == k && o->src[s].rank == like->rank &&
+            !memcmp(o->src[s].shape, like->shape, sizeof(int64_t) * (size_t)like->rank))
+            return s;
+    if (o->n_src == MK_X_IN) return -1;
+    mk_product_source *s = &o->src[o->n_src];
+    *s = (mk_product_source){.in = k, .product = j, .rank = like->rank};
+    memcpy(s->shape, like->shape, sizeof s->shape);
+    return o->n_src++;
+}
+
+/* Chain ch as a result: its program, rotation and row write; false if it does
+ * not fit. */
+static bool describe(cand *c, const chain *ch, mk_product_out *o) {
+    *o = (mk_product_out){.end = ch->end, .rotate = -1, .row_x = -1, .row_begin = -1,
+                          .row_end = -1};
+    mk_expr *e = &o->program;
+    const mk_node *result[MK_PRODUCT_MEMBERS] = {0};
+    int reg[MK_PRODUCT_MEMBERS];
+    int n_result = 0;
+    o->n = ch->nodes[0]->shape[1];
+    for (int t = 0; t < ch->n_nodes; t++) {
+        mk_node *m = ch->nodes[t];
+        if (m->op->kernel == MK_KERNEL_MATMUL) {
+            if (m->shape[1] != o->n) return false;
+            continue;
+        }
+        if (is_pointwise(m)) {
+            const mk_expr *p = program_of(m);
+            int map[MK_X_IN + MK_EXPR_MAX];
+            for (int k = 0; k < m->n_in; k++) {
+                const mk_node *x = computed(c, m->in[k]);
+                map[k] = -1;
+                for (int q = 0; q < n_result; q++)
+                    if (result[q] == x) map[k] = reg[q];
+                if (map[k] < 0 && (map[k] = source_of(c, o, m->in[k], m)) < 0) return false;
+            }
+            if (e->n + p->n > MK_EXPR_MAX) return false;
+            for (int j = 0; j < p->n; j++) {
+                mk_xinsn in = p->insn[j];
+                in.x = (unsigned char)map[in.x];
+                in.y = (unsigned char)map[in.y];
+                in.z = (unsigned char)map[in.z];
+                map[MK_X_IN + j] = MK_X_IN + e->n;
+                e->insn[e->n++] = in;
+            }
+            e->has_float_only = e->has_float_only || p->has_float_only;
+            result[n_result] = m;
+            reg[n_result++] = MK_X_IN + e->n - 1;
+            continue;
+        }
+        if (m->op->kernel == MK_KERNEL_COMPLEX_MUL) {
+            int k = is_member(c, m->in[0]) ? 1 : 0; /* the multiplier: the operand outside */
+            if ((o->rotate = operand(c, m->in[k])) < 0) return false;
+            o->rotate_rank = m->rank;
+            memcpy(o->rotate_shape, m->shape, sizeof o->rotate_shape);
+            continue;
+        }
+        if (m->op->kernel == MK_KERNEL_REPLACE_SLICE) {
+            if ((o->row_x = operand(c, m->in[0])) < 0 || (o->row_begin = operand(c, m->in[2])) < 0 ||
+                (o->row_end = operand(c, m->in[3])) < 0)
+                return false;
+            o->row_count = m->in[1]->shape[0];
+        }
+    }
+    if (e->n == 0) { /* the product itself */
+        if (source_of(c, o, ch->nodes[0], ch->nodes[0]) != 0) return false;
+    } else {
+        e->n_in = o->n_src;
+        mk_expr_tidy(e);
+    }
+    return true;
+}
+
+/* First and last member index. */
+static void span(const cand *c, int *first, int *last) {
+    *first = c->g->n_nodes, *last = -1;
+    for (int i = 0; i < c->g->n_nodes; i++)
+        if (is_member(c, c->g->nodes[i])) {
+            if (i < *first) *first = i;
+            *last = i;
+        }
+}
+
+static const mk_node *memory_of(const mk_node *x) { return x->owner; }
+
+/*
+ * May the candidate become one node standing at its last member? Nodes
+ * between its first and last member that read a member (or such a node) move
+ * after it, in order (c->moved); the others stay before it. That keeps the
+ * graph's meaning where nothing between writes in place, no operand is moved,
+ * and memory a row write writes is read by a moved node only after the write
+ * and by a node that stays only before it.
+ */
+static bool valid(cand *c, const mk_product_group *pg) {
+    const mk_graph *g = c->g;
+    int first, last;
+    span(c, &first, &last);
+    for (int i = first + 1; i < last; i++) {
+        const mk_node *n = g->nodes[i];
+        if (is_member(c, n)) continue;
+        if (n->op->role == MK_ROLE_INPLACE) return false;
+        bool moved = false;
+        for (int k = 0; k < n->n_in; k++)
+            moved = moved || is_member(c, n->in[k]) || c->moved[n->in[k]->index];
+        c->moved[i] = moved;
+        for (int o = 0; o < pg->n_outs; o++) {
+            if (pg->out[o].row_x < 0) continue;
+            const mk_node *written = memory_of(c->in[pg->out[o].row_x]);
+            bool after = n->index > pg->out[o].end->index;
+            for (int k = 0; k < n->n_in; k++)
+                if (memory_of(n->in[k]) == written && after != moved) return false;
+        }
+    }
+    for (int k = 0; k < c->n_in; k++)
+        if (c->in[k]->index >= last || c->moved[c->in[k]->index]) return false;
+    for (int o = 0; o < pg->n_outs; o++) { /* a row write's memory is no other operand's */
+        if (pg->out[o].row_x < 0) continue;
+        const mk_node *x = memory_of(c->in[pg->out[o].row_x]);
+        for (int k = 0; k < c->n_in; k++)
+            if (k != pg->out[o].row_x && memory_of(c->in[k]) == x) return false;
+    }
+    return true;
+}
+
+/* Builds the candidate from products ps sharing A; NULL when it cannot be one. */
+static mk_product_group *build(cand *c, mk_graph *g, mk_node **ps, int n_ps, bool *moved) {
+    *c = (cand){.g = g, .n_products = n_ps, .moved = moved};
+    memset(moved, 0, sizeof *moved * (size_t)g->n_nodes);
+    memcpy(c->products, ps, sizeof ps[0] * (size_t)n_ps);
+    mk_node *a = ps[0]->in[0];
+    if (a->op->kernel == MK_KERNEL_RMS_NORM && a->n_consumers == n_ps && a != g->output &&
+        a->owner == a && a->storage == MK_STORAGE_ARENA && dense(a->in[0]) && dense(a->in[1]) &&
+        a->in[0]->dtype == MK_DTYPE_FLOAT32 && a->in[1]->dtype == MK_DTYPE_FLOAT32)
+        c->norm = a;
+    else if (!dense(a))
+        return NULL;
+    for (int j = 0; j < n_ps; j++) {
+        chain *ch = &c->chains[c->n_chains++];
+        *ch = (chain){.value = ps[j], .end = ps[j]};
+        push(ch, ps[j]);
+    }
+    for (bool grew = true; grew;) {
+        grew = false;
+        for (int i = 0; i < c->n_chains && !grew; i++) grew = extend(c, i);
+    }
+    for (int i = 0; i < c->n_chains; i++) { /* trailing views stay in the graph */
+        chain *ch = &c->chains[i];
+        while (ch->nodes[ch->n_nodes - 1] != ch->end) ch->n_nodes--;
+        ch->value = ch->end;
+    }
+    mk_product_group *pg = calloc(1, sizeof *pg);
+    if (!pg) return NULL;
+    pg->m = a->shape[0];
+    pg->k = a->shape[1];
+    pg->norm_w = -1;
+    bool ok = (pg->a = operand(c, c->norm ? c->norm->in[0] : a)) >= 0 &&
+              (!c->norm || (pg->norm_w = operand(c, c->norm->in[1])) >= 0);
+    pg->n_products = n_ps;
+    for (int j = 0; j < n_ps && ok; j++) ok = (pg->b[j] = operand(c, ps[j]->in[1])) >= 0;
+    pg->n_outs = c->n_chains;
+    for (int i = 0; i < c->n_chains && ok; i++) ok = describe(c, &c->chains[i], &pg->out[i]);
+    if (!ok || !valid(c, pg)) {
+        free(pg);
+        return NULL;
+    }
+    return pg;
+}
+
+/* ---- the group node -------------------------------------------------------------- */
+
+static mk_node *new_node(const mk_node *like, const mk_op *op) {
+    mk_node *n = calloc(1, sizeof *n);
+    if (!n) return NULL;
+    n->id = like->id;
+    n->line = like->line;
+    n->column = like->column;
+    n->op = op;
+    n->dtype = like->dtype;
+    n->rank = like->rank;
+    memcpy(n->shape, like->shape, sizeof n->shape);
+    n->offset = -1;
+    return n;
+}
+
+/* The candidate becomes a group node and its results' views, standing where
+ * its last member stood; the members leave the graph. */
+static int make(mk_graph *g, cand *c, mk_product_group *pg, mk_error **err) {
+    int first, last;
+    span(c, &first, &last);
+    /* members in graph order, with the CPU's scratch for all but the results */
+    for (int i = first; i <= last; i++)
+        if (is_member(c, g->nodes[i])) pg->members[pg->n_members++] = g->nodes[i];
+    int64_t total = 0;
+    for (int o = 0; o < pg->n_outs; o++) {
+        if (pg->out[o].row_x >= 0) continue;
+        pg->out[o].offset = total;
+        total += (mk_node_numel(pg->out[o].end) + 15) / 16 * 16;
+    }
+    for (int t = 0; t < pg->n_members; t++) {
+        const mk_node *m = pg->members[t];
+        bool is_end = false;
+        for (int o = 0; o < pg->n_outs; o++) is_end = is_end || pg->out[o].end == m;
+        pg->scratch[t] = -1;
+        if (is_end || m->storage == MK_STORAGE_VIEW) continue;
+        pg->scratch[t] = (int64_t)pg->scratch_bytes;
+        pg->scratch_bytes += (mk_node_bytes(m) + 63) / 64 * 64;
+    }
+    mk_node *outs[MK_PRODUCTS_MAX] = {0};
+    mk_node *gn = new_node(c->products[0], mk_op_internal(MK_KERNEL_PRODUCT));
+    if (!gn) goto nomem;
+    gn->rank = 1;
+    gn->shape[0] = total ? total : 1;
+    gn->storage = MK_STORAGE_ARENA;
+    gn->owner = gn;
+    gn->stride[0] = 1;
+    gn->n_in = c->n_in;
+    memcpy(gn->in, c->in, sizeof c->in[0] * (size_t)c->n_in);
+    for (int o = 0; o < pg->n_outs; o++) {
+        const mk_node *end = pg->out[o].end;
+        mk_node *v = outs[o] = new_node(end, mk_op_internal(MK_KERNEL_NONE));
+        if (!v) goto nomem;
+        v->storage = MK_STORAGE_VIEW;
+        if (pg->out[o].row_x >= 0) { /* the memory written: x's, as the write returned it */
+            v->owner = end->owner;
+            v->view_offset = end->view_offset;
+            memcpy(v->stride, end->stride, sizeof v->stride);
+            v->in[v->n_in++] = c->in[pg->out[o].row_x];
+        } else {
+            v->owner = gn;
+            v->view_offset = pg->out[o].offset * (int64_t)sizeof(float);
+            mk_contiguous_strides(v->rank, v->shape, v->stride);
+        }
+        v->in[v->n_in++] = gn;
+    }
+    /* readers of a result read its view */
+    for (int i = first + 1; i < g->n_nodes; i++)
+        for (int k = 0; k < g->nodes[i]->n_in; k++)
+            for (int o = 0; o < pg->n_outs; o++)
+                if (g->nodes[i]->in[k] == pg->out[o].end) g->nodes[i]->in[k] = outs[o];
+    for (int o = 0; o < pg->n_outs; o++) {
+        if (g->output == pg->out[o].end) g->output = outs[o];
+        /* views of a result that owned its memory now view the group's */
+        for (int i = first + 1; i < g->n_nodes; i++)
+            if (g->nodes[i]->owner == pg->out[o].end) {
+                g->nodes[i]->owner = outs[o]->owner;
+                g->nodes[i]->view_offset += outs[o]->view_offset;
+            }
+    }
+    /* the new order: members out, the group and its results at the last member */
+    int extra = 1 + pg->n_outs - pg->n_members;
+    if (extra > 0 && g->n_nodes + extra > g->cap) {
+        mk_node **grown = realloc(g->nodes, sizeof *grown * (size_t)(g->n_nodes + extra));
+        if (!grown) goto nomem;
+        g->nodes = grown;
+        g->cap = g->n_nodes + extra;
+    }
+    int n_old = g->n_nodes;
+    mk_node **old = malloc(sizeof *old * (size_t)n_old);
+    if (!old) goto nomem;
+    memcpy(old, g->nodes, sizeof *old * (size_t)n_old);
+    int kept = 0;
+    for (int i = 0; i < n_old; i++) {
+        if (!is_member(c, old[i]) && !c->moved[i]) g->nodes[kept++] = old[i];
+        if (i != last) continue;
+        g->nodes[kept++] = gn;
+        for (int o = 0; o < pg->n_outs; o++) g->nodes[kept++] = outs[o];
+        for (int j = first + 1; j < last; j++)
+            if (c->moved[j]) g->nodes[kept++] = old[j];
+    }
+    free(old);
+    g->n_nodes = kept;
+    for (int i = 0; i < kept; i++) g->nodes[i]->index = i;
+    gn->prod = pg;
+    for (int i = 0; i < kept; i++) g->nodes[i]->n_consumers = 0;
+    for (int i = 0; i < kept; i++)
+        for (int k = 0; k < g->nodes[i]->n_in; k++) g->nodes[i]->in[k]->n_consumers++;
+    return 0;
+nomem:
+    free(gn);
+    for (int o = 0; o < pg->n_outs; o++) free(outs[o]);
+    free(pg);
+    return mk_fail(err, MK_ERR_NOMEM, 0, 0, "grouping matrix-vector products");
+}
+
+/* The products that may join p: p and the later ones reading its A, in order. */
+static int siblings(const mk_graph *g, mk_node *p, mk_node **ps) {
+    int n = 0;
+    for (int i = p->index; i < g->n_nodes && n < MK_PRODUCTS_MAX; i++) {
+        mk_node *q = g->nodes[i];
+        if (q->op->kernel == MK_KERNEL_MATMUL && q->in[0] == p->in[0] && !why_not(q)) ps[n++] = q;
+    }
+    return n;
+}
+
+int mk_product_pass(mk_graph *g, const mk_compile_options *opts, mk_error **err) {
+    if (opts->no_passes || opts->no_fusion || g->n_nodes == 0) return 0;
+    /* room for the nodes a group adds (its node and results beyond its members) */
+    bool *moved = malloc(sizeof *moved * (size_t)(g->n_nodes + MK_PRODUCTS_MAX + 1));
+    if (!moved) return mk_fail(err, MK_ERR_NOMEM, 0, 0, "grouping matrix-vector products");
+    for (int i = 0; i < g->n_nodes; i++) {
+        mk_node *p = g->nodes[i];
+        if (why_not(p)) continue;
+        mk_node *ps[MK_PRODUCTS_MAX];
+        int n_ps = siblings(g, p, ps);
+        cand c;
+        mk_product_group *pg = build(&c, g, ps, n_ps, moved);
+        if (!pg && n_ps > 1) pg = build(&c, g, ps, 1, moved);
+        if (!pg) continue;
+        int first, last;
+        span(&c, &first, &last);
+        if (make(g, &c, pg, err)) {
+            free(moved);
+            return -1;
+        }
+        i = first - 1; /* nodes before the group kept their places; go on from there */
+    }
+    free(moved);
+    return 0;
+}
+
+void mk_product_group_free(mk_product_group *pg) {
+    if (!pg) return;
+    for (int t = 0; t < pg->n_members; t++) {
+        mk_pointwise_group_free(pg->members[t]->pw);
+        free(pg->members[t]->name);
+        free(pg->members[t]);
+    }
+    free(pg);
+}
+
+size_t mk_product_scratch(const mk_node *n) { return n->prod ? n->prod->scratch_bytes : 0; }
+
+/* ---- the report -------------------------------------------------------------------- */
+
+int mk_product_report(const mk_graph *g, mk_strbuf *b) {
+    int groups = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const mk_node *n = g->nodes[i];
+        const char *why = n->op->kernel == MK_KERNEL_MATMUL ? why_not(n) : NULL;
+        if (why) {
+            mk_strbuf_put(b, "product $%d (line %d): the device's matrix kernel: %s\n", n->id,
+                          n->line, why);
+            continue;
+        }
+        const mk_product_group *pg = n->prod;
+        if (!pg) continue;
+        groups++;
+        mk_strbuf_put(b, "matrix-vector group $%d (line %d): one launch, [%lld, %lld] @ %d "
+                         "product%s%s; members",
+                      n->id, n->line, (long long)pg->m, (long long)pg->k, pg->n_products,
+                      pg->n_products == 1 ? "" : "s", pg->norm_w >= 0 ? ", RmsNorm folded in" : "");
+        for (int t = 0; t < pg->n_members; t++)
+            mk_strbuf_put(b, "%s %s $%d", t ? "," : "", pg->members[t]->op->name,
+                          pg->members[t]->id);
+        mk_strbuf_put(b, "; results");
+        for (int o = 0; o < pg->n_outs; o++) {
+            const mk_product_out *r = &pg->out[o];
+            mk_strbuf_put(b, "%s $%d (%d instructions%s%s)", o ? "," : "", r->end->id,
+                          r->program.n, r->rotate >= 0 ? ", rotated" : "",
+                          r->row_x >= 0 ? ", written into rows" : "");
+        }
+        mk_strbuf_put(b, "\n");
+    }
+    return groups;
+}

@@ -1,0 +1,331 @@
+/*
+ * product_test.c — matrix–vector groups (core/product.c) on random graphs.
+ *
+ * Each graph multiplies A [m, k] (an input, or the RmsNorm of one) by one to
+ * three weights read through a permute, as decoding does, and gives each
+ * product a random epilogue: SiLU times a sibling product, a residual add (full
+ * or broadcast), a RoPE rotation between reshapes, a row write into a
+ * BufferTensor at a position read at run time. The statements of the chains
+ * are interleaved at random, so readers of a result often stand between the
+ * products (the pass moves them after the group). Every result reaches the
+ * output through further products. Then, for two evaluations at random
+ * positions:
+ *
+ *   - on the CPU, the grouped model equals the model without groups bit for
+ *     bit (the CPU runs a group's members with their own kernels);
+ *   - every group's CUDA kernel compiles with NVRTC for sm_80 and sm_90 (no
+ *     GPU needed: CI checks the generator);
+ *   - on a GPU, the grouped CUDA model agrees with the CPU's (float32 sums in
+ *     another order: a relative tolerance).
+ *
+ * test_row_fault: a row write whose bounds do not fit fails naming the
+ * ReplaceSliceNode, on each device, and the model runs again afterwards.
+ */
+#include "internal.h"
+#include "test.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define S_ROWS 6 /* rows of each written buffer */
+
+typedef struct {
+    char text[16384];
+    int at, next_id;
+    /* inputs to feed: name, dtype, elements */
+    int n_in;
+    char in_name[32][16];
+    mk_dtype in_dtype[32];
+    int64_t in_numel[32];
+} script;
+
+static int put(script *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int put(script *s, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int id = s->next_id++;
+    s->at += snprintf(s->text + s->at, sizeof s->text - (size_t)s->at, "$%d = ", id);
+    s->at += vsnprintf(s->text + s->at, sizeof s->text - (size_t)s->at, fmt, ap);
+    s->at += snprintf(s->text + s->at, sizeof s->text - (size_t)s->at, ";\n");
+    va_end(ap);
+    return id;
+}
+
+static int input(script *s, mk_dtype dt, int rank, const int64_t *shape) {
+    int k = s->n_in++;
+    snprintf(s->in_name[k], sizeof s->in_name[k], "i%d", k);
+    s->in_dtype[k] = dt;
+    s->in_numel[k] = 1;
+    char dims[64];
+    int at = 0;
+    for (int d = 0; d < rank; d++) {
+        at += snprintf(dims + at, sizeof dims - (size_t)at, "%s%lld", d ? ", " : "", (long long)shape[d]);
+        s->in_numel[k] *= shape[d];
+    }
+    return put(s, "InputTensor(%s, %s, [%s])", s->in_name[k], mk_dtype_name(dt), dims);
+}
+#define INPUT(s, dt, ...) \
+    input((s), (dt), (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__})
+
+/* One chain's statements, kept apart until they are interleaved. */
+typedef struct {
+    script part;
+    int value;   /* the id of its latest node */
+} piece;
+
+/* A random graph of products with epilogues (see the top). pos and pos1 are the
+ * ids of the int64 inputs bounding the row writes. */
+static void random_graph(script *s) {
+    memset(s, 0, sizeof *s);
+    s->next_id = 1;
+    int64_t M = test_randint(1, 6) == 6 ? 5 : test_randint(1, 4); /* 5 rows: no group */
+    int64_t K = test_randint(0, 4) ? 4 * test_randint(1, 72) : test_randint(1, 300);
+    int x = INPUT(s, MK_DTYPE_FLOAT32, M, K);
+    int pos = INPUT(s, MK_DTYPE_INT64, 1), pos1 = INPUT(s, MK_DTYPE_INT64, 1);
+    int ones_m = INPUT(s, MK_DTYPE_FLOAT32, 1, M), ones_s = INPUT(s, MK_DTYPE_FLOAT32, 1, S_ROWS);
+    int a = x, terms[8], n_terms = 0;
+    if (test_randint(0, 1)) {
+        int w = INPUT(s, MK_DTYPE_FLOAT32, K);
+        a = put(s, "RmsNormNode($%d, $%d)", x, w);
+        if (!test_randint(0, 3)) { /* A read by more than the products: the norm stays */
+            int v = INPUT(s, MK_DTYPE_FLOAT32, K, 8);
+            int t = put(s, "MatMulNode($%d, $%d)", ones_m, a);
+            terms[n_terms++] = put(s, "MatMulNode($%d, $%d)", t, v);
+        }
+    }
+    int P = (int)test_randint(1, 3);
+    int64_t N[3];
+    int p[3];
+    for (int j = 0; j < P; j++) {
+        N[j] = 2 * test_randint(1, 40);
+        if (j > 0 && test_randint(0, 1)) N[j] = N[j - 1]; /* siblings that may merge */
+        int w = INPUT(s, MK_DTYPE_FLOAT32, N[j], K);
+        p[j] = put(s, "PermuteNode($%d, [1, 0])", w); /* the weight as [K, N] */
+    }
+    /* the chains, each in its own script part with ids from the shared counter */
+    piece pc[3];
+    int n_pc = 0;
+    for (int j = 0; j < P; j++) {
+        piece *c = &pc[n_pc++];
+        memset(&c->part, 0, sizeof c->part);
+        c->part.next_id = s->next_id;
+        script *q = &c->part;
+        int64_t n = N[j];
+        int v = put(q, "MatMulNode($%d, $%d)", a, p[j]);
+        if (j + 1 < P && N[j + 1] == n && test_randint(0, 1)) { /* silu(p_j) * p_j+1 */
+            int v2 = put(q, "MatMulNode($%d, $%d)", a, p[j + 1]);
+            int h = put(q, "SiLUNode($%d)", v);
+            v = put(q, "HadamardProductNode($%d, $%d)", h, v2);
+            j++;
+        }
+        s->next_id = q->next_id;
+        if (!test_randint(0, 2)) { /* a residual, full or broadcast */
+            int r = input(s, MK_DTYPE_FLOAT32, 2, (int64_t[]){test_randint(0, 1) ? M : 1, n});
+            q->next_id = s->next_id;
+            v = put(q, "SumNode($%d, $%d)", v, r);
+            s->next_id = q->next_id;
+        }
+        if (test_randint(0, 1)) { /* RoPE between reshapes */
+            bool first = test_randint(0, 1); /* the multiplier first: then of full shape */
+            int f = input(s, MK_DTYPE_FLOAT32, 3, (int64_t[]){first ? M : 1, n / 2, 2});
+            q->next_id = s->next_id;
+            int r = put(q, "ReshapeNode($%d, [%lld, %lld, 2])", v, (long long)M, (long long)(n / 2));
+            v = first ? put(q, "ComplexHadamardProductNode($%d, $%d)", f, r)
+                      : put(q, "ComplexHadamardProductNode($%d, $%d)", r, f);
+            v = put(q, "ReshapeNode($%d, [%lld, %lld])", v, (long long)M, (long long)n);
+            s->next_id = q->next_id;
+        }
+        int vw = INPUT(s, MK_DTYPE_FLOAT32, test_randint(0, 1) ? M * n : n, 8);
+        q->next_id = s->next_id;
+        if (test_randint(0, 1)) { /* a row write; the output reads the whole buffer */
+            int buf = put(q, "BufferTensor(float32, [%d, %lld])", S_ROWS, (long long)(M * n));
+            int r = put(q, "ReshapeNode($%d, [1, %lld])", v, (long long)(M * n));
+            v = put(q, "ReplaceSliceNode($%d, $%d, $%d, $%d)", buf, r, pos, pos1);
+            int t = put(q, "MatMulNode($%d, $%d)", ones_s, v);
+            /* vw may be [n, 8]: then the term reads the row as [M, n] rows summed */
+            bool full = s->in_numel[s->n_in - 1] == M * n * 8;
+            if (!full) {
+                t = put(q, "ReshapeNode($%d, [%lld, %lld])", t, (long long)M, (long long)n);
+                t = put(q, "MatMulNode($%d, $%d)", ones_m, t);
+            }
+            v = put(q, "MatMulNode($%d, $%d)", t, vw);
+        } else {
+            bool full = s->in_numel[s->n_in - 1] == M * n * 8;
+            int t = full ? put(q, "ReshapeNode($%d, [1, %lld])", v, (long long)(M * n))
+                         : put(q, "MatMulNode($%d, $%d)", ones_m, v);
+            v = put(q, "MatMulNode($%d, $%d)", t, vw);
+        }
+        s->next_id = q->next_id;
+        c->value = v;
+    }
+    /* interleave the parts line by line at random, each in its own order */
+    char *line[3][64];
+    int n_line[3] = {0}, taken[3] = {0};
+    for (int i = 0; i < n_pc; i++)
+        for (char *l = strtok(pc[i].part.text, "\n"); l; l = strtok(NULL, "\n")) line[i][n_line[i]++] = l;
+    for (int left = n_line[0] + n_line[1] + n_line[2]; left > 0; left--) {
+        int i;
+        do i = (int)test_randint(0, n_pc - 1);
+        while (taken[i] == n_line[i]);
+        s->at += snprintf(s->text + s->at, sizeof s->text - (size_t)s->at, "%s\n", line[i][taken[i]++]);
+    }
+    for (int i = 0; i < n_pc; i++) terms[n_terms++] = pc[i].value;
+    int out = terms[0];
+    for (int t = 1; t < n_terms; t++) out = put(s, "SumNode($%d, $%d)", out, terms[t]);
+    s->at += snprintf(s->text + s->at, sizeof s->text - (size_t)s->at, "result = $%d;\n", out);
+}
+
+/* Inputs: floats in [-1, 1), the positions given. */
+static void fill_inputs(const script *s, void **data, mk_named_tensor *named, int64_t pos, int64_t pos1) {
+    for (int k = 0; k < s->n_in; k++) {
+        named[k] = (mk_named_tensor){s->in_name[k], data[k]};
+        if (s->in_dtype[k] == MK_DTYPE_INT64) {
+            *(int64_t *)data[k] = k == 1 ? pos : pos1;
+            continue;
+        }
+        float *f = data[k];
+        for (int64_t i = 0; i < s->in_numel[k]; i++) f[i] = (float)test_uniform(-1.0, 1.0);
+    }
+}
+
+static mk_model *compile(mk_context *ctx, const script *s, mk_device dev, bool fuse) {
+    mk_error *err = NULL;
+    mk_compile_options o = {.device = dev, .no_fusion = !fuse};
+    mk_model *m = mk_compile(ctx, s->text, NULL, 0, &o, &err);
+    CHECK(m != NULL, "compile (%s, fuse %d): %s\n%s", dev == MK_DEVICE_CUDA ? "cuda" : "cpu", fuse,
+          mk_error_message(err), s->text);
+    mk_error_free(err);
+    return m;
+}
+
+static bool run(mk_model *m, const mk_named_tensor *in, int n_in, float *out, const script *s) {
+    mk_error *err = NULL;
+    int rc = mk_evaluate(m, in, (size_t)n_in, out, 8 * sizeof(float), &err);
+    CHECK(rc == 0, "evaluate: %s\n%s", mk_error_message(err), s->text);
+    mk_error_free(err);
+    return rc == 0;
+}
+
+static void test_random_products(void) {
+    test_srand(test_seed());
+    char why[256];
+    bool gpu = mk_cuda_available(why, sizeof why) == 1;
+    printf("#   CUDA: %s\n", gpu ? "compared with the CPU" : why);
+    mk_error *err = NULL;
+    mk_context *ctx = mk_context_new(&err);
+    bool nvrtc = mk_cuda_plugin_get(NULL, 0) != NULL;
+    int graphs = getenv("MK_VALGRIND") ? 4 : 80, groups = 0, kernels = 0;
+    for (int g = 0; ctx && g < graphs && !test_cur_failed; g++) {
+        script *s = malloc(sizeof *s);
+        random_graph(s);
+        mk_model *fused = compile(ctx, s, MK_DEVICE_CPU, true);
+        mk_model *plain = compile(ctx, s, MK_DEVICE_CPU, false);
+        mk_model *cuda = gpu ? compile(ctx, s, MK_DEVICE_CUDA, true) : NULL;
+        if (fused && plain && (cuda || !gpu)) {
+            mk_stats st;
+            mk_model_stats(fused, &st);
+            groups += st.product_groups;
+            if (nvrtc)
+                for (int arch = 80; arch <= 90 && !test_cur_failed; arch += 10) {
+                    int n = mk_model_check_generated(fused, arch, &err);
+                    CHECK(n >= 0, "sm_%d: %s\n%s", arch, mk_error_message(err), mk_model_script(fused));
+                    kernels += n > 0 ? n : 0;
+                }
+            void *data[32];
+            mk_named_tensor named[32];
+            for (int k = 0; k < s->n_in; k++) data[k] = malloc((size_t)s->in_numel[k] * 8);
+            for (int e = 0; e < 2 && !test_cur_failed; e++) {
+                int64_t pos = test_randint(0, S_ROWS - 1);
+                fill_inputs(s, data, named, pos, pos + 1);
+                float a[8], b[8], c[8];
+                if (!run(fused, named, s->n_in, a, s) || !run(plain, named, s->n_in, b, s)) break;
+                CHECK(!memcmp(a, b, sizeof a), "grouped %g, alone %g (evaluation %d)\n%s",
+                      (double)a[0], (double)b[0], e, mk_model_script(fused));
+                if (!cuda || !run(cuda, named, s->n_in, c, s)) continue;
+                double scale = 1.0;
+                for (int i = 0; i < 8; i++) scale = fmax(scale, fabs((double)a[i]));
+                for (int i = 0; i < 8 && !test_cur_failed; i++)
+                    CHECK(fabs((double)c[i] - a[i]) <= 2e-4 * scale, "cuda %g, cpu %g at %d\n%s",
+                          (double)c[i], (double)a[i], i, mk_model_script(cuda));
+            }
+            for (int k = 0; k < s->n_in; k++) free(data[k]);
+        }
+        mk_model_free(fused);
+        mk_model_free(plain);
+        mk_model_free(cuda);
+        free(s);
+    }
+    printf("#   %d graphs, %d matrix-vector groups, %d kernels compiled with NVRTC\n", graphs,
+           groups, kernels);
+    CHECK(groups >= graphs / 2, "only %d groups in %d graphs", groups, graphs);
+    CHECK(!nvrtc || kernels >= groups, "NVRTC compiled %d kernels for %d groups", kernels, groups);
+    mk_error_free(err);
+    mk_context_free(ctx);
+}
+
+/* A row write out of bounds: the error names the write, and the model runs again. */
+static void row_fault_on(mk_device dev) {
+    const char *text =
+        "$1 = InputTensor(x, float32, [1, 8]);\n"
+        "$2 = InputTensor(w, float32, [4, 8]);\n"
+        "$3 = PermuteNode($2, [1, 0]);\n"
+        "$4 = MatMulNode($1, $3);\n"
+        "$5 = BufferTensor(float32, [3, 4]);\n"
+        "$6 = InputTensor(pos, int64, [1]);\n"
+        "$7 = InputTensor(pos1, int64, [1]);\n"
+        "$8 = ReplaceSliceNode($5, $4, $6, $7);\n"
+        "result = $8;\n";
+    mk_error *err = NULL;
+    mk_context *ctx = mk_context_new(&err);
+    mk_compile_options o = {.device = dev};
+    mk_model *m = mk_compile(ctx, text, NULL, 0, &o, &err);
+    CHECK(m != NULL, "compile: %s", mk_error_message(err));
+    if (!m) goto done;
+    mk_stats st;
+    mk_model_stats(m, &st);
+    CHECK(st.product_groups == 1 && st.launches == 1, "%d groups, %d launches\n%s",
+          st.product_groups, st.launches, mk_model_script(m));
+    float x[8], w[32], out[12];
+    for (int i = 0; i < 8; i++) x[i] = (float)test_uniform(-1, 1);
+    for (int i = 0; i < 32; i++) w[i] = (float)test_uniform(-1, 1);
+    int64_t pos = 1, pos1 = 3;
+    mk_named_tensor in[4] = {{"x", x}, {"w", w}, {"pos", &pos}, {"pos1", &pos1}};
+    int rc = mk_evaluate(m, in, 4, out, sizeof out, &err);
+    CHECK(rc != 0 && strstr(mk_error_message(err), "script:8:1: evaluation error: ReplaceSliceNode"),
+          "rows [1, 3) for one row: %s", rc ? mk_error_message(err) : "no error");
+    mk_error_free(err);
+    err = NULL;
+    pos = 4, pos1 = 5;
+    rc = mk_evaluate(m, in, 4, out, sizeof out, &err);
+    CHECK(rc != 0 && strstr(mk_error_message(err), "out of range"), "row 4 of 3: %s",
+          rc ? mk_error_message(err) : "no error");
+    mk_error_free(err);
+    err = NULL;
+    pos = 2, pos1 = 3;
+    rc = mk_evaluate(m, in, 4, out, sizeof out, &err);
+    CHECK(rc == 0, "then a good row: %s", mk_error_message(err));
+    for (int j = 0; rc == 0 && j < 4; j++) { /* row 2 = x @ w^T, rows 0 and 1 still zero */
+        double want = 0.0;
+        for (int k = 0; k < 8; k++) want += (double)x[k] * w[j * 8 + k];
+        CHECK(test_close(out[8 + j], want, 1e-5, 1e-5) && out[j] == 0.0f && out[4 + j] == 0.0f,
+              "column %d: %g, want %g", j, (double)out[8 + j], want);
+    }
+    mk_model_free(m);
+done:
+    mk_error_free(err);
+    mk_context_free(ctx);
+}
+
+static void test_row_fault_cpu(void) { row_fault_on(MK_DEVICE_CPU); }
+static void test_row_fault_cuda(void) { row_fault_on(MK_DEVICE_CUDA); }
+
+int main(void) {
+    RUN(test_random_products);
+    RUN(test_row_fault_cpu);
+    char why[256];
+    if (mk_cuda_available(why, sizeof why) == 1) RUN(test_row_fault_cuda);
+    else SKIP(test_row_fault_cuda, why);
+    return test_summary("product");
+}
