@@ -560,6 +560,23 @@ static int cpu_matmul(const mk_launch *l, mk_error **err) {
     return MK_INTERNAL(err, "matrix product: operand ranks not 1/2, 2/2 or 3/3");
 }
 
+/* out = a @ b over the first p elements of the shared axis (p: int64 [1], read
+ * now, 0 <= p <= that axis): the product of a and b narrowed to them. */
+static int cpu_prefix_matmul(const mk_launch *l, mk_error **err) {
+    mk_launch narrow = *l;
+    mk_tensor *a = &narrow.in[0], *b = &narrow.in[1];
+    int64_t s = a->shape[a->rank - 1], p = read_i64(&l->in[2]);
+    if (p < 0 || p > s)
+        return mk_fault(err, l->node, MK_FAULT_PREFIX, p, s, 0);
+    if (p == 0) {
+        memset(l->out.data, 0, (size_t)mk_tensor_numel(&l->out) * sizeof(float));
+        return 0;
+    }
+    a->shape[a->rank - 1] = p;
+    b->shape[b->rank - 2] = p;
+    return cpu_matmul(&narrow, err);
+}
+
 /* ---- row reductions: rms_norm, sliced_softmax, argmax ------------------- */
 
 /* out [rows, n] = w [n] * x [rows, n] / sqrt(mean(x²) + 1e-5), as run.c's rmsnorm. */
@@ -774,6 +791,7 @@ static const mk_kernel cpu_kernels[MK_KERNEL_COUNT] = {
     [MK_KERNEL_EMBEDDING] = {cpu_embedding, MK_DTYPES_ALL},
     [MK_KERNEL_ARGMAX] = {cpu_argmax, F32 | I64},
     [MK_KERNEL_PRODUCT] = {cpu_product, F32 | I64},
+    [MK_KERNEL_PREFIX_MATMUL] = {cpu_prefix_matmul, F32}, /* the prefix: a bound */
 };
 
 const mk_device_ops mk_cpu_device = {

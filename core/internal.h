@@ -259,6 +259,8 @@ typedef struct mk_pointwise_group {
 #define MK_PRODUCTS_MAX 4     /* products of one group (siblings reading the same A) */
 #define MK_PRODUCT_MEMBERS 32 /* nodes one group may replace */
 #define MK_MATVEC_ROWS 4      /* rows of A a group takes; more is a matrix product */
+#define MK_ATTENTION_ROWS 8   /* query rows per batch an attention group takes */
+#define MK_ATTENTION_ROWS_MAX 12032 /* cached rows one block scores in shared memory */
 
 typedef struct {
     int in;                /* the group node's operand k, or -1 for a product */
@@ -279,9 +281,24 @@ typedef struct {
     int64_t offset;            /* elements into the group node's memory (no row write) */
     int row_x, row_begin, row_end; /* a row write: operands of x and its bounds, else -1 */
     int64_t row_count;         /* rows the write replaces (the replacement's first dim) */
+    bool argmax;               /* the result is the ArgMax of each row (int64 [m, 1]) */
 } mk_product_out;
 
+typedef enum {
+    MK_PRODUCT_MATVEC,    /* products of A with their prologue and epilogues */
+    MK_PRODUCT_ATTENTION, /* decode attention: Q @ Kt -> SlicedSoftmax(p) -> PrefixMatMul(., V, p) */
+} mk_product_kind;
+
+/* Decode attention's operands and sizes: Q [B, m, d] @ Kt [B, d, S], softmax of
+ * the first p columns, @ V [B, S, n] over the first p rows; only those are read. */
+typedef struct {
+    int q, kt, v, p;          /* operands */
+    int64_t batch, m, d, s, n;
+} mk_attention_info;
+
 typedef struct mk_product_group {
+    mk_product_kind kind;
+    mk_attention_info att;         /* MK_PRODUCT_ATTENTION */
     int64_t m, k;                  /* A [m, k] */
     int a;                         /* operand: A, or the x that the RmsNorm normalises */
     int norm_w;                    /* operand: the RmsNorm's weight [k], or -1 */
@@ -384,7 +401,8 @@ int mk_launch_operands(mk_launch *l, mk_error **err);
 /* Kernel families: an op row names one; each device has a kernel (or none) for it. */
 #define MK_KERNELS(X) \
     X(POINTWISE) X(MATMUL) X(PERMUTE) X(REPLACE_SLICE) X(RMS_NORM) X(COMPLEX_MUL) \
-    X(SLICED_SOFTMAX) X(EMBEDDING) X(ARGMAX) X(CUDNN_GROUP) X(PRODUCT)
+    X(SLICED_SOFTMAX) X(EMBEDDING) X(ARGMAX) X(CUDNN_GROUP) X(PRODUCT) \
+    X(PREFIX_MATMUL)
 typedef enum {
     MK_KERNEL_NONE,
 #define MK_KERNEL_ENUM(k) MK_KERNEL_##k,

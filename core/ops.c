@@ -140,6 +140,16 @@ static int infer_matmul(mk_node *n, mk_error **err) {
     return 0;
 }
 
+/* a @ b over the first p elements of the shared axis (p: a bound, 0 <= p <= that axis). */
+static int infer_prefix_matmul(mk_node *n, mk_error **err) {
+    if (infer_matmul(n, err) || need_bound(n, 2, "the prefix", err)) return -1;
+    int64_t p, s = n->in[0]->shape[n->in[0]->rank - 1];
+    if (known(n->in[2], &p) && (p < 0 || p > s))
+        return FAIL(err, n, MK_ERR_SHAPE, "%s: prefix %lld is outside [0, %lld]", n->op->name,
+                    (long long)p, (long long)s);
+    return 0;
+}
+
 static int infer_slice(mk_node *n, mk_error **err) {
     const mk_node *x = n->in[0];
     int64_t b = n->attr[0], e = n->attr[1];
@@ -345,6 +355,11 @@ static const mk_op ops[] = {
          "[k]@[k,n], [m,k]@[k,n] or [B,m,k]@[B,k,n]"),
      .alias = "MulNode", .infer = infer_matmul, .takes_strided = matmul_takes,
      .kernel = MK_KERNEL_MATMUL},
+    {ROW("PrefixMatMulNode", "nnr", MK_ROLE_MATMUL, 0, "matmul_prefix", NULL, NULL,
+         "a @ b over the first p elements of the shared axis (attention over a cache's first "
+         "p rows)"),
+     .infer = infer_prefix_matmul, .takes_strided = matmul_takes,
+     .kernel = MK_KERNEL_PREFIX_MATMUL},
     {ROW("RmsNormNode", "nn", MK_ROLE_REDUCTION, 0, "rms_norm", NULL, NULL,
          "w * x / sqrt(mean(x^2) + 1e-5) over the last axis"),
      .infer = infer_rms_norm, .kernel = MK_KERNEL_RMS_NORM},

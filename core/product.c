@@ -13,8 +13,9 @@
  *     joins and the group reads its x;
  *   - epilogue, per product, following its single reader: reshapes (any view
  *     that keeps the element order), pointwise nodes (a residual add, SiLU
- *     times a sibling's product), one complex rotation (RoPE) and one in-place
- *     row write (ReplaceSlice: a KV-cache row), in that order.
+ *     times a sibling's product), one complex rotation (RoPE), then one
+ *     in-place row write (ReplaceSlice: a KV-cache row) or the ArgMax of
+ *     each row (a greedy classifier: the logits are never written).
  *
  * A product whose chains meet in a pointwise node (silu(a @ w1) * (a @ w3))
  * gives one result; the others give one each. The group node stands where its
@@ -24,6 +25,12 @@
  * come before its first member, nothing between its first and last member
  * writes in place or reads what it writes, and a row write's memory is no
  * other operand's.
+ *
+ * Decode attention is a group too: MatMul(Q, Kt) -> SlicedSoftmax(p) ->
+ * PrefixMatMul(., V, p) with the same p, each read only by the next, Q with at
+ * most MK_ATTENTION_ROWS rows per batch. Scores past p are read by nobody (the
+ * prefix product stops at p), so the group computes only the first p: its
+ * cost grows with the position, not with the cache.
  *
  * Products that stay alone (more rows, a B read by rows, other dtypes) keep the
  * device's matrix kernel (BLAS, cuBLAS); the report says which and why.
@@ -164,6 +171,13 @@ static bool extend(cand *c, int i) {
         ch->stage = 2;
         return true;
     }
+    if (r->op->kernel == MK_KERNEL_ARGMAX && r->in[0] == v && ch->stage <= 2 && v->rank == 2 &&
+        v->dtype == MK_DTYPE_FLOAT32 && v->shape[1] <= 0xffffffffLL) {
+        push(ch, r);
+        ch->value = ch->end = r;
+        ch->stage = 3;
+        return true;
+    }
     if (r->op->kernel == MK_KERNEL_REPLACE_SLICE && r->in[1] == v && r->in[0] != v &&
         r->dtype == MK_DTYPE_FLOAT32 && dense(r->in[0]) && v->rank >= 1 &&
         mk_node_numel(v) * r->in[0]->shape[0] == v->shape[0] * mk_node_numel(r->in[0])) {
@@ -265,6 +279,10 @@ static bool describe(cand *c, const chain *ch, mk_product_out *o) {
             if ((o->rotate = operand(c, m->in[k])) < 0) return false;
             o->rotate_rank = m->rank;
             memcpy(o->rotate_shape, m->shape, sizeof o->rotate_shape);
+            continue;
+        }
+        if (m->op->kernel == MK_KERNEL_ARGMAX) {
+            o->argmax = true;
             continue;
         }
         if (m->op->kernel == MK_KERNEL_REPLACE_SLICE) {
@@ -405,8 +423,8 @@ static int make(mk_graph *g, cand *c, mk_product_group *pg, mk_error **err) {
     int64_t total = 0;
     for (int o = 0; o < pg->n_outs; o++) {
         if (pg->out[o].row_x >= 0) continue;
-        pg->out[o].offset = total;
-        total += (mk_node_numel(pg->out[o].end) + 15) / 16 * 16;
+        pg->out[o].offset = total; /* floats, in 64-byte steps (int64 results take two) */
+        total += ((int64_t)mk_node_bytes(pg->out[o].end) / 4 + 15) / 16 * 16;
     }
     for (int t = 0; t < pg->n_members; t++) {
         const mk_node *m = pg->members[t];
@@ -494,6 +512,57 @@ nomem:
     return mk_fail(err, MK_ERR_NOMEM, 0, 0, "grouping matrix-vector products");
 }
 
+/* ---- decode attention ------------------------------------------------------------ */
+
+/* Why the softmax x cannot be the middle of an attention group, or NULL. */
+static const char *attention_why_not(const mk_graph *g, const mk_node *x) {
+    const mk_node *s = x->in[0], *y = only_reader(g, x);
+    if (!y || y->op->kernel != MK_KERNEL_PREFIX_MATMUL || y->in[0] != x || y->in[2] != x->in[1])
+        return "not read by one prefix product over its own prefix";
+    if (s->op->kernel != MK_KERNEL_MATMUL || only_reader(g, s) != x || s->owner != s)
+        return "its scores are not one product's, read by it alone";
+    if (s->rank != 3 || y->rank != 3) return "not [B, m, d] @ [B, d, S]";
+    if (s->dtype != MK_DTYPE_FLOAT32 || y->dtype != MK_DTYPE_FLOAT32 ||
+        y->in[1]->dtype != MK_DTYPE_FLOAT32)
+        return "not float32";
+    if (s->shape[1] > MK_ATTENTION_ROWS) return "more query rows than decoding has";
+    if (s->shape[2] > MK_ATTENTION_ROWS_MAX) return "a cache too long for one block's shared memory";
+    return NULL;
+}
+
+/* The attention group around softmax x, or NULL. */
+static mk_product_group *build_attention(cand *c, mk_graph *g, mk_node *x, bool *moved) {
+    if (attention_why_not(g, x)) return NULL;
+    mk_node *s = x->in[0], *y = only_reader(g, x);
+    *c = (cand){.g = g, .n_products = 1, .products = {s}, .moved = moved};
+    memset(moved, 0, sizeof *moved * (size_t)g->n_nodes);
+    chain *ch = &c->chains[c->n_chains++];
+    *ch = (chain){.value = y, .end = y, .stage = 1};
+    push(ch, s);
+    push(ch, x);
+    push(ch, y);
+    mk_product_group *pg = calloc(1, sizeof *pg);
+    if (!pg) return NULL;
+    pg->kind = MK_PRODUCT_ATTENTION;
+    mk_attention_info *a = &pg->att;
+    a->q = operand(c, s->in[0]);
+    a->kt = operand(c, s->in[1]);
+    a->v = operand(c, y->in[1]);
+    a->p = operand(c, y->in[2]);
+    a->batch = s->shape[0], a->m = s->shape[1], a->d = s->in[0]->shape[2];
+    a->s = s->shape[2], a->n = y->shape[2];
+    pg->norm_w = -1;
+    pg->n_products = 1;
+    pg->n_outs = 1;
+    pg->out[0] = (mk_product_out){.end = y, .n = a->n, .rotate = -1, .row_x = -1,
+                                  .row_begin = -1, .row_end = -1};
+    if (!valid(c, pg)) {
+        free(pg);
+        return NULL;
+    }
+    return pg;
+}
+
 /* The products that may join p: p and the later ones reading its A, in order. */
 static int siblings(const mk_graph *g, mk_node *p, mk_node **ps) {
     int n = 0;
@@ -511,12 +580,16 @@ int mk_product_pass(mk_graph *g, const mk_compile_options *opts, mk_error **err)
     if (!moved) return mk_fail(err, MK_ERR_NOMEM, 0, 0, "grouping matrix-vector products");
     for (int i = 0; i < g->n_nodes; i++) {
         mk_node *p = g->nodes[i];
-        if (why_not(p)) continue;
-        mk_node *ps[MK_PRODUCTS_MAX];
-        int n_ps = siblings(g, p, ps);
         cand c;
-        mk_product_group *pg = build(&c, g, ps, n_ps, moved);
-        if (!pg && n_ps > 1) pg = build(&c, g, ps, 1, moved);
+        mk_product_group *pg = NULL;
+        if (p->op->kernel == MK_KERNEL_SLICED_SOFTMAX) {
+            pg = build_attention(&c, g, p, moved);
+        } else if (!why_not(p)) {
+            mk_node *ps[MK_PRODUCTS_MAX];
+            int n_ps = siblings(g, p, ps);
+            pg = build(&c, g, ps, n_ps, moved);
+            if (!pg && n_ps > 1) pg = build(&c, g, ps, 1, moved);
+        }
         if (!pg) continue;
         int first, last;
         span(&c, &first, &last);
@@ -554,9 +627,25 @@ int mk_product_report(const mk_graph *g, mk_strbuf *b) {
                           n->line, why);
             continue;
         }
+        const char *att = n->op->kernel == MK_KERNEL_SLICED_SOFTMAX ? attention_why_not(g, n) : NULL;
+        if (att) {
+            mk_strbuf_put(b, "softmax $%d (line %d): no attention group: %s\n", n->id, n->line, att);
+            continue;
+        }
         const mk_product_group *pg = n->prod;
         if (!pg) continue;
         groups++;
+        if (pg->kind == MK_PRODUCT_ATTENTION) {
+            const mk_attention_info *a = &pg->att;
+            mk_strbuf_put(b, "attention group $%d (line %d): one launch, [%lld, %lld, %lld] "
+                             "queries over the first p of %lld cached rows (reads only those); "
+                             "members %s $%d, %s $%d, %s $%d\n",
+                          n->id, n->line, (long long)a->batch, (long long)a->m, (long long)a->d,
+                          (long long)a->s, pg->members[0]->op->name, pg->members[0]->id,
+                          pg->members[1]->op->name, pg->members[1]->id, pg->members[2]->op->name,
+                          pg->members[2]->id);
+            continue;
+        }
         mk_strbuf_put(b, "matrix-vector group $%d (line %d): one launch, [%lld, %lld] @ %d "
                          "product%s%s; members",
                       n->id, n->line, (long long)pg->m, (long long)pg->k, pg->n_products,
@@ -567,9 +656,10 @@ int mk_product_report(const mk_graph *g, mk_strbuf *b) {
         mk_strbuf_put(b, "; results");
         for (int o = 0; o < pg->n_outs; o++) {
             const mk_product_out *r = &pg->out[o];
-            mk_strbuf_put(b, "%s $%d (%d instructions%s%s)", o ? "," : "", r->end->id,
+            mk_strbuf_put(b, "%s $%d (%d instructions%s%s%s)", o ? "," : "", r->end->id,
                           r->program.n, r->rotate >= 0 ? ", rotated" : "",
-                          r->row_x >= 0 ? ", written into rows" : "");
+                          r->row_x >= 0 ? ", written into rows" : "",
+                          r->argmax ? ", argmax of each row" : "");
         }
         mk_strbuf_put(b, "\n");
     }

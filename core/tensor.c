@@ -203,7 +203,7 @@ int mk_fault(mk_error **err, const mk_node *n, mk_fault_kind kind, int64_t v0, i
                        b - a, MK_OPERAND(n, 1), c);
     case MK_FAULT_PREFIX:
         return mk_fail(err, MK_ERR_EVAL, line, col, "%s: prefix %lld (%s) is outside [0, %lld]",
-                       op, a, MK_OPERAND(n, 1), b);
+                       op, a, MK_OPERAND(n, n->n_in - 1), b); /* the bound: the last operand */
     case MK_FAULT_ID:
         return mk_fail(err, MK_ERR_EVAL, line, col,
                        "%s: id %lld at position %lld of %s is outside [0, %lld)", op, a, b,

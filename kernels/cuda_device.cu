@@ -129,6 +129,7 @@ static void cuda_close(void *state) {
     for (int i = 0; i < s->n_extra; i++) cudaFree(s->extra[i]);
     free(s->extra);
     free(s->generated); /* the kernels stay cached for the process */
+    free(s->aux);       /* what it points to is in `extra` */
     if (s->pinned) cudaFreeHost(s->pinned);
     free(s->in_stage);
     if (s->stream) cudaStreamDestroy(s->stream);
@@ -264,6 +265,7 @@ struct cuda_kernel_table {
         k[MK_KERNEL_EMBEDDING] = {mk_cuda_embedding, MK_DTYPES_ALL};       /* ids: int64 */
         k[MK_KERNEL_ARGMAX] = {mk_cuda_argmax, F32 | I64};                 /* int64: the result */
         k[MK_KERNEL_PRODUCT] = {mk_cuda_product, F32 | I64};               /* int64: row bounds */
+        k[MK_KERNEL_PREFIX_MATMUL] = {mk_cuda_prefix_matmul, F32};         /* the prefix: a bound */
 #ifdef MK_WITH_CUDNN
         k[MK_KERNEL_CUDNN_GROUP] = {mk_cuda_cudnn_group, F32};
 #else
@@ -395,9 +397,9 @@ static int fault_error(const mk_cuda_fault *f, const mk_launch *launches, int n,
     if (f->launch < 0 || f->launch >= n)
         return mk_fail(err, MK_ERR_INTERNAL, 0, 0, "a CUDA kernel reported launch %d of %d",
                        f->launch, n);
-    const mk_node *node = launches[f->launch].node; /* in a group: the row write's own node */
-    if (node->prod && f->which > 0 && f->which <= node->prod->n_outs)
-        node = node->prod->out[f->which - 1].end;
+    const mk_node *node = launches[f->launch].node; /* in a group: the member that faulted */
+    if (node->prod && f->which > 0 && f->which <= node->prod->n_members)
+        node = node->prod->members[f->which - 1];
     return mk_fault(err, node, (mk_fault_kind)f->kind, f->value[0], f->value[1], f->value[2]);
 }
 

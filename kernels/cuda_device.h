@@ -37,7 +37,7 @@ typedef struct {
     unsigned int flag;   /* 0: no fault; 1: the fields below are being / were written */
     int launch;          /* index of the faulting launch */
     int kind;            /* mk_fault_kind */
-    int which;           /* a matrix–vector group's result whose row write faulted, + 1 */
+    int which;           /* in a group (product.c), the member that faulted, + 1 */
     long long value[3];  /* the kind's values, as mk_fault takes them */
 } mk_cuda_fault;
 
@@ -80,6 +80,10 @@ typedef struct mk_cuda_state {
     /* [n launches] a pointwise group's generated kernel (a cudaKernel_t, kept
      * for the process by generated.cu), else NULL; NULL without groups */
     void **generated;
+    /* [n launches] an attention group's partial results and counts (in `extra`),
+     * else NULL; NULL without attention groups */
+    void **aux;
+    bool pdl; /* generated kernels launch with programmatic dependent launch */
 } mk_cuda_state;
 
 /* Stores an error for a CUDA status: MK_ERR_NOMEM for allocation failures,
@@ -192,6 +196,7 @@ int mk_cuda_pointwise(const mk_launch *l, mk_error **err);      /* pointwise.cu 
 int mk_cuda_generate(mk_cuda_state *s, const mk_launch *launches, int n, mk_error **err);
 int mk_cuda_pointwise_generated(const mk_launch *l, mk_error **err);
 int mk_cuda_product(const mk_launch *l, mk_error **err);
+int mk_cuda_prefix_matmul(const mk_launch *l, mk_error **err); /* matmul.cu */
 int mk_cuda_generate_check(const mk_launch *l, int arch, mk_error **err);
 int mk_cuda_permute(const mk_launch *l, mk_error **err);        /* pointwise.cu */
 int mk_cuda_complex_mul(const mk_launch *l, mk_error **err);    /* pointwise.cu */

@@ -27,6 +27,18 @@
 
 /* ---- source ----------------------------------------------------------------- */
 
+/*
+ * Programmatic dependent launch (sm_90 and later): every generated kernel
+ * lets the next launch be scheduled as soon as its own blocks have started
+ * (launch_dependents), and waits for the launches before it to finish before
+ * it reads what they wrote (wait). A matrix–vector warp first asks L2 for its
+ * weight columns, which no launch writes, so they stream in while the kernel
+ * before it finishes. Launched with the attribute only where the device has
+ * them (mk_cuda_launch_generated); elsewhere the instructions are left out.
+ */
+#define MK_PDL_START "#if __CUDA_ARCH__ >= 900\n    asm volatile(\"griddepcontrol.launch_dependents;\");\n#endif\n"
+#define MK_PDL_WAIT "#if __CUDA_ARCH__ >= 900\n    asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n#endif\n"
+
 /* Instruction j of e as CUDA C: "const T rK = ...;". */
 static void put_insn(mk_strbuf *b, const mk_expr *e, int j, bool f32) {
     const mk_xinsn *in = &e->insn[j];
@@ -81,7 +93,7 @@ static void put_source(mk_strbuf *b, const mk_launch *l) {
     mk_strbuf_put(b, "extern \"C\" __global__ void __launch_bounds__(%d)\nmk_pointwise(%s *__restrict__ o",
                   MK_CUDA_BLOCK, T);
     for (int k = 0; k < l->n_in; k++) mk_strbuf_put(b, ", const %s *__restrict__ i%d", T, k);
-    mk_strbuf_put(b, ", long long n) {\n");
+    mk_strbuf_put(b, ", long long n) {\n" MK_PDL_START MK_PDL_WAIT);
     mk_strbuf_put(b, "    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < n;\n"
                      "         e += (long long)gridDim.x * blockDim.x) {\n");
     /* offsets: e unravelled over the walk's dims, last first */
@@ -122,10 +134,78 @@ static void put_offset(mk_strbuf *b, const char *var, const char *e, const mk_te
 
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
+/* The fault record (mk_cuda_fault) and how a generated kernel raises one. */
+static void put_fault(mk_strbuf *b) {
+    mk_strbuf_put(b, "struct mk_fault_rec { unsigned int flag; int launch; int kind; int which; long long value[3]; };\n"
+                     "static __device__ void mk_raise(mk_fault_rec *f, int launch, int which, int kind,\n"
+                     "                                long long v0, long long v1, long long v2) {\n"
+                     "    if (atomicCAS(&f->flag, 0u, 1u) == 0u) {\n"
+                     "        f->launch = launch; f->kind = kind; f->which = which;\n"
+                     "        f->value[0] = v0; f->value[1] = v1; f->value[2] = v2;\n"
+                     "    }\n}\n");
+}
+
+/* Bytes of a matrix–vector group's device scratch: per ArgMax result, the best
+ * key of each row and a count (zero between launches); 0 without one. */
+static long long argmax_aux_offset(const mk_product_group *pg, int o) {
+    long long at = 0;
+    for (int k = 0; k < o; k++)
+        if (pg->out[k].argmax) at += 8 * pg->m + 8;
+    return at;
+}
+
+/* The column stride of the weight that source s of result r reads. */
+static long long ldb_of(const mk_launch *l, const mk_product_group *pg, const mk_product_out *r,
+                        int s) {
+    return (long long)l->in[pg->b[r->src[s].product]].stride[1];
+}
+
+/* Result o's index among the group's ArgMax results. */
+static int argmax_slot(const mk_product_group *pg, int o) {
+    int slot = 0;
+    for (int k = 0; k < o; k++) slot += pg->out[k].argmax;
+    return slot;
+}
+
+/*
+ * The end of a kernel with ArgMax results: after a barrier, thread 0 of each
+ * block holding warps of such a result merges the block's best keys into the
+ * launch's (device scratch), and the last of those blocks to finish writes
+ * each row's column and clears the keys and the count for the next launch.
+ */
+static void put_argmax_blocks(mk_strbuf *b, const mk_product_group *pg) {
+    int M = (int)pg->m;
+    mk_strbuf_put(b, "    __syncthreads();\n    if (threadIdx.x != 0) return;\n");
+    long long start = 0;
+    for (int o = 0; o < pg->n_outs; o++) {
+        const mk_product_out *r = &pg->out[o];
+        long long pairs = r->n / 2, first = start / 8, last = (start + pairs - 1) / 8;
+        start += pairs;
+        if (!r->argmax) continue;
+        mk_strbuf_put(b, "    if (blockIdx.x >= %lldu && blockIdx.x <= %lldu) {\n"
+                         "        unsigned long long *best = (unsigned long long *)((char *)aux + %lldLL);\n"
+                         "        unsigned int *done = (unsigned int *)(best + %d);\n"
+                         "        for (int m = 0; m < %d; m++) atomicMax(&best[m], sbest[%d + m]);\n"
+                         "        __threadfence();\n"
+                         "        if (atomicAdd(done, 1u) == %lldu) {\n"
+                         "            __threadfence();\n"
+                         "            long long *dst = (long long *)(o + %lldLL);\n"
+                         "            for (int m = 0; m < %d; m++)\n"
+                         "                dst[m] = (long long)(0xffffffffu - (unsigned int)(atomicExch(&best[m], 0ull) & 0xffffffffull));\n"
+                         "            atomicExch(done, 0u);\n"
+                         "        }\n"
+                         "    }\n",
+                      first, last, argmax_aux_offset(pg, o), M, M, argmax_slot(pg, o) * M,
+                      last - first, (long long)r->offset, M);
+    }
+}
+
 /* Result o's code for the column pair of warp index `p` (local to o). */
 static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int o,
                        bool vec) {
     const mk_product_out *r = &pg->out[o];
+    int which = 1; /* the faulting member for the error: the row write */
+    while (which < pg->n_members && pg->members[which - 1] != r->end) which++;
     int M = (int)pg->m;
     long long K = (long long)pg->k, N = (long long)r->n;
     int prods[MK_X_IN], np = 0; /* the products it reads, as sources */
@@ -139,8 +219,16 @@ static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group 
         mk_strbuf_put(b, "        const float *B%d = (const float *)i%d + n0 * %lldLL;\n", j, bk,
                       (long long)l->in[bk].stride[1]);
     }
+    /* the weight columns to L2 (a line per lane per step), then wait for the launches before */
+    for (int j = 0; j < np; j++)
+        for (int c = 0; c < 2; c++)
+            mk_strbuf_put(b, "        for (long long k = 32 * lane; k < %lldLL; k += 1024) "
+                             "asm volatile(\"prefetch.global.L2 [%%0];\" :: \"l\"(B%d + %lldLL + k));\n",
+                          K, j, c * ldb_of(l, pg, r, prods[j]));
+    mk_strbuf_put(b, MK_PDL_WAIT);
     const char *T = vec ? "float4" : "float";
-    mk_strbuf_put(b, "        for (long long k = %s; k < %lldLL; k += %s) {\n",
+    if (pg->norm_w >= 0) mk_strbuf_put(b, "        float ss[%d] = {0.0f};\n", M);
+    mk_strbuf_put(b, "#pragma unroll 4\n        for (long long k = %s; k < %lldLL; k += %s) {\n",
                   vec ? "4 * lane" : "lane", K, vec ? "128" : "32");
     long long ldb0 = 0;
     for (int j = 0; j < np; j++) {
@@ -152,16 +240,14 @@ static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group 
     }
     for (int m = 0; m < M; m++) {
         mk_strbuf_put(b, "            %s a%d = *(const %s *)(A + %lldLL + k);\n", T, m, T, m * K);
-        if (pg->norm_w >= 0) {
+        if (pg->norm_w >= 0) { /* x's squares, and w * x (1 / rms applied after the sum) */
             mk_strbuf_put(b, "            { const %s w = *(const %s *)(W + k);", T, T);
             if (vec)
-                mk_strbuf_put(b, " a%d.x = __fmul_rn(w.x, __fmul_rn(inv[%d], a%d.x));"
-                                 " a%d.y = __fmul_rn(w.y, __fmul_rn(inv[%d], a%d.y));"
-                                 " a%d.z = __fmul_rn(w.z, __fmul_rn(inv[%d], a%d.z));"
-                                 " a%d.w = __fmul_rn(w.w, __fmul_rn(inv[%d], a%d.w)); }\n",
-                              m, m, m, m, m, m, m, m, m, m, m, m);
+                mk_strbuf_put(b, " ss[%d] += a%d.x * a%d.x + a%d.y * a%d.y + a%d.z * a%d.z + a%d.w * a%d.w;"
+                                 " a%d.x *= w.x; a%d.y *= w.y; a%d.z *= w.z; a%d.w *= w.w; }\n",
+                              m, m, m, m, m, m, m, m, m, m, m, m, m);
             else
-                mk_strbuf_put(b, " a%d = __fmul_rn(w, __fmul_rn(inv[%d], a%d)); }\n", m, m, m);
+                mk_strbuf_put(b, " ss[%d] += a%d * a%d; a%d *= w; }\n", m, m, m, m);
         }
         for (int j = 0; j < np; j++)
             for (int c = 0; c < 2; c++) {
@@ -177,16 +263,25 @@ static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group 
     mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) for (int c = 0; c < 2; c++) for (int j = 0; j < %d; j++)\n"
                      "            for (int off = 16; off > 0; off >>= 1) acc[m][c][j] += __shfl_xor_sync(0xffffffffu, acc[m][c][j], off);\n",
                   M, np);
-    mk_strbuf_put(b, "        if (lane != 0) return;\n");
+    if (pg->norm_w >= 0) /* the RmsNorm: each warp read all of x, so it has the sum itself */
+        mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) {\n"
+                         "            for (int off = 16; off > 0; off >>= 1) ss[m] += __shfl_xor_sync(0xffffffffu, ss[m], off);\n"
+                         "            const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss[m], (float)%lldLL), 1e-5f)));\n"
+                         "            for (int c = 0; c < 2; c++) for (int j = 0; j < %d; j++) acc[m][c][j] *= inv;\n"
+                         "        }\n",
+                      M, K, np);
+    /* lane 0 writes; no thread returns early (a block with an ArgMax result
+     * meets at a barrier at the end); a fault leaves the do-while */
+    mk_strbuf_put(b, "        if (lane == 0) do {\n");
     if (r->row_x >= 0) { /* the bounds, checked as the CPU's ReplaceSlice checks them */
         const mk_tensor *x = &l->in[r->row_x];
         long long rows = x->shape[0];
         mk_strbuf_put(b, "        const long long begin = *(const long long *)i%d, end = *(const long long *)i%d;\n",
                       r->row_begin, r->row_end);
-        mk_strbuf_put(b, "        if (begin < 0 || end > %lldLL || begin > end) { mk_raise(fault, launch, %d, %d, begin, end, %lldLL); return; }\n",
-                      rows, o + 1, (int)MK_FAULT_RANGE, rows);
-        mk_strbuf_put(b, "        if (end - begin != %lldLL) { mk_raise(fault, launch, %d, %d, begin, end, %lldLL); return; }\n",
-                      (long long)r->row_count, o + 1, (int)MK_FAULT_ROWS, (long long)r->row_count);
+        mk_strbuf_put(b, "        if (begin < 0 || end > %lldLL || begin > end) { mk_raise(fault, launch, %d, %d, begin, end, %lldLL); break; }\n",
+                      rows, which, (int)MK_FAULT_RANGE, rows);
+        mk_strbuf_put(b, "        if (end - begin != %lldLL) { mk_raise(fault, launch, %d, %d, begin, end, %lldLL); break; }\n",
+                      (long long)r->row_count, which, (int)MK_FAULT_ROWS, (long long)r->row_count);
         mk_strbuf_put(b, "        float *dst = (float *)i%d + begin * %lldLL;\n", r->row_x,
                       (long long)(mk_tensor_numel(x) / rows));
     } else {
@@ -221,12 +316,31 @@ static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group 
                          "            v[0] = re; v[1] = im;\n",
                       r->rotate, r->rotate);
     }
-    mk_strbuf_put(b, "            dst[e0] = v[0]; dst[e0 + 1] = v[1];\n        }\n");
+    if (!r->argmax) {
+        mk_strbuf_put(b, "            dst[e0] = v[0]; dst[e0 + 1] = v[1];\n        }\n        } while (0);\n");
+        return;
+    }
+    /* ArgMax: the largest key wins, first in the block's shared memory (see
+     * put_argmax_blocks). A key orders the values (the float's bits flipped to
+     * an unsigned order, -0 as +0), then the lower column; a NaN never wins,
+     * except in column 0 where it always does: the CPU's strict comparison
+     * from x[0] gives the same. */
+    mk_strbuf_put(b, "            for (int c = 0; c < 2; c++) {\n"
+                     "                const float x = __fadd_rn(v[c], 0.0f);\n"
+                     "                const unsigned int bits = __float_as_uint(x), col = (unsigned int)(n0 + c);\n"
+                     "                const unsigned int ord = x != x ? (col == 0 ? 0xffffffffu : 0u)\n"
+                     "                                       : (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);\n"
+                     "                atomicMax(&sbest[%d + m], ((unsigned long long)ord << 32) | (0xffffffffu - col));\n"
+                     "            }\n"
+                     "        }\n"
+                     "        } while (0);\n",
+                  argmax_slot(pg, o) * M);
 }
 
 /* The kernel of a matrix–vector group's launch: one warp per column pair of a
- * result (every row of A), 8 warps a block; the RmsNorm's 1 / rms of each row
- * is reduced by every block first. */
+ * result (every row of A), 8 warps a block, each on its own: a warp reads all
+ * of A, so it sums the RmsNorm's squares of x in the same loop and scales its
+ * dot products of w * x by 1 / rms at the end (no block-wide step). */
 static void put_product_source(mk_strbuf *b, const mk_launch *l) {
     const mk_product_group *pg = l->node->prod;
     int M = (int)pg->m;
@@ -239,37 +353,20 @@ static void put_product_source(mk_strbuf *b, const mk_launch *l) {
     mk_strbuf_put(b, "// moonkaas matrix-vector group $%d: [%d, %lld] @ %d products, %d results%s\n",
                   l->node->id, M, K, pg->n_products, pg->n_outs,
                   pg->norm_w >= 0 ? ", RmsNorm folded in" : "");
-    mk_strbuf_put(b, "struct mk_fault_rec { unsigned int flag; int launch; int kind; int which; long long value[3]; };\n"
-                     "static __device__ void mk_raise(mk_fault_rec *f, int launch, int which, int kind,\n"
-                     "                                long long v0, long long v1, long long v2) {\n"
-                     "    if (atomicCAS(&f->flag, 0u, 1u) == 0u) {\n"
-                     "        f->launch = launch; f->kind = kind; f->which = which;\n"
-                     "        f->value[0] = v0; f->value[1] = v1; f->value[2] = v2;\n"
-                     "    }\n}\n");
+    put_fault(b);
     mk_strbuf_put(b, "extern \"C\" __global__ void __launch_bounds__(256)\nmk_product(float *__restrict__ o");
     for (int k = 0; k < l->n_in; k++) mk_strbuf_put(b, ", void *i%d", k);
-    mk_strbuf_put(b, ", mk_fault_rec *fault, int launch) {\n");
+    mk_strbuf_put(b, ", mk_fault_rec *fault, int launch, void *aux) {\n" MK_PDL_START);
     mk_strbuf_put(b, "    const int lane = threadIdx.x & 31;\n"
                      "    const long long warp = (long long)blockIdx.x * 8 + (threadIdx.x >> 5);\n");
     mk_strbuf_put(b, "    const float *A = (const float *)i%d;\n", pg->a);
-    if (pg->norm_w >= 0) {
-        mk_strbuf_put(b, "    const float *W = (const float *)i%d;\n", pg->norm_w);
-        mk_strbuf_put(b, "    __shared__ float inv[%d], part[8];\n", M);
-        mk_strbuf_put(b, "    for (int m = 0; m < %d; m++) {\n"
-                         "        float s = 0.0f;\n"
-                         "        for (long long k = threadIdx.x; k < %lldLL; k += 256) s += A[m * %lldLL + k] * A[m * %lldLL + k];\n"
-                         "        for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);\n"
-                         "        if (lane == 0) part[threadIdx.x >> 5] = s;\n"
-                         "        __syncthreads();\n"
-                         "        if (threadIdx.x == 0) {\n"
-                         "            float t = 0.0f;\n"
-                         "            for (int w = 0; w < 8; w++) t += part[w];\n"
-                         "            inv[m] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(t, (float)%lldLL), 1e-5f)));\n"
-                         "        }\n"
-                         "        __syncthreads();\n"
-                         "    }\n",
-                      M, K, K, K, K);
-    }
+    if (pg->norm_w >= 0) mk_strbuf_put(b, "    const float *W = (const float *)i%d;\n", pg->norm_w);
+    int slots = argmax_slot(pg, pg->n_outs);
+    if (slots) /* each ArgMax result's best key per row, for this block */
+        mk_strbuf_put(b, "    __shared__ unsigned long long sbest[%d];\n"
+                         "    if (threadIdx.x < %d) sbest[threadIdx.x] = 0ull;\n"
+                         "    __syncthreads();\n",
+                      slots * M, slots * M);
     long long start = 0;
     for (int o = 0; o < pg->n_outs; o++) {
         long long pairs = pg->out[o].n / 2;
@@ -279,7 +376,154 @@ static void put_product_source(mk_strbuf *b, const mk_launch *l) {
         mk_strbuf_put(b, "    }\n");
         start += pairs;
     }
+    if (slots) put_argmax_blocks(b, pg);
     mk_strbuf_put(b, "}\n");
+}
+
+/*
+ * Decode attention, split along the cache (flash-decoding): a block per query
+ * row (batch t, row i) and chunk of MK_ATT_CHUNK cached rows, 128 threads;
+ * chunks at or past p return at once. A block scores its rows (4 threads a
+ * row, their loads independent), takes the chunk's max m and the sum l of
+ * exp(score - m), and its partial row acc = sum of exp(score - m) V_j; it
+ * writes (m, l, acc) to `part` and counts itself in `count` for its query.
+ * The last chunk of a query to finish combines them, as the softmax over all
+ * p scores: M = max m, out = sum acc e^(m - M) / sum l e^(m - M), and sets the
+ * count back to zero for the next evaluation. Rows past p are never read.
+ */
+#define MK_ATT_CHUNK 32
+
+/* Chunks (blocks per query) and the floats of partial results of a group. */
+static long long att_chunks(const mk_attention_info *a) {
+    return (a->s + MK_ATT_CHUNK - 1) / MK_ATT_CHUNK;
+}
+static size_t att_part_floats(const mk_attention_info *a) {
+    return (size_t)(a->batch * a->m * att_chunks(a) * (a->n + 2));
+}
+
+static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
+    const mk_product_group *pg = l->node->prod;
+    const mk_attention_info *a = &pg->att;
+    const mk_tensor *q = &l->in[a->q], *kt = &l->in[a->kt], *v = &l->in[a->v];
+    long long M = a->m, D = a->d, S = a->s, N = a->n, C = att_chunks(a), R = MK_ATT_CHUNK;
+    long long G = N <= 128 ? 128 / N : 1; /* row groups per column in the V sum */
+    if (G > R) G = R;
+    mk_strbuf_put(b, "// moonkaas attention group $%d: [%lld, %lld, %lld] queries, %lld cached rows "
+                     "in chunks of %lld, %lld values\n",
+                  l->node->id, (long long)a->batch, M, D, S, R, N);
+    put_fault(b);
+    mk_strbuf_put(b, "extern \"C\" __global__ void __launch_bounds__(128)\nmk_product(float *__restrict__ o");
+    for (int k = 0; k < l->n_in; k++) mk_strbuf_put(b, ", void *i%d", k);
+    mk_strbuf_put(b, ", mk_fault_rec *fault, int launch, void *aux) {\n");
+    mk_strbuf_put(b, MK_PDL_START MK_PDL_WAIT);
+    mk_strbuf_put(b, "    float *part = (float *)aux;\n"
+                     "    unsigned int *count = (unsigned int *)(part + %lldLL);\n",
+                  (long long)att_part_floats(a));
+    mk_strbuf_put(b, "    __shared__ float sc[%lld], red[%lld];\n    __shared__ bool last;\n", R, G * N > 128 ? G * N : 128);
+    mk_strbuf_put(b, "    const int tid = threadIdx.x;\n"
+                     "    const long long row = blockIdx.x / %lldLL, c = blockIdx.x %% %lldLL;\n"
+                     "    const long long t = row / %lldLL, i = row %% %lldLL;\n", C, C, M, M);
+    mk_strbuf_put(b, "    const long long p = *(const long long *)i%d;\n", a->p);
+    mk_strbuf_put(b, "    if (p < 0 || p > %lldLL) {\n"
+                     "        if (blockIdx.x == 0 && tid == 0) mk_raise(fault, launch, 2, %d, p, %lldLL, 0);\n"
+                     "        return;\n    }\n", S, (int)MK_FAULT_PREFIX, S);
+    mk_strbuf_put(b, "    if (p == 0) { /* no rows: zeros */\n"
+                     "        if (c == 0) for (long long n = tid; n < %lldLL; n += 128) o[row * %lldLL + n] = 0.0f;\n"
+                     "        return;\n    }\n", N, N);
+    mk_strbuf_put(b, "    const long long chunks = (p + %lldLL) / %lldLL, j0 = c * %lldLL;\n"
+                     "    if (c >= chunks) return;\n"
+                     "    const int rows = (int)(p - j0 < %lldLL ? p - j0 : %lldLL);\n",
+                  R - 1, R, R, R, R);
+    mk_strbuf_put(b, "    const float *q = (const float *)i%d + t * %lldLL + i * %lldLL;\n", a->q,
+                  (long long)q->stride[0], (long long)q->stride[1]);
+    mk_strbuf_put(b, "    const float *K = (const float *)i%d + t * %lldLL + j0 * %lldLL;\n", a->kt,
+                  (long long)kt->stride[0], (long long)kt->stride[2]);
+    mk_strbuf_put(b, "    const float *V = (const float *)i%d + t * %lldLL + j0 * %lldLL;\n", a->v,
+                  (long long)v->stride[0], (long long)v->stride[1]);
+    /* scores: thread (r, u) of 4 per row sums k = u, u + 4, ... */
+    mk_strbuf_put(b, "    {\n"
+                     "        const int r = tid >> 2, u = tid & 3;\n"
+                     "        float s = 0.0f;\n"
+                     "        if (r < rows) {\n"
+                     "#pragma unroll 8\n"
+                     "            for (long long k = u; k < %lldLL; k += 4) s += q[k * %lldLL] * K[r * %lldLL + k * %lldLL];\n"
+                     "        }\n"
+                     "        s += __shfl_xor_sync(0xffffffffu, s, 1);\n"
+                     "        s += __shfl_xor_sync(0xffffffffu, s, 2);\n"
+                     "        if (u == 0 && r < rows) sc[r] = s;\n"
+                     "    }\n"
+                     "    __syncthreads();\n",
+                  D, (long long)q->stride[2], (long long)kt->stride[2], (long long)kt->stride[1]);
+    /* the chunk's max and sum: warp 0 */
+    mk_strbuf_put(b, "    __shared__ float cm, cl;\n"
+                     "    if (tid < 32) {\n"
+                     "        float m = tid < rows ? sc[tid] : __int_as_float(0xff800000); // -inf\n"
+                     "        for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));\n"
+                     "        const float e = tid < rows ? expf(__fsub_rn(sc[tid], m)) : 0.0f;\n"
+                     "        if (tid < rows) sc[tid] = e;\n"
+                     "        float l = e;\n"
+                     "        for (int off = 16; off > 0; off >>= 1) l += __shfl_xor_sync(0xffffffffu, l, off);\n"
+                     "        if (tid == 0) { cm = m; cl = l; }\n"
+                     "    }\n"
+                     "    __syncthreads();\n");
+    /* the partial row: thread (g, n) sums rows g, g + G, ... of column n */
+    mk_strbuf_put(b, "    float *mine = part + (row * %lldLL + c) * %lldLL;\n", C, N + 2);
+    if (G > 1) {
+        mk_strbuf_put(b, "    if (tid < %lld) {\n"
+                         "        const long long n = tid %% %lldLL; const int g = tid / %lldLL;\n"
+                         "        float acc = 0.0f;\n"
+                         "#pragma unroll 8\n"
+                         "        for (int r = g; r < rows; r += %lld) acc += sc[r] * V[r * %lldLL + n * %lldLL];\n"
+                         "        red[tid] = acc;\n"
+                         "    }\n"
+                         "    __syncthreads();\n"
+                         "    for (long long n = tid; n < %lldLL; n += 128) {\n"
+                         "        float s = 0.0f;\n"
+                         "        for (int g = 0; g < %lld; g++) s += red[g * %lldLL + n];\n"
+                         "        if (chunks == 1) o[row * %lldLL + n] = __fdiv_rn(s, cl); else mine[2 + n] = s;\n"
+                         "    }\n",
+                      G * N, N, N, G, (long long)v->stride[1], (long long)v->stride[2], N, G, N, N);
+    } else {
+        mk_strbuf_put(b, "    for (long long n = tid; n < %lldLL; n += 128) {\n"
+                         "        float acc = 0.0f;\n"
+                         "#pragma unroll 8\n"
+                         "        for (int r = 0; r < rows; r++) acc += sc[r] * V[r * %lldLL + n * %lldLL];\n"
+                         "        if (chunks == 1) o[row * %lldLL + n] = __fdiv_rn(acc, cl); else mine[2 + n] = acc;\n"
+                         "    }\n",
+                      N, (long long)v->stride[1], (long long)v->stride[2], N);
+    }
+    mk_strbuf_put(b, "    if (chunks == 1) return; /* one chunk: written as it is */\n"
+                     "    if (tid == 0) { mine[0] = cm; mine[1] = cl; }\n"
+                     "    __threadfence();\n"
+                     "    __syncthreads();\n"
+                     "    if (tid == 0) last = atomicAdd(&count[row], 1u) == (unsigned int)chunks - 1u;\n"
+                     "    __syncthreads();\n"
+                     "    if (!last) return;\n"
+                     "    __threadfence();\n");
+    /* the last chunk of this query combines every chunk's part */
+    mk_strbuf_put(b, "    const float *all = part + row * %lldLL * %lldLL;\n"
+                     "    float mx = __int_as_float(0xff800000);\n"
+                     "    for (long long k = 0; k < chunks; k++) mx = fmaxf(mx, __ldcg(&all[k * %lldLL]));\n"
+                     "    float sum = 0.0f;\n"
+                     "    for (long long k = 0; k < chunks; k++) sum += __ldcg(&all[k * %lldLL + 1]) * expf(__fsub_rn(__ldcg(&all[k * %lldLL]), mx));\n"
+                     "    for (long long n = tid; n < %lldLL; n += 128) {\n"
+                     "        float s = 0.0f;\n"
+                     "        for (long long k = 0; k < chunks; k++)\n"
+                     "            s += __ldcg(&all[k * %lldLL + 2 + n]) * expf(__fsub_rn(__ldcg(&all[k * %lldLL]), mx));\n"
+                     "        o[row * %lldLL + n] = __fdiv_rn(s, sum);\n"
+                     "    }\n"
+                     "    if (tid == 0) count[row] = 0u;\n"
+                     "}\n",
+                  C, N + 2, N + 2, N + 2, N + 2, N, N + 2, N + 2, N);
+}
+
+/* Device scratch of a group's launch: the attention's partial results and
+ * counts, or the ArgMax results' keys and counts; 0 for none. */
+static size_t aux_bytes(const mk_product_group *pg) {
+    if (pg->kind == MK_PRODUCT_ATTENTION)
+        return att_part_floats(&pg->att) * sizeof(float) +
+               (size_t)(pg->att.batch * pg->att.m) * sizeof(unsigned int);
+    return (size_t)argmax_aux_offset(pg, pg->n_outs);
 }
 
 /* Warps (column pairs) of a matrix–vector group's launch. */
@@ -287,6 +531,13 @@ static long long product_warps(const mk_product_group *pg) {
     long long w = 0;
     for (int o = 0; o < pg->n_outs; o++) w += pg->out[o].n / 2;
     return w;
+}
+
+/* The source of a group's launch, whichever kind. */
+static void put_group_source(mk_strbuf *b, const mk_launch *l) {
+    if (!l->node->prod) put_source(b, l);
+    else if (l->node->prod->kind == MK_PRODUCT_ATTENTION) put_attention_source(b, l);
+    else put_product_source(b, l);
 }
 
 /* ---- compiling and the process-wide cache ---------------------------------- */
@@ -383,8 +634,7 @@ static void dump(const char *src, unsigned long long hash, int arch) {
 /* The kernel of launch l: from the cache, else generated and compiled. */
 static cudaKernel_t kernel_for(const mk_launch *l, int arch, mk_error **err) {
     mk_strbuf src = {0};
-    if (l->node->prod) put_product_source(&src, l);
-    else put_source(&src, l);
+    put_group_source(&src, l);
     if (src.failed) {
         free(src.s);
         mk_fail(err, MK_ERR_NOMEM, 0, 0, "writing a group's kernel");
@@ -425,14 +675,43 @@ int mk_cuda_generate(mk_cuda_state *s, const mk_launch *launches, int n, mk_erro
             cudaDeviceProp prop;
             MK_CUDA_TRY(err, cudaGetDeviceProperties(&prop, s->device));
             arch = prop.major * 10 + prop.minor;
+            const char *pdl = getenv("MK_PDL");
+            s->pdl = prop.major >= 9 && !(pdl && !strcmp(pdl, "0"));
             s->generated = (void **)calloc((size_t)n, sizeof *s->generated);
             if (!s->generated) return mk_fail(err, MK_ERR_NOMEM, 0, 0, "generated kernels");
         }
         if (!(s->generated[i] = (void *)kernel_for(l, arch, err))) return -1;
+        size_t bytes = l->node->prod ? aux_bytes(l->node->prod) : 0;
+        if (bytes) { /* zero once: the kernels leave their counts and keys zero */
+            if (!s->aux && !(s->aux = (void **)calloc((size_t)n, sizeof *s->aux)))
+                return mk_fail(err, MK_ERR_NOMEM, 0, 0, "a group's device scratch");
+            if (!(s->aux[i] = mk_cuda_extra(s, bytes, err))) return -1;
+            MK_CUDA_TRY(err, cudaMemset(s->aux[i], 0, bytes));
+        }
     }
     return 0;
 fail:
     return -1;
+}
+
+/* Launches a generated kernel, with programmatic dependent launch where the
+ * device has it (sm_90+) and MK_PDL is not 0 (to measure without it). */
+static int launch_generated(const mk_launch *l, unsigned int blocks, unsigned int threads,
+                            void **args, const char *what, mk_error **err) {
+    mk_cuda_state *s = mk_cuda_state_of(l);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(blocks);
+    cfg.blockDim = dim3(threads);
+    cfg.stream = s->stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = s->pdl ? 1 : 0;
+    cudaError_t st = cudaLaunchKernelExC(&cfg, (const void *)s->generated[l->index], args);
+    if (st != cudaSuccess)
+        return mk_cuda_fail_status(err, st, "launching a generated kernel", __FILE__, __LINE__);
+    return mk_cuda_check_launch(l, what, err);
 }
 
 /* A pointwise group's launch: its generated kernel over the whole result. */
@@ -452,11 +731,7 @@ int mk_cuda_pointwise_generated(const mk_launch *l, mk_error **err) {
     args[a++] = &n;
     unsigned int blocks = mk_cuda_blocks(n, MK_CUDA_BLOCK);
     if (blocks > 132u * 16u) blocks = 132u * 16u;
-    cudaError_t st = cudaLaunchKernel((const void *)s->generated[l->index], dim3(blocks),
-                                      dim3(MK_CUDA_BLOCK), args, 0, s->stream);
-    if (st != cudaSuccess) return mk_cuda_fail_status(err, st, "launching a generated kernel",
-                                                      __FILE__, __LINE__);
-    return mk_cuda_check_launch(l, "generated pointwise", err);
+    return launch_generated(l, blocks, MK_CUDA_BLOCK, args, "generated pointwise", err);
 }
 
 /* A matrix–vector group's launch: its generated kernel, a warp per column pair. */
@@ -465,7 +740,7 @@ int mk_cuda_product(const mk_launch *l, mk_error **err) {
     if (!s->generated || !s->generated[l->index])
         return MK_INTERNAL(err, "a matrix-vector group without its generated kernel");
     void *out = l->out.data, *in[MK_MAX_INPUTS];
-    void *args[MK_MAX_INPUTS + 3];
+    void *args[MK_MAX_INPUTS + 5];
     int a = 0, index = l->index;
     void *fault = s->fault;
     args[a++] = &out;
@@ -475,19 +750,22 @@ int mk_cuda_product(const mk_launch *l, mk_error **err) {
     }
     args[a++] = &fault;
     args[a++] = &index;
-    unsigned int blocks = mk_cuda_blocks(product_warps(l->node->prod), 8);
-    cudaError_t st = cudaLaunchKernel((const void *)s->generated[l->index], dim3(blocks), dim3(256),
-                                      args, 0, s->stream);
-    if (st != cudaSuccess) return mk_cuda_fail_status(err, st, "launching a generated kernel",
-                                                      __FILE__, __LINE__);
-    return mk_cuda_check_launch(l, "generated matrix-vector group", err);
+    const mk_product_group *pg = l->node->prod;
+    unsigned int blocks = mk_cuda_blocks(product_warps(pg), 8), threads = 256; /* 8 column pairs */
+    void *aux = s->aux ? s->aux[l->index] : NULL;
+    if (aux_bytes(pg) && !aux) return MK_INTERNAL(err, "a group without its device scratch");
+    args[a++] = &aux;
+    if (pg->kind == MK_PRODUCT_ATTENTION) { /* a block per query and chunk of the cache */
+        blocks = mk_cuda_blocks(pg->att.batch * pg->att.m * att_chunks(&pg->att), 1);
+        threads = 128;
+    }
+    return launch_generated(l, blocks, threads, args, "generated matrix-vector group", err);
 }
 
 int mk_cuda_generate_check(const mk_launch *l, int arch, mk_error **err) {
     if (!(l->node->pw && l->expr) && !l->node->prod) return MK_INTERNAL(err, "not a group's launch");
     mk_strbuf src = {0};
-    if (l->node->prod) put_product_source(&src, l);
-    else put_source(&src, l);
+    put_group_source(&src, l);
     if (!src.failed) dump(src.s, fnv1a(src.s), arch);
     int rc = src.failed ? mk_fail(err, MK_ERR_NOMEM, 0, 0, "writing a group's kernel")
                         : (compile(src.s, arch, l, NULL, err) ? 0 : -1);

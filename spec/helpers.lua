@@ -208,6 +208,32 @@ function R.fill(shape, v, dtype)
     return out
 end
 
+-- a @ b over the first p elements of the shared axis: the products narrowed
+function R.matmul_prefix(a, b, p)
+    local r = #a.shape
+    local k, n = a.shape[r], b.shape[#b.shape]
+    local rows = numel(a.shape) // k
+    local an = { shape = {}, data = {} }
+    for d = 1, r do an.shape[d] = a.shape[d] end
+    an.shape[r] = p
+    for row = 0, rows - 1 do
+        for l = 0, p - 1 do an.data[#an.data + 1] = a.data[row * k + l + 1] end
+    end
+    local bn = { shape = {}, data = {} }
+    for d = 1, #b.shape do bn.shape[d] = b.shape[d] end
+    bn.shape[#b.shape - 1] = p
+    for z = 0, numel(b.shape) // (k * n) - 1 do
+        for l = 0, p - 1 do
+            for j = 0, n - 1 do bn.data[#bn.data + 1] = b.data[z * k * n + l * n + j + 1] end
+        end
+    end
+    if p == 0 then -- no terms: zeros of the product's shape
+        local shape = r == 1 and { n } or r == 2 and { a.shape[1], n } or { a.shape[1], a.shape[2], n }
+        return R.fill(shape, 0.0)
+    end
+    return R.matmul(an, bn)
+end
+
 -- [k]@[k,n], [m,k]@[k,n], [B,m,k]@[B,k,n]
 function R.matmul(a, b)
     local batch, m, k, n
@@ -447,6 +473,21 @@ function helpers.op_cases()
         local c, ct, cr = input("c", { k, n })
         add("MatMulNode of a constant", a:matmul(mk.constant(ct)), { a = at },
             R.matmul(ar, cr), tol, 1e-4)
+        -- over a prefix read at run time: all of it, part, none; V as a permuted cache
+        local pn = mk.input("p", "int64", { 1 })
+        for _, p in ipairs({ k, math.random(1, k), 0 }) do
+            local feeds = { x = xt, y = yt, p = mk.tensor({ p }, "int64") }
+            add(string.format("PrefixMatMulNode [B,m,k]@[B,k,n] over %d of %d", p, k),
+                x:matmul_prefix(y, pn), feeds, R.matmul_prefix(xr, yr, p), tol, 1e-4)
+        end
+        local vc, vct, vcr = input("vc", { k, B, n }) -- [seq, heads, head] viewed as [heads, seq, head]
+        local p = math.random(0, k)
+        add(string.format("PrefixMatMulNode with a permuted cache over %d of %d", p, k),
+            x:matmul_prefix(vc:permute({ 1, 0, 2 }), pn),
+            { x = xt, vc = vct, p = mk.tensor({ p }, "int64") },
+            R.matmul_prefix(xr, R.permute(vcr, { 1, 0, 2 }), p), tol, 1e-4)
+        add("PrefixMatMulNode [m,k]@[k,n]", a:matmul_prefix(b, pn),
+            { a = at, b = bt, p = mk.tensor({ p }, "int64") }, R.matmul_prefix(ar, br, p), tol, 1e-4)
     end
 
     for rank = 1, 4 do -- slice, reshape, permute

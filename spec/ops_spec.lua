@@ -83,6 +83,23 @@ describe("run-time ranges", function()
         H.assert_close(model:run({ t = tt, ids = mk.tensor({ 2, 1 }, "int64") }), R.embedding(H.ref(tt), { data = { 2, 1 } }), 0, 0)
     end)
 
+    it("a matmul_prefix prefix out of range is an evaluation error, and a known one a compile error", function()
+        local a = mk.input("a", "float32", { 2, 3 })
+        local b = mk.input("b", "float32", { 3, 4 })
+        local p = mk.input("p", "int64", { 1 })
+        local model <close> = mk.compile(a:matmul_prefix(b, p))
+        local at, bt = H.rand({ 2, 3 }), H.rand({ 3, 4 })
+        H.assert_error(function() model:run({ a = at, b = bt, p = mk.tensor({ 4 }, "int64") }) end,
+            "script:", "evaluation error: PrefixMatMulNode: prefix 4 ('p') is outside [0, 3]")
+        H.assert_error(function() model:run({ a = at, b = bt, p = mk.tensor({ -1 }, "int64") }) end,
+            "script:", "evaluation error:")
+        H.assert_close(model:run({ a = at, b = bt, p = mk.tensor({ 2 }, "int64") }),
+            R.matmul_prefix(H.ref(at), H.ref(bt), 2), 1e-6, 1e-5)
+        H.assert_error(function() a:matmul_prefix(b, 5) end, "shape error: PrefixMatMulNode: prefix 5 is outside [0, 3]")
+        H.assert_error(function() a:matmul_prefix(b, mk.input("q", "float32", { 1 })) end,
+            "dtype error: PrefixMatMulNode: the prefix ('q') must be int64, not float32")
+    end)
+
     it("a sliced_softmax prefix out of range is an evaluation error", function()
         local x = mk.input("x", "float32", { 2, 3 })
         local p = mk.input("p", "int64", { 1 })

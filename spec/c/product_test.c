@@ -5,7 +5,8 @@
  * three weights read through a permute, as decoding does, and gives each
  * product a random epilogue: SiLU times a sibling product, a residual add (full
  * or broadcast), a RoPE rotation between reshapes, a row write into a
- * BufferTensor at a position read at run time. The statements of the chains
+ * BufferTensor at a position read at run time, or the ArgMax of each row
+ * (whose ids then pick rows of a table). The statements of the chains
  * are interleaved at random, so readers of a result often stand between the
  * products (the pass moves them after the group). Every result reaches the
  * output through further products. Then, for two evaluations at random
@@ -19,7 +20,14 @@
  *     another order: a relative tolerance).
  *
  * test_row_fault: a row write whose bounds do not fit fails naming the
- * ReplaceSliceNode, on each device, and the model runs again afterwards.
+ * ReplaceSliceNode, on each device, and the model runs again afterwards;
+ * test_prefix_fault: the same for an attention group's prefix (naming the
+ * SlicedSoftmaxNode), then its values against a double-precision reference.
+ *
+ * test_argmax: a greedy classifier's ties, NaNs and signed zeros, as the CPU
+ * picks them.
+ *
+ * A third of the graphs are decode attention instead (random_attention).
  */
 #include "internal.h"
 #include "test.h"
@@ -35,6 +43,8 @@ typedef struct {
     char text[16384];
     int at, next_id;
     /* inputs to feed: name, dtype, elements */
+    int64_t rows;  /* positions: pos in [first_pos, rows), pos1 = pos + 1 */
+    int64_t first_pos;
     int n_in;
     char in_name[32][16];
     mk_dtype in_dtype[32];
@@ -80,6 +90,7 @@ typedef struct {
 static void random_graph(script *s) {
     memset(s, 0, sizeof *s);
     s->next_id = 1;
+    s->rows = S_ROWS;
     int64_t M = test_randint(1, 6) == 6 ? 5 : test_randint(1, 4); /* 5 rows: no group */
     int64_t K = test_randint(0, 4) ? 4 * test_randint(1, 72) : test_randint(1, 300);
     int x = INPUT(s, MK_DTYPE_FLOAT32, M, K);
@@ -151,6 +162,14 @@ static void random_graph(script *s) {
                 t = put(q, "MatMulNode($%d, $%d)", ones_m, t);
             }
             v = put(q, "MatMulNode($%d, $%d)", t, vw);
+        } else if (!test_randint(0, 3)) { /* greedy: the ArgMax of each row picks table rows */
+            s->next_id = q->next_id;
+            int table = INPUT(s, MK_DTYPE_FLOAT32, n, 8);
+            q->next_id = s->next_id;
+            int am = put(q, "ArgMaxNode($%d)", v);
+            int ids = put(q, "ReshapeNode($%d, [%lld])", am, (long long)M);
+            int rows = put(q, "EmbeddingNode($%d, $%d)", table, ids);
+            v = put(q, "MatMulNode($%d, $%d)", ones_m, rows);
         } else {
             bool full = s->in_numel[s->n_in - 1] == M * n * 8;
             int t = full ? put(q, "ReshapeNode($%d, [1, %lld])", v, (long long)(M * n))
@@ -174,6 +193,40 @@ static void random_graph(script *s) {
     for (int i = 0; i < n_pc; i++) terms[n_terms++] = pc[i].value;
     int out = terms[0];
     for (int t = 1; t < n_terms; t++) out = put(s, "SumNode($%d, $%d)", out, terms[t]);
+    s->at += snprintf(s->text + s->at, sizeof s->text - (size_t)s->at, "result = $%d;\n", out);
+}
+
+/*
+ * Decode attention: Q [B, m, d] against caches of S rows held as [S, B, d] and
+ * [S, B, n] (inputs read through permutes, as llama2's buffers are, or Kt as a
+ * plain [B, d, S]), the softmax of the first pos1 scores, the prefix product
+ * with V; the output reads the result through a reshape and a product.
+ */
+static void random_attention(script *s) {
+    memset(s, 0, sizeof *s);
+    s->next_id = 1;
+    int64_t B = test_randint(1, 6), m = test_randint(0, 5) ? test_randint(1, 8) : 9;
+    int64_t d = test_randint(1, 130), n = test_randint(1, 140), S = test_randint(1, 300);
+    s->rows = S;
+    s->first_pos = -1; /* pos1 = 0: an empty prefix */
+    int q = INPUT(s, MK_DTYPE_FLOAT32, B, m, d);
+    INPUT(s, MK_DTYPE_INT64, 1);
+    int p = INPUT(s, MK_DTYPE_INT64, 1);
+    int kt;
+    if (test_randint(0, 3)) {
+        int kc = INPUT(s, MK_DTYPE_FLOAT32, S, B, d);
+        kt = put(s, "PermuteNode($%d, [1, 2, 0])", kc);
+    } else {
+        kt = INPUT(s, MK_DTYPE_FLOAT32, B, d, S);
+    }
+    int vc = INPUT(s, MK_DTYPE_FLOAT32, S, B, n);
+    int w = INPUT(s, MK_DTYPE_FLOAT32, B * m * n, 8);
+    int sc = put(s, "MatMulNode($%d, $%d)", q, kt);
+    int att = put(s, "SlicedSoftmaxNode($%d, $%d)", sc, p);
+    int v = put(s, "PermuteNode($%d, [1, 0, 2])", vc);
+    int o = put(s, "PrefixMatMulNode($%d, $%d, $%d)", att, v, p);
+    int r = put(s, "ReshapeNode($%d, [1, %lld])", o, (long long)(B * m * n));
+    int out = put(s, "MatMulNode($%d, $%d)", r, w);
     s->at += snprintf(s->text + s->at, sizeof s->text - (size_t)s->at, "result = $%d;\n", out);
 }
 
@@ -219,7 +272,8 @@ static void test_random_products(void) {
     int graphs = getenv("MK_VALGRIND") ? 4 : 80, groups = 0, kernels = 0;
     for (int g = 0; ctx && g < graphs && !test_cur_failed; g++) {
         script *s = malloc(sizeof *s);
-        random_graph(s);
+        if (g % 3 == 2) random_attention(s);
+        else random_graph(s);
         mk_model *fused = compile(ctx, s, MK_DEVICE_CPU, true);
         mk_model *plain = compile(ctx, s, MK_DEVICE_CPU, false);
         mk_model *cuda = gpu ? compile(ctx, s, MK_DEVICE_CUDA, true) : NULL;
@@ -237,7 +291,7 @@ static void test_random_products(void) {
             mk_named_tensor named[32];
             for (int k = 0; k < s->n_in; k++) data[k] = malloc((size_t)s->in_numel[k] * 8);
             for (int e = 0; e < 2 && !test_cur_failed; e++) {
-                int64_t pos = test_randint(0, S_ROWS - 1);
+                int64_t pos = test_randint(s->first_pos, s->rows - 1);
                 fill_inputs(s, data, named, pos, pos + 1);
                 float a[8], b[8], c[8];
                 if (!run(fused, named, s->n_in, a, s) || !run(plain, named, s->n_in, b, s)) break;
@@ -318,14 +372,138 @@ done:
     mk_context_free(ctx);
 }
 
+/* An attention prefix out of range: the error names the softmax; then a good run. */
+static void prefix_fault_on(mk_device dev) {
+    const char *text =
+        "$1 = InputTensor(q, float32, [2, 1, 4]);\n"
+        "$2 = InputTensor(k, float32, [5, 2, 4]);\n"
+        "$3 = PermuteNode($2, [1, 2, 0]);\n"
+        "$4 = InputTensor(p, int64, [1]);\n"
+        "$5 = MatMulNode($1, $3);\n"
+        "$6 = SlicedSoftmaxNode($5, $4);\n"
+        "$7 = InputTensor(v, float32, [5, 2, 3]);\n"
+        "$8 = PermuteNode($7, [1, 0, 2]);\n"
+        "$9 = PrefixMatMulNode($6, $8, $4);\n"
+        "result = $9;\n";
+    mk_error *err = NULL;
+    mk_context *ctx = mk_context_new(&err);
+    mk_compile_options o = {.device = dev};
+    mk_model *m = mk_compile(ctx, text, NULL, 0, &o, &err);
+    CHECK(m != NULL, "compile: %s", mk_error_message(err));
+    if (!m) goto done;
+    mk_stats st;
+    mk_model_stats(m, &st);
+    CHECK(st.product_groups == 1 && st.launches == 1, "%d groups, %d launches\n%s",
+          st.product_groups, st.launches, mk_model_script(m));
+    float q[8], k[40], v[30], out[6];
+    for (int i = 0; i < 8; i++) q[i] = (float)test_uniform(-1, 1);
+    for (int i = 0; i < 40; i++) k[i] = (float)test_uniform(-1, 1);
+    for (int i = 0; i < 30; i++) v[i] = (float)test_uniform(-1, 1);
+    int64_t p = 6;
+    mk_named_tensor in[4] = {{"q", q}, {"k", k}, {"p", &p}, {"v", v}};
+    int rc = mk_evaluate(m, in, 4, out, sizeof out, &err);
+    CHECK(rc != 0 && strstr(mk_error_message(err),
+                            "script:6:1: evaluation error: SlicedSoftmaxNode: prefix 6 ('p') is "
+                            "outside [0, 5]"),
+          "prefix 6 of 5: %s", rc ? mk_error_message(err) : "no error");
+    mk_error_free(err);
+    err = NULL;
+    p = 3;
+    rc = mk_evaluate(m, in, 4, out, sizeof out, &err);
+    CHECK(rc == 0, "then a good prefix: %s", mk_error_message(err));
+    for (int t = 0; rc == 0 && t < 2; t++) { /* softmax of 3 scores, then V's first 3 rows */
+        double sc[3], mx = -1e300, sum = 0.0;
+        for (int j = 0; j < 3; j++) {
+            sc[j] = 0.0;
+            for (int c = 0; c < 4; c++) sc[j] += (double)q[t * 4 + c] * k[j * 8 + t * 4 + c];
+            mx = fmax(mx, sc[j]);
+        }
+        for (int j = 0; j < 3; j++) sum += exp(sc[j] - mx);
+        for (int c = 0; c < 3; c++) {
+            double want = 0.0;
+            for (int j = 0; j < 3; j++) want += exp(sc[j] - mx) / sum * v[j * 6 + t * 3 + c];
+            CHECK(test_close(out[t * 3 + c], want, 1e-5, 1e-5), "head %d value %d: %g, want %g",
+                  t, c, (double)out[t * 3 + c], want);
+        }
+    }
+    mk_model_free(m);
+done:
+    mk_error_free(err);
+    mk_context_free(ctx);
+}
+
+static void test_prefix_fault_cpu(void) { prefix_fault_on(MK_DEVICE_CPU); }
+static void test_prefix_fault_cuda(void) { prefix_fault_on(MK_DEVICE_CUDA); }
+
+/* A greedy classifier's ties and NaNs: the first largest column wins, as on the
+ * CPU (whose comparison is strict from column 0): a NaN never wins, except in
+ * column 0. */
+static void argmax_on(mk_device dev) {
+    const char *text =
+        "$1 = InputTensor(x, float32, [2, 4]);\n"
+        "$2 = InputTensor(w, float32, [8, 4]);\n"
+        "$3 = PermuteNode($2, [1, 0]);\n"
+        "$4 = MatMulNode($1, $3);\n"
+        "$5 = ArgMaxNode($4);\n"
+        "result = $5;\n";
+    mk_error *err = NULL;
+    mk_context *ctx = mk_context_new(&err);
+    mk_compile_options o = {.device = dev};
+    mk_model *m = mk_compile(ctx, text, NULL, 0, &o, &err);
+    CHECK(m != NULL, "compile: %s", mk_error_message(err));
+    if (!m) goto done;
+    mk_stats st;
+    mk_model_stats(m, &st);
+    CHECK(st.product_groups == 1 && st.launches == 1, "%d groups, %d launches\n%s",
+          st.product_groups, st.launches, mk_model_script(m));
+    float x[8] = {1, 0, 0, 0, 0, 1, 0, 0}; /* row 0 reads w's column 0, row 1 column 1 */
+    const struct {
+        float c0[8], c1[8]; /* w[j][0] and w[j][1] */
+        int64_t want[2];
+    } cases[] = {
+        {{1, 5, 2, 5, 0, 0, 0, 0}, {-3, -1, -2, -1, -1, -4, -9, -8}, {1, 1}}, /* ties: first */
+        /* a NaN in w's row j makes both rows' column j NaN (0 * NaN) */
+        {{NAN, 5, 2, 7, 0, 0, 0, 0}, {0, 1, 3, 3, -1, 2, 0, 0}, {0, 0}},      /* at 0: wins */
+        {{1, NAN, 2, 7, 0, 0, 0, 0}, {0, 0, 3, 1, -1, 2, 0, 0}, {3, 2}},      /* else: never */
+        {{-0.0f, 0.0f, -1, -2, -3, -4, -5, -6}, {-1, -1, -1, -1, -1, -1, -1, -0.5f}, {0, 7}},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        float w[32] = {0};
+        for (int j = 0; j < 8; j++) w[j * 4] = cases[c].c0[j], w[j * 4 + 1] = cases[c].c1[j];
+        int64_t out[2] = {-1, -1};
+        mk_named_tensor in[2] = {{"x", x}, {"w", w}};
+        int rc = mk_evaluate(m, in, 2, out, sizeof out, &err);
+        CHECK(rc == 0, "evaluate: %s", mk_error_message(err));
+        CHECK(out[0] == cases[c].want[0] && out[1] == cases[c].want[1],
+              "case %zu: %lld %lld, want %lld %lld", c, (long long)out[0], (long long)out[1],
+              (long long)cases[c].want[0], (long long)cases[c].want[1]);
+    }
+    mk_model_free(m);
+done:
+    mk_error_free(err);
+    mk_context_free(ctx);
+}
+
+static void test_argmax_cpu(void) { argmax_on(MK_DEVICE_CPU); }
+static void test_argmax_cuda(void) { argmax_on(MK_DEVICE_CUDA); }
+
 static void test_row_fault_cpu(void) { row_fault_on(MK_DEVICE_CPU); }
 static void test_row_fault_cuda(void) { row_fault_on(MK_DEVICE_CUDA); }
 
 int main(void) {
     RUN(test_random_products);
     RUN(test_row_fault_cpu);
+    RUN(test_prefix_fault_cpu);
+    RUN(test_argmax_cpu);
     char why[256];
-    if (mk_cuda_available(why, sizeof why) == 1) RUN(test_row_fault_cuda);
-    else SKIP(test_row_fault_cuda, why);
+    if (mk_cuda_available(why, sizeof why) == 1) {
+        RUN(test_row_fault_cuda);
+        RUN(test_prefix_fault_cuda);
+        RUN(test_argmax_cuda);
+    } else {
+        SKIP(test_row_fault_cuda, why);
+        SKIP(test_prefix_fault_cuda, why);
+        SKIP(test_argmax_cuda, why);
+    }
     return test_summary("product");
 }

@@ -11,7 +11,7 @@
 --     K, V   = caches [seq, kv_dim] (BufferTensors), row pos := k, v
 --     att    = q [kv_heads, group, hs] @ K viewed [kv_heads, hs, seq]
 --              → [kv_heads, group, seq], softmax over the first pos1 columns
---     o      = att @ V viewed [kv_heads, seq, hs] → [1, D]
+--     o      = att @ V viewed [kv_heads, seq, hs] over the first pos1 rows → [1, D]
 --     x      = x + o @ wo^T
 --     x      = x + (silu(xb2 @ w1^T) * (xb2 @ w3^T)) @ w2^T,  xb2 = rms_norm(x, rms_ffn)
 --   logits   = rms_norm(x, rms_final) @ wcls^T                    [1, V]
@@ -20,10 +20,11 @@
 -- Weights stay in llama2.c's [out, in] layout and enter matmuls permuted:
 -- the compiler takes a permuted operand as a strided view (no copy).
 --
--- The attention runs over the whole cache: columns past pos are left out of
--- the softmax, and their scores multiply V rows that are still zero. So the
--- caches must be zero beyond pos: a generation starts on a fresh model or
--- after reset(), which zeroes the BufferTensors.
+-- The attention reads the caches' first pos1 rows: the softmax leaves the
+-- later columns out and the product with V stops at pos1 (matmul_prefix), so
+-- rows past pos never count, whatever they hold. The scores are computed over
+-- the whole cache where each node runs alone; the attention group (CUDA)
+-- computes only the first pos1.
 --
 -- RoPE: the table [seq_len, head_size] holds (cos, sin) pairs computed as
 -- run.c does in float32: freq = 1 / 10000^(i / head_size) for even i,
@@ -105,7 +106,7 @@ function M.graph(mk, c, w, opts)
         local kt = kc:reshape({ S, kv_heads, hs }):permute({ 1, 2, 0 })         -- [kvh, hs, S]
         local att = qg:matmul(kt):sliced_softmax(pos1)                          -- [kvh, g, S]
         local vt = vc:reshape({ S, kv_heads, hs }):permute({ 1, 0, 2 })         -- [kvh, S, hs]
-        local o = att:matmul(vt):reshape({ 1, D })                              -- [1, D]
+        local o = att:matmul_prefix(vt, pos1):reshape({ 1, D })                 -- [1, D]
         x = x + o:matmul(T(lw.wo, p .. "wo"))                                  -- [1, D]
 
         xb = x:rms_norm(vec(lw.rms_ffn, p .. "rms_ffn"))                       -- [1, D]
