@@ -160,6 +160,17 @@ static long long ldb_of(const mk_launch *l, const mk_product_group *pg, const mk
     return (long long)l->in[pg->b[r->src[s].product]].stride[1];
 }
 
+/* Warps per column pair (1, 2, 4 or 8), splitting k: enough warps in flight
+ * to read the weights at full bandwidth when the columns are few (a layer's
+ * [768, 768] has 384 pairs, 132 SMs want thousands of warps), none idle. */
+static int product_slices(const mk_product_group *pg) {
+    long long pairs = 0;
+    for (int o = 0; o < pg->n_outs; o++) pairs += pg->out[o].n / 2;
+    int W = 1;
+    while (W < 8 && pairs * W < 2048 && pg->k >= 128LL * 2 * W) W *= 2;
+    return W;
+}
+
 /* Result o's index among the group's ArgMax results. */
 static int argmax_slot(const mk_product_group *pg, int o) {
     int slot = 0;
@@ -179,7 +190,8 @@ static void put_argmax_blocks(mk_strbuf *b, const mk_product_group *pg) {
     long long start = 0;
     for (int o = 0; o < pg->n_outs; o++) {
         const mk_product_out *r = &pg->out[o];
-        long long pairs = r->n / 2, first = start / 8, last = (start + pairs - 1) / 8;
+        long long per = 8 / product_slices(pg); /* column pairs a block holds */
+        long long pairs = r->n / 2, first = start / per, last = (start + pairs - 1) / per;
         start += pairs;
         if (!r->argmax) continue;
         mk_strbuf_put(b, "    if (blockIdx.x >= %lldu && blockIdx.x <= %lldu) {\n"
@@ -202,7 +214,7 @@ static void put_argmax_blocks(mk_strbuf *b, const mk_product_group *pg) {
 
 /* Result o's code for the column pair of warp index `p` (local to o). */
 static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int o,
-                       bool vec) {
+                       bool vec, int W, int phase) {
     const mk_product_out *r = &pg->out[o];
     int which = 1; /* the faulting member for the error: the row write */
     while (which < pg->n_members && pg->members[which - 1] != r->end) which++;
@@ -213,6 +225,19 @@ static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group 
         if (r->src[s].product >= 0) prods[np++] = s;
     mk_strbuf_put(b, "        const long long n0 = 2 * p;\n");
     mk_strbuf_put(b, "        float acc[%d][2][%d];\n", M, np);
+    if (phase == 2) { /* the slices' sums: this warp's and the next W - 1's */
+        mk_strbuf_put(b, "        if (slice != 0 || lane != 0) break;\n");
+        if (pg->norm_w >= 0) mk_strbuf_put(b, "        float ss[%d] = {0.0f};\n", M);
+        mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) for (int c = 0; c < 2; c++) for (int j = 0; j < %d; j++) {\n"
+                         "            float t = 0.0f;\n"
+                         "            for (int w = 0; w < %d; w++) t += red[wib + w][(m * 2 + c) * %d + j];\n"
+                         "            acc[m][c][j] = t;\n"
+                         "        }\n",
+                      M, np, W, np);
+        if (pg->norm_w >= 0)
+            mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) for (int w = 0; w < %d; w++) ss[m] += red[wib + w][%d + m];\n",
+                          M, W, M * 2 * np);
+    } else {
     mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) for (int c = 0; c < 2; c++) for (int j = 0; j < %d; j++) acc[m][c][j] = 0.0f;\n", M, np);
     for (int j = 0; j < np; j++) {
         int bk = pg->b[r->src[prods[j]].product];
@@ -222,14 +247,14 @@ static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group 
     /* the weight columns to L2 (a line per lane per step), then wait for the launches before */
     for (int j = 0; j < np; j++)
         for (int c = 0; c < 2; c++)
-            mk_strbuf_put(b, "        for (long long k = 32 * lane; k < %lldLL; k += 1024) "
+            mk_strbuf_put(b, "        for (long long k = 32 * (lane + 32 * slice); k < %lldLL; k += %d) "
                              "asm volatile(\"prefetch.global.L2 [%%0];\" :: \"l\"(B%d + %lldLL + k));\n",
-                          K, j, c * ldb_of(l, pg, r, prods[j]));
+                          K, 1024 * W, j, c * ldb_of(l, pg, r, prods[j]));
     mk_strbuf_put(b, MK_PDL_WAIT);
     const char *T = vec ? "float4" : "float";
     if (pg->norm_w >= 0) mk_strbuf_put(b, "        float ss[%d] = {0.0f};\n", M);
-    mk_strbuf_put(b, "#pragma unroll 4\n        for (long long k = %s; k < %lldLL; k += %s) {\n",
-                  vec ? "4 * lane" : "lane", K, vec ? "128" : "32");
+    mk_strbuf_put(b, "#pragma unroll 4\n        for (long long k = %s; k < %lldLL; k += %d) {\n",
+                  vec ? "4 * (lane + 32 * slice)" : "lane + 32 * slice", K, (vec ? 128 : 32) * W);
     long long ldb0 = 0;
     for (int j = 0; j < np; j++) {
         int bk = pg->b[r->src[prods[j]].product];
@@ -263,16 +288,31 @@ static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group 
     mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) for (int c = 0; c < 2; c++) for (int j = 0; j < %d; j++)\n"
                      "            for (int off = 16; off > 0; off >>= 1) acc[m][c][j] += __shfl_xor_sync(0xffffffffu, acc[m][c][j], off);\n",
                   M, np);
-    if (pg->norm_w >= 0) /* the RmsNorm: each warp read all of x, so it has the sum itself */
+    if (pg->norm_w >= 0)
+        mk_strbuf_put(b, "        for (int m = 0; m < %d; m++)\n"
+                         "            for (int off = 16; off > 0; off >>= 1) ss[m] += __shfl_xor_sync(0xffffffffu, ss[m], off);\n",
+                      M);
+    if (phase == 1) { /* hand the slice's sums over; the first slice finishes after the barrier */
+        mk_strbuf_put(b, "        if (lane == 0) {\n"
+                         "            for (int m = 0; m < %d; m++) for (int c = 0; c < 2; c++) for (int j = 0; j < %d; j++)\n"
+                         "                red[wib + slice][(m * 2 + c) * %d + j] = acc[m][c][j];\n",
+                      M, np, np);
+        if (pg->norm_w >= 0)
+            mk_strbuf_put(b, "            for (int m = 0; m < %d; m++) red[wib + slice][%d + m] = ss[m];\n",
+                          M, M * 2 * np);
+        mk_strbuf_put(b, "        }\n");
+        return;
+    }
+    }
+    if (pg->norm_w >= 0) /* the RmsNorm: the warp (or its slices) read all of x: the sum is here */
         mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) {\n"
-                         "            for (int off = 16; off > 0; off >>= 1) ss[m] += __shfl_xor_sync(0xffffffffu, ss[m], off);\n"
                          "            const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss[m], (float)%lldLL), 1e-5f)));\n"
                          "            for (int c = 0; c < 2; c++) for (int j = 0; j < %d; j++) acc[m][c][j] *= inv;\n"
                          "        }\n",
                       M, K, np);
     /* lane 0 writes; no thread returns early (a block with an ArgMax result
      * meets at a barrier at the end); a fault leaves the do-while */
-    mk_strbuf_put(b, "        if (lane == 0) do {\n");
+    mk_strbuf_put(b, phase == 2 ? "        do {\n" : "        if (lane == 0) do {\n");
     if (r->row_x >= 0) { /* the bounds, checked as the CPU's ReplaceSlice checks them */
         const mk_tensor *x = &l->in[r->row_x];
         long long rows = x->shape[0];
@@ -367,14 +407,30 @@ static void put_product_source(mk_strbuf *b, const mk_launch *l) {
                          "    if (threadIdx.x < %d) sbest[threadIdx.x] = 0ull;\n"
                          "    __syncthreads();\n",
                       slots * M, slots * M);
-    long long start = 0;
+    int W = product_slices(pg);
+    mk_strbuf_put(b, "    const long long pair = warp / %d;\n"
+                     "    const int slice = (int)(warp %% %d), wib = (int)(threadIdx.x >> 5) - slice;\n"
+                     "    (void)wib;\n",
+                  W, W);
+    int R = 0; /* floats a warp hands over: acc and ss */
     for (int o = 0; o < pg->n_outs; o++) {
-        long long pairs = pg->out[o].n / 2;
-        mk_strbuf_put(b, "    %sif (warp < %lldLL) {\n        const long long p = warp - %lldLL;\n",
-                      o ? "else " : "", start + pairs, start);
-        put_result(b, l, pg, o, vec);
-        mk_strbuf_put(b, "    }\n");
-        start += pairs;
+        int np = 0;
+        for (int k = 0; k < pg->out[o].n_src; k++) np += pg->out[o].src[k].product >= 0;
+        int need = (int)pg->m * 2 * np + (int)pg->m;
+        if (need > R) R = need;
+    }
+    if (W > 1) mk_strbuf_put(b, "    __shared__ float red[8][%d];\n", R);
+    for (int phase = W > 1 ? 1 : 0; phase <= (W > 1 ? 2 : 0); phase++) {
+        if (phase == 2) mk_strbuf_put(b, "    __syncthreads();\n");
+        long long start = 0;
+        for (int o = 0; o < pg->n_outs; o++) {
+            long long pairs = pg->out[o].n / 2;
+            mk_strbuf_put(b, "    %sif (pair < %lldLL) do {\n        const long long p = pair - %lldLL;\n",
+                          o ? "else " : "", start + pairs, start);
+            put_result(b, l, pg, o, vec, W, phase);
+            mk_strbuf_put(b, "    } while (0);\n");
+            start += pairs;
+        }
     }
     if (slots) put_argmax_blocks(b, pg);
     mk_strbuf_put(b, "}\n");
@@ -751,7 +807,7 @@ int mk_cuda_product(const mk_launch *l, mk_error **err) {
     args[a++] = &fault;
     args[a++] = &index;
     const mk_product_group *pg = l->node->prod;
-    unsigned int blocks = mk_cuda_blocks(product_warps(pg), 8), threads = 256; /* 8 column pairs */
+    unsigned int blocks = mk_cuda_blocks(product_warps(pg) * product_slices(pg), 8), threads = 256;
     void *aux = s->aux ? s->aux[l->index] : NULL;
     if (aux_bytes(pg) && !aux) return MK_INTERNAL(err, "a group without its device scratch");
     args[a++] = &aux;

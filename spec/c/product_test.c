@@ -92,7 +92,9 @@ static void random_graph(script *s) {
     s->next_id = 1;
     s->rows = S_ROWS;
     int64_t M = test_randint(1, 6) == 6 ? 5 : test_randint(1, 4); /* 5 rows: no group */
-    int64_t K = test_randint(0, 4) ? 4 * test_randint(1, 72) : test_randint(1, 300);
+    /* k up to 1200: long enough that CUDA splits it over 2 to 4 warps a column pair */
+    int64_t K = test_randint(0, 3) ? 4 * test_randint(1, 72)
+              : test_randint(0, 1) ? 4 * test_randint(128, 300) : test_randint(1, 1200);
     int x = INPUT(s, MK_DTYPE_FLOAT32, M, K);
     int pos = INPUT(s, MK_DTYPE_INT64, 1), pos1 = INPUT(s, MK_DTYPE_INT64, 1);
     int ones_m = INPUT(s, MK_DTYPE_FLOAT32, 1, M), ones_s = INPUT(s, MK_DTYPE_FLOAT32, 1, S_ROWS);
