@@ -754,22 +754,26 @@ static int cpu_zero(void *state, void *dst, size_t bytes, mk_error **err) {
 }
 
 static int cpu_prepare(void *state, const mk_launch *launches, int n, const mk_copy *in,
-                       int n_in, const mk_copy *out, mk_error **err) {
-    (void)state, (void)launches, (void)n, (void)in, (void)n_in, (void)out, (void)err;
+                       int n_in, const mk_copy *out, const mk_host *host, mk_error **err) {
+    (void)state, (void)launches, (void)n, (void)in, (void)n_in, (void)out, (void)host, (void)err;
     return 0;
 }
 
-/* Inputs in, every launch in order (stopping at the first failure), the output out. */
+/* Inputs in, every launch in order (stopping at the first failure, or where the
+ * host cancels: checked between launches), the output out. */
 static int cpu_evaluate(void *state, const mk_launch *launches, int n, const mk_copy *in,
-                        int n_in, const mk_copy *out, mk_error **err) {
+                        int n_in, const mk_copy *out, const mk_host *host, mk_error **err) {
     (void)state;
     for (int i = 0; i < n_in; i++)
         if (in[i].bytes && in[i].device != in[i].host)
             memcpy(in[i].device, in[i].host, in[i].bytes);
     for (int i = 0; i < n; i++) {
         const mk_launch *l = &launches[i];
+        if (host->cancelled(host))
+            return mk_cancelled(err, "evaluation");
         if (mk_cpu_device.kernels[l->node->op->kernel].fn(l, err) != 0)
             return -1;
+        host->progress(host, MK_PHASE_RUN, i + 1, n);
     }
     if (out && out->bytes && out->device != out->host)
         memcpy(out->host, out->device, out->bytes);

@@ -24,6 +24,7 @@ static const char *kind_of(mk_error_code code) {
     case MK_ERR_INTERNAL: return "internal error";
     case MK_ERR_NO_DEVICE: return "no CUDA device";
     case MK_ERR_FILE: return "file error";
+    case MK_ERR_CANCELLED: return "cancelled";
     }
     return "error";
 }
@@ -62,6 +63,10 @@ int mk_fail(mk_error **err, mk_error_code code, int line, int column, const char
     mk_failv(err, code, line, column, fmt, ap);
     va_end(ap);
     return -1;
+}
+
+int mk_cancelled(mk_error **err, const char *what) {
+    return mk_fail(err, MK_ERR_CANCELLED, 0, 0, "the %s was cancelled (mk_context_cancel)", what);
 }
 
 int mk_fail_within(mk_error **err, int line, int column, const char *fmt, ...) {

@@ -461,6 +461,23 @@ typedef struct {
     size_t bytes;
 } mk_copy;
 
+/*
+ * A call's view of its context's host functions (model.c): passes and devices
+ * report through it, and ask whether the host cancelled the call. `epoch` is
+ * the context's cancel count when the call began.
+ */
+typedef struct mk_host {
+    void *ctx;
+    unsigned epoch;
+    void (*log)(const struct mk_host *, mk_log_level, const char *fmt, ...)
+        __attribute__((format(printf, 3, 4)));
+    void (*progress)(const struct mk_host *, mk_phase, int64_t done, int64_t total);
+    bool (*cancelled)(const struct mk_host *);
+} mk_host;
+
+/* Fails with MK_ERR_CANCELLED naming what stopped ("compile", "evaluation"). */
+int mk_cancelled(mk_error **err, const char *what);
+
 typedef struct mk_device_ops {
     const char *name;
     const mk_kernel *kernels; /* [MK_KERNEL_COUNT], indexed by mk_kernel_id */
@@ -476,10 +493,10 @@ typedef struct mk_device_ops {
     /* Called once after launches are bound (CUDA: pinned staging for the copies,
      * capture the graph). The copies' `host` fields are NULL here. */
     int (*prepare)(void *state, const mk_launch *launches, int n, const mk_copy *in, int n_in,
-                   const mk_copy *out, mk_error **err);
+                   const mk_copy *out, const mk_host *host, mk_error **err);
     /* One evaluation: copy inputs in, run every launch, copy the output out. */
     int (*evaluate)(void *state, const mk_launch *launches, int n, const mk_copy *in,
-                    int n_in, const mk_copy *out, mk_error **err);
+                    int n_in, const mk_copy *out, const mk_host *host, mk_error **err);
 } mk_device_ops;
 
 extern const mk_device_ops mk_cpu_device;
@@ -491,7 +508,7 @@ extern const mk_device_ops mk_cpu_device;
  * returning this table. The plugin is built from the same tree as the core:
  * abi and the struct sizes guard against mixing builds.
  */
-#define MK_CUDA_PLUGIN_ABI 4
+#define MK_CUDA_PLUGIN_ABI 5
 #define MK_CUDA_PLUGIN_ENTRY "mk_cuda_plugin_entry"
 #define MK_CUDA_PLUGIN_FILE "libmoonkaas_cuda.so"
 struct mk_fused_group;

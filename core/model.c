@@ -19,6 +19,11 @@ struct mk_context {
     atomic_int refs; /* the context and each of its models hold one; models may be freed
                         on any thread */
     struct mk_cudnn_cache *cudnn; /* cuDNN handle and compiled plans, made on first use */
+    mk_log_fn log;                /* the host's functions (mk_context_set_log, _progress) */
+    void *log_user;
+    mk_progress_fn progress;
+    void *progress_user;
+    atomic_uint cancels;          /* mk_context_cancel calls so far */
 };
 
 struct mk_model {
@@ -102,6 +107,64 @@ static void context_release(mk_context *ctx) {
 }
 
 MK_API void mk_context_free(mk_context *ctx) { context_release(ctx); }
+
+/* ---- the host's functions ------------------------------------------------------- */
+
+MK_API void mk_context_set_log(mk_context *ctx, mk_log_fn fn, void *user) {
+    if (!ctx) return;
+    ctx->log = fn;
+    ctx->log_user = user;
+}
+
+MK_API void mk_context_set_progress(mk_context *ctx, mk_progress_fn fn, void *user) {
+    if (!ctx) return;
+    ctx->progress = fn;
+    ctx->progress_user = user;
+}
+
+MK_API void mk_context_cancel(mk_context *ctx) {
+    if (ctx) atomic_fetch_add(&ctx->cancels, 1u);
+}
+
+MK_API const char *mk_phase_name(mk_phase phase) {
+    switch (phase) {
+    case MK_PHASE_COMPILE: return "compile";
+    case MK_PHASE_UPLOAD: return "upload";
+    case MK_PHASE_KERNELS: return "kernels";
+    case MK_PHASE_RUN: return "run";
+    }
+    return "?";
+}
+
+static void host_log(const mk_host *h, mk_log_level level, const char *fmt, ...) {
+    const mk_context *ctx = h->ctx;
+    if (!ctx->log) return;
+    char message[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(message, sizeof message, fmt, ap);
+    va_end(ap);
+    ctx->log(ctx->log_user, level, message);
+}
+
+static void host_progress(const mk_host *h, mk_phase phase, int64_t done, int64_t total) {
+    const mk_context *ctx = h->ctx;
+    if (ctx->progress) ctx->progress(ctx->progress_user, phase, done, total);
+}
+
+static bool host_cancelled(const mk_host *h) {
+    mk_context *ctx = h->ctx;
+    return atomic_load(&ctx->cancels) != h->epoch;
+}
+
+/* A call's host view, taken as it begins: cancels after this moment stop it. */
+static mk_host host_of(mk_context *ctx) {
+    return (mk_host){.ctx = ctx,
+                     .epoch = atomic_load(&ctx->cancels),
+                     .log = host_log,
+                     .progress = host_progress,
+                     .cancelled = host_cancelled};
+}
 
 /* ---- devices ----------------------------------------------------------------- */
 
@@ -264,8 +327,13 @@ static int leaf_failed(const mk_node *n, mk_error **err) {
 }
 
 static int allocate(mk_model *m, const void **const_data, const mk_compile_options *opts,
-                    mk_error **err) {
+                    const mk_host *host, mk_error **err) {
     mk_graph *g = m->graph;
+    int64_t upload_total = 0, uploaded = 0; /* constants' bytes that travel to the device */
+    bool borrowed = opts->borrow_constants && m->dev == &mk_cpu_device;
+    for (int i = 0; i < g->n_nodes && !borrowed; i++)
+        if (g->nodes[i]->owner == g->nodes[i] && g->nodes[i]->storage == MK_STORAGE_CONSTANT)
+            upload_total += (int64_t)mk_node_bytes(g->nodes[i]);
     if (m->stats.arena_bytes &&
         !(m->arena = m->dev->alloc(m->dev_state, m->stats.arena_bytes, err)))
         return mk_fail_within(err, 0, 0, "the model's arena of intermediate values");
@@ -287,6 +355,9 @@ static int allocate(mk_model *m, const void **const_data, const mk_compile_optio
             m->owns_alloc[i] = true;
             if (m->dev->upload(m->dev_state, m->base[i], const_data[i], bytes, err))
                 return leaf_failed(n, err);
+            uploaded += (int64_t)bytes;
+            host->progress(host, MK_PHASE_UPLOAD, uploaded, upload_total);
+            if (host->cancelled(host)) return mk_cancelled(err, "compile");
             break;
         case MK_STORAGE_BUFFER:
             m->stats.buffer_bytes += bytes;
@@ -385,6 +456,16 @@ static mk_model *compile(mk_context *ctx, const char *script,
     const mk_device_ops *dev = device_for(&opts, err);
     if (!dev) return NULL;
 
+    mk_host host = host_of(ctx);
+    enum { STAGES = 6 }; /* parse, passes, plan, memory, bind, device */
+#define STAGE_DONE(k)                                                       \
+    do {                                                                    \
+        host.progress(&host, MK_PHASE_COMPILE, (k), STAGES);                \
+        if (host.cancelled(&host)) {                                        \
+            mk_cancelled(err, "compile");                                   \
+            goto fail;                                                      \
+        }                                                                   \
+    } while (0)
     mk_model *m = calloc(1, sizeof *m);
     const void **const_data = NULL;
     int64_t *scratch_offset = NULL;
@@ -393,7 +474,9 @@ static mk_model *compile(mk_context *ctx, const char *script,
     atomic_fetch_add(&ctx->refs, 1);
     m->dev = dev;
     m->stats.device = (int)opts.device;
+    host.progress(&host, MK_PHASE_COMPILE, 0, STAGES);
     if (!(m->graph = mk_graph_parse(script, err))) goto fail;
+    STAGE_DONE(1);
     mk_graph *g = m->graph;
     g->pointwise_operands = dev->pointwise_operands;
     if (opts.use_cudnn) {
@@ -401,6 +484,7 @@ static mk_model *compile(mk_context *ctx, const char *script,
         g->fusion = m->fusion;
     }
     if (mk_passes_run(g, &opts, err)) goto fail;
+    STAGE_DONE(2);
 
     int n = g->n_nodes;
     const_data = calloc((size_t)n, sizeof *const_data);
@@ -416,10 +500,13 @@ static mk_model *compile(mk_context *ctx, const char *script,
     if (match_constants(g, constants, n_constants, const_data, err)) goto fail;
     if (plan_memory(m, scratch_offset, err)) goto fail;
     if (check_budget(m, &opts, err)) goto fail;
+    STAGE_DONE(3);
 
     if (dev->open(&m->dev_state, err)) goto fail;
-    if (allocate(m, const_data, &opts, err)) goto fail;
+    if (allocate(m, const_data, &opts, &host, err)) goto fail;
+    STAGE_DONE(4);
     if (bind(m, scratch_offset, err)) goto fail;
+    STAGE_DONE(5);
 
     for (int i = 0; i < n; i++) {
         m->input_slot[i] = is_input(g->nodes[i]) ? m->n_inputs : -1;
@@ -433,8 +520,10 @@ static mk_model *compile(mk_context *ctx, const char *script,
     m->out_copy = (mk_copy){.device = tensor_of(m, g->output).data,
                             .bytes = mk_node_bytes(g->output)};
     if (dev->prepare(m->dev_state, m->launches, m->n_launches, m->in_copies, m->n_inputs,
-                     &m->out_copy, err))
+                     &m->out_copy, &host, err))
         goto fail;
+    STAGE_DONE(6);
+#undef STAGE_DONE
     if (!(m->script = mk_graph_print(g))) goto nomem;
     mk_strbuf report = {0};
     m->stats.pointwise_groups = mk_group_report(g, &report);
@@ -455,6 +544,15 @@ static mk_model *compile(mk_context *ctx, const char *script,
         m->stats.cudnn_tf32_groups = m->fusion->tf32;
     }
     m->stats.compile_ms = mk_now_ms() - t0;
+    host.log(&host, MK_LOG_INFO,
+             "compiled for %s in %.1f ms: %d nodes, %d launches (%d pointwise, %d matrix-vector "
+             "groups), arena %zu bytes",
+             dev->name, m->stats.compile_ms, n, m->n_launches, m->stats.pointwise_groups,
+             m->stats.product_groups, m->stats.arena_bytes);
+    if (m->fusion && m->fusion->rejected)
+        host.log(&host, MK_LOG_WARNING,
+                 "cuDNN rejected %d group%s: they run on the plain kernels (the fusion report "
+                 "says why)", m->fusion->rejected, m->fusion->rejected == 1 ? "" : "s");
     free(const_data);
     free(scratch_offset);
     return m;
@@ -547,8 +645,9 @@ MK_API int mk_evaluate(mk_model *m, const mk_named_tensor *inputs, size_t n_inpu
         if (!m->in_copies[k].host)
             return mk_fail(err, MK_ERR_INPUT, 0, 0, "input '%s' is missing", m->inputs[k]->name);
     m->out_copy.host = output;
+    mk_host host = host_of(m->ctx);
     return m->dev->evaluate(m->dev_state, m->launches, m->n_launches, m->in_copies, m->n_inputs,
-                            &m->out_copy, err);
+                            &m->out_copy, &host, err);
 }
 
 /* ---- introspection --------------------------------------------------------------------- */

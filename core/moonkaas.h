@@ -75,6 +75,7 @@ typedef enum {
     MK_ERR_INTERNAL,    /* a broken invariant inside moonkaas (a bug: please report) */
     MK_ERR_NO_DEVICE,   /* compiled for CUDA where there is none ("no CUDA device: ...") */
     MK_ERR_FILE,        /* a file cannot be read or written, or its contents are malformed */
+    MK_ERR_CANCELLED,   /* the host asked the context to stop (mk_context_cancel) */
 } mk_error_code;
 
 /* The whole message, e.g. "script:3:14: syntax error: expected ')'". */
@@ -96,6 +97,42 @@ MK_API const char *mk_build_info(void);
 MK_API mk_context *mk_context_new(mk_error **err);
 /* Models compiled in a context keep it alive; freeing both, in any order, is safe. */
 MK_API void mk_context_free(mk_context *);
+
+/* ---- hosts: log, progress, cancel -----------------------------------------
+ *
+ * The library writes nothing to stderr or stdout. What it has to say goes to
+ * the context's log function, if the host set one; how far a long call has
+ * come goes to its progress function. Set them before the context's models
+ * compile or run (not while calls run on other threads); NULL turns them off.
+ * They are called on the thread making the call, and may call
+ * mk_context_cancel.
+ */
+typedef enum { MK_LOG_INFO, MK_LOG_WARNING } mk_log_level;
+typedef void (*mk_log_fn)(void *user, mk_log_level level, const char *message);
+MK_API void mk_context_set_log(mk_context *, mk_log_fn fn, void *user);
+
+typedef enum {
+    MK_PHASE_COMPILE, /* mk_compile's stages (parse, passes, plan, memory, bind, device): of 6 */
+    MK_PHASE_UPLOAD,  /* constants copied to the device: bytes */
+    MK_PHASE_KERNELS, /* kernels generated and compiled (NVRTC) for the device: kernels */
+    MK_PHASE_RUN,     /* launches of one evaluation run so far (CPU): launches */
+} mk_phase;
+typedef void (*mk_progress_fn)(void *user, mk_phase phase, int64_t done, int64_t total);
+MK_API void mk_context_set_progress(mk_context *, mk_progress_fn fn, void *user);
+/* "compile", "upload", "kernels", "run"; "?" outside the enum. */
+MK_API const char *mk_phase_name(mk_phase);
+
+/*
+ * Asks every call running in the context at this moment to stop: mk_compile
+ * between its stages, constants and kernels; mk_evaluate on the CPU between
+ * launches, on CUDA before its graph launches (a graph runs to its end). The
+ * call fails with MK_ERR_CANCELLED and leaves everything usable: a cancelled
+ * compile frees what it made, a cancelled model runs again on the next call
+ * (its BufferTensors may hold what the launches before the stop wrote). Calls
+ * that begin afterwards are not affected. Safe from any thread, and from the
+ * log and progress functions.
+ */
+MK_API void mk_context_cancel(mk_context *);
 
 /* ---- threads ------------------------------------------------------------
  *

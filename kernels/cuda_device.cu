@@ -282,7 +282,7 @@ static size_t stage_round(size_t bytes) {
 }
 
 static int cuda_prepare(void *state, const mk_launch *launches, int n, const mk_copy *in,
-                        int n_in, const mk_copy *out, mk_error **err) {
+                        int n_in, const mk_copy *out, const mk_host *host, mk_error **err) {
     mk_cuda_state *s = (mk_cuda_state *)state;
     cudaGraph_t graph = NULL;
     bool capturing = false;
@@ -316,7 +316,7 @@ static int cuda_prepare(void *state, const mk_launch *launches, int n, const mk_
     }
 
     /* Generated kernels are compiled and loaded now: loading is no capture work. */
-    if (mk_cuda_generate(s, launches, n, err)) return -1;
+    if (mk_cuda_generate(s, launches, n, host, err)) return -1;
 
     /*
      * Capture. Thread-local mode: a forbidden call on this thread (an
@@ -404,8 +404,9 @@ static int fault_error(const mk_cuda_fault *f, const mk_launch *launches, int n,
 }
 
 static int cuda_evaluate(void *state, const mk_launch *launches, int n, const mk_copy *in,
-                         int n_in, const mk_copy *out, mk_error **err) {
+                         int n_in, const mk_copy *out, const mk_host *host, mk_error **err) {
     mk_cuda_state *s = (mk_cuda_state *)state;
+    if (host->cancelled(host)) return mk_cancelled(err, "evaluation"); /* a graph runs to its end */
     if (!s->exec || n_in != s->n_in)
         return MK_INTERNAL(err, "cuda evaluate before prepare, or with other copies");
     MK_CUDA_TRY(err, cudaSetDevice(s->device));

@@ -193,7 +193,8 @@ int mk_cuda_pointwise(const mk_launch *l, mk_error **err);      /* pointwise.cu 
 /* generated.cu: writes and compiles (NVRTC) the kernel of every group (pointwise
  * or matrix–vector) among the launches, into s->generated, before the capture;
  * then runs one. */
-int mk_cuda_generate(mk_cuda_state *s, const mk_launch *launches, int n, mk_error **err);
+int mk_cuda_generate(mk_cuda_state *s, const mk_launch *launches, int n, const mk_host *host,
+                     mk_error **err);
 int mk_cuda_pointwise_generated(const mk_launch *l, mk_error **err);
 int mk_cuda_product(const mk_launch *l, mk_error **err);
 int mk_cuda_prefix_matmul(const mk_launch *l, mk_error **err); /* matmul.cu */

@@ -688,7 +688,7 @@ static void dump(const char *src, unsigned long long hash, int arch) {
 }
 
 /* The kernel of launch l: from the cache, else generated and compiled. */
-static cudaKernel_t kernel_for(const mk_launch *l, int arch, mk_error **err) {
+static cudaKernel_t kernel_for(const mk_launch *l, int arch, int *compiled, mk_error **err) {
     mk_strbuf src = {0};
     put_group_source(&src, l);
     if (src.failed) {
@@ -714,19 +714,25 @@ static cudaKernel_t kernel_for(const mk_launch *l, int arch, mk_error **err) {
                 cap_cache = cap;
             }
         }
-        if (n_cache < cap_cache && (kernel = compile(src.s, arch, l, &lib, err)))
+        if (n_cache < cap_cache && (kernel = compile(src.s, arch, l, &lib, err))) {
             cache[n_cache++] = (cached_kernel){hash, arch, lib, kernel};
+            ++*compiled;
+        }
     }
     pthread_mutex_unlock(&cache_lock);
     free(src.s);
     return kernel;
 }
 
-int mk_cuda_generate(mk_cuda_state *s, const mk_launch *launches, int n, mk_error **err) {
-    int arch = 0;
+int mk_cuda_generate(mk_cuda_state *s, const mk_launch *launches, int n, const mk_host *host,
+                     mk_error **err) {
+    int arch = 0, total = 0, done = 0, compiled = 0;
+    for (int i = 0; i < n; i++) total += launches[i].node->pw || launches[i].node->prod;
+    double t0 = mk_now_ms();
     for (int i = 0; i < n; i++) {
         const mk_launch *l = &launches[i];
         if (!l->node->pw && !l->node->prod) continue;
+        if (host->cancelled(host)) return mk_cancelled(err, "compile");
         if (!s->generated) {
             cudaDeviceProp prop;
             MK_CUDA_TRY(err, cudaGetDeviceProperties(&prop, s->device));
@@ -736,7 +742,7 @@ int mk_cuda_generate(mk_cuda_state *s, const mk_launch *launches, int n, mk_erro
             s->generated = (void **)calloc((size_t)n, sizeof *s->generated);
             if (!s->generated) return mk_fail(err, MK_ERR_NOMEM, 0, 0, "generated kernels");
         }
-        if (!(s->generated[i] = (void *)kernel_for(l, arch, err))) return -1;
+        if (!(s->generated[i] = (void *)kernel_for(l, arch, &compiled, err))) return -1;
         size_t bytes = l->node->prod ? aux_bytes(l->node->prod) : 0;
         if (bytes) { /* zero once: the kernels leave their counts and keys zero */
             if (!s->aux && !(s->aux = (void **)calloc((size_t)n, sizeof *s->aux)))
@@ -744,7 +750,12 @@ int mk_cuda_generate(mk_cuda_state *s, const mk_launch *launches, int n, mk_erro
             if (!(s->aux[i] = mk_cuda_extra(s, bytes, err))) return -1;
             MK_CUDA_TRY(err, cudaMemset(s->aux[i], 0, bytes));
         }
+        host->progress(host, MK_PHASE_KERNELS, ++done, total);
     }
+    if (total)
+        host->log(host, MK_LOG_INFO, "%d generated kernels ready for sm_%d in %.1f ms (%d compiled "
+                  "with NVRTC, the rest from this process's cache)", total, arch,
+                  mk_now_ms() - t0, compiled);
     return 0;
 fail:
     return -1;

@@ -231,7 +231,9 @@ static int l_compile_script(lua_State *L) {
     m->device = opts.device;
     luaL_setmetatable(L, LMK_MODEL_MT);
     mk_error *err = NULL;
+    lmk_host_begin(L);
     m->model = mk_compile(ctx, lua_tostring(L, 1), named, n, &opts, &err);
+    lmk_host_end(L, err);
     if (!m->model) lmk_raise_core(L, err);
     if (opts.borrow_constants) {
         lua_pushvalue(L, keep);
@@ -361,8 +363,10 @@ static int model_run(lua_State *L) {
         out = lmk_push_tensor(L, fn, out_info.dtype, out_info.rank, out_info.shape);
     }
     mk_error *err = NULL;
-    if (mk_evaluate(m->model, named, count, out->data, out->bytes, &err) != 0)
-        lmk_raise_core(L, err);
+    lmk_host_begin(L);
+    int rc = mk_evaluate(m->model, named, count, out->data, out->bytes, &err);
+    lmk_host_end(L, rc ? err : NULL);
+    if (rc != 0) lmk_raise_core(L, err);
     return 1;
 }
 

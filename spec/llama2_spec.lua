@@ -48,6 +48,23 @@ describe("llama2 on stories260K (CPU)", function()
         assert.truthy(err:match("achieved tok/s: "), err)
     end)
 
+    it("shows the compile's progress: a bar on a terminal, a line per finished phase elsewhere", function()
+        local events = { { "compile", 0, 6 }, { "upload", 5e5, 1e6 }, { "upload", 1e6, 1e6 },
+            { "kernels", 1, 2 }, { "kernels", 2, 2 }, { "compile", 6, 6 }, { "run", 1, 9 } }
+        local lines = {}
+        local plain = llama2.progress_display(function(s) lines[#lines + 1] = s end, false)
+        for _, e in ipairs(events) do plain(table.unpack(e)) end
+        assert.are.same({ "uploading weights 1.0 / 1.0 MB\n", "generating kernels 2 / 2\n" }, lines)
+        local drawn = {}
+        local bar = llama2.progress_display(function(s) drawn[#drawn + 1] = s end, true)
+        for _, e in ipairs(events) do bar(table.unpack(e)) end
+        local text = table.concat(drawn)
+        assert.truthy(text:find("\r[############............] uploading weights 0.5 / 1.0 MB", 1, true), text)
+        assert.truthy(text:find("generating kernels 2 / 2", 1, true))
+        assert.truthy(drawn[#drawn]:find("^\r +\r$"), "the bar is cleared at the end")
+        assert.is_nil(text:find("\n"), "no new lines on a terminal")
+    end)
+
     it("chats like run.c: system and user prompts from the command line", function()
         if not need_core() then return end
         if not H.models_present() then

@@ -53,6 +53,13 @@ t:argmax, t:totable) is 1-based, as Lua tables are.
   misc     mk.script(node)  mk.lower(node)  mk.format_script(text)
            mk.cuda_available()  mk.best_device()  mk.version  mk.build_info
            mk.clock() (monotonic wall-clock seconds, for timing)
+           mk.is_terminal(file)
+  hosts    mk.on_log(fn(level, message) | nil)  mk.on_progress(fn(phase, done,
+           total) | nil)  mk.cancel(): the core prints nothing; it tells these
+           functions ("info"/"warning"; phases "compile" (6 stages), "upload"
+           (bytes), "kernels", "run" (CPU launches)). mk.cancel() from one of
+           them stops the compile or run in progress with "cancelled: ..."; a
+           function that raises stops it with its own error.
 
 On the CPU a model uses its constants' memory in place (no copy): writing to
 a constant's tensor with t:set after compiling changes that model's weights.

@@ -278,6 +278,38 @@ end
 
 -- The CLI: returns the process exit code. env (optional, for tests):
 -- mk (the moonkaas module), stdout/stderr writers, read_line.
+-- The compile's progress (mk.on_progress) on stderr: a bar redrawn in place
+-- on a terminal, else one line as each phase completes.
+function M.progress_display(write, terminal)
+    local function what(phase, done, total)
+        if phase == "upload" then
+            return string.format("uploading weights %.1f / %.1f MB", done / 1e6, total / 1e6)
+        elseif phase == "kernels" then
+            return string.format("generating kernels %d / %d", done, total)
+        end
+        return string.format("compiling, stage %d / %d", done, total)
+    end
+    local drawn = false
+    return function(phase, done, total)
+        if phase == "run" then return end
+        if not terminal then
+            if done == total and total > 0 and phase ~= "compile" then
+                write(what(phase, done, total) .. "\n")
+            end
+            return
+        end
+        local width = 24
+        local filled = total > 0 and math.floor(width * done / total) or width
+        write(string.format("\r[%s%s] %-40s", string.rep("#", filled), string.rep(".", width - filled),
+                            what(phase, done, total)))
+        drawn = true
+        if phase == "compile" and done == total and drawn then
+            write("\r" .. string.rep(" ", width + 43) .. "\r") -- done: the bar goes
+            drawn = false
+        end
+    end
+end
+
 function M.main(argv, env)
     env = env or {}
     local err_write = env.stderr or function(s) io.stderr:write(s) end
@@ -320,8 +352,15 @@ function M.main(argv, env)
     local smp = sampler.new(c.vocab_size, o.temperature, o.topp, o.seed)
     local log = function(m) err_write(m .. "\n") end
     log(string.format("%s: %s", c.path, checkpoint.describe(c)))
+    local terminal = env.terminal
+    if terminal == nil then terminal = mk.is_terminal ~= nil and mk.is_terminal(io.stderr) end
+    if mk.on_progress then mk.on_progress(M.progress_display(err_write, terminal)) end
+    if mk.on_log then -- the core's warnings; its info repeats what is printed below
+        mk.on_log(function(level, m) if level == "warning" then log("warning: " .. m) end end)
+    end
     local ok, net = pcall(M.build, mk, c, {
         device = device, cudnn = o.cudnn, greedy = smp:greedy(), steps = o.steps, log = log })
+    if mk.on_progress then mk.on_progress(nil) end -- runs report nothing
     if not ok then return fail(tostring(net)) end
     local run_ok, rerr = pcall(function()
         if o.mode == "generate" then
