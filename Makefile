@@ -4,7 +4,8 @@
 #                   and where nvcc is found the CUDA plugin build/libmoonkaas_cuda.so (with
 #                   a copy in build/moonkaas/, beside core.so). The core links no CUDA
 #                   library: it opens the plugin (core/plugin.c) the first time CUDA is asked for.
-#   make test       every C test and busted spec; ends with "N passed, N failed, N skipped"
+#   make test       every C test, busted spec and example; ends with "N passed, N failed, N skipped"
+#   make examples   build/examples/game_loop (a game host embedding Lua and moonkaas)
 #   make asan       the same under AddressSanitizer + UBSan (build-asan/)
 #   make valgrind   the C tests and CPU specs under valgrind (build-valgrind/)
 #   make tsan       every C test (threads_test's threads among them) under ThreadSanitizer
@@ -127,6 +128,13 @@ $(BUILD)/tests/lua_host_test: spec/c/lua_host_test.c spec/c/test.h $(LUA_OBJ) $(
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -I$(LUA_INCDIR) -I$(LUA_INCDIR)/../x86_64-linux-gnu -Ispec/c -o $@ $< $(LUA_OBJ) $(LIB_A) -L$(LUA_LIBDIR) -l$(LUA) $(LDLIBS)
 
+# The game-loop host (scripts/game_loop.c): Lua and the module linked in, like lua_host_test.
+EXAMPLES := $(BUILD)/examples/game_loop
+examples: $(EXAMPLES) $(PLUGIN)
+$(BUILD)/examples/game_loop: scripts/game_loop.c $(LUA_OBJ) $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -I$(LUA_INCDIR) -I$(LUA_INCDIR)/../x86_64-linux-gnu -o $@ $< $(LUA_OBJ) $(LIB_A) -L$(LUA_LIBDIR) -l$(LUA) $(LDLIBS)
+
 # ---- the CUDA plugin ------------------------------------------------------------------
 ifeq ($(CUDA),1)
 $(BUILD)/kernels/%.o: kernels/%.cu core/moonkaas.h core/internal.h $(wildcard kernels/*.h) $(STAMP)
@@ -156,19 +164,19 @@ install: module
 	$(if $(PLUGIN_LUA),install -m 755 $(PLUGIN_LUA) $(INST_LIBDIR)/moonkaas/$(PLUGIN_NAME))
 	cd lua && find moonkaas -name '*.lua' -exec install -D -m 644 {} $(INST_LUADIR)/{} \;
 
-test: all
+test: all examples
 	@sh spec/run_tests.sh $(BUILD)
 
 # The whole suite under AddressSanitizer + UBSan (a separate build tree, its own plugin).
 asan:
 	$(MAKE) BUILD=build-asan OPT="-O1 -fno-omit-frame-pointer" \
-	    SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined" all
+	    SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined" all examples
 	ASAN=1 sh spec/run_tests.sh build-asan
 
 # The C tests and the CPU specs under valgrind (leaks are errors), in a build
 # without -march=native: valgrind does not decode every extension (AVX-512).
 valgrind:
-	$(MAKE) BUILD=build-valgrind ARCH= all
+	$(MAKE) BUILD=build-valgrind ARCH= all examples
 	sh spec/valgrind.sh build-valgrind
 
 # The C tests under ThreadSanitizer. libgomp and OpenBLAS are not built with TSan: it
@@ -207,4 +215,4 @@ $(BUILD)/fuzz/%: spec/fuzz/%.c spec/fuzz/fuzz.h $(LUA_OBJ) $(LIB_A)
 clean:
 	rm -rf build build-asan build-valgrind build-tsan build-nocudnn build-fuzz
 
-.PHONY: all module plugin test asan valgrind tsan fuzz fuzz-targets clean install
+.PHONY: all module plugin test examples asan valgrind tsan fuzz fuzz-targets clean install

@@ -5,8 +5,9 @@
  * offset and size, its own constant or buffer, or a view or in-place write of
  * another node's); leaves are ellipses (inputs), notes (constants) and
  * cylinders (buffers). Edges run from operand to reader; a dashed grey edge
- * joins a view to the node whose memory it shares. A pointwise group is a
- * cluster holding the nodes it replaced, labelled with what runs it.
+ * joins a view to the node whose memory it shares. A group (pointwise,
+ * matrix-vector, attention) is a cluster holding the nodes it replaced,
+ * labelled with what runs it.
  */
 #include "internal.h"
 
@@ -63,6 +64,12 @@ static void put_node(mk_strbuf *b, const mk_node *n, const char *id, const char 
     mk_strbuf_put(b, "\"];\n");
 }
 
+/* The nodes a group node replaced (pointwise or matrix-vector), or none. */
+static mk_node *const *members_of(const mk_node *n, int *count) {
+    *count = n->pw ? n->pw->n_members : n->prod ? n->prod->n_members : 0;
+    return n->pw ? n->pw->members : n->prod ? n->prod->members : NULL;
+}
+
 char *mk_graph_dot(const mk_graph *g) {
     mk_strbuf b = {0};
     mk_strbuf_put(&b, "digraph moonkaas {\n  rankdir=TB;\n"
@@ -72,22 +79,31 @@ char *mk_graph_dot(const mk_graph *g) {
     for (int i = 0; i < g->n_nodes; i++) {
         const mk_node *n = g->nodes[i];
         snprintf(id, sizeof id, "n%d", n->index);
-        if (!n->pw) {
+        if (!n->pw && !n->prod) {
             put_node(&b, n, id, n->op->name, true);
             continue;
         }
         /* a group: its members inside, the group node (the root's place) last */
-        mk_strbuf_put(&b, "  subgraph cluster_%d {\n    style=rounded; color=\"#3366aa\";\n"
-                          "    label=\"%s $%d: one kernel, %d instructions over %d operands\";\n",
-                      n->index, n->op->name, n->id, n->pw->program.n, n->n_in);
-        for (int k = 0; k < n->pw->n_members; k++) {
+        mk_strbuf_put(&b, "  subgraph cluster_%d {\n    style=rounded; color=\"#3366aa\";\n",
+                      n->index);
+        if (n->pw)
+            mk_strbuf_put(&b, "    label=\"%s $%d: one kernel, %d instructions over %d operands\";\n",
+                          n->op->name, n->id, n->pw->program.n, n->n_in);
+        else
+            mk_strbuf_put(&b, "    label=\"%s $%d: one kernel, %s\";\n", n->op->name, n->id,
+                          n->prod->kind == MK_PRODUCT_ATTENTION
+                              ? "decode attention over the first p rows"
+                              : "matrix-vector products with their prologue and epilogues");
+        int n_members;
+        mk_node *const *members = members_of(n, &n_members);
+        for (int k = 0; k < n_members; k++) {
             char mid[32];
-            snprintf(mid, sizeof mid, "m%d", n->pw->members[k]->id);
+            snprintf(mid, sizeof mid, "m%d", members[k]->id);
             mk_strbuf_put(&b, "  ");
-            put_node(&b, n->pw->members[k], mid, n->pw->members[k]->op->name, false);
+            put_node(&b, members[k], mid, members[k]->op->name, false);
         }
         mk_strbuf_put(&b, "  ");
-        put_node(&b, n, id, n->pw->root_op->name, true);
+        put_node(&b, n, id, n->pw ? n->pw->root_op->name : n->op->name, true);
         mk_strbuf_put(&b, "  }\n");
     }
     /* edges: operands to readers; inside a group, between its members */
@@ -98,15 +114,18 @@ char *mk_graph_dot(const mk_graph *g) {
         if (n->storage == MK_STORAGE_VIEW && n->owner != n)
             mk_strbuf_put(&b, "  n%d -> n%d [style=dashed, color=\"#aaaaaa\", arrowhead=none];\n",
                           n->index, n->owner->index);
-        if (!n->pw) continue;
-        for (int m = 0; m < n->pw->n_members; m++) { /* each member feeds a later member or the root */
-            const mk_node *x = n->pw->members[m];
-            const mk_node *reader = n;
-            for (int r = m + 1; r < n->pw->n_members && reader == n; r++)
-                for (int k = 0; k < n->pw->members[r]->n_in; k++)
-                    if (n->pw->members[r]->in[k] == x) reader = n->pw->members[r];
-            if (reader == n) mk_strbuf_put(&b, "  m%d -> n%d [style=bold];\n", x->id, n->index);
-            else mk_strbuf_put(&b, "  m%d -> m%d [style=bold];\n", x->id, reader->id);
+        int n_members;
+        mk_node *const *members = members_of(n, &n_members);
+        for (int m = 0; m < n_members; m++) { /* each member feeds later members, or the group */
+            const mk_node *x = members[m];
+            bool read = false;
+            for (int r = m + 1; r < n_members; r++)
+                for (int k = 0; k < members[r]->n_in; k++)
+                    if (members[r]->in[k] == x) {
+                        mk_strbuf_put(&b, "  m%d -> m%d [style=bold];\n", x->id, members[r]->id);
+                        read = true;
+                    }
+            if (!read) mk_strbuf_put(&b, "  m%d -> n%d [style=bold];\n", x->id, n->index);
         }
     }
     mk_strbuf_put(&b, "}\n");

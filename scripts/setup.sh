@@ -5,8 +5,9 @@ set -eu
 export DEBIAN_FRONTEND=noninteractive
 need=""
 # clang and its runtimes (libclang-rt-dev: libFuzzer, ASan, UBSan) build `make fuzz`
+# graphviz draws scripts/graph.lua's pictures
 for p in build-essential lua5.4 liblua5.4-dev lua-busted luarocks libopenblas-dev valgrind \
-         clang libclang-rt-dev; do
+         clang libclang-rt-dev graphviz; do
     dpkg -s "$p" > /dev/null 2>&1 || need="$need $p"
 done
 if [ -n "$need" ]; then

@@ -1,6 +1,7 @@
 #!/bin/sh
-# Runs every C test (build/tests/*) and every busted spec, then prints the one
-# line CI reads: "N passed, N failed, N skipped". Exits non-zero on any failure.
+# Runs every C test (build/tests/*), the examples (build/examples/*) and every
+# busted spec, then prints the one line CI reads: "N passed, N failed, N
+# skipped". Exits non-zero on any failure.
 #
 #   sh spec/run_tests.sh [BUILD_DIR]     (make test calls this)
 # With ASAN=1 the specs run with the sanitizer runtime preloaded into lua5.4, and
@@ -30,6 +31,20 @@ for t in "$BUILD"/tests/*; do
     passed=$((passed + $1)) failed=$((failed + $2)) skipped=$((skipped + $3))
     if [ "$rc" -ne 0 ] && [ "$2" -eq 0 ]; then
         echo "not ok - $name exited with $rc"
+        failed=$((failed + 1))
+    fi
+done
+
+# the examples (make examples): each runs briefly and must exit 0
+for e in "$BUILD"/examples/*; do
+    [ -x "$e" ] || continue
+    name=$(basename "$e")
+    echo "== $name"
+    if "$e" --frames 1000; then
+        echo "ok - $name"
+        passed=$((passed + 1))
+    else
+        echo "not ok - $name"
         failed=$((failed + 1))
     fi
 done

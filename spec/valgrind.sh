@@ -1,5 +1,5 @@
 #!/bin/sh
-# Runs every C test and the CPU busted specs under valgrind; any error or
+# Runs every C test, the examples and the CPU busted specs under valgrind; any error or
 # definite leak fails. Usage: sh spec/valgrind.sh [BUILD_DIR]
 BUILD=${1:-build}
 cd "$(dirname "$0")/.." || exit 2
@@ -12,6 +12,16 @@ for t in "$BUILD"/tests/*; do
     else
         cat /tmp/mk-vg.out
         echo "valgrind FAILED: $(basename "$t")"
+        status=1
+    fi
+done
+for e in "$BUILD"/examples/*; do
+    [ -x "$e" ] || continue
+    if $VG "$e" --frames 200 > /tmp/mk-vg.out 2>&1; then
+        echo "valgrind clean: $(basename "$e")"
+    else
+        cat /tmp/mk-vg.out
+        echo "valgrind FAILED: $(basename "$e")"
         status=1
     fi
 done
