@@ -689,6 +689,32 @@ int mk_model_check_generated(const mk_model *m, int arch, mk_error **err) {
 
 MK_API char *mk_model_dot(const mk_model *m) { return m ? mk_graph_dot(m->graph) : NULL; }
 
+MK_API char *mk_model_kernel_source(const mk_model *m, int launch, mk_error **err) {
+    if (!m) {
+        mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "mk_model_kernel_source: NULL model");
+        return NULL;
+    }
+    if (launch < 0 || launch >= m->n_launches) {
+        mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "launch %d is out of range: the model has %d (0 to %d)",
+                launch, m->n_launches, m->n_launches - 1);
+        return NULL;
+    }
+    const mk_launch *l = &m->launches[launch];
+    if (!l->node->pw && !l->node->prod) {
+        mk_fail(err, MK_ERR_ARGUMENT, l->node->line, l->node->column,
+                "launch %d runs %s $%d with a library kernel: no generated source", launch,
+                l->node->op->name, l->node->id);
+        return NULL;
+    }
+    char why[256];
+    const mk_cuda_plugin *p = mk_cuda_plugin_get(why, sizeof why);
+    if (!p) {
+        mk_fail(err, MK_ERR_NO_DEVICE, 0, 0, "%s", why);
+        return NULL;
+    }
+    return p->generate_source(l, err);
+}
+
 MK_API char *mk_model_memory_svg(const mk_model *m) {
     return m ? mk_graph_memory_svg(m->graph, m->stats.arena_bytes, m->stats.lower_bound_bytes)
              : NULL;

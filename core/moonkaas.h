@@ -289,6 +289,16 @@ MK_API const char *mk_model_fusion_report(const mk_model *);
  * cluster of the nodes it replaced. Free with mk_string_free; NULL when out of
  * memory. */
 MK_API char *mk_model_dot(const mk_model *);
+/*
+ * The CUDA C that runs launch i (0-based, in evaluation order: mk_stats.launches)
+ * where it is a generated kernel (a pointwise, matrix-vector or attention
+ * group), to read; free with mk_string_free. Works for a model compiled for
+ * any device (the groups are the same; a CPU model's source is written for its
+ * addresses, which may change a 16-byte load into four). NULL with an error
+ * where i is out of range, the launch runs a library kernel, or there is no
+ * CUDA plugin to write it.
+ */
+MK_API char *mk_model_kernel_source(const mk_model *, int launch, mk_error **err);
 /* The arena as an SVG picture: x the evaluation order, y the offset, a box per
  * tensor from the node that writes it to its last reader, the live-bytes
  * lower bound as a line. Free with mk_string_free; NULL when out of memory. */

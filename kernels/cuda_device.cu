@@ -450,6 +450,7 @@ static const mk_cuda_plugin plugin = {
     NULL,
 #endif
     mk_cuda_generate_check,
+    mk_cuda_generate_source,
 };
 
 /* The plugin's only exported symbol (kernels/plugin.map), MK_CUDA_PLUGIN_ENTRY. */

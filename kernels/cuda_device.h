@@ -199,6 +199,7 @@ int mk_cuda_pointwise_generated(const mk_launch *l, mk_error **err);
 int mk_cuda_product(const mk_launch *l, mk_error **err);
 int mk_cuda_prefix_matmul(const mk_launch *l, mk_error **err); /* matmul.cu */
 int mk_cuda_generate_check(const mk_launch *l, int arch, mk_error **err);
+char *mk_cuda_generate_source(const mk_launch *l, mk_error **err);
 int mk_cuda_permute(const mk_launch *l, mk_error **err);        /* pointwise.cu */
 int mk_cuda_complex_mul(const mk_launch *l, mk_error **err);    /* pointwise.cu */
 int mk_cuda_matmul(const mk_launch *l, mk_error **err);         /* matmul.cu */

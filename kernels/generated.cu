@@ -839,3 +839,19 @@ int mk_cuda_generate_check(const mk_launch *l, int arch, mk_error **err) {
     free(src.s);
     return rc;
 }
+
+/* The source of a group's launch, as it would be compiled (malloc'd), or NULL. */
+char *mk_cuda_generate_source(const mk_launch *l, mk_error **err) {
+    if (!(l->node->pw && l->expr) && !l->node->prod) {
+        MK_INTERNAL(err, "not a group's launch");
+        return NULL;
+    }
+    mk_strbuf src = {0};
+    put_group_source(&src, l);
+    if (src.failed) {
+        free(src.s);
+        mk_fail(err, MK_ERR_NOMEM, 0, 0, "writing a group's kernel");
+        return NULL;
+    }
+    return src.s;
+}

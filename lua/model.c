@@ -12,6 +12,8 @@
  */
 #include "lmk.h"
 
+#include <limits.h>
+
 #include <stdio.h>
 #include <string.h>
 
@@ -435,6 +437,19 @@ static int model_picture(lua_State *L, const char *fn, char *(*draw)(const mk_mo
     return 1;
 }
 static int model_dot(lua_State *L) { return model_picture(L, "dot", mk_model_dot); }
+
+/* model:kernel_source(i) -> the CUDA C of launch i (1-based) where a group runs it */
+static int model_kernel_source(lua_State *L) {
+    lmk_model *m = check_model(L, 1, "kernel_source", true);
+    lua_Integer i = luaL_checkinteger(L, 2);
+    if (i < 1 || i > INT_MAX) LMK_ARG_ERROR(L, "kernel_source", "launch %lld is out of range",
+                                            (long long)i);
+    mk_error *err = NULL;
+    char *s = mk_model_kernel_source(m->model, (int)(i - 1), &err);
+    if (!s) lmk_raise_core(L, err);
+    lmk_push_core_string(L, s);
+    return 1;
+}
 static int model_memory_svg(lua_State *L) {
     return model_picture(L, "memory_svg", mk_model_memory_svg);
 }
@@ -503,6 +518,7 @@ void lmk_open_model(lua_State *L) {
     static const luaL_Reg methods[] = {
         {"run", model_run}, {"stats", model_stats}, {"script", model_script},
         {"fusion_report", model_fusion_report}, {"dot", model_dot},
+        {"kernel_source", model_kernel_source},
         {"memory_svg", model_memory_svg}, {"reset", model_reset},
         {"inputs", model_inputs}, {"output", model_output}, {"close", model_release},
         {NULL, NULL}};

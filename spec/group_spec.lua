@@ -19,6 +19,29 @@ local function bits_equal(got, want, what)
     end
 end
 
+describe("model:kernel_source", function()
+    it("gives the CUDA C of a generated launch, and says why not for the others", function()
+        local x = mk.input("x", "float32", { 1, 16 })
+        local w = mk.input("w", "float32", { 8, 16 })
+        local y = x:matmul(w:permute({ 1, 0 })):relu()
+        local model <close> = mk.compile(y:matmul(mk.input("m", "float32", { 8, 4 })):silu() * 2)
+        local ok, src = pcall(model.kernel_source, model, 1)
+        if not ok and tostring(src):find("no CUDA device", 1, true) then
+            pending(src) -- no plugin to write CUDA C with
+            return
+        end
+        assert.is_true(ok, src)
+        assert.truthy(src:find("moonkaas matrix-vector group", 1, true), src)
+        assert.truthy(src:find('extern "C" __global__', 1, true))
+        H.assert_error(function() model:kernel_source(2) end,
+            "script:7:1: argument error: launch 1 runs MatMulNode $7 with a library kernel")
+        assert.truthy(model:kernel_source(3):find("moonkaas pointwise group", 1, true))
+        H.assert_error(function() model:kernel_source(4) end,
+            "argument error: launch 3 is out of range: the model has 3 (0 to 2)")
+        H.assert_error(function() model:kernel_source(0) end, "argument error: kernel_source:")
+    end)
+end)
+
 describe("pointwise groups", function()
     it("run a chain as one launch, bit-identical to one launch per node", function()
         local a = mk.input("a", "float32", { 6, 8 })

@@ -9,6 +9,8 @@
  *   test_random_groups   random pointwise trees: every op with an expression,
  *                        float32 and int64, 1 to 4 operands, broadcasts, a
  *                        strided (permuted) operand read through a copy
+ *   test_kernel_source   mk_model_kernel_source: each generated launch's CUDA C,
+ *                        clear errors for library launches and bad indexes
  *
  * Without the plugin (CUDA=0, or none found) the test is skipped with the reason.
  */
@@ -87,12 +89,64 @@ static void test_random_groups(void) {
     mk_context_free(ctx);
 }
 
+/* mk_model_kernel_source: the CUDA C of each generated launch, to read; errors
+ * for the others. */
+static void test_kernel_source(void) {
+    const char *text =
+        "$1 = InputTensor(x, float32, [1, 32]);\n"
+        "$2 = InputTensor(w, float32, [16, 32]);\n"
+        "$3 = PermuteNode($2, [1, 0]);\n"
+        "$4 = MatMulNode($1, $3);\n"
+        "$5 = InputTensor(b, float32, [1, 16]);\n"
+        "$6 = SumNode($4, $5);\n"
+        "$7 = InputTensor(m, float32, [16, 16]);\n"
+        "$8 = MatMulNode($6, $7);\n"
+        "$9 = SiLUNode($8);\n"
+        "$10 = HadamardProductNode($9, $5);\n"
+        "result = $10;\n";
+    mk_error *err = NULL;
+    mk_context *ctx = mk_context_new(&err);
+    mk_model *m = mk_compile(ctx, text, NULL, 0, NULL, &err);
+    CHECK(m != NULL, "compile: %s", mk_error_message(err));
+    if (!m) goto done;
+    mk_stats st;
+    mk_model_stats(m, &st);
+    /* launches: the group of $4 + $6; MatMul $8 (B read by rows: BLAS); the pointwise group */
+    CHECK(st.launches == 3, "%d launches\n%s", st.launches, mk_model_script(m));
+    const char *want[3] = {"moonkaas matrix-vector group $4", NULL, "moonkaas pointwise group"};
+    for (int i = 0; i < st.launches && i < 3; i++) {
+        char *src = mk_model_kernel_source(m, i, &err);
+        if (want[i]) {
+            CHECK(src && strstr(src, want[i]) && strstr(src, "extern \"C\" __global__"),
+                  "launch %d: %s", i, src ? src : mk_error_message(err));
+        } else {
+            CHECK(!src && mk_error_code_of(err) == MK_ERR_ARGUMENT &&
+                      strstr(mk_error_message(err), "launch 1 runs MatMulNode $8 with a library "
+                                                    "kernel: no generated source"),
+                  "launch %d: %s", i, src ? "a source" : mk_error_message(err));
+        }
+        mk_string_free(src);
+        mk_error_free(err);
+        err = NULL;
+    }
+    char *src = mk_model_kernel_source(m, 3, &err);
+    CHECK(!src && strstr(mk_error_message(err), "launch 3 is out of range: the model has 3 (0 to 2)"),
+          "%s", src ? "a source" : mk_error_message(err));
+    mk_string_free(src);
+    mk_model_free(m);
+done:
+    mk_error_free(err);
+    mk_context_free(ctx);
+}
+
 int main(void) {
     char why[512];
     if (!mk_cuda_plugin_get(why, sizeof why)) {
         SKIP(test_random_groups, why);
+        SKIP(test_kernel_source, why);
     } else {
         RUN(test_random_groups);
+        RUN(test_kernel_source);
     }
     return test_summary("codegen");
 }
