@@ -469,6 +469,7 @@ typedef struct {
 typedef struct mk_host {
     void *ctx;
     unsigned epoch;
+    const mk_compile_options *opts; /* the compile's options (prepare), else NULL */
     void (*log)(const struct mk_host *, mk_log_level, const char *fmt, ...)
         __attribute__((format(printf, 3, 4)));
     void (*progress)(const struct mk_host *, mk_phase, int64_t done, int64_t total);
@@ -524,8 +525,8 @@ typedef struct {
                                char *why, size_t why_size, mk_error **err);
     void (*cudnn_group_release)(struct mk_fused_group *g);
     /* Writes the kernel of a group's launch (pointwise or matrix–vector) and
-     * compiles it with NVRTC for sm_<arch>, loading nothing: needs no device
-     * (CI checks the generator). */
+     * compiles it with NVRTC for sm_<arch> (or takes it from the disk cache),
+     * loading nothing: needs no device (CI checks the generator). */
     int (*generate_check)(const mk_launch *l, int arch, mk_error **err);
     /* The CUDA C of a group's launch, as generate_check compiles it (malloc'd). */
     char *(*generate_source)(const mk_launch *l, mk_error **err);

@@ -457,6 +457,7 @@ static mk_model *compile(mk_context *ctx, const char *script,
     if (!dev) return NULL;
 
     mk_host host = host_of(ctx);
+    host.opts = &opts;
     enum { STAGES = 6 }; /* parse, passes, plan, memory, bind, device */
 #define STAGE_DONE(k)                                                       \
     do {                                                                    \

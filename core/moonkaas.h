@@ -204,7 +204,9 @@ typedef struct {
     bool borrow_constants; /* CPU: use the caller's constant memory in place (e.g. an mmap'd
                               checkpoint); it must outlive the model */
     bool no_passes;        /* skip optional optimisation passes (debugging) */
-    bool no_fusion;        /* one launch per node: no pointwise groups (the grouping pass) */
+    bool no_fusion;        /* one launch per node: no groups (pointwise, matrix-vector) */
+    bool no_kernel_cache;  /* CUDA: compile generated kernels with NVRTC even where the disk
+                              cache has them (and write none); see "kernels" in README */
     size_t max_bytes;      /* 0: no limit; else the most device memory the model may take
                               (arena + copied constants + buffers), checked before anything
                               is allocated: more is an MK_ERR_NOMEM error saying how much */

@@ -19,11 +19,14 @@
  */
 #include "cuda_device.h"
 
+#include <errno.h>
 #include <nvrtc.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 /* ---- source ----------------------------------------------------------------- */
 
@@ -630,11 +633,84 @@ static int nvrtc_fail(mk_error **err, nvrtcProgram prog, nvrtcResult r, const mk
                    nvrtcGetErrorString(r), log);
 }
 
-/* Compiles src for sm_<arch> and, with lib, loads it: the kernel (without lib:
- * any non-NULL value), or NULL with *err set. */
-static cudaKernel_t compile(const char *src, int arch, const mk_launch *l, cudaLibrary_t *lib,
-                            mk_error **err) {
-    const char *symbol = l->node->prod ? "mk_product" : "mk_pointwise";
+/* ---- the disk cache ------------------------------------------------------------------ */
+
+/*
+ * Compiled kernels (cubins) are kept on disk so that a second process skips
+ * NVRTC: in $MK_KERNEL_CACHE when set ("off" or "0": no disk cache), else
+ * $XDG_CACHE_HOME/moonkaas, else $HOME/.cache/moonkaas. A file is named by
+ * what decides its contents: the source's hash and length, the architecture
+ * and NVRTC's version. It is written whole under a temporary name and renamed,
+ * so readers never see half a file; one that is not an ELF file is compiled
+ * again and replaced. Any trouble with the disk just means compiling.
+ */
+static bool cache_dir(char *dir, size_t size) {
+    const char *env = getenv("MK_KERNEL_CACHE"), *xdg = getenv("XDG_CACHE_HOME"),
+               *home = getenv("HOME");
+    int n;
+    if (env && (!strcmp(env, "off") || !strcmp(env, "0"))) return false;
+    if (env && *env) n = snprintf(dir, size, "%s", env);
+    else if (xdg && *xdg) n = snprintf(dir, size, "%s/moonkaas", xdg);
+    else if (home && *home) n = snprintf(dir, size, "%s/.cache/moonkaas", home);
+    else return false;
+    return n > 0 && (size_t)n < size;
+}
+
+static bool cache_path(char *path, size_t size, const char *dir, const char *src, int arch) {
+    int major = 0, minor = 0;
+    nvrtcVersion(&major, &minor);
+    int n = snprintf(path, size, "%s/%016llx-%zx-sm%d-nvrtc%d.%d.cubin", dir, fnv1a(src),
+                     strlen(src), arch, major, minor);
+    return n > 0 && (size_t)n < size;
+}
+
+/* The cubin at path (malloc'd) if it is one, else NULL. */
+static char *cache_read(const char *path, size_t *size) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *data = NULL;
+    long n = -1;
+    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) > 4 && fseek(f, 0, SEEK_SET) == 0 &&
+        (data = (char *)malloc((size_t)n)) && fread(data, 1, (size_t)n, f) == (size_t)n &&
+        !memcmp(data, "\x7f" "ELF", 4)) {
+        fclose(f);
+        *size = (size_t)n;
+        return data;
+    }
+    fclose(f);
+    free(data);
+    return NULL;
+}
+
+/* mkdir -p, for the cache directory. */
+static bool make_dirs(const char *dir) {
+    char p[4096];
+    if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p) return false;
+    for (char *c = p + 1; *c; c++) {
+        if (*c != '/') continue;
+        *c = '\0';
+        if (mkdir(p, 0755) != 0 && errno != EEXIST) return false;
+        *c = '/';
+    }
+    return mkdir(p, 0755) == 0 || errno == EEXIST;
+}
+
+static void cache_write(const char *dir, const char *path, const char *cubin, size_t size) {
+    if (!make_dirs(dir)) return;
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return;
+    bool ok = fwrite(cubin, 1, size, f) == size;
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) remove(tmp);
+}
+
+/* ---- compiling ------------------------------------------------------------------------ */
+
+/* NVRTC's cubin of src for sm_<arch> (malloc'd), or NULL with *err set. */
+static char *nvrtc_cubin(const char *src, int arch, const mk_launch *l, size_t *size,
+                         mk_error **err) {
     nvrtcProgram prog = NULL;
     nvrtcResult r = nvrtcCreateProgram(&prog, src, "moonkaas_group.cu", 0, NULL, NULL);
     if (r != NVRTC_SUCCESS) {
@@ -647,18 +723,36 @@ static cudaKernel_t compile(const char *src, int arch, const mk_launch *l, cudaL
      * group's own arithmetic is __fadd_rn and friends, never contracted */
     const char *opts[] = {gpu, "--std=c++17"};
     r = nvrtcCompileProgram(prog, 2, opts);
-    size_t size = 0;
     char *cubin = NULL;
-    if (r == NVRTC_SUCCESS) r = nvrtcGetCUBINSize(prog, &size);
-    if (r == NVRTC_SUCCESS && !(cubin = (char *)malloc(size))) r = NVRTC_ERROR_OUT_OF_MEMORY;
+    if (r == NVRTC_SUCCESS) r = nvrtcGetCUBINSize(prog, size);
+    if (r == NVRTC_SUCCESS && !(cubin = (char *)malloc(*size))) r = NVRTC_ERROR_OUT_OF_MEMORY;
     if (r == NVRTC_SUCCESS) r = nvrtcGetCUBIN(prog, cubin);
     if (r != NVRTC_SUCCESS) {
         nvrtc_fail(err, prog, r, l);
-        nvrtcDestroyProgram(&prog);
         free(cubin);
-        return NULL;
+        cubin = NULL;
     }
     nvrtcDestroyProgram(&prog);
+    return cubin;
+}
+
+/*
+ * Compiles src for sm_<arch> (or takes the cubin from the disk cache, unless
+ * disk is false; *from_disk says which) and, with lib, loads it: the kernel
+ * (without lib: any non-NULL value), or NULL with *err set.
+ */
+static cudaKernel_t compile(const char *src, int arch, const mk_launch *l, cudaLibrary_t *lib,
+                            bool disk, bool *from_disk, mk_error **err) {
+    const char *symbol = l->node->prod ? "mk_product" : "mk_pointwise";
+    char dir[4000], path[4096];
+    disk = disk && cache_dir(dir, sizeof dir) && cache_path(path, sizeof path, dir, src, arch);
+    size_t size = 0;
+    char *cubin = disk ? cache_read(path, &size) : NULL;
+    *from_disk = cubin != NULL;
+    if (!cubin) {
+        if (!(cubin = nvrtc_cubin(src, arch, l, &size, err))) return NULL;
+        if (disk) cache_write(dir, path, cubin, size);
+    }
     if (!lib) {
         free(cubin);
         return (cudaKernel_t)1; /* compiled; nothing to load */
@@ -688,7 +782,8 @@ static void dump(const char *src, unsigned long long hash, int arch) {
 }
 
 /* The kernel of launch l: from the cache, else generated and compiled. */
-static cudaKernel_t kernel_for(const mk_launch *l, int arch, int *compiled, mk_error **err) {
+static cudaKernel_t kernel_for(const mk_launch *l, int arch, bool disk, int *compiled,
+                               int *from_disk, mk_error **err) {
     mk_strbuf src = {0};
     put_group_source(&src, l);
     if (src.failed) {
@@ -714,9 +809,10 @@ static cudaKernel_t kernel_for(const mk_launch *l, int arch, int *compiled, mk_e
                 cap_cache = cap;
             }
         }
-        if (n_cache < cap_cache && (kernel = compile(src.s, arch, l, &lib, err))) {
+        bool disk_hit = false;
+        if (n_cache < cap_cache && (kernel = compile(src.s, arch, l, &lib, disk, &disk_hit, err))) {
             cache[n_cache++] = (cached_kernel){hash, arch, lib, kernel};
-            ++*compiled;
+            ++*(disk_hit ? from_disk : compiled);
         }
     }
     pthread_mutex_unlock(&cache_lock);
@@ -726,7 +822,7 @@ static cudaKernel_t kernel_for(const mk_launch *l, int arch, int *compiled, mk_e
 
 int mk_cuda_generate(mk_cuda_state *s, const mk_launch *launches, int n, const mk_host *host,
                      mk_error **err) {
-    int arch = 0, total = 0, done = 0, compiled = 0;
+    int arch = 0, total = 0, done = 0, compiled = 0, from_disk = 0;
     for (int i = 0; i < n; i++) total += launches[i].node->pw || launches[i].node->prod;
     double t0 = mk_now_ms();
     for (int i = 0; i < n; i++) {
@@ -742,7 +838,9 @@ int mk_cuda_generate(mk_cuda_state *s, const mk_launch *launches, int n, const m
             s->generated = (void **)calloc((size_t)n, sizeof *s->generated);
             if (!s->generated) return mk_fail(err, MK_ERR_NOMEM, 0, 0, "generated kernels");
         }
-        if (!(s->generated[i] = (void *)kernel_for(l, arch, &compiled, err))) return -1;
+        bool disk = !(host->opts && host->opts->no_kernel_cache);
+        if (!(s->generated[i] = (void *)kernel_for(l, arch, disk, &compiled, &from_disk, err)))
+            return -1;
         size_t bytes = l->node->prod ? aux_bytes(l->node->prod) : 0;
         if (bytes) { /* zero once: the kernels leave their counts and keys zero */
             if (!s->aux && !(s->aux = (void **)calloc((size_t)n, sizeof *s->aux)))
@@ -753,9 +851,9 @@ int mk_cuda_generate(mk_cuda_state *s, const mk_launch *launches, int n, const m
         host->progress(host, MK_PHASE_KERNELS, ++done, total);
     }
     if (total)
-        host->log(host, MK_LOG_INFO, "%d generated kernels ready for sm_%d in %.1f ms (%d compiled "
-                  "with NVRTC, the rest from this process's cache)", total, arch,
-                  mk_now_ms() - t0, compiled);
+        host->log(host, MK_LOG_INFO, "%d generated kernels ready for sm_%d in %.1f ms: %d compiled "
+                  "with NVRTC, %d from the disk cache, the rest from this process's", total, arch,
+                  mk_now_ms() - t0, compiled, from_disk);
     return 0;
 fail:
     return -1;
@@ -831,11 +929,12 @@ int mk_cuda_product(const mk_launch *l, mk_error **err) {
 
 int mk_cuda_generate_check(const mk_launch *l, int arch, mk_error **err) {
     if (!(l->node->pw && l->expr) && !l->node->prod) return MK_INTERNAL(err, "not a group's launch");
+    bool from_disk = false;
     mk_strbuf src = {0};
     put_group_source(&src, l);
     if (!src.failed) dump(src.s, fnv1a(src.s), arch);
     int rc = src.failed ? mk_fail(err, MK_ERR_NOMEM, 0, 0, "writing a group's kernel")
-                        : (compile(src.s, arch, l, NULL, err) ? 0 : -1);
+                        : (compile(src.s, arch, l, NULL, true, &from_disk, err) ? 0 : -1);
     free(src.s);
     return rc;
 }

@@ -163,13 +163,15 @@ static mk_compile_options check_options(lua_State *L, int idx) {
             else if (d && !strcmp(d, "cuda")) o.device = MK_DEVICE_CUDA;
             else LMK_ARG_ERROR(L, fn, "device must be \"cpu\" or \"cuda\", got %s",
                                d ? d : luaL_typename(L, -1));
-        } else if (k && (!strcmp(k, "cudnn") || !strcmp(k, "passes") || !strcmp(k, "fuse"))) {
+        } else if (k && (!strcmp(k, "cudnn") || !strcmp(k, "passes") || !strcmp(k, "fuse") ||
+                         !strcmp(k, "kernel_cache"))) {
             if (!lua_isboolean(L, -1))
                 LMK_ARG_ERROR(L, fn, "option %s must be a boolean, got %s", k,
                               luaL_typename(L, -1));
             bool on = lua_toboolean(L, -1);
             if (k[0] == 'c') o.use_cudnn = on;
             else if (k[0] == 'p') o.no_passes = !on;
+            else if (k[0] == 'k') o.no_kernel_cache = !on;
             else o.no_fusion = !on;
         } else if (k && !strcmp(k, "max_bytes")) {
             if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < 0)
@@ -177,7 +179,8 @@ static mk_compile_options check_options(lua_State *L, int idx) {
                               luaL_tolstring(L, -1, NULL));
             o.max_bytes = (size_t)lua_tointeger(L, -1);
         } else {
-            LMK_ARG_ERROR(L, fn, "unknown option %s (device, cudnn, fuse, passes, max_bytes)",
+            LMK_ARG_ERROR(L, fn, "unknown option %s (device, cudnn, fuse, passes, kernel_cache, "
+                              "max_bytes)",
                           k ? k : luaL_typename(L, -2));
         }
         lua_pop(L, 1);

@@ -119,6 +119,21 @@ describe("max_bytes", function()
     end)
 end)
 
+describe("compile options", function()
+    it("take booleans where they are switches, and name the known ones otherwise", function()
+        local x = mk.input("x", "float32", { 4 })
+        local y = (x * 2):relu()
+        for _, k in ipairs({ "fuse", "passes", "kernel_cache" }) do
+            local m <close> = mk.compile(y, { [k] = false })
+            assert.are.same({ 2, 0, 4, 0 }, m:run({ x = mk.tensor { 1, -1, 2, -3 } }):totable())
+            E(function() mk.compile(y, { [k] = 1 }) end, "argument error: compile:",
+                "option " .. k .. " must be a boolean")
+        end
+        E(function() mk.compile(y, { cache = false }) end, "argument error: compile:",
+            "unknown option cache (device, cudnn, fuse, passes, kernel_cache, max_bytes)")
+    end)
+end)
+
 describe("memory that cannot be had", function()
     -- 2^49 bytes: more than any x86-64 process can map, whatever the overcommit policy
     local huge = { 1 << 23, 1 << 24 }

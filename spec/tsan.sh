@@ -12,6 +12,8 @@
 BUILD=${1:-build-tsan}
 cd "$(dirname "$0")/.." || exit 2
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+# generated kernels compiled here are cached in a throwaway directory
+export MK_KERNEL_CACHE="${MK_KERNEL_CACHE:-$(mktemp -d)}"
 export TSAN_OPTIONS="halt_on_error=1 exitcode=66 second_deadlock_stack=1 ${TSAN_OPTIONS:-}"
 out=$(mktemp)
 status=0 n=0

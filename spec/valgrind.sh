@@ -5,6 +5,8 @@ BUILD=${1:-build}
 cd "$(dirname "$0")/.." || exit 2
 VG="valgrind -q --suppressions=spec/valgrind.supp --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite"
 status=0
+# generated kernels compiled here are cached in a throwaway directory
+export MK_KERNEL_CACHE="${MK_KERNEL_CACHE:-$(mktemp -d)}"
 for t in "$BUILD"/tests/*; do
     [ -x "$t" ] || continue
     if MK_VALGRIND=1 $VG "$t" > /tmp/mk-vg.out 2>&1; then

@@ -11,11 +11,23 @@
  *                        strided (permuted) operand read through a copy
  *   test_kernel_source   mk_model_kernel_source: each generated launch's CUDA C,
  *                        clear errors for library launches and bad indexes
+ *   test_disk_cache      the cubins kept on disk ($MK_KERNEL_CACHE): read back,
+ *                        broken files replaced, "off", unusable directories
  *
  * Without the plugin (CUDA=0, or none found) the test is skipped with the reason.
  */
 #include "internal.h"
 #include "test.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <time.h>
+
+static double test_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
 
 static const char *const float_unary[] = {"ReLUNode", "SiLUNode", "ExpNode", "TanhNode",
                                           "SigmoidNode", "GELUNode"};
@@ -139,14 +151,105 @@ done:
     mk_context_free(ctx);
 }
 
+/* Files in dir ending in .cubin; the inode of the first in *inode (0 if none). */
+static int cubins(const char *dir, ino_t *inode) {
+    DIR *d = opendir(dir);
+    int n = 0;
+    if (inode) *inode = 0;
+    for (struct dirent *e; d && (e = readdir(d));) {
+        size_t len = strlen(e->d_name);
+        if (len < 6 || strcmp(e->d_name + len - 6, ".cubin")) continue;
+        if (inode && !n) *inode = e->d_ino;
+        n++;
+    }
+    if (d) closedir(d);
+    return n;
+}
+
+/* A model with one fresh pointwise group (its shape drawn: a source no cache has). */
+static mk_model *fresh_group(mk_context *ctx, mk_error **err) {
+    char text[256];
+    snprintf(text, sizeof text,
+             "$1 = InputTensor(x, float32, [%d, 7]);\n$2 = SiLUNode($1);\n"
+             "$3 = HadamardProductNode($2, $1);\nresult = $3;\n",
+             (int)test_randint(1000, 1000000));
+    return mk_compile(ctx, text, NULL, 0, NULL, err);
+}
+
+/* The disk cache: a second check reads the cubin instead of compiling (the file
+ * is not replaced), a broken file is compiled again and replaced, "off" writes
+ * nothing, an unusable directory just means compiling. */
+static void test_disk_cache(void) {
+    char dir[] = "/tmp/mk-kernel-cache-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    setenv("MK_KERNEL_CACHE", dir, 1);
+    mk_error *err = NULL;
+    mk_context *ctx = mk_context_new(&err);
+    mk_model *m = fresh_group(ctx, &err);
+    CHECK(m != NULL, "compile: %s", mk_error_message(err));
+    if (!m) goto done;
+    double t0 = test_now_ms();
+    CHECK(mk_model_check_generated(m, 90, &err) == 1, "cold: %s", mk_error_message(err));
+    double cold = test_now_ms() - t0;
+    ino_t first = 0, again = 0;
+    CHECK(cubins(dir, &first) == 1, "%d cubins after the cold check", cubins(dir, NULL));
+    t0 = test_now_ms();
+    CHECK(mk_model_check_generated(m, 90, &err) == 1, "warm: %s", mk_error_message(err));
+    double warm = test_now_ms() - t0;
+    CHECK(cubins(dir, &again) == 1 && again == first, "the warm check replaced the cubin");
+    printf("#   one kernel: %.1f ms with NVRTC, %.2f ms from the disk cache\n", cold, warm);
+    /* a broken file: compiled again and replaced by a good one */
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (!strstr(e->d_name, ".cubin")) continue;
+        char path[512];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        FILE *f = fopen(path, "wb");
+        if (f) {
+            fputs("not a cubin", f);
+            fclose(f);
+        }
+    }
+    if (d) closedir(d);
+    CHECK(mk_model_check_generated(m, 90, &err) == 1, "after breaking: %s", mk_error_message(err));
+    CHECK(cubins(dir, &again) == 1 && again != first, "the broken cubin was not replaced");
+    mk_model_free(m);
+    /* off: nothing written */
+    setenv("MK_KERNEL_CACHE", "off", 1);
+    m = fresh_group(ctx, &err);
+    CHECK(m && mk_model_check_generated(m, 90, &err) == 1 && cubins(dir, NULL) == 1,
+          "off: %s, %d cubins", mk_error_message(err), cubins(dir, NULL));
+    mk_model_free(m);
+    /* a directory that cannot be made (a file's path below it): compiled all the same */
+    char bad[600];
+    snprintf(bad, sizeof bad, "%s/%s", dir, "file");
+    FILE *f = fopen(bad, "wb");
+    if (f) fclose(f);
+    snprintf(bad + strlen(bad), sizeof bad - strlen(bad), "/below");
+    setenv("MK_KERNEL_CACHE", bad, 1);
+    m = fresh_group(ctx, &err);
+    CHECK(m && mk_model_check_generated(m, 90, &err) == 1, "an unusable directory: %s",
+          mk_error_message(err));
+    mk_model_free(m);
+done:
+    unsetenv("MK_KERNEL_CACHE");
+    mk_error_free(err);
+    mk_context_free(ctx);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) printf("#   could not remove %s\n", dir);
+}
+
 int main(void) {
     char why[512];
     if (!mk_cuda_plugin_get(why, sizeof why)) {
         SKIP(test_random_groups, why);
         SKIP(test_kernel_source, why);
+        SKIP(test_disk_cache, why);
     } else {
         RUN(test_random_groups);
         RUN(test_kernel_source);
+        RUN(test_disk_cache);
     }
     return test_summary("codegen");
 }
