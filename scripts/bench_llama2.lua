@@ -15,8 +15,9 @@
 --
 -- On CUDA it also prints the roofline fraction: (weight bytes + KV-cache bytes
 -- read per token) x tok/s / bandwidth (--bandwidth, default 4300 GB/s, the
--- H200's measured copy bandwidth). The model reads the whole KV cache every
--- step (see lua/moonkaas/llama2/model.lua), so that is what is counted.
+-- H200's measured copy bandwidth). Attention reads the caches' first pos + 1
+-- rows (the attention group, see lua/moonkaas/llama2/model.lua), so a run of
+-- N steps reads (N + 1) / 2 rows of each cache per token on average.
 --
 -- --runomp PATH also runs llama2.c's runomp (built outside the checkout) on
 -- the same files with OMP_NUM_THREADS (--threads, default: all cores), for a
@@ -212,10 +213,11 @@ local function main(argv)
             local tok = assert(llama2.load_tokenizer(tok_path, c.vocab_size))
             local smp = llama2.sampler(c.vocab_size, 0.0, 0.9, 1)
             -- bytes read per token: every weight except the embedding table
-            -- (one row) and the legacy RoPE block, plus both KV caches whole.
+            -- (one row) and the legacy RoPE block, plus the rows of both KV
+            -- caches that attention reads, on average over the run
             local weights = c.file_bytes - 28 - 4 * c.seq_len * c.head_size
                             - (c.shared_classifier and 0 or 4 * c.vocab_size * c.dim)
-            local kv_bytes = 2 * 4 * c.n_layers * c.seq_len * c.kv_dim
+            local kv_bytes = 2 * 4 * c.n_layers * c.kv_dim * (o.steps + 1) / 2
             for _, device in ipairs(devices) do
                 local net = llama2.build(mk, c, {
                     device = device, cudnn = o.cudnn and device == "cuda", greedy = true,
@@ -262,8 +264,8 @@ local function main(argv)
     end
     if not o.keep and not o.dir then os.remove(dir) end
 
-    -- roofline: weights + whole KV caches (what the model reads); weights:
-    -- the weights alone (the floor of a model that reads only pos + 1 rows).
+    -- roofline: weights + the KV rows attention reads (pos + 1 a step);
+    -- weights: the weights alone.
     print(string.format("| %-6s | %-28s | %12s | %8s | %8s |", "shape", "runner", "tok/s", "roofline", "weights"))
     print("|--------|------------------------------|--------------|----------|----------|")
     for _, r in ipairs(rows) do
