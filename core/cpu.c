@@ -694,15 +694,49 @@ static mk_tensor member_tensor(const mk_launch *l, const mk_node *x) {
 /* A matrix–vector group: its members one by one, each by its own kernel, over
  * scratch: the values of the nodes alone, bit for bit. (Fused loops on the CPU
  * are the next step.) */
+/* Member m's launch within group l. */
+static int member_launch(const mk_launch *l, const mk_node *m, mk_launch *s, mk_error **err) {
+    *s = (mk_launch){.node = m, .index = l->index, .n_in = m->n_in, .out = member_tensor(l, m),
+                     .dev = l->dev};
+    for (int k = 0; k < m->n_in; k++) s->in[k] = member_tensor(l, m->in[k]);
+    return mk_launch_operands(s, err);
+}
+
+/*
+ * Decode attention: its three members over the first p cached rows only. The
+ * scores past p are read by nobody (the prefix product stops at p), so the
+ * scores [B, m, p] are computed alone, softmaxed whole, and multiplied with
+ * V's first p rows: the values of the members over the whole cache, bit for
+ * bit (each score is its own dot product), at a cost that grows with p.
+ */
+static int cpu_attention(const mk_launch *l, mk_error **err) {
+    const mk_product_group *pg = l->node->prod;
+    const mk_node *scores = pg->members[0], *softmax = pg->members[1], *product = pg->members[2];
+    mk_launch s, x, y;
+    if (member_launch(l, scores, &s, err) || member_launch(l, softmax, &x, err) ||
+        member_launch(l, product, &y, err))
+        return -1;
+    int64_t S = s.out.shape[2], p = read_i64(&x.in[1]);
+    if (p < 0 || p > S) return mk_fault(err, softmax, MK_FAULT_PREFIX, p, S, 0);
+    if (p > 0) {
+        s.in[1].shape[2] = p; /* Kt's first p columns */
+        s.out.shape[2] = p;   /* the scores, dense [B, m, p] in their scratch */
+        mk_contiguous_strides(3, s.out.shape, s.out.stride);
+        x.in[0] = x.out = s.out;
+        if (cpu_matmul(&s, err) || cpu_sliced_softmax(&x, err)) return -1;
+    }
+    y.in[0] = s.out;
+    return cpu_prefix_matmul(&y, err);
+}
+
 static int cpu_product(const mk_launch *l, mk_error **err) {
     const mk_product_group *pg = l->node->prod;
+    if (pg->kind == MK_PRODUCT_ATTENTION) return cpu_attention(l, err);
     for (int t = 0; t < pg->n_members; t++) {
         const mk_node *m = pg->members[t];
         if (m->storage == MK_STORAGE_VIEW && m->op->role != MK_ROLE_INPLACE) continue;
-        mk_launch s = {.node = m, .index = l->index, .n_in = m->n_in,
-                       .out = member_tensor(l, m), .dev = l->dev};
-        for (int k = 0; k < m->n_in; k++) s.in[k] = member_tensor(l, m->in[k]);
-        if (mk_launch_operands(&s, err) || cpu_kernels[m->op->kernel].fn(&s, err)) return -1;
+        mk_launch s;
+        if (member_launch(l, m, &s, err) || cpu_kernels[m->op->kernel].fn(&s, err)) return -1;
     }
     return 0;
 }

@@ -13,7 +13,9 @@
  * positions:
  *
  *   - on the CPU, the grouped model equals the model without groups bit for
- *     bit (the CPU runs a group's members with their own kernels);
+ *     bit (the CPU runs a group's members with their own kernels); attention
+ *     groups to 1e-5 (the CPU scores only the first p rows, and BLAS may sum
+ *     that narrower product in another order than the whole cache's);
  *   - every group's CUDA kernel compiles with NVRTC for sm_80 and sm_90 (no
  *     GPU needed: CI checks the generator);
  *   - on a GPU, the grouped CUDA model agrees with the CPU's (float32 sums in
@@ -43,6 +45,7 @@ typedef struct {
     char text[16384];
     int at, next_id;
     /* inputs to feed: name, dtype, elements */
+    bool attention; /* a decode attention graph (random_attention) */
     int64_t rows;  /* positions: pos in [first_pos, rows), pos1 = pos + 1 */
     int64_t first_pos;
     int n_in;
@@ -210,6 +213,7 @@ static void random_attention(script *s) {
     int64_t B = test_randint(1, 6), m = test_randint(0, 5) ? test_randint(1, 8) : 9;
     int64_t d = test_randint(1, 130), n = test_randint(1, 140), S = test_randint(1, 300);
     s->rows = S;
+    s->attention = true;
     s->first_pos = -1; /* pos1 = 0: an empty prefix */
     int q = INPUT(s, MK_DTYPE_FLOAT32, B, m, d);
     INPUT(s, MK_DTYPE_INT64, 1);
@@ -297,8 +301,16 @@ static void test_random_products(void) {
                 fill_inputs(s, data, named, pos, pos + 1);
                 float a[8], b[8], c[8];
                 if (!run(fused, named, s->n_in, a, s) || !run(plain, named, s->n_in, b, s)) break;
-                CHECK(!memcmp(a, b, sizeof a), "grouped %g, alone %g (evaluation %d)\n%s",
-                      (double)a[0], (double)b[0], e, mk_model_script(fused));
+                if (!s->attention) {
+                    CHECK(!memcmp(a, b, sizeof a), "grouped %g, alone %g (evaluation %d)\n%s",
+                          (double)a[0], (double)b[0], e, mk_model_script(fused));
+                } else { /* scores over p rows, not S: BLAS may sum a narrower product otherwise */
+                    double big = 1.0;
+                    for (int i = 0; i < 8; i++) big = fmax(big, fabs((double)b[i]));
+                    for (int i = 0; i < 8 && !test_cur_failed; i++)
+                        CHECK(fabs((double)a[i] - b[i]) <= 1e-5 * big, "grouped %g, alone %g at %d\n%s",
+                              (double)a[i], (double)b[i], i, mk_model_script(fused));
+                }
                 if (!cuda || !run(cuda, named, s->n_in, c, s)) continue;
                 double scale = 1.0;
                 for (int i = 0; i < 8; i++) scale = fmax(scale, fabs((double)a[i]));
