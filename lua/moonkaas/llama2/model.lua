@@ -23,8 +23,8 @@
 -- The attention reads the caches' first pos1 rows: the softmax leaves the
 -- later columns out and the product with V stops at pos1 (matmul_prefix), so
 -- rows past pos never count, whatever they hold. The scores are computed over
--- the whole cache where each node runs alone; the attention group (CUDA)
--- computes only the first pos1.
+-- the whole cache where each node runs alone (fuse = false); the attention
+-- group (on either device) computes only the first pos1.
 --
 -- RoPE: the table [seq_len, head_size] holds (cos, sin) pairs computed as
 -- run.c does in float32: freq = 1 / 10000^(i / head_size) for even i,
@@ -176,8 +176,8 @@ function Transformer:compile()
                            (M.clock() - t0) * 1000))
 end
 
--- Starts a new generation: the KV caches must be zero past the position of
--- every step (see the header), so their buffers are zeroed.
+-- Starts a new generation: the KV caches' buffers are zeroed (rows past pos
+-- never count, see the header; a fresh start keeps every generation alike).
 function Transformer:reset()
     self.model:reset()
 end
