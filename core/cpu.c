@@ -1,6 +1,8 @@
 /*
  * cpu.c — the CPU device: one kernel per kernel family (plain C, OpenMP,
- * CBLAS) and the device table model.c evaluates through.
+ * CBLAS) and the device table model.c evaluates through. Long because it is
+ * every CPU kernel in one place, sharing the strided walk, the tiling and the
+ * matrix-product helpers; the groups' runners at the end reuse the kernels.
  *
  * Every kernel receives a launch bound once at compile time (addresses are
  * final) whose dtypes model.c has checked against the table at the bottom.

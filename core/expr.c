@@ -192,3 +192,20 @@ int mk_expr_compile(const char *src, mk_expr *out, mk_error **err) {
     mk_expr_tidy(out);
     return 0;
 }
+
+bool mk_expr_append(mk_expr *e, const mk_expr *p, const int *operands, int *result) {
+    if (e->n + p->n > MK_EXPR_MAX) return false;
+    int map[MK_X_IN + MK_EXPR_MAX];
+    for (int k = 0; k < MK_X_IN; k++) map[k] = k < p->n_in ? operands[k] : 0;
+    for (int j = 0; j < p->n; j++) {
+        mk_xinsn in = p->insn[j];
+        in.x = (unsigned char)map[in.x];
+        in.y = (unsigned char)map[in.y];
+        in.z = (unsigned char)map[in.z];
+        map[MK_X_IN + j] = MK_X_IN + e->n;
+        e->insn[e->n++] = in;
+    }
+    e->has_float_only = e->has_float_only || p->has_float_only;
+    *result = MK_X_IN + e->n - 1;
+    return true;
+}

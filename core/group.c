@@ -66,20 +66,10 @@ static bool compose(group *gr, int limit) {
     for (int i = 0; i < gr->n_members; i++) {
         const mk_node *m = gr->members[i];
         const mk_expr *p = mk_op_program(m->op);
-        int map[MK_X_IN + MK_EXPR_MAX];
+        int operands[MK_X_IN];
         for (int k = 0; k < m->n_in; k++)
-            if ((map[k] = register_of(gr, result, m->in[k], limit)) < 0) return false;
-        if (e->n + p->n > MK_EXPR_MAX) return false;
-        for (int j = 0; j < p->n; j++) {
-            mk_xinsn in = p->insn[j];
-            in.x = (unsigned char)map[in.x];
-            in.y = (unsigned char)map[in.y];
-            in.z = (unsigned char)map[in.z];
-            map[MK_X_IN + j] = MK_X_IN + e->n;
-            e->insn[e->n++] = in;
-        }
-        e->has_float_only = e->has_float_only || p->has_float_only;
-        result[i] = MK_X_IN + e->n - 1;
+            if ((operands[k] = register_of(gr, result, m->in[k], limit)) < 0) return false;
+        if (!mk_expr_append(e, p, operands, &result[i])) return false;
     }
     /* The root's result must be the last instruction: it is (members in order). */
     e->n_in = gr->n_in;

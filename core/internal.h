@@ -228,6 +228,10 @@ int mk_expr_compile(const char *src, mk_expr *out, mk_error **err);
 /* Without changing a result bit: equal constants share a register, x > y ? x : y
  * becomes MK_X_MAX, dead instructions go (mk_expr_compile and fused groups). */
 void mk_expr_tidy(mk_expr *e);
+/* Appends program p to e, p's operand k read from e's register operands[k];
+ * *result is e's register of p's result. False (e unchanged) when e would
+ * pass MK_EXPR_MAX. How groups compose their members' programs. */
+bool mk_expr_append(mk_expr *e, const mk_expr *p, const int *operands, int *result);
 
 /* What a pointwise group node computes: its members' expressions as one
  * program over its operands (in[k] is register k). The root stays in the graph

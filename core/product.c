@@ -252,26 +252,17 @@ static bool describe(cand *c, const chain *ch, mk_product_out *o) {
         }
         if (is_pointwise(m)) {
             const mk_expr *p = program_of(m);
-            int map[MK_X_IN + MK_EXPR_MAX];
+            int operands[MK_X_IN];
             for (int k = 0; k < m->n_in; k++) {
                 const mk_node *x = computed(c, m->in[k]);
-                map[k] = -1;
+                operands[k] = -1;
                 for (int q = 0; q < n_result; q++)
-                    if (result[q] == x) map[k] = reg[q];
-                if (map[k] < 0 && (map[k] = source_of(c, o, m->in[k], m)) < 0) return false;
+                    if (result[q] == x) operands[k] = reg[q];
+                if (operands[k] < 0 && (operands[k] = source_of(c, o, m->in[k], m)) < 0)
+                    return false;
             }
-            if (e->n + p->n > MK_EXPR_MAX) return false;
-            for (int j = 0; j < p->n; j++) {
-                mk_xinsn in = p->insn[j];
-                in.x = (unsigned char)map[in.x];
-                in.y = (unsigned char)map[in.y];
-                in.z = (unsigned char)map[in.z];
-                map[MK_X_IN + j] = MK_X_IN + e->n;
-                e->insn[e->n++] = in;
-            }
-            e->has_float_only = e->has_float_only || p->has_float_only;
-            result[n_result] = m;
-            reg[n_result++] = MK_X_IN + e->n - 1;
+            if (!mk_expr_append(e, p, operands, &reg[n_result])) return false;
+            result[n_result++] = m;
             continue;
         }
         if (m->op->kernel == MK_KERNEL_COMPLEX_MUL) {

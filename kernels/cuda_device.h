@@ -193,6 +193,11 @@ int mk_cuda_pointwise(const mk_launch *l, mk_error **err);      /* pointwise.cu 
 /* generated.cu: writes and compiles (NVRTC) the kernel of every group (pointwise
  * or matrix–vector) among the launches, into s->generated, before the capture;
  * then runs one. */
+/* codegen.cu: the CUDA C of a group's launch, its device scratch (bytes, zero
+ * between launches) and its grid. */
+void mk_cuda_group_source(mk_strbuf *b, const mk_launch *l);
+size_t mk_cuda_group_aux_bytes(const mk_product_group *pg);
+void mk_cuda_group_grid(const mk_product_group *pg, unsigned int *blocks, unsigned int *threads);
 int mk_cuda_generate(mk_cuda_state *s, const mk_launch *launches, int n, const mk_host *host,
                      mk_error **err);
 int mk_cuda_pointwise_generated(const mk_launch *l, mk_error **err);

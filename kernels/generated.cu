@@ -1,21 +1,12 @@
 /*
- * generated.cu — CUDA C written for each pointwise group (core/group.c),
- * compiled with NVRTC when the model is compiled, loaded with the runtime's
- * library API and launched like any kernel (so it is a node of the model's
- * CUDA graph).
- *
- * One group, one kernel: the group's program (an mk_expr over up to MK_X_IN
- * operands) becomes straight-line code, each operand's offsets are computed
- * from the launch's walk (shapes and strides baked in as constants), and each
- * thread does elements e, e + the grid, .... Arithmetic is what the
- * interpreter does (pointwise.cu): __fadd_rn and friends, one rounding per
- * operation, never contracted; expf and tanhf are CUDA's. So a group gives the
- * bits of one launch per node, on this device and the CPU alike.
+ * generated.cu — the kernels codegen.cu writes for each group: compiled with
+ * NVRTC when the model is compiled, loaded with the runtime's library API and
+ * launched like any kernel (so each is a node of the model's CUDA graph).
  *
  * Kernels are kept for the process, by the hash of their source and the
  * device's architecture: identical layers (same shapes, same program) compile
- * once, whatever the model or context. Compiling happens in prepare, before
- * the graph is captured.
+ * once, whatever the model or context; and on disk, so a second process skips
+ * NVRTC. Compiling happens in prepare, before the graph is captured.
  */
 #include "cuda_device.h"
 
@@ -27,577 +18,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-/* ---- source ----------------------------------------------------------------- */
-
-/*
- * Programmatic dependent launch (sm_90 and later): every generated kernel
- * lets the next launch be scheduled as soon as its own blocks have started
- * (launch_dependents), and waits for the launches before it to finish before
- * it reads what they wrote (wait). A matrix–vector warp first asks L2 for its
- * weight columns, which no launch writes, so they stream in while the kernel
- * before it finishes. Launched with the attribute only where the device has
- * them (mk_cuda_launch_generated); elsewhere the instructions are left out.
- */
-#define MK_PDL_START "#if __CUDA_ARCH__ >= 900\n    asm volatile(\"griddepcontrol.launch_dependents;\");\n#endif\n"
-#define MK_PDL_WAIT "#if __CUDA_ARCH__ >= 900\n    asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n#endif\n"
-
-/* Instruction j of e as CUDA C: "const T rK = ...;". */
-static void put_insn(mk_strbuf *b, const mk_expr *e, int j, bool f32) {
-    const mk_xinsn *in = &e->insn[j];
-    char x[8], y[8], z[8];
-    snprintf(x, sizeof x, "r%d", in->x);
-    snprintf(y, sizeof y, "r%d", in->y);
-    snprintf(z, sizeof z, "r%d", in->z);
-    const char *T = f32 ? "float" : "long long";
-    const char *U = "(unsigned long long)";
-    mk_strbuf_put(b, "        const %s r%d = ", T, MK_X_IN + j);
-    switch ((mk_xop)in->op) {
-    case MK_X_CONST: mk_strbuf_put(b, "(%s)%a", T, in->k); break; /* the CPU's (T)k */
-    case MK_X_NEG:
-        if (f32) mk_strbuf_put(b, "-%s", x);
-        else mk_strbuf_put(b, "(long long)(0ull - %s%s)", U, x);
-        break;
-    case MK_X_EXP: mk_strbuf_put(b, f32 ? "expf(%s)" : "%s", x); break;
-    case MK_X_TANH: mk_strbuf_put(b, f32 ? "tanhf(%s)" : "%s", x); break;
-    case MK_X_SQRT: mk_strbuf_put(b, f32 ? "__fsqrt_rn(%s)" : "%s", x); break;
-    case MK_X_ADD:
-        if (f32) mk_strbuf_put(b, "__fadd_rn(%s, %s)", x, y);
-        else mk_strbuf_put(b, "(long long)(%s%s + %s%s)", U, x, U, y);
-        break;
-    case MK_X_SUB:
-        if (f32) mk_strbuf_put(b, "__fsub_rn(%s, %s)", x, y);
-        else mk_strbuf_put(b, "(long long)(%s%s - %s%s)", U, x, U, y);
-        break;
-    case MK_X_MUL:
-        if (f32) mk_strbuf_put(b, "__fmul_rn(%s, %s)", x, y);
-        else mk_strbuf_put(b, "(long long)(%s%s * %s%s)", U, x, U, y);
-        break;
-    case MK_X_DIV: mk_strbuf_put(b, f32 ? "__fdiv_rn(%s, %s)" : "%s", x, y); break;
-    case MK_X_GT: mk_strbuf_put(b, "(%s > %s ? (%s)1 : (%s)0)", x, y, T, T); break;
-    case MK_X_LT: mk_strbuf_put(b, "(%s < %s ? (%s)1 : (%s)0)", x, y, T, T); break;
-    case MK_X_SELECT: mk_strbuf_put(b, "(%s != (%s)0 ? %s : %s)", x, T, y, z); break;
-    case MK_X_MAX: mk_strbuf_put(b, "(%s > %s ? %s : %s)", x, y, x, y); break;
-    }
-    mk_strbuf_put(b, ";\n");
-}
-
-/* The kernel of launch l: out (contiguous) = program(in[0], ..., in[n - 1]). */
-static void put_source(mk_strbuf *b, const mk_launch *l) {
-    const mk_expr *e = l->expr;
-    bool f32 = l->out.dtype == MK_DTYPE_FLOAT32;
-    const char *T = f32 ? "float" : "long long";
-    const int64_t *strides[MK_WALK_MAX];
-    for (int k = 0; k < l->n_in; k++) strides[k] = l->in[k].stride;
-    mk_walk w;
-    mk_walk_init(&w, l->out.rank, l->out.shape, l->n_in, strides);
-    mk_strbuf_put(b, "// moonkaas pointwise group: %s $%d, %d operands, %d instructions\n",
-                  l->node->op->name, l->node->id, l->n_in, e->n);
-    mk_strbuf_put(b, "extern \"C\" __global__ void __launch_bounds__(%d)\nmk_pointwise(%s *__restrict__ o",
-                  MK_CUDA_BLOCK, T);
-    for (int k = 0; k < l->n_in; k++) mk_strbuf_put(b, ", const %s *__restrict__ i%d", T, k);
-    mk_strbuf_put(b, ", long long n) {\n" MK_PDL_START MK_PDL_WAIT);
-    mk_strbuf_put(b, "    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < n;\n"
-                     "         e += (long long)gridDim.x * blockDim.x) {\n");
-    /* offsets: e unravelled over the walk's dims, last first */
-    for (int k = 0; k < l->n_in; k++) mk_strbuf_put(b, "        long long p%d = 0;\n", k);
-    mk_strbuf_put(b, "        long long rest = e, q;\n");
-    for (int d = w.rank - 1; d >= 0; d--) {
-        mk_strbuf_put(b, "        q = rest %% %lldLL; rest /= %lldLL;", (long long)w.shape[d],
-                      (long long)w.shape[d]);
-        for (int k = 0; k < l->n_in; k++)
-            if (w.stride[k][d]) mk_strbuf_put(b, " p%d += q * %lldLL;", k, (long long)w.stride[k][d]);
-        mk_strbuf_put(b, "\n");
-    }
-    mk_strbuf_put(b, "        (void)q; (void)rest;\n");
-    for (int k = 0; k < e->n_in; k++)
-        mk_strbuf_put(b, "        const %s r%d = i%d[p%d];\n", T, k, k, k);
-    for (int j = 0; j < e->n; j++) put_insn(b, e, j, f32);
-    mk_strbuf_put(b, "        o[e] = r%d;\n    }\n}\n", MK_X_IN + e->n - 1);
-}
-
-/* ---- matrix–vector groups ---------------------------------------------------- */
-
-/* "long long VAR = offset of element E of t read as (rank, shape)": e unravelled
- * over the shape, t broadcast onto it (dims of size 1 repeat). */
-static void put_offset(mk_strbuf *b, const char *var, const char *e, const mk_tensor *t,
-                       int rank, const int64_t *shape) {
-    mk_tensor like = {.rank = rank};
-    memcpy(like.shape, shape, sizeof like.shape);
-    mk_tensor bt = mk_tensor_broadcast(t, &like);
-    mk_walk w = mk_cuda_walk1(rank, shape, bt.stride);
-    mk_strbuf_put(b, "            long long %s = 0;\n            { long long rest = %s, q;", var, e);
-    for (int d = w.rank - 1; d >= 0; d--) {
-        mk_strbuf_put(b, " q = rest %% %lldLL; rest /= %lldLL;", (long long)w.shape[d],
-                      (long long)w.shape[d]);
-        if (w.stride[0][d]) mk_strbuf_put(b, " %s += q * %lldLL;", var, (long long)w.stride[0][d]);
-    }
-    mk_strbuf_put(b, " (void)q; (void)rest; }\n");
-}
-
-static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
-
-/* The fault record (mk_cuda_fault) and how a generated kernel raises one. */
-static void put_fault(mk_strbuf *b) {
-    mk_strbuf_put(b, "struct mk_fault_rec { unsigned int flag; int launch; int kind; int which; long long value[3]; };\n"
-                     "static __device__ void mk_raise(mk_fault_rec *f, int launch, int which, int kind,\n"
-                     "                                long long v0, long long v1, long long v2) {\n"
-                     "    if (atomicCAS(&f->flag, 0u, 1u) == 0u) {\n"
-                     "        f->launch = launch; f->kind = kind; f->which = which;\n"
-                     "        f->value[0] = v0; f->value[1] = v1; f->value[2] = v2;\n"
-                     "    }\n}\n");
-}
-
-/* Bytes of a matrix–vector group's device scratch: per ArgMax result, the best
- * key of each row and a count (zero between launches); 0 without one. */
-static long long argmax_aux_offset(const mk_product_group *pg, int o) {
-    long long at = 0;
-    for (int k = 0; k < o; k++)
-        if (pg->out[k].argmax) at += 8 * pg->m + 8;
-    return at;
-}
-
-/* The column stride of the weight that source s of result r reads. */
-static long long ldb_of(const mk_launch *l, const mk_product_group *pg, const mk_product_out *r,
-                        int s) {
-    return (long long)l->in[pg->b[r->src[s].product]].stride[1];
-}
-
-/* Warps per column pair (1, 2, 4 or 8), splitting k: enough warps in flight
- * to read the weights at full bandwidth when the columns are few (a layer's
- * [768, 768] has 384 pairs, 132 SMs want thousands of warps), none idle. */
-static int product_slices(const mk_product_group *pg) {
-    long long pairs = 0;
-    for (int o = 0; o < pg->n_outs; o++) pairs += pg->out[o].n / 2;
-    int W = 1;
-    while (W < 8 && pairs * W < 2048 && pg->k >= 128LL * 2 * W) W *= 2;
-    return W;
-}
-
-/* Result o's index among the group's ArgMax results. */
-static int argmax_slot(const mk_product_group *pg, int o) {
-    int slot = 0;
-    for (int k = 0; k < o; k++) slot += pg->out[k].argmax;
-    return slot;
-}
-
-/*
- * The end of a kernel with ArgMax results: after a barrier, thread 0 of each
- * block holding warps of such a result merges the block's best keys into the
- * launch's (device scratch), and the last of those blocks to finish writes
- * each row's column and clears the keys and the count for the next launch.
- */
-static void put_argmax_blocks(mk_strbuf *b, const mk_product_group *pg) {
-    int M = (int)pg->m;
-    mk_strbuf_put(b, "    __syncthreads();\n    if (threadIdx.x != 0) return;\n");
-    long long start = 0;
-    for (int o = 0; o < pg->n_outs; o++) {
-        const mk_product_out *r = &pg->out[o];
-        long long per = 8 / product_slices(pg); /* column pairs a block holds */
-        long long pairs = r->n / 2, first = start / per, last = (start + pairs - 1) / per;
-        start += pairs;
-        if (!r->argmax) continue;
-        mk_strbuf_put(b, "    if (blockIdx.x >= %lldu && blockIdx.x <= %lldu) {\n"
-                         "        unsigned long long *best = (unsigned long long *)((char *)aux + %lldLL);\n"
-                         "        unsigned int *done = (unsigned int *)(best + %d);\n"
-                         "        for (int m = 0; m < %d; m++) atomicMax(&best[m], sbest[%d + m]);\n"
-                         "        __threadfence();\n"
-                         "        if (atomicAdd(done, 1u) == %lldu) {\n"
-                         "            __threadfence();\n"
-                         "            long long *dst = (long long *)(o + %lldLL);\n"
-                         "            for (int m = 0; m < %d; m++)\n"
-                         "                dst[m] = (long long)(0xffffffffu - (unsigned int)(atomicExch(&best[m], 0ull) & 0xffffffffull));\n"
-                         "            atomicExch(done, 0u);\n"
-                         "        }\n"
-                         "    }\n",
-                      first, last, argmax_aux_offset(pg, o), M, M, argmax_slot(pg, o) * M,
-                      last - first, (long long)r->offset, M);
-    }
-}
-
-/* Result o's code for the column pair of warp index `p` (local to o). */
-static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int o,
-                       bool vec, int W, int phase) {
-    const mk_product_out *r = &pg->out[o];
-    int which = 1; /* the faulting member for the error: the row write */
-    while (which < pg->n_members && pg->members[which - 1] != r->end) which++;
-    int M = (int)pg->m;
-    long long K = (long long)pg->k, N = (long long)r->n;
-    int prods[MK_X_IN], np = 0; /* the products it reads, as sources */
-    for (int s = 0; s < r->n_src; s++)
-        if (r->src[s].product >= 0) prods[np++] = s;
-    mk_strbuf_put(b, "        const long long n0 = 2 * p;\n");
-    mk_strbuf_put(b, "        float acc[%d][2][%d];\n", M, np);
-    if (phase == 2) { /* the slices' sums: this warp's and the next W - 1's */
-        mk_strbuf_put(b, "        if (slice != 0 || lane != 0) break;\n");
-        if (pg->norm_w >= 0) mk_strbuf_put(b, "        float ss[%d] = {0.0f};\n", M);
-        mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) for (int c = 0; c < 2; c++) for (int j = 0; j < %d; j++) {\n"
-                         "            float t = 0.0f;\n"
-                         "            for (int w = 0; w < %d; w++) t += red[wib + w][(m * 2 + c) * %d + j];\n"
-                         "            acc[m][c][j] = t;\n"
-                         "        }\n",
-                      M, np, W, np);
-        if (pg->norm_w >= 0)
-            mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) for (int w = 0; w < %d; w++) ss[m] += red[wib + w][%d + m];\n",
-                          M, W, M * 2 * np);
-    } else {
-    mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) for (int c = 0; c < 2; c++) for (int j = 0; j < %d; j++) acc[m][c][j] = 0.0f;\n", M, np);
-    for (int j = 0; j < np; j++) {
-        int bk = pg->b[r->src[prods[j]].product];
-        mk_strbuf_put(b, "        const float *B%d = (const float *)i%d + n0 * %lldLL;\n", j, bk,
-                      (long long)l->in[bk].stride[1]);
-    }
-    /* the weight columns to L2 (a line per lane per step), then wait for the launches before */
-    for (int j = 0; j < np; j++)
-        for (int c = 0; c < 2; c++)
-            mk_strbuf_put(b, "        for (long long k = 32 * (lane + 32 * slice); k < %lldLL; k += %d) "
-                             "asm volatile(\"prefetch.global.L2 [%%0];\" :: \"l\"(B%d + %lldLL + k));\n",
-                          K, 1024 * W, j, c * ldb_of(l, pg, r, prods[j]));
-    mk_strbuf_put(b, MK_PDL_WAIT);
-    const char *T = vec ? "float4" : "float";
-    if (pg->norm_w >= 0) mk_strbuf_put(b, "        float ss[%d] = {0.0f};\n", M);
-    mk_strbuf_put(b, "#pragma unroll 4\n        for (long long k = %s; k < %lldLL; k += %d) {\n",
-                  vec ? "4 * (lane + 32 * slice)" : "lane + 32 * slice", K, (vec ? 128 : 32) * W);
-    long long ldb0 = 0;
-    for (int j = 0; j < np; j++) {
-        int bk = pg->b[r->src[prods[j]].product];
-        ldb0 = l->in[bk].stride[1];
-        for (int c = 0; c < 2; c++)
-            mk_strbuf_put(b, "            const %s b%d_%d = *(const %s *)(B%d + %lldLL + k);\n", T, j,
-                          c, T, j, c * ldb0);
-    }
-    for (int m = 0; m < M; m++) {
-        mk_strbuf_put(b, "            %s a%d = *(const %s *)(A + %lldLL + k);\n", T, m, T, m * K);
-        if (pg->norm_w >= 0) { /* x's squares, and w * x (1 / rms applied after the sum) */
-            mk_strbuf_put(b, "            { const %s w = *(const %s *)(W + k);", T, T);
-            if (vec)
-                mk_strbuf_put(b, " ss[%d] += a%d.x * a%d.x + a%d.y * a%d.y + a%d.z * a%d.z + a%d.w * a%d.w;"
-                                 " a%d.x *= w.x; a%d.y *= w.y; a%d.z *= w.z; a%d.w *= w.w; }\n",
-                              m, m, m, m, m, m, m, m, m, m, m, m, m);
-            else
-                mk_strbuf_put(b, " ss[%d] += a%d * a%d; a%d *= w; }\n", m, m, m, m);
-        }
-        for (int j = 0; j < np; j++)
-            for (int c = 0; c < 2; c++) {
-                if (vec)
-                    mk_strbuf_put(b, "            acc[%d][%d][%d] += a%d.x * b%d_%d.x + a%d.y * b%d_%d.y"
-                                     " + a%d.z * b%d_%d.z + a%d.w * b%d_%d.w;\n",
-                                  m, c, j, m, j, c, m, j, c, m, j, c, m, j, c);
-                else
-                    mk_strbuf_put(b, "            acc[%d][%d][%d] += a%d * b%d_%d;\n", m, c, j, m, j, c);
-            }
-    }
-    mk_strbuf_put(b, "        }\n");
-    mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) for (int c = 0; c < 2; c++) for (int j = 0; j < %d; j++)\n"
-                     "            for (int off = 16; off > 0; off >>= 1) acc[m][c][j] += __shfl_xor_sync(0xffffffffu, acc[m][c][j], off);\n",
-                  M, np);
-    if (pg->norm_w >= 0)
-        mk_strbuf_put(b, "        for (int m = 0; m < %d; m++)\n"
-                         "            for (int off = 16; off > 0; off >>= 1) ss[m] += __shfl_xor_sync(0xffffffffu, ss[m], off);\n",
-                      M);
-    if (phase == 1) { /* hand the slice's sums over; the first slice finishes after the barrier */
-        mk_strbuf_put(b, "        if (lane == 0) {\n"
-                         "            for (int m = 0; m < %d; m++) for (int c = 0; c < 2; c++) for (int j = 0; j < %d; j++)\n"
-                         "                red[wib + slice][(m * 2 + c) * %d + j] = acc[m][c][j];\n",
-                      M, np, np);
-        if (pg->norm_w >= 0)
-            mk_strbuf_put(b, "            for (int m = 0; m < %d; m++) red[wib + slice][%d + m] = ss[m];\n",
-                          M, M * 2 * np);
-        mk_strbuf_put(b, "        }\n");
-        return;
-    }
-    }
-    if (pg->norm_w >= 0) /* the RmsNorm: the warp (or its slices) read all of x: the sum is here */
-        mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) {\n"
-                         "            const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss[m], (float)%lldLL), 1e-5f)));\n"
-                         "            for (int c = 0; c < 2; c++) for (int j = 0; j < %d; j++) acc[m][c][j] *= inv;\n"
-                         "        }\n",
-                      M, K, np);
-    /* lane 0 writes; no thread returns early (a block with an ArgMax result
-     * meets at a barrier at the end); a fault leaves the do-while */
-    mk_strbuf_put(b, phase == 2 ? "        do {\n" : "        if (lane == 0) do {\n");
-    if (r->row_x >= 0) { /* the bounds, checked as the CPU's ReplaceSlice checks them */
-        const mk_tensor *x = &l->in[r->row_x];
-        long long rows = x->shape[0];
-        mk_strbuf_put(b, "        const long long begin = *(const long long *)i%d, end = *(const long long *)i%d;\n",
-                      r->row_begin, r->row_end);
-        mk_strbuf_put(b, "        if (begin < 0 || end > %lldLL || begin > end) { mk_raise(fault, launch, %d, %d, begin, end, %lldLL); break; }\n",
-                      rows, which, (int)MK_FAULT_RANGE, rows);
-        mk_strbuf_put(b, "        if (end - begin != %lldLL) { mk_raise(fault, launch, %d, %d, begin, end, %lldLL); break; }\n",
-                      (long long)r->row_count, which, (int)MK_FAULT_ROWS, (long long)r->row_count);
-        mk_strbuf_put(b, "        float *dst = (float *)i%d + begin * %lldLL;\n", r->row_x,
-                      (long long)(mk_tensor_numel(x) / rows));
-    } else {
-        mk_strbuf_put(b, "        float *dst = o + %lldLL;\n", (long long)r->offset);
-    }
-    mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) {\n            float v[2];\n", M);
-    mk_strbuf_put(b, "            for (int c = 0; c < 2; c++) {\n");
-    mk_strbuf_put(b, "            const long long e = m * %lldLL + n0 + c;\n", N);
-    for (int s = 0; s < r->n_src; s++) {
-        const mk_product_source *src = &r->src[s];
-        if (src->product >= 0) {
-            int j = 0;
-            while (prods[j] != s) j++;
-            mk_strbuf_put(b, "            const float r%d = acc[m][c][%d];\n", s, j);
-        } else {
-            char var[16];
-            snprintf(var, sizeof var, "p%d", s);
-            put_offset(b, var, "e", &l->in[src->in], src->rank, src->shape);
-            mk_strbuf_put(b, "            const float r%d = ((const float *)i%d)[p%d];\n", s, src->in, s);
-        }
-    }
-    const mk_expr *e = &r->program;
-    for (int j = 0; j < e->n; j++) put_insn(b, e, j, true);
-    mk_strbuf_put(b, "            v[c] = r%d;\n            }\n", e->n ? MK_X_IN + e->n - 1 : 0);
-    mk_strbuf_put(b, "            const long long e0 = m * %lldLL + n0;\n", N);
-    if (r->rotate >= 0) { /* (re, im) * (cr, ci), rounded as the complex product's kernel */
-        put_offset(b, "q0", "e0", &l->in[r->rotate], r->rotate_rank, r->rotate_shape);
-        put_offset(b, "q1", "e0 + 1", &l->in[r->rotate], r->rotate_rank, r->rotate_shape);
-        mk_strbuf_put(b, "            const float cr = ((const float *)i%d)[q0], ci = ((const float *)i%d)[q1];\n"
-                         "            const float re = __fsub_rn(__fmul_rn(v[0], cr), __fmul_rn(v[1], ci));\n"
-                         "            const float im = __fadd_rn(__fmul_rn(v[0], ci), __fmul_rn(v[1], cr));\n"
-                         "            v[0] = re; v[1] = im;\n",
-                      r->rotate, r->rotate);
-    }
-    if (!r->argmax) {
-        mk_strbuf_put(b, "            dst[e0] = v[0]; dst[e0 + 1] = v[1];\n        }\n        } while (0);\n");
-        return;
-    }
-    /* ArgMax: the largest key wins, first in the block's shared memory (see
-     * put_argmax_blocks). A key orders the values (the float's bits flipped to
-     * an unsigned order, -0 as +0), then the lower column; a NaN never wins,
-     * except in column 0 where it always does: the CPU's strict comparison
-     * from x[0] gives the same. */
-    mk_strbuf_put(b, "            for (int c = 0; c < 2; c++) {\n"
-                     "                const float x = __fadd_rn(v[c], 0.0f);\n"
-                     "                const unsigned int bits = __float_as_uint(x), col = (unsigned int)(n0 + c);\n"
-                     "                const unsigned int ord = x != x ? (col == 0 ? 0xffffffffu : 0u)\n"
-                     "                                       : (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);\n"
-                     "                atomicMax(&sbest[%d + m], ((unsigned long long)ord << 32) | (0xffffffffu - col));\n"
-                     "            }\n"
-                     "        }\n"
-                     "        } while (0);\n",
-                  argmax_slot(pg, o) * M);
-}
-
-/* The kernel of a matrix–vector group's launch: one warp per column pair of a
- * result (every row of A), 8 warps a block, each on its own: a warp reads all
- * of A, so it sums the RmsNorm's squares of x in the same loop and scales its
- * dot products of w * x by 1 / rms at the end (no block-wide step). */
-static void put_product_source(mk_strbuf *b, const mk_launch *l) {
-    const mk_product_group *pg = l->node->prod;
-    int M = (int)pg->m;
-    long long K = (long long)pg->k;
-    /* float4 loads where every row of A, the weight and each B column is 16-byte aligned */
-    bool vec = K % 4 == 0 && aligned16(l->in[pg->a].data) &&
-               (pg->norm_w < 0 || aligned16(l->in[pg->norm_w].data));
-    for (int j = 0; j < pg->n_products && vec; j++)
-        vec = aligned16(l->in[pg->b[j]].data) && l->in[pg->b[j]].stride[1] % 4 == 0;
-    mk_strbuf_put(b, "// moonkaas matrix-vector group $%d: [%d, %lld] @ %d products, %d results%s\n",
-                  l->node->id, M, K, pg->n_products, pg->n_outs,
-                  pg->norm_w >= 0 ? ", RmsNorm folded in" : "");
-    put_fault(b);
-    mk_strbuf_put(b, "extern \"C\" __global__ void __launch_bounds__(256)\nmk_product(float *__restrict__ o");
-    for (int k = 0; k < l->n_in; k++) mk_strbuf_put(b, ", void *i%d", k);
-    mk_strbuf_put(b, ", mk_fault_rec *fault, int launch, void *aux) {\n" MK_PDL_START);
-    mk_strbuf_put(b, "    const int lane = threadIdx.x & 31;\n"
-                     "    const long long warp = (long long)blockIdx.x * 8 + (threadIdx.x >> 5);\n");
-    mk_strbuf_put(b, "    const float *A = (const float *)i%d;\n", pg->a);
-    if (pg->norm_w >= 0) mk_strbuf_put(b, "    const float *W = (const float *)i%d;\n", pg->norm_w);
-    int slots = argmax_slot(pg, pg->n_outs);
-    if (slots) /* each ArgMax result's best key per row, for this block */
-        mk_strbuf_put(b, "    __shared__ unsigned long long sbest[%d];\n"
-                         "    if (threadIdx.x < %d) sbest[threadIdx.x] = 0ull;\n"
-                         "    __syncthreads();\n",
-                      slots * M, slots * M);
-    int W = product_slices(pg);
-    mk_strbuf_put(b, "    const long long pair = warp / %d;\n"
-                     "    const int slice = (int)(warp %% %d), wib = (int)(threadIdx.x >> 5) - slice;\n"
-                     "    (void)wib;\n",
-                  W, W);
-    int R = 0; /* floats a warp hands over: acc and ss */
-    for (int o = 0; o < pg->n_outs; o++) {
-        int np = 0;
-        for (int k = 0; k < pg->out[o].n_src; k++) np += pg->out[o].src[k].product >= 0;
-        int need = (int)pg->m * 2 * np + (int)pg->m;
-        if (need > R) R = need;
-    }
-    if (W > 1) mk_strbuf_put(b, "    __shared__ float red[8][%d];\n", R);
-    for (int phase = W > 1 ? 1 : 0; phase <= (W > 1 ? 2 : 0); phase++) {
-        if (phase == 2) mk_strbuf_put(b, "    __syncthreads();\n");
-        long long start = 0;
-        for (int o = 0; o < pg->n_outs; o++) {
-            long long pairs = pg->out[o].n / 2;
-            mk_strbuf_put(b, "    %sif (pair < %lldLL) do {\n        const long long p = pair - %lldLL;\n",
-                          o ? "else " : "", start + pairs, start);
-            put_result(b, l, pg, o, vec, W, phase);
-            mk_strbuf_put(b, "    } while (0);\n");
-            start += pairs;
-        }
-    }
-    if (slots) put_argmax_blocks(b, pg);
-    mk_strbuf_put(b, "}\n");
-}
-
-/*
- * Decode attention, split along the cache (flash-decoding): a block per query
- * row (batch t, row i) and chunk of MK_ATT_CHUNK cached rows, 128 threads;
- * chunks at or past p return at once. A block scores its rows (4 threads a
- * row, their loads independent), takes the chunk's max m and the sum l of
- * exp(score - m), and its partial row acc = sum of exp(score - m) V_j; it
- * writes (m, l, acc) to `part` and counts itself in `count` for its query.
- * The last chunk of a query to finish combines them, as the softmax over all
- * p scores: M = max m, out = sum acc e^(m - M) / sum l e^(m - M), and sets the
- * count back to zero for the next evaluation. Rows past p are never read.
- */
-#define MK_ATT_CHUNK 32
-
-/* Chunks (blocks per query) and the floats of partial results of a group. */
-static long long att_chunks(const mk_attention_info *a) {
-    return (a->s + MK_ATT_CHUNK - 1) / MK_ATT_CHUNK;
-}
-static size_t att_part_floats(const mk_attention_info *a) {
-    return (size_t)(a->batch * a->m * att_chunks(a) * (a->n + 2));
-}
-
-static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
-    const mk_product_group *pg = l->node->prod;
-    const mk_attention_info *a = &pg->att;
-    const mk_tensor *q = &l->in[a->q], *kt = &l->in[a->kt], *v = &l->in[a->v];
-    long long M = a->m, D = a->d, S = a->s, N = a->n, C = att_chunks(a), R = MK_ATT_CHUNK;
-    long long G = N <= 128 ? 128 / N : 1; /* row groups per column in the V sum */
-    if (G > R) G = R;
-    mk_strbuf_put(b, "// moonkaas attention group $%d: [%lld, %lld, %lld] queries, %lld cached rows "
-                     "in chunks of %lld, %lld values\n",
-                  l->node->id, (long long)a->batch, M, D, S, R, N);
-    put_fault(b);
-    mk_strbuf_put(b, "extern \"C\" __global__ void __launch_bounds__(128)\nmk_product(float *__restrict__ o");
-    for (int k = 0; k < l->n_in; k++) mk_strbuf_put(b, ", void *i%d", k);
-    mk_strbuf_put(b, ", mk_fault_rec *fault, int launch, void *aux) {\n");
-    mk_strbuf_put(b, MK_PDL_START MK_PDL_WAIT);
-    mk_strbuf_put(b, "    float *part = (float *)aux;\n"
-                     "    unsigned int *count = (unsigned int *)(part + %lldLL);\n",
-                  (long long)att_part_floats(a));
-    mk_strbuf_put(b, "    __shared__ float sc[%lld], red[%lld];\n    __shared__ bool last;\n", R, G * N > 128 ? G * N : 128);
-    mk_strbuf_put(b, "    const int tid = threadIdx.x;\n"
-                     "    const long long row = blockIdx.x / %lldLL, c = blockIdx.x %% %lldLL;\n"
-                     "    const long long t = row / %lldLL, i = row %% %lldLL;\n", C, C, M, M);
-    mk_strbuf_put(b, "    const long long p = *(const long long *)i%d;\n", a->p);
-    mk_strbuf_put(b, "    if (p < 0 || p > %lldLL) {\n"
-                     "        if (blockIdx.x == 0 && tid == 0) mk_raise(fault, launch, 2, %d, p, %lldLL, 0);\n"
-                     "        return;\n    }\n", S, (int)MK_FAULT_PREFIX, S);
-    mk_strbuf_put(b, "    if (p == 0) { /* no rows: zeros */\n"
-                     "        if (c == 0) for (long long n = tid; n < %lldLL; n += 128) o[row * %lldLL + n] = 0.0f;\n"
-                     "        return;\n    }\n", N, N);
-    mk_strbuf_put(b, "    const long long chunks = (p + %lldLL) / %lldLL, j0 = c * %lldLL;\n"
-                     "    if (c >= chunks) return;\n"
-                     "    const int rows = (int)(p - j0 < %lldLL ? p - j0 : %lldLL);\n",
-                  R - 1, R, R, R, R);
-    mk_strbuf_put(b, "    const float *q = (const float *)i%d + t * %lldLL + i * %lldLL;\n", a->q,
-                  (long long)q->stride[0], (long long)q->stride[1]);
-    mk_strbuf_put(b, "    const float *K = (const float *)i%d + t * %lldLL + j0 * %lldLL;\n", a->kt,
-                  (long long)kt->stride[0], (long long)kt->stride[2]);
-    mk_strbuf_put(b, "    const float *V = (const float *)i%d + t * %lldLL + j0 * %lldLL;\n", a->v,
-                  (long long)v->stride[0], (long long)v->stride[1]);
-    /* scores: thread (r, u) of 4 per row sums k = u, u + 4, ... */
-    mk_strbuf_put(b, "    {\n"
-                     "        const int r = tid >> 2, u = tid & 3;\n"
-                     "        float s = 0.0f;\n"
-                     "        if (r < rows) {\n"
-                     "#pragma unroll 8\n"
-                     "            for (long long k = u; k < %lldLL; k += 4) s += q[k * %lldLL] * K[r * %lldLL + k * %lldLL];\n"
-                     "        }\n"
-                     "        s += __shfl_xor_sync(0xffffffffu, s, 1);\n"
-                     "        s += __shfl_xor_sync(0xffffffffu, s, 2);\n"
-                     "        if (u == 0 && r < rows) sc[r] = s;\n"
-                     "    }\n"
-                     "    __syncthreads();\n",
-                  D, (long long)q->stride[2], (long long)kt->stride[2], (long long)kt->stride[1]);
-    /* the chunk's max and sum: warp 0 */
-    mk_strbuf_put(b, "    __shared__ float cm, cl;\n"
-                     "    if (tid < 32) {\n"
-                     "        float m = tid < rows ? sc[tid] : __int_as_float(0xff800000); // -inf\n"
-                     "        for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));\n"
-                     "        const float e = tid < rows ? expf(__fsub_rn(sc[tid], m)) : 0.0f;\n"
-                     "        if (tid < rows) sc[tid] = e;\n"
-                     "        float l = e;\n"
-                     "        for (int off = 16; off > 0; off >>= 1) l += __shfl_xor_sync(0xffffffffu, l, off);\n"
-                     "        if (tid == 0) { cm = m; cl = l; }\n"
-                     "    }\n"
-                     "    __syncthreads();\n");
-    /* the partial row: thread (g, n) sums rows g, g + G, ... of column n */
-    mk_strbuf_put(b, "    float *mine = part + (row * %lldLL + c) * %lldLL;\n", C, N + 2);
-    if (G > 1) {
-        mk_strbuf_put(b, "    if (tid < %lld) {\n"
-                         "        const long long n = tid %% %lldLL; const int g = tid / %lldLL;\n"
-                         "        float acc = 0.0f;\n"
-                         "#pragma unroll 8\n"
-                         "        for (int r = g; r < rows; r += %lld) acc += sc[r] * V[r * %lldLL + n * %lldLL];\n"
-                         "        red[tid] = acc;\n"
-                         "    }\n"
-                         "    __syncthreads();\n"
-                         "    for (long long n = tid; n < %lldLL; n += 128) {\n"
-                         "        float s = 0.0f;\n"
-                         "        for (int g = 0; g < %lld; g++) s += red[g * %lldLL + n];\n"
-                         "        if (chunks == 1) o[row * %lldLL + n] = __fdiv_rn(s, cl); else mine[2 + n] = s;\n"
-                         "    }\n",
-                      G * N, N, N, G, (long long)v->stride[1], (long long)v->stride[2], N, G, N, N);
-    } else {
-        mk_strbuf_put(b, "    for (long long n = tid; n < %lldLL; n += 128) {\n"
-                         "        float acc = 0.0f;\n"
-                         "#pragma unroll 8\n"
-                         "        for (int r = 0; r < rows; r++) acc += sc[r] * V[r * %lldLL + n * %lldLL];\n"
-                         "        if (chunks == 1) o[row * %lldLL + n] = __fdiv_rn(acc, cl); else mine[2 + n] = acc;\n"
-                         "    }\n",
-                      N, (long long)v->stride[1], (long long)v->stride[2], N);
-    }
-    mk_strbuf_put(b, "    if (chunks == 1) return; /* one chunk: written as it is */\n"
-                     "    if (tid == 0) { mine[0] = cm; mine[1] = cl; }\n"
-                     "    __threadfence();\n"
-                     "    __syncthreads();\n"
-                     "    if (tid == 0) last = atomicAdd(&count[row], 1u) == (unsigned int)chunks - 1u;\n"
-                     "    __syncthreads();\n"
-                     "    if (!last) return;\n"
-                     "    __threadfence();\n");
-    /* the last chunk of this query combines every chunk's part */
-    mk_strbuf_put(b, "    const float *all = part + row * %lldLL * %lldLL;\n"
-                     "    float mx = __int_as_float(0xff800000);\n"
-                     "    for (long long k = 0; k < chunks; k++) mx = fmaxf(mx, __ldcg(&all[k * %lldLL]));\n"
-                     "    float sum = 0.0f;\n"
-                     "    for (long long k = 0; k < chunks; k++) sum += __ldcg(&all[k * %lldLL + 1]) * expf(__fsub_rn(__ldcg(&all[k * %lldLL]), mx));\n"
-                     "    for (long long n = tid; n < %lldLL; n += 128) {\n"
-                     "        float s = 0.0f;\n"
-                     "        for (long long k = 0; k < chunks; k++)\n"
-                     "            s += __ldcg(&all[k * %lldLL + 2 + n]) * expf(__fsub_rn(__ldcg(&all[k * %lldLL]), mx));\n"
-                     "        o[row * %lldLL + n] = __fdiv_rn(s, sum);\n"
-                     "    }\n"
-                     "    if (tid == 0) count[row] = 0u;\n"
-                     "}\n",
-                  C, N + 2, N + 2, N + 2, N + 2, N, N + 2, N + 2, N);
-}
-
-/* Device scratch of a group's launch: the attention's partial results and
- * counts, or the ArgMax results' keys and counts; 0 for none. */
-static size_t aux_bytes(const mk_product_group *pg) {
-    if (pg->kind == MK_PRODUCT_ATTENTION)
-        return att_part_floats(&pg->att) * sizeof(float) +
-               (size_t)(pg->att.batch * pg->att.m) * sizeof(unsigned int);
-    return (size_t)argmax_aux_offset(pg, pg->n_outs);
-}
-
-/* Warps (column pairs) of a matrix–vector group's launch. */
-static long long product_warps(const mk_product_group *pg) {
-    long long w = 0;
-    for (int o = 0; o < pg->n_outs; o++) w += pg->out[o].n / 2;
-    return w;
-}
-
-/* The source of a group's launch, whichever kind. */
-static void put_group_source(mk_strbuf *b, const mk_launch *l) {
-    if (!l->node->prod) put_source(b, l);
-    else if (l->node->prod->kind == MK_PRODUCT_ATTENTION) put_attention_source(b, l);
-    else put_product_source(b, l);
-}
 
 /* ---- compiling and the process-wide cache ---------------------------------- */
 
@@ -785,7 +205,7 @@ static void dump(const char *src, unsigned long long hash, int arch) {
 static cudaKernel_t kernel_for(const mk_launch *l, int arch, bool disk, int *compiled,
                                int *from_disk, mk_error **err) {
     mk_strbuf src = {0};
-    put_group_source(&src, l);
+    mk_cuda_group_source(&src, l);
     if (src.failed) {
         free(src.s);
         mk_fail(err, MK_ERR_NOMEM, 0, 0, "writing a group's kernel");
@@ -841,7 +261,7 @@ int mk_cuda_generate(mk_cuda_state *s, const mk_launch *launches, int n, const m
         bool disk = !(host->opts && host->opts->no_kernel_cache);
         if (!(s->generated[i] = (void *)kernel_for(l, arch, disk, &compiled, &from_disk, err)))
             return -1;
-        size_t bytes = l->node->prod ? aux_bytes(l->node->prod) : 0;
+        size_t bytes = l->node->prod ? mk_cuda_group_aux_bytes(l->node->prod) : 0;
         if (bytes) { /* zero once: the kernels leave their counts and keys zero */
             if (!s->aux && !(s->aux = (void **)calloc((size_t)n, sizeof *s->aux)))
                 return mk_fail(err, MK_ERR_NOMEM, 0, 0, "a group's device scratch");
@@ -916,41 +336,37 @@ int mk_cuda_product(const mk_launch *l, mk_error **err) {
     args[a++] = &fault;
     args[a++] = &index;
     const mk_product_group *pg = l->node->prod;
-    unsigned int blocks = mk_cuda_blocks(product_warps(pg) * product_slices(pg), 8), threads = 256;
+    unsigned int blocks, threads;
+    mk_cuda_group_grid(pg, &blocks, &threads);
     void *aux = s->aux ? s->aux[l->index] : NULL;
-    if (aux_bytes(pg) && !aux) return MK_INTERNAL(err, "a group without its device scratch");
+    if (mk_cuda_group_aux_bytes(pg) && !aux) return MK_INTERNAL(err, "a group without its device scratch");
     args[a++] = &aux;
-    if (pg->kind == MK_PRODUCT_ATTENTION) { /* a block per query and chunk of the cache */
-        blocks = mk_cuda_blocks(pg->att.batch * pg->att.m * att_chunks(&pg->att), 1);
-        threads = 128;
-    }
     return launch_generated(l, blocks, threads, args, "generated matrix-vector group", err);
 }
 
-int mk_cuda_generate_check(const mk_launch *l, int arch, mk_error **err) {
-    if (!(l->node->pw && l->expr) && !l->node->prod) return MK_INTERNAL(err, "not a group's launch");
-    bool from_disk = false;
-    mk_strbuf src = {0};
-    put_group_source(&src, l);
-    if (!src.failed) dump(src.s, fnv1a(src.s), arch);
-    int rc = src.failed ? mk_fail(err, MK_ERR_NOMEM, 0, 0, "writing a group's kernel")
-                        : (compile(src.s, arch, l, NULL, true, &from_disk, err) ? 0 : -1);
-    free(src.s);
-    return rc;
-}
-
-/* The source of a group's launch, as it would be compiled (malloc'd), or NULL. */
+/* The source of a group's launch, as it is compiled (malloc'd), or NULL. */
 char *mk_cuda_generate_source(const mk_launch *l, mk_error **err) {
     if (!(l->node->pw && l->expr) && !l->node->prod) {
         MK_INTERNAL(err, "not a group's launch");
         return NULL;
     }
     mk_strbuf src = {0};
-    put_group_source(&src, l);
+    mk_cuda_group_source(&src, l);
     if (src.failed) {
         free(src.s);
         mk_fail(err, MK_ERR_NOMEM, 0, 0, "writing a group's kernel");
         return NULL;
     }
     return src.s;
+}
+
+/* Writes and compiles (or finds on disk) a group's kernel, loading nothing. */
+int mk_cuda_generate_check(const mk_launch *l, int arch, mk_error **err) {
+    char *src = mk_cuda_generate_source(l, err);
+    if (!src) return -1;
+    dump(src, fnv1a(src), arch);
+    bool from_disk = false;
+    int rc = compile(src, arch, l, NULL, true, &from_disk, err) ? 0 : -1;
+    free(src);
+    return rc;
 }
