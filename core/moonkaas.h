@@ -115,7 +115,8 @@ typedef enum {
     MK_PHASE_COMPILE, /* mk_compile's stages (parse, passes, plan, memory, bind, device): of 6 */
     MK_PHASE_UPLOAD,  /* constants copied to the device: bytes */
     MK_PHASE_KERNELS, /* kernels generated and compiled (NVRTC) for the device: kernels */
-    MK_PHASE_RUN,     /* launches of one evaluation run so far (CPU): launches */
+    MK_PHASE_RUN,     /* launches of one evaluation run so far: CPU launches (after each);
+                       * CUDA: its one graph, 0 of 1 before it starts and 1 of 1 after */
 } mk_phase;
 typedef void (*mk_progress_fn)(void *user, mk_phase phase, int64_t done, int64_t total);
 MK_API void mk_context_set_progress(mk_context *, mk_progress_fn fn, void *user);

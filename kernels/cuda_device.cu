@@ -406,7 +406,10 @@ static int fault_error(const mk_cuda_fault *f, const mk_launch *launches, int n,
 static int cuda_evaluate(void *state, const mk_launch *launches, int n, const mk_copy *in,
                          int n_in, const mk_copy *out, const mk_host *host, mk_error **err) {
     mk_cuda_state *s = (mk_cuda_state *)state;
-    if (host->cancelled(host)) return mk_cancelled(err, "evaluation"); /* a graph runs to its end */
+    /* one graph is one launch: the host hears 0 of 1 and may cancel before it
+     * starts; once launched, it runs to its end */
+    host->progress(host, MK_PHASE_RUN, 0, 1);
+    if (host->cancelled(host)) return mk_cancelled(err, "evaluation");
     if (!s->exec || n_in != s->n_in)
         return MK_INTERNAL(err, "cuda evaluate before prepare, or with other copies");
     MK_CUDA_TRY(err, cudaSetDevice(s->device));
@@ -417,6 +420,7 @@ static int cuda_evaluate(void *state, const mk_launch *launches, int n, const mk
     MK_CUDA_TRY(err, cudaStreamSynchronize(s->stream));
     if (s->fault_stage->flag) return fault_error(s->fault_stage, launches, n, err);
     if (out && out->bytes) memcpy(out->host, s->out_stage, out->bytes);
+    host->progress(host, MK_PHASE_RUN, 1, 1);
     return 0;
 fail:
     /* Leave the stream idle so the staging buffers are free for the next call. */

@@ -57,7 +57,8 @@ t:argmax, t:totable) is 1-based, as Lua tables are.
   hosts    mk.on_log(fn(level, message) | nil)  mk.on_progress(fn(phase, done,
            total) | nil)  mk.cancel(): the core prints nothing; it tells these
            functions ("info"/"warning"; phases "compile" (6 stages), "upload"
-           (bytes), "kernels", "run" (CPU launches)). mk.cancel() from one of
+           (bytes), "kernels", "run" (CPU launches; CUDA: 0 of 1 before its
+           graph, 1 of 1 after)). mk.cancel() from one of
            them stops the compile or run in progress with "cancelled: ..."; a
            function that raises stops it with its own error.
 

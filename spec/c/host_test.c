@@ -14,7 +14,8 @@
  *   test_cancel_idle        a cancel while nothing runs stops nothing
  *   test_cancel_cuda        on a GPU: cancelled while its kernels compile,
  *                           then compiled and run; a cancel between runs
- *                           stops neither
+ *                           stops neither; a run cancelled from its "0 of 1"
+ *                           report fails, the next one is right
  */
 #include "moonkaas.h"
 #include "test.h"
@@ -299,6 +300,21 @@ static void test_cancel_cuda(void) {
     CHECK(m != NULL && run_chain(m, &err) == 0, "compiled and run: %s", mk_error_message(err));
     mk_context_cancel(ctx); /* between runs: stops nothing */
     CHECK(m && run_chain(m, &err) == 0, "an idle cancel stopped a run: %s", mk_error_message(err));
+    /* a run hears "0 of 1" before its graph launches and may cancel there */
+    s.n_events = 0;
+    s.cancel_phase = MK_PHASE_RUN;
+    s.cancel_at = 0;
+    CHECK(m && run_chain(m, &err) != 0 && is_cancelled(err), "cancelled before the graph: %s",
+          err ? mk_error_message(err) : "it ran");
+    CHECK(s.n_events == 1 && s.phase[0] == MK_PHASE_RUN && s.total[0] == 1,
+          "a cancelled CUDA run reports 0 of 1 only (%d events)", s.n_events);
+    mk_error_free(err);
+    err = NULL;
+    s.cancel_at = -1;
+    s.n_events = 0;
+    CHECK(m && run_chain(m, &err) == 0, "the run after the cancel: %s", mk_error_message(err));
+    CHECK(s.n_events == 2 && s.done[0] == 0 && s.done[1] == 1 && s.total[1] == 1,
+          "a CUDA run reports 0 of 1, then 1 of 1 (%d events)", s.n_events);
     mk_model_free(m);
     mk_error_free(err);
     mk_context_free(ctx);
