@@ -30,6 +30,9 @@
 
 #include <cblas.h>
 #include <math.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -42,6 +45,26 @@
 /* ---- helpers ------------------------------------------------------------ */
 
 static int64_t read_i64(const mk_tensor *t) { return *(const int64_t *)t->data; }
+
+/* Inside a parallel region: this thread's part [*lo, *hi) of n items, in
+ * contiguous runs in thread order (thread 0 first). */
+static void my_share(int64_t n, int64_t *lo, int64_t *hi) {
+#ifdef _OPENMP
+    int64_t t = omp_get_thread_num(), threads = omp_get_num_threads();
+#else
+    int64_t t = 0, threads = 1;
+#endif
+    *lo = n * t / threads;
+    *hi = n * (t + 1) / threads;
+}
+
+static int thread_index(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
 
 /* The walk over out (contiguous) reading the n operands t[k] with their strides. */
 static void walk_of(mk_walk *w, int rank, const int64_t *shape, int n, const mk_tensor *const *t) {
@@ -355,6 +378,16 @@ static int cpu_permute(const mk_launch *l, mk_error **err) {
 
 /* ---- data movement: replace_slice, embedding ---------------------------- */
 
+/* Rows [begin, end) of `rows` for a write of r_rows rows: 0, or node's fault. */
+static int row_bounds(const mk_node *node, int64_t begin, int64_t end, int64_t rows,
+                      int64_t r_rows, mk_error **err) {
+    if (begin < 0 || end > rows || begin > end)
+        return mk_fault(err, node, MK_FAULT_RANGE, begin, end, rows);
+    if (end - begin != r_rows)
+        return mk_fault(err, node, MK_FAULT_ROWS, begin, end, r_rows);
+    return 0;
+}
+
 /*
  * x [R, ...] (in place: out.data == x.data) rows [begin, end) = r [end - begin, ...];
  * begin, end: int64 [1], read now. For a vector the rows are elements. Bad
@@ -364,10 +397,7 @@ static int cpu_replace_slice(const mk_launch *l, mk_error **err) {
     const mk_tensor *x = &l->in[0], *r = &l->in[1];
     int64_t begin = read_i64(&l->in[2]), end = read_i64(&l->in[3]);
     int64_t rows = x->shape[0], r_rows = r->shape[0];
-    if (begin < 0 || end > rows || begin > end)
-        return mk_fault(err, l->node, MK_FAULT_RANGE, begin, end, rows);
-    if (end - begin != r_rows)
-        return mk_fault(err, l->node, MK_FAULT_ROWS, begin, end, r_rows);
+    if (row_bounds(l->node, begin, end, rows, r_rows, err)) return -1;
     size_t es = mk_dtype_size(x->dtype);
     size_t row_bytes = (size_t)(mk_tensor_numel(x) / rows) * es;
     if ((size_t)mk_tensor_numel(r) * es != (size_t)r_rows * row_bytes)
@@ -446,33 +476,77 @@ static void mm_loops(const float *a, int64_t sar, int64_t sac, const float *b, i
 }
 
 /*
- * c [n] = a [k] (dense) @ b, with b held either as [n, k] rows (transposed: each
- * output a dot product) or as [k, n] rows (normal: rows of b scaled and added).
- * Split over OpenMP threads rather than left to OpenBLAS: a one-token model
- * runs hundreds of small launches, and OpenBLAS's own threads spinning between
- * them starve OpenMP's (and the other way round) — 4× slower on 2 cores.
+ * c [j - j0] = a [k] · column j of b, for j in [j0, j1): b's columns are
+ * contiguous, ldb floats apart. Four columns at a time, each summed in 16
+ * lanes (lane l takes k = l, l + 16, ...: two 8-float vectors, which the
+ * compiler maps onto whatever vector registers the build has), then the lanes
+ * pairwise, then the k % 16 left over in order: eight independent sums in
+ * flight, each load of a shared by four columns. The order of every sum is
+ * written out here, not left to a vectoriser, so it is the same for every
+ * caller (the product alone, a matrix–vector group: a group equals its nodes
+ * bit for bit) and every build. Not inlined, for the same reason.
  */
-static void mv_omp(const float *a, const float *b, int64_t ldb, bool b_rows_are_outputs,
-                   float *c, int64_t k, int64_t n) {
-    if (b_rows_are_outputs) {
-        /* Four rows at a time: four independent sums hide the adds' latency and
-         * share each load of a; one sum alone runs at a third of the bandwidth. */
-        int64_t quads = n / 4;
-#pragma omp parallel for schedule(static) if (n * k >= CPU_PAR_MIN)
-        for (int64_t q = 0; q < quads; q++) {
-            const float *b0 = b + 4 * q * ldb, *b1 = b0 + ldb, *b2 = b1 + ldb, *b3 = b2 + ldb;
-            float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-#pragma omp simd reduction(+ : s0, s1, s2, s3)
-            for (int64_t kk = 0; kk < k; kk++) {
-                s0 += b0[kk] * a[kk];
-                s1 += b1[kk] * a[kk];
-                s2 += b2[kk] * a[kk];
-                s3 += b3[kk] * a[kk];
-            }
-            c[4 * q] = s0, c[4 * q + 1] = s1, c[4 * q + 2] = s2, c[4 * q + 3] = s3;
+typedef float cpu_v8 __attribute__((vector_size(32)));
+
+static inline cpu_v8 load8(const float *p) {
+    cpu_v8 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* The 16 lanes x (two vectors) added pairwise, then the tail t. */
+static inline float lanes_total(cpu_v8 x0, cpu_v8 x1, float t) {
+    cpu_v8 x = x0 + x1;
+    float s = ((x[0] + x[4]) + (x[2] + x[6])) + ((x[1] + x[5]) + (x[3] + x[7]));
+    return s + t;
+}
+
+__attribute__((noinline)) static void mv_columns(const float *restrict a, const float *restrict b,
+                                                 int64_t ldb, int64_t k, int64_t j0, int64_t j1,
+                                                 float *restrict c) {
+    int64_t body = k - k % 16;
+    for (int64_t j = j0; j < j1; j += 4) {
+        int cols = j1 - j < 4 ? (int)(j1 - j) : 4;
+        /* a quad short of columns repeats its first: computed, not stored */
+        const float *b0 = b + j * ldb, *b1 = cols > 1 ? b0 + ldb : b0,
+                    *b2 = cols > 2 ? b0 + 2 * ldb : b0, *b3 = cols > 3 ? b0 + 3 * ldb : b0;
+        cpu_v8 s00 = {0}, s01 = {0}, s10 = {0}, s11 = {0}, s20 = {0}, s21 = {0}, s30 = {0},
+               s31 = {0};
+        for (int64_t kk = 0; kk < body; kk += 16) {
+            cpu_v8 a0 = load8(a + kk), a1 = load8(a + kk + 8);
+            s00 += load8(b0 + kk) * a0, s01 += load8(b0 + kk + 8) * a1;
+            s10 += load8(b1 + kk) * a0, s11 += load8(b1 + kk + 8) * a1;
+            s20 += load8(b2 + kk) * a0, s21 += load8(b2 + kk + 8) * a1;
+            s30 += load8(b3 + kk) * a0, s31 += load8(b3 + kk + 8) * a1;
         }
-        for (int64_t j = 4 * quads; j < n; j++)
-            c[j] = dot(a, b + j * ldb, k);
+        float t0 = 0.0f, t1 = 0.0f, t2 = 0.0f, t3 = 0.0f;
+        for (int64_t kk = body; kk < k; kk++)
+            t0 += b0[kk] * a[kk], t1 += b1[kk] * a[kk], t2 += b2[kk] * a[kk], t3 += b3[kk] * a[kk];
+        float v[4] = {lanes_total(s00, s01, t0), lanes_total(s10, s11, t1),
+                      lanes_total(s20, s21, t2), lanes_total(s30, s31, t3)};
+        memcpy(c + (j - j0), v, (size_t)cols * sizeof(float));
+    }
+}
+
+/*
+ * c [m, n] (contiguous) = a [m, k] (rows dense, sar apart) @ b, with b held
+ * either as [n, k] rows (transposed: each output a dot product, mv_columns) or
+ * as [k, n] rows (normal: rows of b scaled and added; then m == 1). Split over
+ * OpenMP threads rather than left to OpenBLAS: a one-token model runs hundreds
+ * of small launches, and OpenBLAS's own threads spinning between them starve
+ * OpenMP's (and the other way round) — 4× slower on 2 cores.
+ */
+static void mv_omp(const float *a, int64_t sar, const float *b, int64_t ldb,
+                   bool b_rows_are_outputs, float *c, int64_t m, int64_t k, int64_t n) {
+    if (b_rows_are_outputs) {
+#pragma omp parallel if (m * n * k >= CPU_PAR_MIN)
+        {
+            int64_t q0, q1;
+            my_share((n + 3) / 4, &q0, &q1);
+            int64_t j0 = 4 * q0, j1 = 4 * q1 < n ? 4 * q1 : n;
+            for (int64_t i = 0; i < m && j0 < j1; i++)
+                mv_columns(a + i * sar, b, ldb, k, j0, j1, c + i * n + j0);
+        }
         return;
     }
     enum { COLS = 512 }; /* a block of outputs stays in L1 while b's rows stream by */
@@ -498,8 +572,8 @@ static void mm_one(const float *a, int64_t sar, int64_t sac, const float *b, int
     bool ta, tb;
     int64_t lda, ldb;
     bool ok_b = mk_matrix_layout(k, n, sbr, sbc, &tb, &ldb) && n <= INT32_MAX && k <= INT32_MAX;
-    if (ok_b && m == 1 && (sac == 1 || k == 1)) {
-        mv_omp(a, b, ldb, tb, c, k, n);
+    if (ok_b && (sac == 1 || k == 1) && (m == 1 || (tb && m <= MK_MATVEC_ROWS))) {
+        mv_omp(a, sar, b, ldb, tb, c, m, k, n); /* as a matrix–vector group does */
         return;
     }
     if (ok_b && m == 1 && (sac != 0 || k == 1) && sac <= INT32_MAX) {
@@ -581,6 +655,19 @@ static int cpu_prefix_matmul(const mk_launch *l, mk_error **err) {
 
 /* ---- row reductions: rms_norm, sliced_softmax, argmax ------------------- */
 
+/* o [n] = w [n] * x [n] / sqrt(mean(x²) + 1e-5), as run.c's rmsnorm (o may be x). */
+static void rms_row(const float *x, const float *w, float *o, int64_t n) {
+    float ss = 0.0f;
+    for (int64_t j = 0; j < n; j++)
+        ss += x[j] * x[j];
+    ss /= (float)n;
+    ss += 1e-5f;
+    ss = 1.0f / sqrtf(ss);
+    #pragma omp simd
+    for (int64_t j = 0; j < n; j++)
+        o[j] = w[j] * (ss * x[j]);
+}
+
 /* out [rows, n] = w [n] * x [rows, n] / sqrt(mean(x²) + 1e-5), as run.c's rmsnorm. */
 static int cpu_rms_norm(const mk_launch *l, mk_error **err) {
     const mk_tensor *x = &l->in[0], *wt = &l->in[1];
@@ -588,20 +675,30 @@ static int cpu_rms_norm(const mk_launch *l, mk_error **err) {
     const float *xp = x->data, *w = wt->data;
     float *out = l->out.data;
 #pragma omp parallel for schedule(static) if (rows > 1 && rows * n >= CPU_PAR_MIN)
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = xp + r * n;
-        float *o = out + r * n;
-        float ss = 0.0f;
-        for (int64_t j = 0; j < n; j++)
-            ss += xr[j] * xr[j];
-        ss /= (float)n;
-        ss += 1e-5f;
-        ss = 1.0f / sqrtf(ss);
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++)
-            o[j] = w[j] * (ss * xr[j]);
-    }
+    for (int64_t r = 0; r < rows; r++)
+        rms_row(xp + r * n, w, out + r * n, n);
     return 0;
+}
+
+/* o [n] = softmax of x's first p elements (max subtracted, as run.c), the rest
+ * copied; o may be x. */
+static void softmax_row(const float *x, float *o, int64_t n, int64_t p) {
+    if (p > 0) {
+        float max = x[0];
+        for (int64_t j = 1; j < p; j++)
+            if (x[j] > max)
+                max = x[j];
+        float sum = 0.0f;
+        for (int64_t j = 0; j < p; j++) {
+            o[j] = expf(x[j] - max);
+            sum += o[j];
+        }
+        #pragma omp simd
+        for (int64_t j = 0; j < p; j++)
+            o[j] /= sum;
+    }
+    if (o != x)
+        memcpy(o + p, x + p, (size_t)(n - p) * sizeof(float));
 }
 
 /*
@@ -617,26 +714,8 @@ static int cpu_sliced_softmax(const mk_launch *l, mk_error **err) {
     const float *xp = x->data;
     float *out = l->out.data;
 #pragma omp parallel for schedule(static) if (rows > 1 && rows * n >= CPU_PAR_MIN / 4)
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = xp + r * n;
-        float *o = out + r * n;
-        if (p > 0) {
-            float max = xr[0];
-            for (int64_t j = 1; j < p; j++)
-                if (xr[j] > max)
-                    max = xr[j];
-            float sum = 0.0f;
-            for (int64_t j = 0; j < p; j++) {
-                o[j] = expf(xr[j] - max);
-                sum += o[j];
-            }
-            #pragma omp simd
-            for (int64_t j = 0; j < p; j++)
-                o[j] /= sum;
-        }
-        if (o != xr)
-            memcpy(o + p, xr + p, (size_t)(n - p) * sizeof(float));
-    }
+    for (int64_t r = 0; r < rows; r++)
+        softmax_row(xp + r * n, out + r * n, n, p);
     return 0;
 }
 
@@ -693,54 +772,204 @@ static mk_tensor member_tensor(const mk_launch *l, const mk_node *x) {
     return t;
 }
 
-/* A matrix–vector group: its members one by one, each by its own kernel, over
- * scratch: the values of the nodes alone, bit for bit. (Fused loops on the CPU
- * are the next step.) */
-/* Member m's launch within group l. */
-static int member_launch(const mk_launch *l, const mk_node *m, mk_launch *s, mk_error **err) {
-    *s = (mk_launch){.node = m, .index = l->index, .n_in = m->n_in, .out = member_tensor(l, m),
-                     .dev = l->dev};
-    for (int k = 0; k < m->n_in; k++) s->in[k] = member_tensor(l, m->in[k]);
-    return mk_launch_operands(s, err);
-}
-
 /*
- * Decode attention: its three members over the first p cached rows only. The
- * scores past p are read by nobody (the prefix product stops at p), so the
- * scores [B, m, p] are computed alone, softmaxed whole, and multiplied with
- * V's first p rows: the values of the members over the whole cache, bit for
- * bit (each score is its own dot product), at a cost that grows with p.
+ * Decode attention over the first p cached rows only, in one parallel loop
+ * over the batch (the heads): per head, the scores of its m query rows
+ * against K's first p rows (dense [m, p] in the scores' scratch), their
+ * softmax, and their sum of V's first p rows. Rows past p are never read, so
+ * the cost grows with p, not with the cache.
  */
 static int cpu_attention(const mk_launch *l, mk_error **err) {
     const mk_product_group *pg = l->node->prod;
-    const mk_node *scores = pg->members[0], *softmax = pg->members[1], *product = pg->members[2];
-    mk_launch s, x, y;
-    if (member_launch(l, scores, &s, err) || member_launch(l, softmax, &x, err) ||
-        member_launch(l, product, &y, err))
-        return -1;
-    int64_t S = s.out.shape[2], p = read_i64(&x.in[1]);
-    if (p < 0 || p > S) return mk_fault(err, softmax, MK_FAULT_PREFIX, p, S, 0);
-    if (p > 0) {
-        s.in[1].shape[2] = p; /* Kt's first p columns */
-        s.out.shape[2] = p;   /* the scores, dense [B, m, p] in their scratch */
-        mk_contiguous_strides(3, s.out.shape, s.out.stride);
-        x.in[0] = x.out = s.out;
-        if (cpu_matmul(&s, err) || cpu_sliced_softmax(&x, err)) return -1;
+    const mk_attention_info *at = &pg->att;
+    const mk_node *softmax = pg->members[1];
+    mk_tensor scores = member_tensor(l, pg->members[0]), out = member_tensor(l, pg->members[2]);
+    const mk_tensor *q = &l->in[at->q], *kt = &l->in[at->kt], *v = &l->in[at->v];
+    int64_t B = at->batch, m = at->m, d = at->d, n = at->n, p = read_i64(&l->in[at->p]);
+    if (p < 0 || p > at->s) return mk_fault(err, softmax, MK_FAULT_PREFIX, p, at->s, 0);
+    float *sc = scores.data, *o = out.data;
+    const float *qp = q->data, *kp = kt->data, *vp = v->data;
+#pragma omp parallel for schedule(static) if (B > 1 && B * m * (d + n) * p >= CPU_PAR_MIN)
+    for (int64_t t = 0; t < B; t++) {
+        float *st = sc + t * m * p, *ot = o + t * m * n;
+        if (p == 0) {
+            memset(ot, 0, (size_t)(m * n) * sizeof(float));
+            continue;
+        }
+        mm_loops(qp + t * q->stride[0], q->stride[1], q->stride[2], kp + t * kt->stride[0],
+                 kt->stride[1], kt->stride[2], st, m, d, p);
+        for (int64_t i = 0; i < m; i++)
+            softmax_row(st + i * p, st + i * p, p, p);
+        mm_loops(st, p, 1, vp + t * v->stride[0], v->stride[1], v->stride[2], ot, m, p, n);
     }
-    y.in[0] = s.out;
-    return cpu_prefix_matmul(&y, err);
+    return 0;
+}
+
+/*
+ * A matrix–vector group (product.c) in one parallel region. A's rows go
+ * dense into scratch first, normalised where the group folds the RmsNorm in
+ * (rms_row, as the node alone). The threads then share the results' columns
+ * in contiguous runs of quads; per chunk of CPU_MV_CHUNK columns and row of
+ * A, a thread takes its products' dot products (mv_columns), gathers the
+ * operands the epilogue reads, runs the epilogue's program (program_f32),
+ * rotates the pairs, and writes the values (into the group's memory or the
+ * rows a write replaces) or keeps the row's best for the ArgMax. Every value
+ * is the one the nodes alone compute, bit for bit; the logits of a greedy
+ * classifier are never stored.
+ */
+#define CPU_MV_CHUNK 64 /* a multiple of 4: mv_columns' quads */
+
+/* Element e of a result (rank, shape), read from an operand broadcast onto it. */
+static int64_t element_offset(int64_t e, int rank, const int64_t *shape, const int64_t *stride) {
+    int64_t off = 0;
+    for (int d = rank - 1; d >= 0; d--) {
+        off += e % shape[d] * stride[d];
+        e /= shape[d];
+    }
+    return off;
+}
+
+typedef struct {
+    float v;
+    int64_t at; /* -1: none yet */
+} cpu_best;
+
+/* A result as its chunks read it, resolved once per launch. */
+typedef struct {
+    const mk_product_out *r;
+    const float *data[MK_X_IN];           /* per source: B (a product), or the operand */
+    int64_t ldb[MK_X_IN];                 /* a product's column stride */
+    int64_t stride[MK_X_IN][MK_MAX_RANK]; /* an operand's, broadcast onto its shape */
+    const float *rot;                     /* the rotation's (cos, sin) operand, or NULL */
+    int64_t rot_stride[MK_MAX_RANK];
+    void *dst;                            /* element 0 of the values; ArgMax: row ids */
+} cpu_mv_out;
+
+/* Operand t broadcast onto (rank, shape): its strides into s. */
+static void broadcast_strides(const mk_tensor *t, int rank, const int64_t *shape, int64_t *s) {
+    mk_tensor like = {.rank = rank};
+    memcpy(like.shape, shape, sizeof like.shape);
+    mk_tensor b = mk_tensor_broadcast(t, &like);
+    memcpy(s, b.stride, sizeof b.stride);
+}
+
+/* Columns [j0, j1) of row i of result x (j0 a multiple of 4); a the row of A. */
+static void mv_chunk(const cpu_mv_out *x, const float *a, int64_t k, int64_t i, int64_t j0,
+                     int64_t j1, cpu_best *best) {
+    const mk_product_out *r = x->r;
+    float src[MK_X_IN][CPU_MV_CHUNK], v[CPU_MV_CHUNK];
+    const char *in[MK_X_IN];
+    const int64_t ones[MK_X_IN] = {1, 1, 1, 1};
+    int64_t len = j1 - j0, e0 = i * r->n + j0;
+    for (int s = 0; s < r->n_src; s++) {
+        const mk_product_source *ps = &r->src[s];
+        if (ps->product >= 0)
+            mv_columns(a, x->data[s], x->ldb[s], k, j0, j1, src[s]);
+        else
+            for (int64_t t = 0; t < len; t++)
+                src[s][t] = x->data[s][element_offset(e0 + t, ps->rank, ps->shape, x->stride[s])];
+        in[s] = (const char *)src[s];
+    }
+    const float *val = src[0];
+    if (r->program.n) {
+        program_f32(&r->program, (char *)v, in, ones, len);
+        val = v;
+    }
+    if (x->rot) { /* (re, im) pairs times the rotation's, as complex_mul rounds them */
+        const int64_t *sh = r->rotate_shape;
+        for (int64_t t = 0; t < len; t += 2) {
+            float cr = x->rot[element_offset(e0 + t, r->rotate_rank, sh, x->rot_stride)];
+            float ci = x->rot[element_offset(e0 + t + 1, r->rotate_rank, sh, x->rot_stride)];
+            float re = val[t], im = val[t + 1];
+            v[t] = re * cr - im * ci;
+            v[t + 1] = re * ci + im * cr;
+        }
+        val = v;
+    }
+    if (!r->argmax) {
+        memcpy((float *)x->dst + e0, val, (size_t)len * sizeof(float));
+        return;
+    }
+    for (int64_t t = 0; t < len; t++) /* as cpu_argmax: column 0, then only larger ones */
+        if (j0 + t == 0 || val[t] > best->v) best->v = val[t], best->at = j0 + t;
+}
+
+static int cpu_matvec(const mk_launch *l, mk_error **err) {
+    const mk_product_group *pg = l->node->prod;
+    const mk_tensor *at = &l->in[pg->a];
+    int64_t m = pg->m, k = pg->k, rs = at->stride[0], cs = at->stride[1];
+    float *a = l->scratch;
+    for (int64_t i = 0; i < m; i++) {
+        const float *row = (const float *)at->data + i * rs;
+        for (int64_t j = 0; j < k; j++)
+            a[i * k + j] = row[j * cs];
+        if (pg->norm_w >= 0) rms_row(a + i * k, l->in[pg->norm_w].data, a + i * k, k);
+    }
+    cpu_mv_out outs[MK_PRODUCTS_MAX];
+    int64_t quads = 0, first[MK_PRODUCTS_MAX + 1]; /* result o's quads from first[o] */
+    for (int o = 0; o < pg->n_outs; o++) {
+        const mk_product_out *r = &pg->out[o];
+        cpu_mv_out *x = &outs[o];
+        *x = (cpu_mv_out){.r = r, .dst = (float *)l->out.data + r->offset};
+        for (int s = 0; s < r->n_src; s++) {
+            const mk_product_source *ps = &r->src[s];
+            const mk_tensor *t = &l->in[ps->product >= 0 ? pg->b[ps->product] : ps->in];
+            x->data[s] = t->data;
+            x->ldb[s] = t->stride[1];
+            if (ps->product < 0) broadcast_strides(t, ps->rank, ps->shape, x->stride[s]);
+        }
+        if (r->rotate >= 0) {
+            x->rot = l->in[r->rotate].data;
+            broadcast_strides(&l->in[r->rotate], r->rotate_rank, r->rotate_shape, x->rot_stride);
+        }
+        if (r->row_x >= 0) { /* checked now, as the write alone would */
+            const mk_tensor *w = &l->in[r->row_x];
+            int64_t begin = read_i64(&l->in[r->row_begin]), end = read_i64(&l->in[r->row_end]);
+            if (row_bounds(r->end, begin, end, w->shape[0], r->row_count, err)) return -1;
+            x->dst = (float *)w->data + begin * (mk_tensor_numel(w) / w->shape[0]);
+        }
+        first[o] = quads;
+        quads += (r->n + 3) / 4;
+    }
+    first[pg->n_outs] = quads;
+#ifdef _OPENMP
+    int threads = omp_get_max_threads();
+#else
+    int threads = 1;
+#endif
+    cpu_best best[threads][MK_PRODUCTS_MAX][MK_MATVEC_ROWS];
+    for (int t = 0; t < threads; t++)
+        for (int o = 0; o < MK_PRODUCTS_MAX; o++)
+            for (int i = 0; i < MK_MATVEC_ROWS; i++) best[t][o][i] = (cpu_best){-INFINITY, -1};
+#pragma omp parallel if (m * k * 4 * quads >= CPU_PAR_MIN)
+    {
+        int64_t q0, q1;
+        my_share(quads, &q0, &q1);
+        int me = thread_index();
+        for (int o = 0; o < pg->n_outs; o++) {
+            int64_t n = pg->out[o].n;
+            int64_t j = 4 * (q0 > first[o] ? q0 - first[o] : 0);
+            int64_t end = 4 * (q1 < first[o + 1] ? q1 - first[o] : first[o + 1] - first[o]);
+            if (end > n) end = n;
+            for (; j < end; j += CPU_MV_CHUNK) {
+                int64_t j1 = j + CPU_MV_CHUNK < end ? j + CPU_MV_CHUNK : end;
+                for (int64_t i = 0; i < m; i++)
+                    mv_chunk(&outs[o], a + i * k, k, i, j, j1, &best[me][o][i]);
+            }
+        }
+    }
+    for (int o = 0; o < pg->n_outs; o++) /* the threads' bests, in column order */
+        for (int64_t i = 0; pg->out[o].argmax && i < m; i++) {
+            cpu_best b = {-INFINITY, -1};
+            for (int t = 0; t < threads; t++)
+                if (best[t][o][i].at >= 0 && (b.at < 0 || best[t][o][i].v > b.v)) b = best[t][o][i];
+            ((int64_t *)outs[o].dst)[i] = b.at;
+        }
+    return 0;
 }
 
 static int cpu_product(const mk_launch *l, mk_error **err) {
-    const mk_product_group *pg = l->node->prod;
-    if (pg->kind == MK_PRODUCT_ATTENTION) return cpu_attention(l, err);
-    for (int t = 0; t < pg->n_members; t++) {
-        const mk_node *m = pg->members[t];
-        if (m->storage == MK_STORAGE_VIEW && m->op->role != MK_ROLE_INPLACE) continue;
-        mk_launch s;
-        if (member_launch(l, m, &s, err) || cpu_kernels[m->op->kernel].fn(&s, err)) return -1;
-    }
-    return 0;
+    return l->node->prod->kind == MK_PRODUCT_ATTENTION ? cpu_attention(l, err) : cpu_matvec(l, err);
 }
 
 /* ---- the device table --------------------------------------------------- */

@@ -256,9 +256,10 @@ typedef struct mk_pointwise_group {
  * the group node's own memory at `offset`; the graph keeps a GroupOutputNode
  * view for each result, so readers need not know.
  *
- * The members (the original nodes) are kept, in graph order: the CPU runs
- * them one by one over scratch (bit-identical to the nodes alone), CUDA
- * generates one kernel from the fields below.
+ * The members (the original nodes) are kept, in graph order, for reports and
+ * errors. Both devices run a group from the fields below: the CPU in one
+ * parallel loop (equal to the nodes alone bit for bit), CUDA as one generated
+ * kernel.
  */
 #define MK_PRODUCTS_MAX 4     /* products of one group (siblings reading the same A) */
 #define MK_PRODUCT_MEMBERS 32 /* nodes one group may replace */
@@ -312,8 +313,8 @@ typedef struct mk_product_group {
     mk_product_out out[MK_PRODUCTS_MAX];
     int n_members;
     struct mk_node *members[MK_PRODUCT_MEMBERS]; /* graph order, owned */
-    int64_t scratch[MK_PRODUCT_MEMBERS]; /* bytes into the CPU's scratch, or -1 */
-    size_t scratch_bytes;
+    int64_t scratch[MK_PRODUCT_MEMBERS]; /* attention: bytes into the CPU's scratch, or -1 */
+    size_t scratch_bytes;          /* the CPU's: matrix-vector, A's rows; attention, members */
 } mk_product_group;
 
 /* The program of a pointwise op's `expr` (compiled once per process), or NULL

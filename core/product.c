@@ -417,15 +417,18 @@ static int make(mk_graph *g, cand *c, mk_product_group *pg, mk_error **err) {
         pg->out[o].offset = total; /* floats, in 64-byte steps (int64 results take two) */
         total += ((int64_t)mk_node_bytes(pg->out[o].end) / 4 + 15) / 16 * 16;
     }
+    /* the CPU's scratch: a matrix-vector group's A (normalised, rows dense);
+     * an attention group's members but its result */
     for (int t = 0; t < pg->n_members; t++) {
         const mk_node *m = pg->members[t];
         bool is_end = false;
         for (int o = 0; o < pg->n_outs; o++) is_end = is_end || pg->out[o].end == m;
         pg->scratch[t] = -1;
-        if (is_end || m->storage == MK_STORAGE_VIEW) continue;
+        if (pg->kind != MK_PRODUCT_ATTENTION || is_end || m->storage == MK_STORAGE_VIEW) continue;
         pg->scratch[t] = (int64_t)pg->scratch_bytes;
         pg->scratch_bytes += (mk_node_bytes(m) + 63) / 64 * 64;
     }
+    if (pg->kind == MK_PRODUCT_MATVEC) pg->scratch_bytes = (size_t)(pg->m * pg->k) * sizeof(float);
     mk_node *outs[MK_PRODUCTS_MAX] = {0};
     mk_node *gn = new_node(c->products[0], mk_op_internal(MK_KERNEL_PRODUCT));
     if (!gn) goto nomem;

@@ -19,9 +19,12 @@
 -- rows (the attention group, see lua/moonkaas/llama2/model.lua), so a run of
 -- N steps reads (N + 1) / 2 rows of each cache per token on average.
 --
--- --runomp PATH also runs llama2.c's runomp (built outside the checkout) on
--- the same files with OMP_NUM_THREADS (--threads, default: all cores), for a
--- side-by-side table.
+-- --runomp PATH compares the CPU with llama2.c's runomp (built outside the
+-- checkout) on the same files, same OMP_NUM_THREADS (--threads, default: all
+-- cores): --runs pairs (at least 5) of one moonkaas process
+-- (scripts/llama2.lua -d cpu) then one runomp process, alternating, so that a
+-- slow spell of the machine hits both; each pair's tok/s ratio, the medians,
+-- and each process's peak RSS (through /usr/bin/time where it is installed).
 
 local here = (arg and arg[0] or ""):match("^(.*)[/\\]") or "."
 local root = here .. "/.."
@@ -170,6 +173,44 @@ local function file_size(path)
     return n
 end
 
+-- One process: its "achieved tok/s" and peak RSS in KiB (nil without /usr/bin/time).
+local HAS_TIME = io.open("/usr/bin/time", "rb") ~= nil
+local function measure(env, cmd)
+    local full = env .. (HAS_TIME and ("/usr/bin/time -f 'peak-rss-kib %M' " .. cmd) or cmd)
+    local p = io.popen(full .. " 2>&1 >/dev/null")
+    local out = p:read("a")
+    p:close()
+    return tonumber(out:match("achieved tok/s: ([%d%.]+)")), tonumber(out:match("peak%-rss%-kib (%d+)")), out
+end
+
+local function quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+
+-- The CPU against runomp in alternating pairs of processes (see the top).
+local function paired(o, name, path, tok_path)
+    local env = o.threads and ("OMP_NUM_THREADS=" .. o.threads .. " ") or ""
+    local lua = arg[-1] or "lua"
+    env = env .. "MK_BUILD=" .. quote(build) .. " "
+    local ours = string.format("%s %s %s -z %s -t 0 -n %d -i 'Once upon a time' -d cpu", quote(lua), quote(here .. "/llama2.lua"), quote(path), quote(tok_path), o.steps)
+    local theirs = string.format("%s %s -z %s -t 0 -n %d -i 'Once upon a time'", quote(o.runomp),
+        quote(path), quote(tok_path), o.steps)
+    local r = { shape = name, paired = true, threads = o.threads or "all" }
+    local rates, peer, ratios, rss, peer_rss = {}, {}, {}, {}, {}
+    for i = 1, math.max(o.runs, 5) do
+        local a, ra, out = measure(env, ours)
+        if not a then error("moonkaas (" .. ours .. ") printed no tok/s:\n" .. out, 0) end
+        local b, rb, out2 = measure(env, theirs)
+        if not b then error("runomp (" .. theirs .. ") printed no tok/s:\n" .. out2, 0) end
+        rates[#rates + 1], peer[#peer + 1], ratios[#ratios + 1] = a, b, a / b
+        rss[#rss + 1], peer_rss[#peer_rss + 1] = ra, rb
+        io.stderr:write(string.format("  %s pair %d: moonkaas %.1f tok/s, runomp %.1f tok/s (%.2fx)\n",
+            name, i, a, b, a / b))
+    end
+    r.rate, r.peer_rate, r.ratio = median(rates), median(peer), median(ratios)
+    if #rss > 0 then r.rss = median(rss) end
+    if #peer_rss > 0 then r.peer_rss = median(peer_rss) end
+    return r
+end
+
 local function main(argv)
     local o = parse(argv)
     math.randomseed(os.time())
@@ -219,6 +260,9 @@ local function main(argv)
                             - (c.shared_classifier and 0 or 4 * c.vocab_size * c.dim)
             local kv_bytes = 2 * 4 * c.n_layers * c.kv_dim * (o.steps + 1) / 2
             for _, device in ipairs(devices) do
+              if device == "cpu" and o.runomp then
+                rows[#rows + 1] = paired(o, shape.name, path, tok_path)
+              else
                 local net = llama2.build(mk, c, {
                     device = device, cudnn = o.cudnn and device == "cuda", greedy = true,
                     log = function(m) io.stderr:write("  " .. m .. "\n") end })
@@ -240,24 +284,7 @@ local function main(argv)
                 rows[#rows + 1] = row
                 net = nil
                 collectgarbage()
-            end
-            if o.runomp then
-                local threads = o.threads and ("OMP_NUM_THREADS=" .. o.threads .. " ") or ""
-                local rates = {}
-                for r = 1, o.runs do
-                    local cmd = string.format("%s'%s' '%s' -z '%s' -t 0 -n %d -i 'Once upon a time' 2>&1 >/dev/null",
-                        threads, o.runomp, path, tok_path, o.steps)
-                    local p = io.popen(cmd)
-                    local out = p:read("a")
-                    p:close()
-                    local rate = tonumber(out:match("achieved tok/s: ([%d%.]+)"))
-                    if rate then rates[#rates + 1] = rate end
-                    io.stderr:write(string.format("  %s runomp run %d: %s tok/s\n", shape.name, r, tostring(rate)))
-                end
-                if #rates > 0 then
-                    rows[#rows + 1] = { shape = shape.name, who = "llama2.c runomp" ..
-                        (o.threads and (" (" .. o.threads .. " threads)") or ""), rate = median(rates) }
-                end
+              end
             end
             if not o.keep and not o.dir then os.remove(path) end
         end
@@ -268,10 +295,28 @@ local function main(argv)
     -- weights: the weights alone.
     print(string.format("| %-6s | %-28s | %12s | %8s | %8s |", "shape", "runner", "tok/s", "roofline", "weights"))
     print("|--------|------------------------------|--------------|----------|----------|")
+    local pairs_rows = {}
     for _, r in ipairs(rows) do
-        print(string.format("| %-6s | %-28s | %12.1f | %8s | %8s |", r.shape, r.who, r.rate,
-            r.roofline and string.format("%.1f%%", 100 * r.roofline) or "-",
-            r.weights_only and string.format("%.1f%%", 100 * r.weights_only) or "-"))
+        if r.paired then
+            pairs_rows[#pairs_rows + 1] = r
+        else
+            print(string.format("| %-6s | %-28s | %12.1f | %8s | %8s |", r.shape, r.who, r.rate,
+                r.roofline and string.format("%.1f%%", 100 * r.roofline) or "-",
+                r.weights_only and string.format("%.1f%%", 100 * r.weights_only) or "-"))
+        end
+    end
+    if #pairs_rows == 0 then return end
+    -- the CPU against runomp: medians over the pairs; ratio: the median of
+    -- each pair's moonkaas / runomp
+    local function mib(x) return x and string.format("%.0f", x / 1024) or "-" end
+    print()
+    print(string.format("| %-6s | %7s | %13s | %13s | %6s | %12s | %12s | %9s |", "shape", "threads",
+        "moonkaas tok/s", "runomp tok/s", "ratio", "moonkaas MiB", "runomp MiB", "RSS ratio"))
+    print("|--------|---------|----------------|---------------|--------|--------------|--------------|-----------|")
+    for _, r in ipairs(pairs_rows) do
+        print(string.format("| %-6s | %7s | %14.1f | %13.1f | %5.2fx | %12s | %12s | %9s |", r.shape,
+            r.threads, r.rate, r.peer_rate, r.ratio, mib(r.rss), mib(r.peer_rss),
+            (r.rss and r.peer_rss) and string.format("%.2fx", r.rss / r.peer_rss) or "-"))
     end
 end
 

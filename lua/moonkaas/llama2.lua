@@ -340,7 +340,8 @@ function M.main(argv, env)
         mk = m
     end
     local has_cuda, no_cuda_why = false, "this moonkaas has no cuda_available()"
-    if mk.cuda_available then has_cuda, no_cuda_why = mk.cuda_available() end
+    -- asked only when CUDA may run: the question loads the CUDA plugin (and its libraries)
+    if mk.cuda_available and o.device ~= "cpu" then has_cuda, no_cuda_why = mk.cuda_available() end
     local device = o.device or (has_cuda and "cuda" or "cpu")
     if o.cudnn and device ~= "cuda" then
         if o.device == "cpu" then return fail("--cudnn needs -d cuda") end

@@ -13,7 +13,7 @@
  * positions:
  *
  *   - on the CPU, the grouped model equals the model without groups bit for
- *     bit (the CPU runs a group's members with their own kernels); attention
+ *     bit (the group's loop and the nodes alone share their kernels); attention
  *     groups to 1e-5 (the CPU scores only the first p rows, and BLAS may sum
  *     that narrower product in another order than the whole cache's);
  *   - every group's CUDA kernel compiles with NVRTC for sm_80 and sm_90 (no
@@ -27,7 +27,7 @@
  * SlicedSoftmaxNode), then its values against a double-precision reference.
  *
  * test_argmax: a greedy classifier's ties, NaNs and signed zeros, as the CPU
- * picks them.
+ * picks them, on 8 columns and on 4,096 (split among threads and blocks).
  *
  * A third of the graphs are decode attention instead (random_attention).
  */
@@ -498,8 +498,67 @@ done:
     mk_context_free(ctx);
 }
 
-static void test_argmax_cpu(void) { argmax_on(MK_DEVICE_CPU); }
-static void test_argmax_cuda(void) { argmax_on(MK_DEVICE_CUDA); }
+/*
+ * A wide classifier (4,096 columns: the CPU's threads each take a part, the
+ * GPU's blocks theirs) whose values tie often, with NaNs at chunk starts and
+ * -0 next to +0: the ArgMax equals the first-largest scan from column 0.
+ * x picks one column of w per row, so the logits are w's values exactly.
+ */
+static void argmax_wide_on(mk_device dev) {
+    enum { N = 4096, K = 16 };
+    char text[512];
+    snprintf(text, sizeof text,
+             "$1 = InputTensor(x, float32, [2, %d]);\n"
+             "$2 = InputTensor(w, float32, [%d, %d]);\n"
+             "$3 = PermuteNode($2, [1, 0]);\n"
+             "$4 = MatMulNode($1, $3);\n"
+             "$5 = ArgMaxNode($4);\n"
+             "result = $5;\n",
+             K, N, K);
+    mk_error *err = NULL;
+    mk_context *ctx = mk_context_new(&err);
+    mk_compile_options o = {.device = dev};
+    mk_model *m = mk_compile(ctx, text, NULL, 0, &o, &err);
+    CHECK(m != NULL, "compile: %s", mk_error_message(err));
+    float *w = calloc((size_t)N * K, sizeof *w), x[2 * K] = {0};
+    x[0] = 1.0f, x[K + 3] = 1.0f; /* row 0 reads w's column 0, row 1 column 3 */
+    for (int c = 0; m && c < 6 && !test_cur_failed; c++) {
+        for (int j = 0; j < N; j++) {
+            /* a NaN in w's row j makes every row's column j NaN (0 * NaN) */
+            bool nan = (j % 64 == 0 && j > 0 && test_randint(0, 2) == 0) || (c == 5 && j == 0);
+            for (int q = 0; q < 4; q++) {
+                float v = (float)test_randint(-40, 40 + 10 * c); /* later cases: one clear max */
+                if (v == 0.0f && test_randint(0, 1)) v = -0.0f;
+                w[j * K + q] = nan ? NAN : v; /* at column 0 a NaN wins (case 5) */
+            }
+        }
+        int64_t out[2] = {-1, -1}, want[2];
+        for (int r = 0; r < 2; r++) {
+            int q = r ? 3 : 0;
+            want[r] = 0;
+            for (int j = 1; j < N; j++)
+                if (w[j * K + q] > w[want[r] * K + q]) want[r] = j;
+        }
+        mk_named_tensor in[2] = {{"x", x}, {"w", w}};
+        int rc = mk_evaluate(m, in, 2, out, sizeof out, &err);
+        CHECK(rc == 0, "evaluate: %s", mk_error_message(err));
+        CHECK(out[0] == want[0] && out[1] == want[1], "case %d: %lld %lld, want %lld %lld", c,
+              (long long)out[0], (long long)out[1], (long long)want[0], (long long)want[1]);
+    }
+    free(w);
+    mk_model_free(m);
+    mk_error_free(err);
+    mk_context_free(ctx);
+}
+
+static void test_argmax_cpu(void) {
+    argmax_on(MK_DEVICE_CPU);
+    argmax_wide_on(MK_DEVICE_CPU);
+}
+static void test_argmax_cuda(void) {
+    argmax_on(MK_DEVICE_CUDA);
+    argmax_wide_on(MK_DEVICE_CUDA);
+}
 
 static void test_row_fault_cpu(void) { row_fault_on(MK_DEVICE_CPU); }
 static void test_row_fault_cuda(void) { row_fault_on(MK_DEVICE_CUDA); }
