@@ -58,6 +58,45 @@ static void my_share(int64_t n, int64_t *lo, int64_t *hi) {
     *hi = n * (t + 1) / threads;
 }
 
+static int max_threads(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+/* Whether `work` (elements, or multiply-adds) is worth a parallel region: at
+ * least CPU_PAR_MIN, and another thread to share it (a region of one thread
+ * still pays libgomp's fork and join: a futex call, microseconds in a VM). */
+static inline bool par(int64_t work) { return work >= CPU_PAR_MIN && max_threads() > 1; }
+
+/*
+ * for (int64_t I = 0; I < N; I++) BODY, the iterations split among the threads
+ * (static schedule) where COND holds, else a plain loop on the calling thread.
+ * Not `#pragma omp parallel for if (COND)`: with its condition false that
+ * still enters libgomp, which costs a futex call per launch (microseconds in
+ * a VM, more than a small launch's work). CPU_REGION is the same for a
+ * parallel block whose threads take their parts with my_share.
+ */
+#define CPU_FOR(COND, I, N, ...)                                                           \
+    do {                                                                                   \
+        if (COND) {                                                                        \
+            _Pragma("omp parallel for schedule(static)")                                   \
+            for (int64_t I = 0; I < (N); I++) __VA_ARGS__                                  \
+        } else {                                                                           \
+            for (int64_t I = 0; I < (N); I++) __VA_ARGS__                                  \
+        }                                                                                  \
+    } while (0)
+#define CPU_REGION(COND, ...)                                                              \
+    do {                                                                                   \
+        if (COND) {                                                                        \
+            _Pragma("omp parallel") __VA_ARGS__                                            \
+        } else {                                                                           \
+            __VA_ARGS__                                                                    \
+        }                                                                                  \
+    } while (0)
+
 static int thread_index(void) {
 #ifdef _OPENMP
     return omp_get_thread_num();
@@ -98,15 +137,14 @@ static void walk_run(const mk_walk *w, size_t out_step, size_t in_size, char *o,
         total *= w->shape[d];
     int64_t per_row = (n + CPU_TILE - 1) / CPU_TILE;
     int64_t tiles = (total / n) * per_row;
-#pragma omp parallel for schedule(static) if (total >= CPU_PAR_MIN && tiles > 1)
-    for (int64_t t = 0; t < tiles; t++) {
+    CPU_FOR(tiles > 1 && par(total), t, tiles, {
         int64_t row = t / per_row, c0 = (t % per_row) * CPU_TILE;
         int64_t len = n - c0 < CPU_TILE ? n - c0 : CPU_TILE;
         const char *at[MK_WALK_MAX];
         for (int k = 0; k < w->n; k++)
             at[k] = (const char *)in[k] + (size_t)(mk_walk_row_offset(w, k, row) + c0 * s[k]) * in_size;
         fn(ctx, o + (size_t)(row * n + c0) * out_step, at, s, len);
-    }
+    });
 }
 
 /* ---- pointwise expressions ----------------------------------------------- */
@@ -326,8 +364,7 @@ typedef void (*cpu_transpose_fn)(const mk_walk *w, char *o, const char *x);
             batches *= w->shape[d];                                                          \
         int64_t br = (R + CPU_BLOCK - 1) / CPU_BLOCK, bc = (C + CPU_BLOCK - 1) / CPU_BLOCK;  \
         int64_t blocks = batches * br * bc;                                                  \
-        _Pragma("omp parallel for schedule(static) if (batches * R * C >= CPU_PAR_MIN)")     \
-        for (int64_t t = 0; t < blocks; t++) {                                               \
+        CPU_FOR(par(batches * R * C), t, blocks, {                                          \
             int64_t bt = t / (br * bc), i0 = (t / bc % br) * CPU_BLOCK;                      \
             int64_t j0 = (t % bc) * CPU_BLOCK, off = 0, rest = bt;                           \
             for (int d = r - 3; d >= 0; d--) {                                               \
@@ -341,7 +378,7 @@ typedef void (*cpu_transpose_fn)(const mk_walk *w, char *o, const char *x);
             for (int64_t j = j0; j < j1; j++)                                                \
                 for (int64_t i = i0; i < i1; i++)                                            \
                     ob[i * C + j] = xb[i + j * s];                                           \
-        }                                                                                    \
+        });                                                                                  \
     }
 
 CPU_TRANSPOSE(transpose_8, uint8_t)
@@ -539,31 +576,28 @@ __attribute__((noinline)) static void mv_columns(const float *restrict a, const 
 static void mv_omp(const float *a, int64_t sar, const float *b, int64_t ldb,
                    bool b_rows_are_outputs, float *c, int64_t m, int64_t k, int64_t n) {
     if (b_rows_are_outputs) {
-#pragma omp parallel if (m * n * k >= CPU_PAR_MIN)
-        {
+        CPU_REGION(par(m * n * k), {
             int64_t q0, q1;
             my_share((n + 3) / 4, &q0, &q1);
             int64_t j0 = 4 * q0, j1 = 4 * q1 < n ? 4 * q1 : n;
             for (int64_t i = 0; i < m && j0 < j1; i++)
                 mv_columns(a + i * sar, b, ldb, k, j0, j1, c + i * n + j0);
-        }
+        });
         return;
     }
     enum { COLS = 512 }; /* a block of outputs stays in L1 while b's rows stream by */
-#pragma omp parallel for schedule(static) if (n * k >= CPU_PAR_MIN)
-    for (int64_t j0 = 0; j0 < n; j0 += COLS) {
-        int64_t j1 = j0 + COLS < n ? j0 + COLS : n;
+    CPU_FOR(par(n * k), blk, (n + COLS - 1) / COLS, {
+        int64_t j0 = blk * COLS, j1 = j0 + COLS < n ? j0 + COLS : n;
         float *restrict cj = c + j0;
         for (int64_t j = 0; j < j1 - j0; j++)
             cj[j] = 0.0f;
         for (int64_t kk = 0; kk < k; kk++) {
             float av = a[kk];
             const float *bk = b + kk * ldb + j0;
-#pragma omp simd
-            for (int64_t j = 0; j < j1 - j0; j++)
+            _Pragma("omp simd") for (int64_t j = 0; j < j1 - j0; j++)
                 cj[j] += av * bk[j];
         }
-    }
+    });
 }
 
 /* One product c [m, n] = a [m, k] @ b [k, n] through CBLAS where the layouts allow. */
@@ -622,10 +656,10 @@ static int cpu_matmul(const mk_launch *l, mk_error **err) {
         int64_t asb = a->stride[0], bsb = b->stride[0];
         if (m * k * n < CPU_MM_SMALL) {
             /* Attention over one token: many small products, one per thread. */
-#pragma omp parallel for schedule(static) if (B > 1 && B * m * k * n >= 4 * CPU_PAR_MIN)
-            for (int64_t t = 0; t < B; t++)
+            CPU_FOR(B > 1 && par(B * m * k * n / 4), t, B, {
                 mm_loops(ap + t * asb, a->stride[1], a->stride[2], bp + t * bsb, b->stride[1],
                          b->stride[2], c + t * m * n, m, k, n);
+            });
         } else {
             for (int64_t t = 0; t < B; t++)
                 mm_one(ap + t * asb, a->stride[1], a->stride[2], bp + t * bsb, b->stride[1],
@@ -674,9 +708,7 @@ static int cpu_rms_norm(const mk_launch *l, mk_error **err) {
     int64_t n = x->shape[x->rank - 1], rows = mk_tensor_numel(x) / n;
     const float *xp = x->data, *w = wt->data;
     float *out = l->out.data;
-#pragma omp parallel for schedule(static) if (rows > 1 && rows * n >= CPU_PAR_MIN)
-    for (int64_t r = 0; r < rows; r++)
-        rms_row(xp + r * n, w, out + r * n, n);
+    CPU_FOR(rows > 1 && par(rows * n), r, rows, { rms_row(xp + r * n, w, out + r * n, n); });
     return 0;
 }
 
@@ -713,9 +745,7 @@ static int cpu_sliced_softmax(const mk_launch *l, mk_error **err) {
         return mk_fault(err, l->node, MK_FAULT_PREFIX, p, n, 0);
     const float *xp = x->data;
     float *out = l->out.data;
-#pragma omp parallel for schedule(static) if (rows > 1 && rows * n >= CPU_PAR_MIN / 4)
-    for (int64_t r = 0; r < rows; r++)
-        softmax_row(xp + r * n, out + r * n, n, p);
+    CPU_FOR(rows > 1 && par(rows * n * 4), r, rows, { softmax_row(xp + r * n, out + r * n, n, p); });
     return 0;
 }
 
@@ -725,8 +755,7 @@ static int cpu_argmax(const mk_launch *l, mk_error **err) {
     int64_t n = x->shape[x->rank - 1], rows = mk_tensor_numel(x) / n;
     const float *xp = x->data;
     int64_t *out = l->out.data;
-#pragma omp parallel for schedule(static) if (rows > 1 && rows * n >= CPU_PAR_MIN)
-    for (int64_t r = 0; r < rows; r++) {
+    CPU_FOR(rows > 1 && par(rows * n), r, rows, {
         const float *xr = xp + r * n;
         int64_t best = 0;
         float max = xr[0];
@@ -736,7 +765,7 @@ static int cpu_argmax(const mk_launch *l, mk_error **err) {
                 best = j;
             }
         out[r] = best;
-    }
+    });
     return 0;
 }
 
@@ -789,8 +818,7 @@ static int cpu_attention(const mk_launch *l, mk_error **err) {
     if (p < 0 || p > at->s) return mk_fault(err, softmax, MK_FAULT_PREFIX, p, at->s, 0);
     float *sc = scores.data, *o = out.data;
     const float *qp = q->data, *kp = kt->data, *vp = v->data;
-#pragma omp parallel for schedule(static) if (B > 1 && B * m * (d + n) * p >= CPU_PAR_MIN)
-    for (int64_t t = 0; t < B; t++) {
+    CPU_FOR(B > 1 && par(B * m * (d + n) * p), t, B, {
         float *st = sc + t * m * p, *ot = o + t * m * n;
         if (p == 0) {
             memset(ot, 0, (size_t)(m * n) * sizeof(float));
@@ -801,7 +829,7 @@ static int cpu_attention(const mk_launch *l, mk_error **err) {
         for (int64_t i = 0; i < m; i++)
             softmax_row(st + i * p, st + i * p, p, p);
         mm_loops(st, p, 1, vp + t * v->stride[0], v->stride[1], v->stride[2], ot, m, p, n);
-    }
+    });
     return 0;
 }
 
@@ -932,17 +960,12 @@ static int cpu_matvec(const mk_launch *l, mk_error **err) {
         quads += (r->n + 3) / 4;
     }
     first[pg->n_outs] = quads;
-#ifdef _OPENMP
-    int threads = omp_get_max_threads();
-#else
-    int threads = 1;
-#endif
+    int threads = max_threads();
     cpu_best best[threads][MK_PRODUCTS_MAX][MK_MATVEC_ROWS];
     for (int t = 0; t < threads; t++)
         for (int o = 0; o < MK_PRODUCTS_MAX; o++)
             for (int i = 0; i < MK_MATVEC_ROWS; i++) best[t][o][i] = (cpu_best){-INFINITY, -1};
-#pragma omp parallel if (m * k * 4 * quads >= CPU_PAR_MIN)
-    {
+    CPU_REGION(par(m * k * 4 * quads), {
         int64_t q0, q1;
         my_share(quads, &q0, &q1);
         int me = thread_index();
@@ -957,7 +980,7 @@ static int cpu_matvec(const mk_launch *l, mk_error **err) {
                     mv_chunk(&outs[o], a + i * k, k, i, j, j1, &best[me][o][i]);
             }
         }
-    }
+    });
     for (int o = 0; o < pg->n_outs; o++) /* the threads' bests, in column order */
         for (int64_t i = 0; pg->out[o].argmax && i < m; i++) {
             cpu_best b = {-INFINITY, -1};
