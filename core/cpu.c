@@ -2,7 +2,9 @@
  * cpu.c — the CPU device: one kernel per kernel family (plain C, OpenMP,
  * CBLAS) and the device table model.c evaluates through. Long because it is
  * every CPU kernel in one place, sharing the strided walk, the tiling and the
- * matrix-product helpers; the groups' runners at the end reuse the kernels.
+ * matrix-product helpers; the groups' loops at the end reuse their row
+ * functions (mv_columns, program_f32, rms_row, softmax_row, mm_loops), which
+ * is what keeps a group bit-identical to its nodes alone.
  *
  * Every kernel receives a launch bound once at compile time (addresses are
  * final) whose dtypes model.c has checked against the table at the bottom.
@@ -16,12 +18,14 @@
  * The elementwise kernels walk strides for every operand anyway, so a strided
  * first operand costs speed, never correctness.
  *
- * Kernels allocate nothing. Small launches stay on one thread: llama2 runs one
- * token at a time, and an OpenMP fork costs more than a 288-element add.
+ * Kernels allocate nothing. Small launches stay on one thread, outside OpenMP
+ * (CPU_FOR): llama2 runs one token at a time, and an OpenMP fork costs more
+ * than a 288-element add.
  *
  * Sections: helpers · pointwise expressions · complex_mul · data movement
  * (permute, replace_slice, embedding) · matmul · row reductions (rms_norm,
- * sliced_softmax, argmax) · the device table.
+ * sliced_softmax, argmax) · matrix–vector and attention groups · the device
+ * table.
  *
  * Tested through the public API against double-precision loops:
  *   make build/tests/ops_test && ./build/tests/ops_test

@@ -2,7 +2,7 @@
 --
 --   lua scripts/bench_llama2.lua [--7b] [--only 15M|110M|7B] [--runs N] [--steps N]
 --       [--devices cpu,cuda] [--dir DIR] [--keep] [--tokenizer PATH]
---       [--bandwidth GB/s] [--runomp PATH] [--threads N] [--cudnn]
+--       [--bandwidth GB/s] [--runomp PATH] [--threads N] [--cudnn] [--model PATH]
 --
 -- Protocol (../shared/BENCHMARKS.md): random-weight checkpoints in llama2.c's
 -- legacy layout with the real shapes (stories15M, stories110M; Llama-2-7B
@@ -18,6 +18,9 @@
 -- H200's measured copy bandwidth). Attention reads the caches' first pos + 1
 -- rows (the attention group, see lua/moonkaas/llama2/model.lua), so a run of
 -- N steps reads (N + 1) / 2 rows of each cache per token on average.
+--
+-- --model PATH measures that checkpoint instead of the random shapes (e.g.
+-- stories260K.bin with --tokenizer tok512.bin).
 --
 -- --runomp PATH compares the CPU with llama2.c's runomp (built outside the
 -- checkout) on the same files, same OMP_NUM_THREADS (--threads, default: all
@@ -44,7 +47,7 @@ local SHAPES = {
 local USAGE = [[
 usage: lua scripts/bench_llama2.lua [--7b] [--only 15M|110M|7B] [--runs N] [--steps N]
        [--devices cpu,cuda] [--dir DIR] [--keep] [--tokenizer PATH]
-       [--bandwidth GB/s] [--runomp PATH] [--threads N] [--cudnn]
+       [--bandwidth GB/s] [--runomp PATH] [--threads N] [--cudnn] [--model PATH]
 ]]
 
 local function parse(argv)
@@ -66,6 +69,7 @@ local function parse(argv)
             elseif a == "--tokenizer" then o.tokenizer = need()
             elseif a == "--bandwidth" then o.bandwidth = tonumber(need())
             elseif a == "--runomp" then o.runomp = need()
+            elseif a == "--model" then o.model = need()
             elseif a == "--threads" then o.threads = math.tointeger(tonumber(need()))
             else error("unknown option " .. a, 0) end
             i = i + 1
@@ -236,15 +240,17 @@ local function main(argv)
     end
 
     local rows = {}
-    for _, shape in ipairs(SHAPES) do
-        local wanted = (o.only and o.only == shape.name) or (not o.only and (not shape.big or o.big))
+    local shapes = o.model and { { name = o.model:match("([^/]*)%.bin$") or o.model, path = o.model } }
+                   or SHAPES
+    for _, shape in ipairs(shapes) do
+        local wanted = o.model or (o.only and o.only == shape.name) or (not o.only and (not shape.big or o.big))
         if wanted then
-            local path = string.format("%s/llama2_%s_random.bin", dir, shape.name)
+            local path = shape.path or string.format("%s/llama2_%s_random.bin", dir, shape.name)
             local h = shape.header
             local hdr = {}
-            for k, name in ipairs(llama2.checkpoint.FIELDS) do hdr[name] = h[k] end
-            local c0 = assert(llama2.checkpoint.config_from_header(hdr))
-            if file_size(path) ~= c0.expected_bytes then
+            for k, name in ipairs(llama2.checkpoint.FIELDS) do hdr[name] = h and h[k] end
+            local c0 = h and assert(llama2.checkpoint.config_from_header(hdr))
+            if h and file_size(path) ~= c0.expected_bytes then
                 local t0 = llama2.clock()
                 io.stderr:write(string.format("writing %s (%.1f MB) ...\n", path, c0.expected_bytes / 1e6))
                 write_checkpoint(path, h)
@@ -286,7 +292,7 @@ local function main(argv)
                 collectgarbage()
               end
             end
-            if not o.keep and not o.dir then os.remove(path) end
+            if not o.keep and not o.dir and not shape.path then os.remove(path) end
         end
     end
     if not o.keep and not o.dir then os.remove(dir) end
