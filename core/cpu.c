@@ -570,9 +570,42 @@ __attribute__((noinline)) static void mv_columns(const float *restrict a, const 
 }
 
 /*
+ * c [j] = a [k] · column j of b for j < cols (at most 64), b's rows contiguous
+ * (ldb floats apart): each a sum over k in order, of a_k b_kj. A full block
+ * keeps its 64 sums in eight vectors (registers) while b's rows stream by; a
+ * shorter one sums in c itself (L1). Both round alike.
+ */
+static void mv_rows(const float *restrict a, const float *restrict b, int64_t ldb, int64_t k,
+                    int64_t cols, float *restrict c) {
+    if (cols < 64) {
+        for (int64_t j = 0; j < cols; j++)
+            c[j] = 0.0f;
+        for (int64_t kk = 0; kk < k; kk++) {
+            float av = a[kk];
+            const float *bk = b + kk * ldb;
+#pragma omp simd
+            for (int64_t j = 0; j < cols; j++)
+                c[j] += av * bk[j];
+        }
+        return;
+    }
+    cpu_v8 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, s4 = {0}, s5 = {0}, s6 = {0}, s7 = {0};
+    for (int64_t kk = 0; kk < k; kk++) {
+        float x = a[kk];
+        cpu_v8 av = {x, x, x, x, x, x, x, x};
+        const float *bk = b + kk * ldb;
+        s0 += load8(bk) * av, s1 += load8(bk + 8) * av, s2 += load8(bk + 16) * av;
+        s3 += load8(bk + 24) * av, s4 += load8(bk + 32) * av, s5 += load8(bk + 40) * av;
+        s6 += load8(bk + 48) * av, s7 += load8(bk + 56) * av;
+    }
+    cpu_v8 s[8] = {s0, s1, s2, s3, s4, s5, s6, s7};
+    memcpy(c, s, sizeof s);
+}
+
+/*
  * c [m, n] (contiguous) = a [m, k] (rows dense, sar apart) @ b, with b held
  * either as [n, k] rows (transposed: each output a dot product, mv_columns) or
- * as [k, n] rows (normal: rows of b scaled and added; then m == 1). Split over
+ * as [k, n] rows (normal: rows of b scaled and added, mv_rows; then m == 1). Split over
  * OpenMP threads rather than left to OpenBLAS: a one-token model runs hundreds
  * of small launches, and OpenBLAS's own threads spinning between them starve
  * OpenMP's (and the other way round) — 4× slower on 2 cores.
@@ -589,18 +622,9 @@ static void mv_omp(const float *a, int64_t sar, const float *b, int64_t ldb,
         });
         return;
     }
-    enum { COLS = 512 }; /* a block of outputs stays in L1 while b's rows stream by */
-    CPU_FOR(par(n * k), blk, (n + COLS - 1) / COLS, {
-        int64_t j0 = blk * COLS, j1 = j0 + COLS < n ? j0 + COLS : n;
-        float *restrict cj = c + j0;
-        for (int64_t j = 0; j < j1 - j0; j++)
-            cj[j] = 0.0f;
-        for (int64_t kk = 0; kk < k; kk++) {
-            float av = a[kk];
-            const float *bk = b + kk * ldb + j0;
-            _Pragma("omp simd") for (int64_t j = 0; j < j1 - j0; j++)
-                cj[j] += av * bk[j];
-        }
+    CPU_FOR(par(n * k), blk, (n + 63) / 64, {
+        int64_t j0 = blk * 64;
+        mv_rows(a, b + j0, ldb, k, n - j0 < 64 ? n - j0 : 64, c + j0);
     });
 }
 
