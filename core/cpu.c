@@ -34,6 +34,7 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <pthread.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -70,10 +71,17 @@ static int max_threads(void) {
 #endif
 }
 
-/* Whether `work` (elements, or multiply-adds) is worth a parallel region: at
- * least CPU_PAR_MIN, and another thread to share it (a region of one thread
- * still pays libgomp's fork and join: a futex call, microseconds in a VM). */
-static inline bool par(int64_t work) { return work >= CPU_PAR_MIN && max_threads() > 1; }
+/* Whether the launch running on this thread may use threads at all: the
+ * model's cost rule (cpu_prepare) decides per launch, cpu_evaluate sets it. */
+static _Thread_local bool cpu_may_fork = true;
+
+/* Whether `work` (elements, or multiply-adds) is worth a parallel region: the
+ * launch may fork, the work is at least CPU_PAR_MIN, and there is another
+ * thread to share it (a region of one thread still pays libgomp's fork and
+ * join: a futex call, microseconds in a VM). */
+static inline bool par(int64_t work) {
+    return cpu_may_fork && work >= CPU_PAR_MIN && max_threads() > 1;
+}
 
 /*
  * for (int64_t I = 0; I < N; I++) BODY, the iterations split among the threads
@@ -1025,14 +1033,89 @@ static int cpu_product(const mk_launch *l, mk_error **err) {
 
 /* ---- the device table --------------------------------------------------- */
 
-/* The CPU needs no per-model state. */
+/*
+ * The cost rule for threads. A parallel region costs a fork and a join
+ * (measured once per process: the median of empty regions); splitting a
+ * launch over T threads saves at most (1 - 1/T) of its time, so it pays only
+ * when the launch alone takes longer than twice the fork. How long a launch
+ * takes is estimated from the bytes it reads and writes: at the rate a
+ * thread reads a hot matrix (measured once, mv_columns over 128 KiB) when
+ * the model's constants fit in the threads' own caches (L2 times threads),
+ * so that they stay hot between evaluations (a game's policy net: one
+ * thread); otherwise its weights stream from the shared cache or memory,
+ * which more threads read faster, and the launch may fork whenever its work
+ * reaches CPU_PAR_MIN (a language model). Not the last-level cache: shared
+ * with every other core and process, and what a VM reports for it can be
+ * the whole host's (533 MB on the development machine).
+ *
+ * MK_CPU_FORK=always lets every launch fork (the C tests set it, so that their
+ * small graphs run the threaded paths); MK_CPU_FORK=never keeps every launch
+ * on the calling thread.
+ */
+static struct {
+    double fork_ns;      /* an empty parallel region of all threads */
+    double hot_bytes_ns; /* one thread reading a matrix held in cache */
+    double cache_bytes;  /* the threads' own caches: L2 times threads */
+    int rule;            /* MK_CPU_FORK: 0 auto (the rule), 1 always, -1 never */
+} cpu_cost;
+static pthread_once_t cpu_cost_once = PTHREAD_ONCE_INIT;
+
+static int by_value(const void *x, const void *y) {
+    double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+static void cpu_calibrate(void) {
+    const char *rule = getenv("MK_CPU_FORK");
+    cpu_cost.rule = !rule ? 0 : !strcmp(rule, "always") ? 1 : !strcmp(rule, "never") ? -1 : 0;
+    long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    cpu_cost.cache_bytes = (l2 > 0 ? (double)l2 : 1024.0 * 1024) * max_threads();
+    cpu_cost.fork_ns = 0.0;
+    cpu_cost.hot_bytes_ns = 1.0;
+    if (max_threads() < 2) return; /* nothing forks */
+    double t[15];
+    for (int r = 0; r < 18; r++) {
+        double t0 = mk_now_ms();
+#pragma omp parallel
+        {
+            (void)thread_index();
+        }
+        if (r >= 3) t[r - 3] = (mk_now_ms() - t0) * 1e6;
+    }
+    qsort(t, 15, sizeof t[0], by_value);
+    cpu_cost.fork_ns = t[7];
+    enum { K = 256, N = 128 };
+    float *b = malloc((size_t)(K * N + K + N) * sizeof(float));
+    if (!b) return;
+    for (int i = 0; i < K * N + K; i++) b[i] = (float)(i % 7) * 0.125f;
+    double best = INFINITY;
+    for (int r = 0; r < 6; r++) {
+        double t0 = mk_now_ms();
+        mv_columns(b + K * N, b, K, K, 0, N, b + K * N + K);
+        double ns = (mk_now_ms() - t0) * 1e6;
+        if (ns < best) best = ns;
+    }
+    free(b);
+    cpu_cost.hot_bytes_ns = (double)K * N * sizeof(float) / (best > 1.0 ? best : 1.0);
+}
+
+/* A model's launches that may fork (cpu_prepare), or NULL: all may. */
+typedef struct {
+    bool *may_fork;
+} cpu_state;
+
 static int cpu_open(void **state, mk_error **err) {
-    (void)err;
-    *state = NULL;
+    cpu_state *s = calloc(1, sizeof *s);
+    if (!s) return mk_fail(err, MK_ERR_NOMEM, 0, 0, "the CPU device's state");
+    *state = s;
     return 0;
 }
 
-static void cpu_close(void *state) { (void)state; }
+static void cpu_close(void *state) {
+    cpu_state *s = state;
+    if (s) free(s->may_fork);
+    free(s);
+}
 
 static void *cpu_alloc(void *state, size_t bytes, mk_error **err) {
     (void)state;
@@ -1069,9 +1152,52 @@ static int cpu_zero(void *state, void *dst, size_t bytes, mk_error **err) {
     return 0;
 }
 
+static size_t tensor_bytes(const mk_tensor *t) {
+    return (size_t)mk_tensor_numel(t) * mk_dtype_size(t->dtype);
+}
+
+/* The cost rule above, per launch. */
 static int cpu_prepare(void *state, const mk_launch *launches, int n, const mk_copy *in,
                        int n_in, const mk_copy *out, const mk_host *host, mk_error **err) {
-    (void)state, (void)launches, (void)n, (void)in, (void)n_in, (void)out, (void)host, (void)err;
+    (void)in, (void)n_in, (void)out;
+    cpu_state *s = state;
+    pthread_once(&cpu_cost_once, cpu_calibrate);
+    /* the constants' bytes, each counted once (by its owner) */
+    double constants = 0.0;
+    const mk_node **seen = calloc((size_t)n * MK_MAX_INPUTS + 1, sizeof *seen);
+    free(s->may_fork);
+    if (!seen || !(s->may_fork = calloc((size_t)n + 1, sizeof *s->may_fork))) {
+        free(seen);
+        return mk_fail(err, MK_ERR_NOMEM, 0, 0, "the CPU device's launch plan");
+    }
+    int n_seen = 0;
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < launches[i].node->n_in; k++) {
+            const mk_node *x = launches[i].node->in[k];
+            const mk_node *o = x->owner ? x->owner : x;
+            if (o->storage != MK_STORAGE_CONSTANT) continue;
+            bool known = false;
+            for (int q = 0; q < n_seen && !known; q++) known = seen[q] == o;
+            if (!known) seen[n_seen++] = o, constants += (double)mk_node_bytes(o);
+        }
+    free(seen);
+    bool hot = constants <= cpu_cost.cache_bytes;
+    int forks = 0;
+    for (int i = 0; i < n; i++) {
+        const mk_launch *l = &launches[i];
+        double bytes = (double)tensor_bytes(&l->out);
+        for (int k = 0; k < l->n_in; k++) bytes += (double)tensor_bytes(&l->in[k]);
+        s->may_fork[i] = cpu_cost.rule > 0 ||
+                         (cpu_cost.rule == 0 && cpu_cost.fork_ns > 0 &&
+                          (!hot || bytes / cpu_cost.hot_bytes_ns > 2 * cpu_cost.fork_ns));
+        forks += s->may_fork[i];
+    }
+    if (cpu_cost.fork_ns > 0)
+        host->log(host, MK_LOG_INFO,
+                  "cpu: %d of %d launches may use %d threads (constants %.1f MB, %s the threads' "
+                  "%.1f MB of L2; a fork costs %.1f us, a hot matrix reads at %.0f GB/s)",
+                  forks, n, max_threads(), constants / 1e6, hot ? "within" : "beyond",
+                  cpu_cost.cache_bytes / 1e6, cpu_cost.fork_ns / 1e3, cpu_cost.hot_bytes_ns);
     return 0;
 }
 
@@ -1079,7 +1205,7 @@ static int cpu_prepare(void *state, const mk_launch *launches, int n, const mk_c
  * host cancels: checked between launches), the output out. */
 static int cpu_evaluate(void *state, const mk_launch *launches, int n, const mk_copy *in,
                         int n_in, const mk_copy *out, const mk_host *host, mk_error **err) {
-    (void)state;
+    const cpu_state *s = state;
     for (int i = 0; i < n_in; i++)
         if (in[i].bytes && in[i].device != in[i].host)
             memcpy(in[i].device, in[i].host, in[i].bytes);
@@ -1087,10 +1213,12 @@ static int cpu_evaluate(void *state, const mk_launch *launches, int n, const mk_
         const mk_launch *l = &launches[i];
         if (host->cancelled(host))
             return mk_cancelled(err, "evaluation");
+        cpu_may_fork = !s->may_fork || s->may_fork[i];
         if (mk_cpu_device.kernels[l->node->op->kernel].fn(l, err) != 0)
             return -1;
         host->progress(host, MK_PHASE_RUN, i + 1, n);
     }
+    cpu_may_fork = true;
     if (out && out->bytes && out->device != out->host)
         memcpy(out->host, out->device, out->bytes);
     return 0;

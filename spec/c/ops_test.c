@@ -19,6 +19,7 @@
 
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stdlib.h>
 
 static mk_context *ctx;
 /* Each test runs once with the default passes and once without (no views). */
@@ -1596,6 +1597,8 @@ static void test_chain(void) {
 }
 
 int main(void) {
+    /* small graphs, but the CPU's threaded paths: the cost rule would keep them on one thread */
+    setenv("MK_CPU_FORK", "always", 0);
     test_srand(test_seed());
     mk_error *err = NULL;
     ctx = mk_context_new(&err);

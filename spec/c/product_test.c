@@ -564,6 +564,8 @@ static void test_row_fault_cpu(void) { row_fault_on(MK_DEVICE_CPU); }
 static void test_row_fault_cuda(void) { row_fault_on(MK_DEVICE_CUDA); }
 
 int main(void) {
+    /* small graphs, but the CPU's threaded paths: the cost rule would keep them on one thread */
+    setenv("MK_CPU_FORK", "always", 0);
     RUN(test_random_products);
     RUN(test_row_fault_cpu);
     RUN(test_prefix_fault_cpu);

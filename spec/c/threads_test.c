@@ -38,6 +38,7 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stdlib.h>
 
 #define N_THREADS 4
 #define MAX_THREADS 8
@@ -691,6 +692,8 @@ static void test_introspection_while_evaluating(void) {
 }
 
 int main(void) {
+    /* small graphs, but the CPU's threaded paths: the cost rule would keep them on one thread */
+    setenv("MK_CPU_FORK", "always", 0);
     seed = test_seed();
     if (getenv("MK_VALGRIND")) iters = 10;
     /* first: these are the process's first calls into the once-filled tables */
