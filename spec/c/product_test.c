@@ -333,6 +333,22 @@ static void test_random_products(void) {
     mk_context_free(ctx);
 }
 
+/* text compiled for dev, checked to be one group in one launch; NULL (a
+ * failed check) if it does not compile. */
+static mk_model *compile_one_group(mk_context *ctx, const char *text, mk_device dev) {
+    mk_error *err = NULL;
+    mk_compile_options o = {.device = dev};
+    mk_model *m = mk_compile(ctx, text, NULL, 0, &o, &err);
+    CHECK(m != NULL, "compile: %s", mk_error_message(err));
+    mk_error_free(err);
+    if (!m) return NULL;
+    mk_stats st;
+    mk_model_stats(m, &st);
+    CHECK(st.product_groups == 1 && st.launches == 1, "%d groups, %d launches\n%s",
+          st.product_groups, st.launches, mk_model_script(m));
+    return m;
+}
+
 /* A row write out of bounds: the error names the write, and the model runs again. */
 static void row_fault_on(mk_device dev) {
     const char *text =
@@ -347,14 +363,8 @@ static void row_fault_on(mk_device dev) {
         "result = $8;\n";
     mk_error *err = NULL;
     mk_context *ctx = mk_context_new(&err);
-    mk_compile_options o = {.device = dev};
-    mk_model *m = mk_compile(ctx, text, NULL, 0, &o, &err);
-    CHECK(m != NULL, "compile: %s", mk_error_message(err));
+    mk_model *m = compile_one_group(ctx, text, dev);
     if (!m) goto done;
-    mk_stats st;
-    mk_model_stats(m, &st);
-    CHECK(st.product_groups == 1 && st.launches == 1, "%d groups, %d launches\n%s",
-          st.product_groups, st.launches, mk_model_script(m));
     float x[8], w[32], out[12];
     for (int i = 0; i < 8; i++) x[i] = (float)test_uniform(-1, 1);
     for (int i = 0; i < 32; i++) w[i] = (float)test_uniform(-1, 1);
@@ -401,14 +411,8 @@ static void prefix_fault_on(mk_device dev) {
         "result = $9;\n";
     mk_error *err = NULL;
     mk_context *ctx = mk_context_new(&err);
-    mk_compile_options o = {.device = dev};
-    mk_model *m = mk_compile(ctx, text, NULL, 0, &o, &err);
-    CHECK(m != NULL, "compile: %s", mk_error_message(err));
+    mk_model *m = compile_one_group(ctx, text, dev);
     if (!m) goto done;
-    mk_stats st;
-    mk_model_stats(m, &st);
-    CHECK(st.product_groups == 1 && st.launches == 1, "%d groups, %d launches\n%s",
-          st.product_groups, st.launches, mk_model_script(m));
     float q[8], k[40], v[30], out[6];
     for (int i = 0; i < 8; i++) q[i] = (float)test_uniform(-1, 1);
     for (int i = 0; i < 40; i++) k[i] = (float)test_uniform(-1, 1);
@@ -462,14 +466,8 @@ static void argmax_on(mk_device dev) {
         "result = $5;\n";
     mk_error *err = NULL;
     mk_context *ctx = mk_context_new(&err);
-    mk_compile_options o = {.device = dev};
-    mk_model *m = mk_compile(ctx, text, NULL, 0, &o, &err);
-    CHECK(m != NULL, "compile: %s", mk_error_message(err));
+    mk_model *m = compile_one_group(ctx, text, dev);
     if (!m) goto done;
-    mk_stats st;
-    mk_model_stats(m, &st);
-    CHECK(st.product_groups == 1 && st.launches == 1, "%d groups, %d launches\n%s",
-          st.product_groups, st.launches, mk_model_script(m));
     float x[8] = {1, 0, 0, 0, 0, 1, 0, 0}; /* row 0 reads w's column 0, row 1 column 1 */
     const struct {
         float c0[8], c1[8]; /* w[j][0] and w[j][1] */
