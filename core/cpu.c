@@ -425,6 +425,66 @@ static int cpu_permute(const mk_launch *l, mk_error **err) {
     return 0;
 }
 
+/* ---- conversions: cast, dequantize --------------------------------------- */
+
+/* One stretch of a cast: n elements of dtype from (stride s[0]) into o, dense. */
+static void cast_row(const void *ctx, char *o, const char *const *in, const int64_t *s,
+                     int64_t n) {
+    const mk_dtype *d = ctx; /* to, from */
+    size_t es = mk_dtype_size(d[1]);
+    if (s[0] == 1) {
+        mk_convert(o, d[0], in[0], d[1], n);
+        return;
+    }
+    size_t os = mk_dtype_size(d[0]);
+    for (int64_t i = 0; i < n; i++)
+        mk_convert(o + (size_t)i * os, d[0], in[0] + (size_t)(i * s[0]) * es, d[1], 1);
+}
+
+/* out = x converted to out's dtype (the rule: mk_convert); x strided. */
+static int cpu_cast(const mk_launch *l, mk_error **err) {
+    (void)err;
+    const mk_tensor *x = &l->in[0];
+    mk_walk w;
+    walk_of(&w, l->out.rank, l->out.shape, 1, &x);
+    const mk_dtype pair[2] = {l->out.dtype, x->dtype};
+    walk_run(&w, mk_dtype_size(l->out.dtype), mk_dtype_size(x->dtype), l->out.data,
+             (const void *[]){x->data}, cast_row, pair);
+    return 0;
+}
+
+/*
+ * out = q * scale, float32: q int8 and scale float32 (both strided), scale's
+ * dims dividing q's, element i taking scale[i_d / (q_d / scale_d)]. Row by row
+ * of the last axis; along it the scale changes every `g` elements.
+ */
+static int cpu_dequantize(const mk_launch *l, mk_error **err) {
+    (void)err;
+    const mk_tensor *q = &l->in[0], *sc = &l->in[1];
+    int r = q->rank, last = r - 1;
+    int64_t n = q->shape[last], g = n / sc->shape[last], rows = mk_tensor_numel(q) / n;
+    const int8_t *qd = q->data;
+    const float *sd = sc->data;
+    float *o = l->out.data;
+    CPU_FOR(par(rows * n), row, rows, {
+        int64_t qo = 0, so = 0, rest = row;
+        for (int d = last - 1; d >= 0; d--) {
+            int64_t i = rest % q->shape[d];
+            rest /= q->shape[d];
+            qo += i * q->stride[d];
+            so += i / (q->shape[d] / sc->shape[d]) * sc->stride[d];
+        }
+        const int8_t *qr = qd + qo;
+        float *orow = o + row * n;
+        for (int64_t j0 = 0; j0 < n; j0 += g) {
+            float s = sd[so + j0 / g * sc->stride[last]];
+            for (int64_t j = j0; j < j0 + g; j++)
+                orow[j] = (float)qr[j * q->stride[last]] * s;
+        }
+    });
+    return 0;
+}
+
 /* ---- data movement: replace_slice, embedding ---------------------------- */
 
 /* Rows [begin, end) of `rows` for a write of r_rows rows: 0, or node's fault. */
@@ -550,30 +610,126 @@ static inline float lanes_total(cpu_v8 x0, cpu_v8 x1, float t) {
     return s + t;
 }
 
-__attribute__((noinline)) static void mv_columns(const float *restrict a, const float *restrict b,
-                                                 int64_t ldb, int64_t k, int64_t j0, int64_t j1,
-                                                 float *restrict c) {
+/*
+ * A product's weights as mv_columns reads them: column j of B (k elements,
+ * contiguous) at `data` + j * ldb elements of `dtype`, each widened to
+ * float32 (exact); int8 ones times their block's scale,
+ * scale[kk / group * ss_k + j * ss_n], rounded once, as a DequantizeNode alone
+ * computes them (group: a multiple of 16, so a lane block never straddles two).
+ */
+typedef struct {
+    const void *data;
+    mk_dtype dtype;
+    int64_t ldb;
+    const float *scale; /* int8 only */
+    int64_t group, ss_k, ss_n;
+} cpu_weights;
+
+typedef uint16_t cpu_u16x8 __attribute__((vector_size(16)));
+typedef uint32_t cpu_u32x8 __attribute__((vector_size(32)));
+typedef int8_t cpu_i8x8 __attribute__((vector_size(8)));
+#ifdef __FLT16_MAX__
+typedef _Float16 cpu_h8 __attribute__((vector_size(16)));
+#endif
+
+/* Eight weights from element kk of a column at p, widened. */
+static inline __attribute__((always_inline)) cpu_v8 wload8(const void *p, int64_t kk, mk_dtype d) {
+    switch (d) {
+    case MK_DTYPE_BFLOAT16: {
+        cpu_u16x8 h;
+        memcpy(&h, (const uint16_t *)p + kk, sizeof h);
+        return (cpu_v8)(__builtin_convertvector(h, cpu_u32x8) << 16);
+    }
+    case MK_DTYPE_FLOAT16: {
+#ifdef __FLT16_MAX__
+        cpu_h8 h;
+        memcpy(&h, (const uint16_t *)p + kk, sizeof h);
+        return __builtin_convertvector(h, cpu_v8);
+#else
+        cpu_v8 v;
+        for (int i = 0; i < 8; i++) v[i] = mk_f16_to_f32(((const uint16_t *)p)[kk + i]);
+        return v;
+#endif
+    }
+    case MK_DTYPE_INT8: {
+        cpu_i8x8 q;
+        memcpy(&q, (const int8_t *)p + kk, sizeof q);
+        return __builtin_convertvector(q, cpu_v8);
+    }
+    default: return load8((const float *)p + kk);
+    }
+}
+
+static inline __attribute__((always_inline)) float wload1(const void *p, int64_t kk, mk_dtype d) {
+    switch (d) {
+    case MK_DTYPE_BFLOAT16: return mk_bf16_to_f32(((const uint16_t *)p)[kk]);
+    case MK_DTYPE_FLOAT16: return mk_f16_to_f32(((const uint16_t *)p)[kk]);
+    case MK_DTYPE_INT8: return (float)((const int8_t *)p)[kk];
+    default: return ((const float *)p)[kk];
+    }
+}
+
+static inline __attribute__((always_inline)) void
+mv_columns_of(const float *restrict a, const cpu_weights *w, int64_t k, int64_t j0, int64_t j1,
+              float *restrict c, mk_dtype d) {
     int64_t body = k - k % 16;
+    size_t es = mk_dtype_size(d);
+    bool q8 = d == MK_DTYPE_INT8;
     for (int64_t j = j0; j < j1; j += 4) {
         int cols = j1 - j < 4 ? (int)(j1 - j) : 4;
         /* a quad short of columns repeats its first: computed, not stored */
-        const float *b0 = b + j * ldb, *b1 = cols > 1 ? b0 + ldb : b0,
-                    *b2 = cols > 2 ? b0 + 2 * ldb : b0, *b3 = cols > 3 ? b0 + 3 * ldb : b0;
+        const char *b0 = (const char *)w->data + (size_t)(j * w->ldb) * es;
+        const char *b1 = cols > 1 ? b0 + (size_t)w->ldb * es : b0,
+                   *b2 = cols > 2 ? b0 + (size_t)(2 * w->ldb) * es : b0,
+                   *b3 = cols > 3 ? b0 + (size_t)(3 * w->ldb) * es : b0;
+        const float *c0 = q8 ? w->scale + j * w->ss_n : NULL;
+        const float *c1 = q8 && cols > 1 ? c0 + w->ss_n : c0, *c2 = q8 && cols > 2 ? c0 + 2 * w->ss_n : c0,
+                    *c3 = q8 && cols > 3 ? c0 + 3 * w->ss_n : c0;
         cpu_v8 s00 = {0}, s01 = {0}, s10 = {0}, s11 = {0}, s20 = {0}, s21 = {0}, s30 = {0},
                s31 = {0};
+        int64_t gk = 0, left = q8 ? w->group : 0; /* int8: the block's scale, and what it has left */
         for (int64_t kk = 0; kk < body; kk += 16) {
             cpu_v8 a0 = load8(a + kk), a1 = load8(a + kk + 8);
-            s00 += load8(b0 + kk) * a0, s01 += load8(b0 + kk + 8) * a1;
-            s10 += load8(b1 + kk) * a0, s11 += load8(b1 + kk + 8) * a1;
-            s20 += load8(b2 + kk) * a0, s21 += load8(b2 + kk + 8) * a1;
-            s30 += load8(b3 + kk) * a0, s31 += load8(b3 + kk + 8) * a1;
+            cpu_v8 w00 = wload8(b0, kk, d), w01 = wload8(b0, kk + 8, d);
+            cpu_v8 w10 = wload8(b1, kk, d), w11 = wload8(b1, kk + 8, d);
+            cpu_v8 w20 = wload8(b2, kk, d), w21 = wload8(b2, kk + 8, d);
+            cpu_v8 w30 = wload8(b3, kk, d), w31 = wload8(b3, kk + 8, d);
+            if (q8) {
+                float x0 = c0[gk], x1 = c1[gk], x2 = c2[gk], x3 = c3[gk];
+                w00 *= x0, w01 *= x0, w10 *= x1, w11 *= x1;
+                w20 *= x2, w21 *= x2, w30 *= x3, w31 *= x3;
+                if ((left -= 16) == 0) gk += w->ss_k, left = w->group;
+            }
+            s00 += w00 * a0, s01 += w01 * a1;
+            s10 += w10 * a0, s11 += w11 * a1;
+            s20 += w20 * a0, s21 += w21 * a1;
+            s30 += w30 * a0, s31 += w31 * a1;
         }
         float t0 = 0.0f, t1 = 0.0f, t2 = 0.0f, t3 = 0.0f;
-        for (int64_t kk = body; kk < k; kk++)
-            t0 += b0[kk] * a[kk], t1 += b1[kk] * a[kk], t2 += b2[kk] * a[kk], t3 += b3[kk] * a[kk];
+        for (int64_t kk = body; kk < k; kk++) {
+            float v0 = wload1(b0, kk, d), v1 = wload1(b1, kk, d), v2 = wload1(b2, kk, d),
+                  v3 = wload1(b3, kk, d);
+            if (q8) {
+                int64_t at = kk / w->group * w->ss_k;
+                v0 *= c0[at], v1 *= c1[at], v2 *= c2[at], v3 *= c3[at];
+            }
+            t0 += v0 * a[kk], t1 += v1 * a[kk], t2 += v2 * a[kk], t3 += v3 * a[kk];
+        }
         float v[4] = {lanes_total(s00, s01, t0), lanes_total(s10, s11, t1),
                       lanes_total(s20, s21, t2), lanes_total(s30, s31, t3)};
         memcpy(c + (j - j0), v, (size_t)cols * sizeof(float));
+    }
+}
+
+/* c [j - j0] = a · column j of w, j in [j0, j1); one body per weight dtype. */
+__attribute__((noinline)) static void mv_columns(const float *restrict a, const cpu_weights *w,
+                                                 int64_t k, int64_t j0, int64_t j1,
+                                                 float *restrict c) {
+    switch (w->dtype) {
+    case MK_DTYPE_BFLOAT16: mv_columns_of(a, w, k, j0, j1, c, MK_DTYPE_BFLOAT16); break;
+    case MK_DTYPE_FLOAT16: mv_columns_of(a, w, k, j0, j1, c, MK_DTYPE_FLOAT16); break;
+    case MK_DTYPE_INT8: mv_columns_of(a, w, k, j0, j1, c, MK_DTYPE_INT8); break;
+    default: mv_columns_of(a, w, k, j0, j1, c, MK_DTYPE_FLOAT32); break;
     }
 }
 
@@ -625,8 +781,9 @@ static void mv_omp(const float *a, int64_t sar, const float *b, int64_t ldb,
             int64_t q0, q1;
             my_share((n + 3) / 4, &q0, &q1);
             int64_t j0 = 4 * q0, j1 = 4 * q1 < n ? 4 * q1 : n;
+            const cpu_weights w = {.data = b, .dtype = MK_DTYPE_FLOAT32, .ldb = ldb};
             for (int64_t i = 0; i < m && j0 < j1; i++)
-                mv_columns(a + i * sar, b, ldb, k, j0, j1, c + i * n + j0);
+                mv_columns(a + i * sar, &w, k, j0, j1, c + i * n + j0);
         });
         return;
     }
@@ -674,7 +831,24 @@ static void mm_one(const float *a, int64_t sar, int64_t sac, const float *b, int
  * a and b are strided (see mk_matrix_layout); out is contiguous.
  */
 static int cpu_matmul(const mk_launch *l, mk_error **err) {
-    const mk_tensor *a = &l->in[0], *b = &l->in[1];
+    const mk_tensor *a = &l->in[0];
+    mk_tensor wide = l->in[1], *b = &wide;
+    if (b->dtype != MK_DTYPE_FLOAT32) {
+        /* low-precision weights, widened into scratch: in their own layout where
+         * they fill their memory (a permuted weight stays transposed, read as
+         * a matrix–vector group reads it), else dense */
+        wide.data = l->scratch;
+        wide.dtype = MK_DTYPE_FLOAT32;
+        if (mk_tensor_is_dense_permuted(&l->in[1])) {
+            mk_convert(l->scratch, MK_DTYPE_FLOAT32, l->in[1].data, l->in[1].dtype,
+                       mk_tensor_numel(b));
+        } else {
+            mk_launch copy = {.node = l->node, .n_in = 1, .in = {l->in[1]}, .out = wide};
+            mk_contiguous_strides(b->rank, b->shape, copy.out.stride);
+            cpu_cast(&copy, err);
+            wide = copy.out;
+        }
+    }
     float *c = l->out.data;
     const float *ap = a->data, *bp = b->data;
     if (a->rank == 1 && b->rank == 2) {
@@ -901,8 +1075,8 @@ typedef struct {
 /* A result as its chunks read it, resolved once per launch. */
 typedef struct {
     const mk_product_out *r;
-    const float *data[MK_X_IN];           /* per source: B (a product), or the operand */
-    int64_t ldb[MK_X_IN];                 /* a product's column stride */
+    const float *data[MK_X_IN];           /* per source: the operand (not a product) */
+    cpu_weights w[MK_X_IN];               /* per source: a product's weights */
     int64_t stride[MK_X_IN][MK_MAX_RANK]; /* an operand's, broadcast onto its shape */
     const float *rot;                     /* the rotation's (cos, sin) operand, or NULL */
     int64_t rot_stride[MK_MAX_RANK];
@@ -928,7 +1102,7 @@ static void mv_chunk(const cpu_mv_out *x, const float *a, int64_t k, int64_t i, 
     for (int s = 0; s < r->n_src; s++) {
         const mk_product_source *ps = &r->src[s];
         if (ps->product >= 0)
-            mv_columns(a, x->data[s], x->ldb[s], k, j0, j1, src[s]);
+            mv_columns(a, &x->w[s], k, j0, j1, src[s]);
         else
             for (int64_t t = 0; t < len; t++)
                 src[s][t] = x->data[s][element_offset(e0 + t, ps->rank, ps->shape, x->stride[s])];
@@ -977,10 +1151,21 @@ static int cpu_matvec(const mk_launch *l, mk_error **err) {
         *x = (cpu_mv_out){.r = r, .dst = (float *)l->out.data + r->offset};
         for (int s = 0; s < r->n_src; s++) {
             const mk_product_source *ps = &r->src[s];
-            const mk_tensor *t = &l->in[ps->product >= 0 ? pg->b[ps->product] : ps->in];
+            int j = ps->product;
+            const mk_tensor *t = &l->in[j >= 0 ? pg->b[j] : ps->in];
             x->data[s] = t->data;
-            x->ldb[s] = t->stride[1];
-            if (ps->product < 0) broadcast_strides(t, ps->rank, ps->shape, x->stride[s]);
+            if (j < 0) {
+                broadcast_strides(t, ps->rank, ps->shape, x->stride[s]);
+                continue;
+            }
+            x->w[s] = (cpu_weights){.data = t->data, .dtype = t->dtype, .ldb = t->stride[1]};
+            if (pg->b_scale[j] >= 0) {
+                const mk_tensor *sc = &l->in[pg->b_scale[j]];
+                x->w[s].scale = sc->data;
+                x->w[s].group = pg->b_group[j];
+                x->w[s].ss_k = sc->stride[0];
+                x->w[s].ss_n = sc->stride[1];
+            }
         }
         if (r->rotate >= 0) {
             x->rot = l->in[r->rotate].data;
@@ -1091,7 +1276,8 @@ static void cpu_calibrate(void) {
     double best = INFINITY;
     for (int r = 0; r < 6; r++) {
         double t0 = mk_now_ms();
-        mv_columns(b + K * N, b, K, K, 0, N, b + K * N + K);
+        mv_columns(b + K * N, &(cpu_weights){.data = b, .dtype = MK_DTYPE_FLOAT32, .ldb = K}, K,
+                   0, N, b + K * N + K);
         double ns = (mk_now_ms() - t0) * 1e6;
         if (ns < best) best = ns;
     }
@@ -1226,11 +1412,13 @@ static int cpu_evaluate(void *state, const mk_launch *launches, int n, const mk_
 
 #define F32 MK_DTYPE_BIT(MK_DTYPE_FLOAT32)
 #define I64 MK_DTYPE_BIT(MK_DTYPE_INT64)
+#define F16 MK_DTYPE_BIT(MK_DTYPE_FLOAT16)
+#define BF16 MK_DTYPE_BIT(MK_DTYPE_BFLOAT16)
 /* Indexed by kernel family; the dtypes are those of every data operand and the
  * result (argmax: float32 in, int64 out; embedding: int64 ids). */
 static const mk_kernel cpu_kernels[MK_KERNEL_COUNT] = {
     [MK_KERNEL_POINTWISE] = {cpu_pointwise, F32 | I64},
-    [MK_KERNEL_MATMUL] = {cpu_matmul, F32},
+    [MK_KERNEL_MATMUL] = {cpu_matmul, F32 | F16 | BF16}, /* a and out float32 (the op's rule) */
     [MK_KERNEL_PERMUTE] = {cpu_permute, MK_DTYPES_ALL},
     [MK_KERNEL_REPLACE_SLICE] = {cpu_replace_slice, MK_DTYPES_ALL},
     [MK_KERNEL_RMS_NORM] = {cpu_rms_norm, F32},
@@ -1238,8 +1426,10 @@ static const mk_kernel cpu_kernels[MK_KERNEL_COUNT] = {
     [MK_KERNEL_SLICED_SOFTMAX] = {cpu_sliced_softmax, F32},
     [MK_KERNEL_EMBEDDING] = {cpu_embedding, MK_DTYPES_ALL},
     [MK_KERNEL_ARGMAX] = {cpu_argmax, F32 | I64},
-    [MK_KERNEL_PRODUCT] = {cpu_product, F32 | I64},
+    [MK_KERNEL_PRODUCT] = {cpu_product, F32 | I64 | F16 | BF16 | MK_DTYPE_BIT(MK_DTYPE_INT8)},
     [MK_KERNEL_PREFIX_MATMUL] = {cpu_prefix_matmul, F32}, /* the prefix: a bound */
+    [MK_KERNEL_CAST] = {cpu_cast, MK_DTYPES_ALL},
+    [MK_KERNEL_DEQUANTIZE] = {cpu_dequantize, F32 | MK_DTYPE_BIT(MK_DTYPE_INT8)},
 };
 
 const mk_device_ops mk_cpu_device = {

@@ -114,7 +114,8 @@ static const struct {
 
 static int kind_of(const mk_node *n) {
     if (n->dtype != MK_DTYPE_FLOAT32) return -1;
-    if (n->op->kernel == MK_KERNEL_MATMUL) return MK_GOP_MATMUL;
+    if (n->op->kernel == MK_KERNEL_MATMUL) /* float32 weights only: cuDNN reads them as such */
+        return n->in[1]->dtype == MK_DTYPE_FLOAT32 ? MK_GOP_MATMUL : -1;
     if (n->op->role != MK_ROLE_POINTWISE || !n->op->expr) return -1;
     for (size_t i = 0; i < sizeof cudnn_modes / sizeof cudnn_modes[0]; i++)
         if (!strcmp(n->op->expr, cudnn_modes[i].expr)) return (int)cudnn_modes[i].kind;

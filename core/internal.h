@@ -22,6 +22,8 @@
 #include "moonkaas.h"
 
 #include <stdarg.h>
+#include <stdint.h>
+#include <string.h>
 
 #define MK_MAX_INPUTS 16
 #define MK_ALIGN 256
@@ -81,6 +83,73 @@ const mk_dtype_row *mk_dtype_row_of(mk_dtype d);
 #define MK_DTYPES_FLOAT \
     (MK_DTYPE_BIT(MK_DTYPE_FLOAT32) | MK_DTYPE_BIT(MK_DTYPE_FLOAT16) | MK_DTYPE_BIT(MK_DTYPE_BFLOAT16))
 #define MK_DTYPES_ALL ((1u << MK_DTYPE_COUNT) - 1u)
+
+/*
+ * Element conversions, the one rule every device and the host follow (the
+ * Cast node, mk_convert, the weight reads of products):
+ *   - to float16 / bfloat16: round to nearest, ties to even; too large for
+ *     float16 becomes ±inf; NaN stays NaN;
+ *   - from float16 / bfloat16 to float32: exact;
+ *   - float to integer: toward zero, saturated at the type's range, NaN → 0;
+ *   - int64 to float32: round to nearest (as C converts).
+ */
+static inline float mk_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint16_t mk_f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static inline float mk_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
+    if (exp == 0x1f) {
+        u = sign | 0x7f800000u | (man << 13); /* inf, NaN */
+    } else if (exp) {
+        u = sign | ((exp + 112u) << 23) | (man << 13);
+    } else if (man) { /* subnormal: man * 2^-24, exact in float32 */
+        float f = (float)man * 0x1p-24f;
+        memcpy(&u, &f, sizeof u);
+        u |= sign;
+    } else {
+        u = sign;
+    }
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint16_t mk_f32_to_f16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu)); /* NaN */
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds past 65504: inf */
+    if (a < 0x38800000u) { /* below 2^-14: a subnormal (or zero), in units of 2^-24 */
+        float x;
+        memcpy(&x, &a, sizeof x);
+        /* x * 2^24 < 1024 is exact to scale; rounding it to an integer rounds
+         * to nearest even in the current (default) mode */
+        return (uint16_t)(sign | (uint16_t)__builtin_rintf(x * 0x1p24f));
+    }
+    uint32_t r = a + 0x0fffu + ((a >> 13) & 1u) - (112u << 23); /* ties to even */
+    return (uint16_t)(sign | (r >> 13));
+}
+
+/* Float to integer: toward zero, saturated to [lo, hi], NaN to 0. */
+static inline int64_t mk_f64_to_int(double x, int64_t lo, int64_t hi) {
+    if (x != x) return 0;
+    if (x <= (double)lo) return lo;
+    if (x >= (double)hi) return hi;
+    return (int64_t)x;
+}
 
 /* ---- graph -------------------------------------------------------------- */
 
@@ -308,7 +377,10 @@ typedef struct mk_product_group {
     int a;                         /* operand: A, or the x that the RmsNorm normalises */
     int norm_w;                    /* operand: the RmsNorm's weight [k], or -1 */
     int n_products;
-    int b[MK_PRODUCTS_MAX];        /* operand: B_j [k, n_j] */
+    int b[MK_PRODUCTS_MAX];        /* operand: B_j [k, n_j], float32, float16 or bfloat16, or
+                                      int8 times the scales of a DequantizeNode folded in: */
+    int b_scale[MK_PRODUCTS_MAX];  /* operand: its scales [k / group, n_j], or -1 */
+    int64_t b_group[MK_PRODUCTS_MAX]; /* rows of B per scale (a multiple of 16) */
     int n_outs;
     mk_product_out out[MK_PRODUCTS_MAX];
     int n_members;
@@ -336,6 +408,9 @@ typedef struct {
 mk_tensor mk_tensor_broadcast(const mk_tensor *b, const mk_tensor *like);
 int64_t mk_tensor_numel(const mk_tensor *t);
 bool mk_tensor_is_contiguous(const mk_tensor *t);
+/* Do t's elements fill its memory exactly, in some order of its axes (a
+ * permuted dense tensor)? Then its memory converts as one run. */
+bool mk_tensor_is_dense_permuted(const mk_tensor *t);
 
 /*
  * The strided walk every device uses: the elements of a contiguous result of
@@ -407,7 +482,7 @@ int mk_launch_operands(mk_launch *l, mk_error **err);
 #define MK_KERNELS(X) \
     X(POINTWISE) X(MATMUL) X(PERMUTE) X(REPLACE_SLICE) X(RMS_NORM) X(COMPLEX_MUL) \
     X(SLICED_SOFTMAX) X(EMBEDDING) X(ARGMAX) X(CUDNN_GROUP) X(PRODUCT) \
-    X(PREFIX_MATMUL)
+    X(PREFIX_MATMUL) X(CAST) X(DEQUANTIZE)
 typedef enum {
     MK_KERNEL_NONE,
 #define MK_KERNEL_ENUM(k) MK_KERNEL_##k,
@@ -514,7 +589,7 @@ extern const mk_device_ops mk_cpu_device;
  * returning this table. The plugin is built from the same tree as the core:
  * abi and the struct sizes guard against mixing builds.
  */
-#define MK_CUDA_PLUGIN_ABI 6
+#define MK_CUDA_PLUGIN_ABI 7
 #define MK_CUDA_PLUGIN_ENTRY "mk_cuda_plugin_entry"
 #define MK_CUDA_PLUGIN_FILE "libmoonkaas_cuda.so"
 struct mk_fused_group;

@@ -318,7 +318,8 @@ MK_API void mk_string_free(char *);
  * the operands' types in order, `attrs` the integer arguments (SliceNode: begin,
  * end; ReshapeNode: the shape; PermuteNode: the permutation). Front ends use it
  * to raise shape errors when a node is built. Not for Input/Constant/BufferTensor.
- * Where an `r` operand's `value` is given, its bounds are checked as well.
+ * Where an `r` operand's `value` is given, its bounds are checked as well. An
+ * op with a dtype argument (CastNode) takes it in out->dtype on entry.
  */
 MK_API int mk_op_infer(const char *op, const mk_tensor_info *inputs, size_t n_inputs,
                        const int64_t *attrs, size_t n_attrs, mk_tensor_info *out,
@@ -416,6 +417,20 @@ MK_API const char *mk_dtype_name(mk_dtype);  /* "float32"; "?" outside the table
 MK_API bool mk_dtype_is_float(mk_dtype);
 /* The dtype a script name ("bfloat16", len bytes) stands for: 0, or -1 when unknown. */
 MK_API int mk_dtype_parse(const char *name, size_t len, mk_dtype *out);
+
+/* Converts n dense elements of src (dtype sd) into dst (dtype dd), as the
+ * CastNode does on every device: to float16 / bfloat16 rounding to nearest
+ * (ties to even, float16 overflow to ±inf), float to integer toward zero and
+ * saturated (NaN to 0). 0, or -1 for a dtype outside the table or n < 0. */
+MK_API int mk_convert(void *dst, mk_dtype dd, const void *src, mk_dtype sd, int64_t n);
+
+/* llama2.c's int8 quantization (export.py's quantize_q80) of n floats in
+ * groups of `group` consecutive ones: per group scale = max |x| / 127 and
+ * q = x / scale rounded to the nearest integer, ties to even (a group of zeros:
+ * scale 0, q 0). q gets n values and scale n / group. -1 where group < 1 or
+ * does not divide n. A DequantizeNode of the two (groups along the last axis:
+ * q [.., n], scale [.., n / group]) gives back q × scale. */
+MK_API int mk_quantize_q8(const float *x, int64_t n, int64_t group, int8_t *q, float *scale);
 
 #ifdef __cplusplus
 }

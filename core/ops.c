@@ -115,9 +115,12 @@ static int infer_complex_mul(mk_node *n, mk_error **err) {
     return 0;
 }
 
+/* Activations in float32; weights (b) in float32 or a low-precision float,
+ * read widened: the product is float32 either way. */
 static int infer_matmul(mk_node *n, mk_error **err) {
     const mk_node *a = n->in[0], *b = n->in[1];
-    if (need_dtype(n, 0, MK_DTYPES_FLOAT, err) || need_dtype(n, 1, MK_DTYPES_FLOAT, err))
+    if (need_dtype(n, 0, MK_DTYPE_BIT(MK_DTYPE_FLOAT32), err) ||
+        need_dtype(n, 1, MK_DTYPES_FLOAT, err))
         return -1;
     int64_t out[3];
     int rank = -1;
@@ -136,7 +139,7 @@ static int infer_matmul(mk_node *n, mk_error **err) {
         return FAIL(err, n, MK_ERR_SHAPE,
                     "%s: cannot multiply %s by %s (takes [k]@[k,n], [m,k]@[k,n], [B,m,k]@[B,k,n])",
                     n->op->name, SHAPE(a), SHAPE(b));
-    set_shape(n, a->dtype, rank, out); /* the activations' dtype */
+    set_shape(n, MK_DTYPE_FLOAT32, rank, out);
     return 0;
 }
 
@@ -255,6 +258,33 @@ static int infer_embedding(mk_node *n, mk_error **err) {
     return 0;
 }
 
+/* Any dtype to any (the rule: mk_convert); the target is the node's dtype
+ * argument, already in n->dtype. */
+static int infer_cast(mk_node *n, mk_error **err) {
+    const mk_node *x = n->in[0];
+    if (!mk_dtype_row_of(n->dtype))
+        return FAIL(err, n, MK_ERR_DTYPE, "%s: no target dtype", n->op->name);
+    set_shape(n, n->dtype, x->rank, x->shape);
+    return 0;
+}
+
+/* q int8 times scale float32 in blocks: scale has q's rank, each of its dims
+ * dividing q's; element i of q takes scale[i_d / (q_d / scale_d) ...]. */
+static int infer_dequantize(mk_node *n, mk_error **err) {
+    const mk_node *q = n->in[0], *s = n->in[1];
+    if (need_dtype(n, 0, MK_DTYPE_BIT(MK_DTYPE_INT8), err) ||
+        need_dtype(n, 1, MK_DTYPE_BIT(MK_DTYPE_FLOAT32), err))
+        return -1;
+    bool ok = q->rank == s->rank;
+    for (int d = 0; ok && d < q->rank; d++) ok = q->shape[d] % s->shape[d] == 0;
+    if (!ok)
+        return FAIL(err, n, MK_ERR_SHAPE,
+                    "%s: scales %s do not divide %s into blocks (same rank, each dim a divisor)",
+                    n->op->name, SHAPE(s), SHAPE(q));
+    set_shape(n, MK_DTYPE_FLOAT32, q->rank, q->shape);
+    return 0;
+}
+
 static int infer_argmax(mk_node *n, mk_error **err) {
     if (need_dtype(n, 0, MK_DTYPES_FLOAT, err)) return -1;
     set_shape(n, MK_DTYPE_INT64, n->in[0]->rank, n->in[0]->shape);
@@ -303,8 +333,15 @@ static bool matmul_takes(int k, int rank, const int64_t *shape, const int64_t *s
     return stride[c] == 1 || stride[r] == 1 || shape[r] == 1 || shape[c] == 1;
 }
 
-/* A fused group's operands keep the strides they had in the graph. */
-static bool group_takes(int k, int rank, const int64_t *shape, const int64_t *stride) {
+/* A product alone with low-precision weights widens them into scratch first
+ * (a matrix–vector group reads them as they are). */
+static size_t matmul_scratch(const mk_node *n) {
+    const mk_node *b = n->in[1];
+    return b->dtype == MK_DTYPE_FLOAT32 ? 0 : (size_t)mk_node_numel(b) * sizeof(float);
+}
+
+/* Kernels that walk any strides (a fused group's operands keep theirs). */
+static bool any_strides(int k, int rank, const int64_t *shape, const int64_t *stride) {
     (void)k, (void)rank, (void)shape, (void)stride;
     return true;
 }
@@ -354,7 +391,7 @@ static const mk_op ops[] = {
     {ROW("MatMulNode", "nn", MK_ROLE_MATMUL, 0, "matmul", NULL, NULL,
          "[k]@[k,n], [m,k]@[k,n] or [B,m,k]@[B,k,n]"),
      .alias = "MulNode", .infer = infer_matmul, .takes_strided = matmul_takes,
-     .kernel = MK_KERNEL_MATMUL},
+     .scratch = matmul_scratch, .kernel = MK_KERNEL_MATMUL},
     {ROW("PrefixMatMulNode", "nnr", MK_ROLE_MATMUL, 0, "matmul_prefix", NULL, NULL,
          "a @ b over the first p elements of the shared axis (attention over a cache's first "
          "p rows)"),
@@ -381,6 +418,14 @@ static const mk_op ops[] = {
     {ROW("ReplaceSliceNode", "nnrr", MK_ROLE_INPLACE, 0, "replace", NULL, NULL,
          "writes r into rows [begin, end) of x in place and returns x"),
      .infer = infer_replace_slice, .layout = layout_same, .kernel = MK_KERNEL_REPLACE_SLICE},
+    {ROW("CastNode", "nd", MK_ROLE_MOVE, 0, "cast", NULL, NULL,
+         "x converted to dtype (floats round to nearest even; to integers toward zero, "
+         "saturated)"),
+     .infer = infer_cast, .takes_strided = any_strides, .kernel = MK_KERNEL_CAST},
+    {ROW("DequantizeNode", "nn", MK_ROLE_MOVE, 0, "dequantize", NULL, NULL,
+         "float32 q * scale: int8 q, float32 scale with one value per block of q (each of its "
+         "dims divides q's)"),
+     .infer = infer_dequantize, .takes_strided = any_strides, .kernel = MK_KERNEL_DEQUANTIZE},
     {ROW("EmbeddingNode", "nn", MK_ROLE_MOVE, MK_OP_FUNCTION, "embedding", NULL, NULL,
          "rows of table [V, D] picked by int64 ids [n]"),
      .infer = infer_embedding, .kernel = MK_KERNEL_EMBEDDING},
@@ -390,19 +435,19 @@ static const mk_op ops[] = {
     /* made by the grouping pass (group.c): a pointwise tree as one program */
     {ROW("PointwiseGroupNode", "s", MK_ROLE_GROUP, MK_OP_INTERNAL, NULL, NULL, NULL,
          "several pointwise nodes run as one program"),
-     .infer = infer_internal, .takes_strided = group_takes, .kernel = MK_KERNEL_POINTWISE},
+     .infer = infer_internal, .takes_strided = any_strides, .kernel = MK_KERNEL_POINTWISE},
     /* made by the matrix–vector pass (product.c): products with their prologue
      * and epilogues as one node, and a view standing for each of its results */
     {ROW("ProductGroupNode", "s", MK_ROLE_GROUP, MK_OP_INTERNAL, NULL, NULL, NULL,
          "matrix-vector products with the nodes before and after them, as one"),
-     .infer = infer_internal, .takes_strided = group_takes, .scratch = mk_product_scratch,
+     .infer = infer_internal, .takes_strided = any_strides, .scratch = mk_product_scratch,
      .kernel = MK_KERNEL_PRODUCT},
     {ROW("GroupOutputNode", "s", MK_ROLE_VIEW, MK_OP_INTERNAL, NULL, NULL, NULL,
          "a result of a group: a view of the memory the group wrote"),
-     .infer = infer_internal, .takes_strided = group_takes},
+     .infer = infer_internal, .takes_strided = any_strides},
     {ROW("CudnnGroupNode", "s", MK_ROLE_GROUP, MK_OP_INTERNAL, NULL, NULL, NULL,
          "a cuDNN graph of several nodes"),
-     .infer = infer_internal, .takes_strided = group_takes, .scratch = mk_fusion_scratch,
+     .infer = infer_internal, .takes_strided = any_strides, .scratch = mk_fusion_scratch,
      .kernel = MK_KERNEL_CUDNN_GROUP},
 };
 #define N_OPS (sizeof ops / sizeof ops[0])
@@ -555,6 +600,7 @@ MK_API int mk_op_infer(const char *name, const mk_tensor_info *inputs, size_t n_
         n.in[i] = x;
     }
     if (n_attrs) memcpy(n.attr, attrs, sizeof(int64_t) * n_attrs);
+    if (strchr(op->signature, 'd')) n.dtype = out->dtype; /* the dtype argument */
     if (mk_node_infer(&n, err)) return -1;
     *out = (mk_tensor_info){.name = NULL, .dtype = n.dtype, .rank = n.rank};
     memcpy(out->shape, n.shape, sizeof out->shape);

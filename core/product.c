@@ -53,6 +53,7 @@ typedef struct {
     mk_node *norm;
     int n_products;
     mk_node *products[MK_PRODUCTS_MAX];
+    mk_node *folded[MK_PRODUCTS_MAX]; /* product j's folded DequantizeNode, or NULL */
     int n_chains;
     chain chains[MK_PRODUCTS_MAX];
     int n_in;
@@ -72,13 +73,32 @@ static bool same_shape(const mk_node *a, const mk_node *b) {
     return a->rank == b->rank && !memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->rank);
 }
 
+/*
+ * The DequantizeNode product p's B is, where the group can read its int8
+ * weights and scales instead (folding it in): read by p alone, scale blocks
+ * along k only, of a multiple of 16 rows. Else NULL.
+ */
+static mk_node *folded_dequantize(const mk_graph *g, const mk_node *p) {
+    mk_node *d = p->in[1];
+    if (d->op->kernel != MK_KERNEL_DEQUANTIZE || d->n_consumers != 1 || d == g->output ||
+        d->owner != d || d->rank != 2)
+        return NULL;
+    const mk_node *q = d->in[0], *sc = d->in[1];
+    int64_t group = q->shape[0] / sc->shape[0];
+    return sc->shape[1] == q->shape[1] && group % 16 == 0 ? d : NULL;
+}
+
+/* What the group reads as p's B: the int8 of a folded dequantization, or B. */
+static const mk_node *weights_of(const mk_graph *g, const mk_node *p) {
+    const mk_node *d = folded_dequantize(g, p);
+    return d ? d->in[0] : p->in[1];
+}
+
 /* Why product p cannot start a matrix–vector group, or NULL when it can. */
-static const char *why_not(const mk_node *p) {
+static const char *why_not(const mk_graph *g, const mk_node *p) {
     if (p->op->kernel != MK_KERNEL_MATMUL) return "not a product";
-    const mk_node *a = p->in[0], *b = p->in[1];
-    if (p->dtype != MK_DTYPE_FLOAT32 || a->dtype != MK_DTYPE_FLOAT32 ||
-        b->dtype != MK_DTYPE_FLOAT32)
-        return "not float32";
+    const mk_node *a = p->in[0], *b = weights_of(g, p);
+    if (p->dtype != MK_DTYPE_FLOAT32 || a->dtype != MK_DTYPE_FLOAT32) return "not float32";
     if (a->rank != 2 || b->rank != 2) return "not [m, k] @ [k, n]";
     if (a->shape[0] > MK_MATVEC_ROWS) return "more rows than a matrix-vector product";
     if (b->stride[0] != 1 && b->shape[0] > 1) return "B's columns are not contiguous";
@@ -108,6 +128,7 @@ static void push(chain *c, mk_node *n) { c->nodes[c->n_nodes++] = n; }
 
 static int members(const cand *c) {
     int n = c->norm ? 1 : 0;
+    for (int j = 0; j < c->n_products; j++) n += c->folded[j] != NULL;
     for (int i = 0; i < c->n_chains; i++) n += c->chains[i].n_nodes;
     return n;
 }
@@ -191,6 +212,8 @@ static bool extend(cand *c, int i) {
 
 static bool is_member(const cand *c, const mk_node *x) {
     if (x == c->norm) return true;
+    for (int j = 0; j < c->n_products; j++)
+        if (x == c->folded[j]) return true;
     for (int i = 0; i < c->n_chains; i++)
         for (int t = 0; t < c->chains[i].n_nodes; t++)
             if (c->chains[i].nodes[t] == x) return true;
@@ -377,7 +400,16 @@ static mk_product_group *build(cand *c, mk_graph *g, mk_node **ps, int n_ps, boo
     bool ok = (pg->a = operand(c, c->norm ? c->norm->in[0] : a)) >= 0 &&
               (!c->norm || (pg->norm_w = operand(c, c->norm->in[1])) >= 0);
     pg->n_products = n_ps;
-    for (int j = 0; j < n_ps && ok; j++) ok = (pg->b[j] = operand(c, ps[j]->in[1])) >= 0;
+    for (int j = 0; j < n_ps && ok; j++) {
+        mk_node *d = c->folded[j] = folded_dequantize(g, ps[j]);
+        pg->b_scale[j] = -1;
+        if (!d) {
+            ok = (pg->b[j] = operand(c, ps[j]->in[1])) >= 0;
+            continue;
+        }
+        pg->b_group[j] = d->in[0]->shape[0] / d->in[1]->shape[0];
+        ok = (pg->b[j] = operand(c, d->in[0])) >= 0 && (pg->b_scale[j] = operand(c, d->in[1])) >= 0;
+    }
     pg->n_outs = c->n_chains;
     for (int i = 0; i < c->n_chains && ok; i++) ok = describe(c, &c->chains[i], &pg->out[i]);
     if (!ok || !valid(c, pg)) {
@@ -562,7 +594,7 @@ static int siblings(const mk_graph *g, mk_node *p, mk_node **ps) {
     int n = 0;
     for (int i = p->index; i < g->n_nodes && n < MK_PRODUCTS_MAX; i++) {
         mk_node *q = g->nodes[i];
-        if (q->op->kernel == MK_KERNEL_MATMUL && q->in[0] == p->in[0] && !why_not(q)) ps[n++] = q;
+        if (q->op->kernel == MK_KERNEL_MATMUL && q->in[0] == p->in[0] && !why_not(g, q)) ps[n++] = q;
     }
     return n;
 }
@@ -578,7 +610,7 @@ int mk_product_pass(mk_graph *g, const mk_compile_options *opts, mk_error **err)
         mk_product_group *pg = NULL;
         if (p->op->kernel == MK_KERNEL_SLICED_SOFTMAX) {
             pg = build_attention(&c, g, p, moved);
-        } else if (!why_not(p)) {
+        } else if (!why_not(g, p)) {
             mk_node *ps[MK_PRODUCTS_MAX];
             int n_ps = siblings(g, p, ps);
             pg = build(&c, g, ps, n_ps, moved);
@@ -615,7 +647,7 @@ int mk_product_report(const mk_graph *g, mk_strbuf *b) {
     int groups = 0;
     for (int i = 0; i < g->n_nodes; i++) {
         const mk_node *n = g->nodes[i];
-        const char *why = n->op->kernel == MK_KERNEL_MATMUL ? why_not(n) : NULL;
+        const char *why = n->op->kernel == MK_KERNEL_MATMUL ? why_not(g, n) : NULL;
         if (why) {
             mk_strbuf_put(b, "product $%d (line %d): the device's matrix kernel: %s\n", n->id,
                           n->line, why);
@@ -641,9 +673,18 @@ int mk_product_report(const mk_graph *g, mk_strbuf *b) {
             continue;
         }
         mk_strbuf_put(b, "matrix-vector group $%d (line %d): one launch, [%lld, %lld] @ %d "
-                         "product%s%s; members",
+                         "product%s%s",
                       n->id, n->line, (long long)pg->m, (long long)pg->k, pg->n_products,
                       pg->n_products == 1 ? "" : "s", pg->norm_w >= 0 ? ", RmsNorm folded in" : "");
+        for (int j = 0; j < pg->n_products; j++) {
+            const mk_node *w = n->in[pg->b[j]];
+            if (pg->b_scale[j] >= 0)
+                mk_strbuf_put(b, "; weights %d int8 in blocks of %lld, dequantized as read", j,
+                              (long long)pg->b_group[j]);
+            else if (w->dtype != MK_DTYPE_FLOAT32)
+                mk_strbuf_put(b, "; weights %d %s, widened as read", j, mk_dtype_name(w->dtype));
+        }
+        mk_strbuf_put(b, "; members");
         for (int t = 0; t < pg->n_members; t++)
             mk_strbuf_put(b, "%s %s $%d", t ? "," : "", pg->members[t]->op->name,
                           pg->members[t]->id);

@@ -5,6 +5,7 @@
  */
 #include "internal.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -47,6 +48,67 @@ MK_API int mk_dtype_parse(const char *name, size_t len, mk_dtype *out) {
             return 0;
         }
     return -1;
+}
+
+/* ---- conversions (the rule: internal.h, before mk_bf16_to_f32) ------------------ */
+
+/* Element i of src as a double (exact for every dtype but int64 past 2^53). */
+static double load_f64(const void *src, mk_dtype d, int64_t i) {
+    switch (d) {
+    case MK_DTYPE_FLOAT32: return ((const float *)src)[i];
+    case MK_DTYPE_FLOAT16: return mk_f16_to_f32(((const uint16_t *)src)[i]);
+    case MK_DTYPE_BFLOAT16: return mk_bf16_to_f32(((const uint16_t *)src)[i]);
+    case MK_DTYPE_INT8: return ((const int8_t *)src)[i];
+    default: return 0.0;
+    }
+}
+
+MK_API int mk_convert(void *dst, mk_dtype dd, const void *src, mk_dtype sd, int64_t n) {
+    if (!mk_dtype_row_of(dd) || !mk_dtype_row_of(sd) || n < 0 || (n && (!dst || !src)))
+        return -1;
+    if (dd == sd) {
+        memmove(dst, src, (size_t)n * mk_dtype_size(dd));
+        return 0;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        if (sd == MK_DTYPE_INT64) { /* integers first: int64 to int8 saturates, to floats rounds */
+            int64_t v = ((const int64_t *)src)[i];
+            switch (dd) {
+            case MK_DTYPE_INT8: ((int8_t *)dst)[i] = (int8_t)(v < -128 ? -128 : v > 127 ? 127 : v); break;
+            case MK_DTYPE_FLOAT32: ((float *)dst)[i] = (float)v; break;
+            case MK_DTYPE_FLOAT16: ((uint16_t *)dst)[i] = mk_f32_to_f16((float)v); break;
+            case MK_DTYPE_BFLOAT16: ((uint16_t *)dst)[i] = mk_f32_to_bf16((float)v); break;
+            default: break;
+            }
+            continue;
+        }
+        double v = load_f64(src, sd, i); /* every other source is exact as a float32 */
+        switch (dd) {
+        case MK_DTYPE_FLOAT32: ((float *)dst)[i] = (float)v; break;
+        case MK_DTYPE_FLOAT16: ((uint16_t *)dst)[i] = mk_f32_to_f16((float)v); break;
+        case MK_DTYPE_BFLOAT16: ((uint16_t *)dst)[i] = mk_f32_to_bf16((float)v); break;
+        case MK_DTYPE_INT64: ((int64_t *)dst)[i] = mk_f64_to_int(v, INT64_MIN, INT64_MAX); break;
+        case MK_DTYPE_INT8: ((int8_t *)dst)[i] = (int8_t)mk_f64_to_int(v, -128, 127); break;
+        }
+    }
+    return 0;
+}
+
+MK_API int mk_quantize_q8(const float *x, int64_t n, int64_t group, int8_t *q, float *scale) {
+    if (group < 1 || n < 0 || n % group || (n && (!x || !q || !scale))) return -1;
+    for (int64_t g = 0; g < n / group; g++) {
+        const float *xg = x + g * group;
+        float wmax = 0.0f;
+        for (int64_t i = 0; i < group; i++) {
+            float a = fabsf(xg[i]);
+            if (a > wmax) wmax = a;
+        }
+        float s = wmax / 127.0f;
+        scale[g] = s;
+        for (int64_t i = 0; i < group; i++)
+            q[g * group + i] = s > 0.0f ? (int8_t)mk_f64_to_int(nearbyintf(xg[i] / s), -127, 127) : 0;
+    }
+    return 0;
 }
 
 /* ---- shapes and strides ------------------------------------------------------- */
@@ -108,6 +170,21 @@ bool mk_tensor_is_contiguous(const mk_tensor *t) {
         s *= t->shape[i];
     }
     return true;
+}
+
+bool mk_tensor_is_dense_permuted(const mk_tensor *t) {
+    int64_t covered = 1; /* dims of size > 1, taken in increasing stride order */
+    bool used[MK_MAX_RANK] = {false};
+    for (;;) {
+        int next = -1;
+        for (int d = 0; d < t->rank; d++)
+            if (!used[d] && t->shape[d] > 1 && (next < 0 || t->stride[d] < t->stride[next]))
+                next = d;
+        if (next < 0) return true;
+        if (t->stride[next] != covered) return false;
+        covered *= t->shape[next];
+        used[next] = true;
+    }
 }
 
 /* ---- matrices as BLAS libraries see them ---------------------------------------- */

@@ -128,6 +128,55 @@ static void put_offset(mk_strbuf *b, const char *var, const char *e, const mk_te
 
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
+/*
+ * Weights of a matrix–vector group in any of its dtypes: the element type of
+ * the generated pointer, and functions widening one or four elements to float
+ * (exact; int8 is multiplied by its block's scale where the caller reads it).
+ */
+static const char *weight_ctype(mk_dtype d) {
+    switch (d) {
+    case MK_DTYPE_FLOAT16:
+    case MK_DTYPE_BFLOAT16: return "unsigned short";
+    case MK_DTYPE_INT8: return "signed char";
+    default: return "float";
+    }
+}
+
+static const char *weight_suffix(mk_dtype d) {
+    switch (d) {
+    case MK_DTYPE_FLOAT16: return "f16";
+    case MK_DTYPE_BFLOAT16: return "bf16";
+    case MK_DTYPE_INT8: return "i8";
+    default: return "f32";
+    }
+}
+
+static void put_weight_loads(mk_strbuf *b) {
+    mk_strbuf_put(b,
+        "static __device__ __forceinline__ float mk_w1_f32(const float *p) { return *p; }\n"
+        "static __device__ __forceinline__ float4 mk_w4_f32(const float *p) { return *(const float4 *)p; }\n"
+        "static __device__ __forceinline__ float mk_w1_bf16(const unsigned short *p) { return __uint_as_float((unsigned int)*p << 16); }\n"
+        "static __device__ __forceinline__ float4 mk_w4_bf16(const unsigned short *p) {\n"
+        "    const uint2 u = *(const uint2 *)p;\n"
+        "    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),\n"
+        "                       __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));\n"
+        "}\n"
+        "static __device__ __forceinline__ float mk_h2f(unsigned short h) {\n"
+        "    float f; asm(\"cvt.f32.f16 %%0, %%1;\" : \"=f\"(f) : \"h\"(h)); return f;\n"
+        "}\n"
+        "static __device__ __forceinline__ float mk_w1_f16(const unsigned short *p) { return mk_h2f(*p); }\n"
+        "static __device__ __forceinline__ float4 mk_w4_f16(const unsigned short *p) {\n"
+        "    const uint2 u = *(const uint2 *)p;\n"
+        "    return make_float4(mk_h2f((unsigned short)u.x), mk_h2f((unsigned short)(u.x >> 16)),\n"
+        "                       mk_h2f((unsigned short)u.y), mk_h2f((unsigned short)(u.y >> 16)));\n"
+        "}\n"
+        "static __device__ __forceinline__ float mk_w1_i8(const signed char *p) { return (float)*p; }\n"
+        "static __device__ __forceinline__ float4 mk_w4_i8(const signed char *p) {\n"
+        "    const char4 q = *(const char4 *)p;\n"
+        "    return make_float4((float)q.x, (float)q.y, (float)q.z, (float)q.w);\n"
+        "}\n");
+}
+
 /* The fault record (mk_cuda_fault) and how a generated kernel raises one. */
 static void put_fault(mk_strbuf *b) {
     mk_strbuf_put(b, "struct mk_fault_rec { unsigned int flag; int launch; int kind; int which; long long value[3]; };\n"
@@ -234,9 +283,13 @@ static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group 
     } else {
     mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) for (int c = 0; c < 2; c++) for (int j = 0; j < %d; j++) acc[m][c][j] = 0.0f;\n", M, np);
     for (int j = 0; j < np; j++) {
-        int bk = pg->b[r->src[prods[j]].product];
-        mk_strbuf_put(b, "        const float *B%d = (const float *)i%d + n0 * %lldLL;\n", j, bk,
+        int pj = r->src[prods[j]].product, bk = pg->b[pj];
+        const char *ct = weight_ctype(l->in[bk].dtype);
+        mk_strbuf_put(b, "        const %s *B%d = (const %s *)i%d + n0 * %lldLL;\n", ct, j, ct, bk,
                       (long long)l->in[bk].stride[1]);
+        if (pg->b_scale[pj] >= 0) /* int8: column n0's scales */
+            mk_strbuf_put(b, "        const float *S%d = (const float *)i%d + n0 * %lldLL;\n", j,
+                          pg->b_scale[pj], (long long)l->in[pg->b_scale[pj]].stride[1]);
     }
     /* the weight columns to L2 (a line per lane per step), then wait for the launches before */
     for (int j = 0; j < np; j++)
@@ -249,13 +302,24 @@ static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group 
     if (pg->norm_w >= 0) mk_strbuf_put(b, "        float ss[%d] = {0.0f};\n", M);
     mk_strbuf_put(b, "#pragma unroll 4\n        for (long long k = %s; k < %lldLL; k += %d) {\n",
                   vec ? "4 * (lane + 32 * slice)" : "lane + 32 * slice", K, (vec ? 128 : 32) * W);
-    long long ldb0 = 0;
     for (int j = 0; j < np; j++) {
-        int bk = pg->b[r->src[prods[j]].product];
-        ldb0 = l->in[bk].stride[1];
-        for (int c = 0; c < 2; c++)
-            mk_strbuf_put(b, "            const %s b%d_%d = *(const %s *)(B%d + %lldLL + k);\n", T, j,
-                          c, T, j, c * ldb0);
+        int pj = r->src[prods[j]].product, bk = pg->b[pj];
+        long long ldb = l->in[bk].stride[1];
+        const char *w = weight_suffix(l->in[bk].dtype);
+        for (int c = 0; c < 2; c++) {
+            mk_strbuf_put(b, "            %s b%d_%d = mk_w%d_%s(B%d + %lldLL + k);\n", T, j, c,
+                          vec ? 4 : 1, w, j, c * ldb);
+            if (pg->b_scale[pj] < 0) continue;
+            const mk_tensor *sc = &l->in[pg->b_scale[pj]];
+            mk_strbuf_put(b, "            { const float s = S%d[%lldLL + k / %lldLL * %lldLL];", j,
+                          c * (long long)sc->stride[1], (long long)pg->b_group[pj],
+                          (long long)sc->stride[0]);
+            if (vec)
+                mk_strbuf_put(b, " b%d_%d.x *= s; b%d_%d.y *= s; b%d_%d.z *= s; b%d_%d.w *= s; }\n",
+                              j, c, j, c, j, c, j, c);
+            else
+                mk_strbuf_put(b, " b%d_%d *= s; }\n", j, c);
+        }
     }
     for (int m = 0; m < M; m++) {
         mk_strbuf_put(b, "            %s a%d = *(const %s *)(A + %lldLL + k);\n", T, m, T, m * K);
@@ -382,12 +446,15 @@ static void put_product_source(mk_strbuf *b, const mk_launch *l) {
     /* float4 loads where every row of A, the weight and each B column is 16-byte aligned */
     bool vec = K % 4 == 0 && aligned16(l->in[pg->a].data) &&
                (pg->norm_w < 0 || aligned16(l->in[pg->norm_w].data));
-    for (int j = 0; j < pg->n_products && vec; j++)
-        vec = aligned16(l->in[pg->b[j]].data) && l->in[pg->b[j]].stride[1] % 4 == 0;
+    for (int j = 0; j < pg->n_products && vec; j++) { /* 4 weights a load */
+        const mk_tensor *w = &l->in[pg->b[j]];
+        vec = ((uintptr_t)w->data & (4 * mk_dtype_size(w->dtype) - 1)) == 0 && w->stride[1] % 4 == 0;
+    }
     mk_strbuf_put(b, "// moonkaas matrix-vector group $%d: [%d, %lld] @ %d products, %d results%s\n",
                   l->node->id, M, K, pg->n_products, pg->n_outs,
                   pg->norm_w >= 0 ? ", RmsNorm folded in" : "");
     put_fault(b);
+    put_weight_loads(b);
     mk_strbuf_put(b, "extern \"C\" __global__ void __launch_bounds__(256)\nmk_product(float *__restrict__ o");
     for (int k = 0; k < l->n_in; k++) mk_strbuf_put(b, ", void *i%d", k);
     mk_strbuf_put(b, ", mk_fault_rec *fault, int launch, void *aux) {\n" MK_PDL_START);

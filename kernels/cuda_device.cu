@@ -249,6 +249,8 @@ void *mk_cuda_extra(mk_cuda_state *s, size_t bytes, mk_error **err) {
 
 #define F32 MK_DTYPE_BIT(MK_DTYPE_FLOAT32)
 #define I64 MK_DTYPE_BIT(MK_DTYPE_INT64)
+#define F16 MK_DTYPE_BIT(MK_DTYPE_FLOAT16)
+#define BF16 MK_DTYPE_BIT(MK_DTYPE_BFLOAT16)
 
 /* The kernels, indexed by mk_kernel_id, and the dtypes each takes (model.c
  * checks every launch's operands and result against them at compile time). */
@@ -256,7 +258,7 @@ struct cuda_kernel_table {
     mk_kernel k[MK_KERNEL_COUNT];
     constexpr cuda_kernel_table() : k() {
         k[MK_KERNEL_POINTWISE] = {mk_cuda_pointwise, F32 | I64};
-        k[MK_KERNEL_MATMUL] = {mk_cuda_matmul, F32};
+        k[MK_KERNEL_MATMUL] = {mk_cuda_matmul, F32 | F16 | BF16};           /* a, out: float32 */
         k[MK_KERNEL_PERMUTE] = {mk_cuda_permute, MK_DTYPES_ALL};
         k[MK_KERNEL_REPLACE_SLICE] = {mk_cuda_replace_slice, MK_DTYPES_ALL};
         k[MK_KERNEL_RMS_NORM] = {mk_cuda_rms_norm, F32};
@@ -264,8 +266,11 @@ struct cuda_kernel_table {
         k[MK_KERNEL_SLICED_SOFTMAX] = {mk_cuda_sliced_softmax, F32};       /* the prefix: a bound */
         k[MK_KERNEL_EMBEDDING] = {mk_cuda_embedding, MK_DTYPES_ALL};       /* ids: int64 */
         k[MK_KERNEL_ARGMAX] = {mk_cuda_argmax, F32 | I64};                 /* int64: the result */
-        k[MK_KERNEL_PRODUCT] = {mk_cuda_product, F32 | I64};               /* int64: row bounds */
+        k[MK_KERNEL_PRODUCT] = {mk_cuda_product, F32 | I64 | F16 | BF16 | MK_DTYPE_BIT(MK_DTYPE_INT8)};
+        /* int64: row bounds; float16, bfloat16, int8: weights */
         k[MK_KERNEL_PREFIX_MATMUL] = {mk_cuda_prefix_matmul, F32};         /* the prefix: a bound */
+        k[MK_KERNEL_CAST] = {mk_cuda_cast, MK_DTYPES_ALL};
+        k[MK_KERNEL_DEQUANTIZE] = {mk_cuda_dequantize, F32 | MK_DTYPE_BIT(MK_DTYPE_INT8)};
 #ifdef MK_WITH_CUDNN
         k[MK_KERNEL_CUDNN_GROUP] = {mk_cuda_cudnn_group, F32};
 #else

@@ -106,6 +106,11 @@ static int mm_status(const mk_launch *l, cublasStatus_t status, const char *call
 int mk_cuda_matmul(const mk_launch *l, mk_error **err) {
     mk_cuda_state *s = mk_cuda_state_of(l);
     const mk_tensor *a = &l->in[0], *b = &l->in[1];
+    mk_tensor wide;
+    if (b->dtype != MK_DTYPE_FLOAT32) { /* low-precision weights: widened into scratch */
+        if (mk_cuda_widen(l, b, &wide, err)) return -1;
+        b = &wide;
+    }
     long long batch = 1, m, k, n;
     long long a_sr, a_sc, a_sb = 0, b_sr, b_sc, b_sb = 0;
     if (a->rank == 1 && b->rank == 2) {

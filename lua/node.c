@@ -120,6 +120,7 @@ typedef struct {
     int n_attr;
     int64_t attr[MAX_ATTRS];
     int name; /* stack index of an 's' argument, 0 without */
+    mk_dtype dtype; /* a 'd' argument (mk_op_infer takes it in out->dtype) */
 } op_call;
 
 /* 'l': a table of integers at a, or the integers from a to last. */
@@ -208,9 +209,7 @@ static void read_arguments(lua_State *L, const mk_op_desc *d, int mode, op_call 
             c->name = a++;
             break;
         case 'd':
-            /* checked here, but mk_op_infer takes no dtype argument: the node's
-             * dtype is the one the core infers */
-            lmk_check_dtype(L, a++, c->fn, false);
+            c->dtype = lmk_check_dtype(L, a++, c->fn, false);
             break;
         default:
             lmk_raise(L, "internal error", c->fn, "%s: unknown signature letter '%c'", d->name,
@@ -273,7 +272,7 @@ static int build_op(lua_State *L) {
 
     /* Both orders are ready before the core is asked: between a failed call
      * and its raise nothing touches the Lua API, so the error cannot leak. */
-    mk_tensor_info in[MAX_OPERANDS], swapped[MAX_OPERANDS], out;
+    mk_tensor_info in[MAX_OPERANDS], swapped[MAX_OPERANDS], out = {.dtype = c.dtype};
     operand_infos(L, &c, in);
     bool commutes = (d->flags & MK_OP_COMMUTES) && c.n_in == 2 && !c.bound[0] && !c.bound[1];
     if (commutes) swapped[0] = in[1], swapped[1] = in[0];

@@ -240,16 +240,57 @@ done:
     if (system(cmd) != 0) printf("#   could not remove %s\n", dir);
 }
 
+/* Matrix–vector groups whose weights are float16, bfloat16 or int8 in scale
+ * blocks (a DequantizeNode folded in), with four-wide loads (k a multiple of
+ * 4) and without (k odd, for the widened ones). */
+static void test_lowp_groups(void) {
+    mk_error *err = NULL;
+    mk_context *ctx = mk_context_new(&err);
+    const char *kinds[] = {"float16", "bfloat16", "int8"};
+    int checked = 0;
+    for (int t = 0; ctx && t < 3; t++)
+        for (int k = 64; k <= 65; k++) {
+            if (t == 2 && k == 65) continue; /* blocks divide k */
+            char text[1024];
+            if (t == 2)
+                snprintf(text, sizeof text,
+                         "$1 = InputTensor(x, float32, [2, %d]);\n"
+                         "$2 = InputTensor(w, int8, [24, %d]);\n$3 = PermuteNode($2, [1, 0]);\n"
+                         "$4 = InputTensor(s, float32, [24, %d]);\n$5 = PermuteNode($4, [1, 0]);\n"
+                         "$6 = DequantizeNode($3, $5);\n$7 = MatMulNode($1, $6);\n"
+                         "$8 = ArgMaxNode($7);\nresult = $8;\n",
+                         k, k, k / 32);
+            else
+                snprintf(text, sizeof text,
+                         "$1 = InputTensor(x, float32, [1, %d]);\n"
+                         "$2 = InputTensor(w, %s, [24, %d]);\n$3 = PermuteNode($2, [1, 0]);\n"
+                         "$4 = MatMulNode($1, $3);\n$5 = ReLUNode($4);\nresult = $5;\n",
+                         k, kinds[t], k);
+            mk_model *m = mk_compile(ctx, text, NULL, 0, NULL, &err);
+            CHECK(m != NULL, "%s: %s", kinds[t], mk_error_message(err));
+            if (!m) break;
+            int n = mk_model_check_generated(m, 90, &err);
+            CHECK(n == 1, "%s, k %d: %s", kinds[t], k, mk_error_message(err));
+            checked += n == 1;
+            mk_model_free(m);
+        }
+    CHECK(checked == 5, "%d of 5 kernels", checked);
+    mk_error_free(err);
+    mk_context_free(ctx);
+}
+
 int main(void) {
     char why[512];
     if (!mk_cuda_plugin_get(why, sizeof why)) {
         SKIP(test_random_groups, why);
         SKIP(test_kernel_source, why);
         SKIP(test_disk_cache, why);
+        SKIP(test_lowp_groups, why);
     } else {
         RUN(test_random_groups);
         RUN(test_kernel_source);
         RUN(test_disk_cache);
+        RUN(test_lowp_groups);
     }
     return test_summary("codegen");
 }

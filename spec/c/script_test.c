@@ -252,7 +252,7 @@ static const bad_case bad[] = {
     {"$1 = InputTensor(x, bf16, [2]);\nresult = $1;", MK_ERR_DTYPE, 1, 21, "unknown dtype 'bf16'"},
     {"$1 = InputTensor(x, bfloat16, [4]);\n$2 = InputTensor(w, bfloat16, [4, 3]);\n"
      "$3 = MatMulNode($1, $2);\nresult = $3;",
-     MK_ERR_DTYPE, 3, 1, "dtype error: bfloat16 is not supported by MatMulNode on cpu"},
+     MK_ERR_DTYPE, 3, 1, "dtype error: MatMulNode does not take bfloat16 ('x')"},
     {"$1 = InputTensor(x, int8, [4]);\n$2 = ReLUNode($1);\nresult = $2;", MK_ERR_DTYPE, 2, 1,
      "dtype error: int8 is not supported by ReLUNode on cpu"},
     {"$1 = InputTensor(x, float16, [4, 3]);\n$2 = InputTensor(y, float16, [1, 3]);\n"

@@ -1,0 +1,418 @@
+/*
+ * lowp_test.c — low-precision storage: CastNode, DequantizeNode, products whose
+ * weights are float16, bfloat16 or int8 in scale blocks (alone, and folded
+ * into matrix–vector groups), mk_convert and mk_quantize_q8.
+ *
+ * References are written here, independently of core/: float16 values decoded
+ * with ldexp and every float32 rounded by searching the 65,536 of them;
+ * bfloat16 by comparing the two neighbours in double; products in double.
+ * Inputs are random with a printed seed. On a machine with a CUDA device the
+ * same graphs run there and must equal the CPU's results (conversions and
+ * dequantization exactly, products within float32 rounding).
+ *
+ *   make build/tests/lowp_test && ./build/tests/lowp_test
+ */
+#include "moonkaas.h"
+#include "test.h"
+
+#include <stdbool.h>
+
+static mk_context *ctx;
+
+/* ---- references --------------------------------------------------------- */
+
+static double f16_value(uint16_t h) {
+    int e = (h >> 10) & 31, m = h & 1023;
+    double v = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(1024 + m, e - 25);
+    return h & 0x8000 ? -v : v;
+}
+
+/* The float16 nearest x, ties to the even pattern; past 65520 infinity. */
+static uint16_t f16_nearest(float x) {
+    if (isnan(x)) return 0x7e00;
+    uint16_t sign = signbit(x) ? 0x8000 : 0;
+    double a = fabs((double)x);
+    if (a >= 65520.0) return sign | 0x7c00;
+    int lo = 0, hi = 0x7bff; /* finite positive patterns are ordered like their values */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (f16_value((uint16_t)mid) <= a) lo = mid;
+        else hi = mid - 1;
+    }
+    int best = lo;
+    if (lo < 0x7bff) {
+        double d0 = a - f16_value((uint16_t)lo), d1 = f16_value((uint16_t)(lo + 1)) - a;
+        if (d1 < d0 || (d1 == d0 && (lo & 1))) best = lo + 1;
+    }
+    return sign | (uint16_t)best;
+}
+
+static double bf16_value(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* The bfloat16 nearest x: between x's truncation and the next pattern away
+ * from zero (past the largest finite value, infinity stands at 2^128). */
+static uint16_t bf16_nearest(float x) {
+    if (isnan(x)) return 0x7fc0;
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    uint16_t lo = (uint16_t)(u >> 16), hi = (uint16_t)(lo + 1);
+    if (isinf(x)) return lo;
+    double vhi = (hi & 0x7fff) == 0x7f80 ? copysign(ldexp(1, 128), x) : bf16_value(hi);
+    double d0 = fabs((double)x - bf16_value(lo)), d1 = fabs(vhi - (double)x);
+    return d1 < d0 || (d1 == d0 && (lo & 1)) ? hi : lo;
+}
+
+static float random_float(void) {
+    switch (test_randint(0, 5)) {
+    case 0: return (float)test_uniform(-1e-6, 1e-6);       /* float16 subnormals */
+    case 1: return (float)test_uniform(-70000, 70000);     /* past float16's range */
+    case 2: return (float)ldexp(test_randint(-4096, 4096), (int)test_randint(-30, 10)) + 0.0f;
+    default: return (float)test_uniform(-4, 4);
+    }
+}
+
+/* ---- mk_convert and CastNode ---------------------------------------------- */
+
+static mk_model *compile(const char *text, mk_device dev, bool fuse, mk_error **err) {
+    mk_compile_options o = {.device = dev, .no_fusion = !fuse};
+    return mk_compile(ctx, text, NULL, 0, &o, err);
+}
+
+static void test_convert_floats(void) {
+    enum { N = 4096 };
+    static float x[N], back16[N], backb[N];
+    static uint16_t h[N], b[N];
+    for (int i = 0; i < N; i++) x[i] = random_float();
+    /* halfway cases, both ways, and specials */
+    x[0] = 1.0f + 0x1p-11f, x[1] = 1.0f + 3 * 0x1p-11f, x[2] = 65504.0f, x[3] = 65519.99f;
+    x[4] = 65520.0f, x[5] = 0x1p-25f, x[6] = 3 * 0x1p-25f, x[7] = -0.0f, x[8] = INFINITY;
+    x[9] = 1.0f + 0x1p-8f, x[10] = 1.0f + 3 * 0x1p-8f, x[11] = 3.3895314e38f, x[12] = NAN;
+    CHECK(mk_convert(h, MK_DTYPE_FLOAT16, x, MK_DTYPE_FLOAT32, N) == 0, "to float16");
+    CHECK(mk_convert(b, MK_DTYPE_BFLOAT16, x, MK_DTYPE_FLOAT32, N) == 0, "to bfloat16");
+    CHECK(mk_convert(back16, MK_DTYPE_FLOAT32, h, MK_DTYPE_FLOAT16, N) == 0, "from float16");
+    CHECK(mk_convert(backb, MK_DTYPE_FLOAT32, b, MK_DTYPE_BFLOAT16, N) == 0, "from bfloat16");
+    int bad = 0;
+    for (int i = 0; i < N && bad < 5; i++) {
+        if (isnan(x[i])) {
+            if (!isnan(back16[i]) || !isnan(backb[i])) {
+                bad++;
+                CHECK(0, "NaN lost at %d", i);
+            }
+            continue;
+        }
+        uint16_t wh = f16_nearest(x[i]), wb = bf16_nearest(x[i]);
+        if (h[i] != wh || b[i] != wb) {
+            bad++;
+            CHECK(0, "%.9g: float16 %04x want %04x, bfloat16 %04x want %04x", (double)x[i], h[i],
+                  wh, b[i], wb);
+        }
+        if ((double)back16[i] != f16_value(h[i]) || (double)backb[i] != bf16_value(b[i])) {
+            bad++;
+            CHECK(0, "widening %04x/%04x: %g %g", h[i], b[i], (double)back16[i], (double)backb[i]);
+        }
+    }
+}
+
+static void test_convert_integers(void) {
+    float x[8] = {2.9f, -2.9f, 1e30f, -1e30f, NAN, 127.5f, -128.7f, 0.5f};
+    int64_t want64[8] = {2, -2, INT64_MAX, INT64_MIN, 0, 127, -128, 0};
+    int8_t want8[8] = {2, -2, 127, -128, 0, 127, -128, 0};
+    int64_t i64[8];
+    int8_t i8[8];
+    CHECK(mk_convert(i64, MK_DTYPE_INT64, x, MK_DTYPE_FLOAT32, 8) == 0, "to int64");
+    CHECK(mk_convert(i8, MK_DTYPE_INT8, x, MK_DTYPE_FLOAT32, 8) == 0, "to int8");
+    for (int i = 0; i < 8; i++)
+        CHECK(i64[i] == want64[i] && i8[i] == want8[i], "%g: %lld %d", (double)x[i],
+              (long long)i64[i], i8[i]);
+    int64_t big[3] = {1000, -1000, (1LL << 53) + 1};
+    int8_t s8[3];
+    float f[3];
+    mk_convert(s8, MK_DTYPE_INT8, big, MK_DTYPE_INT64, 3);
+    mk_convert(f, MK_DTYPE_FLOAT32, big, MK_DTYPE_INT64, 3);
+    CHECK(s8[0] == 127 && s8[1] == -128, "int64 to int8 saturates: %d %d", s8[0], s8[1]);
+    CHECK(f[2] == 9007199254740992.0f, "int64 to float32 rounds: %.1f", (double)f[2]);
+    CHECK(mk_convert(f, (mk_dtype)9, big, MK_DTYPE_INT64, 1) == -1, "a dtype outside the table");
+    CHECK(mk_convert(f, MK_DTYPE_FLOAT32, big, MK_DTYPE_INT64, -1) == -1, "n < 0");
+}
+
+/* CastNode float32 → dtype → float32 on a permuted input equals mk_convert. */
+static void cast_on(mk_device dev) {
+    const char *dtypes[] = {"float16", "bfloat16", "int64", "int8"};
+    const mk_dtype ids[] = {MK_DTYPE_FLOAT16, MK_DTYPE_BFLOAT16, MK_DTYPE_INT64, MK_DTYPE_INT8};
+    for (int t = 0; t < 4; t++) {
+        char text[512];
+        snprintf(text, sizeof text,
+                 "$1 = InputTensor(x, float32, [7, 5]);\n$2 = PermuteNode($1, [1, 0]);\n"
+                 "$3 = CastNode($2, %s);\n$4 = CastNode($3, float32);\nresult = $4;\n",
+                 dtypes[t]);
+        mk_error *err = NULL;
+        mk_model *m = compile(text, dev, true, &err);
+        CHECK(m != NULL, "%s: %s", dtypes[t], mk_error_message(err));
+        mk_error_free(err);
+        if (!m) continue;
+        float x[35], xt[35], out[35], want[35];
+        int64_t mid[35];
+        for (int i = 0; i < 35; i++) x[i] = random_float() * (t >= 2 ? 40.0f : 1.0f);
+        for (int i = 0; i < 5; i++)
+            for (int j = 0; j < 7; j++) xt[i * 7 + j] = x[j * 5 + i];
+        mk_convert(mid, ids[t], xt, MK_DTYPE_FLOAT32, 35);
+        mk_convert(want, MK_DTYPE_FLOAT32, mid, ids[t], 35);
+        mk_named_tensor in[] = {{"x", x}};
+        err = NULL;
+        CHECK(mk_evaluate(m, in, 1, out, sizeof out, &err) == 0, "%s", mk_error_message(err));
+        CHECK(!memcmp(out, want, sizeof out), "%s: differs from mk_convert", dtypes[t]);
+        mk_error_free(err);
+        mk_model_free(m);
+    }
+}
+static void test_cast_cpu(void) { cast_on(MK_DEVICE_CPU); }
+static void test_cast_cuda(void) { cast_on(MK_DEVICE_CUDA); }
+
+/* ---- quantization ----------------------------------------------------------- */
+
+static void test_quantize(void) {
+    enum { G = 32, N = 8 * G };
+    float x[N], s[N / G];
+    int8_t q[N];
+    for (int i = 0; i < N; i++) x[i] = (float)test_uniform(-3, 3);
+    for (int i = 0; i < G; i++) x[3 * G + i] = 0.0f; /* a group of zeros */
+    x[5 * G] = -7.0f;                                /* -max: q -127 */
+    CHECK(mk_quantize_q8(x, N, G, q, s) == 0, "quantize");
+    for (int g = 0; g < N / G; g++) {
+        float wmax = 0.0f;
+        for (int i = 0; i < G; i++) wmax = fmaxf(wmax, fabsf(x[g * G + i]));
+        float scale = wmax / 127.0f;
+        CHECK(s[g] == scale, "group %d: scale %g, want %g", g, (double)s[g], (double)scale);
+        for (int i = 0; i < G; i++) {
+            float r = scale > 0 ? x[g * G + i] / scale : 0.0f;
+            double fl = floor((double)r), want = r - fl > 0.5 ? fl + 1 : r - fl < 0.5 ? fl
+                                                 : fmod(fl, 2.0) == 0 ? fl : fl + 1;
+            if (q[g * G + i] != (int8_t)want) {
+                CHECK(0, "x %g / %g: q %d, want %g", (double)x[g * G + i], (double)scale,
+                      q[g * G + i], want);
+                break;
+            }
+        }
+    }
+    CHECK(q[5 * G] == -127, "-max quantizes to -127, got %d", q[5 * G]);
+    CHECK(mk_quantize_q8(x, N, 0, q, s) == -1 && mk_quantize_q8(x, N, 48, q, s) == -1,
+          "a group size that is not positive or does not divide n");
+}
+
+/* ---- dequantization ------------------------------------------------------------ */
+
+/* q [6, 64] int8 read permuted as [64, 6] with scales [64 / 16, 6 / 3] (permuted too). */
+static void dequantize_on(mk_device dev) {
+    const char *text =
+        "$1 = InputTensor(q, int8, [6, 64]);\n$2 = PermuteNode($1, [1, 0]);\n"
+        "$3 = InputTensor(s, float32, [2, 4]);\n$4 = PermuteNode($3, [1, 0]);\n"
+        "$5 = DequantizeNode($2, $4);\nresult = $5;\n";
+    mk_error *err = NULL;
+    mk_model *m = compile(text, dev, true, &err);
+    CHECK(m != NULL, "%s", mk_error_message(err));
+    mk_error_free(err);
+    if (!m) return;
+    int8_t q[384];
+    float s[8], out[384];
+    for (int i = 0; i < 384; i++) q[i] = (int8_t)test_randint(-128, 127);
+    for (int i = 0; i < 8; i++) s[i] = (float)test_uniform(0.01, 2);
+    mk_named_tensor in[] = {{"q", q}, {"s", s}};
+    err = NULL;
+    CHECK(mk_evaluate(m, in, 2, out, sizeof out, &err) == 0, "%s", mk_error_message(err));
+    for (int i = 0; i < 64; i++) /* out [i, j] = q [j, i] * s^T [i / 16, j / 3] = s [j / 3, i / 16] */
+        for (int j = 0; j < 6; j++) {
+            float want = (float)((double)q[j * 64 + i] * s[(j / 3) * 4 + i / 16]);
+            if (out[i * 6 + j] != want) {
+                CHECK(0, "[%d, %d]: %g, want %g", i, j, (double)out[i * 6 + j], (double)want);
+                i = 64;
+                break;
+            }
+        }
+    mk_error_free(err);
+    mk_model_free(m);
+}
+static void test_dequantize_cpu(void) { dequantize_on(MK_DEVICE_CPU); }
+static void test_dequantize_cuda(void) { dequantize_on(MK_DEVICE_CUDA); }
+
+/* ---- products with low-precision weights ------------------------------------------ */
+
+/*
+ * y [m, n] = x [m, k] @ W^T, W [n, k] in `kind`: float16, bfloat16, or int8 with
+ * scales [n, k / 32] (the llama2.c layout). Grouped (a matrix–vector group
+ * that reads the weights as they are) equals ungrouped (the nodes alone)
+ * bit for bit, and both the double-precision product of the widened weights.
+ */
+static void product_on(mk_device dev, const char *kind, int64_t m, int64_t k, int64_t n) {
+    char text[1024];
+    bool q8 = !strcmp(kind, "int8");
+    if (q8)
+        snprintf(text, sizeof text,
+                 "$1 = InputTensor(x, float32, [%lld, %lld]);\n"
+                 "$2 = InputTensor(w, int8, [%lld, %lld]);\n$3 = PermuteNode($2, [1, 0]);\n"
+                 "$4 = InputTensor(s, float32, [%lld, %lld]);\n$5 = PermuteNode($4, [1, 0]);\n"
+                 "$6 = DequantizeNode($3, $5);\n$7 = MatMulNode($1, $6);\nresult = $7;\n",
+                 (long long)m, (long long)k, (long long)n, (long long)k, (long long)n,
+                 (long long)(k / 32));
+    else
+        snprintf(text, sizeof text,
+                 "$1 = InputTensor(x, float32, [%lld, %lld]);\n"
+                 "$2 = InputTensor(w, %s, [%lld, %lld]);\n$3 = PermuteNode($2, [1, 0]);\n"
+                 "$4 = MatMulNode($1, $3);\nresult = $4;\n",
+                 (long long)m, (long long)k, kind, (long long)n, (long long)k);
+    mk_dtype wt = q8 ? MK_DTYPE_INT8 : !strcmp(kind, "float16") ? MK_DTYPE_FLOAT16 : MK_DTYPE_BFLOAT16;
+    float *x = malloc(sizeof(float) * (size_t)(m * k)), *wf = malloc(sizeof(float) * (size_t)(n * k));
+    float *s = malloc(sizeof(float) * (size_t)(n * k / 32 + 1));
+    void *w = malloc(2 * (size_t)(n * k));
+    float *y[2] = {malloc(sizeof(float) * (size_t)(m * n)), malloc(sizeof(float) * (size_t)(m * n))};
+    for (int64_t i = 0; i < m * k; i++) x[i] = (float)test_uniform(-1, 1);
+    if (q8) {
+        for (int64_t i = 0; i < n * k; i++) ((int8_t *)w)[i] = (int8_t)test_randint(-127, 127);
+        for (int64_t i = 0; i < n * k / 32; i++) s[i] = (float)test_uniform(0.001, 0.02);
+        for (int64_t i = 0; i < n * k; i++) /* row j, column c: scale [j, c / 32] */
+            wf[i] = (float)((double)((int8_t *)w)[i] * s[i / k * (k / 32) + i % k / 32]);
+    } else {
+        float *tmp = malloc(sizeof(float) * (size_t)(n * k));
+        for (int64_t i = 0; i < n * k; i++) tmp[i] = (float)test_uniform(-1, 1);
+        for (int64_t i = 0; i < n * k; i++)
+            ((uint16_t *)w)[i] = wt == MK_DTYPE_FLOAT16 ? f16_nearest(tmp[i]) : bf16_nearest(tmp[i]);
+        for (int64_t i = 0; i < n * k; i++)
+            wf[i] = (float)(wt == MK_DTYPE_FLOAT16 ? f16_value(((uint16_t *)w)[i])
+                                                   : bf16_value(((uint16_t *)w)[i]));
+        free(tmp);
+    }
+    mk_named_tensor in[] = {{"x", x}, {"w", w}, {"s", s}};
+    for (int fuse = 0; fuse < 2; fuse++) {
+        mk_error *err = NULL;
+        mk_model *mod = compile(text, dev, fuse, &err);
+        CHECK(mod != NULL, "%s: %s", kind, mk_error_message(err));
+        mk_error_free(err);
+        err = NULL;
+        if (!mod) continue;
+        if (fuse && m <= 4) {
+            mk_stats st;
+            mk_model_stats(mod, &st);
+            const char *report = mk_model_fusion_report(mod);
+            CHECK(st.launches == 1 && st.product_groups == 1, "%s: %d launches\n%s", kind,
+                  st.launches, report);
+            CHECK(strstr(report, q8 ? "int8 in blocks of 32, dequantized as read" : "widened as read"),
+                  "%s", report);
+        }
+        CHECK(mk_evaluate(mod, in, q8 ? 3 : 2, y[fuse], sizeof(float) * (size_t)(m * n), &err) == 0,
+              "%s", mk_error_message(err));
+        mk_error_free(err);
+        mk_model_free(mod);
+    }
+    /* Widened weights keep their layout, so a group sums as the product alone
+     * does; a DequantizeNode alone writes W^T row by row, which the product
+     * then reads in another order: int8 agrees within rounding only. */
+    bool same = !memcmp(y[0], y[1], sizeof(float) * (size_t)(m * n));
+    CHECK(same || q8 || dev == MK_DEVICE_CUDA,
+          "%s [%lld, %lld] @ [%lld]: grouped differs from alone", kind, (long long)m,
+          (long long)k, (long long)n);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            double want = 0.0;
+            for (int64_t c = 0; c < k; c++) want += (double)x[i * k + c] * wf[j * k + c];
+            for (int f = 0; f < 2; f++)
+                if (!test_close(y[f][i * n + j], want, 1e-5, 1e-4)) {
+                    CHECK(0, "%s %s [%lld, %lld]: %g, want %g", kind, f ? "grouped" : "alone",
+                          (long long)i, (long long)j, (double)y[f][i * n + j], want);
+                    i = m, j = n;
+                    break;
+                }
+        }
+    free(x), free(wf), free(s), free(w), free(y[0]), free(y[1]);
+}
+
+static void products_on(mk_device dev) {
+    const char *kinds[] = {"float16", "bfloat16", "int8"};
+    for (int t = 0; t < 3; t++) {
+        product_on(dev, kinds[t], 1, 32 * test_randint(1, 12), 2 * test_randint(1, 70));
+        int64_t k = 32 * test_randint(1, 12) + (t == 2 ? 0 : test_randint(1, 31)); /* a tail */
+        product_on(dev, kinds[t], test_randint(2, 4), k, 2 * test_randint(1, 70));
+        product_on(dev, kinds[t], 9, 64, 10); /* too many rows for a group: the weights are widened */
+    }
+}
+static void test_products_cpu(void) { products_on(MK_DEVICE_CPU); }
+static void test_products_cuda(void) { products_on(MK_DEVICE_CUDA); }
+
+/* ---- bad input -------------------------------------------------------------------- */
+
+static void test_bad_scripts(void) {
+    const struct {
+        const char *text, *fragment;
+    } cases[] = {
+        {"$1 = InputTensor(q, float32, [4, 8]);\n$2 = InputTensor(s, float32, [4, 1]);\n"
+         "$3 = DequantizeNode($1, $2);\nresult = $3;",
+         "script:3:1: dtype error: DequantizeNode does not take float32"},
+        {"$1 = InputTensor(q, int8, [4, 8]);\n$2 = InputTensor(s, float32, [4, 3]);\n"
+         "$3 = DequantizeNode($1, $2);\nresult = $3;",
+         "script:3:1: shape error: DequantizeNode: scales [4, 3] do not divide [4, 8]"},
+        {"$1 = InputTensor(q, int8, [4, 8]);\n$2 = InputTensor(s, float32, [4]);\n"
+         "$3 = DequantizeNode($1, $2);\nresult = $3;",
+         "do not divide [4, 8] into blocks"},
+        {"$1 = InputTensor(x, float32, [4]);\n$2 = CastNode($1, float8);\nresult = $2;",
+         "script:2:19: dtype error: unknown dtype 'float8'"},
+        {"$1 = InputTensor(x, float32, [4]);\n$2 = CastNode($1);\nresult = $2;", "CastNode"},
+        {"$1 = InputTensor(x, bfloat16, [1, 4]);\n$2 = InputTensor(w, bfloat16, [4, 2]);\n"
+         "$3 = MatMulNode($1, $2);\nresult = $3;",
+         "script:3:1: dtype error: MatMulNode does not take bfloat16"},
+        {"$1 = InputTensor(x, float32, [1, 1, 4]);\n$2 = InputTensor(v, bfloat16, [1, 4, 2]);\n"
+         "$3 = InputTensor(p, int64, [1]);\n$4 = PrefixMatMulNode($1, $2, $3);\nresult = $4;",
+         "script:4:1: dtype error: bfloat16 is not supported by PrefixMatMulNode on cpu"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        mk_error *err = NULL;
+        mk_model *m = compile(cases[i].text, MK_DEVICE_CPU, true, &err);
+        const char *msg = m ? "(compiled)" : mk_error_message(err);
+        CHECK(!m && strstr(msg, cases[i].fragment), "case %zu: '%s' lacks '%s'", i, msg,
+              cases[i].fragment);
+        mk_model_free(m);
+        mk_error_free(err);
+    }
+    /* the context is still fine */
+    mk_error *err = NULL;
+    mk_model *m = compile("$1 = InputTensor(x, float32, [2]);\n$2 = CastNode($1, bfloat16);\n"
+                          "result = $2;", MK_DEVICE_CPU, true, &err);
+    CHECK(m != NULL, "%s", mk_error_message(err));
+    char *text = m ? mk_script_format(mk_model_script(m), &err) : NULL;
+    CHECK(text && strstr(text, "CastNode($1, bfloat16)"), "%s", text ? text : mk_error_message(err));
+    mk_string_free(text);
+    mk_model_free(m);
+    mk_error_free(err);
+}
+
+int main(void) {
+    setenv("MK_CPU_FORK", "always", 0); /* small graphs, but the threaded paths */
+    test_srand(test_seed());
+    mk_error *err = NULL;
+    ctx = mk_context_new(&err);
+    if (!ctx) {
+        printf("not ok - context: %s\n", mk_error_message(err));
+        return 1;
+    }
+    RUN(test_convert_floats);
+    RUN(test_convert_integers);
+    RUN(test_quantize);
+    RUN(test_cast_cpu);
+    RUN(test_dequantize_cpu);
+    RUN(test_products_cpu);
+    RUN(test_bad_scripts);
+    char why[256];
+    if (mk_cuda_available(why, sizeof why) == 1) {
+        RUN(test_cast_cuda);
+        RUN(test_dequantize_cuda);
+        RUN(test_products_cuda);
+    } else {
+        SKIP(test_cast_cuda, why);
+        SKIP(test_dequantize_cuda, why);
+        SKIP(test_products_cuda, why);
+    }
+    mk_context_free(ctx);
+    return test_summary("lowp");
+}
