@@ -154,26 +154,43 @@ static const char *weight_suffix(mk_dtype d) {
 static void put_weight_loads(mk_strbuf *b) {
     mk_strbuf_put(b,
         "static __device__ __forceinline__ float mk_w1_f32(const float *p) { return *p; }\n"
-        "static __device__ __forceinline__ float4 mk_w4_f32(const float *p) { return *(const float4 *)p; }\n"
-        "static __device__ __forceinline__ float mk_w1_bf16(const unsigned short *p) { return __uint_as_float((unsigned int)*p << 16); }\n"
-        "static __device__ __forceinline__ float4 mk_w4_bf16(const unsigned short *p) {\n"
+        "static __device__ __forceinline__ void mk_w4_f32(const float *p, float4 *o) { o[0] = *(const float4 *)p; }\n"
+        "static __device__ __forceinline__ float mk_bf(unsigned int u) { return __uint_as_float(u << 16); }\n"
+        "static __device__ __forceinline__ float mk_bf_hi(unsigned int u) { return __uint_as_float(u & 0xffff0000u); }\n"
+        "static __device__ __forceinline__ float mk_w1_bf16(const unsigned short *p) { return mk_bf(*p); }\n"
+        "static __device__ __forceinline__ void mk_w4_bf16(const unsigned short *p, float4 *o) {\n"
         "    const uint2 u = *(const uint2 *)p;\n"
-        "    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),\n"
-        "                       __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));\n"
+        "    o[0] = make_float4(mk_bf(u.x), mk_bf_hi(u.x), mk_bf(u.y), mk_bf_hi(u.y));\n"
+        "}\n"
+        "static __device__ __forceinline__ void mk_w8_bf16(const unsigned short *p, float4 *o) {\n"
+        "    const uint4 u = *(const uint4 *)p;\n"
+        "    o[0] = make_float4(mk_bf(u.x), mk_bf_hi(u.x), mk_bf(u.y), mk_bf_hi(u.y));\n"
+        "    o[1] = make_float4(mk_bf(u.z), mk_bf_hi(u.z), mk_bf(u.w), mk_bf_hi(u.w));\n"
         "}\n"
         "static __device__ __forceinline__ float mk_h2f(unsigned short h) {\n"
         "    float f; asm(\"cvt.f32.f16 %%0, %%1;\" : \"=f\"(f) : \"h\"(h)); return f;\n"
         "}\n"
+        "static __device__ __forceinline__ float mk_hf(unsigned int u) { return mk_h2f((unsigned short)u); }\n"
+        "static __device__ __forceinline__ float mk_hf_hi(unsigned int u) { return mk_h2f((unsigned short)(u >> 16)); }\n"
         "static __device__ __forceinline__ float mk_w1_f16(const unsigned short *p) { return mk_h2f(*p); }\n"
-        "static __device__ __forceinline__ float4 mk_w4_f16(const unsigned short *p) {\n"
+        "static __device__ __forceinline__ void mk_w4_f16(const unsigned short *p, float4 *o) {\n"
         "    const uint2 u = *(const uint2 *)p;\n"
-        "    return make_float4(mk_h2f((unsigned short)u.x), mk_h2f((unsigned short)(u.x >> 16)),\n"
-        "                       mk_h2f((unsigned short)u.y), mk_h2f((unsigned short)(u.y >> 16)));\n"
+        "    o[0] = make_float4(mk_hf(u.x), mk_hf_hi(u.x), mk_hf(u.y), mk_hf_hi(u.y));\n"
+        "}\n"
+        "static __device__ __forceinline__ void mk_w8_f16(const unsigned short *p, float4 *o) {\n"
+        "    const uint4 u = *(const uint4 *)p;\n"
+        "    o[0] = make_float4(mk_hf(u.x), mk_hf_hi(u.x), mk_hf(u.y), mk_hf_hi(u.y));\n"
+        "    o[1] = make_float4(mk_hf(u.z), mk_hf_hi(u.z), mk_hf(u.w), mk_hf_hi(u.w));\n"
         "}\n"
         "static __device__ __forceinline__ float mk_w1_i8(const signed char *p) { return (float)*p; }\n"
-        "static __device__ __forceinline__ float4 mk_w4_i8(const signed char *p) {\n"
-        "    const char4 q = *(const char4 *)p;\n"
-        "    return make_float4((float)q.x, (float)q.y, (float)q.z, (float)q.w);\n"
+        "static __device__ __forceinline__ float4 mk_i8x4(unsigned int u) {\n"
+        "    return make_float4((float)(signed char)u, (float)(signed char)(u >> 8),\n"
+        "                       (float)(signed char)(u >> 16), (float)(signed char)(u >> 24));\n"
+        "}\n"
+        "static __device__ __forceinline__ void mk_w4_i8(const signed char *p, float4 *o) { o[0] = mk_i8x4(*(const unsigned int *)p); }\n"
+        "static __device__ __forceinline__ void mk_w16_i8(const signed char *p, float4 *o) {\n"
+        "    const uint4 u = *(const uint4 *)p;\n"
+        "    o[0] = mk_i8x4(u.x); o[1] = mk_i8x4(u.y); o[2] = mk_i8x4(u.z); o[3] = mk_i8x4(u.w);\n"
         "}\n");
 }
 
@@ -257,7 +274,7 @@ static void put_argmax_blocks(mk_strbuf *b, const mk_product_group *pg) {
 
 /* Result o's code for the column pair of warp index `p` (local to o). */
 static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int o,
-                       bool vec, int W, int phase) {
+                       int E, int W, int phase) {
     const mk_product_out *r = &pg->out[o];
     int which = 1; /* the faulting member for the error: the row write */
     while (which < pg->n_members && pg->members[which - 1] != r->end) which++;
@@ -298,50 +315,64 @@ static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group 
                              "asm volatile(\"prefetch.global.L2 [%%0];\" :: \"l\"(B%d + %lldLL + k));\n",
                           K, 1024 * W, j, c * ldb_of(l, pg, r, prods[j]));
     mk_strbuf_put(b, MK_PDL_WAIT);
-    const char *T = vec ? "float4" : "float";
+    /* E elements of k a lane per step: its weights in one load (16 bytes where
+     * E > 4), A and the norm's weight as Q float4s (E == 1: floats) */
+    const char *T = E >= 4 ? "float4" : "float";
+    int Q = E >= 4 ? E / 4 : 1;
     if (pg->norm_w >= 0) mk_strbuf_put(b, "        float ss[%d] = {0.0f};\n", M);
-    mk_strbuf_put(b, "#pragma unroll 4\n        for (long long k = %s; k < %lldLL; k += %d) {\n",
-                  vec ? "4 * (lane + 32 * slice)" : "lane + 32 * slice", K, (vec ? 128 : 32) * W);
+    mk_strbuf_put(b, "#pragma unroll 4\n        for (long long k = %d * (lane + 32 * slice); k < %lldLL; k += %d) {\n",
+                  E, K, 32 * E * W);
     for (int j = 0; j < np; j++) {
         int pj = r->src[prods[j]].product, bk = pg->b[pj];
         long long ldb = l->in[bk].stride[1];
         const char *w = weight_suffix(l->in[bk].dtype);
         for (int c = 0; c < 2; c++) {
-            mk_strbuf_put(b, "            %s b%d_%d = mk_w%d_%s(B%d + %lldLL + k);\n", T, j, c,
-                          vec ? 4 : 1, w, j, c * ldb);
+            if (E >= 4)
+                mk_strbuf_put(b, "            float4 b%d_%d[%d]; mk_w%d_%s(B%d + %lldLL + k, b%d_%d);\n", j,
+                              c, Q, E, w, j, c * ldb, j, c);
+            else
+                mk_strbuf_put(b, "            float b%d_%d[1] = {mk_w1_%s(B%d + %lldLL + k)};\n", j, c, w,
+                              j, c * ldb);
             if (pg->b_scale[pj] < 0) continue;
             const mk_tensor *sc = &l->in[pg->b_scale[pj]];
             mk_strbuf_put(b, "            { const float s = S%d[%lldLL + k / %lldLL * %lldLL];", j,
                           c * (long long)sc->stride[1], (long long)pg->b_group[pj],
                           (long long)sc->stride[0]);
-            if (vec)
-                mk_strbuf_put(b, " b%d_%d.x *= s; b%d_%d.y *= s; b%d_%d.z *= s; b%d_%d.w *= s; }\n",
-                              j, c, j, c, j, c, j, c);
+            if (E >= 4)
+                mk_strbuf_put(b, " for (int q = 0; q < %d; q++) { b%d_%d[q].x *= s; b%d_%d[q].y *= s;"
+                                 " b%d_%d[q].z *= s; b%d_%d[q].w *= s; } }\n",
+                              Q, j, c, j, c, j, c, j, c);
             else
-                mk_strbuf_put(b, " b%d_%d *= s; }\n", j, c);
+                mk_strbuf_put(b, " b%d_%d[0] *= s; }\n", j, c);
         }
     }
-    for (int m = 0; m < M; m++) {
-        mk_strbuf_put(b, "            %s a%d = *(const %s *)(A + %lldLL + k);\n", T, m, T, m * K);
-        if (pg->norm_w >= 0) { /* x's squares, and w * x (1 / rms applied after the sum) */
-            mk_strbuf_put(b, "            { const %s w = *(const %s *)(W + k);", T, T);
-            if (vec)
-                mk_strbuf_put(b, " ss[%d] += a%d.x * a%d.x + a%d.y * a%d.y + a%d.z * a%d.z + a%d.w * a%d.w;"
-                                 " a%d.x *= w.x; a%d.y *= w.y; a%d.z *= w.z; a%d.w *= w.w; }\n",
-                              m, m, m, m, m, m, m, m, m, m, m, m, m);
-            else
-                mk_strbuf_put(b, " ss[%d] += a%d * a%d; a%d *= w; }\n", m, m, m, m);
-        }
-        for (int j = 0; j < np; j++)
-            for (int c = 0; c < 2; c++) {
-                if (vec)
-                    mk_strbuf_put(b, "            acc[%d][%d][%d] += a%d.x * b%d_%d.x + a%d.y * b%d_%d.y"
-                                     " + a%d.z * b%d_%d.z + a%d.w * b%d_%d.w;\n",
-                                  m, c, j, m, j, c, m, j, c, m, j, c, m, j, c);
+    for (int m = 0; m < M; m++)
+        for (int q = 0; q < Q; q++) {
+            mk_strbuf_put(b, "            %s a%d_%d = *(const %s *)(A + %lldLL + k + %d);\n", T, m, q, T,
+                          m * K, 4 * q);
+            if (pg->norm_w >= 0) { /* x's squares, and w * x (1 / rms applied after the sum) */
+                mk_strbuf_put(b, "            { const %s w = *(const %s *)(W + k + %d);", T, T, 4 * q);
+                if (E >= 4)
+                    mk_strbuf_put(b, " ss[%d] += a%d_%d.x * a%d_%d.x + a%d_%d.y * a%d_%d.y + a%d_%d.z * a%d_%d.z"
+                                     " + a%d_%d.w * a%d_%d.w; a%d_%d.x *= w.x; a%d_%d.y *= w.y;"
+                                     " a%d_%d.z *= w.z; a%d_%d.w *= w.w; }\n",
+                                  m, m, q, m, q, m, q, m, q, m, q, m, q, m, q, m, q, m, q, m, q,
+                                  m, q, m, q);
                 else
-                    mk_strbuf_put(b, "            acc[%d][%d][%d] += a%d * b%d_%d;\n", m, c, j, m, j, c);
+                    mk_strbuf_put(b, " ss[%d] += a%d_%d * a%d_%d; a%d_%d *= w; }\n", m, m, q, m, q, m, q);
             }
-    }
+            for (int j = 0; j < np; j++)
+                for (int c = 0; c < 2; c++) {
+                    if (E >= 4)
+                        mk_strbuf_put(b, "            acc[%d][%d][%d] += a%d_%d.x * b%d_%d[%d].x + a%d_%d.y * b%d_%d[%d].y"
+                                         " + a%d_%d.z * b%d_%d[%d].z + a%d_%d.w * b%d_%d[%d].w;\n",
+                                      m, c, j, m, q, j, c, q, m, q, j, c, q, m, q, j, c, q, m, q,
+                                      j, c, q);
+                    else
+                        mk_strbuf_put(b, "            acc[%d][%d][%d] += a%d_%d * b%d_%d[0];\n", m, c, j,
+                                      m, q, j, c);
+                }
+        }
     mk_strbuf_put(b, "        }\n");
     mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) for (int c = 0; c < 2; c++) for (int j = 0; j < %d; j++)\n"
                      "            for (int off = 16; off > 0; off >>= 1) acc[m][c][j] += __shfl_xor_sync(0xffffffffu, acc[m][c][j], off);\n",
@@ -435,6 +466,28 @@ static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group 
                   argmax_slot(pg, o) * M);
 }
 
+/* Elements of k a lane takes per step: 16 bytes of weights a load (4 float32,
+ * 8 float16/bfloat16, 16 int8) where every product's weights have one size and
+ * A, the norm's weight and each column are 16-byte aligned; else 4 (when the
+ * weights align to 4 elements), else 1. */
+static int weights_per_load(const mk_launch *l, const mk_product_group *pg) {
+    long long K = (long long)pg->k;
+    if (!aligned16(l->in[pg->a].data) || (pg->norm_w >= 0 && !aligned16(l->in[pg->norm_w].data)))
+        return 1;
+    size_t es = mk_dtype_size(l->in[pg->b[0]].dtype);
+    for (int E = (int)(16 / es); E >= 4; E = E > 4 ? 4 : 0) {
+        bool ok = K % E == 0;
+        for (int j = 0; j < pg->n_products && ok; j++) {
+            const mk_tensor *w = &l->in[pg->b[j]];
+            size_t bytes = (size_t)E * mk_dtype_size(w->dtype);
+            ok = (E == 4 || mk_dtype_size(w->dtype) == es) && ((uintptr_t)w->data % bytes) == 0 &&
+                 ((size_t)w->stride[1] * mk_dtype_size(w->dtype)) % bytes == 0;
+        }
+        if (ok) return E;
+    }
+    return 1;
+}
+
 /* The kernel of a matrix–vector group's launch: one warp per column pair of a
  * result (every row of A), 8 warps a block, each on its own: a warp reads all
  * of A, so it sums the RmsNorm's squares of x in the same loop and scales its
@@ -444,12 +497,7 @@ static void put_product_source(mk_strbuf *b, const mk_launch *l) {
     int M = (int)pg->m;
     long long K = (long long)pg->k;
     /* float4 loads where every row of A, the weight and each B column is 16-byte aligned */
-    bool vec = K % 4 == 0 && aligned16(l->in[pg->a].data) &&
-               (pg->norm_w < 0 || aligned16(l->in[pg->norm_w].data));
-    for (int j = 0; j < pg->n_products && vec; j++) { /* 4 weights a load */
-        const mk_tensor *w = &l->in[pg->b[j]];
-        vec = ((uintptr_t)w->data & (4 * mk_dtype_size(w->dtype) - 1)) == 0 && w->stride[1] % 4 == 0;
-    }
+    int E = weights_per_load(l, pg);
     mk_strbuf_put(b, "// moonkaas matrix-vector group $%d: [%d, %lld] @ %d products, %d results%s\n",
                   l->node->id, M, K, pg->n_products, pg->n_outs,
                   pg->norm_w >= 0 ? ", RmsNorm folded in" : "");
@@ -488,7 +536,7 @@ static void put_product_source(mk_strbuf *b, const mk_launch *l) {
             long long pairs = pg->out[o].n / 2;
             mk_strbuf_put(b, "    %sif (pair < %lldLL) do {\n        const long long p = pair - %lldLL;\n",
                           o ? "else " : "", start + pairs, start);
-            put_result(b, l, pg, o, vec, W, phase);
+            put_result(b, l, pg, o, E, W, phase);
             mk_strbuf_put(b, "    } while (0);\n");
             start += pairs;
         }
