@@ -650,6 +650,67 @@ static int l_is_tensor(lua_State *L) {
     return 1;
 }
 
+/* ==== conversions ============================================================ */
+
+/* t:to(dtype): a new tensor of t's shape, converted by the CastNode's rule. */
+static int tensor_to(lua_State *L) {
+    lmk_tensor *t = lmk_check_tensor(L, 1, "to");
+    mk_dtype d = lmk_check_dtype(L, 2, "to", false);
+    lmk_tensor *c = lmk_push_tensor(L, "to", d, t->rank, t->shape);
+    mk_convert(c->data, d, t->data, t->dtype, t->numel);
+    return 1;
+}
+
+/* mk.quantize(t, group) -> q, scale: float32 t [.., n] in int8 groups of `group`
+ * along its last axis (llama2.c's rule, mk_quantize_q8): q has t's shape,
+ * scale t's with the last dim n / group. */
+static int l_quantize(lua_State *L) {
+    lmk_tensor *t = lmk_check_tensor(L, 1, "quantize");
+    int64_t group = lmk_check_int(L, 2, "quantize", "the group size");
+    if (t->dtype != MK_DTYPE_FLOAT32)
+        lmk_raise(L, "dtype error", "quantize", "takes a float32 tensor, not %s",
+                  mk_dtype_name(t->dtype));
+    int64_t n = t->shape[t->rank - 1];
+    if (group < 1 || n % group)
+        LMK_ARG_ERROR(L, "quantize", "the group size %lld does not divide the last dim %lld",
+                      (long long)group, (long long)n);
+    int64_t sshape[MK_MAX_RANK];
+    memcpy(sshape, t->shape, sizeof(int64_t) * (size_t)t->rank);
+    sshape[t->rank - 1] = n / group;
+    lmk_tensor *q = lmk_push_tensor(L, "quantize", MK_DTYPE_INT8, t->rank, t->shape);
+    lmk_tensor *sc = lmk_push_tensor(L, "quantize", MK_DTYPE_FLOAT32, t->rank, sshape);
+    mk_quantize_q8(t->data, t->numel, group, q->data, sc->data);
+    return 2;
+}
+
+/* q:dequantize(scale): float32 q * scale in blocks, as the DequantizeNode. */
+static int tensor_dequantize(lua_State *L) {
+    lmk_tensor *q = lmk_check_tensor(L, 1, "dequantize");
+    lmk_tensor *sc = lmk_check_tensor(L, 2, "dequantize");
+    if (q->dtype != MK_DTYPE_INT8 || sc->dtype != MK_DTYPE_FLOAT32)
+        lmk_raise(L, "dtype error", "dequantize", "takes int8 values and float32 scales, not %s and %s",
+                  mk_dtype_name(q->dtype), mk_dtype_name(sc->dtype));
+    bool ok = q->rank == sc->rank;
+    for (int d = 0; ok && d < q->rank; d++) ok = q->shape[d] % sc->shape[d] == 0;
+    if (!ok)
+        lmk_raise(L, "shape error", "dequantize", "scales %s do not divide %s into blocks",
+                  LMK_SHAPE_STR(sc->rank, sc->shape), LMK_SHAPE_STR(q->rank, q->shape));
+    lmk_tensor *o = lmk_push_tensor(L, "dequantize", MK_DTYPE_FLOAT32, q->rank, q->shape);
+    const int8_t *qv = q->data;
+    const float *sv = sc->data;
+    float *ov = o->data;
+    for (int64_t i = 0; i < q->numel; i++) {
+        int64_t rest = i, at = 0, stride = 1;
+        for (int d = q->rank - 1; d >= 0; d--) {
+            at += rest % q->shape[d] / (q->shape[d] / sc->shape[d]) * stride;
+            rest /= q->shape[d];
+            stride *= sc->shape[d];
+        }
+        ov[i] = (float)qv[i] * sv[at];
+    }
+    return 1;
+}
+
 /* ==== registration =========================================================== */
 
 void lmk_open_tensor(lua_State *L) {
@@ -657,7 +718,8 @@ void lmk_open_tensor(lua_State *L) {
         {"__tostring", tensor_tostring}, {"__len", tensor_len}, {NULL, NULL}};
     static const luaL_Reg tensor_methods[] = {
         {"totable", tensor_totable}, {"bytes", tensor_bytes}, {"get", tensor_get},
-        {"set", tensor_set}, {"argmax", tensor_argmax}, {"copy", tensor_copy}, {NULL, NULL}};
+        {"set", tensor_set}, {"argmax", tensor_argmax}, {"copy", tensor_copy},
+        {"to", tensor_to}, {"dequantize", tensor_dequantize}, {NULL, NULL}};
     lmk_define_type(L, LMK_TENSOR_MT, tensor_meta, tensor_methods, tensor_index);
     lua_getfield(L, -1, "methods");
     lua_setfield(L, -3, "tensor_methods");
@@ -684,6 +746,6 @@ void lmk_open_tensor(lua_State *L) {
         {"tensor", lmk_tensor_new}, {"zeros", l_zeros}, {"from_bytes", l_from_bytes},
         {"from_file", l_from_file}, {"is_tensor", l_is_tensor},
         {"load_safetensors", l_load_safetensors}, {"save_safetensors", l_save_safetensors},
-        {NULL, NULL}};
+        {"quantize", l_quantize}, {NULL, NULL}};
     luaL_setfuncs(L, functions, 0);
 }

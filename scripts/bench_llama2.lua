@@ -2,7 +2,8 @@
 --
 --   lua scripts/bench_llama2.lua [--7b] [--only 15M|110M|7B] [--runs N] [--steps N]
 --       [--devices cpu,cuda] [--dir DIR] [--keep] [--tokenizer PATH]
---       [--bandwidth GB/s] [--runomp PATH] [--threads N] [--cudnn] [--model PATH]
+--       [--bandwidth GB/s] [--runomp PATH] [--runq PATH] [--threads N] [--cudnn]
+--       [--model PATH] [--precision fp32|bf16|fp16|q8]
 --
 -- Protocol (../shared/BENCHMARKS.md): random-weight checkpoints in llama2.c's
 -- legacy layout with the real shapes (stories15M, stories110M; Llama-2-7B
@@ -28,6 +29,12 @@
 -- (scripts/llama2.lua -d cpu) then one runomp process, alternating, so that a
 -- slow spell of the machine hits both; each pair's tok/s ratio, the medians,
 -- and each process's peak RSS (through /usr/bin/time where it is installed).
+--
+-- --precision converts the weights at load (scripts/llama2.lua -q); the
+-- roofline then counts the bytes of that precision. --runq PATH compares with
+-- llama2.c's runq (int8 weights and activations) the same way: the random
+-- checkpoint is exported to llama2.c's version 2 (scripts/export.lua, its
+-- group size), and both read that file (moonkaas in its int8, weight-only).
 
 local here = (arg and arg[0] or ""):match("^(.*)[/\\]") or "."
 local root = here .. "/.."
@@ -47,7 +54,8 @@ local SHAPES = {
 local USAGE = [[
 usage: lua scripts/bench_llama2.lua [--7b] [--only 15M|110M|7B] [--runs N] [--steps N]
        [--devices cpu,cuda] [--dir DIR] [--keep] [--tokenizer PATH]
-       [--bandwidth GB/s] [--runomp PATH] [--threads N] [--cudnn] [--model PATH]
+       [--bandwidth GB/s] [--runomp PATH] [--runq PATH] [--threads N] [--cudnn]
+       [--model PATH] [--precision fp32|bf16|fp16|q8]
 ]]
 
 local function parse(argv)
@@ -69,6 +77,10 @@ local function parse(argv)
             elseif a == "--tokenizer" then o.tokenizer = need()
             elseif a == "--bandwidth" then o.bandwidth = tonumber(need())
             elseif a == "--runomp" then o.runomp = need()
+            elseif a == "--runq" then o.runq = need()
+            elseif a == "--precision" then
+                o.precision = need()
+                if not llama2.model.PRECISIONS[o.precision] then error("unknown precision " .. o.precision, 0) end
             elseif a == "--model" then o.model = need()
             elseif a == "--threads" then o.threads = math.tointeger(tonumber(need()))
             else error("unknown option " .. a, 0) end
@@ -189,25 +201,28 @@ end
 
 local function quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
 
--- The CPU against runomp in alternating pairs of processes (see the top).
-local function paired(o, name, path, tok_path)
+-- The CPU against llama2.c's `peer` (runomp, runq) in alternating pairs of
+-- processes on the same file (see the top).
+local function paired(o, name, path, tok_path, peer, peer_name)
     local env = o.threads and ("OMP_NUM_THREADS=" .. o.threads .. " ") or ""
     local lua = arg[-1] or "lua"
     env = env .. "MK_BUILD=" .. quote(build) .. " "
-    local ours = string.format("%s %s %s -z %s -t 0 -n %d -i 'Once upon a time' -d cpu", quote(lua), quote(here .. "/llama2.lua"), quote(path), quote(tok_path), o.steps)
-    local theirs = string.format("%s %s -z %s -t 0 -n %d -i 'Once upon a time'", quote(o.runomp),
+    local ours = string.format("%s %s %s -z %s -t 0 -n %d -i 'Once upon a time' -d cpu%s", quote(lua),
+        quote(here .. "/llama2.lua"), quote(path), quote(tok_path), o.steps,
+        o.precision and (" -q " .. o.precision) or "")
+    local theirs = string.format("%s %s -z %s -t 0 -n %d -i 'Once upon a time'", quote(peer),
         quote(path), quote(tok_path), o.steps)
-    local r = { shape = name, paired = true, threads = o.threads or "all" }
+    local r = { shape = name, paired = true, threads = o.threads or "all", peer = peer_name }
     local rates, peer, ratios, rss, peer_rss = {}, {}, {}, {}, {}
     for i = 1, math.max(o.runs, 5) do
         local a, ra, out = measure(env, ours)
         if not a then error("moonkaas (" .. ours .. ") printed no tok/s:\n" .. out, 0) end
         local b, rb, out2 = measure(env, theirs)
-        if not b then error("runomp (" .. theirs .. ") printed no tok/s:\n" .. out2, 0) end
+        if not b then error(peer_name .. " (" .. theirs .. ") printed no tok/s:\n" .. out2, 0) end
         rates[#rates + 1], peer[#peer + 1], ratios[#ratios + 1] = a, b, a / b
         rss[#rss + 1], peer_rss[#peer_rss + 1] = ra, rb
-        io.stderr:write(string.format("  %s pair %d: moonkaas %.1f tok/s, runomp %.1f tok/s (%.2fx)\n",
-            name, i, a, b, a / b))
+        io.stderr:write(string.format("  %s pair %d: moonkaas %.1f tok/s, %s %.1f tok/s (%.2fx)\n",
+            name, i, a, peer_name, b, a / b))
     end
     r.rate, r.peer_rate, r.ratio = median(rates), median(peer), median(ratios)
     if #rss > 0 then r.rss = median(rss) end
@@ -267,10 +282,20 @@ local function main(argv)
             local kv_bytes = 2 * 4 * c.n_layers * c.kv_dim * (o.steps + 1) / 2
             for _, device in ipairs(devices) do
               if device == "cpu" and o.runomp then
-                rows[#rows + 1] = paired(o, shape.name, path, tok_path)
-              else
+                rows[#rows + 1] = paired(o, shape.name, path, tok_path, o.runomp, "runomp")
+              end
+              if device == "cpu" and o.runq then
+                local v2 = path:gsub("%.bin$", "") .. "_v2.bin"
+                local export = string.format("MK_BUILD=%s %s %s %s %s --version 2 >&2", quote(build),
+                    quote(arg[-1] or "lua"), quote(here .. "/export.lua"), quote(path), quote(v2))
+                if not os.execute(export) then error("exporting " .. path .. " to version 2 failed", 0) end
+                rows[#rows + 1] = paired(o, shape.name, v2, tok_path, o.runq, "runq")
+                if not o.keep then os.remove(v2) end
+              end
+              if device ~= "cpu" or not (o.runomp or o.runq) then
                 local net = llama2.build(mk, c, {
                     device = device, cudnn = o.cudnn and device == "cuda", greedy = true,
+                    precision = o.precision,
                     log = function(m) io.stderr:write("  " .. m .. "\n") end })
                 local rates = {}
                 for r = 1, o.runs do
@@ -281,11 +306,14 @@ local function main(argv)
                     io.stderr:write(string.format("  %s %s run %d: %.1f tok/s\n", shape.name, device, r, rate))
                 end
                 local rate = median(rates)
-                local row = { shape = shape.name, who = "moonkaas " .. device .. (net.cudnn and "+cudnn" or ""),
-                              rate = rate }
+                local row = { shape = shape.name, who = "moonkaas " .. device .. (net.cudnn and "+cudnn" or "")
+                              .. (o.precision and (" " .. o.precision) or ""), rate = rate }
                 if device == "cuda" then
-                    row.roofline = (weights + kv_bytes) * rate / (o.bandwidth * 1e9)
-                    row.weights_only = weights * rate / (o.bandwidth * 1e9)
+                    -- the weights' bytes in the precision they are read in
+                    local per = ({ bf16 = 2, fp16 = 2, q8 = 1 + 4 / llama2.model.group_size(c) })[o.precision or ""] or 4
+                    local wb = weights * per / 4
+                    row.roofline = (wb + kv_bytes) * rate / (o.bandwidth * 1e9)
+                    row.weights_only = wb * rate / (o.bandwidth * 1e9)
                 end
                 rows[#rows + 1] = row
                 net = nil
@@ -316,12 +344,12 @@ local function main(argv)
     -- each pair's moonkaas / runomp
     local function mib(x) return x and string.format("%.0f", x / 1024) or "-" end
     print()
-    print(string.format("| %-6s | %7s | %13s | %13s | %6s | %12s | %12s | %9s |", "shape", "threads",
-        "moonkaas tok/s", "runomp tok/s", "ratio", "moonkaas MiB", "runomp MiB", "RSS ratio"))
-    print("|--------|---------|----------------|---------------|--------|--------------|--------------|-----------|")
+    print(string.format("| %-6s | %-6s | %7s | %14s | %10s | %6s | %12s | %8s | %9s |", "shape", "peer",
+        "threads", "moonkaas tok/s", "peer tok/s", "ratio", "moonkaas MiB", "peer MiB", "RSS ratio"))
+    print("|--------|--------|---------|----------------|------------|--------|--------------|----------|-----------|")
     for _, r in ipairs(pairs_rows) do
-        print(string.format("| %-6s | %7s | %14.1f | %13.1f | %5.2fx | %12s | %12s | %9s |", r.shape,
-            r.threads, r.rate, r.peer_rate, r.ratio, mib(r.rss), mib(r.peer_rss),
+        print(string.format("| %-6s | %-6s | %7s | %14.1f | %10.1f | %5.2fx | %12s | %8s | %9s |", r.shape,
+            r.peer, r.threads, r.rate, r.peer_rate, r.ratio, mib(r.rss), mib(r.peer_rss),
             (r.rss and r.peer_rss) and string.format("%.2fx", r.rss / r.peer_rss) or "-"))
     end
 end

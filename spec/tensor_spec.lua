@@ -325,3 +325,61 @@ describe("tostring", function()
         assert.is_truthy(s:find("^tensor float32 %[1000, 1000%] {{0, 0, 0, 0, 0, %.%.%.}"))
     end)
 end)
+
+describe("conversions on the host (t:to, mk.quantize, q:dequantize)", function()
+    -- float32 of x, exactly (string.pack rounds to nearest)
+    local function f32(x) return (string.unpack("<f", string.pack("<f", x))) end
+
+    it("to: bfloat16 keeps the top half of float32, rounding to nearest even", function()
+        local xs = { 1 + 2 ^ -8, 1 + 3 * 2 ^ -8, -2.5, 1e-3 }
+        for _ = 1, 50 do xs[#xs + 1] = f32((math.random() - 0.5) * 10) end
+        local t = mk.tensor(xs)
+        local b = t:to("bfloat16"):to("float32")
+        for i, x in ipairs(xs) do
+            -- reference: the two bfloat16 neighbours of x, by clearing/adding the low 16 bits
+            local bits = string.unpack("<I4", string.pack("<f", x))
+            local lo = bits & 0xffff0000
+            local hi = lo + 0x10000
+            local vlo = string.unpack("<f", string.pack("<I4", lo))
+            local vhi = string.unpack("<f", string.pack("<I4", hi))
+            local d0, d1 = math.abs(x - vlo), math.abs(vhi - x)
+            local want = (d1 < d0 or (d1 == d0 and (lo >> 16) & 1 == 1)) and vhi or vlo
+            assert.are.equal(want, b:get(i), "element " .. i .. " = " .. x)
+        end
+        assert.are.equal("int64", t:to("int64").dtype)
+        assert.are.same({ 1, 2, -2, 0 }, mk.tensor({ 1.9, 2.5, -2.7, 0.4 }):to("int64"):totable())
+    end)
+
+    it("quantize and dequantize: llama2.c's int8 groups along the last axis", function()
+        local rows, n, g = 3, 64, 32
+        local data = {}
+        for r = 1, rows do
+            data[r] = {}
+            for c = 1, n do data[r][c] = f32((math.random() - 0.5) * 4) end
+        end
+        local q, s = mk.quantize(mk.tensor(data), g)
+        assert.are.same({ rows, n }, q.shape)
+        assert.are.same({ rows, n // g }, s.shape)
+        local back = q:dequantize(s)
+        for r = 1, rows do
+            for k = 0, n // g - 1 do
+                local wmax = 0
+                for c = 1, g do wmax = math.max(wmax, math.abs(data[r][k * g + c])) end
+                local scale = f32(wmax / 127)
+                assert.are.equal(scale, s:get(r, k + 1))
+                for c = 1, g do
+                    local x = data[r][k * g + c]
+                    local v = f32(x / scale)
+                    local fl = math.floor(v)
+                    local want = v - fl > 0.5 and fl + 1 or v - fl < 0.5 and fl or (fl % 2 == 0 and fl or fl + 1)
+                    assert.are.equal(f32(want * scale), back:get(r, k * g + c))
+                end
+            end
+        end
+        H.assert_error(function() mk.quantize(mk.tensor(data), 48) end, "argument error: quantize:",
+            "does not divide the last dim 64")
+        H.assert_error(function() mk.quantize(mk.tensor({ 1, 2 }, "int64"), 2) end, "dtype error: quantize:")
+        H.assert_error(function() q:dequantize(mk.tensor({ 1.0, 2.0 })) end, "shape error: dequantize:")
+        H.assert_error(function() s:dequantize(s) end, "dtype error: dequantize:")
+    end)
+end)

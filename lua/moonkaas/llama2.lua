@@ -41,7 +41,8 @@ M.sampler = sampler.new
 
 -- Maps the weights of a checked config and compiles the model.
 --   opts: device ("cpu" | "cuda"), cudnn, greedy (argmax output: temperature 0),
---         steps (positions to hold, default seq_len), log (function(msg), progress)
+--         steps (positions to hold, default seq_len), precision (fp32 | bf16 |
+--         fp16 | q8, default the file's), log (function(msg), progress)
 function M.build(mk, c, opts)
     opts = opts or {}
     local log = opts.log or function() end
@@ -188,6 +189,8 @@ Options:
   -m <string> mode: generate|chat, default: generate
   -y <string> (optional) system prompt in chat mode
   -d <string> device: cpu|cuda, default: cuda when available
+  -q <string> weights: fp32|bf16|fp16|q8 (int8 groups), converted at load;
+              default: the checkpoint's own precision
   --cudnn     fuse with cuDNN (CUDA only)
   -h          print this help
 ]]
@@ -252,6 +255,11 @@ function M.parse_args(argv)
                 o.mode = value
             elseif letter == "y" then
                 o.system_prompt = value
+            elseif letter == "q" then
+                if not model.PRECISIONS[value] then
+                    return nil, "unknown precision: " .. value .. " (fp32|bf16|fp16|q8)", 1
+                end
+                o.precision = value
             elseif letter == "d" then
                 if value ~= "cpu" and value ~= "cuda" then
                     return nil, "unknown device: " .. value .. " (cpu|cuda)", 1
@@ -360,7 +368,8 @@ function M.main(argv, env)
         mk.on_log(function(level, m) if level == "warning" then log("warning: " .. m) end end)
     end
     local ok, net = pcall(M.build, mk, c, {
-        device = device, cudnn = o.cudnn, greedy = smp:greedy(), steps = o.steps, log = log })
+        device = device, cudnn = o.cudnn, greedy = smp:greedy(), steps = o.steps, log = log,
+        precision = o.precision })
     if mk.on_progress then mk.on_progress(nil) end -- runs report nothing
     if not ok then return fail(tostring(net)) end
     local run_ok, rerr = pcall(function()

@@ -80,8 +80,16 @@ function M.graph(mk, c, w, opts)
     local fk = mk.embedding(rope_k, pos):reshape({ 1, hs // 2, 2 })
     local fq = mk.embedding(rope_q, pos):reshape({ 1, hs // 2, 2 })
 
-    local function T(tensor, name)   -- a weight [out, in] as a [in, out] view
-        return mk.constant(tensor, name):permute({ 1, 0 })
+    local function T(weight, name)   -- a weight [out, in] as a [in, out] view
+        if mk.is_tensor(weight) then return mk.constant(weight, name):permute({ 1, 0 }) end
+        -- int8 in groups: q [out, in] with scale [out, in / group] dequantizes as it is
+        -- read (the matrix-vector group folds it in); groups that straddle rows
+        -- (q [out * in / group, group]) dequantize first, then take W's shape
+        local q, sc = mk.constant(weight.q, name .. "_q"), mk.constant(weight.scale, name .. "_scale")
+        if weight.q.shape[2] == weight.shape[2] then
+            return q:permute({ 1, 0 }):dequantize(sc:permute({ 1, 0 }))
+        end
+        return q:dequantize(sc):reshape(weight.shape):permute({ 1, 0 })
     end
     local function vec(tensor, name)  -- a norm weight [D]
         return mk.constant(tensor, name)
@@ -89,6 +97,7 @@ function M.graph(mk, c, w, opts)
 
     local emb = mk.constant(w.token_embedding, "token_embedding")   -- [V, D]
     local x = mk.embedding(emb, token)                              -- [1, D]
+    if w.token_embedding.dtype ~= "float32" then x = x:cast("float32") end
 
     for l, lw in ipairs(w.layers) do
         local p = "l" .. (l - 1) .. "_"
@@ -116,12 +125,78 @@ function M.graph(mk, c, w, opts)
     end
 
     x = x:rms_norm(vec(w.rms_final, "rms_final"))                             -- [1, D]
-    local wcls = c.shared_classifier and emb or mk.constant(w.wcls, "wcls")   -- [V, D]
-    local logits = x:matmul(wcls:permute({ 1, 0 }))                           -- [1, V]
+    local wcls = rawequal(w.wcls, w.token_embedding) and emb:permute({ 1, 0 }) or T(w.wcls, "wcls")
+    local logits = x:matmul(wcls)                                             -- [1, V]
     if opts.greedy then
         return logits:argmax()                                                -- int64 [1, 1]
     end
     return logits:reshape({ V })                                              -- [V]
+end
+
+-- ---------------------------------------------------------------------------
+-- precision: the weights converted at load (scripts/llama2.lua -q)
+
+M.PRECISIONS = { fp32 = "float32", bf16 = "bfloat16", fp16 = "float16", q8 = "q8" }
+
+local function is_quantized(t) return type(t) == "table" and t.q ~= nil end
+
+-- A weight [out, in] as float32: itself, or its int8 groups dequantized.
+local function as_float32(mk, t)
+    if not is_quantized(t) then return t.dtype == "float32" and t or t:to("float32") end
+    local f = t.q:dequantize(t.scale)
+    if f.shape[2] == t.shape[2] then return f end
+    return mk.from_bytes(f:bytes(), "float32", t.shape)
+end
+
+-- llama2.c's group size: 64, halved until it divides dim (export.py's backoff).
+function M.group_size(c)
+    local g = 64
+    while c.dim % g ~= 0 do g = g // 2 end
+    return g
+end
+
+-- A float32 weight [out, in] in int8 groups of g consecutive values, as
+-- checkpoint.map gives a v2 file's: along rows where g divides in, else flat.
+local function quantized(mk, t, g)
+    local out, inn = t.shape[1], t.shape[2]
+    if inn % g == 0 then
+        local q, sc = mk.quantize(t, g)
+        return { q = q, scale = sc, shape = { out, inn }, group = g }
+    end
+    local flat = mk.from_bytes(t:bytes(), "float32", { out * inn // g, g })
+    local q, sc = mk.quantize(flat, g)
+    return { q = q, scale = sc, shape = { out, inn }, group = g }
+end
+
+-- checkpoint.map's weights in `precision` (a key of M.PRECISIONS; nil keeps
+-- the file's): matrices converted, norms float32. The token table stays
+-- float32 for q8 (the lookup; the classifier reads the quantized copy, as
+-- runq.c does) and takes the low-precision float dtype otherwise.
+function M.convert_weights(mk, c, w, precision)
+    if precision == nil then return w end
+    local want = M.PRECISIONS[precision]
+    if not want then error("llama2: unknown precision " .. tostring(precision) .. " (fp32|bf16|fp16|q8)", 2) end
+    local g = M.group_size(c)
+    local function convert(t)
+        if want == "q8" then return is_quantized(t) and t or quantized(mk, t, g) end
+        local f = as_float32(mk, t)
+        return want == "float32" and f or f:to(want)
+    end
+    local shared = rawequal(w.wcls, w.token_embedding) or c.shared_classifier
+    local out = { layers = {}, rms_final = w.rms_final }
+    local emb = as_float32(mk, w.token_embedding)
+    out.token_embedding = want == "q8" and emb or convert(emb)
+    if shared and want ~= "q8" then
+        out.wcls = out.token_embedding
+    else
+        out.wcls = convert(shared and emb or w.wcls)
+    end
+    for l, lw in ipairs(w.layers) do
+        local nl = { rms_att = lw.rms_att, rms_ffn = lw.rms_ffn }
+        for _, name in ipairs({ "wq", "wk", "wv", "wo", "w1", "w2", "w3" }) do nl[name] = convert(lw[name]) end
+        out.layers[l] = nl
+    end
+    return out
 end
 
 local Transformer = {}
@@ -132,6 +207,8 @@ M.Transformer = Transformer
 --   mk       the moonkaas module
 --   c, w     checkpoint config and mapped weights
 --   opts     device ("cpu" | "cuda"), cudnn (bool), greedy (bool: argmax out),
+--            precision (fp32 | bf16 | fp16 | q8: the matrices converted at load;
+--            default the file's own),
 --            steps (the positions it will run, default and at most seq_len:
 --            the KV caches hold that many, not the header's seq_len blindly),
 --            log (function(msg) for progress, optional)
@@ -149,6 +226,11 @@ function M.build(mk, c, w, opts)
         log = opts.log or function() end,
     }, Transformer)
     local t0 = M.clock()
+    if opts.precision then
+        w = M.convert_weights(mk, c, w, opts.precision)
+        self.weights = w
+        self.log(string.format("weights in %s (%.0f ms)", opts.precision, (M.clock() - t0) * 1000))
+    end
     self.output = M.graph(mk, c, w, { greedy = self.greedy, positions = self.positions })
     self.log(string.format("built the graph in %.0f ms", (M.clock() - t0) * 1000))
     self:compile()
