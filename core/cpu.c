@@ -33,6 +33,9 @@
 #include "internal.h"
 
 #include <cblas.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
 #include <math.h>
 #include <pthread.h>
 #ifdef _OPENMP
@@ -628,6 +631,7 @@ typedef struct {
 typedef uint16_t cpu_u16x8 __attribute__((vector_size(16)));
 typedef uint32_t cpu_u32x8 __attribute__((vector_size(32)));
 typedef int8_t cpu_i8x8 __attribute__((vector_size(8)));
+typedef int32_t cpu_i32x8 __attribute__((vector_size(32)));
 #ifdef __FLT16_MAX__
 typedef _Float16 cpu_h8 __attribute__((vector_size(16)));
 #endif
@@ -652,9 +656,14 @@ static inline __attribute__((always_inline)) cpu_v8 wload8(const void *p, int64_
 #endif
     }
     case MK_DTYPE_INT8: {
+#ifdef __AVX2__ /* GCC scalarises the direct conversion of 8 int8 to floats */
+        __m128i b = _mm_loadl_epi64((const __m128i *)((const int8_t *)p + kk));
+        return (cpu_v8)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+#else
         cpu_i8x8 q;
         memcpy(&q, (const int8_t *)p + kk, sizeof q);
-        return __builtin_convertvector(q, cpu_v8);
+        return __builtin_convertvector(__builtin_convertvector(q, cpu_i32x8), cpu_v8);
+#endif
     }
     default: return load8((const float *)p + kk);
     }

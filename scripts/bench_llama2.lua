@@ -2,7 +2,7 @@
 --
 --   lua scripts/bench_llama2.lua [--7b] [--only 15M|110M|7B] [--runs N] [--steps N]
 --       [--devices cpu,cuda] [--dir DIR] [--keep] [--tokenizer PATH]
---       [--bandwidth GB/s] [--runomp PATH] [--runq PATH] [--threads N] [--cudnn]
+--       [--bandwidth GB/s] [--runomp PATH] [--threads N] [--cudnn]
 --       [--model PATH] [--precision fp32|bf16|fp16|q8]
 --
 -- Protocol (../shared/BENCHMARKS.md): random-weight checkpoints in llama2.c's
@@ -31,10 +31,7 @@
 -- and each process's peak RSS (through /usr/bin/time where it is installed).
 --
 -- --precision converts the weights at load (scripts/llama2.lua -q); the
--- roofline then counts the bytes of that precision. --runq PATH compares with
--- llama2.c's runq (int8 weights and activations) the same way: the random
--- checkpoint is exported to llama2.c's version 2 (scripts/export.lua, its
--- group size), and both read that file (moonkaas in its int8, weight-only).
+-- roofline then counts the bytes of that precision.
 
 local here = (arg and arg[0] or ""):match("^(.*)[/\\]") or "."
 local root = here .. "/.."
@@ -54,7 +51,7 @@ local SHAPES = {
 local USAGE = [[
 usage: lua scripts/bench_llama2.lua [--7b] [--only 15M|110M|7B] [--runs N] [--steps N]
        [--devices cpu,cuda] [--dir DIR] [--keep] [--tokenizer PATH]
-       [--bandwidth GB/s] [--runomp PATH] [--runq PATH] [--threads N] [--cudnn]
+       [--bandwidth GB/s] [--runomp PATH] [--threads N] [--cudnn]
        [--model PATH] [--precision fp32|bf16|fp16|q8]
 ]]
 
@@ -77,7 +74,6 @@ local function parse(argv)
             elseif a == "--tokenizer" then o.tokenizer = need()
             elseif a == "--bandwidth" then o.bandwidth = tonumber(need())
             elseif a == "--runomp" then o.runomp = need()
-            elseif a == "--runq" then o.runq = need()
             elseif a == "--precision" then
                 o.precision = need()
                 if not llama2.model.PRECISIONS[o.precision] then error("unknown precision " .. o.precision, 0) end
@@ -201,7 +197,7 @@ end
 
 local function quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
 
--- The CPU against llama2.c's `peer` (runomp, runq) in alternating pairs of
+-- The CPU against llama2.c's `peer` (runomp) in alternating pairs of
 -- processes on the same file (see the top).
 local function paired(o, name, path, tok_path, peer, peer_name)
     local env = o.threads and ("OMP_NUM_THREADS=" .. o.threads .. " ") or ""
@@ -284,15 +280,7 @@ local function main(argv)
               if device == "cpu" and o.runomp then
                 rows[#rows + 1] = paired(o, shape.name, path, tok_path, o.runomp, "runomp")
               end
-              if device == "cpu" and o.runq then
-                local v2 = path:gsub("%.bin$", "") .. "_v2.bin"
-                local export = string.format("MK_BUILD=%s %s %s %s %s --version 2 >&2", quote(build),
-                    quote(arg[-1] or "lua"), quote(here .. "/export.lua"), quote(path), quote(v2))
-                if not os.execute(export) then error("exporting " .. path .. " to version 2 failed", 0) end
-                rows[#rows + 1] = paired(o, shape.name, v2, tok_path, o.runq, "runq")
-                if not o.keep then os.remove(v2) end
-              end
-              if device ~= "cpu" or not (o.runomp or o.runq) then
+              if device ~= "cpu" or not o.runomp then
                 local net = llama2.build(mk, c, {
                     device = device, cudnn = o.cudnn and device == "cuda", greedy = true,
                     precision = o.precision,
