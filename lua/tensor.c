@@ -10,8 +10,12 @@
  * Any dtype can be made (mk.zeros, mk.from_bytes, mk.from_file: sizes from
  * mk_dtype_size) and handed to models. Elements are read and written as Lua
  * numbers (mk.tensor, t:get, t:set, t:totable, t:argmax, tostring) through the
- * `elements` table below: float32 and int64 for now; for another dtype those
- * raise a dtype error saying so.
+ * `elements` table below: every dtype of the table has a row (float16 and
+ * bfloat16 through mk_convert, int8 as integers in [-128, 127]).
+ *
+ * Conversions (the core's rules, on the host): t:to(dtype) (mk_convert),
+ * mk.quantize(t, group) (llama2.c's int8 groups, mk_quantize_q8),
+ * q:dequantize(scale) (the DequantizeNode's blocks), t:reshape(shape).
  */
 #include "lmk.h"
 
@@ -28,7 +32,9 @@
 
 /* ==== elements as Lua numbers ================================================ */
 
-/* How one dtype's elements become Lua numbers and back; data is the tensor's. */
+/* How one dtype's elements become Lua numbers and back; data is the tensor's.
+ * store gets the number both ways (iv for integer dtypes, checked by
+ * check_element first; nv for float dtypes). */
 typedef struct {
     void (*push)(lua_State *L, const void *data, int64_t i);
     void (*store)(void *data, int64_t i, lua_Integer iv, lua_Number nv);
@@ -43,12 +49,18 @@ static void store_f32(void *data, int64_t i, lua_Integer iv, lua_Number nv) {
     (void)iv;
     ((float *)data)[i] = (float)nv;
 }
+static bool greater_float(float a, float b) { /* a NaN wins, as the first one */
+    return a > b || (isnan(a) && !isnan(b));
+}
 static bool greater_f32(const void *data, int64_t i, int64_t j) {
-    const float *x = (const float *)data; /* a NaN wins, as the first one */
-    return x[i] > x[j] || (isnan(x[i]) && !isnan(x[j]));
+    const float *x = (const float *)data;
+    return greater_float(x[i], x[j]);
+}
+static int format_float(char *buf, size_t size, float v) {
+    return snprintf(buf, size, "%.6g", (double)v);
 }
 static int format_f32(char *buf, size_t size, const void *data, int64_t i) {
-    return snprintf(buf, size, "%.6g", (double)((const float *)data)[i]);
+    return format_float(buf, size, ((const float *)data)[i]);
 }
 
 static void push_i64(lua_State *L, const void *data, int64_t i) {
@@ -65,10 +77,62 @@ static int format_i64(char *buf, size_t size, const void *data, int64_t i) {
     return snprintf(buf, size, "%lld", (long long)((const int64_t *)data)[i]);
 }
 
-/* Indexed by mk_dtype; a dtype without a row has no Lua element view yet. */
+/*
+ * float16 and bfloat16 (2 bytes each) go through mk_convert, the CastNode's
+ * rule: read exactly as float32; a Lua number is a float32 first (as for a
+ * float32 tensor), then rounds to nearest even, float16 overflowing to ±inf,
+ * so mk.tensor(xs, "bfloat16") holds what mk.tensor(xs):to("bfloat16") does.
+ */
+static float half_get(mk_dtype d, const void *data, int64_t i) {
+    float f;
+    mk_convert(&f, MK_DTYPE_FLOAT32, (const uint16_t *)data + i, d, 1);
+    return f;
+}
+static void half_set(mk_dtype d, void *data, int64_t i, lua_Number nv) {
+    float f = (float)nv;
+    mk_convert((uint16_t *)data + i, d, &f, MK_DTYPE_FLOAT32, 1);
+}
+
+#define HALF_ELEMENTS(name, DTYPE)                                                          \
+    static void push_##name(lua_State *L, const void *data, int64_t i) {                    \
+        lua_pushnumber(L, half_get(DTYPE, data, i));                                         \
+    }                                                                                        \
+    static void store_##name(void *data, int64_t i, lua_Integer iv, lua_Number nv) {        \
+        (void)iv;                                                                            \
+        half_set(DTYPE, data, i, nv);                                                        \
+    }                                                                                        \
+    static bool greater_##name(const void *data, int64_t i, int64_t j) {                    \
+        return greater_float(half_get(DTYPE, data, i), half_get(DTYPE, data, j));            \
+    }                                                                                        \
+    static int format_##name(char *buf, size_t size, const void *data, int64_t i) {         \
+        return format_float(buf, size, half_get(DTYPE, data, i));                            \
+    }
+HALF_ELEMENTS(f16, MK_DTYPE_FLOAT16)
+HALF_ELEMENTS(bf16, MK_DTYPE_BFLOAT16)
+#undef HALF_ELEMENTS
+
+/* int8: integers in [-128, 127] only (check_element refuses the rest). */
+static void push_i8(lua_State *L, const void *data, int64_t i) {
+    lua_pushinteger(L, ((const int8_t *)data)[i]);
+}
+static void store_i8(void *data, int64_t i, lua_Integer iv, lua_Number nv) {
+    (void)nv;
+    ((int8_t *)data)[i] = (int8_t)iv;
+}
+static bool greater_i8(const void *data, int64_t i, int64_t j) {
+    return ((const int8_t *)data)[i] > ((const int8_t *)data)[j];
+}
+static int format_i8(char *buf, size_t size, const void *data, int64_t i) {
+    return snprintf(buf, size, "%d", (int)((const int8_t *)data)[i]);
+}
+
+/* Indexed by mk_dtype; a dtype without a row has no Lua element view. */
 static const element_ops elements[MK_DTYPE_COUNT] = {
     [MK_DTYPE_FLOAT32] = {push_f32, store_f32, greater_f32, format_f32},
     [MK_DTYPE_INT64] = {push_i64, store_i64, greater_i64, format_i64},
+    [MK_DTYPE_FLOAT16] = {push_f16, store_f16, greater_f16, format_f16},
+    [MK_DTYPE_BFLOAT16] = {push_bf16, store_bf16, greater_bf16, format_bf16},
+    [MK_DTYPE_INT8] = {push_i8, store_i8, greater_i8, format_i8},
 };
 
 static const element_ops *element_ops_of(mk_dtype d) {
@@ -80,14 +144,23 @@ static const element_ops *need_elements(lua_State *L, mk_dtype dtype, const char
     const element_ops *e = element_ops_of(dtype);
     if (!e)
         lmk_raise(L, "dtype error", fn,
-                  "%s elements cannot be read or written from Lua yet (mk.zeros, mk.from_bytes "
+                  "%s elements cannot be read or written from Lua (mk.zeros, mk.from_bytes "
                   "and mk.from_file make such tensors)",
                   mk_dtype_name(dtype));
     return e;
 }
 
+/* The range of an integer dtype narrower than a Lua integer (int8), or false. */
+static bool narrow_range(mk_dtype dtype, lua_Integer *lo, lua_Integer *hi) {
+    if (dtype != MK_DTYPE_INT8) return false;
+    *lo = INT8_MIN;
+    *hi = INT8_MAX;
+    return true;
+}
+
 /* Reads the Lua number at idx as an element of `dtype` (an integer dtype takes
- * integral values only); `where` names the element in errors. */
+ * integral values only, int8 those in [-128, 127]); `where` names the element
+ * in errors. */
 static void check_element(lua_State *L, mk_dtype dtype, int idx, const char *fn,
                           const char *where, lua_Integer *iv, lua_Number *nv) {
     if (lua_type(L, idx) != LUA_TNUMBER)
@@ -97,10 +170,15 @@ static void check_element(lua_State *L, mk_dtype dtype, int idx, const char *fn,
     *iv = 0;
     if (!mk_dtype_is_float(dtype)) {
         int ok = 0;
+        lua_Integer lo, hi;
         *iv = lua_tointegerx(L, idx, &ok);
         if (!ok)
             LMK_ARG_ERROR(L, fn, "element %s = %s is not an integer (%s tensor)", where,
                           lua_tostring(L, idx), mk_dtype_name(dtype));
+        if (narrow_range(dtype, &lo, &hi) && (*iv < lo || *iv > hi))
+            LMK_ARG_ERROR(L, fn, "element %s = %s is out of range for %s (%lld to %lld)", where,
+                          lua_tostring(L, idx), mk_dtype_name(dtype), (long long)lo,
+                          (long long)hi);
     }
 }
 
@@ -115,10 +193,14 @@ static void store_element(lua_State *L, lmk_tensor *t, const element_ops *e, int
 void lmk_fill_tensor(lua_State *L, lmk_tensor *t, int idx, const char *fn) {
     const element_ops *e = need_elements(L, t->dtype, fn);
     int ok = 1;
-    lua_Integer iv = mk_dtype_is_float(t->dtype) ? 0 : lua_tointegerx(L, idx, &ok);
+    lua_Integer iv = mk_dtype_is_float(t->dtype) ? 0 : lua_tointegerx(L, idx, &ok), lo, hi;
     if (!ok)
         lmk_raise(L, "dtype error", fn, "%s is not an integer, and the other operand is %s",
                   lua_tostring(L, idx), mk_dtype_name(t->dtype));
+    if (narrow_range(t->dtype, &lo, &hi) && (iv < lo || iv > hi))
+        lmk_raise(L, "dtype error", fn, "%s is out of range for %s (%lld to %lld), the other "
+                  "operand's dtype", lua_tostring(L, idx), mk_dtype_name(t->dtype),
+                  (long long)lo, (long long)hi);
     lua_Number nv = lua_tonumber(L, idx);
     for (int64_t i = 0; i < t->numel; i++) e->store(t->data, i, iv, nv);
 }
@@ -508,9 +590,18 @@ static int tensor_totable(lua_State *L) {
     return 1;
 }
 
+/* t:bytes([i [, j]]): the bytes of the flat elements i to j (1-based,
+ * inclusive; default all), so a large tensor can be written in pieces. */
 static int tensor_bytes(lua_State *L) {
-    lmk_tensor *t = lmk_check_tensor(L, 1, "bytes");
-    lua_pushlstring(L, (const char *)t->data, t->bytes);
+    const char *fn = "bytes";
+    lmk_tensor *t = lmk_check_tensor(L, 1, fn);
+    int64_t i = lua_isnoneornil(L, 2) ? 1 : lmk_check_int(L, 2, fn, "the first element");
+    int64_t j = lua_isnoneornil(L, 3) ? t->numel : lmk_check_int(L, 3, fn, "the last element");
+    if (i < 1 || j > t->numel || i > j)
+        LMK_ARG_ERROR(L, fn, "elements %lld to %lld are not a range of 1 to %lld", (long long)i,
+                      (long long)j, (long long)t->numel);
+    size_t es = mk_dtype_size(t->dtype);
+    lua_pushlstring(L, (const char *)t->data + (size_t)(i - 1) * es, (size_t)(j - i + 1) * es);
     return 1;
 }
 
@@ -665,49 +756,94 @@ static int tensor_to(lua_State *L) {
  * along its last axis (llama2.c's rule, mk_quantize_q8): q has t's shape,
  * scale t's with the last dim n / group. */
 static int l_quantize(lua_State *L) {
-    lmk_tensor *t = lmk_check_tensor(L, 1, "quantize");
-    int64_t group = lmk_check_int(L, 2, "quantize", "the group size");
+    const char *fn = "quantize";
+    lmk_tensor *t = lmk_check_tensor(L, 1, fn);
+    int64_t group = lmk_check_int(L, 2, fn, "the group size");
     if (t->dtype != MK_DTYPE_FLOAT32)
-        lmk_raise(L, "dtype error", "quantize", "takes a float32 tensor, not %s",
-                  mk_dtype_name(t->dtype));
+        lmk_raise(L, "dtype error", fn, "takes a float32 tensor, not %s", mk_dtype_name(t->dtype));
     int64_t n = t->shape[t->rank - 1];
-    if (group < 1 || n % group)
-        LMK_ARG_ERROR(L, "quantize", "the group size %lld does not divide the last dim %lld",
-                      (long long)group, (long long)n);
+    if (group < 1)
+        LMK_ARG_ERROR(L, fn, "the group size must be positive, got %lld", (long long)group);
+    if (n % group)
+        LMK_ARG_ERROR(L, fn, "the group size %lld does not divide the last dim %lld of %s",
+                      (long long)group, (long long)n, LMK_SHAPE_STR(t->rank, t->shape));
     int64_t sshape[MK_MAX_RANK];
     memcpy(sshape, t->shape, sizeof(int64_t) * (size_t)t->rank);
     sshape[t->rank - 1] = n / group;
-    lmk_tensor *q = lmk_push_tensor(L, "quantize", MK_DTYPE_INT8, t->rank, t->shape);
-    lmk_tensor *sc = lmk_push_tensor(L, "quantize", MK_DTYPE_FLOAT32, t->rank, sshape);
+    lmk_tensor *q = lmk_push_tensor(L, fn, MK_DTYPE_INT8, t->rank, t->shape);
+    lmk_tensor *sc = lmk_push_tensor(L, fn, MK_DTYPE_FLOAT32, t->rank, sshape);
     mk_quantize_q8(t->data, t->numel, group, q->data, sc->data);
     return 2;
 }
 
-/* q:dequantize(scale): float32 q * scale in blocks, as the DequantizeNode. */
+/* q:dequantize(scale): float32 q * scale in blocks, as the DequantizeNode:
+ * q int8 [.., n], scale float32 of q's rank, each dim dividing q's; element i
+ * takes scale[i_d / (q_d / scale_d)] on every axis d. */
 static int tensor_dequantize(lua_State *L) {
-    lmk_tensor *q = lmk_check_tensor(L, 1, "dequantize");
-    lmk_tensor *sc = lmk_check_tensor(L, 2, "dequantize");
+    const char *fn = "dequantize";
+    lmk_tensor *q = lmk_check_tensor(L, 1, fn);
+    lmk_tensor *sc = lmk_check_tensor(L, 2, fn);
     if (q->dtype != MK_DTYPE_INT8 || sc->dtype != MK_DTYPE_FLOAT32)
-        lmk_raise(L, "dtype error", "dequantize", "takes int8 values and float32 scales, not %s and %s",
+        lmk_raise(L, "dtype error", fn, "takes int8 values and float32 scales, not %s and %s",
                   mk_dtype_name(q->dtype), mk_dtype_name(sc->dtype));
-    bool ok = q->rank == sc->rank;
-    for (int d = 0; ok && d < q->rank; d++) ok = q->shape[d] % sc->shape[d] == 0;
-    if (!ok)
-        lmk_raise(L, "shape error", "dequantize", "scales %s do not divide %s into blocks",
+    if (q->rank != sc->rank)
+        lmk_raise(L, "shape error", fn, "scales %s and values %s differ in rank",
                   LMK_SHAPE_STR(sc->rank, sc->shape), LMK_SHAPE_STR(q->rank, q->shape));
-    lmk_tensor *o = lmk_push_tensor(L, "dequantize", MK_DTYPE_FLOAT32, q->rank, q->shape);
+    for (int d = 0; d < q->rank; d++)
+        if (q->shape[d] % sc->shape[d])
+            lmk_raise(L, "shape error", fn, "scales %s do not divide %s into blocks (axis %d)",
+                      LMK_SHAPE_STR(sc->rank, sc->shape), LMK_SHAPE_STR(q->rank, q->shape), d);
+    lmk_tensor *o = lmk_push_tensor(L, fn, MK_DTYPE_FLOAT32, q->rank, q->shape);
+    int last = q->rank - 1;
+    int64_t n = q->shape[last], g = n / sc->shape[last], rows = q->numel / n;
     const int8_t *qv = q->data;
     const float *sv = sc->data;
     float *ov = o->data;
-    for (int64_t i = 0; i < q->numel; i++) {
-        int64_t rest = i, at = 0, stride = 1;
-        for (int d = q->rank - 1; d >= 0; d--) {
-            at += rest % q->shape[d] / (q->shape[d] / sc->shape[d]) * stride;
+    for (int64_t row = 0; row < rows; row++) {
+        /* the scale row of this row: each leading index divided by its block size */
+        int64_t rest = row, srow = 0, stride = 1;
+        for (int d = last - 1; d >= 0; d--) {
+            srow += rest % q->shape[d] / (q->shape[d] / sc->shape[d]) * stride;
             rest /= q->shape[d];
             stride *= sc->shape[d];
         }
-        ov[i] = (float)qv[i] * sv[at];
+        const int8_t *qr = qv + row * n;
+        const float *sr = sv + srow * sc->shape[last];
+        float *orow = ov + row * n;
+        for (int64_t j = 0; j < n; j++) orow[j] = (float)qr[j] * sr[j / g];
     }
+    return 1;
+}
+
+/*
+ * t:reshape(shape): t's elements (row-major) in another shape of as many. A
+ * copy (writable) of a tensor that owns its bytes; a read-only tensor (a
+ * window into a file) gives another read-only window onto the same bytes,
+ * which keeps the file mapped: no copy of a mapped weight, and since neither
+ * can be written, it reads as a copy too.
+ */
+static int tensor_reshape(lua_State *L) {
+    const char *fn = "reshape";
+    int64_t shape[MK_MAX_RANK], numel;
+    lmk_tensor *t = lmk_check_tensor(L, 1, fn);
+    int rank = lmk_check_shape(L, 2, fn, shape);
+    shape_bytes(L, fn, t->dtype, rank, shape, &numel);
+    if (numel != t->numel)
+        lmk_raise(L, "shape error", fn, "%s has %lld elements, %s has %lld",
+                  LMK_SHAPE_STR(rank, shape), (long long)numel, LMK_SHAPE_STR(t->rank, t->shape),
+                  (long long)t->numel);
+    if (!t->readonly) {
+        lmk_tensor *c = lmk_push_tensor(L, fn, t->dtype, rank, shape);
+        memcpy(c->data, t->data, t->bytes);
+        return 1;
+    }
+    lmk_tensor *v = (lmk_tensor *)lua_newuserdatauv(L, sizeof *v, 1);
+    *v = *t;
+    v->rank = rank;
+    memcpy(v->shape, shape, sizeof(int64_t) * (size_t)rank);
+    luaL_setmetatable(L, LMK_TENSOR_MT);
+    lua_getiuservalue(L, 1, 1); /* t's mapping (or safetensors file) */
+    lua_setiuservalue(L, -2, 1);
     return 1;
 }
 
@@ -719,7 +855,8 @@ void lmk_open_tensor(lua_State *L) {
     static const luaL_Reg tensor_methods[] = {
         {"totable", tensor_totable}, {"bytes", tensor_bytes}, {"get", tensor_get},
         {"set", tensor_set}, {"argmax", tensor_argmax}, {"copy", tensor_copy},
-        {"to", tensor_to}, {"dequantize", tensor_dequantize}, {NULL, NULL}};
+        {"to", tensor_to}, {"dequantize", tensor_dequantize}, {"reshape", tensor_reshape},
+        {NULL, NULL}};
     lmk_define_type(L, LMK_TENSOR_MT, tensor_meta, tensor_methods, tensor_index);
     lua_getfield(L, -1, "methods");
     lua_setfield(L, -3, "tensor_methods");

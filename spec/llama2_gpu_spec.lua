@@ -51,6 +51,23 @@ describe("llama2 on CUDA #gpu", function()
         assert.are.equal(expected .. "\n", table.concat(out))
     end)
 
+    it("runs a version 2 (int8) export: the text run.c tells for its dequantized weights", function()
+        if not need_gpu() or not need_models() then return end
+        local v2 = os.tmpname()
+        local c = assert(llama2.checkpoint.read_config(H.models .. "/stories260K.bin"))
+        assert(llama2.checkpoint.export(mk, c, v2, 2))
+        for _, case in ipairs({ { "-t", "0", "-n", "200", file = "stories260K_q8_t0_n200" },
+                                { "-t", "1", "-p", "0.9", "-s", "42", "-n", "200", file = "stories260K_q8_t1_p0.9_s42_n200" } }) do
+            local out, err = {}, {}
+            local argv = { v2, "-z", H.models .. "/tok512.bin", "-d", "cuda", table.unpack(case) }
+            local code = llama2.main(argv, { mk = mk, stdout = function(s) out[#out + 1] = s end,
+                                             stderr = function(s) err[#err + 1] = s end })
+            assert.are.equal(0, code, table.concat(err))
+            assert.are.equal(H.read_file("spec/fixtures/" .. case.file .. ".expected.txt") .. "\n", table.concat(out))
+        end
+        os.remove(v2)
+    end)
+
     it("gives the reference's logits on random checkpoints (GQA, unshared)", function()
         if not need_gpu() then return end
         H.seed("llama2 cuda reference")

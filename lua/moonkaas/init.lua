@@ -23,10 +23,12 @@ t:argmax, t:totable) is 1-based, as Lua tables are.
            mk.save_safetensors(path, {name = tensor})
            mk.tensor_from_string(s, dtype, shape) (the same as mk.from_bytes)
            t.dtype t.shape t.rank t.numel t.readonly #t tostring(t)
-           t:totable() t:bytes() t:get(i...) t:set(i..., v) t:argmax() t:copy()
+           t:totable() t:bytes([i[, j]]) t:get(i...) t:set(i..., v) t:argmax()
+           t:copy() t:reshape{...} t:to(dtype)  mk.quantize(t, group) -> q, scale
+           q:dequantize(scale) (float32 q * scale in blocks)
            dtypes: float32, int64, float16, bfloat16, int8 (the core's table);
-           elements are read and written as Lua numbers for float32 and int64
-           only: tensors of the others come from zeros, from_bytes, from_file
+           elements are Lua numbers in each (float16 and bfloat16 round to
+           nearest even on the way in, int8 takes integers in [-128, 127])
   nodes    mk.input(name, dtype, shape) | mk.input(name, shape) (float32)
            mk.constant(tensor[, name])  mk.buffer(dtype, shape)
            a + b  a - b  a * b (elementwise)  a / b; b broadcasts onto a (same

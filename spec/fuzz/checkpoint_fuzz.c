@@ -3,8 +3,9 @@
  * on arbitrary files, in an embedded Lua state with the binding linked in.
  *
  * The input is the file, written to a temporary file; or, when its last byte
- * is odd and its header one that read_config accepts, the file of exactly that
- * header's size with the input's bytes repeated as weights (valid checkpoints
+ * is odd and its header (legacy, version 1 or 2) one that read_config accepts,
+ * the file of exactly that header's size with the input's bytes repeated as
+ * weights (valid checkpoints
  * of any shape, not only the seeds'). Then read_config (the header checked
  * against the file size) and, when it accepts the file, map (every weight as
  * an mk.from_file tensor); a model of up to 4 MB is also built on the CPU for
@@ -27,15 +28,12 @@ static const char *const harness =
     "return function(path, bytes)\n"
     /* fit mode (last byte odd): a header read_config would accept gets a file of
      * exactly its size, the input repeated as weights, so odd shapes get built */
-    "    if #bytes > checkpoint.HEADER_BYTES and bytes:byte(-1) & 1 == 1 then\n"
-    "        local h, pos = {}, 1\n"
-    "        for _, k in ipairs(checkpoint.FIELDS) do h[k], pos = string.unpack('<i4', bytes, pos) end\n"
-    "        local c = checkpoint.config_from_header(h)\n"
-    "        if c and c.expected_bytes <= (64 << 10) then\n"
-    "            local body = bytes:sub(checkpoint.HEADER_BYTES + 1)\n"
-    "            local need = c.expected_bytes - checkpoint.HEADER_BYTES\n"
-    "            bytes = bytes:sub(1, checkpoint.HEADER_BYTES) .. body:rep(need // #body + 1):sub(1, need)\n"
-    "        end\n"
+    "    local h = #bytes > 0 and bytes:byte(-1) & 1 == 1 and checkpoint.parse_header(bytes:sub(1, 256), #bytes)\n"
+    "    local c = h and checkpoint.config_from_header(h)\n"
+    "    if c and #bytes > c.header_bytes and c.expected_bytes <= (64 << 10) then\n"
+    "        local body = bytes:sub(c.header_bytes + 1)\n"
+    "        local need = c.expected_bytes - c.header_bytes\n"
+    "        bytes = bytes:sub(1, c.header_bytes) .. body:rep(need // #body + 1):sub(1, need)\n"
     "    end\n"
     "    local f = assert(io.open(path, 'wb'))\n"
     "    assert(f:write(bytes))\n"

@@ -7,7 +7,8 @@
 -- script_fuzz      scripts: HamKaas's MNIST, the header's example, every node
 --                  kind, the pointwise ops, a tiny llama2 step, a few broken ones
 -- checkpoint_fuzz  tiny valid llama2.c checkpoints (shared and unshared
---                  classifier, grouped-query attention), bad headers, and the
+--                  classifier, grouped-query attention; legacy, version 1 and
+--                  version 2), bad headers, and the
 --                  first 2 KB of ../shared/models/stories260K.bin when present
 -- tokenizer_fuzz   a tiny tokenizer, and the first whole records (under 4 KB)
 --                  of ../shared/models/tok512.bin when present
@@ -153,6 +154,21 @@ end
 
 write("checkpoint_fuzz", "tiny_shared.bin", checkpoint_bytes({ 4, 6, 1, 2, 2, 5, 3 }, true))
 write("checkpoint_fuzz", "tiny_unshared_gqa.bin", checkpoint_bytes({ 8, 4, 2, 4, 2, 6, 2 }, false))
+-- the same weights as version 1 and version 2 files (export.lua's engine)
+for _, case in ipairs({ { "tiny_shared", { 4, 6, 1, 2, 2, 5, 3 }, true, 2 },
+                        { "tiny_unshared_gqa", { 8, 4, 2, 4, 2, 6, 2 }, false, 4 } }) do
+    local legacy, converted = os.tmpname(), os.tmpname()
+    local f = assert(io.open(legacy, "wb"))
+    assert(f:write(checkpoint_bytes(case[2], case[3])))
+    f:close()
+    local c = assert(checkpoint.read_config(legacy))
+    for version = 1, 2 do
+        assert(checkpoint.export(mk, c, converted, version, { group_size = case[4] }))
+        write("checkpoint_fuzz", string.format("%s_v%d.bin", case[1], version), read(converted))
+    end
+    os.remove(legacy)
+    os.remove(converted)
+end
 write("checkpoint_fuzz", "header_zero_dim.bin", string.pack("<i4i4i4i4i4i4i4", 0, 4, 1, 2, 2, 5, 3))
 write("checkpoint_fuzz", "header_huge.bin",
       string.pack("<i4i4i4i4i4i4i4", 0x7FFFFFFE, 0x7FFFFFFF, 0x7FFFFFFF, 2, 2, -0x7FFFFFFF, 0x7FFFFFFF))

@@ -1,11 +1,16 @@
--- moonkaas.llama2.checkpoint — llama2.c's legacy checkpoint format.
+-- moonkaas.llama2.checkpoint — llama2.c's checkpoint formats: legacy (v0),
+-- version 1 (float32) and version 2 (int8 groups), as llama2.c's export.py
+-- writes them and run.c (legacy) and runq.c (v2) read them.
 --
--- Layout (little endian), as run.c's memory_map_weights reads it:
+-- Little endian throughout. head_size = dim / n_heads,
+-- kv_dim = head_size * n_kv_heads; every matrix is [out, in].
+--
+-- Legacy (version 0), run.c's memory_map_weights:
 --   int32 dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len
---     (vocab_size < 0: the classifier is stored separately, "unshared")
+--     (28 bytes; vocab_size < 0: the classifier is stored separately, "unshared")
 --   float32 token_embedding_table  [vocab, dim]
 --           rms_att_weight         [layers, dim]
---           wq                     [layers, dim, dim]        (each [out, in])
+--           wq                     [layers, dim, dim]
 --           wk                     [layers, kv_dim, dim]
 --           wv                     [layers, kv_dim, dim]
 --           wo                     [layers, dim, dim]
@@ -14,24 +19,51 @@
 --           w2                     [layers, dim, hidden]
 --           w3                     [layers, hidden, dim]
 --           rms_final_weight       [dim]
---           freq_cis_real, _imag   [seq_len, head_size / 2] each (legacy, skipped)
+--           freq_cis_real, _imag   [seq_len, head_size / 2] each (skipped)
 --           wcls                   [vocab, dim]              (unshared only)
--- head_size = dim / n_heads, kv_dim = head_size * n_kv_heads.
 --
--- read_config needs only the 28-byte header (plain Lua); map() gives each
--- weight as an mmap-backed tensor through mk.from_file, so the weights are
--- never read into Lua strings.
+-- Version 1 (export.py's version1_export; float32, 256-byte header):
+--   uint32 magic 0x616b3432 ("ak42"), int32 version = 1,
+--   int32 dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size (> 0), seq_len,
+--   uint8 shared_classifier (0 or 1), zeros up to byte 256
+--   float32 rms_att [layers, dim], rms_ffn [layers, dim], rms_final [dim],
+--           token_embedding [vocab, dim], wq, wk, wv, wo, w1, w2, w3 (each
+--           [layers, out, in] as above), wcls [vocab, dim] (unshared only)
+--   No freq_cis.
+--
+-- Version 2 (version2_export; runq.c): the header of version 1 with
+--   int32 group_size (GS) right after the flag byte (offset 37, unaligned),
+--   zeros up to byte 256; then
+--   float32 rms_att [layers, dim], rms_ffn [layers, dim], rms_final [dim]
+--   then each of token_embedding, wq ×layers, wk ×layers, wv ×layers,
+--   wo ×layers, w1 ×layers, w2 ×layers, w3 ×layers, wcls (unshared only) as
+--     int8    q      [numel]        the values, in [-127, 127]
+--     float32 scale  [numel / GS]   one per GS consecutive values (flat
+--                                   order: a group may straddle rows)
+--   so W[i] = q[i] * scale[i // GS] over W's flat elements. export.py halves
+--   GS from 64 until it divides dim, so it divides every matrix's numel.
+--
+-- read_config needs only the header (plain Lua): the first 4 bytes equal to
+-- the magic mean version 1 or 2, anything else is a legacy file. map() gives
+-- each weight as an mmap-backed tensor through mk.from_file, so the weights
+-- are never read into Lua strings (the one exception: see map()).
 
 local M = {}
 
-M.HEADER_BYTES = 28
+M.HEADER_BYTES = 28        -- legacy header
+M.MAGIC = 0x616b3432       -- "ak42" as a little-endian uint32
+M.VERSION_HEADER_BYTES = 256
 local FLOAT = 4
 
 local FIELDS = { "dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "seq_len" }
 M.FIELDS = FIELDS
 
--- Element offsets (in floats, after the header) and shapes of every weight
--- block, in file order. Returns the list and the total float count.
+M.LAYER_WEIGHTS = { "rms_att", "wq", "wk", "wv", "wo", "rms_ffn", "w1", "w2", "w3" }
+M.MATRICES = { "wq", "wk", "wv", "wo", "w1", "w2", "w3" }
+
+-- Element offsets (in floats, after the 28-byte header) and shapes of every
+-- weight block of a legacy file, in file order. Returns the list (also keyed
+-- by name) and the total float count.
 function M.layout(c)
     local D, H, L, V = c.dim, c.hidden_dim, c.n_layers, c.vocab_size
     local kv, hs, S = c.kv_dim, c.head_size, c.seq_len
@@ -61,22 +93,116 @@ function M.layout(c)
     return out, offset
 end
 
+-- The shape of one weight (per layer for the layer weights) of config c.
+function M.shape_of(c, name)
+    local D, H, V, kv = c.dim, c.hidden_dim, c.vocab_size, c.kv_dim
+    local shapes = {
+        token_embedding = { V, D }, wcls = { V, D }, rms_final = { D }, rms_att = { D }, rms_ffn = { D },
+        wq = { D, D }, wk = { kv, D }, wv = { kv, D }, wo = { D, D },
+        w1 = { H, D }, w2 = { D, H }, w3 = { H, D },
+        freq_cis = { c.seq_len, c.head_size },  -- legacy: [S, hs/2] real, then [S, hs/2] imaginary
+    }
+    return shapes[name]
+end
+
+-- The order of the weights in a file of each version; a trailing * marks
+-- the ones stored layer after layer.
+local ORDER = {
+    [0] = { "token_embedding", "rms_att*", "wq*", "wk*", "wv*", "wo*", "rms_ffn*", "w1*", "w2*", "w3*",
+            "rms_final", "freq_cis", "wcls" },
+    [1] = { "rms_att*", "rms_ffn*", "rms_final", "token_embedding", "wq*", "wk*", "wv*", "wo*", "w1*",
+            "w2*", "w3*", "wcls" },
+}
+ORDER[2] = ORDER[1]
+
+local function numel(shape)
+    local n = 1
+    for _, d in ipairs(shape) do n = n * d end
+    return n
+end
+
+-- Every weight of config c (its version, shared_classifier, group_size) in
+-- file order, per layer for the layer weights. Each entry:
+--   name, layer (1-based; nil for the others), shape (of one layer's weight),
+--   count (its elements), offset (bytes from the start of the file), and
+--   quantized = true for version 2's matrices, whose int8 values take count
+--   bytes at offset and whose float32 scales (count / group_size of them)
+--   follow at scale_offset.
+-- Returns the list and the file size it implies.
+function M.blocks(c)
+    local version = c.version or 0
+    local offset = version == 0 and M.HEADER_BYTES or M.VERSION_HEADER_BYTES
+    local out = {}
+    for _, spec in ipairs(ORDER[version]) do
+        local name = spec:gsub("%*$", "")
+        if name ~= "wcls" or not c.shared_classifier then
+            local shape = M.shape_of(c, name)
+            local count = numel(shape)
+            for l = 1, spec:sub(-1) == "*" and c.n_layers or 1 do
+                local b = { name = name, layer = spec:sub(-1) == "*" and l or nil, shape = shape,
+                            count = count, offset = offset }
+                if version == 2 and shape[2] then -- a matrix
+                    b.quantized = true
+                    b.scale_offset = offset + count
+                    offset = b.scale_offset + FLOAT * (count // c.group_size)
+                else
+                    offset = offset + FLOAT * count
+                end
+                out[#out + 1] = b
+            end
+        end
+    end
+    return out, offset
+end
+
+-- The bytes of a file of config c: what blocks() adds up, without listing
+-- every layer's weights (a header may claim millions of layers).
+function M.file_size(c)
+    local version = c.version or 0
+    local bytes = version == 0 and M.HEADER_BYTES or M.VERSION_HEADER_BYTES
+    for _, spec in ipairs(ORDER[version]) do
+        local name = spec:gsub("%*$", "")
+        if name ~= "wcls" or not c.shared_classifier then
+            local shape = M.shape_of(c, name)
+            local count = numel(shape)
+            local each = (version == 2 and shape[2]) and count + FLOAT * (count // c.group_size) or FLOAT * count
+            bytes = bytes + each * (spec:sub(-1) == "*" and c.n_layers or 1)
+        end
+    end
+    return bytes
+end
+
 -- Checks a header table {dim=, ..., vocab_size= (signed)} and derives the
--- rest. Returns the config, or nil and the problem (without the file name).
+-- rest. A legacy header by default; h.version (1 or 2) with
+-- h.shared_classifier (the flag byte) and, for 2, h.group_size describe the
+-- newer ones. Returns the config, or nil and the problem (without the file
+-- name).
 function M.config_from_header(h)
+    local version = h.version or 0
     for _, k in ipairs(FIELDS) do
         local v = h[k]
         if math.type(v) ~= "integer" then return nil, k .. " is missing" end
         if k == "vocab_size" then
             if v == 0 then return nil, "vocab_size is 0" end
+            if v < 0 and version > 0 then
+                return nil, string.format("vocab_size must be positive in a version %d checkpoint (got %d)",
+                                          version, v)
+            end
         elseif v <= 0 then
             return nil, string.format("%s must be positive (got %d)", k, v)
         end
     end
-    local c = {}
+    local c = { version = version }
     for _, k in ipairs(FIELDS) do c[k] = h[k] end
-    c.shared_classifier = h.vocab_size > 0
     c.vocab_size = math.abs(h.vocab_size)
+    if version == 0 then
+        c.shared_classifier = h.vocab_size > 0
+    else
+        if h.shared_classifier ~= 0 and h.shared_classifier ~= 1 then
+            return nil, string.format("the shared_classifier flag is %s (0 or 1)", tostring(h.shared_classifier))
+        end
+        c.shared_classifier = h.shared_classifier == 1
+    end
     if c.dim % c.n_heads ~= 0 then
         return nil, string.format("dim %d is not a multiple of n_heads %d", c.dim, c.n_heads)
     end
@@ -96,20 +222,71 @@ function M.config_from_header(h)
     end
     c.kv_dim = c.head_size * c.n_kv_heads
     c.kv_mul = c.n_heads // c.n_kv_heads
-    local _, floats = M.layout(c)
-    c.expected_bytes = M.HEADER_BYTES + FLOAT * floats
+    if version == 2 then
+        local gs = h.group_size
+        if math.type(gs) ~= "integer" then return nil, "group_size is missing" end
+        if gs <= 0 then return nil, string.format("group size %d must be positive", gs) end
+        -- export.py's guarantee (it halves 64 until it divides dim): every
+        -- matrix, having dim as one side, then splits into whole groups
+        if c.dim % gs ~= 0 then
+            return nil, string.format("group size %d does not divide dim %d", gs, c.dim)
+        end
+        c.group_size = gs
+    end
+    c.header_bytes = version == 0 and M.HEADER_BYTES or M.VERSION_HEADER_BYTES
+    c.expected_bytes = M.file_size(c)
     return c
 end
 
 local function describe(c)
-    return string.format("dim %d, hidden %d, layers %d, heads %d, kv_heads %d, vocab %d%s, seq_len %d",
+    local version = ""
+    if (c.version or 0) == 1 then version = ", version 1 (float32)"
+    elseif c.version == 2 then version = string.format(", version 2 (int8 in groups of %d)", c.group_size) end
+    return string.format("dim %d, hidden %d, layers %d, heads %d, kv_heads %d, vocab %d%s, seq_len %d%s",
         c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size,
-        c.shared_classifier and "" or " (unshared)", c.seq_len)
+        c.shared_classifier and "" or " (unshared)", c.seq_len, version)
 end
 M.describe = describe
 
+-- The header fields of a file's first bytes `head` (up to 256; `size` the
+-- whole file's, for the message): a legacy header, or the magic and a
+-- version 1 or 2 header. Returns config_from_header's argument, or nil and
+-- the problem (without the file name).
+function M.parse_header(head, size)
+    local h = {}
+    if #head >= 4 and string.unpack("<I4", head) == M.MAGIC then
+        if #head < 8 then
+            return nil, string.format("truncated checkpoint: %d bytes, shorter than the %d-byte header " ..
+                                      "(magic 'ak42', no version)", size, M.VERSION_HEADER_BYTES)
+        end
+        h.version = string.unpack("<i4", head, 5)
+        if h.version ~= 1 and h.version ~= 2 then
+            return nil, string.format("unknown checkpoint version %d (magic 'ak42'; versions 1 and 2 " ..
+                                      "are known)", h.version)
+        end
+        if #head < M.VERSION_HEADER_BYTES then
+            return nil, string.format("truncated checkpoint: %d bytes, shorter than the %d-byte header " ..
+                                      "of version %d", size, M.VERSION_HEADER_BYTES, h.version)
+        end
+        local pos = 9
+        for _, k in ipairs(FIELDS) do h[k], pos = string.unpack("<i4", head, pos) end
+        h.shared_classifier, pos = string.unpack("B", head, pos)
+        if h.version == 2 then h.group_size = string.unpack("<i4", head, pos) end
+    else
+        if #head < M.HEADER_BYTES then
+            return nil, string.format("truncated checkpoint: %d bytes, shorter than the %d-byte header",
+                                      size, M.HEADER_BYTES)
+        end
+        local pos = 1
+        for _, k in ipairs(FIELDS) do h[k], pos = string.unpack("<i4", head, pos) end
+    end
+    return h
+end
+
 -- Reads and checks a checkpoint's header and size. Returns the config (with
--- path, file_bytes), or nil and a one-line message "<path>: <problem>".
+-- path, file_bytes, version 0/1/2, header_bytes, expected_bytes,
+-- shared_classifier and, for version 2, group_size), or nil and a one-line
+-- message "<path>: <problem>".
 function M.read_config(path)
     local f, err = io.open(path, "rb")
     if not f then
@@ -117,7 +294,7 @@ function M.read_config(path)
         if msg:sub(1, #path + 2) == path .. ": " then msg = msg:sub(#path + 3) end
         return nil, string.format("%s: cannot open checkpoint: %s", path, msg)
     end
-    local head, rerr = f:read(M.HEADER_BYTES)
+    local head, rerr = f:read(M.VERSION_HEADER_BYTES)
     if head == nil and rerr then
         f:close()
         return nil, string.format("%s: cannot read checkpoint: %s", path, rerr)
@@ -128,13 +305,10 @@ function M.read_config(path)
     if not size then
         return nil, string.format("%s: cannot read checkpoint (not a regular file?)", path)
     end
-    if #head < M.HEADER_BYTES then
-        return nil, string.format("%s: truncated checkpoint: %d bytes, shorter than the %d-byte header",
-                                  path, size, M.HEADER_BYTES)
-    end
-    local h, pos = {}, 1
-    for _, k in ipairs(FIELDS) do h[k], pos = string.unpack("<i4", head, pos) end
-    local c, problem = M.config_from_header(h)
+    local h, problem = M.parse_header(head, size)
+    if not h then return nil, string.format("%s: %s", path, problem) end
+    local c
+    c, problem = M.config_from_header(h)
     if not c then
         return nil, string.format("%s: bad checkpoint header: %s", path, problem)
     end
@@ -147,41 +321,221 @@ function M.read_config(path)
     return c
 end
 
--- Maps every weight of a checked config as mk.from_file tensors (float32).
--- Per-layer tensors are separate maps of the same file, so each layer's
--- matrix is a plain 2-D tensor:
---   w.token_embedding [V, D], w.rms_final [D], w.wcls [V, D] (the embedding
---   when shared), w.layers[l] = {rms_att [D], wq [D, D], wk [kv, D],
---   wv [kv, D], wo [D, D], rms_ffn [D], w1 [H, D], w2 [D, H], w3 [H, D]}.
+-- Maps every weight of a checked config as mk.from_file tensors. The result
+-- has the same shape for every version:
+--   w.token_embedding [V, D], w.rms_final [D], w.wcls [V, D],
+--   w.layers[l] = {rms_att [D], wq [D, D], wk [kv, D], wv [kv, D],
+--   wo [D, D], rms_ffn [D], w1 [H, D], w2 [D, H], w3 [H, D]}
+-- Versions 0 and 1: every weight a float32 tensor, w.wcls the embedding
+-- itself when shared. Each layer's matrix is its own 2-D map of the file.
+-- Version 2: the norms are float32; each matrix W [out, in] is a table
+--   {q = int8 tensor, scale = float32 tensor, shape = {out, in}, group = GS}
+-- with, where GS divides in, q [out, in] and scale [out, in / GS] (groups
+-- along rows: q:dequantize(scale) is W), else q [out * in / GS, GS] and
+-- scale [out * in / GS, 1] (flat groups straddling rows: dequantize, then
+-- reshape to {out, in}). w.token_embedding is float32 [V, D], dequantized
+-- here as runq.c does (the lookup table); w.wcls is the quantized classifier,
+-- the embedding's own q and scale when shared.
+-- The one copy: a scale block that does not start on a 4-byte boundary (a
+-- model whose matrices' element counts are not multiples of 4, possible only
+-- where dim is not) cannot be a float32 window; its bytes are read and copied.
 function M.map(mk, c)
-    local blocks = M.layout(c)
     local path = c.path
-    local function tensor(offset_floats, shape)
-        local ok, t = pcall(mk.from_file, path, {
-            offset = M.HEADER_BYTES + FLOAT * offset_floats, dtype = "float32", shape = shape })
+    local function tensor(offset, dtype, shape)
+        local ok, t = pcall(mk.from_file, path, { offset = offset, dtype = dtype, shape = shape })
         if not ok then error(string.format("%s: cannot map weights: %s", path, tostring(t)), 0) end
         return t
     end
-    local function whole(name)
-        local b = blocks[name]
-        return tensor(b.offset, b.shape)
+    local function unaligned_floats(offset, shape)
+        local f = assert(io.open(path, "rb"))
+        f:seek("set", offset)
+        local bytes = f:read(FLOAT * numel(shape))
+        f:close()
+        return mk.from_bytes(bytes, "float32", shape)
     end
-    local function per_layer(name, l)
-        local b = blocks[name]
-        local per = b.count // c.n_layers
-        local shape = { table.unpack(b.shape, 2) }
-        return tensor(b.offset + per * (l - 1), shape)
+    local function quantized(b)
+        local out, inn, g = b.shape[1], b.shape[2], c.group_size
+        local qshape, sshape = { out, inn }, { out, inn // g }
+        if inn % g ~= 0 then qshape, sshape = { b.count // g, g }, { b.count // g, 1 } end
+        local scale = b.scale_offset % FLOAT == 0 and tensor(b.scale_offset, "float32", sshape)
+                      or unaligned_floats(b.scale_offset, sshape)
+        return { q = tensor(b.offset, "int8", qshape), scale = scale, shape = { out, inn }, group = g }
     end
-    local w = { token_embedding = whole("token_embedding"), rms_final = whole("rms_final"), layers = {} }
-    w.wcls = c.shared_classifier and w.token_embedding or whole("wcls")
-    for l = 1, c.n_layers do
-        local layer = {}
-        for _, name in ipairs({ "rms_att", "wq", "wk", "wv", "wo", "rms_ffn", "w1", "w2", "w3" }) do
-            layer[name] = per_layer(name, l)
+    local w = { layers = {} }
+    for l = 1, c.n_layers do w.layers[l] = {} end
+    for _, b in ipairs(M.blocks(c)) do
+        if b.name ~= "freq_cis" then
+            local t = b.quantized and quantized(b) or tensor(b.offset, "float32", b.shape)
+            if b.layer then w.layers[b.layer][b.name] = t else w[b.name] = t end
         end
-        w.layers[l] = layer
+    end
+    if c.version == 2 then
+        local q = w.token_embedding
+        w.token_embedding = q.q:dequantize(q.scale)
+        if c.shared_classifier then w.wcls = q end
+    elseif c.shared_classifier then
+        w.wcls = w.token_embedding
     end
     return w
+end
+
+-- ---------------------------------------------------------------------------
+-- writing: any version to any (scripts/export.lua is the command line)
+
+-- export.py's group size for version 2: `start` (default 64) halved until it
+-- divides dim. nil and the problem for a start that is not a positive integer.
+function M.backoff_group_size(dim, start)
+    local g = start or 64
+    if math.type(g) ~= "integer" or g <= 0 then
+        return nil, string.format("the group size must be a positive integer, got %s", tostring(start))
+    end
+    while dim % g ~= 0 do g = g // 2 end
+    return g
+end
+
+-- The header of config c in its version: 28 bytes, or 256 with the magic.
+function M.header(c)
+    local v = c.vocab_size
+    if c.version == 0 then
+        return string.pack("<i4i4i4i4i4i4i4", c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads,
+                           c.shared_classifier and v or -v, c.seq_len)
+    end
+    local h = string.pack("<I4i4i4i4i4i4i4i4i4B", M.MAGIC, c.version, c.dim, c.hidden_dim, c.n_layers,
+                          c.n_heads, c.n_kv_heads, v, c.seq_len, c.shared_classifier and 1 or 0)
+    if c.version == 2 then h = h .. string.pack("<i4", c.group_size) end
+    return h .. string.rep("\0", M.VERSION_HEADER_BYTES - #h)
+end
+
+-- The legacy freq_cis block of c, as llama2.c's model.py computes it
+-- (precompute_freqs_cis, float32 throughout): freq_i = 1 / 10000^(2i / hs),
+-- cos then sin of pos * freq_i for pos in [0, seq_len), i in [0, hs / 2).
+-- Each operation is rounded to float32 from its exact (double) value; the
+-- cos and sin are the correctly rounded ones, where PyTorch's vectorised
+-- float32 cos/sin are within an ulp of them (stories260K's own block differs
+-- from this in 199 of its 4,096 values, by one ulp: run.c never reads it).
+function M.freq_cis_bytes(c)
+    local function f32(x) return (string.unpack("<f", string.pack("<f", x))) end
+    local hs, S = c.head_size, c.seq_len
+    local freqs = {}
+    for i = 0, hs // 2 - 1 do
+        freqs[i + 1] = f32(1.0 / f32(10000.0 ^ f32(f32(2 * i) / hs)))
+    end
+    local parts = {}
+    for _, fn in ipairs({ math.cos, math.sin }) do
+        local row = {}
+        for pos = 0, S - 1 do
+            for i, freq in ipairs(freqs) do row[i] = fn(f32(pos * freq)) end
+            parts[#parts + 1] = string.pack("<" .. string.rep("f", #row), table.unpack(row))
+        end
+    end
+    return table.concat(parts)
+end
+
+local CHUNK = 1 << 20 -- elements per write
+
+local function write_tensor(f, t)
+    for i = 1, t.numel, CHUNK do
+        assert(f:write(t:bytes(i, math.min(t.numel, i + CHUNK - 1))))
+    end
+end
+
+-- Converts the checked checkpoint `c` (read_config's) into a file of
+-- `version` (0, 1 or 2) at out_path, as llama2.c's export.py would have
+-- written it from the same weights: the classifier shared or not as in c;
+-- version 2 quantizes every matrix (the token embedding and classifier too)
+-- over its flat elements in groups of opts.group_size (default 64, halved
+-- until it divides dim, export.py's backoff) with mk.quantize's rule, the
+-- norms float32; a version 2 input's matrices are dequantized (q × scale in
+-- float32) for versions 0 and 1, and copied as they are for version 2 with
+-- the same group size; a legacy output's freq_cis block is copied from a
+-- legacy input, else computed (M.freq_cis_bytes). Reads through mk.from_file,
+-- writes out_path .. ".partial" and renames it over out_path (the file whole
+-- or not at all). Returns the output config (with file_bytes), or nil and a
+-- message.
+function M.export(mk, c, out_path, version, opts)
+    opts = opts or {}
+    if version ~= 0 and version ~= 1 and version ~= 2 then
+        return nil, string.format("unknown version %s (0 legacy, 1 float32, 2 int8)", tostring(version))
+    end
+    local oc = {}
+    for k, v in pairs(c) do oc[k] = v end
+    oc.version, oc.group_size, oc.path, oc.file_bytes = version, nil, out_path, nil
+    if version == 2 then
+        local g, problem = M.backoff_group_size(c.dim, opts.group_size)
+        if not g then return nil, problem end
+        oc.group_size = g
+    end
+    local blocks, bytes = M.blocks(oc)
+    oc.expected_bytes, oc.header_bytes = bytes, version == 0 and M.HEADER_BYTES or M.VERSION_HEADER_BYTES
+
+    -- the input's weights, flat: {t = float32 [n]} or {q = int8 [n], scale = float32 [n / g], group = g}
+    local path = c.path
+    local function map(offset, dtype, n)
+        local ok, t = pcall(mk.from_file, path, { offset = offset, dtype = dtype, shape = { n } })
+        if ok then return t end
+        if dtype == "float32" and offset % FLOAT ~= 0 then -- an unaligned scale block (see map())
+            local f = assert(io.open(path, "rb"))
+            f:seek("set", offset)
+            local s = f:read(FLOAT * n)
+            f:close()
+            return mk.from_bytes(s, "float32", { n })
+        end
+        error(string.format("%s: cannot map weights: %s", path, tostring(t)), 0)
+    end
+    local src = {}
+    for _, b in ipairs(M.blocks(c)) do
+        local key = b.name .. (b.layer or "")
+        if b.quantized then
+            src[key] = { q = map(b.offset, "int8", b.count), group = c.group_size,
+                         scale = map(b.scale_offset, "float32", b.count // c.group_size) }
+        else
+            src[key] = { t = map(b.offset, "float32", b.count) }
+        end
+    end
+    src.wcls = src.wcls or src.token_embedding
+    local function float_of(s) return s.t or s.q:dequantize(s.scale) end
+
+    local tmp = out_path .. ".partial"
+    local f, err = io.open(tmp, "wb")
+    if not f then return nil, string.format("cannot write %s: %s", tmp, tostring(err)) end
+    local ok, werr = pcall(function()
+        assert(f:write(M.header(oc)))
+        for _, b in ipairs(blocks) do
+            local s = src[b.name .. (b.layer or "")]
+            if b.name == "freq_cis" then
+                if s then write_tensor(f, s.t) else assert(f:write(M.freq_cis_bytes(oc))) end
+            elseif b.quantized and s.q and s.group == oc.group_size then
+                write_tensor(f, s.q)
+                write_tensor(f, s.scale)
+            elseif b.quantized then
+                local q, scale = mk.quantize(float_of(s), oc.group_size)
+                write_tensor(f, q)
+                write_tensor(f, scale)
+            else
+                write_tensor(f, float_of(s))
+            end
+        end
+        assert(f:close())
+    end)
+    if not ok then
+        pcall(f.close, f)
+        os.remove(tmp)
+        return nil, string.format("cannot write %s: %s", out_path, tostring(werr))
+    end
+    local fh = assert(io.open(tmp, "rb"))
+    local size = fh:seek("end")
+    fh:close()
+    if size ~= bytes then
+        os.remove(tmp)
+        return nil, string.format("internal error: wrote %d bytes to %s, the layout needs %d", size, out_path, bytes)
+    end
+    local rok, rerr = os.rename(tmp, out_path)
+    if not rok then
+        os.remove(tmp)
+        return nil, string.format("cannot write %s: %s", out_path, tostring(rerr))
+    end
+    oc.file_bytes = size
+    return oc
 end
 
 return M
