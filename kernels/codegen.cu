@@ -183,9 +183,14 @@ static void put_weight_loads(mk_strbuf *b) {
         "    o[1] = make_float4(mk_hf(u.z), mk_hf_hi(u.z), mk_hf(u.w), mk_hf_hi(u.w));\n"
         "}\n"
         "static __device__ __forceinline__ float mk_w1_i8(const signed char *p) { return (float)*p; }\n"
+        /* four int8 as floats without the quarter-rate I2F: byte + 128 as the
+         * low bits of 2^23's mantissa (one PRMT), less 2^23 + 128 (exact) */
+        "static __device__ __forceinline__ float mk_i8f(unsigned int v, unsigned int sel) {\n"
+        "    return __uint_as_float(__byte_perm(v, 0x4b000000u, sel)) - 8388736.0f;\n"
+        "}\n"
         "static __device__ __forceinline__ float4 mk_i8x4(unsigned int u) {\n"
-        "    return make_float4((float)(signed char)u, (float)(signed char)(u >> 8),\n"
-        "                       (float)(signed char)(u >> 16), (float)(signed char)(u >> 24));\n"
+        "    const unsigned int v = u ^ 0x80808080u;\n"
+        "    return make_float4(mk_i8f(v, 0x7540u), mk_i8f(v, 0x7541u), mk_i8f(v, 0x7542u), mk_i8f(v, 0x7543u));\n"
         "}\n"
         "static __device__ __forceinline__ void mk_w4_i8(const signed char *p, float4 *o) { o[0] = mk_i8x4(*(const unsigned int *)p); }\n"
         "static __device__ __forceinline__ void mk_w16_i8(const signed char *p, float4 *o) {\n"
@@ -222,12 +227,15 @@ static long long ldb_of(const mk_launch *l, const mk_product_group *pg, const mk
 
 /* Warps per column pair (1, 2, 4 or 8), splitting k: enough warps in flight
  * to read the weights at full bandwidth when the columns are few (a layer's
- * [768, 768] has 384 pairs, 132 SMs want thousands of warps), none idle. */
+ * [768, 768] has 384 pairs, 132 SMs want thousands of warps), none idle.
+ * Measured on the H200 for Llama-2-7B's [4096, 4096] (2,048 pairs): 4 slices
+ * rather than 1 took int8 weights from 234 to 275 tok/s, bfloat16 from 190
+ * to 197. */
 static int product_slices(const mk_product_group *pg) {
     long long pairs = 0;
     for (int o = 0; o < pg->n_outs; o++) pairs += pg->out[o].n / 2;
     int W = 1;
-    while (W < 8 && pairs * W < 2048 && pg->k >= 128LL * 2 * W) W *= 2;
+    while (W < 8 && pairs * W < 8192 && pg->k >= 128LL * 2 * W) W *= 2;
     return W;
 }
 
@@ -272,9 +280,26 @@ static void put_argmax_blocks(mk_strbuf *b, const mk_product_group *pg) {
     }
 }
 
+/* Result o's weight columns to L2 for the column pair of warp index `p`
+ * (local to o): a 128-byte line per lane per step, the warp's slice of k. */
+static void put_prefetch(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int o, int W) {
+    const mk_product_out *r = &pg->out[o];
+    for (int s = 0; s < r->n_src; s++) {
+        int pj = r->src[s].product;
+        if (pj < 0) continue;
+        int bk = pg->b[pj];
+        long long ldb = ldb_of(l, pg, r, s);
+        long long es = (long long)mk_dtype_size(l->in[bk].dtype);
+        for (int c = 0; c < 2; c++)
+            mk_strbuf_put(b, "        for (long long k = 128 * (lane + 32 * slice); k < %lldLL; k += %d) "
+                             "asm volatile(\"prefetch.global.L2 [%%0];\" :: \"l\"((const char *)i%d + (2 * p + %d) * %lldLL + k));\n",
+                          (long long)pg->k * es, 4096 * W, bk, c, ldb * es);
+    }
+}
+
 /* Result o's code for the column pair of warp index `p` (local to o). */
 static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int o,
-                       int E, int W, int phase) {
+                       int E, int W, int phase, bool staged) {
     const mk_product_out *r = &pg->out[o];
     int which = 1; /* the faulting member for the error: the row write */
     while (which < pg->n_members && pg->members[which - 1] != r->end) which++;
@@ -287,14 +312,14 @@ static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group 
     mk_strbuf_put(b, "        float acc[%d][2][%d];\n", M, np);
     if (phase == 2) { /* the slices' sums: this warp's and the next W - 1's */
         mk_strbuf_put(b, "        if (slice != 0 || lane != 0) break;\n");
-        if (pg->norm_w >= 0) mk_strbuf_put(b, "        float ss[%d] = {0.0f};\n", M);
+        if (pg->norm_w >= 0 && !staged) mk_strbuf_put(b, "        float ss[%d] = {0.0f};\n", M);
         mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) for (int c = 0; c < 2; c++) for (int j = 0; j < %d; j++) {\n"
                          "            float t = 0.0f;\n"
                          "            for (int w = 0; w < %d; w++) t += red[wib + w][(m * 2 + c) * %d + j];\n"
                          "            acc[m][c][j] = t;\n"
                          "        }\n",
                       M, np, W, np);
-        if (pg->norm_w >= 0)
+        if (pg->norm_w >= 0 && !staged)
             mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) for (int w = 0; w < %d; w++) ss[m] += red[wib + w][%d + m];\n",
                           M, W, M * 2 * np);
     } else {
@@ -308,18 +333,15 @@ static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group 
             mk_strbuf_put(b, "        const float *S%d = (const float *)i%d + n0 * %lldLL;\n", j,
                           pg->b_scale[pj], (long long)l->in[pg->b_scale[pj]].stride[1]);
     }
-    /* the weight columns to L2 (a line per lane per step), then wait for the launches before */
-    for (int j = 0; j < np; j++)
-        for (int c = 0; c < 2; c++)
-            mk_strbuf_put(b, "        for (long long k = 32 * (lane + 32 * slice); k < %lldLL; k += %d) "
-                             "asm volatile(\"prefetch.global.L2 [%%0];\" :: \"l\"(B%d + %lldLL + k));\n",
-                          K, 1024 * W, j, c * ldb_of(l, pg, r, prods[j]));
-    mk_strbuf_put(b, MK_PDL_WAIT);
+    if (!staged) { /* the weight columns to L2, then wait for the launches before */
+        put_prefetch(b, l, pg, o, W);
+        mk_strbuf_put(b, MK_PDL_WAIT);
+    }
     /* E elements of k a lane per step: its weights in one load (16 bytes where
      * E > 4), A and the norm's weight as Q float4s (E == 1: floats) */
     const char *T = E >= 4 ? "float4" : "float";
     int Q = E >= 4 ? E / 4 : 1;
-    if (pg->norm_w >= 0) mk_strbuf_put(b, "        float ss[%d] = {0.0f};\n", M);
+    if (pg->norm_w >= 0 && !staged) mk_strbuf_put(b, "        float ss[%d] = {0.0f};\n", M);
     mk_strbuf_put(b, "#pragma unroll 4\n        for (long long k = %d * (lane + 32 * slice); k < %lldLL; k += %d) {\n",
                   E, K, 32 * E * W);
     for (int j = 0; j < np; j++) {
@@ -334,23 +356,20 @@ static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group 
                 mk_strbuf_put(b, "            float b%d_%d[1] = {mk_w1_%s(B%d + %lldLL + k)};\n", j, c, w,
                               j, c * ldb);
             if (pg->b_scale[pj] < 0) continue;
+            /* int8: the lane's E values lie in one block (its length a multiple
+             * of 16): their dot product with A, then times the block's scale */
             const mk_tensor *sc = &l->in[pg->b_scale[pj]];
-            mk_strbuf_put(b, "            { const float s = S%d[%lldLL + k / %lldLL * %lldLL];", j,
+            mk_strbuf_put(b, "            const float s%d_%d = S%d[%lldLL + k / %lldLL * %lldLL];\n", j, c, j,
                           c * (long long)sc->stride[1], (long long)pg->b_group[pj],
                           (long long)sc->stride[0]);
-            if (E >= 4)
-                mk_strbuf_put(b, " for (int q = 0; q < %d; q++) { b%d_%d[q].x *= s; b%d_%d[q].y *= s;"
-                                 " b%d_%d[q].z *= s; b%d_%d[q].w *= s; } }\n",
-                              Q, j, c, j, c, j, c, j, c);
-            else
-                mk_strbuf_put(b, " b%d_%d[0] *= s; }\n", j, c);
+            for (int m = 0; m < M; m++) mk_strbuf_put(b, "            float t%d_%d_%d = 0.0f;\n", m, c, j);
         }
     }
     for (int m = 0; m < M; m++)
         for (int q = 0; q < Q; q++) {
-            mk_strbuf_put(b, "            %s a%d_%d = *(const %s *)(A + %lldLL + k + %d);\n", T, m, q, T,
-                          m * K, 4 * q);
-            if (pg->norm_w >= 0) { /* x's squares, and w * x (1 / rms applied after the sum) */
+            mk_strbuf_put(b, "            %s a%d_%d = *(const %s *)(%s + %lldLL + k + %d);\n", T, m, q, T,
+                          staged ? "sA" : "A", m * K, 4 * q);
+            if (pg->norm_w >= 0 && !staged) { /* x's squares, and w * x (1 / rms applied after the sum) */
                 mk_strbuf_put(b, "            { const %s w = *(const %s *)(W + k + %d);", T, T, 4 * q);
                 if (E >= 4)
                     mk_strbuf_put(b, " ss[%d] += a%d_%d.x * a%d_%d.x + a%d_%d.y * a%d_%d.y + a%d_%d.z * a%d_%d.z"
@@ -363,21 +382,27 @@ static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group 
             }
             for (int j = 0; j < np; j++)
                 for (int c = 0; c < 2; c++) {
+                    char sum[32];
+                    if (pg->b_scale[r->src[prods[j]].product] >= 0) snprintf(sum, sizeof sum, "t%d_%d_%d", m, c, j);
+                    else snprintf(sum, sizeof sum, "acc[%d][%d][%d]", m, c, j);
                     if (E >= 4)
-                        mk_strbuf_put(b, "            acc[%d][%d][%d] += a%d_%d.x * b%d_%d[%d].x + a%d_%d.y * b%d_%d[%d].y"
+                        mk_strbuf_put(b, "            %s += a%d_%d.x * b%d_%d[%d].x + a%d_%d.y * b%d_%d[%d].y"
                                          " + a%d_%d.z * b%d_%d[%d].z + a%d_%d.w * b%d_%d[%d].w;\n",
-                                      m, c, j, m, q, j, c, q, m, q, j, c, q, m, q, j, c, q, m, q,
-                                      j, c, q);
+                                      sum, m, q, j, c, q, m, q, j, c, q, m, q, j, c, q, m, q, j, c, q);
                     else
-                        mk_strbuf_put(b, "            acc[%d][%d][%d] += a%d_%d * b%d_%d[0];\n", m, c, j,
-                                      m, q, j, c);
+                        mk_strbuf_put(b, "            %s += a%d_%d * b%d_%d[0];\n", sum, m, q, j, c);
                 }
         }
+    for (int j = 0; j < np; j++)
+        if (pg->b_scale[r->src[prods[j]].product] >= 0)
+            for (int m = 0; m < M; m++)
+                for (int c = 0; c < 2; c++)
+                    mk_strbuf_put(b, "            acc[%d][%d][%d] += t%d_%d_%d * s%d_%d;\n", m, c, j, m, c, j, j, c);
     mk_strbuf_put(b, "        }\n");
     mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) for (int c = 0; c < 2; c++) for (int j = 0; j < %d; j++)\n"
                      "            for (int off = 16; off > 0; off >>= 1) acc[m][c][j] += __shfl_xor_sync(0xffffffffu, acc[m][c][j], off);\n",
                   M, np);
-    if (pg->norm_w >= 0)
+    if (pg->norm_w >= 0 && !staged)
         mk_strbuf_put(b, "        for (int m = 0; m < %d; m++)\n"
                          "            for (int off = 16; off > 0; off >>= 1) ss[m] += __shfl_xor_sync(0xffffffffu, ss[m], off);\n",
                       M);
@@ -386,19 +411,19 @@ static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group 
                          "            for (int m = 0; m < %d; m++) for (int c = 0; c < 2; c++) for (int j = 0; j < %d; j++)\n"
                          "                red[wib + slice][(m * 2 + c) * %d + j] = acc[m][c][j];\n",
                       M, np, np);
-        if (pg->norm_w >= 0)
+        if (pg->norm_w >= 0 && !staged)
             mk_strbuf_put(b, "            for (int m = 0; m < %d; m++) red[wib + slice][%d + m] = ss[m];\n",
                           M, M * 2 * np);
         mk_strbuf_put(b, "        }\n");
         return;
     }
     }
-    if (pg->norm_w >= 0) /* the RmsNorm: the warp (or its slices) read all of x: the sum is here */
+    if (pg->norm_w >= 0) /* the RmsNorm: the sum of x's squares, the block's or the warp's */
         mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) {\n"
-                         "            const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss[m], (float)%lldLL), 1e-5f)));\n"
+                         "            const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(%s[m], (float)%lldLL), 1e-5f)));\n"
                          "            for (int c = 0; c < 2; c++) for (int j = 0; j < %d; j++) acc[m][c][j] *= inv;\n"
                          "        }\n",
-                      M, K, np);
+                      M, staged ? "sss" : "ss", K, np);
     /* lane 0 writes; no thread returns early (a block with an ArgMax result
      * meets at a barrier at the end); a fault leaves the do-while */
     mk_strbuf_put(b, phase == 2 ? "        do {\n" : "        if (lane == 0) do {\n");
@@ -488,6 +513,78 @@ static int weights_per_load(const mk_launch *l, const mk_product_group *pg) {
     return 1;
 }
 
+/* A block holds A in shared memory where A's bytes fit under the 48 KiB of
+ * static shared memory (with room for the slices' sums and ArgMax keys;
+ * Llama-2-7B's [1, 11008] fits) and the launch reads enough weights that
+ * the copy's barrier is a small part of it: on the H200, stories110M's
+ * launches (at most 2 MB of bfloat16 a layer) were 4 % slower staged,
+ * Llama-2-7B's (16 MB and more) 5 % faster in bfloat16 and 10 % in int8. */
+#define MK_STAGE_BYTES (44 * 1024)
+#define MK_STAGE_MIN_WEIGHTS (8LL << 20)
+
+/* The bytes of weights (and int8 scales) a matrix-vector launch reads. */
+static long long weight_bytes(const mk_launch *l, const mk_product_group *pg) {
+    long long n = 0;
+    for (int j = 0; j < pg->n_products; j++) {
+        const mk_tensor *w = &l->in[pg->b[j]];
+        n += (long long)mk_tensor_numel(w) * (long long)mk_dtype_size(w->dtype);
+        if (pg->b_scale[j] >= 0) n += (long long)mk_tensor_numel(&l->in[pg->b_scale[j]]) * 4;
+    }
+    return n;
+}
+
+/*
+ * The start of a kernel that holds A in shared memory: each warp sends its
+ * weight columns to L2, then (the launches before done) the block copies A
+ * into sA, times the RmsNorm's weight where one is folded in, and sums x's
+ * squares per row into sss. Every warp then reads A there, not from L2: the
+ * warps of a launch would otherwise read A once per column pair, as many
+ * bytes as the weights in float32 and 4 times as many in int8.
+ */
+static void put_staging(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int E, int W) {
+    int M = (int)pg->m;
+    long long K = (long long)pg->k, start = 0;
+    for (int o = 0; o < pg->n_outs; o++) {
+        long long pairs = pg->out[o].n / 2;
+        mk_strbuf_put(b, "    %sif (pair < %lldLL) {\n        const long long p = pair - %lldLL;\n",
+                      o ? "else " : "", start + pairs, start);
+        put_prefetch(b, l, pg, o, W);
+        mk_strbuf_put(b, "    }\n");
+        start += pairs;
+    }
+    mk_strbuf_put(b, MK_PDL_WAIT);
+    mk_strbuf_put(b, "    __shared__ __align__(16) float sA[%lld];\n", (long long)M * K);
+    bool norm = pg->norm_w >= 0;
+    if (norm) mk_strbuf_put(b, "    __shared__ float sss[%d], sred[8][%d];\n    float part[%d] = {0.0f};\n", M, M, M);
+    int V = E >= 4 ? 4 : 1; /* floats a copy step: float4 where A and W are 16-byte aligned */
+    const char *T = V == 4 ? "float4" : "float";
+    mk_strbuf_put(b, "    for (long long k = %d * threadIdx.x; k < %lldLL; k += %d) {\n", V, K, 256 * V);
+    if (norm) mk_strbuf_put(b, "        const %s w = *(const %s *)(W + k);\n", T, T);
+    for (int m = 0; m < M; m++) {
+        mk_strbuf_put(b, "        { %s x = *(const %s *)(A + %lldLL + k);", T, T, m * K);
+        if (norm && V == 4)
+            mk_strbuf_put(b, " part[%d] += x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w;"
+                             " x.x *= w.x; x.y *= w.y; x.z *= w.z; x.w *= w.w;", m);
+        else if (norm)
+            mk_strbuf_put(b, " part[%d] += x * x; x *= w;", m);
+        mk_strbuf_put(b, " *(%s *)(sA + %lldLL + k) = x; }\n", T, m * K);
+    }
+    mk_strbuf_put(b, "    }\n");
+    if (norm)
+        mk_strbuf_put(b, "    for (int m = 0; m < %d; m++) {\n"
+                         "        for (int off = 16; off > 0; off >>= 1) part[m] += __shfl_xor_sync(0xffffffffu, part[m], off);\n"
+                         "        if (lane == 0) sred[threadIdx.x >> 5][m] = part[m];\n"
+                         "    }\n"
+                         "    __syncthreads();\n"
+                         "    if (threadIdx.x < %d) {\n"
+                         "        float t = 0.0f;\n"
+                         "        for (int w = 0; w < 8; w++) t += sred[w][threadIdx.x];\n"
+                         "        sss[threadIdx.x] = t;\n"
+                         "    }\n",
+                      M, M);
+    mk_strbuf_put(b, "    __syncthreads();\n");
+}
+
 /* The kernel of a matrix–vector group's launch: one warp per column pair of a
  * result (every row of A), 8 warps a block, each on its own: a warp reads all
  * of A, so it sums the RmsNorm's squares of x in the same loop and scales its
@@ -529,6 +626,9 @@ static void put_product_source(mk_strbuf *b, const mk_launch *l) {
         if (need > R) R = need;
     }
     if (W > 1) mk_strbuf_put(b, "    __shared__ float red[8][%d];\n", R);
+    bool staged = (long long)M * K * (long long)sizeof(float) <= MK_STAGE_BYTES &&
+                  weight_bytes(l, pg) >= MK_STAGE_MIN_WEIGHTS;
+    if (staged) put_staging(b, l, pg, E, W);
     for (int phase = W > 1 ? 1 : 0; phase <= (W > 1 ? 2 : 0); phase++) {
         if (phase == 2) mk_strbuf_put(b, "    __syncthreads();\n");
         long long start = 0;
@@ -536,7 +636,7 @@ static void put_product_source(mk_strbuf *b, const mk_launch *l) {
             long long pairs = pg->out[o].n / 2;
             mk_strbuf_put(b, "    %sif (pair < %lldLL) do {\n        const long long p = pair - %lldLL;\n",
                           o ? "else " : "", start + pairs, start);
-            put_result(b, l, pg, o, E, W, phase);
+            put_result(b, l, pg, o, E, W, phase, staged);
             mk_strbuf_put(b, "    } while (0);\n");
             start += pairs;
         }

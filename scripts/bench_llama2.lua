@@ -3,7 +3,7 @@
 --   lua scripts/bench_llama2.lua [--7b] [--only 15M|110M|7B] [--runs N] [--steps N]
 --       [--devices cpu,cuda] [--dir DIR] [--keep] [--tokenizer PATH]
 --       [--bandwidth GB/s] [--runomp PATH] [--threads N] [--cudnn]
---       [--model PATH] [--precision fp32|bf16|fp16|q8]
+--       [--model PATH] [--precision fp32|bf16|fp16|q8] [--runq PATH]
 --
 -- Protocol (../shared/BENCHMARKS.md): random-weight checkpoints in llama2.c's
 -- legacy layout with the real shapes (stories15M, stories110M; Llama-2-7B
@@ -32,6 +32,11 @@
 --
 -- --precision converts the weights at load (scripts/llama2.lua -q); the
 -- roofline then counts the bytes of that precision.
+--
+-- --runq PATH compares the CPU's int8 with llama2.c's runq the same way: the
+-- checkpoint is exported to version 2 first (scripts/export.lua's engine,
+-- export.py's group size: 64 halved until it divides dim), and both read that
+-- file, moonkaas in its own precision (int8 weights, float32 activations).
 
 local here = (arg and arg[0] or ""):match("^(.*)[/\\]") or "."
 local root = here .. "/.."
@@ -52,7 +57,7 @@ local USAGE = [[
 usage: lua scripts/bench_llama2.lua [--7b] [--only 15M|110M|7B] [--runs N] [--steps N]
        [--devices cpu,cuda] [--dir DIR] [--keep] [--tokenizer PATH]
        [--bandwidth GB/s] [--runomp PATH] [--threads N] [--cudnn]
-       [--model PATH] [--precision fp32|bf16|fp16|q8]
+       [--model PATH] [--precision fp32|bf16|fp16|q8] [--runq PATH]
 ]]
 
 local function parse(argv)
@@ -74,6 +79,7 @@ local function parse(argv)
             elseif a == "--tokenizer" then o.tokenizer = need()
             elseif a == "--bandwidth" then o.bandwidth = tonumber(need())
             elseif a == "--runomp" then o.runomp = need()
+            elseif a == "--runq" then o.runq = need()
             elseif a == "--precision" then
                 o.precision = need()
                 if not llama2.model.PRECISIONS[o.precision] then error("unknown precision " .. o.precision, 0) end
@@ -199,13 +205,13 @@ local function quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
 
 -- The CPU against llama2.c's `peer` (runomp) in alternating pairs of
 -- processes on the same file (see the top).
-local function paired(o, name, path, tok_path, peer, peer_name)
+local function paired(o, name, path, tok_path, peer, peer_name, precision)
     local env = o.threads and ("OMP_NUM_THREADS=" .. o.threads .. " ") or ""
     local lua = arg[-1] or "lua"
     env = env .. "MK_BUILD=" .. quote(build) .. " "
     local ours = string.format("%s %s %s -z %s -t 0 -n %d -i 'Once upon a time' -d cpu%s", quote(lua),
         quote(here .. "/llama2.lua"), quote(path), quote(tok_path), o.steps,
-        o.precision and (" -q " .. o.precision) or "")
+        precision and (" -q " .. precision) or "")
     local theirs = string.format("%s %s -z %s -t 0 -n %d -i 'Once upon a time'", quote(peer),
         quote(path), quote(tok_path), o.steps)
     local r = { shape = name, paired = true, threads = o.threads or "all", peer = peer_name }
@@ -278,9 +284,20 @@ local function main(argv)
             local kv_bytes = 2 * 4 * c.n_layers * c.kv_dim * (o.steps + 1) / 2
             for _, device in ipairs(devices) do
               if device == "cpu" and o.runomp then
-                rows[#rows + 1] = paired(o, shape.name, path, tok_path, o.runomp, "runomp")
+                rows[#rows + 1] = paired(o, shape.name, path, tok_path, o.runomp, "runomp", o.precision)
               end
-              if device ~= "cpu" or not o.runomp then
+              if device == "cpu" and o.runq then
+                local v2 = path:gsub("%.bin$", "") .. "_v2.bin"
+                local qc = llama2.read_config(v2)
+                if not qc or qc.version ~= 2 then
+                    local t0 = llama2.clock()
+                    assert(llama2.checkpoint.export(mk, c, v2, 2))
+                    io.stderr:write(string.format("  exported %s in %.1f s\n", v2, llama2.clock() - t0))
+                end
+                rows[#rows + 1] = paired(o, shape.name, v2, tok_path, o.runq, "runq", nil)
+                if not o.keep and not o.dir then os.remove(v2) end
+              end
+              if device ~= "cpu" or not (o.runomp or o.runq) then
                 local net = llama2.build(mk, c, {
                     device = device, cudnn = o.cudnn and device == "cuda", greedy = true,
                     precision = o.precision,

@@ -202,6 +202,41 @@ describe("CUDA large and odd shapes #gpu", function()
         end
     end)
 
+    -- weights of 8 MB and more: the block holds the normalised x in shared
+    -- memory (kernels/codegen.cu, put_staging); float32 and int8 in groups
+    gpu_it("large matrix-vector groups with the RmsNorm folded in agree with the CPU and the reference", function()
+        local k, n, G = 2048, 4096, 64
+        local xt, xv = big_rand({ 1, k }, 1)
+        local nt, nv = big_rand({ k }, 1)
+        local wt, wv = big_rand({ n, k }, 1 / 45)  -- [out, in], as llama2's files
+        local q, sc = mk.quantize(wt, G)
+        local x = mk.input("x", "float32", { 1, k })
+        local h = x:rms_norm(mk.constant(nt, "norm"))
+        local wd = mk.constant(wt, "w"):permute({ 1, 0 })
+        local wq = mk.constant(q, "q"):permute({ 1, 0 }):dequantize(mk.constant(sc, "scale"):permute({ 1, 0 }))
+        local ss = 0.0
+        for p = 0, k - 1 do ss = ss + xv(p) * xv(p) end
+        local inv = 1 / math.sqrt(ss / k + 1e-5)
+        for _, case in ipairs({ { "float32", wd, function(j, p) return wv(j * k + p) end },
+                                { "int8", wq, function(j, p) return q:get(j * k + p + 1) * sc:get((j * k + p) // G + 1) end } }) do
+            local y = h:matmul(case[2])
+            local cpu <close> = mk.compile(y)
+            local gpu <close> = mk.compile(y, { device = "cuda" })
+            assert.truthy(gpu:kernel_source(1):find("float sA[2048]", 1, true), "A held in shared memory")
+            local want, got = cpu:run({ x = xt }), gpu:run({ x = xt })
+            local rel = sampled_rel(got, want, 4096)
+            assert(rel < 1e-5, case[1] .. " cuda vs cpu: " .. rel)
+            for _ = 1, 32 do
+                local j = math.random(0, n - 1)
+                local acc = 0.0
+                for p = 0, k - 1 do acc = acc + xv(p) * inv * nv(p) * case[3](j, p) end
+                local g = got:get(j + 1)
+                assert(math.abs(g - acc) <= 1e-5 + 1e-4 * math.abs(acc),
+                    string.format("%s column %d: %.9g vs %.9g", case[1], j, g, acc))
+            end
+        end
+    end)
+
     gpu_it("1M-element chain of the new pointwise ops agrees with the CPU and the reference", function()
         local n = 1 << 20
         local at, av = big_rand({ n }, 2)
