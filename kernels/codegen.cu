@@ -12,6 +12,11 @@
  * (pointwise.cu): __fadd_rn and friends, one rounding per operation, never
  * contracted; expf and tanhf are CUDA's. So a pointwise group gives the bits
  * of one launch per node, on this device and the CPU alike.
+ *
+ * Long because it is one writer for three kernel skeletons (pointwise,
+ * matrix-vector, attention) that share its helpers: operand walks, the
+ * pointwise instructions, weight loads per dtype, faults, PDL and ArgMax
+ * keys. Split it by skeleton when a fourth arrives.
  */
 #include "cuda_device.h"
 

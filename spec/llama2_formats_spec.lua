@@ -182,6 +182,21 @@ local function write_legacy(path, cfg)
     return W, bytes
 end
 
+-- Inside a describe: a function giving fresh temporary paths, removed (with
+-- any export's ".partial") after each test.
+local function temp_paths()
+    local paths
+    before_each(function() paths = {} end)
+    after_each(function()
+        for _, p in ipairs(paths) do os.remove(p); os.remove(p .. ".partial") end
+        collectgarbage()
+    end)
+    return function()
+        paths[#paths + 1] = os.tmpname()
+        return paths[#paths]
+    end
+end
+
 local function export(input, output, version, group)
     local c = assert(C.read_config(input))
     return assert(C.export(mk, c, output, version, { group_size = group }))
@@ -201,16 +216,7 @@ local CONFIGS = {
 }
 
 describe("llama2.c checkpoint versions 1 and 2", function()
-    local paths
-    local function tmp()
-        paths[#paths + 1] = os.tmpname()
-        return paths[#paths]
-    end
-    before_each(function() paths = {} end)
-    after_each(function()
-        for _, p in ipairs(paths) do os.remove(p); os.remove(p .. ".partial") end
-        collectgarbage()
-    end)
+    local tmp = temp_paths()
 
     for _, cfg in ipairs(CONFIGS) do
         it("legacy → version 1 → legacy is byte-identical, version 1 as export.py writes it: " .. cfg.name, function()
@@ -358,16 +364,7 @@ describe("llama2.c checkpoint versions 1 and 2", function()
 end)
 
 describe("llama2.c checkpoint versions on stories260K", function()
-    local paths
-    local function tmp()
-        paths[#paths + 1] = os.tmpname()
-        return paths[#paths]
-    end
-    before_each(function() paths = {} end)
-    after_each(function()
-        for _, p in ipairs(paths) do os.remove(p) end
-        collectgarbage()
-    end)
+    local tmp = temp_paths()
 
     it("legacy → version 1 → legacy is byte-identical but for freq_cis (PyTorch's cos/sin, within an ulp)", function()
         if not need_core() or not need_models() then return end
