@@ -428,7 +428,7 @@ static int cpu_permute(const mk_launch *l, mk_error **err) {
     return 0;
 }
 
-/* ---- conversions: cast, dequantize --------------------------------------- */
+/* ---- conversions: cast, dequantize, fake_quantize ------------------------ */
 
 /* One stretch of a cast: n elements of dtype from (stride s[0]) into o, dense. */
 static void cast_row(const void *ctx, char *o, const char *const *in, const int64_t *s,
@@ -484,6 +484,40 @@ static int cpu_dequantize(const mk_launch *l, mk_error **err) {
             for (int64_t j = j0; j < j0 + g; j++)
                 orow[j] = (float)qr[j * q->stride[last]] * s;
         }
+    });
+    return 0;
+}
+
+/*
+ * runq.c's activations on the int8 grid: a group's scale s = max |x| / 127,
+ * each value round(x / s), halves away from zero. Where s is 0 (a group of
+ * zeros) or x / s is not a number the value is 0, and it is clamped to
+ * +-127 (s of tiny x underflows); runq.c leaves those cases undefined.
+ */
+static float q8_scale(const float *x, int64_t n) {
+    float m = 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        float v = fabsf(x[i]);
+        if (v > m) m = v;
+    }
+    return m / 127.0f;
+}
+
+static inline int8_t q8_value(float x, float s) {
+    float v = s != 0.0f ? roundf(x / s) : 0.0f;
+    return v != v ? 0 : v > 127.0f ? 127 : v < -127.0f ? -127 : (int8_t)v;
+}
+
+/* out = s * q per group of `group` along the last axis (x dense). */
+static int cpu_fake_quantize(const mk_launch *l, mk_error **err) {
+    (void)err;
+    int64_t g = l->node->attr[0], groups = mk_tensor_numel(&l->out) / g;
+    const float *x = l->in[0].data;
+    float *o = l->out.data;
+    CPU_FOR(par(groups * g), i, groups, {
+        const float *xi = x + i * g;
+        float s = q8_scale(xi, g);
+        for (int64_t j = 0; j < g; j++) o[i * g + j] = (float)q8_value(xi[j], s) * s;
     });
     return 0;
 }
@@ -739,6 +773,91 @@ __attribute__((noinline)) static void mv_columns(const float *restrict a, const 
     case MK_DTYPE_FLOAT16: mv_columns_of(a, w, k, j0, j1, c, MK_DTYPE_FLOAT16); break;
     case MK_DTYPE_INT8: mv_columns_of(a, w, k, j0, j1, c, MK_DTYPE_INT8); break;
     default: mv_columns_of(a, w, k, j0, j1, c, MK_DTYPE_FLOAT32); break;
+    }
+}
+
+/*
+ * A's int8 group · a column's (n values), exact. AVX2: |w| times x with w's
+ * sign, 32 at a time (maddubs: a pair's sum is at most 2 * 128 * 127, within
+ * int16, for every int8 weight, -128 included; x is never -128).
+ */
+static inline int32_t dot_q8(const int8_t *restrict x, const int8_t *restrict w, int64_t n) {
+    int64_t i = 0;
+    int32_t t = 0;
+#ifdef __AVX2__
+    __m256i acc = _mm256_setzero_si256();
+    for (; i + 32 <= n; i += 32) {
+        __m256i xv = _mm256_loadu_si256((const __m256i *)(x + i));
+        __m256i wv = _mm256_loadu_si256((const __m256i *)(w + i));
+        __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+    }
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+    t = _mm_cvtsi128_si32(h);
+#endif
+    for (; i < n; i++) t += (int32_t)x[i] * w[i];
+    return t;
+}
+
+/*
+ * c [j - j0] = A on the int8 grid (values aq, one scale per group in as) ·
+ * column j of int8 weights whose scale blocks are A's groups, as runq.c's
+ * matmul sums them: per group an exact int32 dot product, then
+ * val += (float)dot * w_scale * a_scale, group after group.
+ */
+__attribute__((noinline)) static void mv_columns_q8(const int8_t *restrict aq,
+                                                    const float *restrict as, const cpu_weights *w,
+                                                    int64_t k, int64_t j0, int64_t j1,
+                                                    float *restrict c) {
+    int64_t g = w->group, j = j0;
+#ifdef __AVX2__
+    /* four columns at a time, each group's four sums reduced together; every
+     * lane rounds as the loop below (a quad short of columns repeats its first) */
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (; g % 32 == 0 && j < j1; j += 4) {
+        int cols = j1 - j < 4 ? (int)(j1 - j) : 4;
+        const int8_t *b[4];
+        const float *sc[4];
+        for (int t = 0; t < 4; t++) {
+            int64_t at = j + (t < cols ? t : 0);
+            b[t] = (const int8_t *)w->data + at * w->ldb;
+            sc[t] = w->scale + at * w->ss_n;
+        }
+        __m128 val = _mm_setzero_ps();
+        for (int64_t gi = 0; gi < k / g; gi++) {
+            __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(),
+                              _mm256_setzero_si256(), _mm256_setzero_si256()};
+            for (int64_t e = gi * g; e < (gi + 1) * g; e += 32) {
+                __m256i xv = _mm256_loadu_si256((const __m256i *)(aq + e));
+#pragma GCC unroll 4
+                for (int t = 0; t < 4; t++) {
+                    __m256i wv = _mm256_loadu_si256((const __m256i *)(b[t] + e));
+                    __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
+                    acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(p, ones));
+                }
+            }
+            __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(acc[0], acc[1]),
+                                          _mm256_hadd_epi32(acc[2], acc[3]));
+            __m128i dots = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+            int64_t at = gi * w->ss_k;
+            __m128 ws = _mm_setr_ps(sc[0][at], sc[1][at], sc[2][at], sc[3][at]);
+            __m128 t = _mm_mul_ps(_mm_mul_ps(_mm_cvtepi32_ps(dots), ws), _mm_set1_ps(as[gi]));
+            val = _mm_add_ps(val, t);
+        }
+        float v[4];
+        _mm_storeu_ps(v, val);
+        memcpy(c + (j - j0), v, (size_t)cols * sizeof(float));
+    }
+#endif
+    for (; j < j1; j++) {
+        const int8_t *b = (const int8_t *)w->data + j * w->ldb;
+        const float *sc = w->scale + j * w->ss_n;
+        float val = 0.0f;
+        for (int64_t gi = 0; gi < k / g; gi++)
+            val += (float)dot_q8(aq + gi * g, b + gi * g, g) * sc[gi * w->ss_k] * as[gi];
+        c[j - j0] = val;
     }
 }
 
@@ -1062,7 +1181,11 @@ static int cpu_attention(const mk_launch *l, mk_error **err) {
  * rotates the pairs, and writes the values (into the group's memory or the
  * rows a write replaces) or keeps the row's best for the ArgMax. Every value
  * is the one the nodes alone compute, bit for bit; the logits of a greedy
- * classifier are never stored.
+ * classifier are never stored. Except where a FakeQuantize is folded in: A
+ * then goes onto the int8 grid (q8_scale, q8_value, as the node alone) and
+ * the products are runq.c's integer dot products (mv_columns_q8), which the
+ * nodes alone (a float32 product of the rounded values) equal only up to
+ * rounding.
  */
 #define CPU_MV_CHUNK 64 /* a multiple of 4: mv_columns' quads */
 
@@ -1100,9 +1223,10 @@ static void broadcast_strides(const mk_tensor *t, int rank, const int64_t *shape
     memcpy(s, b.stride, sizeof b.stride);
 }
 
-/* Columns [j0, j1) of row i of result x (j0 a multiple of 4); a the row of A. */
-static void mv_chunk(const cpu_mv_out *x, const float *a, int64_t k, int64_t i, int64_t j0,
-                     int64_t j1, cpu_best *best) {
+/* Columns [j0, j1) of row i of result x (j0 a multiple of 4); a the row of A,
+ * or aq and as that row on the int8 grid (a FakeQuantize folded in). */
+static void mv_chunk(const cpu_mv_out *x, const float *a, const int8_t *aq, const float *as,
+                     int64_t k, int64_t i, int64_t j0, int64_t j1, cpu_best *best) {
     const mk_product_out *r = x->r;
     float src[MK_X_IN][CPU_MV_CHUNK], v[CPU_MV_CHUNK];
     const char *in[MK_X_IN];
@@ -1110,7 +1234,9 @@ static void mv_chunk(const cpu_mv_out *x, const float *a, int64_t k, int64_t i, 
     int64_t len = j1 - j0, e0 = i * r->n + j0;
     for (int s = 0; s < r->n_src; s++) {
         const mk_product_source *ps = &r->src[s];
-        if (ps->product >= 0)
+        if (ps->product >= 0 && aq)
+            mv_columns_q8(aq, as, &x->w[s], k, j0, j1, src[s]);
+        else if (ps->product >= 0)
             mv_columns(a, &x->w[s], k, j0, j1, src[s]);
         else
             for (int64_t t = 0; t < len; t++)
@@ -1151,6 +1277,13 @@ static int cpu_matvec(const mk_launch *l, mk_error **err) {
         for (int64_t j = 0; j < k; j++)
             a[i * k + j] = row[j * cs];
         if (pg->norm_w >= 0) rms_row(a + i * k, l->in[pg->norm_w].data, a + i * k, k);
+    }
+    int64_t g = pg->a8_group, groups = g ? m * k / g : 0;
+    float *as = a + m * k;                     /* A on the int8 grid: a scale per group, */
+    int8_t *aq = (int8_t *)(as + groups);      /* and the values */
+    for (int64_t t = 0; t < groups; t++) {
+        as[t] = q8_scale(a + t * g, g);
+        for (int64_t e = t * g; e < (t + 1) * g; e++) aq[e] = q8_value(a[e], as[t]);
     }
     cpu_mv_out outs[MK_PRODUCTS_MAX];
     int64_t quads = 0, first[MK_PRODUCTS_MAX + 1]; /* result o's quads from first[o] */
@@ -1207,7 +1340,8 @@ static int cpu_matvec(const mk_launch *l, mk_error **err) {
             for (; j < end; j += CPU_MV_CHUNK) {
                 int64_t j1 = j + CPU_MV_CHUNK < end ? j + CPU_MV_CHUNK : end;
                 for (int64_t i = 0; i < m; i++)
-                    mv_chunk(&outs[o], a + i * k, k, i, j, j1, &best[me][o][i]);
+                    mv_chunk(&outs[o], a + i * k, g ? aq + i * k : NULL, g ? as + i * (k / g) : NULL,
+                             k, i, j, j1, &best[me][o][i]);
             }
         }
     });
@@ -1439,12 +1573,14 @@ static const mk_kernel cpu_kernels[MK_KERNEL_COUNT] = {
     [MK_KERNEL_PREFIX_MATMUL] = {cpu_prefix_matmul, F32}, /* the prefix: a bound */
     [MK_KERNEL_CAST] = {cpu_cast, MK_DTYPES_ALL},
     [MK_KERNEL_DEQUANTIZE] = {cpu_dequantize, F32 | MK_DTYPE_BIT(MK_DTYPE_INT8)},
+    [MK_KERNEL_FAKE_QUANTIZE] = {cpu_fake_quantize, F32},
 };
 
 const mk_device_ops mk_cpu_device = {
     .name = "cpu",
     .kernels = cpu_kernels,
     .pointwise_operands = MK_X_IN,
+    .int8_products = true,
     .open = cpu_open,
     .close = cpu_close,
     .alloc = cpu_alloc,

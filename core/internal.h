@@ -207,6 +207,8 @@ typedef struct {
     struct mk_fusion *fusion; /* set by model.c when opts->use_cudnn, for the fusion pass */
     int pointwise_operands;   /* set by model.c: the most operands the device's pointwise
                                  kernel reads (0: no pointwise groups) */
+    bool int8_products;       /* set by model.c: the device's matrix-vector groups take A
+                                 on the int8 grid (a FakeQuantizeNode folded in) */
 } mk_graph;
 
 /* script.c */
@@ -381,6 +383,9 @@ typedef struct mk_product_group {
                                       int8 times the scales of a DequantizeNode folded in: */
     int b_scale[MK_PRODUCTS_MAX];  /* operand: its scales [k / group, n_j], or -1 */
     int64_t b_group[MK_PRODUCTS_MAX]; /* rows of B per scale (a multiple of 16) */
+    int64_t a8_group;              /* A on runq.c's int8 grid in groups of this many (a
+                                      FakeQuantizeNode folded in; every B int8 in blocks of
+                                      as many rows): integer dot products; else 0 */
     int n_outs;
     mk_product_out out[MK_PRODUCTS_MAX];
     int n_members;
@@ -482,7 +487,7 @@ int mk_launch_operands(mk_launch *l, mk_error **err);
 #define MK_KERNELS(X) \
     X(POINTWISE) X(MATMUL) X(PERMUTE) X(REPLACE_SLICE) X(RMS_NORM) X(COMPLEX_MUL) \
     X(SLICED_SOFTMAX) X(EMBEDDING) X(ARGMAX) X(CUDNN_GROUP) X(PRODUCT) \
-    X(PREFIX_MATMUL) X(CAST) X(DEQUANTIZE)
+    X(PREFIX_MATMUL) X(CAST) X(DEQUANTIZE) X(FAKE_QUANTIZE)
 typedef enum {
     MK_KERNEL_NONE,
 #define MK_KERNEL_ENUM(k) MK_KERNEL_##k,
@@ -563,6 +568,7 @@ typedef struct mk_device_ops {
     const char *name;
     const mk_kernel *kernels; /* [MK_KERNEL_COUNT], indexed by mk_kernel_id */
     int pointwise_operands;   /* the most its MK_KERNEL_POINTWISE kernel reads (<= MK_X_IN) */
+    bool int8_products;       /* its matrix-vector groups take A on the int8 grid (a8_group) */
     /* Per-model state (streams, library handles); NULL state is fine for the CPU. */
     int (*open)(void **state, mk_error **err);
     void (*close)(void *state);

@@ -480,6 +480,7 @@ static mk_model *compile(mk_context *ctx, const char *script,
     STAGE_DONE(1);
     mk_graph *g = m->graph;
     g->pointwise_operands = dev->pointwise_operands;
+    g->int8_products = dev->int8_products;
     if (opts.use_cudnn) {
         if (!(m->fusion = mk_fusion_new(&ctx->cudnn))) goto nomem;
         g->fusion = m->fusion;

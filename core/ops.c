@@ -285,6 +285,18 @@ static int infer_dequantize(mk_node *n, mk_error **err) {
     return 0;
 }
 
+/* float32 x in groups of `group` along its last axis, which the group divides. */
+static int infer_fake_quantize(mk_node *n, mk_error **err) {
+    const mk_node *x = n->in[0];
+    int64_t g = n->attr[0], last = x->shape[x->rank - 1];
+    if (need_dtype(n, 0, MK_DTYPE_BIT(MK_DTYPE_FLOAT32), err)) return -1;
+    if (g < 1 || last % g)
+        return FAIL(err, n, MK_ERR_SHAPE, "%s: groups of %lld do not divide the last axis of %s",
+                    n->op->name, (long long)g, SHAPE(x));
+    set_shape(n, MK_DTYPE_FLOAT32, x->rank, x->shape);
+    return 0;
+}
+
 static int infer_argmax(mk_node *n, mk_error **err) {
     if (need_dtype(n, 0, MK_DTYPES_FLOAT, err)) return -1;
     set_shape(n, MK_DTYPE_INT64, n->in[0]->rank, n->in[0]->shape);
@@ -426,6 +438,10 @@ static const mk_op ops[] = {
          "float32 q * scale: int8 q, float32 scale with one value per block of q (each of its "
          "dims divides q's)"),
      .infer = infer_dequantize, .takes_strided = any_strides, .kernel = MK_KERNEL_DEQUANTIZE},
+    {ROW("FakeQuantizeNode", "ni", MK_ROLE_REDUCTION, 0, "fake_quantize", NULL, NULL,
+         "x on the int8 grid of its groups of g along the last axis: s = max|x| / 127 per "
+         "group, s * round(x / s), halves away from zero (runq.c's activations; 0 where s is 0)"),
+     .infer = infer_fake_quantize, .kernel = MK_KERNEL_FAKE_QUANTIZE},
     {ROW("EmbeddingNode", "nn", MK_ROLE_MOVE, MK_OP_FUNCTION, "embedding", NULL, NULL,
          "rows of table [V, D] picked by int64 ids [n]"),
      .infer = infer_embedding, .kernel = MK_KERNEL_EMBEDDING},

@@ -10,7 +10,11 @@
  *   - siblings: the other such products reading the same A (q, k and v; w1
  *     and w3) join it, up to MK_PRODUCTS_MAX;
  *   - prologue: when A is an RmsNorm read by those products alone, the norm
- *     joins and the group reads its x;
+ *     joins and the group reads its x; before it, where the device takes
+ *     int8 activations (mk_device_ops.int8_products), a FakeQuantizeNode
+ *     read by those products alone whose groups are the blocks of every
+ *     product's int8 weights (a DequantizeNode folded in, below): the
+ *     products are then runq.c's integer dot products per group (W8A8);
  *   - epilogue, per product, following its single reader: reshapes (any view
  *     that keeps the element order), pointwise nodes (a residual add, SiLU
  *     times a sibling's product), one complex rotation (RoPE), then one
@@ -50,6 +54,7 @@ typedef struct {
 
 typedef struct {
     mk_graph *g;
+    mk_node *quant;        /* a FakeQuantizeNode folded in (A on the int8 grid), or NULL */
     mk_node *norm;
     int n_products;
     mk_node *products[MK_PRODUCTS_MAX];
@@ -127,7 +132,7 @@ static const mk_expr *program_of(const mk_node *n) {
 static void push(chain *c, mk_node *n) { c->nodes[c->n_nodes++] = n; }
 
 static int members(const cand *c) {
-    int n = c->norm ? 1 : 0;
+    int n = (c->norm ? 1 : 0) + (c->quant ? 1 : 0);
     for (int j = 0; j < c->n_products; j++) n += c->folded[j] != NULL;
     for (int i = 0; i < c->n_chains; i++) n += c->chains[i].n_nodes;
     return n;
@@ -211,7 +216,7 @@ static bool extend(cand *c, int i) {
 }
 
 static bool is_member(const cand *c, const mk_node *x) {
-    if (x == c->norm) return true;
+    if (x == c->norm || x == c->quant) return true;
     for (int j = 0; j < c->n_products; j++)
         if (x == c->folded[j]) return true;
     for (int i = 0; i < c->n_chains; i++)
@@ -366,13 +371,32 @@ static bool valid(cand *c, const mk_product_group *pg) {
     return true;
 }
 
+/*
+ * Products ps's A, where the group may take it on the int8 grid: a
+ * FakeQuantizeNode [m, k] read by them alone, on a device that takes it,
+ * every product's weights int8 in blocks of as many rows as its groups.
+ */
+static mk_node *folded_quantize(const mk_graph *g, mk_node *const *ps, int n_ps) {
+    mk_node *a = ps[0]->in[0];
+    if (!g->int8_products || a->op->kernel != MK_KERNEL_FAKE_QUANTIZE || a->n_consumers != n_ps ||
+        a == g->output || a->owner != a || a->rank != 2 || !dense(a->in[0]))
+        return NULL;
+    for (int j = 0; j < n_ps; j++) {
+        const mk_node *d = folded_dequantize(g, ps[j]);
+        if (!d || d->in[0]->shape[0] / d->in[1]->shape[0] != a->attr[0]) return NULL;
+    }
+    return a;
+}
+
 /* Builds the candidate from products ps sharing A; NULL when it cannot be one. */
 static mk_product_group *build(cand *c, mk_graph *g, mk_node **ps, int n_ps, bool *moved) {
     *c = (cand){.g = g, .n_products = n_ps, .moved = moved};
     memset(moved, 0, sizeof *moved * (size_t)g->n_nodes);
     memcpy(c->products, ps, sizeof ps[0] * (size_t)n_ps);
     mk_node *a = ps[0]->in[0];
-    if (a->op->kernel == MK_KERNEL_RMS_NORM && a->n_consumers == n_ps && a != g->output &&
+    int readers = n_ps; /* of the norm: the products, or the quantizer between */
+    if ((c->quant = folded_quantize(g, ps, n_ps))) a = c->quant->in[0], readers = 1;
+    if (a->op->kernel == MK_KERNEL_RMS_NORM && a->n_consumers == readers && a != g->output &&
         a->owner == a && a->storage == MK_STORAGE_ARENA && dense(a->in[0]) && dense(a->in[1]) &&
         a->in[0]->dtype == MK_DTYPE_FLOAT32 && a->in[1]->dtype == MK_DTYPE_FLOAT32)
         c->norm = a;
@@ -399,6 +423,7 @@ static mk_product_group *build(cand *c, mk_graph *g, mk_node **ps, int n_ps, boo
     pg->norm_w = -1;
     bool ok = (pg->a = operand(c, c->norm ? c->norm->in[0] : a)) >= 0 &&
               (!c->norm || (pg->norm_w = operand(c, c->norm->in[1])) >= 0);
+    pg->a8_group = c->quant ? c->quant->attr[0] : 0;
     pg->n_products = n_ps;
     for (int j = 0; j < n_ps && ok; j++) {
         mk_node *d = c->folded[j] = folded_dequantize(g, ps[j]);
@@ -460,7 +485,11 @@ static int make(mk_graph *g, cand *c, mk_product_group *pg, mk_error **err) {
         pg->scratch[t] = (int64_t)pg->scratch_bytes;
         pg->scratch_bytes += (mk_node_bytes(m) + 63) / 64 * 64;
     }
-    if (pg->kind == MK_PRODUCT_MATVEC) pg->scratch_bytes = (size_t)(pg->m * pg->k) * sizeof(float);
+    if (pg->kind == MK_PRODUCT_MATVEC) /* A as floats; on the int8 grid, its scales and values */
+        pg->scratch_bytes = (size_t)(pg->m * pg->k) * sizeof(float) +
+                            (pg->a8_group ? (size_t)(pg->m * pg->k / pg->a8_group) * sizeof(float) +
+                                                (size_t)(pg->m * pg->k)
+                                          : 0);
     mk_node *outs[MK_PRODUCTS_MAX] = {0};
     mk_node *gn = new_node(c->products[0], mk_op_internal(MK_KERNEL_PRODUCT));
     if (!gn) goto nomem;
@@ -676,6 +705,10 @@ int mk_product_report(const mk_graph *g, mk_strbuf *b) {
                          "product%s%s",
                       n->id, n->line, (long long)pg->m, (long long)pg->k, pg->n_products,
                       pg->n_products == 1 ? "" : "s", pg->norm_w >= 0 ? ", RmsNorm folded in" : "");
+        if (pg->a8_group)
+            mk_strbuf_put(b, "; A on the int8 grid in groups of %lld (FakeQuantize folded in): "
+                             "integer dot products",
+                          (long long)pg->a8_group);
         for (int j = 0; j < pg->n_products; j++) {
             const mk_node *w = n->in[pg->b[j]];
             if (pg->b_scale[j] >= 0)

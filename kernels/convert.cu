@@ -4,6 +4,8 @@
  *   MK_KERNEL_CAST        out = x converted to out's dtype (x strided)
  *   MK_KERNEL_DEQUANTIZE  out = q * scale, float32: q int8, scale float32 with one
  *                         value per block of q (each of its dims divides q's)
+ *   MK_KERNEL_FAKE_QUANTIZE  out = s * q, x on the int8 grid per group along
+ *                         the last axis (runq.c's activations: the CPU's q8_value)
  *
  * and the widening of a matrix product's low-precision weights into scratch
  * (mk_cuda_widen, for matmul.cu). The rule is the core's (internal.h, above
@@ -138,4 +140,33 @@ int mk_cuda_dequantize(const mk_launch *l, mk_error **err) {
     dequantize_kernel<<<grid_for(n), MK_CUDA_BLOCK, 0, mk_cuda_state_of(l)->stream>>>(
         (float *)l->out.data, (const signed char *)q->data, (const float *)sc->data, a, n);
     return mk_cuda_check_launch(l, "dequantize", err);
+}
+
+/* One thread per group of g (x dense): s = max |x| / 127, q = round(x / s)
+ * halves away from zero, 0 where s is 0 or x / s is NaN, clamped to +-127. */
+static __global__ void fake_quantize_kernel(float *out, const float *x, long long g,
+                                            long long groups) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < groups;
+         i += (long long)gridDim.x * blockDim.x) {
+        const float *xi = x + i * g;
+        float m = 0.0f;
+        for (long long j = 0; j < g; j++) {
+            const float v = fabsf(xi[j]);
+            if (v > m) m = v;
+        }
+        const float s = __fdiv_rn(m, 127.0f);
+        for (long long j = 0; j < g; j++) {
+            float v = s != 0.0f ? roundf(__fdiv_rn(xi[j], s)) : 0.0f;
+            v = v != v ? 0.0f : v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
+            out[i * g + j] = __fmul_rn(v, s);
+        }
+    }
+}
+
+/* MK_KERNEL_FAKE_QUANTIZE */
+int mk_cuda_fake_quantize(const mk_launch *l, mk_error **err) {
+    long long g = l->node->attr[0], groups = mk_tensor_numel(&l->out) / g;
+    fake_quantize_kernel<<<grid_for(groups), MK_CUDA_BLOCK, 0, mk_cuda_state_of(l)->stream>>>(
+        (float *)l->out.data, (const float *)l->in[0].data, g, groups);
+    return mk_cuda_check_launch(l, "fake_quantize", err);
 }

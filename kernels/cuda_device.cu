@@ -271,6 +271,7 @@ struct cuda_kernel_table {
         k[MK_KERNEL_PREFIX_MATMUL] = {mk_cuda_prefix_matmul, F32};         /* the prefix: a bound */
         k[MK_KERNEL_CAST] = {mk_cuda_cast, MK_DTYPES_ALL};
         k[MK_KERNEL_DEQUANTIZE] = {mk_cuda_dequantize, F32 | MK_DTYPE_BIT(MK_DTYPE_INT8)};
+        k[MK_KERNEL_FAKE_QUANTIZE] = {mk_cuda_fake_quantize, F32};
 #ifdef MK_WITH_CUDNN
         k[MK_KERNEL_CUDNN_GROUP] = {mk_cuda_cudnn_group, F32};
 #else
@@ -436,10 +437,12 @@ fail:
 
 /* ---- the device table and the plugin's entry ---------------------------------- */
 
+/* int8_products false: the generated matrix-vector kernels widen A's float32
+ * (a FakeQuantizeNode runs alone before them) */
 static const mk_device_ops cuda_device = {
-    "cuda",     cuda_kernels.k, MK_CUDA_POINTWISE_OPERANDS, cuda_open,    cuda_close,
-    cuda_alloc, cuda_free,      cuda_upload,                cuda_zero,    cuda_prepare,
-    cuda_evaluate,
+    "cuda",     cuda_kernels.k, MK_CUDA_POINTWISE_OPERANDS, false,       cuda_open,
+    cuda_close, cuda_alloc,     cuda_free,                  cuda_upload, cuda_zero,
+    cuda_prepare, cuda_evaluate,
 };
 
 static const mk_cuda_plugin plugin = {

@@ -205,6 +205,7 @@ int mk_cuda_product(const mk_launch *l, mk_error **err);
 int mk_cuda_prefix_matmul(const mk_launch *l, mk_error **err); /* matmul.cu */
 int mk_cuda_cast(const mk_launch *l, mk_error **err);          /* convert.cu */
 int mk_cuda_dequantize(const mk_launch *l, mk_error **err);
+int mk_cuda_fake_quantize(const mk_launch *l, mk_error **err);
 /* b (float16 or bfloat16) widened to float32, dense, into l's scratch: *wide. */
 int mk_cuda_widen(const mk_launch *l, const mk_tensor *b, mk_tensor *wide, mk_error **err);
 int mk_cuda_generate_check(const mk_launch *l, int arch, mk_error **err);

@@ -3,7 +3,7 @@
 --   lua scripts/bench_llama2.lua [--7b] [--only 15M|110M|7B] [--runs N] [--steps N]
 --       [--devices cpu,cuda] [--dir DIR] [--keep] [--tokenizer PATH]
 --       [--bandwidth GB/s] [--runomp PATH] [--threads N] [--cudnn]
---       [--model PATH] [--precision fp32|bf16|fp16|q8] [--runq PATH]
+--       [--model PATH] [--precision fp32|bf16|fp16|q8|q8a8] [--runq PATH]
 --
 -- Protocol (../shared/BENCHMARKS.md): random-weight checkpoints in llama2.c's
 -- legacy layout with the real shapes (stories15M, stories110M; Llama-2-7B
@@ -36,7 +36,8 @@
 -- --runq PATH compares the CPU's int8 with llama2.c's runq the same way: the
 -- checkpoint is exported to version 2 first (scripts/export.lua's engine,
 -- export.py's group size: 64 halved until it divides dim), and both read that
--- file, moonkaas in its own precision (int8 weights, float32 activations).
+-- file, moonkaas in its own precision (int8 weights, float32 activations)
+-- or --precision's (q8a8: runq.c's int8 activations too).
 
 local here = (arg and arg[0] or ""):match("^(.*)[/\\]") or "."
 local root = here .. "/.."
@@ -57,7 +58,7 @@ local USAGE = [[
 usage: lua scripts/bench_llama2.lua [--7b] [--only 15M|110M|7B] [--runs N] [--steps N]
        [--devices cpu,cuda] [--dir DIR] [--keep] [--tokenizer PATH]
        [--bandwidth GB/s] [--runomp PATH] [--threads N] [--cudnn]
-       [--model PATH] [--precision fp32|bf16|fp16|q8] [--runq PATH]
+       [--model PATH] [--precision fp32|bf16|fp16|q8|q8a8] [--runq PATH]
 ]]
 
 local function parse(argv)
@@ -294,7 +295,7 @@ local function main(argv)
                     assert(llama2.checkpoint.export(mk, c, v2, 2))
                     io.stderr:write(string.format("  exported %s in %.1f s\n", v2, llama2.clock() - t0))
                 end
-                rows[#rows + 1] = paired(o, shape.name, v2, tok_path, o.runq, "runq", nil)
+                rows[#rows + 1] = paired(o, shape.name, v2, tok_path, o.runq, "runq", o.precision)
                 if not o.keep and not o.dir then os.remove(v2) end
               end
               if device ~= "cpu" or not (o.runomp or o.runq) then
@@ -315,7 +316,8 @@ local function main(argv)
                               .. (o.precision and (" " .. o.precision) or ""), rate = rate }
                 if device == "cuda" then
                     -- the weights' bytes in the precision they are read in
-                    local per = ({ bf16 = 2, fp16 = 2, q8 = 1 + 4 / llama2.model.group_size(c) })[o.precision or ""] or 4
+                    local q8 = 1 + 4 / llama2.model.group_size(c)
+                    local per = ({ bf16 = 2, fp16 = 2, q8 = q8, q8a8 = q8 })[o.precision or ""] or 4
                     local wb = weights * per / 4
                     row.roofline = (wb + kv_bytes) * rate / (o.bandwidth * 1e9)
                     row.weights_only = wb * rate / (o.bandwidth * 1e9)

@@ -22,6 +22,23 @@
 -- (No -i: run.c's default empty prompt, as the legacy golden.) The q8
 -- fixtures check the export's quantization and dequantization end to end:
 -- moonkaas runs the same legacy file run.c ran.
+--
+-- The W8A8 fixtures are runq.c's text (same commit) for a model it is valid
+-- for (spec/llama2_helpers.lua's write_w8a8_model: random weights from a
+-- fixed seed, dims multiples of 64), built as ISO C, so nothing contracts
+-- runq.c's val += ival * ws * xs into a fused multiply-add (its -Ofast build
+-- told the same text, also with a prompt):
+--
+--   gcc -std=c11 -D_GNU_SOURCE -O2 -o /tmp/runq .gpu/l2c/runq.c -lm
+--   lua5.4 -e 'package.path = "./?.lua;lua/?.lua;lua/?/init.lua;" .. package.path
+--              require("spec.llama2_helpers").write_w8a8_model("/tmp/w8a8.bin")'
+--   lua5.4 scripts/export.lua /tmp/w8a8.bin /tmp/w8a8_v2.bin --version 2
+--       (w8a8.bin: 673,052 bytes, sha256 fdbcb3ca...; w8a8_v2.bin: int8 in groups of 64,
+--        175,616 bytes, sha256 adaadb9e...)
+--   /tmp/runq /tmp/w8a8_v2.bin -z $M/tok512.bin -t 0 -n 200 2>/dev/null | head -c -1 \
+--       > spec/fixtures/w8a8_t0_n200.expected.txt
+--   /tmp/runq /tmp/w8a8_v2.bin -z $M/tok512.bin -t 1 -p 0.9 -s 42 -n 200 2>/dev/null | head -c -1 \
+--       > spec/fixtures/w8a8_t1_p0.9_s42_n200.expected.txt
 
 local H = require("spec.llama2_helpers")
 local llama2 = require("moonkaas.llama2")
@@ -439,6 +456,44 @@ describe("llama2.c checkpoint versions on stories260K", function()
             story(v2, { "-t", "1", "-p", "0.9", "-s", "42", "-n", "200" }))
         -- -q converts a version 2 file too: fp32 is the dequantized weights in float32
         assert.are.equal(text, story(v2, { "-t", "0", "-n", "200", "-q", "fp32" }))
+    end)
+
+    it("-q q8a8 (int8 activations, W8A8) tells runq.c's text on a model whose dims the group divides", function()
+        if not need_core() or not need_models() then return end
+        local legacy, v2 = tmp(), tmp()
+        H.write_w8a8_model(legacy)
+        assert.are.equal(64, export(legacy, v2, 2).group_size)
+        local greedy = H.read_file("spec/fixtures/w8a8_t0_n200.expected.txt") .. "\n"
+        local sampled = H.read_file("spec/fixtures/w8a8_t1_p0.9_s42_n200.expected.txt") .. "\n"
+        local text, err = story(v2, { "-t", "0", "-n", "200", "-q", "q8a8" })
+        assert.are.equal(greedy, text)
+        assert.truthy(err:find("weights in q8a8", 1, true), err)
+        assert.are.equal(sampled, story(v2, { "-t", "1", "-p", "0.9", "-s", "42", "-n", "200", "-q", "q8a8" }))
+        -- converted at load from the float32 file: the same weights as the export's
+        assert.are.equal(greedy, story(legacy, { "-t", "0", "-n", "200", "-q", "q8a8" }))
+        -- the fixture tells W8A8 apart: weight-only int8 parts from it
+        assert.are_not.equal(greedy, story(v2, { "-t", "0", "-n", "200" }))
+        -- every product (7 per layer and the classifier) takes A on the int8 grid
+        local c = assert(C.read_config(v2))
+        local net = llama2.build(mk, c, { device = "cpu", greedy = true, steps = 8, precision = "q8a8" })
+        local report = net.model:fusion_report()
+        local _, grids = report:gsub("A on the int8 grid in groups of 64", "")
+        assert.are.equal(1 + 4 * c.n_layers, grids, report) -- qkv, wo, w1 w3, w2 per layer; wcls
+    end)
+
+    it("refuses -q q8a8 where the group does not divide a product's input (stories260K: 64 and hidden 172)", function()
+        if not need_core() or not need_models() then return end
+        local code, out, err = H.run_cli({ H.models .. "/stories260K.bin", "-z", H.models .. "/tok512.bin",
+                                           "-q", "q8a8", "-d", "cpu", "-n", "8" })
+        assert.are_not.equal(0, code)
+        assert.are.equal("", out)
+        assert.truthy(err:find("q8a8 needs the group size (64) to divide every product's input length; " ..
+                               "layer 0's w2's is 172", 1, true), err)
+        local v2 = tmp()
+        export(H.models .. "/stories260K.bin", v2, 2)
+        code, _, err = H.run_cli({ v2, "-z", H.models .. "/tok512.bin", "-q", "q8a8", "-d", "cpu", "-n", "8" })
+        assert.are_not.equal(0, code)
+        assert.truthy(err:find("layer 0's w2's is 172", 1, true), err)
     end)
 end)
 

@@ -58,12 +58,27 @@ end
 -- ---------------------------------------------------------------------------
 -- checkpoint writer
 
+-- run.c's xorshift generator (random_u32, random_f32) from `seed`: a
+-- function returning floats in [0, 1), the same on every machine and Lua.
+function H.xorshift(seed)
+    local state = seed
+    return function()
+        state = state ~ (state >> 12)
+        state = state ~ (state << 25)
+        state = state ~ (state >> 27)
+        local u32 = ((state * 0x2545F4914F6CDD1D) >> 32) & 0xffffffff
+        return (u32 >> 8) / 16777216.0
+    end
+end
+
 -- cfg: dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len,
--- shared (bool). Writes random float32 weights in run.c's order and returns
--- them as tables: W.emb[v][d], W.layers[l].{rms_att[d], wq[o][i], ...},
--- W.rms_final[d], W.wcls[v][d]. Values are float32, so the reference reads
--- exactly what the model reads.
+-- shared (bool), random (optional: a function giving floats in [0, 1),
+-- default math.random). Writes random float32 weights in run.c's order and
+-- returns them as tables: W.emb[v][d], W.layers[l].{rms_att[d], wq[o][i],
+-- ...}, W.rms_final[d], W.wcls[v][d]. Values are float32, so the reference
+-- reads exactly what the model reads.
 function H.write_checkpoint(path, cfg)
+    local random = cfg.random or math.random
     local D, Hd, L = cfg.dim, cfg.hidden_dim, cfg.n_layers
     local hs = D // cfg.n_heads
     local kv = hs * cfg.n_kv_heads
@@ -83,7 +98,7 @@ function H.write_checkpoint(path, cfg)
         for r = 1, rows do
             local row = {}
             for c = 1, cols do
-                local v = H.f32((offset or 0) + (2 * math.random() - 1) * scale)
+                local v = H.f32((offset or 0) + (2 * random() - 1) * scale)
                 row[c] = v
                 flat[#flat + 1] = v
             end
@@ -133,6 +148,20 @@ function H.write_checkpoint(path, cfg)
     end
     H.write_file(path, table.concat(parts))
     return W
+end
+
+-- The W8A8 fixture's model (spec/fixtures/w8a8_*): a legacy float32 file of
+-- random weights from a fixed seed, whose dimensions the group size 64
+-- divides (as runq.c needs): dim 64, hidden 192, 2 layers, 4 heads over 2
+-- KV heads, tok512's 512 tokens, 256 positions, its own classifier.
+H.W8A8_CFG = { dim = 64, hidden_dim = 192, n_layers = 2, n_heads = 4, n_kv_heads = 2,
+               vocab_size = 512, seq_len = 256, shared = false }
+
+function H.write_w8a8_model(path)
+    local cfg = {}
+    for k, v in pairs(H.W8A8_CFG) do cfg[k] = v end
+    cfg.random = H.xorshift(20261123)
+    return H.write_checkpoint(path, cfg)
 end
 
 -- ---------------------------------------------------------------------------

@@ -42,7 +42,7 @@ M.sampler = sampler.new
 -- Maps the weights of a checked config and compiles the model.
 --   opts: device ("cpu" | "cuda"), cudnn, greedy (argmax output: temperature 0),
 --         steps (positions to hold, default seq_len), precision (fp32 | bf16 |
---         fp16 | q8, default the file's), log (function(msg), progress)
+--         fp16 | q8 | q8a8, default the file's), log (function(msg), progress)
 function M.build(mk, c, opts)
     opts = opts or {}
     local log = opts.log or function() end
@@ -189,7 +189,8 @@ Options:
   -m <string> mode: generate|chat, default: generate
   -y <string> (optional) system prompt in chat mode
   -d <string> device: cpu|cuda, default: cuda when available
-  -q <string> weights: fp32|bf16|fp16|q8 (int8 groups), converted at load;
+  -q <string> weights: fp32|bf16|fp16|q8 (int8 groups), converted at load,
+              or q8a8 (q8, and each product's input in int8 groups: runq.c);
               default: the checkpoint's own precision
   --cudnn     fuse with cuDNN (CUDA only)
   -h          print this help
@@ -257,7 +258,7 @@ function M.parse_args(argv)
                 o.system_prompt = value
             elseif letter == "q" then
                 if not model.PRECISIONS[value] then
-                    return nil, "unknown precision: " .. value .. " (fp32|bf16|fp16|q8)", 1
+                    return nil, "unknown precision: " .. value .. " (fp32|bf16|fp16|q8|q8a8)", 1
                 end
                 o.precision = value
             elseif letter == "d" then

@@ -1,7 +1,8 @@
 /*
  * lowp_test.c — low-precision storage: CastNode, DequantizeNode, products whose
  * weights are float16, bfloat16 or int8 in scale blocks (alone, and folded
- * into matrix–vector groups), mk_convert and mk_quantize_q8.
+ * into matrix–vector groups), mk_convert and mk_quantize_q8; int8 activations
+ * (FakeQuantizeNode, and runq.c's W8A8 products where a group folds it in).
  *
  * References are written here, independently of core/: float16 values decoded
  * with ldexp and every float32 rounded by searching the 65,536 of them;
@@ -341,6 +342,180 @@ static void products_on(mk_device dev) {
 static void test_products_cpu(void) { products_on(MK_DEVICE_CPU); }
 static void test_products_cuda(void) { products_on(MK_DEVICE_CUDA); }
 
+/* ---- int8 activations: FakeQuantizeNode, W8A8 products ------------------------------ */
+
+/* runq.c's quantize(), written out: s = max |x| / 127 in float32, q = x / s
+ * rounded half away from zero (0 where s is 0 or x is NaN, within +-127). */
+static float ref_q8(const float *x, int n, int8_t *q) {
+    float m = 0.0f;
+    for (int i = 0; i < n; i++)
+        if (fabsf(x[i]) > m) m = fabsf(x[i]);
+    float s = m / 127.0f;
+    for (int i = 0; i < n; i++) {
+        float r = s > 0.0f ? x[i] / s : 0.0f;
+        double a = floor(fabs((double)r) + 0.5); /* halves away from zero */
+        double v = isnan(r) ? 0.0 : fmin(a, 127.0);
+        q[i] = (int8_t)(r < 0 ? -v : v);
+    }
+    return s;
+}
+
+/* x [R, 64] read permuted from [64, R], groups of 16 along the last axis:
+ * halves (x / s = k + 1/2 exactly), a group of zeros, a NaN, -max. */
+static void fake_quantize_on(mk_device dev) {
+    enum { R = 6, K = 64, G = 16 };
+    const char *text = "$1 = InputTensor(x, float32, [64, 6]);\n$2 = PermuteNode($1, [1, 0]);\n"
+                       "$3 = FakeQuantizeNode($2, 16);\nresult = $3;\n";
+    mk_error *err = NULL;
+    mk_model *m = compile(text, dev, true, &err);
+    CHECK(m != NULL, "%s", mk_error_message(err));
+    mk_error_free(err);
+    if (!m) return;
+    float xt[K * R], x[R * K], out[R * K], want[R * K];
+    for (int i = 0; i < R * K; i++) x[i] = (float)test_uniform(-3, 3);
+    for (int i = 0; i < G; i++) x[i] = 0.0f;        /* row 0, group 0: zeros */
+    x[G] = 15.875f;                                  /* group 1: s = 0.125 exactly */
+    for (int i = 1; i < G; i++) x[G + i] = (float)((2 * test_randint(-60, 60) + 1) * 0.0625);
+    x[2 * G + 3] = NAN;                              /* group 2: NaN counts as 0 */
+    x[K + 5] = -7.5f;                                /* row 1, group 0: -max */
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < K; j++) xt[j * R + i] = x[i * K + j];
+    for (int g = 0; g < R * K / G; g++) {
+        int8_t q[G];
+        float s = ref_q8(x + g * G, G, q);
+        for (int i = 0; i < G; i++) want[g * G + i] = (float)((double)q[i] * s);
+    }
+    mk_named_tensor in[] = {{"x", xt}};
+    err = NULL;
+    CHECK(mk_evaluate(m, in, 1, out, sizeof out, &err) == 0, "%s", mk_error_message(err));
+    for (int i = 0; i < R * K; i++)
+        if (out[i] != want[i]) {
+            CHECK(0, "element %d (x %g): %g, want %g", i, (double)x[i], (double)out[i],
+                  (double)want[i]);
+            break;
+        }
+    CHECK(out[G + 1] == (float)(x[G + 1] < 0 ? -0.125 : 0.125) * ceilf(fabsf(x[G + 1]) / 0.125f),
+          "a half rounds away from zero: %g from %g", (double)out[G + 1], (double)x[G + 1]);
+    CHECK(out[K + 5] == -7.5f && out[2 * G + 3] == 0.0f, "-max %g, NaN %g", (double)out[K + 5],
+          (double)out[2 * G + 3]);
+    mk_error_free(err);
+    mk_model_free(m);
+}
+static void test_fake_quantize_cpu(void) { fake_quantize_on(MK_DEVICE_CPU); }
+static void test_fake_quantize_cuda(void) { fake_quantize_on(MK_DEVICE_CUDA); }
+
+/*
+ * FakeQuantize(x, G) @ (W int8 in blocks of G along k)^T, x [m, k], W [n, k]:
+ * on the CPU the group takes A on the int8 grid and equals runq.c's matmul bit
+ * for bit (an int32 dot product per group, val += (float)dot * ws * xs in
+ * group order); the nodes alone, and CUDA, the float32 product of the
+ * rounded values, within rounding of it. With an RmsNorm before (three
+ * siblings), the group equals the same graph fed the norm's output.
+ */
+static void w8a8_on(mk_device dev, int64_t m, int64_t k, int64_t n, int64_t G) {
+    char text[1536], plain[1536];
+    const char *body =
+        "$4 = InputTensor(w, int8, [%lld, %lld]);\n$5 = PermuteNode($4, [1, 0]);\n"
+        "$6 = InputTensor(s, float32, [%lld, %lld]);\n$7 = PermuteNode($6, [1, 0]);\n"
+        "$8 = DequantizeNode($5, $7);\n$9 = MatMulNode($3, $8);\nresult = $9;\n";
+    int at = snprintf(text, sizeof text,
+                      "$1 = InputTensor(x, float32, [%lld, %lld]);\n$2 = InputTensor(nw, float32, [%lld]);\n"
+                      "$3 = FakeQuantizeNode($1, %lld);\n",
+                      (long long)m, (long long)k, (long long)k, (long long)G);
+    snprintf(text + at, sizeof text - (size_t)at, body, (long long)n, (long long)k, (long long)n,
+             (long long)(k / G));
+    float *x = malloc(sizeof(float) * (size_t)(m * k)), *nw = malloc(sizeof(float) * (size_t)k);
+    float *s = malloc(sizeof(float) * (size_t)(n * k / G)), *y[2], *want = malloc(sizeof(float) * (size_t)(m * n));
+    int8_t *w = malloc((size_t)(n * k)), *xq = malloc((size_t)k);
+    float *xs = malloc(sizeof(float) * (size_t)(k / G));
+    for (int f = 0; f < 2; f++) y[f] = malloc(sizeof(float) * (size_t)(m * n));
+    for (int64_t i = 0; i < m * k; i++) x[i] = (float)test_uniform(-2, 2);
+    for (int64_t i = 0; i < k; i++) nw[i] = (float)test_uniform(0.5, 1.5);
+    for (int64_t i = 0; i < n * k; i++) w[i] = (int8_t)test_randint(-128, 127);
+    for (int64_t i = 0; i < n * k / G; i++) s[i] = (float)test_uniform(0.001, 0.02);
+    for (int64_t i = 0; i < m; i++) {
+        for (int64_t g = 0; g < k / G; g++) xs[g] = ref_q8(x + i * k + g * G, (int)G, xq + g * G);
+        for (int64_t j = 0; j < n; j++) {
+            float val = 0.0f;
+            for (int64_t g = 0; g < k / G; g++) {
+                int32_t dot = 0;
+                for (int64_t c = g * G; c < (g + 1) * G; c++) dot += (int32_t)xq[c] * w[j * k + c];
+                float t = (float)dot * s[j * (k / G) + g];
+                val = val + t * xs[g];
+            }
+            want[i * n + j] = val;
+        }
+    }
+    mk_named_tensor in[] = {{"x", x}, {"nw", nw}, {"w", w}, {"s", s}};
+    for (int fuse = 0; fuse < 2; fuse++) {
+        mk_error *err = NULL;
+        mk_model *mod = compile(text, dev, fuse, &err);
+        CHECK(mod != NULL, "%s", mk_error_message(err));
+        mk_error_free(err);
+        err = NULL;
+        if (!mod) continue;
+        const char *report = mk_model_fusion_report(mod);
+        bool grid = strstr(report, "A on the int8 grid in groups of") != NULL;
+        CHECK(grid == (fuse && dev == MK_DEVICE_CPU), "fuse %d: %s", fuse, report);
+        CHECK(mk_evaluate(mod, in, 4, y[fuse], sizeof(float) * (size_t)(m * n), &err) == 0, "%s",
+              mk_error_message(err));
+        mk_error_free(err);
+        mk_model_free(mod);
+        for (int64_t e = 0; e < m * n; e++) {
+            bool ok = grid ? y[fuse][e] == want[e] : test_close(y[fuse][e], want[e], 1e-4, 1e-4);
+            if (!ok) {
+                CHECK(0, "[%lld, %lld, %lld] / %lld, fuse %d, element %lld: %.9g, want %.9g",
+                      (long long)m, (long long)k, (long long)n, (long long)G, fuse, (long long)e,
+                      (double)y[fuse][e], (double)want[e]);
+                break;
+            }
+        }
+    }
+    /* the RmsNorm folded in too: equal to the graph above fed the norm's output */
+    at = snprintf(plain, sizeof plain,
+                  "$1 = InputTensor(x, float32, [%lld, %lld]);\n$2 = InputTensor(nw, float32, [%lld]);\n"
+                  "$3 = RmsNormNode($1, $2);\nresult = $3;\n",
+                  (long long)m, (long long)k, (long long)k);
+    mk_error *err = NULL;
+    mk_model *norm = compile(plain, dev, true, &err);
+    char normed[1536];
+    at = snprintf(normed, sizeof normed,
+                  "$1 = InputTensor(x, float32, [%lld, %lld]);\n$2 = InputTensor(nw, float32, [%lld]);\n"
+                  "$10 = RmsNormNode($1, $2);\n$3 = FakeQuantizeNode($10, %lld);\n",
+                  (long long)m, (long long)k, (long long)k, (long long)G);
+    snprintf(normed + at, sizeof normed - (size_t)at, body, (long long)n, (long long)k, (long long)n,
+             (long long)(k / G));
+    mk_model *both = norm ? compile(normed, dev, true, &err) : NULL;
+    mk_model *after = both ? compile(text, dev, true, &err) : NULL;
+    CHECK(after != NULL, "%s", mk_error_message(err));
+    if (after) {
+        float *xn = malloc(sizeof(float) * (size_t)(m * k));
+        mk_named_tensor in2[] = {{"x", xn}, {"nw", nw}, {"w", w}, {"s", s}};
+        CHECK(mk_evaluate(norm, in, 2, xn, sizeof(float) * (size_t)(m * k), &err) == 0 &&
+                  mk_evaluate(after, in2, 4, y[0], sizeof(float) * (size_t)(m * n), &err) == 0 &&
+                  mk_evaluate(both, in, 4, y[1], sizeof(float) * (size_t)(m * n), &err) == 0,
+              "%s", mk_error_message(err));
+        const char *report = mk_model_fusion_report(both);
+        CHECK(dev != MK_DEVICE_CPU || (strstr(report, "RmsNorm folded in") &&
+                                       strstr(report, "A on the int8 grid")),
+              "%s", report);
+        CHECK(dev != MK_DEVICE_CPU || !memcmp(y[0], y[1], sizeof(float) * (size_t)(m * n)),
+              "the group with its RmsNorm differs from the norm, then the group");
+        free(xn);
+    }
+    mk_model_free(norm), mk_model_free(both), mk_model_free(after);
+    mk_error_free(err);
+    free(x), free(nw), free(s), free(want), free(w), free(xq), free(xs), free(y[0]), free(y[1]);
+}
+
+static void w8a8s_on(mk_device dev) {
+    w8a8_on(dev, 1, 64 * test_randint(1, 6), 2 * test_randint(1, 70), 64);
+    w8a8_on(dev, test_randint(2, 4), 32 * test_randint(1, 9), 2 * test_randint(1, 70), 32);
+    w8a8_on(dev, 1, 48 * test_randint(1, 5), 6, 48); /* not a multiple of 32: the scalar loop */
+}
+static void test_w8a8_cpu(void) { w8a8s_on(MK_DEVICE_CPU); }
+static void test_w8a8_cuda(void) { w8a8s_on(MK_DEVICE_CUDA); }
+
 /* ---- bad input -------------------------------------------------------------------- */
 
 static void test_bad_scripts(void) {
@@ -356,6 +531,12 @@ static void test_bad_scripts(void) {
         {"$1 = InputTensor(q, int8, [4, 8]);\n$2 = InputTensor(s, float32, [4]);\n"
          "$3 = DequantizeNode($1, $2);\nresult = $3;",
          "do not divide [4, 8] into blocks"},
+        {"$1 = InputTensor(x, float32, [2, 96]);\n$2 = FakeQuantizeNode($1, 64);\nresult = $2;",
+         "script:2:1: shape error: FakeQuantizeNode: groups of 64 do not divide the last axis of [2, 96]"},
+        {"$1 = InputTensor(x, float32, [2, 96]);\n$2 = FakeQuantizeNode($1, 0);\nresult = $2;",
+         "groups of 0 do not divide"},
+        {"$1 = InputTensor(x, bfloat16, [2, 96]);\n$2 = FakeQuantizeNode($1, 32);\nresult = $2;",
+         "script:2:1: dtype error: FakeQuantizeNode does not take bfloat16"},
         {"$1 = InputTensor(x, float32, [4]);\n$2 = CastNode($1, float8);\nresult = $2;",
          "script:2:19: dtype error: unknown dtype 'float8'"},
         {"$1 = InputTensor(x, float32, [4]);\n$2 = CastNode($1);\nresult = $2;", "CastNode"},
@@ -402,16 +583,22 @@ int main(void) {
     RUN(test_cast_cpu);
     RUN(test_dequantize_cpu);
     RUN(test_products_cpu);
+    RUN(test_fake_quantize_cpu);
+    RUN(test_w8a8_cpu);
     RUN(test_bad_scripts);
     char why[256];
     if (mk_cuda_available(why, sizeof why) == 1) {
         RUN(test_cast_cuda);
         RUN(test_dequantize_cuda);
         RUN(test_products_cuda);
+        RUN(test_fake_quantize_cuda);
+        RUN(test_w8a8_cuda);
     } else {
         SKIP(test_cast_cuda, why);
         SKIP(test_dequantize_cuda, why);
         SKIP(test_products_cuda, why);
+        SKIP(test_fake_quantize_cuda, why);
+        SKIP(test_w8a8_cuda, why);
     }
     mk_context_free(ctx);
     return test_summary("lowp");

@@ -64,7 +64,9 @@ end
 
 -- Builds the graph's output node. `w` is checkpoint.map's table, `c` the
 -- config; opts.greedy selects the argmax output; opts.positions (default
--- seq_len) the positions the KV caches and RoPE tables hold.
+-- seq_len) the positions the KV caches and RoPE tables hold; opts.int8_inputs
+-- puts each int8 product's input on the int8 grid of its weights' groups
+-- first (runq.c's W8A8: M.check_int8_inputs says where that is valid).
 function M.graph(mk, c, w, opts)
     local D, hs = c.dim, c.head_size
     local heads, kv_heads, kv_dim = c.n_heads, c.n_kv_heads, c.kv_dim
@@ -94,6 +96,14 @@ function M.graph(mk, c, w, opts)
     local function vec(tensor, name)  -- a norm weight [D]
         return mk.constant(tensor, name)
     end
+    local on_grid = {}  -- x's FakeQuantize: one per input, read by its sibling products
+    local function linear(x, weight, name)  -- x @ W^T, W [out, in]
+        if opts.int8_inputs and not mk.is_tensor(weight) then
+            on_grid[x] = on_grid[x] or x:fake_quantize(weight.group)
+            x = on_grid[x]
+        end
+        return x:matmul(T(weight, name))
+    end
 
     local emb = mk.constant(w.token_embedding, "token_embedding")   -- [V, D]
     local x = mk.embedding(emb, token)                              -- [1, D]
@@ -102,9 +112,9 @@ function M.graph(mk, c, w, opts)
     for l, lw in ipairs(w.layers) do
         local p = "l" .. (l - 1) .. "_"
         local xb = x:rms_norm(vec(lw.rms_att, p .. "rms_att"))        -- [1, D]
-        local q = xb:matmul(T(lw.wq, p .. "wq"))                      -- [1, D]
-        local k = xb:matmul(T(lw.wk, p .. "wk"))                      -- [1, kv_dim]
-        local v = xb:matmul(T(lw.wv, p .. "wv"))                      -- [1, kv_dim]
+        local q = linear(xb, lw.wq, p .. "wq")                      -- [1, D]
+        local k = linear(xb, lw.wk, p .. "wk")                      -- [1, kv_dim]
+        local v = linear(xb, lw.wv, p .. "wv")                      -- [1, kv_dim]
         q = q:reshape({ heads, hs // 2, 2 }):complex_mul(fq)         -- [heads, hs/2, 2]
         k = k:reshape({ kv_heads, hs // 2, 2 }):complex_mul(fk):reshape({ 1, kv_dim })
 
@@ -116,17 +126,21 @@ function M.graph(mk, c, w, opts)
         local att = qg:matmul(kt):sliced_softmax(pos1)                          -- [kvh, g, S]
         local vt = vc:reshape({ S, kv_heads, hs }):permute({ 1, 0, 2 })         -- [kvh, S, hs]
         local o = att:matmul_prefix(vt, pos1):reshape({ 1, D })                 -- [1, D]
-        x = x + o:matmul(T(lw.wo, p .. "wo"))                                  -- [1, D]
+        x = x + linear(o, lw.wo, p .. "wo")                                  -- [1, D]
 
         xb = x:rms_norm(vec(lw.rms_ffn, p .. "rms_ffn"))                       -- [1, D]
-        local h1 = xb:matmul(T(lw.w1, p .. "w1")):silu()                       -- [1, H]
-        local h3 = xb:matmul(T(lw.w3, p .. "w3"))                              -- [1, H]
-        x = x + (h1 * h3):matmul(T(lw.w2, p .. "w2"))                          -- [1, D]
+        local h1 = linear(xb, lw.w1, p .. "w1"):silu()                       -- [1, H]
+        local h3 = linear(xb, lw.w3, p .. "w3")                              -- [1, H]
+        x = x + linear(h1 * h3, lw.w2, p .. "w2")                          -- [1, D]
     end
 
     x = x:rms_norm(vec(w.rms_final, "rms_final"))                             -- [1, D]
-    local wcls = rawequal(w.wcls, w.token_embedding) and emb:permute({ 1, 0 }) or T(w.wcls, "wcls")
-    local logits = x:matmul(wcls)                                             -- [1, V]
+    local logits                                                              -- [1, V]
+    if rawequal(w.wcls, w.token_embedding) then
+        logits = x:matmul(emb:permute({ 1, 0 }))
+    else
+        logits = linear(x, w.wcls, "wcls")
+    end
     if opts.greedy then
         return logits:argmax()                                                -- int64 [1, 1]
     end
@@ -136,7 +150,9 @@ end
 -- ---------------------------------------------------------------------------
 -- precision: the weights converted at load (scripts/llama2.lua -q)
 
-M.PRECISIONS = { fp32 = "float32", bf16 = "bfloat16", fp16 = "float16", q8 = "q8" }
+-- q8a8: q8's weights, and each product's input quantized per group before
+-- integer dot products (runq.c's W8A8).
+M.PRECISIONS = { fp32 = "float32", bf16 = "bfloat16", fp16 = "float16", q8 = "q8", q8a8 = "q8" }
 
 local function is_quantized(t) return type(t) == "table" and t.q ~= nil end
 
@@ -169,13 +185,15 @@ local function quantized(mk, t, g)
 end
 
 -- checkpoint.map's weights in `precision` (a key of M.PRECISIONS; nil keeps
--- the file's): matrices converted, norms float32. The token table stays
--- float32 for q8 (the lookup; the classifier reads the quantized copy, as
--- runq.c does) and takes the low-precision float dtype otherwise.
+-- the file's): matrices converted, norms float32. For q8 the weights are
+-- those of the file export --version 2 writes, read as a version 2 file is:
+-- the token table's lookup reads its int8 groups dequantized (float32, as
+-- runq.c), a shared classifier the groups themselves. Otherwise the token
+-- table takes the low-precision float dtype.
 function M.convert_weights(mk, c, w, precision)
     if precision == nil then return w end
     local want = M.PRECISIONS[precision]
-    if not want then error("llama2: unknown precision " .. tostring(precision) .. " (fp32|bf16|fp16|q8)", 2) end
+    if not want then error("llama2: unknown precision " .. tostring(precision) .. " (fp32|bf16|fp16|q8|q8a8)", 2) end
     local g = M.group_size(c)
     local function convert(t)
         if want == "q8" then return is_quantized(t) and t or quantized(mk, t, g) end
@@ -185,11 +203,15 @@ function M.convert_weights(mk, c, w, precision)
     local shared = rawequal(w.wcls, w.token_embedding) or c.shared_classifier
     local out = { layers = {}, rms_final = w.rms_final }
     local emb = as_float32(mk, w.token_embedding)
-    out.token_embedding = want == "q8" and emb or convert(emb)
-    if shared and want ~= "q8" then
-        out.wcls = out.token_embedding
+    if want ~= "q8" then
+        out.token_embedding = convert(emb)
+        out.wcls = shared and out.token_embedding or convert(w.wcls)
+    elseif c.version == 2 then -- map() dequantized the table already
+        out.token_embedding, out.wcls = emb, w.wcls
     else
-        out.wcls = convert(shared and emb or w.wcls)
+        local q = quantized(mk, emb, g)
+        out.token_embedding = as_float32(mk, q)
+        out.wcls = shared and q or convert(w.wcls)
     end
     for l, lw in ipairs(w.layers) do
         local nl = { rms_att = lw.rms_att, rms_ffn = lw.rms_ffn }
@@ -197,6 +219,29 @@ function M.convert_weights(mk, c, w, precision)
         out.layers[l] = nl
     end
     return out
+end
+
+-- Where int8 inputs (W8A8) are valid for weights w: every product's weights
+-- in int8 groups along its input, as runq.c reads them. llama2.c's exporter
+-- only makes the group divide dim; where it does not divide hidden_dim
+-- (stories260K: 64 and 172) runq.c reads past its groups, so that is refused.
+function M.check_int8_inputs(c, w)
+    local function check(t, what)
+        if type(t) ~= "table" or t.q == nil then
+            error(string.format("llama2: q8a8: %s is not int8 (use -q q8a8 or a version 2 file)", what), 0)
+        end
+        if t.shape[2] % t.group ~= 0 then
+            error(string.format("llama2: q8a8 needs the group size (%d) to divide every product's input " ..
+                                "length; %s's is %d (runq.c would read past its groups)", t.group, what,
+                                t.shape[2]), 0)
+        end
+    end
+    for l, lw in ipairs(w.layers) do
+        for _, name in ipairs({ "wq", "wk", "wv", "wo", "w1", "w2", "w3" }) do
+            check(lw[name], string.format("layer %d's %s", l - 1, name))
+        end
+    end
+    if not rawequal(w.wcls, w.token_embedding) then check(w.wcls, "the classifier") end
 end
 
 local Transformer = {}
@@ -208,6 +253,7 @@ M.Transformer = Transformer
 --   c, w     checkpoint config and mapped weights
 --   opts     device ("cpu" | "cuda"), cudnn (bool), greedy (bool: argmax out),
 --            precision (fp32 | bf16 | fp16 | q8: the matrices converted at load;
+--            q8a8: as q8, and the products' inputs on the int8 grid (W8A8);
 --            default the file's own),
 --            steps (the positions it will run, default and at most seq_len:
 --            the KV caches hold that many, not the header's seq_len blindly),
@@ -231,7 +277,10 @@ function M.build(mk, c, w, opts)
         self.weights = w
         self.log(string.format("weights in %s (%.0f ms)", opts.precision, (M.clock() - t0) * 1000))
     end
-    self.output = M.graph(mk, c, w, { greedy = self.greedy, positions = self.positions })
+    local int8_inputs = opts.precision == "q8a8"
+    if int8_inputs then M.check_int8_inputs(c, w) end
+    self.output = M.graph(mk, c, w, { greedy = self.greedy, positions = self.positions,
+                                      int8_inputs = int8_inputs })
     self.log(string.format("built the graph in %.0f ms", (M.clock() - t0) * 1000))
     self:compile()
     -- Per-step inputs, reused: a few bytes in per token.
