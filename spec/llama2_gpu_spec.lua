@@ -68,6 +68,24 @@ describe("llama2 on CUDA #gpu", function()
         os.remove(v2)
     end)
 
+    it("runs -q q8a8 (int8 activations) and tells runq.c's text for the W8A8 fixture's model", function()
+        if not need_gpu() or not need_models() then return end
+        local legacy, v2 = os.tmpname(), os.tmpname()
+        H.write_w8a8_model(legacy)
+        assert(llama2.checkpoint.export(mk, assert(llama2.checkpoint.read_config(legacy)), v2, 2))
+        for _, case in ipairs({ { "-t", "0", "-n", "200", file = "w8a8_t0_n200" },
+                                { "-t", "1", "-p", "0.9", "-s", "42", "-n", "200", file = "w8a8_t1_p0.9_s42_n200" } }) do
+            local out, err = {}, {}
+            local argv = { v2, "-z", H.models .. "/tok512.bin", "-d", "cuda", "-q", "q8a8", table.unpack(case) }
+            local code = llama2.main(argv, { mk = mk, stdout = function(s) out[#out + 1] = s end,
+                                             stderr = function(s) err[#err + 1] = s end })
+            assert.are.equal(0, code, table.concat(err))
+            assert.are.equal(H.read_file("spec/fixtures/" .. case.file .. ".expected.txt") .. "\n", table.concat(out))
+        end
+        os.remove(legacy)
+        os.remove(v2)
+    end)
+
     it("gives the reference's logits on random checkpoints (GQA, unshared)", function()
         if not need_gpu() then return end
         H.seed("llama2 cuda reference")
