@@ -207,8 +207,9 @@ typedef struct {
     struct mk_fusion *fusion; /* set by model.c when opts->use_cudnn, for the fusion pass */
     int pointwise_operands;   /* set by model.c: the most operands the device's pointwise
                                  kernel reads (0: no pointwise groups) */
-    bool int8_products;       /* set by model.c: the device's matrix-vector groups take A
-                                 on the int8 grid (a FakeQuantizeNode folded in) */
+    int64_t int8_products;    /* set by model.c: the most elements of A (m x k) the device's
+                                 matrix-vector groups take on the int8 grid (a
+                                 FakeQuantizeNode folded in); 0: none */
 } mk_graph;
 
 /* script.c */
@@ -336,6 +337,7 @@ typedef struct mk_pointwise_group {
 #define MK_PRODUCT_MEMBERS 32 /* nodes one group may replace */
 #define MK_MATVEC_ROWS 4      /* rows of A a group takes; more is a matrix product */
 #define MK_ATTENTION_ROWS 8   /* query rows per batch an attention group takes */
+#define MK_INT8_GROUP_MAX 512 /* the largest groups of A on the int8 grid a group takes */
 #define MK_ATTENTION_ROWS_MAX 12032 /* cached rows one block scores in shared memory */
 
 typedef struct {
@@ -568,7 +570,8 @@ typedef struct mk_device_ops {
     const char *name;
     const mk_kernel *kernels; /* [MK_KERNEL_COUNT], indexed by mk_kernel_id */
     int pointwise_operands;   /* the most its MK_KERNEL_POINTWISE kernel reads (<= MK_X_IN) */
-    bool int8_products;       /* its matrix-vector groups take A on the int8 grid (a8_group) */
+    int64_t int8_products;    /* the most elements of A its matrix-vector groups take on the
+                                 int8 grid (a8_group); 0: none */
     /* Per-model state (streams, library handles); NULL state is fine for the CPU. */
     int (*open)(void **state, mk_error **err);
     void (*close)(void *state);

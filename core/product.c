@@ -11,7 +11,7 @@
  *     and w3) join it, up to MK_PRODUCTS_MAX;
  *   - prologue: when A is an RmsNorm read by those products alone, the norm
  *     joins and the group reads its x; before it, where the device takes
- *     int8 activations (mk_device_ops.int8_products), a FakeQuantizeNode
+ *     A on the int8 grid (mk_device_ops.int8_products), a FakeQuantizeNode
  *     read by those products alone whose groups are the blocks of every
  *     product's int8 weights (a DequantizeNode folded in, below): the
  *     products are then runq.c's integer dot products per group (W8A8);
@@ -373,13 +373,15 @@ static bool valid(cand *c, const mk_product_group *pg) {
 
 /*
  * Products ps's A, where the group may take it on the int8 grid: a
- * FakeQuantizeNode [m, k] read by them alone, on a device that takes it,
- * every product's weights int8 in blocks of as many rows as its groups.
+ * FakeQuantizeNode [m, k] read by them alone, on a device that takes that
+ * many elements so, every product's weights int8 in blocks of as many rows as
+ * its groups.
  */
 static mk_node *folded_quantize(const mk_graph *g, mk_node *const *ps, int n_ps) {
     mk_node *a = ps[0]->in[0];
-    if (!g->int8_products || a->op->kernel != MK_KERNEL_FAKE_QUANTIZE || a->n_consumers != n_ps ||
-        a == g->output || a->owner != a || a->rank != 2 || !dense(a->in[0]))
+    if (a->op->kernel != MK_KERNEL_FAKE_QUANTIZE || a->n_consumers != n_ps || a == g->output ||
+        a->owner != a || a->rank != 2 || !dense(a->in[0]) || a->attr[0] > MK_INT8_GROUP_MAX ||
+        a->shape[0] * a->shape[1] > g->int8_products)
         return NULL;
     for (int j = 0; j < n_ps; j++) {
         const mk_node *d = folded_dequantize(g, ps[j]);

@@ -341,6 +341,49 @@ static void put_prefetch(mk_strbuf *b, const mk_launch *l, const mk_product_grou
     }
 }
 
+/*
+ * One step of a lane on the int8 grid (a FakeQuantizeNode folded in): its E
+ * int8 weights of each column and E of A's int8 values (sQ) in one load each,
+ * their exact dot product (DP4A, four at a time), then, as runq.c's matmul
+ * scales a group's, acc += (float)dot * w_scale * x_scale (the lane's E
+ * values lie in one group: groups are multiples of 16).
+ */
+static void put_grid_step(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg,
+                          const mk_product_out *r, const int *prods, int np, int E) {
+    int M = (int)pg->m;
+    long long K = (long long)pg->k, G = pg->a8_group;
+    const char *QT = E == 16 ? "int4" : "int";
+    for (int m = 0; m < M; m++) {
+        if (E == 1) mk_strbuf_put(b, "            const int a%d = sQ[%lldLL + k];\n", m, m * K);
+        else mk_strbuf_put(b, "            const %s a%d = *(const %s *)(sQ + %lldLL + k);\n", QT, m, QT, m * K);
+        mk_strbuf_put(b, "            const float x%d = sXs[(%lldLL + k) / %lldLL];\n", m, m * K, G);
+    }
+    for (int j = 0; j < np; j++) {
+        int pj = r->src[prods[j]].product;
+        const mk_tensor *sc = &l->in[pg->b_scale[pj]];
+        long long ldb = l->in[pg->b[pj]].stride[1];
+        for (int c = 0; c < 2; c++) {
+            if (E == 1) mk_strbuf_put(b, "            const int b%d_%d = B%d[%lldLL + k];\n", j, c, j, c * ldb);
+            else mk_strbuf_put(b, "            const %s b%d_%d = *(const %s *)(B%d + %lldLL + k);\n", QT, j, c, QT, j, c * ldb);
+            mk_strbuf_put(b, "            const float s%d_%d = S%d[%lldLL + k / %lldLL * %lldLL];\n", j, c, j,
+                          c * (long long)sc->stride[1], (long long)pg->b_group[pj], (long long)sc->stride[0]);
+            for (int m = 0; m < M; m++) {
+                if (E == 16)
+                    mk_strbuf_put(b, "            { const int t = __dp4a(a%d.w, b%d_%d.w, __dp4a(a%d.z, b%d_%d.z, "
+                                     "__dp4a(a%d.y, b%d_%d.y, __dp4a(a%d.x, b%d_%d.x, 0))));\n",
+                                  m, j, c, m, j, c, m, j, c, m, j, c);
+                else if (E == 4)
+                    mk_strbuf_put(b, "            { const int t = __dp4a(a%d, b%d_%d, 0);\n", m, j, c);
+                else
+                    mk_strbuf_put(b, "            { const int t = a%d * b%d_%d;\n", m, j, c);
+                mk_strbuf_put(b, "              acc[%d][%d][%d] = __fadd_rn(acc[%d][%d][%d], "
+                                 "__fmul_rn(__fmul_rn((float)t, s%d_%d), x%d)); }\n",
+                              m, c, j, m, c, j, j, c, m);
+            }
+        }
+    }
+}
+
 /* Result o's code for the column pair of warp index `p` (local to o). */
 static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int o,
                        int E, int W, int phase, bool staged) {
@@ -388,60 +431,63 @@ static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group 
     if (pg->norm_w >= 0 && !staged) mk_strbuf_put(b, "        float ss[%d] = {0.0f};\n", M);
     mk_strbuf_put(b, "#pragma unroll 4\n        for (long long k = %d * (lane + 32 * slice); k < %lldLL; k += %d) {\n",
                   E, K, 32 * E * W);
-    for (int j = 0; j < np; j++) {
-        int pj = r->src[prods[j]].product, bk = pg->b[pj];
-        long long ldb = l->in[bk].stride[1];
-        const char *w = weight_suffix(l->in[bk].dtype);
-        for (int c = 0; c < 2; c++) {
-            if (E >= 4)
-                mk_strbuf_put(b, "            float4 b%d_%d[%d]; mk_w%d_%s(B%d + %lldLL + k, b%d_%d);\n", j,
-                              c, Q, E, w, j, c * ldb, j, c);
-            else
-                mk_strbuf_put(b, "            float b%d_%d[1] = {mk_w1_%s(B%d + %lldLL + k)};\n", j, c, w,
-                              j, c * ldb);
-            if (pg->b_scale[pj] < 0) continue;
-            /* int8: the lane's E values lie in one block (its length a multiple
-             * of 16): their dot product with A, then times the block's scale */
-            const mk_tensor *sc = &l->in[pg->b_scale[pj]];
-            mk_strbuf_put(b, "            const float s%d_%d = S%d[%lldLL + k / %lldLL * %lldLL];\n", j, c, j,
-                          c * (long long)sc->stride[1], (long long)pg->b_group[pj],
-                          (long long)sc->stride[0]);
-            for (int m = 0; m < M; m++) mk_strbuf_put(b, "            float t%d_%d_%d = 0.0f;\n", m, c, j);
-        }
-    }
-    for (int m = 0; m < M; m++)
-        for (int q = 0; q < Q; q++) {
-            mk_strbuf_put(b, "            %s a%d_%d = *(const %s *)(%s + %lldLL + k + %d);\n", T, m, q, T,
-                          staged ? "sA" : "A", m * K, 4 * q);
-            if (pg->norm_w >= 0 && !staged) { /* x's squares, and w * x (1 / rms applied after the sum) */
-                mk_strbuf_put(b, "            { const %s w = *(const %s *)(W + k + %d);", T, T, 4 * q);
+    if (pg->a8_group) put_grid_step(b, l, pg, r, prods, np, E);
+    else {
+        for (int j = 0; j < np; j++) {
+            int pj = r->src[prods[j]].product, bk = pg->b[pj];
+            long long ldb = l->in[bk].stride[1];
+            const char *w = weight_suffix(l->in[bk].dtype);
+            for (int c = 0; c < 2; c++) {
                 if (E >= 4)
-                    mk_strbuf_put(b, " ss[%d] += a%d_%d.x * a%d_%d.x + a%d_%d.y * a%d_%d.y + a%d_%d.z * a%d_%d.z"
-                                     " + a%d_%d.w * a%d_%d.w; a%d_%d.x *= w.x; a%d_%d.y *= w.y;"
-                                     " a%d_%d.z *= w.z; a%d_%d.w *= w.w; }\n",
-                                  m, m, q, m, q, m, q, m, q, m, q, m, q, m, q, m, q, m, q, m, q,
-                                  m, q, m, q);
+                    mk_strbuf_put(b, "            float4 b%d_%d[%d]; mk_w%d_%s(B%d + %lldLL + k, b%d_%d);\n", j,
+                                  c, Q, E, w, j, c * ldb, j, c);
                 else
-                    mk_strbuf_put(b, " ss[%d] += a%d_%d * a%d_%d; a%d_%d *= w; }\n", m, m, q, m, q, m, q);
+                    mk_strbuf_put(b, "            float b%d_%d[1] = {mk_w1_%s(B%d + %lldLL + k)};\n", j, c, w,
+                                  j, c * ldb);
+                if (pg->b_scale[pj] < 0) continue;
+                /* int8: the lane's E values lie in one block (its length a multiple
+                 * of 16): their dot product with A, then times the block's scale */
+                const mk_tensor *sc = &l->in[pg->b_scale[pj]];
+                mk_strbuf_put(b, "            const float s%d_%d = S%d[%lldLL + k / %lldLL * %lldLL];\n", j, c, j,
+                              c * (long long)sc->stride[1], (long long)pg->b_group[pj],
+                              (long long)sc->stride[0]);
+                for (int m = 0; m < M; m++) mk_strbuf_put(b, "            float t%d_%d_%d = 0.0f;\n", m, c, j);
             }
-            for (int j = 0; j < np; j++)
-                for (int c = 0; c < 2; c++) {
-                    char sum[32];
-                    if (pg->b_scale[r->src[prods[j]].product] >= 0) snprintf(sum, sizeof sum, "t%d_%d_%d", m, c, j);
-                    else snprintf(sum, sizeof sum, "acc[%d][%d][%d]", m, c, j);
-                    if (E >= 4)
-                        mk_strbuf_put(b, "            %s += a%d_%d.x * b%d_%d[%d].x + a%d_%d.y * b%d_%d[%d].y"
-                                         " + a%d_%d.z * b%d_%d[%d].z + a%d_%d.w * b%d_%d[%d].w;\n",
-                                      sum, m, q, j, c, q, m, q, j, c, q, m, q, j, c, q, m, q, j, c, q);
-                    else
-                        mk_strbuf_put(b, "            %s += a%d_%d * b%d_%d[0];\n", sum, m, q, j, c);
-                }
         }
-    for (int j = 0; j < np; j++)
-        if (pg->b_scale[r->src[prods[j]].product] >= 0)
-            for (int m = 0; m < M; m++)
-                for (int c = 0; c < 2; c++)
-                    mk_strbuf_put(b, "            acc[%d][%d][%d] += t%d_%d_%d * s%d_%d;\n", m, c, j, m, c, j, j, c);
+        for (int m = 0; m < M; m++)
+            for (int q = 0; q < Q; q++) {
+                mk_strbuf_put(b, "            %s a%d_%d = *(const %s *)(%s + %lldLL + k + %d);\n", T, m, q, T,
+                              staged ? "sA" : "A", m * K, 4 * q);
+                if (pg->norm_w >= 0 && !staged) { /* x's squares, and w * x (1 / rms applied after the sum) */
+                    mk_strbuf_put(b, "            { const %s w = *(const %s *)(W + k + %d);", T, T, 4 * q);
+                    if (E >= 4)
+                        mk_strbuf_put(b, " ss[%d] += a%d_%d.x * a%d_%d.x + a%d_%d.y * a%d_%d.y + a%d_%d.z * a%d_%d.z"
+                                         " + a%d_%d.w * a%d_%d.w; a%d_%d.x *= w.x; a%d_%d.y *= w.y;"
+                                         " a%d_%d.z *= w.z; a%d_%d.w *= w.w; }\n",
+                                      m, m, q, m, q, m, q, m, q, m, q, m, q, m, q, m, q, m, q, m, q,
+                                      m, q, m, q);
+                    else
+                        mk_strbuf_put(b, " ss[%d] += a%d_%d * a%d_%d; a%d_%d *= w; }\n", m, m, q, m, q, m, q);
+                }
+                for (int j = 0; j < np; j++)
+                    for (int c = 0; c < 2; c++) {
+                        char sum[32];
+                        if (pg->b_scale[r->src[prods[j]].product] >= 0) snprintf(sum, sizeof sum, "t%d_%d_%d", m, c, j);
+                        else snprintf(sum, sizeof sum, "acc[%d][%d][%d]", m, c, j);
+                        if (E >= 4)
+                            mk_strbuf_put(b, "            %s += a%d_%d.x * b%d_%d[%d].x + a%d_%d.y * b%d_%d[%d].y"
+                                             " + a%d_%d.z * b%d_%d[%d].z + a%d_%d.w * b%d_%d[%d].w;\n",
+                                          sum, m, q, j, c, q, m, q, j, c, q, m, q, j, c, q, m, q, j, c, q);
+                        else
+                            mk_strbuf_put(b, "            %s += a%d_%d * b%d_%d[0];\n", sum, m, q, j, c);
+                    }
+            }
+        for (int j = 0; j < np; j++)
+            if (pg->b_scale[r->src[prods[j]].product] >= 0)
+                for (int m = 0; m < M; m++)
+                    for (int c = 0; c < 2; c++)
+                        mk_strbuf_put(b, "            acc[%d][%d][%d] += t%d_%d_%d * s%d_%d;\n", m, c, j, m, c, j, j, c);
+    }
     mk_strbuf_put(b, "        }\n");
     mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) for (int c = 0; c < 2; c++) for (int j = 0; j < %d; j++)\n"
                      "            for (int off = 16; off > 0; off >>= 1) acc[m][c][j] += __shfl_xor_sync(0xffffffffu, acc[m][c][j], off);\n",
@@ -577,30 +623,14 @@ static long long weight_bytes(const mk_launch *l, const mk_product_group *pg) {
     return n;
 }
 
-/*
- * The start of a kernel that holds A in shared memory: each warp sends its
- * weight columns to L2, then (the launches before done) the block copies A
- * into sA, times the RmsNorm's weight where one is folded in, and sums x's
- * squares per row into sss. Every warp then reads A there, not from L2: the
- * warps of a launch would otherwise read A once per column pair, as many
- * bytes as the weights in float32 and 4 times as many in int8.
- */
-static void put_staging(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int E, int W) {
+/* A into sA (times the norm's weight W, its squares summed into part[m]),
+ * a float4 a thread a step where A and W are 16-byte aligned (E >= 4). */
+static void put_float_copy(mk_strbuf *b, const mk_product_group *pg, int E) {
     int M = (int)pg->m;
-    long long K = (long long)pg->k, start = 0;
-    for (int o = 0; o < pg->n_outs; o++) {
-        long long pairs = pg->out[o].n / 2;
-        mk_strbuf_put(b, "    %sif (pair < %lldLL) {\n        const long long p = pair - %lldLL;\n",
-                      o ? "else " : "", start + pairs, start);
-        put_prefetch(b, l, pg, o, W);
-        mk_strbuf_put(b, "    }\n");
-        start += pairs;
-    }
-    mk_strbuf_put(b, MK_PDL_WAIT);
-    mk_strbuf_put(b, "    __shared__ __align__(16) float sA[%lld];\n", (long long)M * K);
+    long long K = (long long)pg->k;
     bool norm = pg->norm_w >= 0;
-    if (norm) mk_strbuf_put(b, "    __shared__ float sss[%d], sred[8][%d];\n    float part[%d] = {0.0f};\n", M, M, M);
-    int V = E >= 4 ? 4 : 1; /* floats a copy step: float4 where A and W are 16-byte aligned */
+    mk_strbuf_put(b, "    __shared__ __align__(16) float sA[%lld];\n", (long long)M * K);
+    int V = E >= 4 ? 4 : 1;
     const char *T = V == 4 ? "float4" : "float";
     mk_strbuf_put(b, "    for (long long k = %d * threadIdx.x; k < %lldLL; k += %d) {\n", V, K, 256 * V);
     if (norm) mk_strbuf_put(b, "        const %s w = *(const %s *)(W + k);\n", T, T);
@@ -614,6 +644,85 @@ static void put_staging(mk_strbuf *b, const mk_launch *l, const mk_product_group
         mk_strbuf_put(b, " *(%s *)(sA + %lldLL + k) = x; }\n", T, m * K);
     }
     mk_strbuf_put(b, "    }\n");
+}
+
+/*
+ * A onto runq.c's int8 grid as the block copies it (a FakeQuantizeNode folded
+ * in): thread t takes 16 consecutive values a step (x times the norm's weight,
+ * whose squares go into part[m]), the G / 16 threads of a group agree on its
+ * largest |value| by shuffles, and each writes its 16 values rounded as the
+ * FakeQuantizeNode rounds them into sQ, the first of them the group's scale
+ * into sXs. With a norm, the values are x * w: the group's scale makes up for
+ * 1 / rms, which the dot products take at the end.
+ */
+static void put_grid_copy(mk_strbuf *b, const mk_product_group *pg, bool vec) {
+    int M = (int)pg->m;
+    long long K = (long long)pg->k, G = pg->a8_group;
+    bool norm = pg->norm_w >= 0;
+    mk_strbuf_put(b, "    __shared__ __align__(16) signed char sQ[%lld];\n    __shared__ float sXs[%lld];\n",
+                  (long long)M * K, (long long)M * K / G);
+    mk_strbuf_put(b, "    for (long long k0 = 0; k0 < %lldLL; k0 += 4096) {\n"
+                     "        const long long k = k0 + 16 * threadIdx.x;\n"
+                     "        const bool on = k < %lldLL;\n", K, K);
+    const char *load16 = vec ? "for (int i = 0; i < 4; i++) { const float4 t = ((const float4 *)(%s))[i];"
+                               " %s[4 * i] = t.x; %s[4 * i + 1] = t.y; %s[4 * i + 2] = t.z; %s[4 * i + 3] = t.w; }"
+                             : "for (int i = 0; i < 16; i++) %s[i] = (%s)[i];";
+    char src[64];
+    if (norm) {
+        mk_strbuf_put(b, "        float w[16];\n        if (on) { ");
+        if (vec) mk_strbuf_put(b, load16, "W + k", "w", "w", "w", "w");
+        else mk_strbuf_put(b, load16, "w", "W + k");
+        mk_strbuf_put(b, " }\n");
+    }
+    for (int m = 0; m < M; m++) {
+        snprintf(src, sizeof src, "A + %lldLL + k", (long long)m * K);
+        mk_strbuf_put(b, "        {\n            float v[16], mx = 0.0f;\n            if (on) {\n                ");
+        if (vec) mk_strbuf_put(b, load16, src, "v", "v", "v", "v");
+        else mk_strbuf_put(b, load16, "v", src);
+        mk_strbuf_put(b, "\n                for (int i = 0; i < 16; i++) {\n");
+        if (norm) mk_strbuf_put(b, "                    part[%d] += v[i] * v[i]; v[i] *= w[i];\n", m);
+        mk_strbuf_put(b, "                    if (fabsf(v[i]) > mx) mx = fabsf(v[i]);\n                }\n            }\n");
+        mk_strbuf_put(b, "            for (int off = 1; off < %lld; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));\n"
+                         "            const float s = __fdiv_rn(mx, 127.0f);\n"
+                         "            if (on) {\n"
+                         "                unsigned int u[4] = {0u, 0u, 0u, 0u};\n"
+                         "                for (int i = 0; i < 16; i++) {\n"
+                         "                    float q = s != 0.0f ? roundf(__fdiv_rn(v[i], s)) : 0.0f;\n"
+                         "                    q = q != q ? 0.0f : fminf(fmaxf(q, -127.0f), 127.0f);\n"
+                         "                    u[i >> 2] |= ((unsigned int)(int)q & 0xffu) << (8 * (i & 3));\n"
+                         "                }\n"
+                         "                *(uint4 *)(sQ + %lldLL + k) = make_uint4(u[0], u[1], u[2], u[3]);\n"
+                         "                if ((threadIdx.x & %lld) == 0) sXs[(%lldLL + k) / %lldLL] = s;\n"
+                         "            }\n        }\n",
+                      G / 16, (long long)m * K, G / 16 - 1, (long long)m * K, G);
+    }
+    mk_strbuf_put(b, "    }\n");
+}
+
+/*
+ * The start of a kernel that holds A in shared memory: each warp sends its
+ * weight columns to L2, then (the launches before done) the block copies A
+ * into sA, times the RmsNorm's weight where one is folded in, and sums x's
+ * squares per row into sss. Every warp then reads A there, not from L2: the
+ * warps of a launch would otherwise read A once per column pair, as many
+ * bytes as the weights in float32 and 4 times as many in int8.
+ */
+static void put_staging(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int E, int W) {
+    int M = (int)pg->m;
+    long long start = 0;
+    for (int o = 0; o < pg->n_outs; o++) {
+        long long pairs = pg->out[o].n / 2;
+        mk_strbuf_put(b, "    %sif (pair < %lldLL) {\n        const long long p = pair - %lldLL;\n",
+                      o ? "else " : "", start + pairs, start);
+        put_prefetch(b, l, pg, o, W);
+        mk_strbuf_put(b, "    }\n");
+        start += pairs;
+    }
+    mk_strbuf_put(b, MK_PDL_WAIT);
+    bool norm = pg->norm_w >= 0;
+    if (norm) mk_strbuf_put(b, "    __shared__ float sss[%d], sred[8][%d];\n    float part[%d] = {0.0f};\n", M, M, M);
+    if (pg->a8_group) put_grid_copy(b, pg, E >= 4);
+    else put_float_copy(b, pg, E);
     if (norm)
         mk_strbuf_put(b, "    for (int m = 0; m < %d; m++) {\n"
                          "        for (int off = 16; off > 0; off >>= 1) part[m] += __shfl_xor_sync(0xffffffffu, part[m], off);\n"
@@ -670,8 +779,9 @@ static void put_product_source(mk_strbuf *b, const mk_launch *l) {
         if (need > R) R = need;
     }
     if (W > 1) mk_strbuf_put(b, "    __shared__ float red[8][%d];\n", R);
-    bool staged = (long long)M * K * (long long)sizeof(float) <= MK_STAGE_BYTES &&
-                  weight_bytes(l, pg) >= MK_STAGE_MIN_WEIGHTS;
+    bool staged = pg->a8_group || /* A on the int8 grid is made in shared memory */
+                  ((long long)M * K * (long long)sizeof(float) <= MK_STAGE_BYTES &&
+                   weight_bytes(l, pg) >= MK_STAGE_MIN_WEIGHTS);
     if (staged) put_staging(b, l, pg, E, W);
     for (int phase = W > 1 ? 1 : 0; phase <= (W > 1 ? 2 : 0); phase++) {
         if (phase == 2) mk_strbuf_put(b, "    __syncthreads();\n");

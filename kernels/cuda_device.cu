@@ -437,10 +437,10 @@ fail:
 
 /* ---- the device table and the plugin's entry ---------------------------------- */
 
-/* int8_products false: the generated matrix-vector kernels widen A's float32
- * (a FakeQuantizeNode runs alone before them) */
+/* int8_products: the generated matrix-vector kernels make A's int8 values and
+ * scales in static shared memory (codegen.cu's put_grid_copy) */
 static const mk_device_ops cuda_device = {
-    "cuda",     cuda_kernels.k, MK_CUDA_POINTWISE_OPERANDS, false,       cuda_open,
+    "cuda",     cuda_kernels.k, MK_CUDA_POINTWISE_OPERANDS, 32768,       cuda_open,
     cuda_close, cuda_alloc,     cuda_free,                  cuda_upload, cuda_zero,
     cuda_prepare, cuda_evaluate,
 };

@@ -406,11 +406,12 @@ static void test_fake_quantize_cuda(void) { fake_quantize_on(MK_DEVICE_CUDA); }
 
 /*
  * FakeQuantize(x, G) @ (W int8 in blocks of G along k)^T, x [m, k], W [n, k]:
- * on the CPU the group takes A on the int8 grid and equals runq.c's matmul bit
+ * the group takes A on the int8 grid: on the CPU it equals runq.c's matmul bit
  * for bit (an int32 dot product per group, val += (float)dot * ws * xs in
- * group order); the nodes alone, and CUDA, the float32 product of the
- * rounded values, within rounding of it. With an RmsNorm before (three
- * siblings), the group equals the same graph fed the norm's output.
+ * group order), on CUDA within rounding (the lanes' sums meet in another
+ * order); the nodes alone (the float32 product of the rounded values) within
+ * rounding too. With an RmsNorm before, the CPU's group equals the same graph
+ * fed the norm's output; CUDA's within rounding.
  */
 static void w8a8_on(mk_device dev, int64_t m, int64_t k, int64_t n, int64_t G) {
     char text[1536], plain[1536];
@@ -456,13 +457,14 @@ static void w8a8_on(mk_device dev, int64_t m, int64_t k, int64_t n, int64_t G) {
         if (!mod) continue;
         const char *report = mk_model_fusion_report(mod);
         bool grid = strstr(report, "A on the int8 grid in groups of") != NULL;
-        CHECK(grid == (fuse && dev == MK_DEVICE_CPU), "fuse %d: %s", fuse, report);
+        CHECK(grid == (fuse == 1), "fuse %d: %s", fuse, report);
         CHECK(mk_evaluate(mod, in, 4, y[fuse], sizeof(float) * (size_t)(m * n), &err) == 0, "%s",
               mk_error_message(err));
         mk_error_free(err);
         mk_model_free(mod);
         for (int64_t e = 0; e < m * n; e++) {
-            bool ok = grid ? y[fuse][e] == want[e] : test_close(y[fuse][e], want[e], 1e-4, 1e-4);
+            bool ok = grid && dev == MK_DEVICE_CPU ? y[fuse][e] == want[e]
+                                                   : test_close(y[fuse][e], want[e], 1e-4, 1e-4);
             if (!ok) {
                 CHECK(0, "[%lld, %lld, %lld] / %lld, fuse %d, element %lld: %.9g, want %.9g",
                       (long long)m, (long long)k, (long long)n, (long long)G, fuse, (long long)e,
@@ -496,11 +498,19 @@ static void w8a8_on(mk_device dev, int64_t m, int64_t k, int64_t n, int64_t G) {
                   mk_evaluate(both, in, 4, y[1], sizeof(float) * (size_t)(m * n), &err) == 0,
               "%s", mk_error_message(err));
         const char *report = mk_model_fusion_report(both);
-        CHECK(dev != MK_DEVICE_CPU || (strstr(report, "RmsNorm folded in") &&
-                                       strstr(report, "A on the int8 grid")),
-              "%s", report);
-        CHECK(dev != MK_DEVICE_CPU || !memcmp(y[0], y[1], sizeof(float) * (size_t)(m * n)),
-              "the group with its RmsNorm differs from the norm, then the group");
+        CHECK(strstr(report, "RmsNorm folded in") && strstr(report, "A on the int8 grid"), "%s",
+              report);
+        for (int64_t e = 0; e < m * n; e++) {
+            /* CUDA rounds x * w on the grid of its own scale, the norm's 1 / rms
+             * applied after: a value may land one step over (0.02 here) */
+            bool ok = dev == MK_DEVICE_CPU ? y[0][e] == y[1][e]
+                                           : test_close(y[1][e], y[0][e], 0.1, 1e-3);
+            if (!ok) {
+                CHECK(0, "element %lld: the group with its RmsNorm gives %.9g, the norm then the "
+                         "group %.9g", (long long)e, (double)y[1][e], (double)y[0][e]);
+                break;
+            }
+        }
         free(xn);
     }
     mk_model_free(norm), mk_model_free(both), mk_model_free(after);
