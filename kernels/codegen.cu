@@ -342,6 +342,74 @@ static void put_prefetch(mk_strbuf *b, const mk_launch *l, const mk_product_grou
 }
 
 /*
+ * One step of a lane on float32 A: E elements of k, its weights in one load
+ * (16 bytes where E > 4) widened to float, A and the norm's weight as Q
+ * float4s (E == 1: floats); int8 weights' dot products summed apart, then
+ * times their block's scale.
+ */
+static void put_float_step(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg,
+                           const mk_product_out *r, const int *prods, int np, int E, bool staged) {
+    int M = (int)pg->m;
+    long long K = (long long)pg->k;
+    const char *T = E >= 4 ? "float4" : "float";
+    int Q = E >= 4 ? E / 4 : 1;
+    for (int j = 0; j < np; j++) {
+        int pj = r->src[prods[j]].product, bk = pg->b[pj];
+        long long ldb = l->in[bk].stride[1];
+        const char *w = weight_suffix(l->in[bk].dtype);
+        for (int c = 0; c < 2; c++) {
+            if (E >= 4)
+                mk_strbuf_put(b, "            float4 b%d_%d[%d]; mk_w%d_%s(B%d + %lldLL + k, b%d_%d);\n", j,
+                              c, Q, E, w, j, c * ldb, j, c);
+            else
+                mk_strbuf_put(b, "            float b%d_%d[1] = {mk_w1_%s(B%d + %lldLL + k)};\n", j, c, w,
+                              j, c * ldb);
+            if (pg->b_scale[pj] < 0) continue;
+            /* int8: the lane's E values lie in one block (its length a multiple
+             * of 16): their dot product with A, then times the block's scale */
+            const mk_tensor *sc = &l->in[pg->b_scale[pj]];
+            mk_strbuf_put(b, "            const float s%d_%d = S%d[%lldLL + k / %lldLL * %lldLL];\n", j, c, j,
+                          c * (long long)sc->stride[1], (long long)pg->b_group[pj],
+                          (long long)sc->stride[0]);
+            for (int m = 0; m < M; m++) mk_strbuf_put(b, "            float t%d_%d_%d = 0.0f;\n", m, c, j);
+        }
+    }
+    for (int m = 0; m < M; m++)
+        for (int q = 0; q < Q; q++) {
+            mk_strbuf_put(b, "            %s a%d_%d = *(const %s *)(%s + %lldLL + k + %d);\n", T, m, q, T,
+                          staged ? "sA" : "A", m * K, 4 * q);
+            if (pg->norm_w >= 0 && !staged) { /* x's squares, and w * x (1 / rms applied after the sum) */
+                mk_strbuf_put(b, "            { const %s w = *(const %s *)(W + k + %d);", T, T, 4 * q);
+                if (E >= 4)
+                    mk_strbuf_put(b, " ss[%d] += a%d_%d.x * a%d_%d.x + a%d_%d.y * a%d_%d.y + a%d_%d.z * a%d_%d.z"
+                                     " + a%d_%d.w * a%d_%d.w; a%d_%d.x *= w.x; a%d_%d.y *= w.y;"
+                                     " a%d_%d.z *= w.z; a%d_%d.w *= w.w; }\n",
+                                  m, m, q, m, q, m, q, m, q, m, q, m, q, m, q, m, q, m, q, m, q,
+                                  m, q, m, q);
+                else
+                    mk_strbuf_put(b, " ss[%d] += a%d_%d * a%d_%d; a%d_%d *= w; }\n", m, m, q, m, q, m, q);
+            }
+            for (int j = 0; j < np; j++)
+                for (int c = 0; c < 2; c++) {
+                    char sum[32];
+                    if (pg->b_scale[r->src[prods[j]].product] >= 0) snprintf(sum, sizeof sum, "t%d_%d_%d", m, c, j);
+                    else snprintf(sum, sizeof sum, "acc[%d][%d][%d]", m, c, j);
+                    if (E >= 4)
+                        mk_strbuf_put(b, "            %s += a%d_%d.x * b%d_%d[%d].x + a%d_%d.y * b%d_%d[%d].y"
+                                         " + a%d_%d.z * b%d_%d[%d].z + a%d_%d.w * b%d_%d[%d].w;\n",
+                                      sum, m, q, j, c, q, m, q, j, c, q, m, q, j, c, q, m, q, j, c, q);
+                    else
+                        mk_strbuf_put(b, "            %s += a%d_%d * b%d_%d[0];\n", sum, m, q, j, c);
+                }
+        }
+    for (int j = 0; j < np; j++)
+        if (pg->b_scale[r->src[prods[j]].product] >= 0)
+            for (int m = 0; m < M; m++)
+                for (int c = 0; c < 2; c++)
+                    mk_strbuf_put(b, "            acc[%d][%d][%d] += t%d_%d_%d * s%d_%d;\n", m, c, j, m, c, j, j, c);
+}
+
+/*
  * One step of a lane on the int8 grid (a FakeQuantizeNode folded in): its E
  * int8 weights of each column and E of A's int8 values (sQ) in one load each,
  * their exact dot product (DP4A, four at a time), then, as runq.c's matmul
@@ -424,70 +492,11 @@ static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group 
         put_prefetch(b, l, pg, o, W);
         mk_strbuf_put(b, MK_PDL_WAIT);
     }
-    /* E elements of k a lane per step: its weights in one load (16 bytes where
-     * E > 4), A and the norm's weight as Q float4s (E == 1: floats) */
-    const char *T = E >= 4 ? "float4" : "float";
-    int Q = E >= 4 ? E / 4 : 1;
     if (pg->norm_w >= 0 && !staged) mk_strbuf_put(b, "        float ss[%d] = {0.0f};\n", M);
     mk_strbuf_put(b, "#pragma unroll 4\n        for (long long k = %d * (lane + 32 * slice); k < %lldLL; k += %d) {\n",
                   E, K, 32 * E * W);
     if (pg->a8_group) put_grid_step(b, l, pg, r, prods, np, E);
-    else {
-        for (int j = 0; j < np; j++) {
-            int pj = r->src[prods[j]].product, bk = pg->b[pj];
-            long long ldb = l->in[bk].stride[1];
-            const char *w = weight_suffix(l->in[bk].dtype);
-            for (int c = 0; c < 2; c++) {
-                if (E >= 4)
-                    mk_strbuf_put(b, "            float4 b%d_%d[%d]; mk_w%d_%s(B%d + %lldLL + k, b%d_%d);\n", j,
-                                  c, Q, E, w, j, c * ldb, j, c);
-                else
-                    mk_strbuf_put(b, "            float b%d_%d[1] = {mk_w1_%s(B%d + %lldLL + k)};\n", j, c, w,
-                                  j, c * ldb);
-                if (pg->b_scale[pj] < 0) continue;
-                /* int8: the lane's E values lie in one block (its length a multiple
-                 * of 16): their dot product with A, then times the block's scale */
-                const mk_tensor *sc = &l->in[pg->b_scale[pj]];
-                mk_strbuf_put(b, "            const float s%d_%d = S%d[%lldLL + k / %lldLL * %lldLL];\n", j, c, j,
-                              c * (long long)sc->stride[1], (long long)pg->b_group[pj],
-                              (long long)sc->stride[0]);
-                for (int m = 0; m < M; m++) mk_strbuf_put(b, "            float t%d_%d_%d = 0.0f;\n", m, c, j);
-            }
-        }
-        for (int m = 0; m < M; m++)
-            for (int q = 0; q < Q; q++) {
-                mk_strbuf_put(b, "            %s a%d_%d = *(const %s *)(%s + %lldLL + k + %d);\n", T, m, q, T,
-                              staged ? "sA" : "A", m * K, 4 * q);
-                if (pg->norm_w >= 0 && !staged) { /* x's squares, and w * x (1 / rms applied after the sum) */
-                    mk_strbuf_put(b, "            { const %s w = *(const %s *)(W + k + %d);", T, T, 4 * q);
-                    if (E >= 4)
-                        mk_strbuf_put(b, " ss[%d] += a%d_%d.x * a%d_%d.x + a%d_%d.y * a%d_%d.y + a%d_%d.z * a%d_%d.z"
-                                         " + a%d_%d.w * a%d_%d.w; a%d_%d.x *= w.x; a%d_%d.y *= w.y;"
-                                         " a%d_%d.z *= w.z; a%d_%d.w *= w.w; }\n",
-                                      m, m, q, m, q, m, q, m, q, m, q, m, q, m, q, m, q, m, q, m, q,
-                                      m, q, m, q);
-                    else
-                        mk_strbuf_put(b, " ss[%d] += a%d_%d * a%d_%d; a%d_%d *= w; }\n", m, m, q, m, q, m, q);
-                }
-                for (int j = 0; j < np; j++)
-                    for (int c = 0; c < 2; c++) {
-                        char sum[32];
-                        if (pg->b_scale[r->src[prods[j]].product] >= 0) snprintf(sum, sizeof sum, "t%d_%d_%d", m, c, j);
-                        else snprintf(sum, sizeof sum, "acc[%d][%d][%d]", m, c, j);
-                        if (E >= 4)
-                            mk_strbuf_put(b, "            %s += a%d_%d.x * b%d_%d[%d].x + a%d_%d.y * b%d_%d[%d].y"
-                                             " + a%d_%d.z * b%d_%d[%d].z + a%d_%d.w * b%d_%d[%d].w;\n",
-                                          sum, m, q, j, c, q, m, q, j, c, q, m, q, j, c, q, m, q, j, c, q);
-                        else
-                            mk_strbuf_put(b, "            %s += a%d_%d * b%d_%d[0];\n", sum, m, q, j, c);
-                    }
-            }
-        for (int j = 0; j < np; j++)
-            if (pg->b_scale[r->src[prods[j]].product] >= 0)
-                for (int m = 0; m < M; m++)
-                    for (int c = 0; c < 2; c++)
-                        mk_strbuf_put(b, "            acc[%d][%d][%d] += t%d_%d_%d * s%d_%d;\n", m, c, j, m, c, j, j, c);
-    }
+    else put_float_step(b, l, pg, r, prods, np, E, staged);
     mk_strbuf_put(b, "        }\n");
     mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) for (int c = 0; c < 2; c++) for (int j = 0; j < %d; j++)\n"
                      "            for (int off = 16; off > 0; off >>= 1) acc[m][c][j] += __shfl_xor_sync(0xffffffffu, acc[m][c][j], off);\n",
