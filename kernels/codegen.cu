@@ -16,7 +16,11 @@
  * Long because it is one writer for three kernel skeletons (pointwise,
  * matrix-vector, attention) that share its helpers: operand walks, the
  * pointwise instructions, weight loads per dtype, faults, PDL and ArgMax
- * keys. Split it by skeleton when a fourth arrives.
+ * keys. The matrix-vector skeleton is most of it: its staging, prefetch,
+ * slices and epilogues, and a lane's step in two forms (float32 A,
+ * put_float_step; A on the int8 grid, put_grid_copy and put_grid_step).
+ * Split it by skeleton when a fourth arrives, or the matrix-vector writer
+ * into its own file when it grows again.
  */
 #include "cuda_device.h"
 

@@ -15,6 +15,8 @@ spec/helpers.lua — what the busted specs share:
   helpers.pointwise_cases()    the same for SubNode, DivNode, ExpNode, TanhNode,
                                SigmoidNode, GELUNode (broadcasting, numbers on
                                either side, int64 wrap-around, a fused tree)
+  helpers.f32(x)               x rounded to float32 (string.pack)
+  helpers.round_even(x)        x rounded to an integer, ties to even (x a double)
   helpers.requires_cuda()      nil when a CUDA device is usable, else the reason
                                (specs call pending(reason) with it)
   helpers.gpu(it, skip)        a gpu_it(name, body): it(name .. " #gpu", body),
@@ -31,6 +33,17 @@ end
 
 function helpers.mk()
     return require "moonkaas"
+end
+
+function helpers.f32(x)
+    return (string.unpack("<f", string.pack("<f", x)))
+end
+
+function helpers.round_even(x)
+    local fl = math.floor(x)
+    local d = x - fl
+    if d > 0.5 or (d == 0.5 and fl % 2 == 1) then return fl + 1 end
+    return fl
 end
 
 function helpers.seed(label)

@@ -47,30 +47,9 @@ local C = llama2.checkpoint
 local mk, why = H.mk()
 local MAGIC = 0x616b3432
 
-local function need_core()
-    if not mk then
-        pending("the moonkaas core module is not built: " .. tostring(why))
-        return false
-    end
-    return true
-end
-
-local function need_models()
-    if not H.models_present() then
-        pending("../shared/models is absent: no stories260K.bin")
-        return false
-    end
-    return true
-end
-
-local function f32(x) return (string.unpack("<f", string.pack("<f", x))) end
-
-local function round_even(x)
-    local fl = math.floor(x)
-    local d = x - fl
-    if d > 0.5 or (d == 0.5 and fl % 2 == 1) then return fl + 1 end
-    return fl
-end
+local function need_core() return H.need_core(pending, mk, why) end
+local function need_models() return H.need_models(pending) end
+local f32, round_even = H.f32, require("spec.helpers").round_even
 
 -- float32 values as bytes, in pieces (string.pack takes a bounded number of arguments)
 local function pack_floats(values)

@@ -8,26 +8,8 @@ local llama2 = require("moonkaas.llama2")
 
 local mk, why = H.mk()
 
-local function need_gpu()
-    if not mk then
-        pending("the moonkaas core module is not built: " .. tostring(why))
-        return false
-    end
-    local ok, reason = mk.cuda_available()
-    if not ok then
-        pending("no CUDA device: " .. tostring(reason))
-        return false
-    end
-    return true
-end
-
-local function need_models()
-    if not H.models_present() then
-        pending("../shared/models is absent")
-        return false
-    end
-    return true
-end
+local function need_gpu() return H.need_gpu(pending, mk, why) end
+local function need_models() return H.need_models(pending) end
 
 local function greedy_ids(device, cudnn)
     local c = assert(llama2.read_config(H.models .. "/stories260K.bin"))

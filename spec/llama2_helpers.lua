@@ -46,6 +46,35 @@ function H.mk()
     return nil, tostring(mk)
 end
 
+-- Guards at the start of a test: true when it can run, else the test is
+-- marked pending with the reason. `pending` is the spec's (busted binds it in
+-- the spec's environment while a test runs); mk and why are H.mk()'s results.
+function H.need_core(pending, mk, why)
+    if not mk then
+        pending("the moonkaas core module is not built: " .. tostring(why))
+        return false
+    end
+    return true
+end
+
+function H.need_models(pending)
+    if not H.models_present() then
+        pending("../shared/models is absent: no stories260K.bin")
+        return false
+    end
+    return true
+end
+
+function H.need_gpu(pending, mk, why)
+    if not H.need_core(pending, mk, why) then return false end
+    local ok, reason = mk.cuda_available()
+    if not ok then
+        pending("no CUDA device: " .. tostring(reason))
+        return false
+    end
+    return true
+end
+
 function H.f32(x)
     return (string.unpack("<f", string.pack("<f", x)))
 end

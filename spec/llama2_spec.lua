@@ -7,21 +7,12 @@ local llama2 = require("moonkaas.llama2")
 
 local mk, why = H.mk()
 
-local function need_core()
-    if not mk then
-        pending("the moonkaas core module is not built: " .. tostring(why))
-        return false
-    end
-    return true
-end
+local function need_core() return H.need_core(pending, mk, why) end
+local function need_models() return H.need_models(pending) end
 
 describe("llama2 on stories260K (CPU)", function()
     it("prints run.c's golden text for -t 0 -n 200", function()
-        if not need_core() then return end
-        if not H.models_present() then
-            pending("../shared/models is absent: no stories260K.bin")
-            return
-        end
+        if not need_core() or not need_models() then return end
         local expected = H.read_file(H.models .. "/stories260K_t0_n200.expected.txt")
         local out, err = {}, {}
         local code = llama2.main({ H.models .. "/stories260K.bin", "-z", H.models .. "/tok512.bin",
@@ -33,11 +24,7 @@ describe("llama2 on stories260K (CPU)", function()
     end)
 
     it("converts the weights at load with -q: fp32 and fp16 tell the golden text, q8 its version 2 export's, bf16 runs", function()
-        if not need_core() then return end
-        if not H.models_present() then
-            pending("../shared/models is absent: no stories260K.bin")
-            return
-        end
+        if not need_core() or not need_models() then return end
         local expected = H.read_file(H.models .. "/stories260K_t0_n200.expected.txt")
         for _, q in ipairs({ "fp32", "fp16", "bf16", "q8" }) do
             local out, err = {}, {}
@@ -63,11 +50,7 @@ describe("llama2 on stories260K (CPU)", function()
     end)
 
     it("gives the same text from the command line, with progress on stderr", function()
-        if not need_core() then return end
-        if not H.models_present() then
-            pending("../shared/models is absent")
-            return
-        end
+        if not need_core() or not need_models() then return end
         local expected = H.read_file(H.models .. "/stories260K_t0_n200.expected.txt")
         local code, out, err = H.run_cli({ H.models .. "/stories260K.bin", "-z", H.models .. "/tok512.bin",
                                            "-t", "0", "-n", "200", "-d", "cpu" })
@@ -96,11 +79,7 @@ describe("llama2 on stories260K (CPU)", function()
     end)
 
     it("chats like run.c: system and user prompts from the command line", function()
-        if not need_core() then return end
-        if not H.models_present() then
-            pending("../shared/models is absent")
-            return
-        end
+        if not need_core() or not need_models() then return end
         -- run.c -m chat -n 120 -y "You are kind" -i "Hello" -t 0, stdin empty.
         local want = "Assistant: . As she was about a small bird, she saw a big, scary bird. She was so " ..
                      "excited to see what was in the sky.\nSuddenly, she saw a big bird. It was a big\n"
@@ -114,11 +93,7 @@ describe("llama2 on stories260K (CPU)", function()
     end)
 
     it("chats like run.c: prompts read from the user", function()
-        if not need_core() then return end
-        if not H.models_present() then
-            pending("../shared/models is absent")
-            return
-        end
+        if not need_core() or not need_models() then return end
         -- printf 'Tell me\n' | run.c -m chat -n 150 -t 0
         local want = "Enter system prompt (optional): User: Assistant: . As she was about a small bird, she " ..
                      "saw a big bird. \n\"Hello,\" said Annaby.\n\"Hello,\" said Annabyy.\n\"Hello,\" said " ..
@@ -137,11 +112,7 @@ describe("llama2 on stories260K (CPU)", function()
     end)
 
     it("samples run.c's text for a fixed seed (top-p and plain multinomial)", function()
-        if not need_core() then return end
-        if not H.models_present() then
-            pending("../shared/models is absent")
-            return
-        end
+        if not need_core() or not need_models() then return end
         -- run.c stories260K.bin -z tok512.bin with these flags, stdout.
         local cases = {
             { { "-t", "0.8", "-p", "0.9", "-s", "5", "-n", "80", "-i", "Lily had a" },
@@ -163,11 +134,7 @@ describe("llama2 on stories260K (CPU)", function()
     end)
 
     it("reproduces sampled runs with a fixed seed, and a reset starts afresh", function()
-        if not need_core() then return end
-        if not H.models_present() then
-            pending("../shared/models is absent")
-            return
-        end
+        if not need_core() or not need_models() then return end
         local c = assert(llama2.read_config(H.models .. "/stories260K.bin"))
         local tok = assert(llama2.load_tokenizer(H.models .. "/tok512.bin", c.vocab_size))
         local net = llama2.build(mk, c, { device = "cpu", greedy = false })

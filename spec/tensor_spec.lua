@@ -349,7 +349,7 @@ end)
 
 describe("conversions on the host (t:to, mk.quantize, q:dequantize)", function()
     -- float32 of x, exactly (string.pack rounds to nearest)
-    local function f32(x) return (string.unpack("<f", string.pack("<f", x))) end
+    local f32 = H.f32
 
     it("to: bfloat16 keeps the top half of float32, rounding to nearest even", function()
         local xs = { 1 + 2 ^ -8, 1 + 3 * 2 ^ -8, -2.5, 1e-3 }
@@ -411,18 +411,12 @@ end)
 -- bfloat16 = the top half of binary32, llama2.c's quantize_q80), in double
 -- precision with string.pack("<f") for float32 rounding.
 
-local function f32(x) return (string.unpack("<f", string.pack("<f", x))) end
+local f32 = H.f32
 local function f32_bits(x) return (string.unpack("<I4", string.pack("<f", x))) end
 local function from_bits(u) return (string.unpack("<f", string.pack("<I4", u))) end
 local function is_nan(x) return x ~= x end
 
--- x rounded to an integer, ties to even (x a double)
-local function round_even(x)
-    local fl = math.floor(x)
-    local d = x - fl
-    if d > 0.5 or (d == 0.5 and fl % 2 == 1) then return fl + 1 end
-    return fl
-end
+local round_even = H.round_even
 
 -- bfloat16 of the float32 value x: round the low 16 bits away, ties to even
 -- on bit 16 (integer arithmetic on the bits; NaN stays NaN; past the largest
