@@ -660,6 +660,8 @@ typedef struct {
     int64_t ldb;
     const float *scale; /* int8 only */
     int64_t group, ss_k, ss_n;
+    bool rows;          /* float32 held by rows instead: element (kk, j) at kk * ldb + j
+                           (mv_rows) */
 } cpu_weights;
 
 typedef uint16_t cpu_u16x8 __attribute__((vector_size(16)));
@@ -862,42 +864,79 @@ __attribute__((noinline)) static void mv_columns_q8(const int8_t *restrict aq,
 }
 
 /*
- * c [j] = a [k] · column j of b for j < cols (at most 64), b's rows contiguous
- * (ldb floats apart): each a sum over k in order, of a_k b_kj. A full block
- * keeps its 64 sums in eight vectors (registers) while b's rows stream by; a
- * shorter one sums in c itself (L1). Both round alike.
+ * c [j] = a [k] · column j of b for j < cols, b held by rows ([k, n]: row kk
+ * at b + kk * ldb, its columns contiguous): every column's sum taken over k in
+ * order, each term a_k b_kj rounded and then added, so a column's value is the
+ * same whichever of the three paths below takes it, in every build, wherever a
+ * caller's share of the columns begins (a group equals its product alone, and
+ * a split among threads changes nothing):
+ *   - blocks of CPU_ROW_BLOCK columns keep their sums in CPU_ROW_VECS vector
+ *     registers while b's rows stream by (with AVX-512, 256 columns: a row's
+ *     whole kilobyte is one contiguous read, which L2 serves at its full rate;
+ *     four separate 256-byte runs per row came 30 % slower);
+ *   - then whole vectors one at a time;
+ *   - then the last columns (fewer than a vector): masked loads where the
+ *     build has AVX-512, else their sums in c itself (L1).
  */
-static void mv_rows(const float *restrict a, const float *restrict b, int64_t ldb, int64_t k,
+#ifdef __AVX512F__
+typedef float cpu_vr __attribute__((vector_size(64)));
+#define CPU_ROW_VECS 16
+#else
+typedef float cpu_vr __attribute__((vector_size(32)));
+#define CPU_ROW_VECS 8
+#endif
+#define CPU_ROW_LANES ((int64_t)(sizeof(cpu_vr) / sizeof(float)))
+#define CPU_ROW_BLOCK (CPU_ROW_VECS * CPU_ROW_LANES)
+
+static inline cpu_vr load_vr(const float *p) {
+    cpu_vr v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+__attribute__((noinline)) static void mv_rows(const float *restrict a, const float *restrict b, int64_t ldb, int64_t k,
                     int64_t cols, float *restrict c) {
-    if (cols < 64) {
-        for (int64_t j = 0; j < cols; j++)
-            c[j] = 0.0f;
+    int64_t j = 0;
+    for (; j + CPU_ROW_BLOCK <= cols; j += CPU_ROW_BLOCK) {
+        cpu_vr s[CPU_ROW_VECS] = {0};
         for (int64_t kk = 0; kk < k; kk++) {
-            float av = a[kk];
-            const float *bk = b + kk * ldb;
-#pragma omp simd
-            for (int64_t j = 0; j < cols; j++)
-                c[j] += av * bk[j];
+            const float *bk = b + kk * ldb + j;
+#pragma GCC unroll 16
+            for (int v = 0; v < CPU_ROW_VECS; v++) s[v] += load_vr(bk + v * CPU_ROW_LANES) * a[kk];
         }
-        return;
+        memcpy(c + j, s, sizeof s);
     }
-    cpu_v8 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, s4 = {0}, s5 = {0}, s6 = {0}, s7 = {0};
+    for (; j + CPU_ROW_LANES <= cols; j += CPU_ROW_LANES) {
+        cpu_vr s = {0};
+        for (int64_t kk = 0; kk < k; kk++) s += load_vr(b + kk * ldb + j) * a[kk];
+        memcpy(c + j, &s, sizeof s);
+    }
+    if (j == cols) return;
+#ifdef __AVX512F__
+    __mmask16 mask = (__mmask16)((1u << (cols - j)) - 1);
+    __m512 s = _mm512_setzero_ps();
+    for (int64_t kk = 0; kk < k; kk++)
+        s = _mm512_add_ps(s, _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, b + kk * ldb + j),
+                                           _mm512_set1_ps(a[kk])));
+    _mm512_mask_storeu_ps(c + j, mask, s);
+#else
+    for (int64_t t = j; t < cols; t++)
+        c[t] = 0.0f;
     for (int64_t kk = 0; kk < k; kk++) {
-        float x = a[kk];
-        cpu_v8 av = {x, x, x, x, x, x, x, x};
+        float av = a[kk];
         const float *bk = b + kk * ldb;
-        s0 += load8(bk) * av, s1 += load8(bk + 8) * av, s2 += load8(bk + 16) * av;
-        s3 += load8(bk + 24) * av, s4 += load8(bk + 32) * av, s5 += load8(bk + 40) * av;
-        s6 += load8(bk + 48) * av, s7 += load8(bk + 56) * av;
+#pragma omp simd
+        for (int64_t t = j; t < cols; t++)
+            c[t] += av * bk[t];
     }
-    cpu_v8 s[8] = {s0, s1, s2, s3, s4, s5, s6, s7};
-    memcpy(c, s, sizeof s);
+#endif
 }
 
 /*
  * c [m, n] (contiguous) = a [m, k] (rows dense, sar apart) @ b, with b held
  * either as [n, k] rows (transposed: each output a dot product, mv_columns) or
- * as [k, n] rows (normal: rows of b scaled and added, mv_rows; then m == 1). Split over
+ * as [k, n] rows (normal: rows of b scaled and added, mv_rows), m at most
+ * MK_MATVEC_ROWS: as a matrix–vector group computes them, bit for bit. Split over
  * OpenMP threads rather than left to OpenBLAS: a one-token model runs hundreds
  * of small launches, and OpenBLAS's own threads spinning between them starve
  * OpenMP's (and the other way round) — 4× slower on 2 cores.
@@ -915,9 +954,12 @@ static void mv_omp(const float *a, int64_t sar, const float *b, int64_t ldb,
         });
         return;
     }
-    CPU_FOR(par(n * k), blk, (n + 63) / 64, {
-        int64_t j0 = blk * 64;
-        mv_rows(a, b + j0, ldb, k, n - j0 < 64 ? n - j0 : 64, c + j0);
+    CPU_REGION(par(m * n * k), {
+        int64_t q0, q1;
+        my_share((n + 3) / 4, &q0, &q1);
+        int64_t j0 = 4 * q0, j1 = 4 * q1 < n ? 4 * q1 : n;
+        for (int64_t i = 0; i < m && j0 < j1; i++)
+            mv_rows(a + i * sar, b + j0, ldb, k, j1 - j0, c + i * n + j0);
     });
 }
 
@@ -927,7 +969,7 @@ static void mm_one(const float *a, int64_t sar, int64_t sac, const float *b, int
     bool ta, tb;
     int64_t lda, ldb;
     bool ok_b = mk_matrix_layout(k, n, sbr, sbc, &tb, &ldb) && n <= INT32_MAX && k <= INT32_MAX;
-    if (ok_b && (sac == 1 || k == 1) && (m == 1 || (tb && m <= MK_MATVEC_ROWS))) {
+    if (ok_b && (sac == 1 || k == 1) && m <= MK_MATVEC_ROWS) {
         mv_omp(a, sar, b, ldb, tb, c, m, k, n); /* as a matrix–vector group does */
         return;
     }
@@ -1176,7 +1218,8 @@ static int cpu_attention(const mk_launch *l, mk_error **err) {
  * dense into scratch first, normalised where the group folds the RmsNorm in
  * (rms_row, as the node alone). The threads then share the results' columns
  * in contiguous runs of quads; per chunk of CPU_MV_CHUNK columns and row of
- * A, a thread takes its products' dot products (mv_columns), gathers the
+ * A, a thread takes its products' dot products (mv_columns; mv_rows for
+ * weights held by rows), gathers the
  * operands the epilogue reads, runs the epilogue's program (program_f32),
  * rotates the pairs, and writes the values (into the group's memory or the
  * rows a write replaces) or keeps the row's best for the ArgMax. Every value
@@ -1187,16 +1230,39 @@ static int cpu_attention(const mk_launch *l, mk_error **err) {
  * nodes alone (a float32 product of the rounded values) equal only up to
  * rounding.
  */
-#define CPU_MV_CHUNK 64 /* a multiple of 4: mv_columns' quads */
+#define CPU_MV_CHUNK 256 /* a multiple of 4 (mv_columns' quads) and of CPU_ROW_BLOCK */
 
-/* Element e of a result (rank, shape), read from an operand broadcast onto it. */
-static int64_t element_offset(int64_t e, int rank, const int64_t *shape, const int64_t *stride) {
-    int64_t off = 0;
+/* dst [t] = elements e0 + t (t < len) of a result (rank >= 1, shape), read
+ * from an operand broadcast onto it (its strides): one division per
+ * dimension, then runs along the last one (copied, or filled where it is
+ * broadcast), an odometer carrying between them. An element-by-element
+ * division cost more than the small products it follows. */
+static void gather_run(float *restrict dst, const float *restrict src, int64_t e0, int64_t len,
+                       int rank, const int64_t *shape, const int64_t *stride) {
+    int64_t idx[MK_MAX_RANK], off = 0;
     for (int d = rank - 1; d >= 0; d--) {
-        off += e % shape[d] * stride[d];
-        e /= shape[d];
+        idx[d] = e0 % shape[d];
+        off += idx[d] * stride[d];
+        e0 /= shape[d];
     }
-    return off;
+    int last = rank - 1;
+    int64_t step = stride[last];
+    while (len > 0) {
+        int64_t run = shape[last] - idx[last] < len ? shape[last] - idx[last] : len;
+        if (step == 1)
+            memcpy(dst, src + off, (size_t)run * sizeof(float));
+        else
+            for (int64_t t = 0; t < run; t++) dst[t] = src[off + t * step];
+        dst += run, len -= run;
+        off -= idx[last] * step; /* back to the row's start */
+        idx[last] = 0;
+        for (int d = last - 1; d >= 0; d--) { /* the next row: an odometer */
+            off += stride[d];
+            if (++idx[d] < shape[d]) break;
+            off -= shape[d] * stride[d];
+            idx[d] = 0;
+        }
+    }
 }
 
 typedef struct {
@@ -1236,11 +1302,12 @@ static void mv_chunk(const cpu_mv_out *x, const float *a, const int8_t *aq, cons
         const mk_product_source *ps = &r->src[s];
         if (ps->product >= 0 && aq)
             mv_columns_q8(aq, as, &x->w[s], k, j0, j1, src[s]);
+        else if (ps->product >= 0 && x->w[s].rows)
+            mv_rows(a, (const float *)x->w[s].data + j0, x->w[s].ldb, k, len, src[s]);
         else if (ps->product >= 0)
             mv_columns(a, &x->w[s], k, j0, j1, src[s]);
         else
-            for (int64_t t = 0; t < len; t++)
-                src[s][t] = x->data[s][element_offset(e0 + t, ps->rank, ps->shape, x->stride[s])];
+            gather_run(src[s], x->data[s], e0, len, ps->rank, ps->shape, x->stride[s]);
         in[s] = (const char *)src[s];
     }
     const float *val = src[0];
@@ -1249,10 +1316,10 @@ static void mv_chunk(const cpu_mv_out *x, const float *a, const int8_t *aq, cons
         val = v;
     }
     if (x->rot) { /* (re, im) pairs times the rotation's, as complex_mul rounds them */
-        const int64_t *sh = r->rotate_shape;
+        float rot[CPU_MV_CHUNK];
+        gather_run(rot, x->rot, e0, len, r->rotate_rank, r->rotate_shape, x->rot_stride);
         for (int64_t t = 0; t < len; t += 2) {
-            float cr = x->rot[element_offset(e0 + t, r->rotate_rank, sh, x->rot_stride)];
-            float ci = x->rot[element_offset(e0 + t + 1, r->rotate_rank, sh, x->rot_stride)];
+            float cr = rot[t], ci = rot[t + 1];
             float re = val[t], im = val[t + 1];
             v[t] = re * cr - im * ci;
             v[t + 1] = re * ci + im * cr;
@@ -1274,8 +1341,10 @@ static int cpu_matvec(const mk_launch *l, mk_error **err) {
     float *a = l->scratch;
     for (int64_t i = 0; i < m; i++) {
         const float *row = (const float *)at->data + i * rs;
-        for (int64_t j = 0; j < k; j++)
-            a[i * k + j] = row[j * cs];
+        if (cs == 1)
+            memcpy(a + i * k, row, (size_t)k * sizeof(float));
+        else
+            for (int64_t j = 0; j < k; j++) a[i * k + j] = row[j * cs];
         if (pg->norm_w >= 0) rms_row(a + i * k, l->in[pg->norm_w].data, a + i * k, k);
     }
     int64_t g = pg->a8_group, groups = g ? m * k / g : 0;
@@ -1301,6 +1370,7 @@ static int cpu_matvec(const mk_launch *l, mk_error **err) {
                 continue;
             }
             x->w[s] = (cpu_weights){.data = t->data, .dtype = t->dtype, .ldb = t->stride[1]};
+            if (pg->b_rows[j]) x->w[s].ldb = t->stride[0], x->w[s].rows = true;
             if (pg->b_scale[j] >= 0) {
                 const mk_tensor *sc = &l->in[pg->b_scale[j]];
                 x->w[s].scale = sc->data;
@@ -1581,6 +1651,7 @@ const mk_device_ops mk_cpu_device = {
     .kernels = cpu_kernels,
     .pointwise_operands = MK_X_IN,
     .int8_products = INT64_MAX,
+    .row_products = true,
     .open = cpu_open,
     .close = cpu_close,
     .alloc = cpu_alloc,

@@ -210,6 +210,8 @@ typedef struct {
     int64_t int8_products;    /* set by model.c: the most elements of A (m x k) the device's
                                  matrix-vector groups take on the int8 grid (a
                                  FakeQuantizeNode folded in); 0: none */
+    bool row_products;        /* set by model.c: the device's matrix-vector groups read
+                                 float32 weights by rows too (mk_device_ops) */
 } mk_graph;
 
 /* script.c */
@@ -384,6 +386,8 @@ typedef struct mk_product_group {
     int b[MK_PRODUCTS_MAX];        /* operand: B_j [k, n_j], float32, float16 or bfloat16, or
                                       int8 times the scales of a DequantizeNode folded in: */
     int b_scale[MK_PRODUCTS_MAX];  /* operand: its scales [k / group, n_j], or -1 */
+    bool b_rows[MK_PRODUCTS_MAX];  /* B_j float32 held by rows (n contiguous), on a device
+                                      with row_products; else its columns are contiguous */
     int64_t b_group[MK_PRODUCTS_MAX]; /* rows of B per scale (a multiple of 16) */
     int64_t a8_group;              /* A on runq.c's int8 grid in groups of this many (a
                                       FakeQuantizeNode folded in; every B int8 in blocks of
@@ -572,6 +576,9 @@ typedef struct mk_device_ops {
     int pointwise_operands;   /* the most its MK_KERNEL_POINTWISE kernel reads (<= MK_X_IN) */
     int64_t int8_products;    /* the most elements of A its matrix-vector groups take on the
                                  int8 grid (a8_group); 0: none */
+    bool row_products;        /* its matrix-vector groups read float32 weights held by rows
+                                 ([k, n], n contiguous: an MLP's [in, out]) as well as by
+                                 columns (b_rows) */
     /* Per-model state (streams, library handles); NULL state is fine for the CPU. */
     int (*open)(void **state, mk_error **err);
     void (*close)(void *state);
@@ -598,7 +605,7 @@ extern const mk_device_ops mk_cpu_device;
  * returning this table. The plugin is built from the same tree as the core:
  * abi and the struct sizes guard against mixing builds.
  */
-#define MK_CUDA_PLUGIN_ABI 7
+#define MK_CUDA_PLUGIN_ABI 8
 #define MK_CUDA_PLUGIN_ENTRY "mk_cuda_plugin_entry"
 #define MK_CUDA_PLUGIN_FILE "libmoonkaas_cuda.so"
 struct mk_fused_group;
@@ -623,8 +630,10 @@ typedef struct {
 typedef const mk_cuda_plugin *(*mk_cuda_plugin_entry_fn)(void);
 
 /* model.c: writes and NVRTC-compiles, for sm_<arch>, the CUDA kernel of each
- * group (pointwise or matrix–vector) of a model compiled for any device; the number checked, or
- * -1. Tests use it where there is no GPU (the plugin needs none for this). */
+ * group (pointwise or matrix–vector) of a model compiled for any device, but
+ * matrix–vector groups with weights read by rows (CUDA forms none); the number
+ * checked, or -1. Tests use it where there is no GPU (the plugin needs none
+ * for this). */
 int mk_model_check_generated(const struct mk_model *m, int arch, mk_error **err);
 
 /* plugin.c: the plugin, loaded once per process; NULL with the reason in

@@ -5,7 +5,9 @@
  * Device-independent: it reads op roles and kernel families, never names or
  * the shape of one network. A group starts at a MatMul whose A has at most
  * MK_MATVEC_ROWS rows and whose B reads its columns contiguous (an [out, in]
- * weight through a permute, as every Linear layer holds it), float32:
+ * weight through a permute, as every Linear layer holds it) or, on a device
+ * that takes them (row_products), float32 rows (an MLP's [in, out] weight),
+ * float32:
  *
  *   - siblings: the other such products reading the same A (q, k and v; w1
  *     and w3) join it, up to MK_PRODUCTS_MAX;
@@ -99,6 +101,9 @@ static const mk_node *weights_of(const mk_graph *g, const mk_node *p) {
     return d ? d->in[0] : p->in[1];
 }
 
+/* Whether weights b are read by rows: its columns are not contiguous. */
+static bool by_rows(const mk_node *b) { return b->stride[0] != 1 && b->shape[0] > 1; }
+
 /* Why product p cannot start a matrix–vector group, or NULL when it can. */
 static const char *why_not(const mk_graph *g, const mk_node *p) {
     if (p->op->kernel != MK_KERNEL_MATMUL) return "not a product";
@@ -106,7 +111,9 @@ static const char *why_not(const mk_graph *g, const mk_node *p) {
     if (p->dtype != MK_DTYPE_FLOAT32 || a->dtype != MK_DTYPE_FLOAT32) return "not float32";
     if (a->rank != 2 || b->rank != 2) return "not [m, k] @ [k, n]";
     if (a->shape[0] > MK_MATVEC_ROWS) return "more rows than a matrix-vector product";
-    if (b->stride[0] != 1 && b->shape[0] > 1) return "B's columns are not contiguous";
+    if (by_rows(b) && !(g->row_products && b->stride[1] == 1 && b->dtype == MK_DTYPE_FLOAT32))
+        return g->row_products ? "B's columns are not contiguous, nor its rows float32 and contiguous"
+                               : "B's columns are not contiguous";
     if (b->shape[1] % 2) return "an odd number of columns";
     return NULL;
 }
@@ -430,6 +437,7 @@ static mk_product_group *build(cand *c, mk_graph *g, mk_node **ps, int n_ps, boo
     for (int j = 0; j < n_ps && ok; j++) {
         mk_node *d = c->folded[j] = folded_dequantize(g, ps[j]);
         pg->b_scale[j] = -1;
+        pg->b_rows[j] = by_rows(weights_of(g, ps[j]));
         if (!d) {
             ok = (pg->b[j] = operand(c, ps[j]->in[1])) >= 0;
             continue;
@@ -718,6 +726,7 @@ int mk_product_report(const mk_graph *g, mk_strbuf *b) {
                               (long long)pg->b_group[j]);
             else if (w->dtype != MK_DTYPE_FLOAT32)
                 mk_strbuf_put(b, "; weights %d %s, widened as read", j, mk_dtype_name(w->dtype));
+            if (pg->b_rows[j]) mk_strbuf_put(b, "; weights %d read by rows", j);
         }
         mk_strbuf_put(b, "; members");
         for (int t = 0; t < pg->n_members; t++)

@@ -438,11 +438,12 @@ fail:
 /* ---- the device table and the plugin's entry ---------------------------------- */
 
 /* int8_products: the generated matrix-vector kernels make A's int8 values and
- * scales in static shared memory (codegen.cu's put_grid_copy) */
+ * scales in static shared memory (codegen.cu's put_grid_copy); they read
+ * weights by columns only (row_products false) */
 static const mk_device_ops cuda_device = {
-    "cuda",     cuda_kernels.k, MK_CUDA_POINTWISE_OPERANDS, 32768,       cuda_open,
-    cuda_close, cuda_alloc,     cuda_free,                  cuda_upload, cuda_zero,
-    cuda_prepare, cuda_evaluate,
+    "cuda",       cuda_kernels.k, MK_CUDA_POINTWISE_OPERANDS, 32768,     false,
+    cuda_open,    cuda_close,     cuda_alloc,                 cuda_free, cuda_upload,
+    cuda_zero,    cuda_prepare,   cuda_evaluate,
 };
 
 static const mk_cuda_plugin plugin = {

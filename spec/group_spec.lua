@@ -24,7 +24,8 @@ describe("model:kernel_source", function()
         local x = mk.input("x", "float32", { 1, 16 })
         local w = mk.input("w", "float32", { 8, 16 })
         local y = x:matmul(w:permute({ 1, 0 })):relu()
-        local model <close> = mk.compile(y:matmul(mk.input("m", "float32", { 8, 4 })):silu() * 2)
+        -- five rows: more than a matrix-vector product, so a library kernel
+        local model <close> = mk.compile(mk.input("m", "float32", { 5, 1 }):matmul(y):silu() * 2)
         local ok, src = pcall(model.kernel_source, model, 1)
         if not ok and tostring(src):find("no CUDA device", 1, true) then
             pending(src) -- no plugin to write CUDA C with
@@ -39,6 +40,34 @@ describe("model:kernel_source", function()
         H.assert_error(function() model:kernel_source(4) end,
             "argument error: launch 3 is out of range: the model has 3 (0 to 2)")
         H.assert_error(function() model:kernel_source(0) end, "argument error: kernel_source:")
+    end)
+end)
+
+describe("matrix-vector groups with weights held by rows", function()
+    it("run an MLP's layers (weights [in, out], bias, ReLU) as one CPU launch each", function()
+        -- odd widths, past the CPU's register blocks of columns (256 with AVX-512)
+        local sizes = { 37, 300, 262, 6 }
+        local rows = math.random(1, 4)
+        local x = mk.input("x", "float32", { rows, sizes[1] })
+        local h, href = x, nil
+        local xt, xr = H.rand({ rows, sizes[1] }, -1, 1)
+        href = xr
+        for l = 1, #sizes - 1 do
+            local wt, wr = H.rand({ sizes[l], sizes[l + 1] }, -0.5, 0.5)
+            local bt, br = H.rand({ 1, sizes[l + 1] }, -0.2, 0.2)
+            h = h:matmul(mk.constant(wt)) + mk.constant(bt)
+            href = R.add(R.matmul(href, wr), br)
+            if l < #sizes - 1 then h, href = h:relu(), R.relu(href) end
+        end
+        local fused <close> = mk.compile(h)
+        local plain <close> = mk.compile(h, { fuse = false })
+        assert.are.equal(3, fused:stats().launches, fused:fusion_report())
+        assert.are.equal(3, fused:stats().product_groups)
+        local report = fused:fusion_report()
+        assert.truthy(report:find("weights 0 read by rows", 1, true), report)
+        local got = fused:run({ x = xt })
+        H.assert_close(got, href, 1e-5, 1e-4)
+        bits_equal(got, plain:run({ x = xt }), "mlp")
     end)
 end)
 

@@ -111,8 +111,8 @@ static void test_kernel_source(void) {
         "$4 = MatMulNode($1, $3);\n"
         "$5 = InputTensor(b, float32, [1, 16]);\n"
         "$6 = SumNode($4, $5);\n"
-        "$7 = InputTensor(m, float32, [16, 16]);\n"
-        "$8 = MatMulNode($6, $7);\n"
+        "$7 = InputTensor(m, float32, [5, 1]);\n"
+        "$8 = MatMulNode($7, $6);\n"
         "$9 = SiLUNode($8);\n"
         "$10 = HadamardProductNode($9, $5);\n"
         "result = $10;\n";
@@ -123,7 +123,8 @@ static void test_kernel_source(void) {
     if (!m) goto done;
     mk_stats st;
     mk_model_stats(m, &st);
-    /* launches: the group of $4 + $6; MatMul $8 (B read by rows: BLAS); the pointwise group */
+    /* launches: the group of $4 + $6; MatMul $8 (5 rows, more than a matrix-vector
+     * product: BLAS); the pointwise group */
     CHECK(st.launches == 3, "%d launches\n%s", st.launches, mk_model_script(m));
     const char *want[3] = {"moonkaas matrix-vector group $4", NULL, "moonkaas pointwise group"};
     for (int i = 0; i < st.launches && i < 3; i++) {

@@ -712,6 +712,14 @@ static void test_matmul_shapes(void) {
                     matmul_case(3, (int64_t[]){batches, m, k}, PERM3[pa],
                                 (int64_t[]){batches, k, n}, PERM3[pb], "[B,m,k]@[B,k,n]");
     }
+    /* matrix-vector shapes (at most MK_MATVEC_ROWS rows) with n past the CPU's
+     * register blocks of columns (256 with AVX-512), so blocks, single vectors
+     * and a masked tail each take part */
+    for (int r = 0; r < 3; r++) {
+        int64_t m = test_randint(1, 4), k = test_randint(1, 300), n = test_randint(250, 600);
+        for (int tb = 0; tb < 2; tb++)
+            matmul_case(2, (int64_t[]){m, k}, id, (int64_t[]){k, n}, tb ? tr : id, "[m<=4,k]@[k,n>=250]");
+    }
 }
 
 /*
