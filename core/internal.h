@@ -339,7 +339,9 @@ typedef struct mk_pointwise_group {
 #define MK_PRODUCT_MEMBERS 32 /* nodes one group may replace */
 #define MK_MATVEC_ROWS 4      /* rows of A a group takes; more is a matrix product */
 #define MK_ATTENTION_ROWS 8   /* query rows per batch an attention group takes */
-#define MK_INT8_GROUP_MAX 512 /* the largest groups of A on the int8 grid a group takes */
+#define MK_INT8_GROUP_MAX 512 /* groups of A on the int8 grid a group takes divide this (powers
+                                 of two: CUDA's 16-value lanes of a group share its maximum by
+                                 butterfly shuffles within a warp) */
 #define MK_ATTENTION_ROWS_MAX 12032 /* cached rows one block scores in shared memory */
 
 typedef struct {

@@ -380,14 +380,14 @@ static bool valid(cand *c, const mk_product_group *pg) {
 
 /*
  * Products ps's A, where the group may take it on the int8 grid: a
- * FakeQuantizeNode [m, k] read by them alone, on a device that takes that
- * many elements so, every product's weights int8 in blocks of as many rows as
- * its groups.
+ * FakeQuantizeNode [m, k] read by them alone, groups dividing
+ * MK_INT8_GROUP_MAX, on a device that takes that many elements so, every
+ * product's weights int8 in blocks of as many rows as its groups.
  */
 static mk_node *folded_quantize(const mk_graph *g, mk_node *const *ps, int n_ps) {
     mk_node *a = ps[0]->in[0];
     if (a->op->kernel != MK_KERNEL_FAKE_QUANTIZE || a->n_consumers != n_ps || a == g->output ||
-        a->owner != a || a->rank != 2 || !dense(a->in[0]) || a->attr[0] > MK_INT8_GROUP_MAX ||
+        a->owner != a || a->rank != 2 || !dense(a->in[0]) || MK_INT8_GROUP_MAX % a->attr[0] ||
         a->shape[0] * a->shape[1] > g->int8_products)
         return NULL;
     for (int j = 0; j < n_ps; j++) {

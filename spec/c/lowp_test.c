@@ -457,7 +457,7 @@ static void w8a8_on(mk_device dev, int64_t m, int64_t k, int64_t n, int64_t G) {
         if (!mod) continue;
         const char *report = mk_model_fusion_report(mod);
         bool grid = strstr(report, "A on the int8 grid in groups of") != NULL;
-        CHECK(grid == (fuse == 1), "fuse %d: %s", fuse, report);
+        CHECK(grid == (fuse == 1 && 512 % G == 0), "fuse %d: %s", fuse, report);
         CHECK(mk_evaluate(mod, in, 4, y[fuse], sizeof(float) * (size_t)(m * n), &err) == 0, "%s",
               mk_error_message(err));
         mk_error_free(err);
@@ -498,8 +498,9 @@ static void w8a8_on(mk_device dev, int64_t m, int64_t k, int64_t n, int64_t G) {
                   mk_evaluate(both, in, 4, y[1], sizeof(float) * (size_t)(m * n), &err) == 0,
               "%s", mk_error_message(err));
         const char *report = mk_model_fusion_report(both);
-        CHECK(strstr(report, "RmsNorm folded in") && strstr(report, "A on the int8 grid"), "%s",
-              report);
+        bool folds = 512 % G == 0; /* else both stay nodes, as above */
+        CHECK(!folds || (strstr(report, "RmsNorm folded in") && strstr(report, "A on the int8 grid")),
+              "%s", report);
         for (int64_t e = 0; e < m * n; e++) {
             /* CUDA rounds x * w on the grid of its own scale, the norm's 1 / rms
              * applied after: a value may land one step over (0.02 here) */
@@ -521,7 +522,10 @@ static void w8a8_on(mk_device dev, int64_t m, int64_t k, int64_t n, int64_t G) {
 static void w8a8s_on(mk_device dev) {
     w8a8_on(dev, 1, 64 * test_randint(1, 6), 2 * test_randint(1, 70), 64);
     w8a8_on(dev, test_randint(2, 4), 32 * test_randint(1, 9), 2 * test_randint(1, 70), 32);
-    w8a8_on(dev, 1, 48 * test_randint(1, 5), 6, 48); /* not a multiple of 32: the scalar loop */
+    w8a8_on(dev, 1, 16 * test_randint(1, 9), 6, 16); /* not a multiple of 32: the scalar loop */
+    /* groups that do not divide 512 stay nodes (CUDA's lanes share a group's
+     * maximum by butterfly shuffles): the float product of the rounded values */
+    w8a8_on(dev, test_randint(1, 4), 48 * test_randint(1, 5), 6, 48);
 }
 static void test_w8a8_cpu(void) { w8a8s_on(MK_DEVICE_CPU); }
 static void test_w8a8_cuda(void) { w8a8s_on(MK_DEVICE_CUDA); }
