@@ -373,6 +373,7 @@ function M.main(argv, env)
         precision = o.precision })
     if mk.on_progress then mk.on_progress(nil) end -- runs report nothing
     if not ok then return fail(tostring(net)) end
+    collectgarbage() -- the build's garbage freed now, its memory serves the run: lower peak RSS
     local run_ok, rerr = pcall(function()
         if o.mode == "generate" then
             M.generate(net, tok, smp, o.prompt, o.steps, { write = env.stdout, report = err_write })

@@ -22,7 +22,24 @@
 
 local f32 = require("moonkaas.llama2.float32").f32
 
+local pack, unpack, find, sub, byte, rep = string.pack, string.unpack, string.find, string.sub,
+    string.byte, string.rep
+
 local M = {}
+
+-- t[first..last] (integers in [0, 2^32)) as one string of little-endian
+-- uint32, packed 2,048 at a time.
+local CHUNK = 2048
+local CHUNK_FMT = "<" .. rep("I4", CHUNK)
+local function pack_ints(t, first, last)
+    local parts = {}
+    for i = first, last, CHUNK do
+        local j = math.min(i + CHUNK - 1, last)
+        parts[#parts + 1] = pack(j - i + 1 == CHUNK and CHUNK_FMT or "<" .. rep("I4", j - i + 1),
+                                 table.unpack(t, i, j))
+    end
+    return table.concat(parts)
+end
 
 local Tokenizer = {}
 Tokenizer.__index = Tokenizer
@@ -47,12 +64,16 @@ function M.parse(bytes, vocab_size, name)
     if #bytes < 4 then
         return nil, string.format("%s: truncated: %d bytes, no room for the 4-byte header", name, #bytes)
     end
-    local max_token_length, pos = string.unpack("<i4", bytes)
+    local max_token_length, pos = unpack("<i4", bytes)
     if max_token_length < 1 then
         return nil, string.format("%s: corrupt header: max_token_length %d is not positive",
                                   name, max_token_length)
     end
-    local vocab, scores = {}, {}   -- 0-based ids: vocab[id] string, scores[id] float32
+    -- Each piece stays in `bytes` where the file has it; `index` packs its
+    -- offset and length (up to its first NUL) per id, 1,024 ids at a time.
+    -- No string per piece: for tokenizer.bin's 32,000 that is 0.9 MB, where a
+    -- table of pieces, one of scores and a map from piece to id took 3 MB.
+    local parts, buf, nbuf = {}, {}, 0
     local size = #bytes
     for id = 0, vocab_size - 1 do
         if pos + 7 > size then
@@ -60,7 +81,7 @@ function M.parse(bytes, vocab_size, name)
                                       name, id, vocab_size)
         end
         local score, len
-        score, len, pos = string.unpack("<fi4", bytes, pos)
+        score, len, pos = unpack("<fi4", bytes, pos)
         if len < 0 then
             return nil, string.format("%s: corrupt token %d: negative length %d", name, id, len)
         end
@@ -71,10 +92,17 @@ function M.parse(bytes, vocab_size, name)
             return nil, string.format("%s: truncated in token %d of %d (the model's vocabulary)",
                                       name, id, vocab_size)
         end
-        vocab[id] = cstring(bytes:sub(pos, pos + len - 1))
-        scores[id] = score
+        -- the next record's length field holds a zero byte: this find stops soon
+        local nul = find(bytes, "\0", pos, true)
+        buf[nbuf + 1], buf[nbuf + 2] = pos, (nul and nul < pos + len) and nul - pos or len
+        nbuf = nbuf + 2
+        if nbuf == CHUNK then
+            parts[#parts + 1] = pack_ints(buf, 1, nbuf)
+            nbuf = 0
+        end
         pos = pos + len
     end
+    if nbuf > 0 then parts[#parts + 1] = pack_ints(buf, 1, nbuf) end
     if pos <= size then
         -- run.c would read the first vocab_size pieces and ignore the rest: the
         -- text would be another model's pieces for these ids
@@ -88,11 +116,13 @@ function M.parse(bytes, vocab_size, name)
                                   name, vocab_size, vocab_size == 1 and "" or "s")
     end
     local t = setmetatable({
-        vocab = vocab,              -- [0, vocab_size) → piece
-        scores = scores,            -- [0, vocab_size) → float32 merge score
+        bytes = bytes,              -- the file, which holds the pieces and their scores
+        index = table.concat(parts), -- per id from 0: I4 offset into bytes, I4 length
         vocab_size = vocab_size,
         max_token_length = max_token_length,
-        lookup = nil,               -- piece → id, built on first encode
+        buckets = nil,              -- the lookup, built on first encode (Tokenizer:find)
+        bucket_ids = nil,
+        n_buckets = nil,
     }, Tokenizer)
     return t
 end
@@ -117,16 +147,61 @@ function M.load(path, vocab_size)
     return M.parse(bytes, vocab_size, path)
 end
 
--- run.c finds pieces by binary search over the strcmp-sorted vocabulary; with
--- no duplicate pieces (true of tok512.bin and tokenizer.bin) a hash lookup
--- answers the same. With duplicates this one keeps the lowest id.
-function Tokenizer:index()
-    if not self.lookup then
-        local lookup = {}
-        for id = self.vocab_size - 1, 0, -1 do lookup[self.vocab[id]] = id end
-        self.lookup = lookup
+-- The piece of token id (0-based, in range), and its float32 merge score.
+function Tokenizer:piece(id)
+    local at, len = unpack("<I4I4", self.index, 8 * id + 1)
+    return sub(self.bytes, at, at + len - 1)
+end
+
+function Tokenizer:score(id)
+    return (unpack("<f", self.bytes, (unpack("<I4", self.index, 8 * id + 1)) - 8))
+end
+
+-- The bucket (0-based) among n, n a power of two, of the piece s[i..j]: a
+-- hash of its bytes.
+local function bucket_of(s, i, j, n)
+    local h = j - i + 1
+    for k = i, j do h = (h * 31 + byte(s, k)) & 0xFFFFFF end
+    return h & (n - 1)
+end
+
+-- The id of `piece`, or nil. run.c finds pieces by binary search over the
+-- strcmp-sorted vocabulary; with no duplicate pieces (true of tok512.bin and
+-- tokenizer.bin) a hash lookup answers the same. With duplicates this one
+-- keeps the lowest id. The lookup packs the ids by bucket, in id order (a
+-- counting sort), with each bucket's first position: no string per piece.
+function Tokenizer:find(piece)
+    if not self.buckets then
+        local n = 1
+        while n * 2 <= self.vocab_size do n = n * 2 end
+        local bytes, index = self.bytes, self.index
+        local function bucket(id)
+            local at, len = unpack("<I4I4", index, 8 * id + 1)
+            return bucket_of(bytes, at, at + len - 1, n)
+        end
+        local first, fill, order = {}, {}, {}
+        for b = 0, n do first[b], fill[b] = 0, 0 end
+        for id = 0, self.vocab_size - 1 do
+            local b = bucket(id) + 1
+            first[b] = first[b] + 1
+        end
+        for b = 1, n do first[b] = first[b] + first[b - 1] end
+        for id = 0, self.vocab_size - 1 do
+            local b = bucket(id)
+            order[first[b] + fill[b] + 1] = id
+            fill[b] = fill[b] + 1
+        end
+        self.bucket_ids = pack_ints(order, 1, #order)
+        self.buckets = pack_ints(first, 0, n)
+        self.n_buckets = n
     end
-    return self.lookup
+    local b = bucket_of(piece, 1, #piece, self.n_buckets)
+    local lo, hi = unpack("<I4I4", self.buckets, 4 * b + 1)
+    for k = lo, hi - 1 do
+        local id = unpack("<I4", self.bucket_ids, 4 * k + 1)
+        if self:piece(id) == piece then return id end
+    end
+    return nil
 end
 
 -- Encodes `text` (bytes, UTF-8 expected) into a 1-based array of token ids.
@@ -137,12 +212,10 @@ function Tokenizer:encode(text, bos, eos)
         error("tokenizer: encode needs a string, got " .. type(text), 2)
     end
     text = cstring(text)
-    local lookup = self:index()
-    local vocab, scores = self.vocab, self.scores
     local tokens, n = {}, 0
     if bos then n = n + 1; tokens[n] = BOS end
     if #text > 0 then
-        local space = lookup[" "]
+        local space = self:find(" ")
         if not space then
             error("tokenizer: the vocabulary has no \" \" piece for the dummy prefix", 0)
         end
@@ -156,7 +229,7 @@ function Tokenizer:encode(text, bos, eos)
         local j = i
         while j < len and j - i + 1 < 4 and (text:byte(j + 1) & 0xC0) == 0x80 do j = j + 1 end
         local piece = text:sub(i, j)
-        local id = lookup[piece]
+        local id = self:find(piece)
         if id then
             n = n + 1; tokens[n] = id
         else
@@ -176,9 +249,9 @@ function Tokenizer:encode(text, bos, eos)
     while true do
         local best_score, best_id, best_idx = f32(-1e10), -1, -1
         for k = 1, n - 1 do
-            local id = lookup[vocab[tokens[k]] .. vocab[tokens[k + 1]]]
-            if id and scores[id] > best_score then
-                best_score, best_id, best_idx = scores[id], id, k
+            local id = self:find(self:piece(tokens[k]) .. self:piece(tokens[k + 1]))
+            if id and self:score(id) > best_score then
+                best_score, best_id, best_idx = self:score(id), id, k
             end
         end
         if best_idx == -1 then break end
@@ -193,10 +266,11 @@ end
 
 -- The bytes run.c's decode returns for `token` following `prev`.
 function Tokenizer:decode(prev, token)
-    local piece = self.vocab[token]
-    if not piece then
+    local id = math.type(token) and math.tointeger(token)
+    if not id or id < 0 or id >= self.vocab_size then
         error(string.format("tokenizer: token id %s out of range [0, %d)", tostring(token), self.vocab_size), 0)
     end
+    local piece = self:piece(id)
     -- After BOS, sentencepiece drops the leading space of the first piece.
     if prev == BOS and piece:byte(1) == 32 then piece = piece:sub(2) end
     -- A `<0xNN>` piece is a raw byte (run.c: sscanf "<0x%02hhX>"; only the
