@@ -28,8 +28,9 @@ SAN      ?=
 OPENMP   ?= -fopenmp
 CFLAGS   += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fPIC $(OPENMP) \
             -fvisibility=hidden -DMK_BUILDING -Icore $(SAN)
-# -ldl -pthread: plugin.c opens the CUDA plugin once (dlopen, pthread_once)
-LDLIBS   += -lopenblas -lm $(OPENMP) -ldl -pthread $(SAN)
+# -ldl -pthread: plugin.c opens the CUDA plugin once (dlopen, pthread_once), and
+# cpu.c OpenBLAS (at the compile of the first model with a lone product)
+LDLIBS   += -lm $(OPENMP) -ldl -pthread $(SAN)
 LUA      ?= lua5.4
 LUA_INCDIR ?= $(firstword $(wildcard /usr/include/lua5.4) /usr/include)
 LUA_LIBDIR ?= $(LUA_INCDIR)/../../lib/x86_64-linux-gnu

@@ -33,6 +33,7 @@
 #include "internal.h"
 
 #include <cblas.h>
+#include <dlfcn.h>
 #ifdef __AVX2__
 #include <immintrin.h>
 #endif
@@ -963,6 +964,44 @@ static void mv_omp(const float *a, int64_t sar, const float *b, int64_t ldb,
     });
 }
 
+/*
+ * OpenBLAS, opened by the compile of the first model with a lone product (a
+ * MatMulNode launch; cpu_prepare), not linked: a model whose products all run
+ * in groups (decoding, a policy MLP) never loads it, so neither its 2 MB nor
+ * its threads, which spin for a while after they start and would take the
+ * cores from OpenMP's. $MK_BLAS names another build to open instead (e.g.
+ * Debian's OpenMP one, whose threads are OpenMP's).
+ */
+static struct {
+    __typeof__(cblas_sgemm) *sgemm;
+    __typeof__(cblas_sgemv) *sgemv;
+    char why[256]; /* why it could not be opened, or "" */
+} cpu_blas;
+static pthread_once_t cpu_blas_once = PTHREAD_ONCE_INIT;
+
+static void cpu_blas_open(void) {
+    const char *env = getenv("MK_BLAS");
+    const char *names[] = {"libopenblas.so.0", "libopenblas.so"};
+    size_t n = sizeof names / sizeof names[0];
+    if (env && *env) names[0] = env, n = 1;
+    for (size_t i = 0; i < n; i++) {
+        void *lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+        if (!lib) {
+            snprintf(cpu_blas.why, sizeof cpu_blas.why, "%s", dlerror());
+            continue;
+        }
+        cpu_blas.sgemm = (__typeof__(cblas_sgemm) *)dlsym(lib, "cblas_sgemm");
+        cpu_blas.sgemv = (__typeof__(cblas_sgemv) *)dlsym(lib, "cblas_sgemv");
+        if (cpu_blas.sgemm && cpu_blas.sgemv) {
+            cpu_blas.why[0] = '\0';
+            return; /* open for the process's life, as a linked library would be */
+        }
+        snprintf(cpu_blas.why, sizeof cpu_blas.why, "%s has no cblas_sgemm or cblas_sgemv",
+                 names[i]);
+        dlclose(lib);
+    }
+}
+
 /* One product c [m, n] = a [m, k] @ b [k, n] through CBLAS where the layouts allow. */
 static void mm_one(const float *a, int64_t sar, int64_t sac, const float *b, int64_t sbr,
                    int64_t sbc, float *c, int64_t m, int64_t k, int64_t n) {
@@ -977,15 +1016,15 @@ static void mm_one(const float *a, int64_t sar, int64_t sac, const float *b, int
         /* c [n] = b^T a: b normal is [k, n] (Trans), transposed is held as [n, k]. */
         int incx = k == 1 ? 1 : (int)sac;
         if (!tb)
-            cblas_sgemv(CblasRowMajor, CblasTrans, (int)k, (int)n, 1.0f, b, (int)ldb, a, incx,
-                        0.0f, c, 1);
+            cpu_blas.sgemv(CblasRowMajor, CblasTrans, (int)k, (int)n, 1.0f, b, (int)ldb, a, incx,
+                           0.0f, c, 1);
         else
-            cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)n, (int)k, 1.0f, b, (int)ldb, a, incx,
-                        0.0f, c, 1);
+            cpu_blas.sgemv(CblasRowMajor, CblasNoTrans, (int)n, (int)k, 1.0f, b, (int)ldb, a,
+                           incx, 0.0f, c, 1);
         return;
     }
     if (ok_b && m <= INT32_MAX && mk_matrix_layout(m, k, sar, sac, &ta, &lda)) {
-        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+        cpu_blas.sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
                     (int)m, (int)n, (int)k, 1.0f, a, (int)lda, b, (int)ldb, 0.0f, c, (int)n);
         return;
     }
@@ -1561,6 +1600,16 @@ static int cpu_prepare(void *state, const mk_launch *launches, int n, const mk_c
     (void)in, (void)n_in, (void)out;
     cpu_state *s = state;
     pthread_once(&cpu_cost_once, cpu_calibrate);
+    for (int i = 0; i < n; i++) {
+        if (launches[i].node->op->kernel != MK_KERNEL_MATMUL) continue;
+        pthread_once(&cpu_blas_once, cpu_blas_open);
+        if (cpu_blas.why[0])
+            return mk_fail(err, MK_ERR_DEVICE, launches[i].node->line, launches[i].node->column,
+                           "%s $%d: the CPU's matrix products need OpenBLAS, which cannot be "
+                           "opened: %s",
+                           launches[i].node->op->name, launches[i].node->id, cpu_blas.why);
+        break;
+    }
     /* the constants' bytes, each counted once (by its owner) */
     double constants = 0.0;
     const mk_node **seen = calloc((size_t)n * MK_MAX_INPUTS + 1, sizeof *seen);

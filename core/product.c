@@ -114,7 +114,8 @@ static const char *why_not(const mk_graph *g, const mk_node *p) {
     if (by_rows(b) && !(g->row_products && b->stride[1] == 1 && b->dtype == MK_DTYPE_FLOAT32))
         return g->row_products ? "B's columns are not contiguous, nor its rows float32 and contiguous"
                                : "B's columns are not contiguous";
-    if (b->shape[1] % 2) return "an odd number of columns";
+    if (b->shape[1] % 2 && !by_rows(b)) /* by columns, CUDA takes them in pairs */
+        return "an odd number of columns";
     return NULL;
 }
 

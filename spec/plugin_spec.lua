@@ -6,7 +6,10 @@
 --   * before anything asks for CUDA, the process maps no CUDA library and not
 --     the plugin; asking for CUDA then loads the plugin where the build made one;
 --   * with MK_CUDA_PLUGIN naming a missing file, mk.cuda_available() says why,
---     compiling for CUDA fails with "no CUDA device:", and the CPU still works.
+--     compiling for CUDA fails with "no CUDA device:", and the CPU still works;
+--   * OpenBLAS is not mapped while every product runs in a group; a lone
+--     product's compile opens it, or, with MK_BLAS naming a missing file,
+--     fails saying so while the groups still run.
 local H = require "spec.helpers"
 local mk = H.mk()
 local seed = H.seed("plugin_spec")
@@ -82,6 +85,18 @@ print("cuda_compile=" .. tostring(compiled))
 print("cuda_error=" .. (compiled and "" or tostring(err):gsub("\n", " ")))
 print("mapped_after_cuda=" .. mapped())
 print("cpu_error_after=" .. mlp_error())
+-- OpenBLAS: not mapped while every product runs in a group (the MLP above);
+-- a product with more rows than a matrix-vector product needs it
+local function blas_mapped()
+    return assert(io.open("/proc/self/maps")):read("a"):find("libopenblas", 1, true) and "yes" or "no"
+end
+print("blas_after_groups=" .. blas_mapped())
+local a8 = mk.input("a", "float32", { 8, 8 })
+local lone_ok, lone = pcall(mk.compile, a8:matmul(mk.constant(mk.tensor(rand(8, 8)), "w8")))
+print("lone_compile=" .. tostring(lone_ok))
+print("lone_error=" .. (lone_ok and "" or tostring(lone):gsub("\n", " ")))
+print("blas_after_lone=" .. blas_mapped())
+print("cpu_error_last=" .. mlp_error())
 print("done=true")
 ]==]
 
@@ -103,6 +118,25 @@ local function run_child(env)
     assert.are.equal("true", r.done, "the child did not finish:\n" .. out)
     return r
 end
+
+describe("OpenBLAS", function()
+    it("is opened by the first compile with a lone product, not by groups", function()
+        local r = run_child("")
+        assert.are.equal("no", r.blas_after_groups, r.output)
+        assert.are.equal("true", r.lone_compile, r.output)
+        assert.are.equal("yes", r.blas_after_lone, r.output)
+    end)
+
+    it("named by MK_BLAS where it cannot be opened fails that compile clearly; the rest runs", function()
+        local r = run_child("MK_BLAS=/nonexistent/libopenblas.so.0")
+        assert.is_true(tonumber(r.cpu_error) <= 1, r.output)
+        assert.are.equal("false", r.lone_compile, r.output)
+        assert.truthy(r.lone_error:find("device error: .*MatMulNode %$%d+: the CPU's matrix products "
+            .. "need OpenBLAS, which cannot be opened: /nonexistent/libopenblas.so.0"), r.lone_error)
+        assert.are.equal("no", r.blas_after_lone, r.output)
+        assert.is_true(tonumber(r.cpu_error_last) <= 1, r.output)
+    end)
+end)
 
 describe("the CUDA plugin", function()
     it("is not mapped by a process that only uses the CPU, and is loaded when CUDA is asked for", function()

@@ -115,9 +115,10 @@ static void random_graph(script *s) {
     int64_t N[3];
     int p[3];
     for (int j = 0; j < P; j++) {
-        N[j] = 2 * test_randint(1, 40);
+        bool rows = !test_randint(0, 2);
+        N[j] = 2 * test_randint(1, 40) - (rows && test_randint(0, 1)); /* by rows: odd too */
         if (j > 0 && test_randint(0, 1)) N[j] = N[j - 1]; /* siblings that may merge */
-        if (test_randint(0, 2)) { /* the weight as [K, N]: [N, K] read through a permute */
+        if (!rows) { /* the weight as [K, N]: [N, K] read through a permute */
             int w = INPUT(s, MK_DTYPE_FLOAT32, N[j], K);
             p[j] = put(s, "PermuteNode($%d, [1, 0])", w);
         } else { /* held by rows, as an MLP's (the CPU's groups take these too) */
@@ -147,7 +148,7 @@ static void random_graph(script *s) {
             v = put(q, "SumNode($%d, $%d)", v, r);
             s->next_id = q->next_id;
         }
-        if (test_randint(0, 1)) { /* RoPE between reshapes */
+        if (n % 2 == 0 && test_randint(0, 1)) { /* RoPE between reshapes */
             bool first = test_randint(0, 1); /* the multiplier first: then of full shape */
             int f = input(s, MK_DTYPE_FLOAT32, 3, (int64_t[]){first ? M : 1, n / 2, 2});
             q->next_id = s->next_id;
