@@ -127,7 +127,7 @@ $(BUILD)/tests/%: spec/c/%.c spec/c/test.h spec/c/mnist_script.h $(LIB_A)
 # The embedding example: a C host with its own lua_State and the module linked in.
 $(BUILD)/tests/lua_host_test: spec/c/lua_host_test.c spec/c/test.h $(LUA_OBJ) $(LIB_A)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -I$(LUA_INCDIR) -I$(LUA_INCDIR)/../x86_64-linux-gnu -Ispec/c -o $@ $< $(LUA_OBJ) $(LIB_A) -L$(LUA_LIBDIR) -l$(LUA) $(LDLIBS)
+	$(CC) $(CFLAGS) -I$(LUA_INCDIR) -I$(LUA_INCDIR)/../x86_64-linux-gnu -Ispec/c -Ilua -o $@ $< $(LUA_OBJ) $(LIB_A) -L$(LUA_LIBDIR) -l$(LUA) $(LDLIBS)
 
 # The game-loop host (scripts/game_loop.c): Lua and the module linked in, like lua_host_test.
 EXAMPLES := $(BUILD)/examples/game_loop

@@ -13,6 +13,7 @@
 #include <lua.h>
 #include <lualib.h>
 
+#include "lmk.h"
 #include "test.h"
 
 int luaopen_moonkaas_core(lua_State *L);
@@ -46,6 +47,27 @@ static int run_chunk(lua_State *L, const char *code, int nresults) {
 }
 
 static uint64_t seed;
+
+/* A tensor's data start a cache line (a CPU model reads a constant's rows in
+ * place, with whole-line vector loads), whatever the shape and dtype. */
+static void test_tensor_data_aligned(void) {
+    lua_State *L = host_new();
+    CHECK(L != NULL, "luaL_newstate failed");
+    if (!L) return;
+    const char *dtypes[] = {"float32", "int8", "int64", "bfloat16"};
+    for (int i = 0; i < 40 && !test_cur_failed; i++) {
+        char code[160];
+        snprintf(code, sizeof code, "return require('moonkaas').zeros('%s', {%d, %d})", dtypes[i % 4],
+                 1 + i % 7, 1 + (i * 5) % 13);
+        int status = run_chunk(L, code, 1);
+        CHECK(status == LUA_OK, "%s", lua_tostring(L, -1));
+        if (status != LUA_OK) break;
+        const lmk_tensor *t = lmk_to_tensor(L, -1);
+        CHECK(t && (uintptr_t)t->data % 64 == 0, "%s: data at %p", code, t ? t->data : NULL);
+        lua_pop(L, 1);
+    }
+    lua_close(L);
+}
 
 static void test_registered_statically(void) {
     lua_State *L = host_new();
@@ -118,6 +140,7 @@ static void test_errors_leave_the_host_usable(void) {
 
 int main(void) {
     seed = test_seed();
+    RUN(test_tensor_data_aligned);
     RUN(test_registered_statically);
     RUN(test_script_compiles_and_runs);
     RUN(test_errors_leave_the_host_usable);
