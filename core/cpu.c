@@ -1,9 +1,9 @@
 /*
  * cpu.c — the CPU device: one kernel per kernel family (plain C, OpenMP,
- * CBLAS) and the device table model.c evaluates through. Long because it is
+ * CBLAS, opened at run time) and the device table model.c evaluates through. Long because it is
  * every CPU kernel in one place, sharing the strided walk, the tiling and the
  * matrix-product helpers; the groups' loops at the end reuse their row
- * functions (mv_columns, program_f32, rms_row, softmax_row, mm_loops), which
+ * functions (mv_columns, mv_rows, program_f32, rms_row, softmax_row, mm_loops), which
  * is what keeps a group bit-identical to its nodes alone.
  *
  * Every kernel receives a launch bound once at compile time (addresses are
@@ -895,8 +895,9 @@ static inline cpu_vr load_vr(const float *p) {
     return v;
 }
 
-__attribute__((noinline)) static void mv_rows(const float *restrict a, const float *restrict b, int64_t ldb, int64_t k,
-                    int64_t cols, float *restrict c) {
+__attribute__((noinline)) static void mv_rows(const float *restrict a, const float *restrict b,
+                                              int64_t ldb, int64_t k, int64_t cols,
+                                              float *restrict c) {
     int64_t j = 0;
     for (; j + CPU_ROW_BLOCK <= cols; j += CPU_ROW_BLOCK) {
         cpu_vr s[CPU_ROW_VECS] = {0};
@@ -1024,8 +1025,9 @@ static void mm_one(const float *a, int64_t sar, int64_t sac, const float *b, int
         return;
     }
     if (ok_b && m <= INT32_MAX && mk_matrix_layout(m, k, sar, sac, &ta, &lda)) {
-        cpu_blas.sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                    (int)m, (int)n, (int)k, 1.0f, a, (int)lda, b, (int)ldb, 0.0f, c, (int)n);
+        cpu_blas.sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
+                       tb ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, 1.0f, a, (int)lda,
+                       b, (int)ldb, 0.0f, c, (int)n);
         return;
     }
     mm_loops(a, sar, sac, b, sbr, sbc, c, m, k, n);
@@ -1258,8 +1260,8 @@ static int cpu_attention(const mk_launch *l, mk_error **err) {
  * (rms_row, as the node alone). The threads then share the results' columns
  * in contiguous runs of quads; per chunk of CPU_MV_CHUNK columns and row of
  * A, a thread takes its products' dot products (mv_columns; mv_rows for
- * weights held by rows), gathers the
- * operands the epilogue reads, runs the epilogue's program (program_f32),
+ * weights held by rows), gathers the operands the epilogue reads
+ * (gather_run), runs the epilogue's program (program_f32),
  * rotates the pairs, and writes the values (into the group's memory or the
  * rows a write replaces) or keeps the row's best for the ArgMax. Every value
  * is the one the nodes alone compute, bit for bit; the logits of a greedy

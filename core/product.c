@@ -112,7 +112,8 @@ static const char *why_not(const mk_graph *g, const mk_node *p) {
     if (a->rank != 2 || b->rank != 2) return "not [m, k] @ [k, n]";
     if (a->shape[0] > MK_MATVEC_ROWS) return "more rows than a matrix-vector product";
     if (by_rows(b) && !(g->row_products && b->stride[1] == 1 && b->dtype == MK_DTYPE_FLOAT32))
-        return g->row_products ? "B's columns are not contiguous, nor its rows float32 and contiguous"
+        return g->row_products ? "B's columns are not contiguous, nor its rows float32 and "
+                                 "contiguous"
                                : "B's columns are not contiguous";
     if (b->shape[1] % 2 && !by_rows(b)) /* by columns, CUDA takes them in pairs */
         return "an odd number of columns";
