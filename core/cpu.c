@@ -1,10 +1,11 @@
 /*
  * cpu.c — the CPU device: one kernel per kernel family (plain C, OpenMP,
- * CBLAS, opened at run time) and the device table model.c evaluates through. Long because it is
- * every CPU kernel in one place, sharing the strided walk, the tiling and the
- * matrix-product helpers; the groups' loops at the end reuse their row
- * functions (mv_columns, mv_rows, program_f32, rms_row, softmax_row, mm_loops), which
- * is what keeps a group bit-identical to its nodes alone.
+ * CBLAS, opened at run time) and the device table model.c evaluates through.
+ * Long because it is every CPU kernel in one place, sharing the strided walk,
+ * the tiling and the matrix-product helpers; the groups' loops at the end
+ * reuse their row functions (mv_columns, mv_rows, program_f32, rms_row,
+ * softmax_row, mm_loops), which is what keeps a group bit-identical to its
+ * nodes alone.
  *
  * Every kernel receives a launch bound once at compile time (addresses are
  * final) whose dtypes model.c has checked against the table at the bottom.
