@@ -3,7 +3,7 @@
 # definite leak fails. Usage: sh spec/valgrind.sh [BUILD_DIR]
 BUILD=${1:-build}
 cd "$(dirname "$0")/.." || exit 2
-VG="valgrind -q --suppressions=spec/valgrind.supp --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite"
+VG="valgrind -q --keep-debuginfo=yes --suppressions=spec/valgrind.supp --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite"
 status=0
 # generated kernels compiled here are cached in a throwaway directory
 export MK_KERNEL_CACHE="${MK_KERNEL_CACHE:-$(mktemp -d)}"
