@@ -10,7 +10,9 @@
  *             record; then the copies and every launch are captured once:
  *                 [inputs: pinned → device] → [clear fault] → launch 0 → …
  *                 → launch n-1 → [output → pinned] → [fault → pinned]
- *             and instantiated. A capture failure is an error, never a
+ *             and instantiated. Up to MK_STAGE_KERNEL_MAX staged bytes the
+ *             copies are two kernels through the block's device mapping (one
+ *             each end), not copy-engine nodes. A capture failure is an error, never a
  *             fallback to eager launches.
  *   evaluate  host → pinned (memcpy), one graph launch, one sync, then
  *             either the fault as MK_ERR_EVAL naming the node, or pinned →
@@ -34,6 +36,55 @@
 #define MK_BLAS_WORKSPACE (32u << 20)
 /* Staging slots start on this boundary (wide host copies). */
 #define MK_STAGE_ALIGN 64
+/* Up to this many staged bytes (and MK_STAGE_COPIES copies at each end), the
+ * graph's copies are two small kernels reading and writing the pinned block
+ * through its device mapping: a copy-engine node costs a few microseconds of
+ * latency each, which is most of a small model's evaluation. More goes by
+ * the copy engines. */
+#define MK_STAGE_KERNEL_MAX (64u << 10)
+#define MK_STAGE_COPIES 8
+
+/* ---- copies as kernels ---------------------------------------------------- */
+
+typedef struct {
+    int n;
+    unsigned char *dst[MK_STAGE_COPIES];
+    const unsigned char *src[MK_STAGE_COPIES]; /* NULL: fill with zeros */
+    unsigned long long bytes[MK_STAGE_COPIES];
+} mk_stage_copies;
+
+/* Every copy of c, the whole grid on each: 16-byte words where both ends
+ * allow (slots and device buffers are aligned), then bytes. */
+__global__ void mk_stage_kernel(mk_stage_copies c) {
+    unsigned long long t = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+    unsigned long long step = (unsigned long long)gridDim.x * blockDim.x;
+    for (int i = 0; i < c.n; i++) {
+        unsigned char *d = c.dst[i];
+        const unsigned char *s = c.src[i];
+        unsigned long long n = c.bytes[i], words = 0;
+        if (((unsigned long long)d | (unsigned long long)s) % 16 == 0) {
+            words = n / 16;
+            for (unsigned long long w = t; w < words; w += step)
+                ((uint4 *)d)[w] = s ? ((const uint4 *)s)[w] : make_uint4(0, 0, 0, 0);
+        }
+        for (unsigned long long b = 16 * words + t; b < n; b += step) d[b] = s ? s[b] : 0;
+    }
+}
+
+/* The device's address of a place in the model's pinned block (its mapping). */
+static unsigned char *stage_on_device(const mk_cuda_state *s, const void *host) {
+    return s->pinned_dev + ((const unsigned char *)host - s->pinned);
+}
+
+/* Captures c as one kernel node on the stream; false if the launch failed. */
+static bool stage_launch(const mk_stage_copies *c, cudaStream_t stream) {
+    if (c->n == 0) return true;
+    unsigned long long most = 0;
+    for (int i = 0; i < c->n; i++) most = c->bytes[i] > most ? c->bytes[i] : most;
+    unsigned int blocks = (unsigned int)((most / 16 + 255) / 256);
+    mk_stage_kernel<<<blocks ? (blocks < 64 ? blocks : 64) : 1, 256, 0, stream>>>(*c);
+    return cudaGetLastError() == cudaSuccess;
+}
 
 /* ---- errors ------------------------------------------------------------- */
 
@@ -309,7 +360,9 @@ static int cuda_prepare(void *state, const mk_launch *launches, int n, const mk_
                 return mk_fail(err, MK_ERR_NOMEM, 0, 0, "cannot allocate the staging table");
         }
         s->n_in = n_in;
-        MK_CUDA_TRY(err, cudaHostAlloc((void **)&s->pinned, total, cudaHostAllocDefault));
+        MK_CUDA_TRY(err, cudaHostAlloc((void **)&s->pinned, total, cudaHostAllocMapped));
+        MK_CUDA_TRY(err, cudaHostGetDevicePointer((void **)&s->pinned_dev, s->pinned, 0));
+        s->stage_kernels = total <= MK_STAGE_KERNEL_MAX && n_in + 1 <= MK_STAGE_COPIES;
         size_t at = 0;
         for (int i = 0; i < n_in; i++) {
             s->in_stage[i] = s->pinned + at;
@@ -332,12 +385,26 @@ static int cuda_prepare(void *state, const mk_launch *launches, int n, const mk_
     capturing = true;
     /* The graph opens with the inputs' copies from their pinned slots, so an
      * evaluation is memcpys on the host, one graph launch and one sync. */
-    for (int i = 0; failed_at == -1 && i < n_in; i++)
-        if (in[i].bytes && cudaMemcpyAsync(in[i].device, s->in_stage[i], in[i].bytes,
-                                           cudaMemcpyHostToDevice, s->stream) != cudaSuccess)
+    if (s->stage_kernels) { /* one kernel: the inputs, and the fault record cleared */
+        mk_stage_copies c = {0};
+        for (int i = 0; i < n_in; i++) {
+            if (!in[i].bytes) continue;
+            c.dst[c.n] = (unsigned char *)in[i].device;
+            c.src[c.n] = stage_on_device(s, s->in_stage[i]);
+            c.bytes[c.n++] = in[i].bytes;
+        }
+        c.dst[c.n] = (unsigned char *)s->fault;
+        c.bytes[c.n++] = sizeof *s->fault;
+        if (!stage_launch(&c, s->stream)) failed_at = -2;
+    } else {
+        for (int i = 0; failed_at == -1 && i < n_in; i++)
+            if (in[i].bytes && cudaMemcpyAsync(in[i].device, s->in_stage[i], in[i].bytes,
+                                               cudaMemcpyHostToDevice, s->stream) != cudaSuccess)
+                failed_at = -2;
+        if (failed_at == -1 &&
+            cudaMemsetAsync(s->fault, 0, sizeof *s->fault, s->stream) != cudaSuccess)
             failed_at = -2;
-    if (failed_at == -1 && cudaMemsetAsync(s->fault, 0, sizeof *s->fault, s->stream) != cudaSuccess)
-        failed_at = -2;
+    }
     for (int i = 0; failed_at == -1 && i < n; i++) {
         const mk_launch *l = &launches[i];
         /* model.c bound only launches whose kernel this table has (and whose dtypes it takes) */
@@ -351,13 +418,26 @@ static int cuda_prepare(void *state, const mk_launch *launches, int n, const mk_
         }
     }
     /* the graph's last nodes bring the output and the fault record back to pinned memory */
-    if (failed_at == -1 && out && out->bytes &&
-        cudaMemcpyAsync(s->out_stage, out->device, out->bytes, cudaMemcpyDeviceToHost,
-                        s->stream) != cudaSuccess)
-        failed_at = -2;
-    if (failed_at == -1 && cudaMemcpyAsync(s->fault_stage, s->fault, sizeof *s->fault,
-                                           cudaMemcpyDeviceToHost, s->stream) != cudaSuccess)
-        failed_at = -2;
+    if (failed_at == -1 && s->stage_kernels) {
+        mk_stage_copies c = {0};
+        if (out && out->bytes) {
+            c.dst[c.n] = stage_on_device(s, s->out_stage);
+            c.src[c.n] = (const unsigned char *)out->device;
+            c.bytes[c.n++] = out->bytes;
+        }
+        c.dst[c.n] = stage_on_device(s, s->fault_stage);
+        c.src[c.n] = (const unsigned char *)s->fault;
+        c.bytes[c.n++] = sizeof *s->fault;
+        if (!stage_launch(&c, s->stream)) failed_at = -2;
+    } else if (failed_at == -1) {
+        if (out && out->bytes &&
+            cudaMemcpyAsync(s->out_stage, out->device, out->bytes, cudaMemcpyDeviceToHost,
+                            s->stream) != cudaSuccess)
+            failed_at = -2;
+        if (failed_at == -1 && cudaMemcpyAsync(s->fault_stage, s->fault, sizeof *s->fault,
+                                               cudaMemcpyDeviceToHost, s->stream) != cudaSuccess)
+            failed_at = -2;
+    }
     {
         cudaError_t status = cudaStreamEndCapture(s->stream, &graph);
         capturing = false;

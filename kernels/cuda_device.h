@@ -65,6 +65,8 @@ typedef struct mk_cuda_state {
 
     /* pinned staging, one block: inputs, the output, the fault record */
     unsigned char *pinned;
+    unsigned char *pinned_dev; /* the same block as the device addresses it (mapped) */
+    bool stage_kernels;        /* the graph's copies are mk_stage_kernel nodes */
     void **in_stage;       /* [n_in] pointers into `pinned` */
     int n_in;
     void *out_stage;
