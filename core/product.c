@@ -369,8 +369,9 @@ static bool valid(cand *c, const mk_product_group *pg) {
                 if (memory_of(n->in[k]) == written && after != moved) return false;
         }
     }
-    for (int k = 0; k < c->n_in; k++)
-        if (c->in[k]->index >= last || c->moved[c->in[k]->index]) return false;
+    for (int k = 0; k < c->n_in; k++) /* (a sibling's B may be another sibling's result) */
+        if (c->in[k]->index >= last || c->moved[c->in[k]->index] || is_member(c, c->in[k]))
+            return false;
     for (int o = 0; o < pg->n_outs; o++) { /* a row write's memory is no other operand's */
         if (pg->out[o].row_x < 0) continue;
         const mk_node *x = memory_of(c->in[pg->out[o].row_x]);
