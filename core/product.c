@@ -341,6 +341,20 @@ static void span(const cand *c, int *first, int *last) {
 
 static const mk_node *memory_of(const mk_node *x) { return x->owner; }
 
+/* Whether the group reads operand k other than as a row write's target: as
+ * A, a weight or scale, the norm's weight, an epilogue source, a rotation or
+ * a row write's bounds. */
+static bool operand_read(const mk_product_group *pg, int k) {
+    bool read = pg->a == k || pg->norm_w == k;
+    for (int j = 0; j < pg->n_products; j++) read = read || pg->b[j] == k || pg->b_scale[j] == k;
+    for (int o = 0; o < pg->n_outs; o++) {
+        const mk_product_out *r = &pg->out[o];
+        read = read || r->rotate == k || r->row_begin == k || r->row_end == k;
+        for (int s = 0; s < r->n_src; s++) read = read || r->src[s].in == k;
+    }
+    return read;
+}
+
 /*
  * May the candidate become one node standing at its last member? Nodes
  * between its first and last member that read a member (or such a node) move
@@ -374,6 +388,7 @@ static bool valid(cand *c, const mk_product_group *pg) {
             return false;
     for (int o = 0; o < pg->n_outs; o++) { /* a row write's memory is no other operand's */
         if (pg->out[o].row_x < 0) continue;
+        if (operand_read(pg, pg->out[o].row_x)) return false; /* x itself, read too (A = x) */
         const mk_node *x = memory_of(c->in[pg->out[o].row_x]);
         for (int k = 0; k < c->n_in; k++)
             if (k != pg->out[o].row_x && memory_of(c->in[k]) == x) return false;

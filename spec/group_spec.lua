@@ -82,6 +82,17 @@ describe("matrix-vector groups with weights held by rows", function()
         H.assert_close(got, R.matmul(R.matmul(ar, R.matmul(ar, ar)), wr), 1e-5, 1e-4)
         bits_equal(got, plain:run({ a = at, w = wt }), "siblings")
     end)
+
+    it("keep a row write apart whose target the product also reads (found by graph_fuzz)", function()
+        local x = mk.input("x", "float32", { 2, 2 })
+        local y = x:replace(x:matmul(x), 0, 2) -- every row of x, from x @ x of the old x
+        local fused <close> = mk.compile(y)
+        local plain <close> = mk.compile(y, { fuse = false })
+        local xt, xr = H.rand({ 2, 2 }, -1, 1)
+        local got = fused:run({ x = xt })
+        H.assert_close(got, R.matmul(xr, xr), 1e-6, 1e-5)
+        bits_equal(got, plain:run({ x = xt }), "row write into A")
+    end)
 end)
 
 describe("pointwise groups", function()
