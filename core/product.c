@@ -206,8 +206,10 @@ static bool extend(cand *c, int i) {
         ch->stage = 2;
         return true;
     }
+    /* each row's: the product's rows (a reshape may have regrouped them) */
     if (r->op->kernel == MK_KERNEL_ARGMAX && r->in[0] == v && ch->stage <= 2 && v->rank == 2 &&
-        v->dtype == MK_DTYPE_FLOAT32 && v->shape[1] <= 0xffffffffLL) {
+        v->shape[1] == ch->nodes[0]->shape[1] && v->dtype == MK_DTYPE_FLOAT32 &&
+        v->shape[1] <= 0xffffffffLL) {
         push(ch, r);
         ch->value = ch->end = r;
         ch->stage = 3;

@@ -93,6 +93,22 @@ describe("matrix-vector groups with weights held by rows", function()
         H.assert_close(got, R.matmul(xr, xr), 1e-6, 1e-5)
         bits_equal(got, plain:run({ x = xt }), "row write into A")
     end)
+
+    it("take an ArgMax only over the product's own rows (found by graph_fuzz)", function()
+        local a = mk.input("a", "float32", { 4, 4 })
+        local y = a:matmul(mk.input("w", "float32", { 4, 4 })):reshape({ 1, 16 }):argmax()
+        local fused <close> = mk.compile(y)
+        local plain <close> = mk.compile(y, { fuse = false })
+        local at, ar = H.rand({ 4, 4 }, -1, 1)
+        local wt, wr = H.rand({ 4, 4 }, -1, 1)
+        local p, best = R.matmul(ar, wr), 0
+        for i = 1, 16 do
+            if p.data[i] > p.data[best + 1] then best = i - 1 end
+        end
+        local got = fused:run({ a = at, w = wt })
+        assert.are.equal(best, got:get(1, 1))
+        assert.are.equal(best, plain:run({ a = at, w = wt }):get(1, 1))
+    end)
 end)
 
 describe("pointwise groups", function()
