@@ -660,10 +660,21 @@ static int siblings(const mk_graph *g, mk_node *p, mk_node **ps) {
 
 int mk_product_pass(mk_graph *g, const mk_compile_options *opts, mk_error **err) {
     if (opts->no_passes || opts->no_fusion || g->n_nodes == 0) return 0;
-    /* room for the nodes a group adds (its node and results beyond its members) */
-    bool *moved = malloc(sizeof *moved * (size_t)(g->n_nodes + MK_PRODUCTS_MAX + 1));
+    /* room for the nodes a group adds (its node and results beyond its members);
+     * grown as groups add them (a lone product's group adds one) */
+    int room = g->n_nodes + MK_PRODUCTS_MAX + 1;
+    bool *moved = malloc(sizeof *moved * (size_t)room);
     if (!moved) return mk_fail(err, MK_ERR_NOMEM, 0, 0, "grouping matrix-vector products");
     for (int i = 0; i < g->n_nodes; i++) {
+        if (g->n_nodes + MK_PRODUCTS_MAX + 1 > room) {
+            room = 2 * g->n_nodes + MK_PRODUCTS_MAX + 1;
+            bool *more = realloc(moved, sizeof *moved * (size_t)room);
+            if (!more) {
+                free(moved);
+                return mk_fail(err, MK_ERR_NOMEM, 0, 0, "grouping matrix-vector products");
+            }
+            moved = more;
+        }
         mk_node *p = g->nodes[i];
         cand c;
         mk_product_group *pg = NULL;

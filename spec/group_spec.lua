@@ -99,15 +99,36 @@ describe("matrix-vector groups with weights held by rows", function()
         local y = a:matmul(mk.input("w", "float32", { 4, 4 })):reshape({ 1, 16 }):argmax()
         local fused <close> = mk.compile(y)
         local plain <close> = mk.compile(y, { fuse = false })
-        local at, ar = H.rand({ 4, 4 }, -1, 1)
-        local wt, wr = H.rand({ 4, 4 }, -1, 1)
-        local p, best = R.matmul(ar, wr), 0
-        for i = 1, 16 do
-            if p.data[i] > p.data[best + 1] then best = i - 1 end
+        -- a @ identity: the largest value in row 3, so no row but the first
+        -- of the product gives the answer (element 9 of the 16)
+        local a, w = {}, {}
+        for i = 1, 4 do
+            a[i], w[i] = {}, {}
+            for j = 1, 4 do a[i][j], w[i][j] = -math.random(), i == j and 1 or 0 end
         end
-        local got = fused:run({ a = at, w = wt })
-        assert.are.equal(best, got:get(1, 1))
-        assert.are.equal(best, plain:run({ a = at, w = wt }):get(1, 1))
+        a[3][2] = 5
+        local inputs = { a = mk.tensor(a), w = mk.tensor(w) }
+        assert.are.equal(9, fused:run(inputs):get(1, 1))
+        assert.are.equal(9, plain:run(inputs):get(1, 1))
+    end)
+
+    it("may be many in one graph, each a node the pass adds (found by graph_fuzz under ASan)", function()
+        local h = mk.input("x", "float32", { 1, 4 })
+        local hr = { { 0.5, -1, 0.25, 2 } }
+        local ws = {}
+        for i = 1, 12 do
+            local wt, wr = H.rand({ 4, 4 }, -0.9, 0.9)
+            ws["w" .. i] = wt
+            h = h:matmul(mk.input("w" .. i, "float32", { 4, 4 }))
+            hr = R.matmul(i == 1 and { shape = { 1, 4 }, data = hr[1] } or hr, wr)
+        end
+        local fused <close> = mk.compile(h)
+        local plain <close> = mk.compile(h, { fuse = false })
+        assert.are.equal(12, fused:stats().product_groups)
+        ws.x = mk.tensor({ { 0.5, -1, 0.25, 2 } })
+        local got = fused:run(ws)
+        H.assert_close(got, hr, 1e-5, 1e-4)
+        bits_equal(got, plain:run(ws), "chain")
     end)
 end)
 
