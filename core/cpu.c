@@ -1604,8 +1604,9 @@ static size_t tensor_bytes(const mk_tensor *t) {
 
 /* The cost rule above, per launch. */
 static int cpu_prepare(void *state, const mk_launch *launches, int n, const mk_copy *in,
-                       int n_in, const mk_copy *out, const mk_host *host, mk_error **err) {
-    (void)in, (void)n_in, (void)out;
+                       int n_in, const mk_copy *out, int n_out, const mk_host *host,
+                       mk_error **err) {
+    (void)in, (void)n_in, (void)out, (void)n_out;
     cpu_state *s = state;
     pthread_once(&cpu_cost_once, cpu_calibrate);
     for (int i = 0; i < n; i++) {
@@ -1660,7 +1661,8 @@ static int cpu_prepare(void *state, const mk_launch *launches, int n, const mk_c
 /* Inputs in, every launch in order (stopping at the first failure, or where the
  * host cancels: checked between launches), the output out. */
 static int cpu_evaluate(void *state, const mk_launch *launches, int n, const mk_copy *in,
-                        int n_in, const mk_copy *out, const mk_host *host, mk_error **err) {
+                        int n_in, const mk_copy *out, int n_out, const mk_host *host,
+                        mk_error **err) {
     const cpu_state *s = state;
     for (int i = 0; i < n_in; i++)
         if (in[i].bytes && in[i].device != in[i].host)
@@ -1675,8 +1677,9 @@ static int cpu_evaluate(void *state, const mk_launch *launches, int n, const mk_
         host->progress(host, MK_PHASE_RUN, i + 1, n);
     }
     cpu_may_fork = true;
-    if (out && out->bytes && out->device != out->host)
-        memcpy(out->host, out->device, out->bytes);
+    for (int o = 0; o < n_out; o++)
+        if (out[o].bytes && out[o].device != out[o].host)
+            memcpy(out[o].host, out[o].device, out[o].bytes);
     return 0;
 }
 

@@ -212,7 +212,7 @@ static void recount_ext(candidate *c) {
 static bool extends(const mk_graph *g, const candidate *c, const mk_node *cur,
                     const mk_node *next, const bool *taken) {
     if (!next || taken[next->index] || !is_pointwise(next)) return false;
-    if (cur == g->output || cur->n_consumers != 1) return false;
+    if (mk_is_output(g, cur) || cur->n_consumers != 1) return false;
     if (next->n_in == 2) {
         const mk_node *other = next->in[0] == cur ? next->in[1] : next->in[0];
         if (is_member(c, other) || other == cur) return false;
@@ -463,7 +463,7 @@ static int fuse_matmuls(pass_state *st, mk_error **err) {
         int n_pro = 0;
         for (mk_node *p = m->in[0];
              n_pro < MK_GROUP_MAX_OPS / 2 && is_pointwise(p) && !st->taken[p->index] &&
-             p->n_consumers == 1 && p != g->output && p->owner == p &&
+             p->n_consumers == 1 && !mk_is_output(g, p) && p->owner == p &&
              !(p->n_in == 2 && !broadcast_ok(p->in[1], p));
              p = p->in[0])
             pro[n_pro++] = p;

@@ -91,7 +91,7 @@ static bool write_between(const mk_graph *g, const mk_node *x, const mk_node *ro
 
 static bool may_join(const mk_graph *g, const group *gr, const mk_node *x) {
     const mk_node *root = gr->members[gr->n_members - 1];
-    return pointwise(x) && x != g->output && x->n_consumers == 1 && x->owner == x &&
+    return pointwise(x) && !mk_is_output(g, x) && x->n_consumers == 1 && x->owner == x &&
            x->storage == MK_STORAGE_ARENA && x->dtype == root->dtype && same_shape(x, root) &&
            !is_member(gr, x) && !write_between(g, x, root);
 }

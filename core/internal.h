@@ -198,10 +198,26 @@ struct mk_node {
 };
 
 
+/*
+ * A recurrence line of the script (`next NAME = $N;`, `next NAME = NAME + INT;`):
+ * what input `input` holds at the next step of mk_model_run_steps, output
+ * `output`'s value (a feed), or, where output is -1, its own value plus `add`
+ * (a counter: int64).
+ */
+typedef struct {
+    mk_node *input;
+    int output;
+    int64_t add;
+    int line, column; /* where the script says it */
+} mk_recurrence;
+
 typedef struct {
     int n_nodes, cap;
     mk_node **nodes; /* evaluation order = script order */
-    mk_node *output;
+    mk_node *outputs[MK_MAX_OUTPUTS]; /* the result line's nodes, in its order */
+    int n_outputs;
+    mk_recurrence next[MK_MAX_INPUTS]; /* the recurrence lines, in script order */
+    int n_next;
     int n_names;
     mk_node **names; /* [n_names] the named leaves, sorted by name (parse checks they differ) */
     struct mk_fusion *fusion; /* set by model.c when opts->use_cudnn, for the fusion pass */
@@ -213,6 +229,13 @@ typedef struct {
     bool row_products;        /* set by model.c: the device's matrix-vector groups read
                                  float32 weights by rows too (mk_device_ops) */
 } mk_graph;
+
+/* Whether n is one of g's outputs (its value is copied out: no group may absorb it). */
+static inline bool mk_is_output(const mk_graph *g, const mk_node *n) {
+    for (int i = 0; i < g->n_outputs; i++)
+        if (g->outputs[i] == n) return true;
+    return false;
+}
 
 /* script.c */
 mk_graph *mk_graph_parse(const char *script, mk_error **err);
@@ -547,7 +570,7 @@ bool mk_op_operand_is_bound(const mk_op *op, int k);
 
 /* ---- devices ------------------------------------------------------------ */
 
-/* A host↔device copy of one evaluation (an input in, the output out). */
+/* A host↔device copy of one evaluation (an input in, an output out). */
 typedef struct {
     void *device;  /* address in the model's device memory */
     void *host;
@@ -592,10 +615,11 @@ typedef struct mk_device_ops {
     /* Called once after launches are bound (CUDA: pinned staging for the copies,
      * capture the graph). The copies' `host` fields are NULL here. */
     int (*prepare)(void *state, const mk_launch *launches, int n, const mk_copy *in, int n_in,
-                   const mk_copy *out, const mk_host *host, mk_error **err);
-    /* One evaluation: copy inputs in, run every launch, copy the output out. */
+                   const mk_copy *out, int n_out, const mk_host *host, mk_error **err);
+    /* One evaluation: copy inputs in, run every launch, copy the outputs out. */
     int (*evaluate)(void *state, const mk_launch *launches, int n, const mk_copy *in,
-                    int n_in, const mk_copy *out, const mk_host *host, mk_error **err);
+                    int n_in, const mk_copy *out, int n_out, const mk_host *host,
+                    mk_error **err);
 } mk_device_ops;
 
 extern const mk_device_ops mk_cpu_device;
@@ -607,7 +631,7 @@ extern const mk_device_ops mk_cpu_device;
  * returning this table. The plugin is built from the same tree as the core:
  * abi and the struct sizes guard against mixing builds.
  */
-#define MK_CUDA_PLUGIN_ABI 8
+#define MK_CUDA_PLUGIN_ABI 9
 #define MK_CUDA_PLUGIN_ENTRY "mk_cuda_plugin_entry"
 #define MK_CUDA_PLUGIN_FILE "libmoonkaas_cuda.so"
 struct mk_fused_group;

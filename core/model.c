@@ -43,7 +43,10 @@ struct mk_model {
     mk_node **inputs;    /* [n_inputs] input leaves, script order */
     int *input_slot;     /* [n_nodes] k where node i is inputs[k], else -1 */
     mk_copy *in_copies;  /* [n_inputs] host field filled per evaluation */
-    mk_copy out_copy;
+    int n_outputs;
+    mk_copy *out_copies; /* [n_outputs] host field filled per evaluation */
+    void *counters;      /* the next lines' counters between steps (run_steps): each
+                            counted input's bytes, in the order of graph->next */
 
     char *script;        /* after passes */
     mk_fusion *fusion;   /* cuDNN groups and their report (use_cudnn only) */
@@ -255,7 +258,8 @@ static int plan_memory(mk_model *m, int64_t *scratch_offset, mk_error **err) {
             mk_node *o = g->nodes[i]->in[k]->owner;
             if (o->last_use < i) o->last_use = i;
         }
-    g->output->owner->last_use = n; /* read by the output copy */
+    for (int o = 0; o < g->n_outputs; o++)
+        g->outputs[o]->owner->last_use = n; /* read by the output copies */
     for (int i = 0; i <= n; i++) head[i] = -1;
     for (int i = 0; i < n; i++) {
         mk_node *o = g->nodes[i];
@@ -520,10 +524,18 @@ static mk_model *compile(mk_context *ctx, const char *script,
     for (int k = 0; k < m->n_inputs; k++)
         m->in_copies[k] = (mk_copy){.device = m->base[m->inputs[k]->index],
                                     .bytes = mk_node_bytes(m->inputs[k])};
-    m->out_copy = (mk_copy){.device = tensor_of(m, g->output).data,
-                            .bytes = mk_node_bytes(g->output)};
+    m->n_outputs = g->n_outputs;
+    m->out_copies = calloc((size_t)g->n_outputs, sizeof *m->out_copies);
+    size_t counted = 0;
+    for (int i = 0; i < g->n_next; i++)
+        if (g->next[i].output < 0) counted += mk_node_bytes(g->next[i].input);
+    m->counters = malloc(counted ? counted : 1);
+    if (!m->out_copies || !m->counters) goto nomem;
+    for (int o = 0; o < g->n_outputs; o++)
+        m->out_copies[o] = (mk_copy){.device = tensor_of(m, g->outputs[o]).data,
+                                     .bytes = mk_node_bytes(g->outputs[o])};
     if (dev->prepare(m->dev_state, m->launches, m->n_launches, m->in_copies, m->n_inputs,
-                     &m->out_copy, &host, err))
+                     m->out_copies, m->n_outputs, &host, err))
         goto fail;
     STAGE_DONE(6);
 #undef STAGE_DONE
@@ -593,6 +605,8 @@ static void model_free(mk_model *m) {
     free(m->inputs);
     free(m->input_slot);
     free(m->in_copies);
+    free(m->out_copies);
+    free(m->counters);
     free(m->script);
     free(m->report);
     context_release(m->ctx);
@@ -619,14 +633,11 @@ MK_API int mk_model_reset(mk_model *m, mk_error **err) {
 
 /* ---- evaluate ------------------------------------------------------------------------ */
 
-MK_API int mk_evaluate(mk_model *m, const mk_named_tensor *inputs, size_t n_inputs, void *output,
-                       size_t output_bytes, mk_error **err) {
-    if (!m || !output || (n_inputs && !inputs))
-        return mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "mk_evaluate: NULL model, inputs or output");
-    if (output_bytes != m->out_copy.bytes)
-        return mk_fail(err, MK_ERR_ARGUMENT, 0, 0,
-                       "the output takes %zu bytes, the buffer given has %zu", m->out_copy.bytes,
-                       output_bytes);
+/* Points the input copies at the caller's data, each input given once by name. */
+static int bind_inputs(mk_model *m, const mk_named_tensor *inputs, size_t n_inputs,
+                       mk_error **err) {
+    if (n_inputs && !inputs)
+        return mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "the inputs are NULL");
     for (int k = 0; k < m->n_inputs; k++) m->in_copies[k].host = NULL;
     for (size_t j = 0; j < n_inputs; j++) {
         const mk_named_tensor *t = &inputs[j];
@@ -647,10 +658,116 @@ MK_API int mk_evaluate(mk_model *m, const mk_named_tensor *inputs, size_t n_inpu
     for (int k = 0; k < m->n_inputs; k++)
         if (!m->in_copies[k].host)
             return mk_fail(err, MK_ERR_INPUT, 0, 0, "input '%s' is missing", m->inputs[k]->name);
-    m->out_copy.host = output;
+    return 0;
+}
+
+/* Points the output copies at the buffers, step `step` of each. */
+static int bind_outputs(mk_model *m, const mk_buffer *outputs, size_t n_outputs, int64_t steps,
+                        int64_t step, mk_error **err) {
+    if (!outputs || n_outputs != (size_t)m->n_outputs)
+        return mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "the model has %d output%s, %zu %s given",
+                       m->n_outputs, m->n_outputs == 1 ? "" : "s", outputs ? n_outputs : 0,
+                       n_outputs == 1 && outputs ? "was" : "were");
+    for (int o = 0; o < m->n_outputs; o++) {
+        size_t bytes = m->out_copies[o].bytes;
+        if (!outputs[o].data)
+            return mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "output %d's buffer is NULL", o);
+        if ((size_t)steps > SIZE_MAX / bytes || outputs[o].bytes != bytes * (size_t)steps)
+            return mk_fail(err, MK_ERR_ARGUMENT, 0, 0,
+                           steps == 1 ? "output %d takes %zu bytes, the buffer given has %zu"
+                                      : "output %d takes %zu bytes a step, the buffer given "
+                                        "has %zu for %lld steps",
+                           o, bytes, outputs[o].bytes, (long long)steps);
+        m->out_copies[o].host = (char *)outputs[o].data + (size_t)step * bytes;
+    }
+    return 0;
+}
+
+static int evaluate_once(mk_model *m, mk_error **err) {
     mk_host host = host_of(m->ctx);
     return m->dev->evaluate(m->dev_state, m->launches, m->n_launches, m->in_copies, m->n_inputs,
-                            &m->out_copy, &host, err);
+                            m->out_copies, m->n_outputs, &host, err);
+}
+
+MK_API int mk_evaluate_outputs(mk_model *m, const mk_named_tensor *inputs, size_t n_inputs,
+                               const mk_buffer *outputs, size_t n_outputs, mk_error **err) {
+    if (!m) return mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "mk_evaluate_outputs: NULL model");
+    if (bind_outputs(m, outputs, n_outputs, 1, 0, err) || bind_inputs(m, inputs, n_inputs, err))
+        return -1;
+    return evaluate_once(m, err);
+}
+
+MK_API int mk_evaluate(mk_model *m, const mk_named_tensor *inputs, size_t n_inputs, void *output,
+                       size_t output_bytes, mk_error **err) {
+    if (!m || !output)
+        return mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "mk_evaluate: NULL model or output");
+    if (m->n_outputs != 1)
+        return mk_fail(err, MK_ERR_ARGUMENT, 0, 0,
+                       "the model has %d outputs: run it with mk_evaluate_outputs",
+                       m->n_outputs);
+    return mk_evaluate_outputs(m, inputs, n_inputs, &(mk_buffer){output, output_bytes}, 1, err);
+}
+
+/* ---- steps ----------------------------------------------------------------------------- */
+
+/*
+ * n steps, each one evaluation: a fed input reads the previous step's output
+ * where the caller's buffer holds it, a counter its slot in m->counters
+ * (unsigned arithmetic: a counter wraps, as two's complement does, never UB).
+ */
+MK_API int64_t mk_model_run_steps(mk_model *m, int64_t n, const mk_named_tensor *inputs,
+                                  size_t n_inputs, const mk_buffer *outputs, size_t n_outputs,
+                                  const mk_stop *stop, mk_error **err) {
+    if (!m) return mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "mk_model_run_steps: NULL model");
+    if (n < 1)
+        return mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "run_steps: n must be at least 1, got %lld",
+                       (long long)n);
+    const mk_graph *g = m->graph;
+    if (stop && stop->enabled) {
+        if (stop->output >= (size_t)m->n_outputs)
+            return mk_fail(err, MK_ERR_ARGUMENT, 0, 0,
+                           "run_steps: the stop names output %zu; the model has %d", stop->output,
+                           m->n_outputs);
+        const mk_node *o = g->outputs[stop->output];
+        if (o->dtype != MK_DTYPE_INT64 || mk_node_numel(o) != 1)
+            return mk_fail(err, MK_ERR_DTYPE, 0, 0,
+                           "run_steps: a stop value needs an int64 output of one element; "
+                           "output %zu is %s %s", stop->output, mk_dtype_name(o->dtype),
+                           mk_shape_str(o->rank, o->shape, (char[96]){0}, 96));
+    }
+    if (bind_outputs(m, outputs, n_outputs, n, 0, err) || bind_inputs(m, inputs, n_inputs, err))
+        return -1;
+    char *slot = m->counters;
+    for (int i = 0; i < g->n_next; i++) {
+        const mk_recurrence *r = &g->next[i];
+        mk_copy *c = &m->in_copies[m->input_slot[r->input->index]];
+        if (r->output >= 0) continue;
+        memcpy(slot, c->host, c->bytes);
+        c->host = slot;
+        slot += c->bytes;
+    }
+    for (int64_t s = 0; s < n; s++) {
+        if (s > 0) {
+            bind_outputs(m, outputs, n_outputs, n, s, err); /* checked above: cannot fail */
+            for (int i = 0; i < g->n_next; i++) {
+                const mk_recurrence *r = &g->next[i];
+                mk_copy *c = &m->in_copies[m->input_slot[r->input->index]];
+                if (r->output >= 0) {
+                    c->host = (char *)outputs[r->output].data + (size_t)(s - 1) * c->bytes;
+                    continue;
+                }
+                uint64_t *v = c->host; /* counters are int64 */
+                for (size_t e = 0; e < c->bytes / sizeof *v; e++) v[e] += (uint64_t)r->add;
+            }
+        }
+        if (evaluate_once(m, err)) return -1;
+        if (stop && stop->enabled) {
+            int64_t got;
+            memcpy(&got, m->out_copies[stop->output].host, sizeof got);
+            if (got == stop->value) return s + 1;
+        }
+    }
+    return n;
 }
 
 /* ---- introspection --------------------------------------------------------------------- */
@@ -669,9 +786,27 @@ MK_API int mk_model_input_info(const mk_model *m, size_t i, mk_tensor_info *out)
 }
 
 MK_API int mk_model_output_info(const mk_model *m, mk_tensor_info *out) {
-    if (!m || !out) return -1;
-    info_of(m->graph->output, out);
+    return mk_model_output_info_at(m, 0, out);
+}
+
+MK_API size_t mk_model_output_count(const mk_model *m) { return m ? (size_t)m->n_outputs : 0; }
+
+MK_API int mk_model_output_info_at(const mk_model *m, size_t i, mk_tensor_info *out) {
+    if (!m || !out || i >= (size_t)m->n_outputs) return -1;
+    info_of(m->graph->outputs[i], out);
     out->name = NULL;
+    return 0;
+}
+
+MK_API size_t mk_model_next_count(const mk_model *m) { return m ? (size_t)m->graph->n_next : 0; }
+
+MK_API int mk_model_next_info(const mk_model *m, size_t i, size_t *input, int *output,
+                              int64_t *add) {
+    if (!m || !input || !output || !add || i >= (size_t)m->graph->n_next) return -1;
+    const mk_recurrence *r = &m->graph->next[i];
+    *input = (size_t)m->input_slot[r->input->index];
+    *output = r->output;
+    *add = r->output < 0 ? r->add : 0;
     return 0;
 }
 

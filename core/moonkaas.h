@@ -52,6 +52,7 @@ extern "C" {
 #define MK_VERSION_MINOR 1
 #define MK_VERSION_PATCH 0
 #define MK_MAX_RANK 4
+#define MK_MAX_OUTPUTS 8 /* nodes a script's result line may name */
 /* The most elements one tensor may have (2^48): element counts and byte sizes
  * then never overflow. A larger shape is a shape error where it is declared. */
 #define MK_MAX_NUMEL ((int64_t)1 << 48)
@@ -228,10 +229,51 @@ MK_API mk_model *mk_compile(mk_context *, const char *script,
 /*
  * Runs the model once. Every InputTensor must be given exactly once by name;
  * `output_bytes` must equal the output's size. BufferTensor contents persist
- * from one evaluation to the next (zero after compile).
+ * from one evaluation to the next (zero after compile). A model with several
+ * outputs (`result = $4, $9;`) is run by mk_evaluate_outputs instead.
  */
 MK_API int mk_evaluate(mk_model *, const mk_named_tensor *inputs, size_t n_inputs,
                        void *output, size_t output_bytes, mk_error **err);
+
+/* Where one output goes: `bytes` must equal its size (mk_model_output_info_at). */
+typedef struct {
+    void *data;
+    size_t bytes;
+} mk_buffer;
+
+/* Runs the model once, every output into its buffer: `n_outputs` must equal
+ * mk_model_output_count. Otherwise as mk_evaluate. */
+MK_API int mk_evaluate_outputs(mk_model *, const mk_named_tensor *inputs, size_t n_inputs,
+                               const mk_buffer *outputs, size_t n_outputs, mk_error **err);
+
+/*
+ * Recurrence. A script's `next` lines (after its result line) say what some
+ * inputs hold from one step to the next:
+ *
+ *     result = $40, $41;          # output 0: the logits, output 1: the token
+ *     next token = $41;           # at the next step, input 'token' is output 1
+ *     next pos = pos + 1;         # int64 input 'pos' counts up by one a step
+ *
+ * mk_model_run_steps runs up to n steps in one call: step 0 takes `inputs` (every
+ * input, as mk_evaluate), each later step the same ones except that a fed input
+ * holds the previous step's output and a counter its previous value plus its
+ * increment; the caller's input memory is only read. Step s writes output o at
+ * outputs[o].data + s * (its size): outputs[o].bytes must be n times its size.
+ * With stop->enabled, the steps end after the first one whose output
+ * stop->output (int64, one element) equals stop->value. Returns the number of
+ * steps run (1..n), or -1 with *err set; a failed step leaves the outputs of the
+ * steps before it written and the model usable. The CUDA device runs the steps
+ * without returning to the host between them where the driver can (README).
+ */
+typedef struct {
+    bool enabled;
+    size_t output;  /* an int64 output of one element */
+    int64_t value;
+} mk_stop;
+
+MK_API int64_t mk_model_run_steps(mk_model *, int64_t n, const mk_named_tensor *inputs,
+                                  size_t n_inputs, const mk_buffer *outputs, size_t n_outputs,
+                                  const mk_stop *stop, mk_error **err);
 
 /* Zeroes every BufferTensor, as after compile (e.g. a KV cache before a new
  * generation). Costs a memset per buffer, no recompilation. */
@@ -253,7 +295,15 @@ typedef struct {
 
 MK_API size_t mk_model_input_count(const mk_model *);
 MK_API int mk_model_input_info(const mk_model *, size_t i, mk_tensor_info *out);
-MK_API int mk_model_output_info(const mk_model *, mk_tensor_info *out);
+MK_API int mk_model_output_info(const mk_model *, mk_tensor_info *out); /* output 0 */
+MK_API size_t mk_model_output_count(const mk_model *);
+MK_API int mk_model_output_info_at(const mk_model *, size_t i, mk_tensor_info *out);
+/* The model's `next` lines: how many, and the i-th: its input's index (as
+ * mk_model_input_info counts), and either the output that feeds it (*output >= 0)
+ * or -1 and the counter's increment in *add. */
+MK_API size_t mk_model_next_count(const mk_model *);
+MK_API int mk_model_next_info(const mk_model *, size_t i, size_t *input, int *output,
+                              int64_t *add);
 /* The script after passes, as the compiler printed it (owned by the model). */
 MK_API const char *mk_model_script(const mk_model *);
 

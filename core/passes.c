@@ -51,8 +51,10 @@ static int drop_dead(mk_graph *g, const mk_compile_options *opts, mk_error **err
     bool *live = calloc((size_t)g->n_nodes * 2, sizeof *live);
     if (!live) return mk_fail(err, MK_ERR_NOMEM, 0, 0, "dropping dead nodes");
     bool *read_later = live + g->n_nodes;
-    live[g->output->index] = true;
-    read_later[memory_root(g->output)->index] = true;
+    for (int o = 0; o < g->n_outputs; o++) {
+        live[g->outputs[o]->index] = true;
+        read_later[memory_root(g->outputs[o])->index] = true;
+    }
     for (int i = g->n_nodes - 1; i >= 0; i--) {
         const mk_node *n = g->nodes[i];
         const mk_node *leaf = n->op->role == MK_ROLE_INPLACE ? memory_leaf(n) : NULL;
@@ -92,7 +94,7 @@ static int drop_dead(mk_graph *g, const mk_compile_options *opts, mk_error **err
  * the write.
  */
 static bool may_stay_view(const mk_graph *g, const mk_node *p, const int64_t *stride) {
-    if (p == g->output || p->n_consumers == 0) return false;
+    if (mk_is_output(g, p) || p->n_consumers == 0) return false;
     const mk_node *root = memory_root(p->in[0]);
     bool written = false;
     for (int i = p->index + 1, readers = p->n_consumers; readers > 0; i++) {

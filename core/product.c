@@ -87,7 +87,7 @@ static bool same_shape(const mk_node *a, const mk_node *b) {
  */
 static mk_node *folded_dequantize(const mk_graph *g, const mk_node *p) {
     mk_node *d = p->in[1];
-    if (d->op->kernel != MK_KERNEL_DEQUANTIZE || d->n_consumers != 1 || d == g->output ||
+    if (d->op->kernel != MK_KERNEL_DEQUANTIZE || d->n_consumers != 1 || mk_is_output(g, d) ||
         d->owner != d || d->rank != 2)
         return NULL;
     const mk_node *q = d->in[0], *sc = d->in[1];
@@ -122,7 +122,7 @@ static const char *why_not(const mk_graph *g, const mk_node *p) {
 
 /* n's only reader, or NULL where it has several, none, or is the output. */
 static mk_node *only_reader(const mk_graph *g, const mk_node *n) {
-    if (n->n_consumers != 1 || n == g->output) return NULL;
+    if (n->n_consumers != 1 || mk_is_output(g, n)) return NULL;
     for (int i = n->index + 1; i < g->n_nodes; i++)
         for (int k = 0; k < g->nodes[i]->n_in; k++)
             if (g->nodes[i]->in[k] == n) return g->nodes[i];
@@ -406,7 +406,7 @@ static bool valid(cand *c, const mk_product_group *pg) {
  */
 static mk_node *folded_quantize(const mk_graph *g, mk_node *const *ps, int n_ps) {
     mk_node *a = ps[0]->in[0];
-    if (a->op->kernel != MK_KERNEL_FAKE_QUANTIZE || a->n_consumers != n_ps || a == g->output ||
+    if (a->op->kernel != MK_KERNEL_FAKE_QUANTIZE || a->n_consumers != n_ps || mk_is_output(g, a) ||
         a->owner != a || a->rank != 2 || !dense(a->in[0]) || MK_INT8_GROUP_MAX % a->attr[0] ||
         a->shape[0] * a->shape[1] > g->int8_products)
         return NULL;
@@ -425,7 +425,7 @@ static mk_product_group *build(cand *c, mk_graph *g, mk_node **ps, int n_ps, boo
     mk_node *a = ps[0]->in[0];
     int readers = n_ps; /* of the norm: the products, or the quantizer between */
     if ((c->quant = folded_quantize(g, ps, n_ps))) a = c->quant->in[0], readers = 1;
-    if (a->op->kernel == MK_KERNEL_RMS_NORM && a->n_consumers == readers && a != g->output &&
+    if (a->op->kernel == MK_KERNEL_RMS_NORM && a->n_consumers == readers && !mk_is_output(g, a) &&
         a->owner == a && a->storage == MK_STORAGE_ARENA && dense(a->in[0]) && dense(a->in[1]) &&
         a->in[0]->dtype == MK_DTYPE_FLOAT32 && a->in[1]->dtype == MK_DTYPE_FLOAT32)
         c->norm = a;
@@ -553,7 +553,8 @@ static int make(mk_graph *g, cand *c, mk_product_group *pg, mk_error **err) {
             for (int o = 0; o < pg->n_outs; o++)
                 if (g->nodes[i]->in[k] == pg->out[o].end) g->nodes[i]->in[k] = outs[o];
     for (int o = 0; o < pg->n_outs; o++) {
-        if (g->output == pg->out[o].end) g->output = outs[o];
+        for (int r = 0; r < g->n_outputs; r++)
+            if (g->outputs[r] == pg->out[o].end) g->outputs[r] = outs[o];
         /* views of a result that owned its memory now view the group's */
         for (int i = first + 1; i < g->n_nodes; i++)
             if (g->nodes[i]->owner == pg->out[o].end) {

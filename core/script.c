@@ -2,10 +2,16 @@
  * script.c — the IR's text form: lexer, parser (text → graph, checking every
  * node with its op's shape rule as it goes) and printer (graph → text).
  *
- *   script    := { statement } result
+ *   script    := { statement } result { next }
  *   statement := '$' INT '=' NAME '(' [ arg { ',' arg } ] ')' ';'
- *   result    := 'result' '=' '$' INT ';'
+ *   result    := 'result' '=' '$' INT { ',' '$' INT } ';'
+ *   next      := 'next' NAME '=' ( '$' INT | NAME '+' ['-'] INT ) ';'
  *   arg       := '$' INT | NAME | ['-'] INT | '[' [ INT { ',' INT } ] ']'
+ *
+ * The result line names the outputs (several: a tuple, numbered from 0). The
+ * next lines make the model a recurrence for mk_model_run_steps: at the next
+ * step the input NAME holds an output's value (`next token = $40;`), or its own
+ * plus an integer (`next pos = pos + 1;`, an int64 counter).
  *
  * '#' starts a comment to the end of the line. Every error carries the line and
  * column where it was found.
@@ -97,7 +103,7 @@ static int next(lexer *lx) {
     } else if (isalpha((unsigned char)*p) || *p == '_') {
         while (is_name_char(p[len])) len++;
         t->kind = T_NAME;
-    } else if (strchr("()[],;=", *p)) {
+    } else if (strchr("()[],;=+", *p)) {
         len = 1;
         t->kind = T_PUNCT;
     } else {
@@ -376,6 +382,131 @@ mk_node *mk_graph_find_name(const mk_graph *g, const char *name) {
     return NULL;
 }
 
+/* ---- result and next lines ---------------------------------------------------- */
+
+static bool is_word(const token *t, const char *w) {
+    return t->kind == T_NAME && t->len == strlen(w) && !memcmp(t->start, w, t->len);
+}
+
+/* result := 'result' '=' '$' INT { ',' '$' INT } ';' */
+static int parse_result(lexer *lx, const id_map *ids, mk_graph *g) {
+    char buf[64];
+    if (!is_word(&lx->tok, "result"))
+        return mk_fail(lx->err, MK_ERR_SYNTAX, lx->tok.line, lx->tok.column,
+                       "expected a statement '$N = ...;' or 'result = $N;', found %s",
+                       describe(&lx->tok, buf, sizeof buf));
+    if (next(lx) || expect(lx, '=')) return -1;
+    for (;;) {
+        token t = lx->tok;
+        if (t.kind != T_REF)
+            return mk_fail(lx->err, MK_ERR_SYNTAX, t.line, t.column,
+                           "expected 'result = $N;' (or '$N, $M, ...'), found %s",
+                           describe(&t, buf, sizeof buf));
+        mk_node *n = id_find(ids, t.value);
+        if (!n)
+            return mk_fail(lx->err, MK_ERR_NAME, t.line, t.column, "$%lld is not defined",
+                           (long long)t.value);
+        if (g->n_outputs == MK_MAX_OUTPUTS)
+            return mk_fail(lx->err, MK_ERR_SYNTAX, t.line, t.column,
+                           "a script has at most %d outputs", MK_MAX_OUTPUTS);
+        g->outputs[g->n_outputs++] = n;
+        if (next(lx)) return -1;
+        if (!is_punct(&lx->tok, ',')) break;
+        if (next(lx)) return -1;
+    }
+    return expect(lx, ';');
+}
+
+/* A next line as written: names are looked up once the script is read. */
+typedef struct {
+    token input, from; /* from: '$N' (a feed) or the counter's own name */
+    int64_t add;
+    int line, column;
+} next_line;
+
+/* next := 'next' NAME '=' ( '$' INT | NAME '+' ['-'] INT ) ';' */
+static int parse_next(lexer *lx, next_line *lines, int *n_lines) {
+    char buf[64];
+    next_line l = {.line = lx->tok.line, .column = lx->tok.column};
+    if (*n_lines == MK_MAX_INPUTS)
+        return mk_fail(lx->err, MK_ERR_SYNTAX, l.line, l.column,
+                       "a script has at most %d next lines", MK_MAX_INPUTS);
+    if (next(lx)) return -1;
+    l.input = lx->tok;
+    if (l.input.kind != T_NAME)
+        return mk_fail(lx->err, MK_ERR_SYNTAX, l.input.line, l.input.column,
+                       "expected an input's name after 'next', found %s",
+                       describe(&l.input, buf, sizeof buf));
+    if (next(lx) || expect(lx, '=')) return -1;
+    l.from = lx->tok;
+    if (l.from.kind == T_NAME) {
+        if (next(lx) || expect(lx, '+')) return -1;
+        if (lx->tok.kind != T_INT)
+            return mk_fail(lx->err, MK_ERR_SYNTAX, lx->tok.line, lx->tok.column,
+                           "expected the integer a counter adds, found %s",
+                           describe(&lx->tok, buf, sizeof buf));
+        l.add = lx->tok.value;
+    } else if (l.from.kind != T_REF) {
+        return mk_fail(lx->err, MK_ERR_SYNTAX, l.from.line, l.from.column,
+                       "expected 'next %.*s = $N;' or 'next %.*s = %.*s + 1;', found %s",
+                       (int)l.input.len, l.input.start, (int)l.input.len, l.input.start,
+                       (int)l.input.len, l.input.start, describe(&l.from, buf, sizeof buf));
+    }
+    if (next(lx) || expect(lx, ';')) return -1;
+    lines[(*n_lines)++] = l;
+    return 0;
+}
+
+/* The checks of a next line against the script it ends, into g->next. */
+static int resolve_next(mk_graph *g, const next_line *l, mk_error **err) {
+    char name[128] = "";
+    const token *t = &l->input;
+    if (t->len < sizeof name) memcpy(name, t->start, t->len);
+    mk_node *in = t->len < sizeof name ? mk_graph_find_name(g, name) : NULL;
+    if (!in || in->op->leaf != MK_LEAF_INPUT)
+        return mk_fail(err, MK_ERR_NAME, t->line, t->column,
+                       "next: '%.*s' is not an input of the script", (int)t->len, t->start);
+    for (int i = 0; i < g->n_next; i++)
+        if (g->next[i].input == in)
+            return mk_fail(err, MK_ERR_NAME, t->line, t->column,
+                           "next: input '%s' already has a next line (line %d)", name,
+                           g->next[i].line);
+    mk_recurrence r = {.input = in, .output = -1, .add = l->add, .line = l->line,
+                       .column = l->column};
+    const token *f = &l->from;
+    if (f->kind == T_NAME) { /* a counter */
+        if (f->len != t->len || memcmp(f->start, t->start, t->len))
+            return mk_fail(err, MK_ERR_SYNTAX, f->line, f->column,
+                           "next: a counter adds to its own value: 'next %s = %s + N;'", name,
+                           name);
+        if (in->dtype != MK_DTYPE_INT64)
+            return mk_fail(err, MK_ERR_DTYPE, t->line, t->column,
+                           "next: the counter '%s' is %s; a counter is int64", name,
+                           mk_dtype_name(in->dtype));
+    } else { /* a feed: one of the outputs, as the input is */
+        for (int o = 0; o < g->n_outputs && r.output < 0; o++)
+            if (g->outputs[o]->id == f->value) r.output = o;
+        if (r.output < 0)
+            return mk_fail(err, MK_ERR_NAME, f->line, f->column,
+                           "next: $%lld is not an output (only the result line's nodes feed "
+                           "inputs)", (long long)f->value);
+        const mk_node *o = g->outputs[r.output];
+        if (o->dtype != in->dtype)
+            return mk_fail(err, MK_ERR_DTYPE, f->line, f->column,
+                           "next: $%d is %s, input '%s' is %s", o->id, mk_dtype_name(o->dtype),
+                           name, mk_dtype_name(in->dtype));
+        bool same = o->rank == in->rank;
+        for (int k = 0; same && k < o->rank; k++) same = o->shape[k] == in->shape[k];
+        if (!same)
+            return mk_fail(err, MK_ERR_SHAPE, f->line, f->column,
+                           "next: $%d has shape %s, input '%s' has %s", o->id,
+                           mk_shape_str(o->rank, o->shape, (char[96]){0}, 96), name,
+                           mk_shape_str(in->rank, in->shape, (char[96]){0}, 96));
+    }
+    g->next[g->n_next++] = r;
+    return 0;
+}
+
 mk_graph *mk_graph_parse(const char *script, mk_error **err) {
     if (!script) {
         mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "the script is NULL");
@@ -392,32 +523,21 @@ mk_graph *mk_graph_parse(const char *script, mk_error **err) {
     while (lx.tok.kind == T_REF)
         if (parse_statement(&lx, &ids, g)) goto fail;
 
-    token t = lx.tok;
-    char buf[64];
-    if (!(t.kind == T_NAME && t.len == 6 && !memcmp(t.start, "result", 6))) {
-        mk_fail(err, MK_ERR_SYNTAX, t.line, t.column,
-                "expected a statement '$N = ...;' or 'result = $N;', found %s",
-                describe(&t, buf, sizeof buf));
-        goto fail;
-    }
-    if (next(&lx) || expect(&lx, '=')) goto fail;
-    t = lx.tok;
-    if (t.kind != T_REF) {
-        mk_fail(err, MK_ERR_SYNTAX, t.line, t.column, "expected 'result = $N;', found %s",
-                describe(&t, buf, sizeof buf));
-        goto fail;
-    }
-    g->output = id_find(&ids, t.value);
-    if (!g->output) {
-        mk_fail(err, MK_ERR_NAME, t.line, t.column, "$%lld is not defined", (long long)t.value);
-        goto fail;
-    }
-    if (next(&lx) || expect(&lx, ';')) goto fail;
+    if (parse_result(&lx, &ids, g)) goto fail;
+    next_line lines[MK_MAX_INPUTS];
+    int n_lines = 0;
+    while (lx.tok.kind == T_NAME && is_word(&lx.tok, "next"))
+        if (parse_next(&lx, lines, &n_lines)) goto fail;
     if (lx.tok.kind != T_EOF) {
+        char buf[64];
         mk_fail(err, MK_ERR_SYNTAX, lx.tok.line, lx.tok.column,
-                "nothing may follow the result line, found %s", describe(&lx.tok, buf, sizeof buf));
+                "nothing but 'next' lines may follow the result line, found %s",
+                describe(&lx.tok, buf, sizeof buf));
         goto fail;
     }
+    if (index_names(g, err)) goto fail;
+    for (int i = 0; i < n_lines; i++)
+        if (resolve_next(g, &lines[i], err)) goto fail;
     if (index_names(g, err)) goto fail;
     free(ids.slots);
     return g;
@@ -479,7 +599,17 @@ char *mk_graph_print(const mk_graph *g) {
                           n->op->role == MK_ROLE_INPLACE ? "in place" : "view", n->owner->id);
         mk_strbuf_put(&b, "\n");
     }
-    mk_strbuf_put(&b, "result = $%d;\n", g->output->id);
+    mk_strbuf_put(&b, "result = ");
+    for (int o = 0; o < g->n_outputs; o++) mk_strbuf_put(&b, "%s$%d", o ? ", " : "", g->outputs[o]->id);
+    mk_strbuf_put(&b, ";\n");
+    for (int i = 0; i < g->n_next; i++) {
+        const mk_recurrence *r = &g->next[i];
+        if (r->output >= 0)
+            mk_strbuf_put(&b, "next %s = $%d;\n", r->input->name, g->outputs[r->output]->id);
+        else
+            mk_strbuf_put(&b, "next %s = %s + %lld;\n", r->input->name, r->input->name,
+                          (long long)r->add);
+    }
     if (b.failed) {
         free(b.s);
         return NULL;

@@ -6,10 +6,10 @@
  * Life of a CUDA model (model.c drives it through the plugin's device table):
  *   open      probe, stream, cuBLAS handle + workspace, fault record
  *   alloc/upload/zero   the arena, constants and buffers (compile time only)
- *   prepare   one pinned block for every input, the output and the fault
+ *   prepare   one pinned block for every input, every output and the fault
  *             record; then the copies and every launch are captured once:
  *                 [inputs: pinned → device] → [clear fault] → launch 0 → …
- *                 → launch n-1 → [output → pinned] → [fault → pinned]
+ *                 → launch n-1 → [outputs → pinned] → [fault → pinned]
  *             and instantiated. Up to MK_STAGE_KERNEL_MAX staged bytes the
  *             copies are two kernels through the block's device mapping (one
  *             each end), not copy-engine nodes. A capture failure is an error, never a
@@ -183,6 +183,7 @@ static void cuda_close(void *state) {
     free(s->aux);       /* what it points to is in `extra` */
     if (s->pinned) cudaFreeHost(s->pinned);
     free(s->in_stage);
+    free(s->out_stage);
     if (s->stream) cudaStreamDestroy(s->stream);
     cudaGetLastError();
     free(s);
@@ -339,7 +340,8 @@ static size_t stage_round(size_t bytes) {
 }
 
 static int cuda_prepare(void *state, const mk_launch *launches, int n, const mk_copy *in,
-                        int n_in, const mk_copy *out, const mk_host *host, mk_error **err) {
+                        int n_in, const mk_copy *out, int n_out, const mk_host *host,
+                        mk_error **err) {
     mk_cuda_state *s = (mk_cuda_state *)state;
     cudaGraph_t graph = NULL;
     bool capturing = false;
@@ -349,27 +351,31 @@ static int cuda_prepare(void *state, const mk_launch *launches, int n, const mk_
     if (s->exec || s->pinned)
         return MK_INTERNAL(err, "cuda prepare called twice for one model");
 
-    /* One pinned block: [input 0][input 1]…[output][fault record]. */
+    /* One pinned block: [input 0][input 1]…[output 0]…[fault record]. */
     {
         size_t total = 0;
         for (int i = 0; i < n_in; i++) total += stage_round(in[i].bytes);
-        total += stage_round(out ? out->bytes : 0) + stage_round(sizeof(mk_cuda_fault));
-        if (n_in > 0) {
-            s->in_stage = (void **)calloc((size_t)n_in, sizeof *s->in_stage);
-            if (!s->in_stage)
-                return mk_fail(err, MK_ERR_NOMEM, 0, 0, "cannot allocate the staging table");
-        }
+        for (int o = 0; o < n_out; o++) total += stage_round(out[o].bytes);
+        total += stage_round(sizeof(mk_cuda_fault));
+        s->in_stage = (void **)calloc((size_t)(n_in ? n_in : 1), sizeof *s->in_stage);
+        s->out_stage = (void **)calloc((size_t)(n_out ? n_out : 1), sizeof *s->out_stage);
+        if (!s->in_stage || !s->out_stage)
+            return mk_fail(err, MK_ERR_NOMEM, 0, 0, "cannot allocate the staging table");
         s->n_in = n_in;
+        s->n_out = n_out;
         MK_CUDA_TRY(err, cudaHostAlloc((void **)&s->pinned, total, cudaHostAllocMapped));
         MK_CUDA_TRY(err, cudaHostGetDevicePointer((void **)&s->pinned_dev, s->pinned, 0));
-        s->stage_kernels = total <= MK_STAGE_KERNEL_MAX && n_in + 1 <= MK_STAGE_COPIES;
+        s->stage_kernels = total <= MK_STAGE_KERNEL_MAX && n_in + 1 <= MK_STAGE_COPIES &&
+                           n_out + 1 <= MK_STAGE_COPIES;
         size_t at = 0;
         for (int i = 0; i < n_in; i++) {
             s->in_stage[i] = s->pinned + at;
             at += stage_round(in[i].bytes);
         }
-        s->out_stage = s->pinned + at;
-        at += stage_round(out ? out->bytes : 0);
+        for (int o = 0; o < n_out; o++) {
+            s->out_stage[o] = s->pinned + at;
+            at += stage_round(out[o].bytes);
+        }
         s->fault_stage = (mk_cuda_fault *)(s->pinned + at);
         memset(s->fault_stage, 0, sizeof *s->fault_stage);
     }
@@ -420,20 +426,21 @@ static int cuda_prepare(void *state, const mk_launch *launches, int n, const mk_
     /* the graph's last nodes bring the output and the fault record back to pinned memory */
     if (failed_at == -1 && s->stage_kernels) {
         mk_stage_copies c = {0};
-        if (out && out->bytes) {
-            c.dst[c.n] = stage_on_device(s, s->out_stage);
-            c.src[c.n] = (const unsigned char *)out->device;
-            c.bytes[c.n++] = out->bytes;
+        for (int o = 0; o < n_out; o++) {
+            if (!out[o].bytes) continue;
+            c.dst[c.n] = stage_on_device(s, s->out_stage[o]);
+            c.src[c.n] = (const unsigned char *)out[o].device;
+            c.bytes[c.n++] = out[o].bytes;
         }
         c.dst[c.n] = stage_on_device(s, s->fault_stage);
         c.src[c.n] = (const unsigned char *)s->fault;
         c.bytes[c.n++] = sizeof *s->fault;
         if (!stage_launch(&c, s->stream)) failed_at = -2;
     } else if (failed_at == -1) {
-        if (out && out->bytes &&
-            cudaMemcpyAsync(s->out_stage, out->device, out->bytes, cudaMemcpyDeviceToHost,
-                            s->stream) != cudaSuccess)
-            failed_at = -2;
+        for (int o = 0; failed_at == -1 && o < n_out; o++)
+            if (out[o].bytes && cudaMemcpyAsync(s->out_stage[o], out[o].device, out[o].bytes,
+                                                cudaMemcpyDeviceToHost, s->stream) != cudaSuccess)
+                failed_at = -2;
         if (failed_at == -1 && cudaMemcpyAsync(s->fault_stage, s->fault, sizeof *s->fault,
                                                cudaMemcpyDeviceToHost, s->stream) != cudaSuccess)
             failed_at = -2;
@@ -490,13 +497,14 @@ static int fault_error(const mk_cuda_fault *f, const mk_launch *launches, int n,
 }
 
 static int cuda_evaluate(void *state, const mk_launch *launches, int n, const mk_copy *in,
-                         int n_in, const mk_copy *out, const mk_host *host, mk_error **err) {
+                         int n_in, const mk_copy *out, int n_out, const mk_host *host,
+                         mk_error **err) {
     mk_cuda_state *s = (mk_cuda_state *)state;
     /* one graph is one launch: the host hears 0 of 1 and may cancel before it
      * starts; once launched, it runs to its end */
     host->progress(host, MK_PHASE_RUN, 0, 1);
     if (host->cancelled(host)) return mk_cancelled(err, "evaluation");
-    if (!s->exec || n_in != s->n_in)
+    if (!s->exec || n_in != s->n_in || n_out != s->n_out)
         return MK_INTERNAL(err, "cuda evaluate before prepare, or with other copies");
     MK_CUDA_TRY(err, cudaSetDevice(s->device));
     /* the stream is idle here (every evaluation ends in a sync): the slots are free */
@@ -505,7 +513,8 @@ static int cuda_evaluate(void *state, const mk_launch *launches, int n, const mk
     MK_CUDA_TRY(err, cudaGraphLaunch(s->exec, s->stream));
     MK_CUDA_TRY(err, cudaStreamSynchronize(s->stream));
     if (s->fault_stage->flag) return fault_error(s->fault_stage, launches, n, err);
-    if (out && out->bytes) memcpy(out->host, s->out_stage, out->bytes);
+    for (int o = 0; o < n_out; o++)
+        if (out[o].bytes) memcpy(out[o].host, s->out_stage[o], out[o].bytes);
     host->progress(host, MK_PHASE_RUN, 1, 1);
     return 0;
 fail:

@@ -63,13 +63,14 @@ typedef struct mk_cuda_state {
     size_t blas_workspace_bytes;
     mk_cuda_fault *fault; /* device */
 
-    /* pinned staging, one block: inputs, the output, the fault record */
+    /* pinned staging, one block: inputs, outputs, the fault record */
     unsigned char *pinned;
     unsigned char *pinned_dev; /* the same block as the device addresses it (mapped) */
     bool stage_kernels;        /* the graph's copies are mk_stage_kernel nodes */
     void **in_stage;       /* [n_in] pointers into `pinned` */
     int n_in;
-    void *out_stage;
+    void **out_stage;      /* [n_out] pointers into `pinned` */
+    int n_out;
     mk_cuda_fault *fault_stage;
 
     cudaGraph_t graph;

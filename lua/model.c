@@ -279,28 +279,27 @@ static int raise_unknown_input(lua_State *L, const char *k, const mk_named_tenso
 }
 
 /*
- * model:run({name = tensor, ...}[, out]) -> a new output tensor (or `out`,
- * filled). Names, dtypes and shapes are checked against the model first.
+ * The inputs table at idx, checked against the model (names, dtypes, shapes),
+ * as a userdata array of mk_named_tensor pushed on the stack (anchoring nothing:
+ * the table anchors the tensors). Returns the array; *count: its length.
  */
-static int model_run(lua_State *L) {
-    const char *fn = "run";
-    lmk_model *m = check_model(L, 1, fn, true);
-    lua_settop(L, 3);
-    if (lua_isnil(L, 2)) { /* a model without inputs may be run as model:run() */
+static mk_named_tensor *check_inputs(lua_State *L, lmk_model *m, int idx, const char *fn,
+                                     size_t *count_out) {
+    if (lua_isnil(L, idx)) { /* a model without inputs may be run as model:run() */
         lua_newtable(L);
-        lua_replace(L, 2);
+        lua_replace(L, idx);
     }
-    if (lua_type(L, 2) != LUA_TTABLE)
+    if (lua_type(L, idx) != LUA_TTABLE)
         LMK_ARG_ERROR(L, fn, "inputs must be a table {name = tensor}, got %s",
-                      luaL_typename(L, 2));
+                      luaL_typename(L, idx));
     size_t count = mk_model_input_count(m->model);
     mk_named_tensor *named =
         (mk_named_tensor *)lua_newuserdatauv(L, (count ? count : 1) * sizeof *named, 0);
     for (size_t i = 0; i < count; i++) {
         mk_tensor_info info;
         if (mk_model_input_info(m->model, i, &info) != 0)
-            return lmk_raise(L, "internal error", fn, "no information on input %zu", i + 1);
-        lua_getfield(L, 2, info.name);
+            lmk_raise(L, "internal error", fn, "no information on input %zu", i + 1);
+        lua_getfield(L, idx, info.name);
         lmk_tensor *t = lmk_to_tensor(L, -1);
         if (lua_isnil(L, -1))
             lmk_raise(L, "input error", fn, "missing input '%s' (%s %s)", info.name,
@@ -324,12 +323,12 @@ static int model_run(lua_State *L) {
      * error path only). */
     size_t keys = 0;
     lua_pushnil(L);
-    while (lua_next(L, 2)) {
+    while (lua_next(L, idx)) {
         lua_pop(L, 1);
         keys++;
     }
     lua_pushnil(L);
-    while (keys != count && lua_next(L, 2)) {
+    while (keys != count && lua_next(L, idx)) {
         lua_pop(L, 1);
         if (lua_type(L, -1) != LUA_TSTRING)
             lmk_raise(L, "input error", fn, "input names must be strings, got %s",
@@ -338,41 +337,143 @@ static int model_run(lua_State *L) {
         bool whole = strlen(k) == lua_rawlen(L, -1); /* a NUL inside names no input */
         bool found = false;
         for (size_t i = 0; i < count && whole && !found; i++) found = !strcmp(named[i].name, k);
-        if (!found) return raise_unknown_input(L, k, named, count);
+        if (!found) raise_unknown_input(L, k, named, count);
     }
-    mk_tensor_info out_info;
-    if (mk_model_output_info(m->model, &out_info) != 0)
-        return lmk_raise(L, "internal error", fn, "no information on the output");
-    lmk_tensor *out;
-    if (!lua_isnil(L, 3)) {
-        out = lmk_check_tensor(L, 3, fn);
-        if (out->readonly) LMK_ARG_ERROR(L, fn, "the output tensor is read-only");
-        if (lua_getiuservalue(L, 1, 1) == LUA_TTABLE) { /* the constants a CPU model borrows */
-            lua_pushnil(L);
-            while (lua_next(L, -2)) {
-                if (lua_rawequal(L, -1, 3))
-                    LMK_ARG_ERROR(L, fn, "the output tensor is the model's constant '%s' (its "
-                                  "weights would be overwritten)", lua_tostring(L, -2));
-                lua_pop(L, 1);
-            }
-        }
-        lua_pop(L, 1);
-        if (out->dtype != out_info.dtype ||
-            !lmk_same_shape(out->rank, out->shape, out_info.rank, out_info.shape))
-            LMK_ARG_ERROR(L, fn, "the output tensor is %s %s, the model gives %s %s",
-                          mk_dtype_name(out->dtype), LMK_SHAPE_STR(out->rank, out->shape),
-                          mk_dtype_name(out_info.dtype),
-                          LMK_SHAPE_STR(out_info.rank, out_info.shape));
-        lua_pushvalue(L, 3);
+    *count_out = count;
+    return named;
+}
+
+/*
+ * Output o as a tensor: the one at idx (0: none; checked: writable, not a
+ * borrowed constant, of the output's shape, or with `steps` ahead of it where
+ * steps > 0: run_steps), or a new one; pushed.
+ */
+static lmk_tensor *push_output(lua_State *L, lmk_model *m, size_t o, int idx, int64_t steps,
+                               const char *fn) {
+    mk_tensor_info info;
+    if (mk_model_output_info_at(m->model, o, &info) != 0)
+        lmk_raise(L, "internal error", fn, "no information on output %zu", o + 1);
+    int rank = info.rank;
+    int64_t shape[MK_MAX_RANK];
+    if (steps > 0) {
+        if (rank == MK_MAX_RANK)
+            LMK_ARG_ERROR(L, fn, "output %zu has rank %d: its steps would need rank %d",
+                          o + 1, rank, rank + 1);
+        shape[0] = steps;
+        memcpy(shape + 1, info.shape, (size_t)rank * sizeof *shape);
+        rank++;
     } else {
-        out = lmk_push_tensor(L, fn, out_info.dtype, out_info.rank, out_info.shape);
+        memcpy(shape, info.shape, (size_t)rank * sizeof *shape);
+    }
+    if (idx == 0 || lua_isnoneornil(L, idx))
+        return lmk_push_tensor(L, fn, info.dtype, rank, shape);
+    lmk_tensor *out = lmk_check_tensor(L, idx, fn);
+    if (out->readonly) LMK_ARG_ERROR(L, fn, "output tensor %zu is read-only", o + 1);
+    if (lua_getiuservalue(L, 1, 1) == LUA_TTABLE) { /* the constants a CPU model borrows */
+        lua_pushnil(L);
+        while (lua_next(L, -2)) {
+            if (lua_rawequal(L, -1, idx))
+                LMK_ARG_ERROR(L, fn, "output tensor %zu is the model's constant '%s' (its "
+                              "weights would be overwritten)", o + 1, lua_tostring(L, -2));
+            lua_pop(L, 1);
+        }
+    }
+    lua_pop(L, 1);
+    if (out->dtype != info.dtype || !lmk_same_shape(out->rank, out->shape, rank, shape))
+        LMK_ARG_ERROR(L, fn, "output tensor %zu is %s %s, the model gives %s %s", o + 1,
+                      mk_dtype_name(out->dtype), LMK_SHAPE_STR(out->rank, out->shape),
+                      mk_dtype_name(info.dtype), LMK_SHAPE_STR(rank, shape));
+    lua_pushvalue(L, idx);
+    return out;
+}
+
+/*
+ * model:run({name = tensor, ...}[, out1, out2, ...]) -> the outputs, new
+ * tensors or the ones given (filled). Names, dtypes and shapes are checked
+ * against the model first.
+ */
+static int model_run(lua_State *L) {
+    const char *fn = "run";
+    lmk_model *m = check_model(L, 1, fn, true);
+    int n_out = (int)mk_model_output_count(m->model);
+    lua_settop(L, 2 + n_out);
+    size_t count;
+    mk_named_tensor *named = check_inputs(L, m, 2, fn, &count);
+    mk_buffer outs[MK_MAX_OUTPUTS];
+    for (int o = 0; o < n_out; o++) {
+        lmk_tensor *t = push_output(L, m, (size_t)o, 3 + o, 0, fn);
+        outs[o] = (mk_buffer){t->data, t->bytes};
     }
     mk_error *err = NULL;
     lmk_host_begin(L);
-    int rc = mk_evaluate(m->model, named, count, out->data, out->bytes, &err);
+    int rc = mk_evaluate_outputs(m->model, named, count, outs, (size_t)n_out, &err);
     lmk_host_end(L, rc ? err : NULL);
     if (rc != 0) lmk_raise_core(L, err);
-    return 1;
+    return n_out;
+}
+
+/*
+ * model:run_steps(n, {name = tensor, ...}[, outs][, opts]) -> outs, steps.
+ * Runs up to n steps of the model's recurrence (its script's next lines) in
+ * one call: outs is a list of tensors, output o's steps stacked ahead of its
+ * shape ([n, ...]; given, or new), steps the number run (fewer than n where
+ * opts.stop = {output = o, value = v} ended them: the first step whose int64
+ * output o equals v is the last).
+ */
+static int model_run_steps(lua_State *L) {
+    const char *fn = "run_steps";
+    lmk_model *m = check_model(L, 1, fn, true);
+    lua_settop(L, 5);
+    lua_Integer n = luaL_checkinteger(L, 2);
+    if (n < 1) LMK_ARG_ERROR(L, fn, "n must be at least 1, got %lld", (long long)n);
+    int n_out = (int)mk_model_output_count(m->model);
+    size_t count;
+    mk_named_tensor *named = check_inputs(L, m, 3, fn, &count);
+    if (!lua_isnil(L, 4) && lua_type(L, 4) != LUA_TTABLE)
+        LMK_ARG_ERROR(L, fn, "outs must be a list of tensors, got %s", luaL_typename(L, 4));
+    mk_stop stop = {0};
+    if (!lua_isnil(L, 5)) {
+        luaL_checktype(L, 5, LUA_TTABLE);
+        if (lua_getfield(L, 5, "stop") != LUA_TNIL) {
+            if (!lua_istable(L, -1))
+                LMK_ARG_ERROR(L, fn, "opts.stop must be {output = i, value = v}, got %s",
+                              luaL_typename(L, -1));
+            lua_getfield(L, -1, "output");
+            lua_getfield(L, -2, "value");
+            if (!lua_isinteger(L, -2) || !lua_isinteger(L, -1))
+                LMK_ARG_ERROR(L, fn, "opts.stop needs integers output and value");
+            lua_Integer o = lua_tointeger(L, -2);
+            if (o < 1 || o > n_out)
+                LMK_ARG_ERROR(L, fn, "opts.stop.output is %lld; the model has %d output%s",
+                              (long long)o, n_out, n_out == 1 ? "" : "s");
+            stop = (mk_stop){true, (size_t)(o - 1), lua_tointeger(L, -1)};
+            lua_pop(L, 2);
+        }
+        lua_pop(L, 1);
+    }
+    lua_createtable(L, n_out, 0);
+    int list = lua_gettop(L);
+    mk_buffer outs[MK_MAX_OUTPUTS];
+    for (int o = 0; o < n_out; o++) {
+        int given = 0;
+        if (!lua_isnil(L, 4)) {
+            lua_rawgeti(L, 4, o + 1);
+            given = lua_gettop(L);
+        }
+        lmk_tensor *t = push_output(L, m, (size_t)o, given, (int64_t)n, fn);
+        outs[o] = (mk_buffer){t->data, t->bytes};
+        lua_rawseti(L, list, o + 1);
+        if (given) lua_pop(L, 1);
+    }
+    mk_error *err = NULL;
+    lmk_host_begin(L);
+    int64_t steps = mk_model_run_steps(m->model, (int64_t)n, named, count, outs, (size_t)n_out,
+                                       &stop, &err);
+    lmk_host_end(L, steps < 0 ? err : NULL);
+    if (steps < 0) lmk_raise_core(L, err);
+    lua_settop(L, list);
+    lua_pushinteger(L, (lua_Integer)steps);
+    return 2;
 }
 
 /* ==== introspection ============================================================ */
@@ -471,6 +572,41 @@ static int model_inputs(lua_State *L) {
     return 1;
 }
 
+/* model:outputs() -> {{dtype =, shape =}, ...}, one per output */
+static int model_outputs(lua_State *L) {
+    lmk_model *m = check_model(L, 1, "outputs", true);
+    size_t count = mk_model_output_count(m->model);
+    lua_createtable(L, (int)count, 0);
+    for (size_t i = 0; i < count; i++) {
+        mk_tensor_info info;
+        if (mk_model_output_info_at(m->model, i, &info) != 0) continue;
+        push_info(L, &info);
+        lua_rawseti(L, -2, (lua_Integer)i + 1);
+    }
+    return 1;
+}
+
+/* model:recurrence() -> {name = {output = o} | {add = k}, ...}: the script's next lines */
+static int model_recurrence(lua_State *L) {
+    lmk_model *m = check_model(L, 1, "recurrence", true);
+    size_t count = mk_model_next_count(m->model);
+    lua_createtable(L, 0, (int)count);
+    for (size_t i = 0; i < count; i++) {
+        size_t input;
+        int output;
+        int64_t add;
+        mk_tensor_info info;
+        if (mk_model_next_info(m->model, i, &input, &output, &add) != 0 ||
+            mk_model_input_info(m->model, input, &info) != 0)
+            continue;
+        lua_createtable(L, 0, 1);
+        lua_pushinteger(L, output >= 0 ? (lua_Integer)output + 1 : (lua_Integer)add);
+        lua_setfield(L, -2, output >= 0 ? "output" : "add");
+        lua_setfield(L, -2, info.name);
+    }
+    return 1;
+}
+
 static int model_output(lua_State *L) {
     lmk_model *m = check_model(L, 1, "output", true);
     mk_tensor_info info;
@@ -501,10 +637,12 @@ static int model_tostring(lua_State *L) {
                  mk_dtype_name(info.dtype), LMK_SHAPE_STR(info.rank, info.shape));
         luaL_addstring(&b, line);
     }
-    mk_tensor_info out;
-    if (mk_model_output_info(m->model, &out) == 0) {
+    luaL_addstring(&b, ") ->");
+    for (size_t o = 0; o < mk_model_output_count(m->model); o++) {
+        mk_tensor_info out;
+        if (mk_model_output_info_at(m->model, o, &out) != 0) continue;
         char line[160];
-        snprintf(line, sizeof line, ") -> %s %s", mk_dtype_name(out.dtype),
+        snprintf(line, sizeof line, "%s %s %s", o ? "," : "", mk_dtype_name(out.dtype),
                  LMK_SHAPE_STR(out.rank, out.shape));
         luaL_addstring(&b, line);
     }
@@ -523,7 +661,9 @@ void lmk_open_model(lua_State *L) {
         {"fusion_report", model_fusion_report}, {"dot", model_dot},
         {"kernel_source", model_kernel_source},
         {"memory_svg", model_memory_svg}, {"reset", model_reset},
-        {"inputs", model_inputs}, {"output", model_output}, {"close", model_release},
+        {"inputs", model_inputs}, {"output", model_output}, {"outputs", model_outputs},
+        {"recurrence", model_recurrence}, {"run_steps", model_run_steps},
+        {"close", model_release},
         {NULL, NULL}};
     lmk_define_type(L, LMK_MODEL_MT, meta, methods, NULL); /* __index = methods */
     lua_pop(L, 1);

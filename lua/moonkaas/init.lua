@@ -48,11 +48,15 @@ t:argmax, t:totable) is 1-based, as Lua tables are.
            mk.ops() lists its rows {name, alias, signature, role, method,
            infix, expr, summary, broadcast, commutes, ...}, and a row the
            core adds appears here with its shape checks.
-  models   mk.compile(node[, opts])  mk.compile_script(text[, constants[, opts]])
-           m:run(inputs[, out]) m:stats() m:script() m:inputs() m:output()
+  models   mk.compile(node | {nodes}[, opts])  mk.compile_script(text[, constants[, opts]])
+           m:run(inputs[, out...]) -> the outputs  m:stats() m:script()
+           m:inputs() m:output() m:outputs() m:recurrence()
+           m:run_steps(n, inputs[, outs][, {stop = {output =, value =}}])
+           -> outs (each output's n steps stacked: [n, ...]), steps run
+           (opts.next = {input = output node | integer} in mk.compile)
            m:reset() (buffers back to zero) m:fusion_report() (cuDNN groups)
            m:close() (also <close> and the collector)
-  misc     mk.script(node)  mk.lower(node)  mk.format_script(text)
+  misc     mk.script(output[, next])  mk.lower(output[, next])  mk.format_script(text)
            mk.cuda_available()  mk.best_device()  mk.version  mk.build_info
            mk.clock() (monotonic wall-clock seconds, for timing)
            mk.is_terminal(file)
@@ -85,11 +89,12 @@ local function list(t)
     return "[" .. concat(t, ", ") .. "]"
 end
 
--- The nodes reachable from `output`, operands before users (iterative
--- depth-first post-order, so deep chains do not hit the C stack).
-local function topological(output)
+-- The nodes reachable from `outputs` (a list), operands before users
+-- (iterative depth-first post-order, so deep chains do not hit the C stack).
+local function topological(outputs)
     local order, info, state = {}, {}, {}
-    local stack = { output }
+    local stack = {}
+    for k = #outputs, 1, -1 do stack[#stack + 1] = outputs[k] end
     while #stack > 0 do
         local n = stack[#stack]
         if state[n] == nil then
@@ -111,18 +116,36 @@ local function topological(output)
     return order, info
 end
 
---[[
-Lowers the DAG ending at `output` to script text. Returns the text and the
-constants table {name = tensor} that compiling it needs. Input and constant
-names are checked for clashes; unnamed constants become constant_<k>. Each
-statement is printed from its op's signature (core.node_info), so no op is
-special here.
-]]
-local function lower(output)
-    if not is_node(output) then
-        error(format("argument error: script: the output must be a node, got %s", type(output)), 0)
+-- `output` as a list of nodes: a node alone, or a list of them.
+local function output_list(output)
+    if is_node(output) then return { output } end
+    if type(output) ~= "table" or #output == 0 then
+        error(format("argument error: script: the output must be a node or a list of nodes, got %s",
+            type(output)), 0)
     end
-    local order, info = topological(output)
+    for k, n in ipairs(output) do
+        if not is_node(n) then
+            error(format("argument error: script: output %d must be a node, got %s", k, type(n)), 0)
+        end
+    end
+    return output
+end
+
+--[[
+Lowers the DAG ending at `output` (a node, or a list of nodes: the model's
+outputs, in order) to script text. Returns the text and the constants table
+{name = tensor} that compiling it needs. Input and constant names are checked
+for clashes; unnamed constants become constant_<k>. Each statement is printed
+from its op's signature (core.node_info), so no op is special here.
+
+`next` ({input_name = node | integer}) makes the model a recurrence
+(m:run_steps): at the next step, input_name holds that node's value (one of
+the outputs), or its own value plus the integer (an int64 counter). The lines
+are written in name order, and the core checks them.
+]]
+local function lower(output, next)
+    local outputs = output_list(output)
+    local order, info = topological(outputs)
 
     local owner = {} -- name -> node that carries it
     for _, n in ipairs(order) do
@@ -181,28 +204,66 @@ local function lower(output)
         end
         lines[index] = format("$%d = %s(%s);", index, i.op, concat(args, ", "))
     end
-    lines[#lines + 1] = format("result = $%d;", #order)
+    local results = {}
+    for k, n in ipairs(outputs) do results[k] = "$" .. id[n] end
+    lines[#lines + 1] = format("result = %s;", concat(results, ", "))
+    if next ~= nil then
+        if type(next) ~= "table" then
+            error(format("argument error: script: next must be a table {input = node | integer}, got %s",
+                type(next)), 0)
+        end
+        local names = {}
+        for name in pairs(next) do
+            if type(name) ~= "string" then
+                error(format("argument error: script: next's keys are input names, got %s", type(name)), 0)
+            end
+            names[#names + 1] = name
+        end
+        table.sort(names)
+        for _, name in ipairs(names) do
+            local v = next[name]
+            if math.type(v) == "integer" then
+                lines[#lines + 1] = format("next %s = %s + %d;", name, name, v)
+            elseif is_node(v) and id[v] then
+                lines[#lines + 1] = format("next %s = $%d;", name, id[v])
+            else
+                error(format("argument error: script: next.%s must be an output node or an integer, got %s",
+                    name, is_node(v) and "a node that is not an output" or type(v)), 0)
+            end
+        end
+    end
     return concat(lines, "\n") .. "\n", constants
 end
 
--- mk.script(node) -> the script text of the network ending at node.
-function mk.script(output)
-    return (lower(output))
+-- mk.script(output[, next]) -> the script text of the network ending at
+-- output (a node or a list of nodes), with next lines for a recurrence.
+function mk.script(output, next)
+    return (lower(output, next))
 end
 
--- mk.lower(node) -> text, constants: what mk.compile hands to the core.
+-- mk.lower(output[, next]) -> text, constants: what mk.compile hands to the core.
 mk.lower = lower
 
 --[[
-mk.compile(node[, opts]) -> model. opts: device = "cpu" | "cuda" (default
-"cpu"), cudnn = boolean, fuse = boolean (false: one launch per node, no
-pointwise groups), passes = boolean (false skips optional passes),
-max_bytes = integer (the most device memory the model may take; more is an
-"out of memory: ..." error before anything is allocated). The constants' memory is handed to the core as it is: copied to the device on
-CUDA, borrowed in place on the CPU (the model keeps the tensors alive).
+mk.compile(output[, opts]) -> model, output a node or a list of nodes (the
+model's outputs, in order). opts: device = "cpu" | "cuda" (default "cpu"),
+cudnn = boolean, fuse = boolean (false: one launch per node, no pointwise
+groups), passes = boolean (false skips optional passes), max_bytes = integer
+(the most device memory the model may take; more is an "out of memory: ..."
+error before anything is allocated), next = {input = node | integer} (a
+recurrence for m:run_steps; see mk.lower). The constants' memory is handed to
+the core as it is: copied to the device on CUDA, borrowed in place on the CPU
+(the model keeps the tensors alive).
 ]]
 function mk.compile(output, opts)
-    local text, constants = lower(output)
+    local next
+    if type(opts) == "table" and opts.next ~= nil then
+        local rest = {}
+        for k, v in pairs(opts) do rest[k] = v end
+        next, rest.next = opts.next, nil
+        opts = rest
+    end
+    local text, constants = lower(output, next)
     return core.compile_script(text, constants, opts)
 end
 

@@ -126,6 +126,7 @@ typedef struct {
 } bad_case;
 
 #define X1 "$1 = InputTensor(x, float32, [2, 3]);\n"
+#define XP X1 "$2 = InputTensor(p, int64, [1]);\n$3 = ReLUNode($1);\n"
 static const bad_case bad[] = {
     /* sizes that would overflow an element count or a byte size (found by trying them:
      * before, these compiled with tiny storage and crashed at evaluate) */
@@ -146,7 +147,24 @@ static const bad_case bad[] = {
     {X1 "$2 ReLUNode($1);\nresult = $2;", MK_ERR_SYNTAX, 2, 4, "expected '='"},
     {X1 "$2 = ReLUNode($1);\n", MK_ERR_SYNTAX, 3, 1, "'result = $N;'"},
     {"", MK_ERR_SYNTAX, 1, 1, "the end of the script"},
-    {X1 "result = $1;\n$2 = ReLUNode($1);", MK_ERR_SYNTAX, 3, 1, "nothing may follow"},
+    {X1 "result = $1;\n$2 = ReLUNode($1);", MK_ERR_SYNTAX, 3, 1,
+     "nothing but 'next' lines may follow the result line"},
+    /* several outputs, and the next lines of a recurrence */
+    {X1 "result = $1, ;", MK_ERR_SYNTAX, 2, 14, "expected 'result = $N;'"},
+    {X1 "result = $1, $9;", MK_ERR_NAME, 2, 14, "$9 is not defined"},
+    {XP "result = $3, $2;\nnext y = $3;", MK_ERR_NAME, 5, 6, "'y' is not an input"},
+    {XP "result = $3, $2;\nnext x = $1;", MK_ERR_NAME, 5, 10, "$1 is not an output"},
+    {XP "result = $3, $2;\nnext p = $3;", MK_ERR_DTYPE, 5, 10, "$3 is float32, input 'p' is int64"},
+    {XP "result = $3;\nnext x = x + 1;", MK_ERR_DTYPE, 5, 6, "a counter is int64"},
+    {XP "result = $3;\nnext p = x + 1;", MK_ERR_SYNTAX, 5, 10, "adds to its own value"},
+    {XP "result = $3;\nnext p = p -1;", MK_ERR_SYNTAX, 5, 12, "expected '+'"},
+    {XP "result = $3;\nnext p = p + 1;\nnext p = p + 2;", MK_ERR_NAME, 6, 6,
+     "input 'p' already has a next line (line 5)"},
+    {XP "result = $3;\nnext p = p + 1", MK_ERR_SYNTAX, 5, 15, "expected ';'"},
+    {XP "result = $3;\nnext p = p + 1;\n$4 = ReLUNode($1);", MK_ERR_SYNTAX, 6, 1,
+     "nothing but 'next' lines"},
+    {XP "$4 = InputTensor(h, float32, [3]);\nresult = $3;\nnext h = $3;", MK_ERR_SHAPE, 6, 10,
+     "$3 has shape [2, 3], input 'h' has [3]"},
     {X1 "$2 = ReLUNode($1) @;\nresult = $2;", MK_ERR_SYNTAX, 2, 19, "unexpected character '@'"},
     {X1 "$ = ReLUNode($1);\nresult = $2;", MK_ERR_SYNTAX, 2, 1, "node number after '$'"},
     {X1 "$0 = ReLUNode($1);\nresult = $0;", MK_ERR_SYNTAX, 2, 1, "positive"},
