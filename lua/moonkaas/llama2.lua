@@ -68,39 +68,51 @@ end
 -- Generates up to `steps` positions from `prompt`, printing pieces through
 -- opts.write (stdout by default) and "achieved tok/s" through opts.report
 -- (stderr by default). Returns the generated ids (prompt included, 0-based
--- token ids) and the tok/s figure (nil when fewer than two steps ran).
--- The transformer must be fresh or reset.
+-- token ids) and the tok/s figure (nil when no step ran after the first).
+-- The transformer must be fresh or reset. Past the prompt, a greedy model
+-- generates opts.chunk (default 16) tokens a call inside the model
+-- (net:steps), printing each chunk as it returns; opts.per_token runs one
+-- evaluation a token instead (the same text).
 function M.generate(net, tok, smp, prompt, steps, opts)
     opts = opts or {}
     local write = opts.write or default_write
     local report = opts.report or function(s) io.stderr:write(s) end
     local stop_on_bos = opts.stop_on_bos ~= false
+    local chunk = net.greedy and not opts.per_token and (opts.chunk or 16) or nil
     local prompt_tokens = tok:encode(prompt or "", true, false)
     local ids = { prompt_tokens[1] }
-    local start
+    local start, timed = nil, 0 -- the timer starts after the first call (warm-up)
     local token, pos = prompt_tokens[1], 0
-    while pos < steps do
-        local result = net:forward(token, pos)
-        local nxt
-        if pos < #prompt_tokens - 1 then
-            nxt = prompt_tokens[pos + 2]       -- still inside the prompt: force it
-        else
-            nxt = next_token(net, smp, result)
-        end
+    local function emit(nxt) -- false at BOS (1), which delimits sequences
         pos = pos + 1
-        -- BOS (1) delimits sequences.
-        if nxt == tokenizer.BOS and stop_on_bos then break end
+        if nxt == tokenizer.BOS and stop_on_bos then return false end
         write(tokenizer.printable(tok:decode(token, nxt)))
         ids[#ids + 1] = nxt
         token = nxt
-        -- The first step is slower (warm-up): the timer starts after it.
+        return true
+    end
+    local going = true
+    while going and pos < steps do
+        local made
+        if chunk and pos >= #prompt_tokens - 1 then
+            made = net:steps(token, pos, math.min(chunk, steps - pos), stop_on_bos and tokenizer.BOS or nil)
+        elseif pos < #prompt_tokens - 1 then
+            net:forward(token, pos)
+            made = { prompt_tokens[pos + 2] }     -- still inside the prompt: force it
+        else
+            made = { next_token(net, smp, net:forward(token, pos)) }
+        end
+        if start then timed = timed + #made end
+        for _, nxt in ipairs(made) do
+            going = emit(nxt)
+            if not going then break end
+        end
         if not start then start = model.clock() end
     end
     write("\n")
     local rate
-    if pos > 1 then
-        local elapsed = model.clock() - start
-        rate = (pos - 1) / math.max(elapsed, 1e-9)
+    if timed > 0 then
+        rate = timed / math.max(model.clock() - start, 1e-9)
         report(string.format("achieved tok/s: %f\n", rate))
     end
     return ids, rate
@@ -193,6 +205,8 @@ Options:
               or q8a8 (q8, and each product's input in int8 groups: runq.c);
               default: the checkpoint's own precision
   --cudnn     fuse with cuDNN (CUDA only)
+  --per-token one evaluation a token (greedy otherwise runs 16 a call inside
+              the model; the text is the same)
   -h          print this help
 ]]
 
@@ -224,6 +238,9 @@ function M.parse_args(argv)
         local flag = argv[i]
         if flag == "--cudnn" then
             o.cudnn = true
+            i = i + 1
+        elseif flag == "--per-token" then
+            o.per_token = true
             i = i + 1
         else
             if flag:sub(1, 1) ~= "-" or #flag ~= 2 then
@@ -376,7 +393,8 @@ function M.main(argv, env)
     collectgarbage() -- the build's garbage freed now, its memory serves the run: lower peak RSS
     local run_ok, rerr = pcall(function()
         if o.mode == "generate" then
-            M.generate(net, tok, smp, o.prompt, o.steps, { write = env.stdout, report = err_write })
+            M.generate(net, tok, smp, o.prompt, o.steps,
+                       { write = env.stdout, report = err_write, per_token = o.per_token })
         else
             M.chat(net, tok, smp, o.prompt, o.system_prompt, o.steps,
                    { write = env.stdout, read_line = env.read_line })

@@ -142,7 +142,7 @@ function M.graph(mk, c, w, opts)
         logits = linear(x, w.wcls, "wcls")
     end
     if opts.greedy then
-        return logits:argmax()                                                -- int64 [1, 1]
+        return logits:argmax():reshape({ 1 })                                -- int64 [1]
     end
     return logits:reshape({ V })                                              -- [V]
 end
@@ -294,7 +294,11 @@ end
 
 function Transformer:compile()
     local t0 = M.clock()
-    local ok, model = pcall(self.mk.compile, self.output, { device = self.device, cudnn = self.cudnn })
+    -- A greedy model is a recurrence: its argmax is the next step's token and
+    -- the positions count up, so run_steps generates without leaving the model.
+    local next = self.greedy and { token = self.output, pos = 1, pos1 = 1 } or nil
+    local ok, model = pcall(self.mk.compile, self.output,
+                            { device = self.device, cudnn = self.cudnn, next = next })
     if not ok then error("compiling the llama2 graph failed: " .. tostring(model), 0) end
     self.model = model
     self.out = nil
@@ -335,6 +339,33 @@ function Transformer:forward(token, pos)
         return math.tointeger(out:get(1))
     end
     return out:totable()
+end
+
+-- Runs up to n greedy steps from (token, pos) in one call (run_steps): each
+-- step's argmax is the next step's token, inside the model. Returns the ids
+-- generated (a 1-based Lua array of 0-based token ids), ending with `stop` (an
+-- id, optional) where the model gave it; never past the positions it holds.
+function Transformer:steps(token, pos, n, stop)
+    if not self.greedy then error("steps: the model is not greedy (its output is the logits)", 2) end
+    local c = self.config
+    if math.type(token) ~= "integer" or token < 0 or token >= c.vocab_size then
+        error(string.format("steps: token %s out of range [0, %d)", tostring(token), c.vocab_size), 2)
+    end
+    if math.type(pos) ~= "integer" or pos < 0 or pos >= self.positions then
+        error(string.format("steps: position %s out of range [0, %d)", tostring(pos), self.positions), 2)
+    end
+    n = math.min(n, self.positions - pos)
+    self.token_t:set(1, token)
+    self.pos_t:set(1, pos)
+    self.pos1_t:set(1, pos + 1)
+    self.step_outs = self.step_outs or {}
+    local outs = self.step_outs[n] -- reused: the usual chunk allocates once
+    local opts = stop and { stop = { output = 1, value = stop } } or nil
+    local got, k = self.model:run_steps(n, self.inputs, outs, opts)
+    self.step_outs[n] = got
+    local ids = {}
+    for i = 1, k do ids[i] = math.tointeger(got[1]:get(i, 1)) end
+    return ids
 end
 
 -- Wall-clock seconds (monotonic).
