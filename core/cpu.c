@@ -1604,9 +1604,9 @@ static size_t tensor_bytes(const mk_tensor *t) {
 
 /* The cost rule above, per launch. */
 static int cpu_prepare(void *state, const mk_launch *launches, int n, const mk_copy *in,
-                       int n_in, const mk_copy *out, int n_out, const mk_host *host,
-                       mk_error **err) {
-    (void)in, (void)n_in, (void)out, (void)n_out;
+                       int n_in, const mk_copy *out, int n_out, const mk_step_rule *rules,
+                       int n_rules, const mk_host *host, mk_error **err) {
+    (void)in, (void)n_in, (void)out, (void)n_out, (void)rules, (void)n_rules;
     cpu_state *s = state;
     pthread_once(&cpu_cost_once, cpu_calibrate);
     for (int i = 0; i < n; i++) {

@@ -595,6 +595,17 @@ typedef struct mk_host {
 /* Fails with MK_ERR_CANCELLED naming what stopped ("compile", "evaluation"). */
 int mk_cancelled(mk_error **err, const char *what);
 
+/* A next line as devices take it (prepare): input slot `input` holds, at the
+ * next step, output `output`'s value, or (output -1) its own plus `add`. */
+typedef struct {
+    int input, output;
+    int64_t add;
+} mk_step_rule;
+
+/* What a device's run_steps returns where it has no loop of its own for the
+ * model: model.c then runs the steps as evaluations. */
+#define MK_STEPS_NO_LOOP (-2)
+
 typedef struct mk_device_ops {
     const char *name;
     const mk_kernel *kernels; /* [MK_KERNEL_COUNT], indexed by mk_kernel_id */
@@ -613,13 +624,22 @@ typedef struct mk_device_ops {
     int (*upload)(void *state, void *dst, const void *src, size_t bytes, mk_error **err);
     int (*zero)(void *state, void *dst, size_t bytes, mk_error **err);
     /* Called once after launches are bound (CUDA: pinned staging for the copies,
-     * capture the graph). The copies' `host` fields are NULL here. */
+     * capture the graph, and the step loop where the model has next lines).
+     * The copies' `host` fields are NULL here. */
     int (*prepare)(void *state, const mk_launch *launches, int n, const mk_copy *in, int n_in,
-                   const mk_copy *out, int n_out, const mk_host *host, mk_error **err);
+                   const mk_copy *out, int n_out, const mk_step_rule *rules, int n_rules,
+                   const mk_host *host, mk_error **err);
     /* One evaluation: copy inputs in, run every launch, copy the outputs out. */
     int (*evaluate)(void *state, const mk_launch *launches, int n, const mk_copy *in,
                     int n_in, const mk_copy *out, int n_out, const mk_host *host,
                     mk_error **err);
+    /* Up to `steps` steps of the recurrence given to prepare, from the inputs
+     * at in[].host, step s's output o at out[o].host + s * out[o].bytes, ending
+     * early as `stop` says (mk_model_run_steps). Returns the steps run, -1 with
+     * *err, or MK_STEPS_NO_LOOP; NULL: no loop of its own. */
+    int64_t (*run_steps)(void *state, const mk_launch *launches, int n, const mk_copy *in,
+                         int n_in, const mk_copy *out, int n_out, int64_t steps,
+                         const mk_stop *stop, const mk_host *host, mk_error **err);
 } mk_device_ops;
 
 extern const mk_device_ops mk_cpu_device;

@@ -534,8 +534,12 @@ static mk_model *compile(mk_context *ctx, const char *script,
     for (int o = 0; o < g->n_outputs; o++)
         m->out_copies[o] = (mk_copy){.device = tensor_of(m, g->outputs[o]).data,
                                      .bytes = mk_node_bytes(g->outputs[o])};
+    mk_step_rule rules[MK_MAX_INPUTS];
+    for (int i = 0; i < g->n_next; i++)
+        rules[i] = (mk_step_rule){.input = m->input_slot[g->next[i].input->index],
+                                  .output = g->next[i].output, .add = g->next[i].add};
     if (dev->prepare(m->dev_state, m->launches, m->n_launches, m->in_copies, m->n_inputs,
-                     m->out_copies, m->n_outputs, &host, err))
+                     m->out_copies, m->n_outputs, rules, g->n_next, &host, err))
         goto fail;
     STAGE_DONE(6);
 #undef STAGE_DONE
@@ -711,9 +715,11 @@ MK_API int mk_evaluate(mk_model *m, const mk_named_tensor *inputs, size_t n_inpu
 /* ---- steps ----------------------------------------------------------------------------- */
 
 /*
- * n steps, each one evaluation: a fed input reads the previous step's output
- * where the caller's buffer holds it, a counter its slot in m->counters
- * (unsigned arithmetic: a counter wraps, as two's complement does, never UB).
+ * n steps: the device's own loop where it has one (CUDA: a graph that loops on
+ * the device), else each step one evaluation: a fed input reads the previous
+ * step's output where the caller's buffer holds it, a counter its slot in
+ * m->counters (unsigned arithmetic: a counter wraps, as two's complement does,
+ * never UB).
  */
 MK_API int64_t mk_model_run_steps(mk_model *m, int64_t n, const mk_named_tensor *inputs,
                                   size_t n_inputs, const mk_buffer *outputs, size_t n_outputs,
@@ -737,6 +743,13 @@ MK_API int64_t mk_model_run_steps(mk_model *m, int64_t n, const mk_named_tensor 
     }
     if (bind_outputs(m, outputs, n_outputs, n, 0, err) || bind_inputs(m, inputs, n_inputs, err))
         return -1;
+    if (m->dev->run_steps) {
+        mk_host host = host_of(m->ctx);
+        int64_t ran = m->dev->run_steps(m->dev_state, m->launches, m->n_launches, m->in_copies,
+                                        m->n_inputs, m->out_copies, m->n_outputs, n, stop, &host,
+                                        err);
+        if (ran != MK_STEPS_NO_LOOP) return ran;
+    }
     char *slot = m->counters;
     for (int i = 0; i < g->n_next; i++) {
         const mk_recurrence *r = &g->next[i];

@@ -42,16 +42,8 @@
  * latency each, which is most of a small model's evaluation. More goes by
  * the copy engines. */
 #define MK_STAGE_KERNEL_MAX (64u << 10)
-#define MK_STAGE_COPIES 8
 
 /* ---- copies as kernels ---------------------------------------------------- */
-
-typedef struct {
-    int n;
-    unsigned char *dst[MK_STAGE_COPIES];
-    const unsigned char *src[MK_STAGE_COPIES]; /* NULL: fill with zeros */
-    unsigned long long bytes[MK_STAGE_COPIES];
-} mk_stage_copies;
 
 /* Every copy of c, the whole grid on each: 16-byte words where both ends
  * allow (slots and device buffers are aligned), then bytes. */
@@ -71,13 +63,11 @@ __global__ void mk_stage_kernel(mk_stage_copies c) {
     }
 }
 
-/* The device's address of a place in the model's pinned block (its mapping). */
 static unsigned char *stage_on_device(const mk_cuda_state *s, const void *host) {
     return s->pinned_dev + ((const unsigned char *)host - s->pinned);
 }
 
-/* Captures c as one kernel node on the stream; false if the launch failed. */
-static bool stage_launch(const mk_stage_copies *c, cudaStream_t stream) {
+bool mk_cuda_stage_launch(const mk_stage_copies *c, cudaStream_t stream) {
     if (c->n == 0) return true;
     unsigned long long most = 0;
     for (int i = 0; i < c->n; i++) most = c->bytes[i] > most ? c->bytes[i] : most;
@@ -172,6 +162,7 @@ static void cuda_close(void *state) {
     if (!s) return;
     cudaSetDevice(s->device);
     if (s->stream) cudaStreamSynchronize(s->stream);
+    mk_cuda_close_steps(s);
     if (s->exec) cudaGraphExecDestroy(s->exec);
     if (s->graph) cudaGraphDestroy(s->graph);
     if (s->blas) cublasDestroy(s->blas);
@@ -335,13 +326,28 @@ static constexpr cuda_kernel_table cuda_kernels;
 
 /* ---- prepare: staging and capture ---------------------------------------- */
 
+int mk_cuda_capture_launches(const mk_launch *launches, int n, mk_error **err) {
+    for (int i = 0; i < n; i++) {
+        const mk_launch *l = &launches[i];
+        /* model.c bound only launches whose kernel this table has (and whose dtypes it takes) */
+        mk_kernel_id id = l->node->op->kernel;
+        mk_kernel_fn kernel = (unsigned)id < MK_KERNEL_COUNT ? cuda_kernels.k[id].fn : NULL;
+        if (!kernel) {
+            MK_INTERNAL(err, "a launch whose kernel the CUDA device does not have");
+            return i;
+        }
+        if (kernel(l, err) != 0) return i;
+    }
+    return -1;
+}
+
 static size_t stage_round(size_t bytes) {
     return (bytes + MK_STAGE_ALIGN - 1) / MK_STAGE_ALIGN * MK_STAGE_ALIGN;
 }
 
 static int cuda_prepare(void *state, const mk_launch *launches, int n, const mk_copy *in,
-                        int n_in, const mk_copy *out, int n_out, const mk_host *host,
-                        mk_error **err) {
+                        int n_in, const mk_copy *out, int n_out, const mk_step_rule *rules,
+                        int n_rules, const mk_host *host, mk_error **err) {
     mk_cuda_state *s = (mk_cuda_state *)state;
     cudaGraph_t graph = NULL;
     bool capturing = false;
@@ -401,7 +407,7 @@ static int cuda_prepare(void *state, const mk_launch *launches, int n, const mk_
         }
         c.dst[c.n] = (unsigned char *)s->fault;
         c.bytes[c.n++] = sizeof *s->fault;
-        if (!stage_launch(&c, s->stream)) failed_at = -2;
+        if (!mk_cuda_stage_launch(&c, s->stream)) failed_at = -2;
     } else {
         for (int i = 0; failed_at == -1 && i < n_in; i++)
             if (in[i].bytes && cudaMemcpyAsync(in[i].device, s->in_stage[i], in[i].bytes,
@@ -411,18 +417,7 @@ static int cuda_prepare(void *state, const mk_launch *launches, int n, const mk_
             cudaMemsetAsync(s->fault, 0, sizeof *s->fault, s->stream) != cudaSuccess)
             failed_at = -2;
     }
-    for (int i = 0; failed_at == -1 && i < n; i++) {
-        const mk_launch *l = &launches[i];
-        /* model.c bound only launches whose kernel this table has (and whose dtypes it takes) */
-        mk_kernel_id id = l->node->op->kernel;
-        mk_kernel_fn kernel = (unsigned)id < MK_KERNEL_COUNT ? cuda_kernels.k[id].fn : NULL;
-        if (!kernel) {
-            MK_INTERNAL(err, "a launch whose kernel the CUDA device does not have");
-            failed_at = i;
-        } else if (kernel(l, err) != 0) {
-            failed_at = i;
-        }
-    }
+    if (failed_at == -1) failed_at = mk_cuda_capture_launches(launches, n, err);
     /* the graph's last nodes bring the output and the fault record back to pinned memory */
     if (failed_at == -1 && s->stage_kernels) {
         mk_stage_copies c = {0};
@@ -435,7 +430,7 @@ static int cuda_prepare(void *state, const mk_launch *launches, int n, const mk_
         c.dst[c.n] = stage_on_device(s, s->fault_stage);
         c.src[c.n] = (const unsigned char *)s->fault;
         c.bytes[c.n++] = sizeof *s->fault;
-        if (!stage_launch(&c, s->stream)) failed_at = -2;
+        if (!mk_cuda_stage_launch(&c, s->stream)) failed_at = -2;
     } else if (failed_at == -1) {
         for (int o = 0; failed_at == -1 && o < n_out; o++)
             if (out[o].bytes && cudaMemcpyAsync(s->out_stage[o], out[o].device, out[o].bytes,
@@ -470,6 +465,13 @@ static int cuda_prepare(void *state, const mk_launch *launches, int n, const mk_
     /* Uploading now keeps the first evaluation's latency like every other. */
     MK_CUDA_TRY(err, cudaGraphUpload(s->exec, s->stream));
     MK_CUDA_TRY(err, cudaStreamSynchronize(s->stream));
+    if (n_rules > 0) {
+        if (mk_cuda_prepare_steps(s, launches, n, in, n_in, out, n_out, rules, n_rules, err))
+            return -1;
+        if (!s->loop_exec)
+            host->log(host, MK_LOG_INFO, "cuda: run_steps runs its steps as evaluations: %s",
+                      s->loop_why);
+    }
     return 0;
 fail:
     if (capturing) {
@@ -485,8 +487,8 @@ fail:
 /* ---- evaluate ------------------------------------------------------------ */
 
 /* The fault record as the error the CPU device gives for the same value (mk_fault). */
-static int fault_error(const mk_cuda_fault *f, const mk_launch *launches, int n,
-                       mk_error **err) {
+int mk_cuda_fault_error(const mk_cuda_fault *f, const mk_launch *launches, int n,
+                        mk_error **err) {
     if (f->launch < 0 || f->launch >= n)
         return mk_fail(err, MK_ERR_INTERNAL, 0, 0, "a CUDA kernel reported launch %d of %d",
                        f->launch, n);
@@ -512,7 +514,7 @@ static int cuda_evaluate(void *state, const mk_launch *launches, int n, const mk
         if (in[i].bytes) memcpy(s->in_stage[i], in[i].host, in[i].bytes);
     MK_CUDA_TRY(err, cudaGraphLaunch(s->exec, s->stream));
     MK_CUDA_TRY(err, cudaStreamSynchronize(s->stream));
-    if (s->fault_stage->flag) return fault_error(s->fault_stage, launches, n, err);
+    if (s->fault_stage->flag) return mk_cuda_fault_error(s->fault_stage, launches, n, err);
     for (int o = 0; o < n_out; o++)
         if (out[o].bytes) memcpy(out[o].host, s->out_stage[o], out[o].bytes);
     host->progress(host, MK_PHASE_RUN, 1, 1);
@@ -532,7 +534,7 @@ fail:
 static const mk_device_ops cuda_device = {
     "cuda",       cuda_kernels.k, MK_CUDA_POINTWISE_OPERANDS, 32768,     false,
     cuda_open,    cuda_close,     cuda_alloc,                 cuda_free, cuda_upload,
-    cuda_zero,    cuda_prepare,   cuda_evaluate,
+    cuda_zero,    cuda_prepare,   cuda_evaluate,              mk_cuda_run_steps,
 };
 
 static const mk_cuda_plugin plugin = {

@@ -54,6 +54,23 @@ static __device__ __forceinline__ void mk_cuda_fault_raise(mk_cuda_fault *f, int
     }
 }
 
+/* Copies the graph makes as one kernel (mk_cuda_stage_launch), at most
+ * MK_STAGE_COPIES of them. */
+#define MK_STAGE_COPIES 8
+typedef struct {
+    int n;
+    unsigned char *dst[MK_STAGE_COPIES];
+    const unsigned char *src[MK_STAGE_COPIES]; /* NULL: fill with zeros */
+    unsigned long long bytes[MK_STAGE_COPIES];
+} mk_stage_copies;
+
+/* A step loop's control word (steps.cu), in device memory and, staged, pinned. */
+typedef struct {
+    long long n;          /* the steps this graph launch may run */
+    long long step;       /* the steps it has run */
+    long long stop, stop_output, stop_value; /* stop: whether a value ends the steps */
+} mk_step_ctl;
+
 /* Per-model state (mk_launch.dev points here). */
 typedef struct mk_cuda_state {
     int device;
@@ -75,6 +92,18 @@ typedef struct mk_cuda_state {
 
     cudaGraph_t graph;
     cudaGraphExec_t exec;
+
+    /* the step loop (steps.cu): a graph whose WHILE node runs the launches and a
+     * step kernel until the steps are done; NULL where the model has no next
+     * lines or the loop could not be made (loop_why says why) */
+    cudaGraph_t loop_graph;
+    cudaGraphExec_t loop_exec;
+    mk_step_ctl *ctl;            /* device */
+    mk_step_ctl *ctl_stage;      /* pinned, mapped */
+    unsigned char *ring;         /* pinned, mapped: ring_steps steps of every output */
+    unsigned char *ring_out[MK_MAX_OUTPUTS]; /* output o's steps in the ring */
+    long long ring_steps;
+    char loop_why[160];
 
     /* device memory kernels asked for while capturing (freed at close) */
     void **extra;
@@ -124,6 +153,26 @@ int mk_cuda_check_launch(const mk_launch *l, const char *kernel, mk_error **err)
  * is being captured (capture mode relaxed for the call) and owned by the
  * model's state until close. NULL with an error on failure. */
 void *mk_cuda_extra(mk_cuda_state *s, size_t bytes, mk_error **err);
+
+/* cuda_device.cu: captures c as one kernel node on the stream (false if the
+ * launch failed), and every launch's kernels (-1, or the index of the launch
+ * that failed, *err set). */
+bool mk_cuda_stage_launch(const mk_stage_copies *c, cudaStream_t stream);
+int mk_cuda_capture_launches(const mk_launch *launches, int n, mk_error **err);
+/* The fault record as the error the CPU device gives for the same value (mk_fault). */
+int mk_cuda_fault_error(const mk_cuda_fault *f, const mk_launch *launches, int n,
+                        mk_error **err);
+
+/* steps.cu: the step loop of a model with next lines (prepare: made where the
+ * driver takes conditional nodes, else loop_why says why and the steps run as
+ * evaluations), and mk_model_run_steps on it. */
+int mk_cuda_prepare_steps(mk_cuda_state *s, const mk_launch *launches, int n, const mk_copy *in,
+                          int n_in, const mk_copy *out, int n_out, const mk_step_rule *rules,
+                          int n_rules, mk_error **err);
+int64_t mk_cuda_run_steps(void *state, const mk_launch *launches, int n, const mk_copy *in,
+                          int n_in, const mk_copy *out, int n_out, int64_t steps,
+                          const mk_stop *stop, const mk_host *host, mk_error **err);
+void mk_cuda_close_steps(mk_cuda_state *s);
 
 static inline mk_cuda_state *mk_cuda_state_of(const mk_launch *l) {
     return (mk_cuda_state *)l->dev;

@@ -261,12 +261,12 @@ static void push_info(lua_State *L, const mk_tensor_info *info) {
     lua_setfield(L, -2, "shape");
 }
 
-/* Raises "input error: run: unknown input 'k' (the model takes a, b)". */
-static int raise_unknown_input(lua_State *L, const char *k, const mk_named_tensor *named,
-                               size_t count) {
+/* Raises "input error: fn: unknown input 'k' (the model takes a, b)". */
+static int raise_unknown_input(lua_State *L, const char *fn, const char *k,
+                               const mk_named_tensor *named, size_t count) {
     luaL_Buffer b;
     char line[160];
-    snprintf(line, sizeof line, "input error: run: unknown input '%s' (the model takes ", k);
+    snprintf(line, sizeof line, "input error: %s: unknown input '%s' (the model takes ", fn, k);
     luaL_buffinit(L, &b);
     luaL_addstring(&b, line);
     for (size_t i = 0; i < count; i++) {
@@ -337,7 +337,7 @@ static mk_named_tensor *check_inputs(lua_State *L, lmk_model *m, int idx, const 
         bool whole = strlen(k) == lua_rawlen(L, -1); /* a NUL inside names no input */
         bool found = false;
         for (size_t i = 0; i < count && whole && !found; i++) found = !strcmp(named[i].name, k);
-        if (!found) raise_unknown_input(L, k, named, count);
+        if (!found) raise_unknown_input(L, fn, k, named, count);
     }
     *count_out = count;
     return named;
@@ -396,6 +396,9 @@ static int model_run(lua_State *L) {
     const char *fn = "run";
     lmk_model *m = check_model(L, 1, fn, true);
     int n_out = (int)mk_model_output_count(m->model);
+    if (lua_gettop(L) > 2 + n_out)
+        LMK_ARG_ERROR(L, fn, "the model has %d output%s, %d output tensors were given", n_out,
+                      n_out == 1 ? "" : "s", lua_gettop(L) - 2);
     lua_settop(L, 2 + n_out);
     size_t count;
     mk_named_tensor *named = check_inputs(L, m, 2, fn, &count);
@@ -431,6 +434,9 @@ static int model_run_steps(lua_State *L) {
     mk_named_tensor *named = check_inputs(L, m, 3, fn, &count);
     if (!lua_isnil(L, 4) && lua_type(L, 4) != LUA_TTABLE)
         LMK_ARG_ERROR(L, fn, "outs must be a list of tensors, got %s", luaL_typename(L, 4));
+    if (!lua_isnil(L, 4) && lua_rawlen(L, 4) > (size_t)n_out)
+        LMK_ARG_ERROR(L, fn, "the model has %d output%s, outs lists %zu tensors", n_out,
+                      n_out == 1 ? "" : "s", (size_t)lua_rawlen(L, 4));
     mk_stop stop = {0};
     if (!lua_isnil(L, 5)) {
         luaL_checktype(L, 5, LUA_TTABLE);
@@ -446,6 +452,15 @@ static int model_run_steps(lua_State *L) {
             if (o < 1 || o > n_out)
                 LMK_ARG_ERROR(L, fn, "opts.stop.output is %lld; the model has %d output%s",
                               (long long)o, n_out, n_out == 1 ? "" : "s");
+            mk_tensor_info info;
+            if (mk_model_output_info_at(m->model, (size_t)(o - 1), &info) != 0)
+                lmk_raise(L, "internal error", fn, "no information on output %lld", (long long)o);
+            int64_t numel = 1;
+            for (int k = 0; k < info.rank; k++) numel *= info.shape[k];
+            if (info.dtype != MK_DTYPE_INT64 || numel != 1) /* counted from 1 here, as in Lua */
+                lmk_raise(L, "dtype error", fn, "a stop value needs an int64 output of one "
+                          "element; output %lld is %s %s", (long long)o,
+                          mk_dtype_name(info.dtype), LMK_SHAPE_STR(info.rank, info.shape));
             stop = (mk_stop){true, (size_t)(o - 1), lua_tointeger(L, -1)};
             lua_pop(L, 2);
         }
