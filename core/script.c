@@ -538,7 +538,6 @@ mk_graph *mk_graph_parse(const char *script, mk_error **err) {
     if (index_names(g, err)) goto fail;
     for (int i = 0; i < n_lines; i++)
         if (resolve_next(g, &lines[i], err)) goto fail;
-    if (index_names(g, err)) goto fail;
     free(ids.slots);
     return g;
 fail:

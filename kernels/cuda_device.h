@@ -102,6 +102,7 @@ typedef struct mk_cuda_state {
     mk_step_ctl *ctl_stage;      /* pinned, mapped */
     unsigned char *ring;         /* pinned, mapped: ring_steps steps of every output */
     unsigned char *ring_out[MK_MAX_OUTPUTS]; /* output o's steps in the ring */
+    unsigned char *snap;         /* device: each fed output's value at a step's end */
     long long ring_steps;
     char loop_why[160];
 

@@ -24,6 +24,7 @@
  */
 #include "cuda_device.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -36,6 +37,7 @@ typedef struct {
     const unsigned char *out[MK_MAX_OUTPUTS];     /* output o in the arena */
     unsigned long long out_bytes[MK_MAX_OUTPUTS];
     unsigned char *ring[MK_MAX_OUTPUTS];          /* its step 0 in the ring (mapped) */
+    unsigned char *snap[MK_MAX_OUTPUTS];          /* its value for the feeds, or NULL */
     unsigned char *in[MK_MAX_INPUTS];             /* rule r's input in the arena */
     unsigned char *in_stage[MK_MAX_INPUTS];       /* its staging slot (mapped) */
     unsigned long long in_bytes[MK_MAX_INPUTS];
@@ -58,9 +60,10 @@ static __device__ void block_copy(unsigned char *d, const unsigned char *s, unsi
 }
 
 /* One block, after the step's launches. The stop value is read, and every
- * output copied, before any input is written (an output may be a view of
- * one); feeds before counters, so a feed reads a counter's value of this
- * step, as the host loop's copies do. */
+ * output copied (into the ring, and a fed one into its snapshot), before any
+ * input is written: an output may be an input, or a view of one, that a feed
+ * or counter writes. Feeds then read the snapshots, as the host loop reads
+ * the copies it made. */
 __global__ void mk_step_kernel(mk_step_args a) {
     __shared__ long long step;
     __shared__ int stopped;
@@ -70,22 +73,23 @@ __global__ void mk_step_kernel(mk_step_args a) {
                   *(const long long *)a.out[a.ctl->stop_output] == a.ctl->stop_value;
     }
     __syncthreads();
-    for (int o = 0; o < a.n_out; o++)
+    for (int o = 0; o < a.n_out; o++) {
         block_copy(a.ring[o] + step * a.out_bytes[o], a.out[o], a.out_bytes[o]);
-    __syncthreads();
-    for (int r = 0; r < a.n_rules; r++) {
-        if (a.from[r] < 0) continue;
-        block_copy(a.in[r], a.out[a.from[r]], a.in_bytes[r]);
-        block_copy(a.in_stage[r], a.out[a.from[r]], a.in_bytes[r]);
+        if (a.snap[o]) block_copy(a.snap[o], a.out[o], a.out_bytes[o]);
     }
     __syncthreads();
     for (int r = 0; r < a.n_rules; r++) {
-        if (a.from[r] >= 0) continue;
+        if (a.from[r] >= 0) {
+            block_copy(a.in[r], a.snap[a.from[r]], a.in_bytes[r]);
+            block_copy(a.in_stage[r], a.snap[a.from[r]], a.in_bytes[r]);
+            continue;
+        }
         unsigned long long *v = (unsigned long long *)a.in[r], *staged =
             (unsigned long long *)a.in_stage[r];
         for (unsigned long long e = threadIdx.x; e < a.in_bytes[r] / 8; e += blockDim.x)
             staged[e] = v[e] = v[e] + (unsigned long long)a.add[r]; /* wraps, as the host's */
     }
+    __syncthreads();
     if (threadIdx.x == 0) {
         long long next = step + 1;
         a.ctl->step = next;
@@ -114,7 +118,8 @@ int mk_cuda_prepare_steps(mk_cuda_state *s, const mk_launch *launches, int n, co
     /* declared ahead of the first jump to fail (C++) */
     cudaGraph_t g = NULL, body = NULL;
     cudaGraphNode_t start = NULL, loop = NULL;
-    size_t count = 1, step_bytes = 0, ring_bytes = 0, at[MK_MAX_OUTPUTS];
+    size_t count = 1, step_bytes = 0, ring_bytes = 0, at[MK_MAX_OUTPUTS], snap_bytes,
+           snap_at[MK_MAX_OUTPUTS];
     bool capturing = false, launched = false;
     int failed_at = -1;
     long long steps;
@@ -144,6 +149,14 @@ int mk_cuda_prepare_steps(mk_cuda_state *s, const mk_launch *launches, int n, co
     MK_CUDA_TRY(err, cudaHostAlloc((void **)&s->ctl_stage, sizeof *s->ctl_stage,
                                    cudaHostAllocMapped));
     MK_CUDA_TRY(err, cudaMalloc((void **)&s->ctl, sizeof *s->ctl));
+    snap_bytes = 0;
+    for (int o = 0; o < n_out; o++) {
+        bool feeds = false;
+        for (int r = 0; r < n_rules; r++) feeds = feeds || rules[r].output == o;
+        snap_at[o] = feeds ? snap_bytes : SIZE_MAX;
+        if (feeds) snap_bytes += (out[o].bytes + 255) / 256 * 256;
+    }
+    if (snap_bytes) MK_CUDA_TRY(err, cudaMalloc((void **)&s->snap, snap_bytes));
 
     memset(&a, 0, sizeof a);
     a.n_out = n_out;
@@ -153,6 +166,7 @@ int mk_cuda_prepare_steps(mk_cuda_state *s, const mk_launch *launches, int n, co
         a.out[o] = (const unsigned char *)out[o].device;
         a.out_bytes[o] = out[o].bytes;
         a.ring[o] = mapped(s->ring, s->ring_out[o]);
+        a.snap[o] = snap_at[o] == SIZE_MAX ? NULL : s->snap + snap_at[o];
     }
     for (int r = 0; r < n_rules; r++) {
         int k = rules[r].input;
@@ -310,6 +324,7 @@ void mk_cuda_close_steps(mk_cuda_state *s) {
     if (s->loop_exec) cudaGraphExecDestroy(s->loop_exec);
     if (s->loop_graph) cudaGraphDestroy(s->loop_graph);
     if (s->ctl) cudaFree(s->ctl);
+    if (s->snap) cudaFree(s->snap);
     if (s->ctl_stage) cudaFreeHost(s->ctl_stage);
     if (s->ring) cudaFreeHost(s->ring);
 }

@@ -4,6 +4,7 @@
 --       [--devices cpu,cuda] [--dir DIR] [--keep] [--tokenizer PATH]
 --       [--bandwidth GB/s] [--runomp PATH] [--threads N] [--cudnn]
 --       [--model PATH] [--precision fp32|bf16|fp16|q8|q8a8] [--runq PATH]
+--       [--per-token]
 --
 -- Protocol (../shared/BENCHMARKS.md): random-weight checkpoints in llama2.c's
 -- legacy layout with the real shapes (stories15M, stories110M; Llama-2-7B
@@ -29,6 +30,9 @@
 -- (scripts/llama2.lua -d cpu) then one runomp process, alternating, so that a
 -- slow spell of the machine hits both; each pair's tok/s ratio, the medians,
 -- and each process's peak RSS (through /usr/bin/time where it is installed).
+--
+-- Generation runs 16 greedy steps a call inside the model (run_steps, as
+-- scripts/llama2.lua does); --per-token runs one evaluation a token instead.
 --
 -- --precision converts the weights at load (scripts/llama2.lua -q); the
 -- roofline then counts the bytes of that precision.
@@ -59,6 +63,7 @@ usage: lua scripts/bench_llama2.lua [--7b] [--only 15M|110M|7B] [--runs N] [--st
        [--devices cpu,cuda] [--dir DIR] [--keep] [--tokenizer PATH]
        [--bandwidth GB/s] [--runomp PATH] [--threads N] [--cudnn]
        [--model PATH] [--precision fp32|bf16|fp16|q8|q8a8] [--runq PATH]
+       [--per-token]
 ]]
 
 local function parse(argv)
@@ -70,6 +75,7 @@ local function parse(argv)
         if a == "--7b" then o.big = true
         elseif a == "--keep" then o.keep = true
         elseif a == "--cudnn" then o.cudnn = true
+        elseif a == "--per-token" then o.per_token = true
         elseif a == "-h" or a == "--help" then io.write(USAGE); os.exit(0)
         else
             if a == "--only" then o.only = need()
@@ -307,13 +313,15 @@ local function main(argv)
                 for r = 1, o.runs do
                     if r > 1 then net:reset() end
                     local _, rate = llama2.generate(net, tok, smp, "Once upon a time", o.steps,
-                        { write = function() end, report = function() end, stop_on_bos = false })
+                        { write = function() end, report = function() end, stop_on_bos = false,
+                          per_token = o.per_token })
                     rates[#rates + 1] = rate
                     io.stderr:write(string.format("  %s %s run %d: %.1f tok/s\n", shape.name, device, r, rate))
                 end
                 local rate = median(rates)
                 local row = { shape = shape.name, who = "moonkaas " .. device .. (net.cudnn and "+cudnn" or "")
-                              .. (o.precision and (" " .. o.precision) or ""), rate = rate }
+                              .. (o.precision and (" " .. o.precision) or "")
+                              .. (o.per_token and " per-token" or ""), rate = rate }
                 if device == "cuda" then
                     -- the weights' bytes in the precision they are read in
                     local q8 = 1 + 4 / llama2.model.group_size(c)

@@ -5,7 +5,9 @@
  * (and the formatted text must format to itself), mk_script_constants, then
  * mk_compile on the CPU with every declared constant given (deterministic
  * non-zero data from the input's hash) and, where it compiles, two evaluations
- * with filled inputs, the stats, the compiled script and a reset. Every failure
+ * with filled inputs (every output), a short output refused, three steps of
+ * mk_model_run_steps (its next lines, if any), the stats, the compiled script
+ * and a reset. Every failure
  * must be an error value with a message; MK_ERR_INTERNAL is a finding.
  *
  *     make fuzz                                  (all targets)
@@ -54,25 +56,41 @@ static void evaluate(mk_model *m, const char *text, uint64_t *seed) {
         fuzz_fill(data, info.dtype, numel, seed, 4);
         inputs[i] = (mk_named_tensor){info.name, data};
     }
-    mk_tensor_info out;
-    if (mk_model_output_info(m, &out)) FUZZ_FINDING("mk_model_output_info failed");
-    int64_t out_numel = fuzz_numel(&out);
-    if (fits && out_numel > 0) {
-        size_t out_bytes = (size_t)out_numel * mk_dtype_size(out.dtype);
-        void *y = malloc(out_bytes);
-        if (!y) abort();
+    /* every output, room for STEPS steps of each (run_steps) */
+    enum { STEPS = 3 };
+    size_t n_out = mk_model_output_count(m);
+    mk_buffer outs[MK_MAX_OUTPUTS], steps[MK_MAX_OUTPUTS];
+    if (n_out < 1 || n_out > MK_MAX_OUTPUTS) FUZZ_FINDING("the model has %zu outputs", n_out);
+    for (size_t o = 0; o < n_out; o++) {
+        mk_tensor_info out;
+        if (mk_model_output_info_at(m, o, &out)) FUZZ_FINDING("mk_model_output_info_at failed");
+        int64_t numel = fuzz_numel(&out);
+        size_t bytes = numel < 0 ? 0 : (size_t)numel * mk_dtype_size(out.dtype);
+        if (numel < 1 || (total += STEPS * bytes) > FUZZ_MAX_DATA) fits = false;
+        outs[o] = (mk_buffer){fits ? malloc(STEPS * bytes) : NULL, bytes};
+        steps[o] = (mk_buffer){outs[o].data, STEPS * bytes};
+        if (fits && !outs[o].data) abort();
+    }
+    if (fits) {
         for (int rep = 0; rep < 2; rep++) {
             mk_error *err = NULL;
-            if (mk_evaluate(m, inputs, n_in, y, out_bytes, &err)) fuzz_check_error(&err, "mk_evaluate", text);
+            if (mk_evaluate_outputs(m, inputs, n_in, outs, n_out, &err))
+                fuzz_check_error(&err, "mk_evaluate_outputs", text);
         }
         /* the wrong output size is refused, never written past */
         mk_error *err = NULL;
-        if (mk_evaluate(m, inputs, n_in, y, out_bytes - 1, &err) == 0)
-            FUZZ_FINDING("mk_evaluate took %zu output bytes for a %zu-byte output", out_bytes - 1,
-                         out_bytes);
-        fuzz_check_error(&err, "mk_evaluate (short output)", text);
-        free(y);
+        outs[0].bytes--;
+        if (mk_evaluate_outputs(m, inputs, n_in, outs, n_out, &err) == 0)
+            FUZZ_FINDING("mk_evaluate_outputs took %zu bytes for a %zu-byte output",
+                         outs[0].bytes, outs[0].bytes + 1);
+        outs[0].bytes++;
+        fuzz_check_error(&err, "mk_evaluate_outputs (short output)", text);
+        /* the script's recurrence (or STEPS evaluations where it has none) */
+        int64_t ran = mk_model_run_steps(m, STEPS, inputs, n_in, steps, n_out, NULL, &err);
+        if (ran < 0) fuzz_check_error(&err, "mk_model_run_steps", text);
+        else if (ran != STEPS) FUZZ_FINDING("run_steps ran %lld of %d steps", (long long)ran, STEPS);
     }
+    for (size_t o = 0; o < n_out; o++) free(outs[o].data);
     for (size_t i = 0; i < n_in; i++) free((void *)inputs[i].data);
     free(inputs);
 }

@@ -135,6 +135,18 @@ write("script_fuzz", "dtypes.txt", table.concat({
     "$6 = PermuteNode($1, [1, 0]);",
     "result = $5;", ""}, "\n"))
 
+write("script_fuzz", "recurrence.txt", table.concat({
+    "$1 = InputTensor(h, float32, [4]);",
+    "$2 = InputTensor(pos, int64, [1]);",
+    "$3 = ConstantTensor(w, float32, [4, 4]);",
+    "$4 = MatMulNode($1, $3);",
+    "$5 = TanhNode($4);",
+    "$6 = ArgMaxNode($5);",
+    "$7 = SumNode($6, $2);",
+    "result = $5, $7, $1;",
+    "next h = $5;",
+    "next pos = pos + 1;", ""}, "\n"))
+
 write("script_fuzz", "syntax_error.txt", "$1 = InputTensor(x, float32, [2]);\n$2 = ReLUNode($1;\nresult = $2;\n")
 write("script_fuzz", "shape_error.txt",
       "$1 = InputTensor(x, float32, [2, 3]);\n$2 = MatMulNode($1, $1);\nresult = $2;\n")
