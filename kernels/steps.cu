@@ -104,6 +104,20 @@ static unsigned char *mapped(const void *base, const void *host) {
     return (unsigned char *)dev + ((const unsigned char *)host - (const unsigned char *)base);
 }
 
+/* Captures the copies c as one staging kernel into g after `after` (or first). */
+static int capture_copies(mk_cuda_state *s, cudaGraph_t g, const cudaGraphNode_t *after,
+                          const mk_stage_copies *c, mk_error **err) {
+    bool launched;
+    MK_CUDA_TRY(err, cudaStreamBeginCaptureToGraph(s->stream, g, after, NULL, after ? 1 : 0,
+                                                   cudaStreamCaptureModeThreadLocal));
+    launched = mk_cuda_stage_launch(c, s->stream);
+    MK_CUDA_TRY(err, cudaStreamEndCapture(s->stream, &g));
+    if (!launched) return MK_INTERNAL(err, "the step loop's staging kernel did not launch");
+    return 0;
+fail:
+    return -1;
+}
+
 /* The loop cannot be made: why, for the log; not an error. */
 static int no_loop(mk_cuda_state *s, cudaGraph_t g, const char *fmt, const char *what) {
     snprintf(s->loop_why, sizeof s->loop_why, fmt, what);
@@ -120,7 +134,7 @@ int mk_cuda_prepare_steps(mk_cuda_state *s, const mk_launch *launches, int n, co
     cudaGraphNode_t start = NULL, loop = NULL;
     size_t count = 1, step_bytes = 0, ring_bytes = 0, at[MK_MAX_OUTPUTS], snap_bytes,
            snap_at[MK_MAX_OUTPUTS];
-    bool capturing = false, launched = false;
+    bool launched = false;
     int failed_at = -1;
     long long steps;
     cudaError_t status;
@@ -201,16 +215,7 @@ int mk_cuda_prepare_steps(mk_cuda_state *s, const mk_launch *launches, int n, co
     c.bytes[c.n++] = sizeof *s->ctl;
     c.dst[c.n] = (unsigned char *)s->fault;
     c.bytes[c.n++] = sizeof *s->fault;
-    MK_CUDA_TRY(err, cudaStreamBeginCaptureToGraph(s->stream, g, NULL, NULL, 0,
-                                                   cudaStreamCaptureModeThreadLocal));
-    capturing = true;
-    launched = mk_cuda_stage_launch(&c, s->stream);
-    capturing = false;
-    MK_CUDA_TRY(err, cudaStreamEndCapture(s->stream, &g));
-    if (!launched) {
-        MK_INTERNAL(err, "the step loop's staging kernel did not launch");
-        goto fail;
-    }
+    if (capture_copies(s, g, NULL, &c, err)) goto fail;
     MK_CUDA_TRY(err, cudaGraphGetNodes(g, &start, &count));
 
     /* the loop: the launches, then the step kernel */
@@ -225,14 +230,12 @@ int mk_cuda_prepare_steps(mk_cuda_state *s, const mk_launch *launches, int n, co
     body = p->conditional.phGraph_out[0];
     MK_CUDA_TRY(err, cudaStreamBeginCaptureToGraph(s->stream, body, NULL, NULL, 0,
                                                    cudaStreamCaptureModeThreadLocal));
-    capturing = true;
     failed_at = mk_cuda_capture_launches(launches, n, err);
     if (failed_at < 0) {
         mk_step_kernel<<<1, 256, 0, s->stream>>>(a);
         launched = cudaGetLastError() == cudaSuccess;
     }
-    capturing = false;
-    status = cudaStreamEndCapture(s->stream, &body);
+    status = cudaStreamEndCapture(s->stream, &body); /* ends it whatever failed */
     if (failed_at >= 0) goto fail; /* the kernel said why */
     if (!launched || status != cudaSuccess) {
         mk_fail(err, MK_ERR_DEVICE, 0, 0, "capturing the step loop: %s",
@@ -248,16 +251,7 @@ int mk_cuda_prepare_steps(mk_cuda_state *s, const mk_launch *launches, int n, co
     c.dst[c.n] = fault_stage;
     c.src[c.n] = (const unsigned char *)s->fault;
     c.bytes[c.n++] = sizeof *s->fault;
-    MK_CUDA_TRY(err, cudaStreamBeginCaptureToGraph(s->stream, g, &loop, NULL, 1,
-                                                   cudaStreamCaptureModeThreadLocal));
-    capturing = true;
-    launched = mk_cuda_stage_launch(&c, s->stream);
-    capturing = false;
-    MK_CUDA_TRY(err, cudaStreamEndCapture(s->stream, &g));
-    if (!launched) {
-        MK_INTERNAL(err, "the step loop's staging kernel did not launch");
-        goto fail;
-    }
+    if (capture_copies(s, g, &loop, &c, err)) goto fail;
 
     status = cudaGraphInstantiate(&s->loop_exec, g, 0);
     if (status != cudaSuccess) {
@@ -269,10 +263,6 @@ int mk_cuda_prepare_steps(mk_cuda_state *s, const mk_launch *launches, int n, co
     MK_CUDA_TRY(err, cudaStreamSynchronize(s->stream));
     return 0;
 fail:
-    if (capturing) {
-        cudaGraph_t broken = NULL;
-        cudaStreamEndCapture(s->stream, &broken);
-    }
     if (g && g != s->loop_graph) cudaGraphDestroy(g);
     cudaGetLastError();
     return -1;

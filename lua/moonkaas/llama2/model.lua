@@ -317,19 +317,25 @@ function Transformer:reset()
     self.model:reset()
 end
 
--- Evaluates one step. Returns the argmax id (greedy model) or the logits as
--- a 1-based Lua array of float32 values.
-function Transformer:forward(token, pos)
+-- Checks a step's token and position (for the caller of `fn`) and puts them
+-- in the per-step input tensors.
+function Transformer:set_inputs(fn, token, pos)
     local c = self.config
     if math.type(token) ~= "integer" or token < 0 or token >= c.vocab_size then
-        error(string.format("forward: token %s out of range [0, %d)", tostring(token), c.vocab_size), 2)
+        error(string.format("%s: token %s out of range [0, %d)", fn, tostring(token), c.vocab_size), 3)
     end
     if math.type(pos) ~= "integer" or pos < 0 or pos >= self.positions then
-        error(string.format("forward: position %s out of range [0, %d)", tostring(pos), self.positions), 2)
+        error(string.format("%s: position %s out of range [0, %d)", fn, tostring(pos), self.positions), 3)
     end
     self.token_t:set(1, token)
     self.pos_t:set(1, pos)
     self.pos1_t:set(1, pos + 1)
+end
+
+-- Evaluates one step. Returns the argmax id (greedy model) or the logits as
+-- a 1-based Lua array of float32 values.
+function Transformer:forward(token, pos)
+    self:set_inputs("forward", token, pos)
     if not self.out then
         local info = self.model:output()
         self.out = self.mk.zeros(info.dtype, info.shape)
@@ -347,17 +353,8 @@ end
 -- id, optional) where the model gave it; never past the positions it holds.
 function Transformer:steps(token, pos, n, stop)
     if not self.greedy then error("steps: the model is not greedy (its output is the logits)", 2) end
-    local c = self.config
-    if math.type(token) ~= "integer" or token < 0 or token >= c.vocab_size then
-        error(string.format("steps: token %s out of range [0, %d)", tostring(token), c.vocab_size), 2)
-    end
-    if math.type(pos) ~= "integer" or pos < 0 or pos >= self.positions then
-        error(string.format("steps: position %s out of range [0, %d)", tostring(pos), self.positions), 2)
-    end
+    self:set_inputs("steps", token, pos)
     n = math.min(n, self.positions - pos)
-    self.token_t:set(1, token)
-    self.pos_t:set(1, pos)
-    self.pos1_t:set(1, pos + 1)
     self.step_outs = self.step_outs or {}
     local outs = self.step_outs[n] -- reused: the usual chunk allocates once
     local opts = stop and { stop = { output = 1, value = stop } } or nil
