@@ -20,6 +20,11 @@
 typedef struct {
     mk_model *model; /* NULL while closed */
     mk_device device;
+    const void *not_constant[MK_MAX_OUTPUTS]; /* output o's tensor last found not to be a
+                                                 borrowed constant (those are anchored by
+                                                 the model: no other tensor takes their
+                                                 place), so a host's reused tensor is
+                                                 looked for once */
 } lmk_model;
 
 static lmk_model *check_model(lua_State *L, int idx, const char *fn, bool open) {
@@ -232,8 +237,7 @@ static int l_compile_script(lua_State *L) {
 
     mk_context *ctx = lmk_context(L);
     lmk_model *m = (lmk_model *)lua_newuserdatauv(L, sizeof *m, 1);
-    m->model = NULL;
-    m->device = opts.device;
+    *m = (lmk_model){.model = NULL, .device = opts.device};
     luaL_setmetatable(L, LMK_MODEL_MT);
     mk_error *err = NULL;
     lmk_host_begin(L);
@@ -280,11 +284,14 @@ static int raise_unknown_input(lua_State *L, const char *fn, const char *k,
 
 /*
  * The inputs table at idx, checked against the model (names, dtypes, shapes),
- * as a userdata array of mk_named_tensor pushed on the stack (anchoring nothing:
- * the table anchors the tensors). Returns the array; *count: its length.
+ * as an array of mk_named_tensor: `few` (the caller's, LMK_FEW_INPUTS long)
+ * where it fits, else a userdata pushed on the stack (a host running a small
+ * model every frame makes no garbage). The table anchors the tensors.
+ * Returns the array; *count: its length.
  */
+#define LMK_FEW_INPUTS 8
 static mk_named_tensor *check_inputs(lua_State *L, lmk_model *m, int idx, const char *fn,
-                                     size_t *count_out) {
+                                     mk_named_tensor *few, size_t *count_out) {
     if (lua_isnil(L, idx)) { /* a model without inputs may be run as model:run() */
         lua_newtable(L);
         lua_replace(L, idx);
@@ -293,8 +300,8 @@ static mk_named_tensor *check_inputs(lua_State *L, lmk_model *m, int idx, const 
         LMK_ARG_ERROR(L, fn, "inputs must be a table {name = tensor}, got %s",
                       luaL_typename(L, idx));
     size_t count = mk_model_input_count(m->model);
-    mk_named_tensor *named =
-        (mk_named_tensor *)lua_newuserdatauv(L, (count ? count : 1) * sizeof *named, 0);
+    mk_named_tensor *named = count <= LMK_FEW_INPUTS ? few
+        : (mk_named_tensor *)lua_newuserdatauv(L, count * sizeof *named, 0);
     for (size_t i = 0; i < count; i++) {
         mk_tensor_info info;
         if (mk_model_input_info(m->model, i, &info) != 0)
@@ -369,16 +376,19 @@ static lmk_tensor *push_output(lua_State *L, lmk_model *m, size_t o, int idx, in
         return lmk_push_tensor(L, fn, info.dtype, rank, shape);
     lmk_tensor *out = lmk_check_tensor(L, idx, fn);
     if (out->readonly) LMK_ARG_ERROR(L, fn, "output tensor %zu is read-only", o + 1);
-    if (lua_getiuservalue(L, 1, 1) == LUA_TTABLE) { /* the constants a CPU model borrows */
-        lua_pushnil(L);
-        while (lua_next(L, -2)) {
-            if (lua_rawequal(L, -1, idx))
-                LMK_ARG_ERROR(L, fn, "output tensor %zu is the model's constant '%s' (its "
-                              "weights would be overwritten)", o + 1, lua_tostring(L, -2));
-            lua_pop(L, 1);
+    if (m->not_constant[o] != out) {
+        if (lua_getiuservalue(L, 1, 1) == LUA_TTABLE) { /* the constants a CPU model borrows */
+            lua_pushnil(L);
+            while (lua_next(L, -2)) {
+                if (lua_rawequal(L, -1, idx))
+                    LMK_ARG_ERROR(L, fn, "output tensor %zu is the model's constant '%s' (its "
+                                  "weights would be overwritten)", o + 1, lua_tostring(L, -2));
+                lua_pop(L, 1);
+            }
         }
+        lua_pop(L, 1);
+        m->not_constant[o] = out;
     }
-    lua_pop(L, 1);
     if (out->dtype != info.dtype || !lmk_same_shape(out->rank, out->shape, rank, shape))
         LMK_ARG_ERROR(L, fn, "output tensor %zu is %s %s, the model gives %s %s", o + 1,
                       mk_dtype_name(out->dtype), LMK_SHAPE_STR(out->rank, out->shape),
@@ -401,7 +411,8 @@ static int model_run(lua_State *L) {
                       n_out == 1 ? "" : "s", lua_gettop(L) - 2);
     lua_settop(L, 2 + n_out);
     size_t count;
-    mk_named_tensor *named = check_inputs(L, m, 2, fn, &count);
+    mk_named_tensor few[LMK_FEW_INPUTS];
+    mk_named_tensor *named = check_inputs(L, m, 2, fn, few, &count);
     mk_buffer outs[MK_MAX_OUTPUTS];
     for (int o = 0; o < n_out; o++) {
         lmk_tensor *t = push_output(L, m, (size_t)o, 3 + o, 0, fn);
@@ -431,7 +442,8 @@ static int model_run_steps(lua_State *L) {
     if (n < 1) LMK_ARG_ERROR(L, fn, "n must be at least 1, got %lld", (long long)n);
     int n_out = (int)mk_model_output_count(m->model);
     size_t count;
-    mk_named_tensor *named = check_inputs(L, m, 3, fn, &count);
+    mk_named_tensor few[LMK_FEW_INPUTS];
+    mk_named_tensor *named = check_inputs(L, m, 3, fn, few, &count);
     if (!lua_isnil(L, 4) && lua_type(L, 4) != LUA_TTABLE)
         LMK_ARG_ERROR(L, fn, "outs must be a list of tensors, got %s", luaL_typename(L, 4));
     if (!lua_isnil(L, 4) && lua_rawlen(L, 4) > (size_t)n_out)
