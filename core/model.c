@@ -2,10 +2,17 @@
  * model.c — compile and evaluate: the stages after parsing, in order.
  *
  *   parse → passes → plan (arena offsets) → allocate on the device → bind
- *   launches to final addresses → device prepare (CUDA: capture one graph)
+ *   launches to final addresses → device prepare (CUDA: capture one graph,
+ *   and the step loop's where the script has next lines)
  *
  * Evaluation then only copies inputs in, runs the bound launches and copies
- * the output out; it allocates nothing.
+ * the outputs out; it allocates nothing. mk_model_run_steps runs a
+ * recurrence's steps: the device's own loop, or evaluations in a C loop.
+ *
+ * Long because every public function on a model lives here, around the one
+ * private struct mk_model (context, compile stages, evaluation, steps,
+ * introspection); the stages themselves (passes, planner, devices) are in
+ * their own files.
  */
 #include "internal.h"
 

@@ -585,32 +585,29 @@ static int model_memory_svg(lua_State *L) {
     return model_picture(L, "memory_svg", mk_model_memory_svg);
 }
 
-/* model:inputs() -> {{name =, dtype =, shape =}, ...}; model:output() -> {dtype =, shape =} */
-static int model_inputs(lua_State *L) {
-    lmk_model *m = check_model(L, 1, "inputs", true);
-    size_t count = mk_model_input_count(m->model);
+/* A list of the infos info_at gives for 0 .. count - 1. */
+static int push_infos(lua_State *L, const mk_model *model, size_t count,
+                      int (*info_at)(const mk_model *, size_t, mk_tensor_info *)) {
     lua_createtable(L, (int)count, 0);
     for (size_t i = 0; i < count; i++) {
         mk_tensor_info info;
-        if (mk_model_input_info(m->model, i, &info) != 0) continue;
+        if (info_at(model, i, &info) != 0) continue;
         push_info(L, &info);
         lua_rawseti(L, -2, (lua_Integer)i + 1);
     }
     return 1;
 }
 
+/* model:inputs() -> {{name =, dtype =, shape =}, ...}; model:output() -> {dtype =, shape =} */
+static int model_inputs(lua_State *L) {
+    lmk_model *m = check_model(L, 1, "inputs", true);
+    return push_infos(L, m->model, mk_model_input_count(m->model), mk_model_input_info);
+}
+
 /* model:outputs() -> {{dtype =, shape =}, ...}, one per output */
 static int model_outputs(lua_State *L) {
     lmk_model *m = check_model(L, 1, "outputs", true);
-    size_t count = mk_model_output_count(m->model);
-    lua_createtable(L, (int)count, 0);
-    for (size_t i = 0; i < count; i++) {
-        mk_tensor_info info;
-        if (mk_model_output_info_at(m->model, i, &info) != 0) continue;
-        push_info(L, &info);
-        lua_rawseti(L, -2, (lua_Integer)i + 1);
-    }
-    return 1;
+    return push_infos(L, m->model, mk_model_output_count(m->model), mk_model_output_info_at);
 }
 
 /* model:recurrence() -> {name = {output = o} | {add = k}, ...}: the script's next lines */

@@ -1610,11 +1610,7 @@ static void test_models_interleaved(void) {
 
 /* Every case but test_no_device needs the device; without one it is skipped
  * with the reason. */
-#define CASE(fn)                          \
-    do {                                  \
-        if (have_cuda) RUN(fn);           \
-        else SKIP(fn, cuda_reason);       \
-    } while (0)
+#define CASE(fn) RUN_IF(have_cuda, fn, cuda_reason)
 
 int main(void) {
     test_srand(test_seed());

@@ -591,11 +591,7 @@ static void test_cuda_argument_errors(void) { argument_cases_on(MK_DEVICE_CUDA);
 static void test_cuda_failed_step(void) { failed_step_on(MK_DEVICE_CUDA); }
 static void test_cuda_feed_from_an_input(void) { feed_from_input_on(MK_DEVICE_CUDA); }
 
-#define CUDA_CASE(fn)                     \
-    do {                                  \
-        if (have_cuda) RUN(fn);           \
-        else SKIP(fn, cuda_reason);       \
-    } while (0)
+#define CUDA_CASE(fn) RUN_IF(have_cuda, fn, cuda_reason)
 
 int main(void) {
     test_srand(test_seed());

@@ -47,6 +47,13 @@ static const char *test_cur_name;
         printf("ok - %s # skip %s\n", #fn, why);               \
     } while (0)
 
+/* fn where `ok` (e.g. a CUDA device is there), else skipped with the reason. */
+#define RUN_IF(ok, fn, why)                                    \
+    do {                                                       \
+        if (ok) RUN(fn);                                       \
+        else SKIP(fn, why);                                    \
+    } while (0)
+
 /* A seed fresh per run unless MK_SEED is set; printed so a failure can be replayed. */
 static inline uint64_t test_seed(void) {
     const char *s = getenv("MK_SEED");
