@@ -1196,6 +1196,26 @@ static int cpu_argmax(const mk_launch *l, mk_error **err) {
     return 0;
 }
 
+/* out [rows, 2] (int64) = run.c's (token, next state) per row of logits
+ * [rows, n], from state [rows, 1] and float32 [1] temperature and top-p; the
+ * rows one after another in the scratch (sample.c). */
+static int cpu_sample(const mk_launch *l, mk_error **err) {
+    const mk_tensor *x = &l->in[0];
+    int64_t n = x->shape[x->rank - 1], rows = mk_tensor_numel(x) / n;
+    const int64_t *state = l->in[1].data;
+    float temperature = *(const float *)l->in[2].data, topp = *(const float *)l->in[3].data;
+    int64_t *out = l->out.data;
+    float *probs = l->scratch;
+    uint64_t *keys = (uint64_t *)(probs + rows * n);
+    for (int64_t r = 0; r < rows; r++) {
+        uint64_t s = (uint64_t)state[r];
+        out[2 * r] = mk_sample_row((const float *)x->data + r * n, n, &s, temperature, topp,
+                                   probs, keys);
+        out[2 * r + 1] = (int64_t)s;
+    }
+    return 0;
+}
+
 /* ---- matrix–vector groups ---------------------------------------------- */
 
 static const mk_kernel cpu_kernels[MK_KERNEL_COUNT];
@@ -1704,6 +1724,7 @@ static const mk_kernel cpu_kernels[MK_KERNEL_COUNT] = {
     [MK_KERNEL_CAST] = {cpu_cast, MK_DTYPES_ALL},
     [MK_KERNEL_DEQUANTIZE] = {cpu_dequantize, F32 | MK_DTYPE_BIT(MK_DTYPE_INT8)},
     [MK_KERNEL_FAKE_QUANTIZE] = {cpu_fake_quantize, F32},
+    [MK_KERNEL_SAMPLE] = {cpu_sample, F32 | I64},
 };
 
 const mk_device_ops mk_cpu_device = {

@@ -518,7 +518,7 @@ int mk_launch_operands(mk_launch *l, mk_error **err);
 #define MK_KERNELS(X) \
     X(POINTWISE) X(MATMUL) X(PERMUTE) X(REPLACE_SLICE) X(RMS_NORM) X(COMPLEX_MUL) \
     X(SLICED_SOFTMAX) X(EMBEDDING) X(ARGMAX) X(CUDNN_GROUP) X(PRODUCT) \
-    X(PREFIX_MATMUL) X(CAST) X(DEQUANTIZE) X(FAKE_QUANTIZE)
+    X(PREFIX_MATMUL) X(CAST) X(DEQUANTIZE) X(FAKE_QUANTIZE) X(SAMPLE)
 typedef enum {
     MK_KERNEL_NONE,
 #define MK_KERNEL_ENUM(k) MK_KERNEL_##k,
@@ -644,6 +644,12 @@ typedef struct mk_device_ops {
 
 extern const mk_device_ops mk_cpu_device;
 
+/* sample.c: run.c's sampler over one row of float32 logits [n] (SampleNode on
+ * the CPU): returns the token and advances *state as run.c does; probs (n
+ * floats) and keys (n) are scratch. */
+int64_t mk_sample_row(const float *logits, int64_t n, uint64_t *state, float temperature,
+                      float topp, float *probs, uint64_t *keys);
+
 /*
  * The CUDA device is a plugin (build/libmoonkaas_cuda.so, from kernels/) that
  * plugin.c opens with dlopen the first time CUDA is asked for, so a CPU-only
@@ -651,7 +657,7 @@ extern const mk_device_ops mk_cpu_device;
  * returning this table. The plugin is built from the same tree as the core:
  * abi and the struct sizes guard against mixing builds.
  */
-#define MK_CUDA_PLUGIN_ABI 9
+#define MK_CUDA_PLUGIN_ABI 10
 #define MK_CUDA_PLUGIN_ENTRY "mk_cuda_plugin_entry"
 #define MK_CUDA_PLUGIN_FILE "libmoonkaas_cuda.so"
 struct mk_fused_group;

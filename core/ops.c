@@ -304,6 +304,49 @@ static int infer_argmax(mk_node *n, mk_error **err) {
     return 0;
 }
 
+/* A float32 [1] operand read on the device at run time (temperature, top-p). */
+static int need_scalar(mk_node *n, int k, const char *what, mk_error **err) {
+    const mk_node *x = n->in[k];
+    if (x->dtype != MK_DTYPE_FLOAT32)
+        return FAIL(err, n, MK_ERR_DTYPE, "%s: %s (%s) must be float32, not %s", n->op->name,
+                    what, MK_OPERAND(n, k), mk_dtype_name(x->dtype));
+    if (x->rank != 1 || x->shape[0] != 1)
+        return FAIL(err, n, MK_ERR_SHAPE, "%s: %s (%s) must have shape [1], not %s",
+                    n->op->name, what, MK_OPERAND(n, k), SHAPE(x));
+    return 0;
+}
+
+/* logits float32 [..., n]; state int64 [..., 1] (a generator per row);
+ * temperature and top-p float32 [1]; result int64 [..., 2]: (token, state). */
+static int infer_sample(mk_node *n, mk_error **err) {
+    const mk_node *x = n->in[0], *s = n->in[1];
+    if (need_dtype(n, 0, MK_DTYPE_BIT(MK_DTYPE_FLOAT32), err)) return -1;
+    if (s->dtype != MK_DTYPE_INT64)
+        return FAIL(err, n, MK_ERR_DTYPE, "%s: the generator state (%s) must be int64, not %s",
+                    n->op->name, MK_OPERAND(n, 1), mk_dtype_name(s->dtype));
+    bool ok = s->rank == x->rank && s->shape[s->rank - 1] == 1;
+    for (int d = 0; ok && d < x->rank - 1; d++) ok = s->shape[d] == x->shape[d];
+    if (!ok)
+        return FAIL(err, n, MK_ERR_SHAPE,
+                    "%s: the generator state %s must be the logits' %s with a last axis of 1",
+                    n->op->name, SHAPE(s), SHAPE(x));
+    if (x->shape[x->rank - 1] > INT32_MAX)
+        return FAIL(err, n, MK_ERR_SHAPE, "%s: %s has more than 2^31 - 1 classes", n->op->name,
+                    SHAPE(x));
+    if (need_scalar(n, 2, "the temperature", err) || need_scalar(n, 3, "top-p", err)) return -1;
+    set_shape(n, MK_DTYPE_INT64, x->rank, x->shape);
+    n->shape[n->rank - 1] = 2;
+    return 0;
+}
+
+/* A row's probabilities and its top-p candidates' keys (kernels sample a row
+ * at a time on the CPU, every row at once on a GPU). */
+static size_t sample_scratch(const mk_node *n) {
+    const mk_node *x = n->in[0];
+    int64_t cols = x->shape[x->rank - 1];
+    return (size_t)mk_node_numel(x) * sizeof(float) + (size_t)cols * sizeof(uint64_t);
+}
+
 /* Rows only passes make: a script naming one is refused before this runs. */
 static int infer_internal(mk_node *n, mk_error **err) {
     return FAIL(err, n, MK_ERR_NAME, "%s is made by the compiler's passes; scripts cannot use it",
@@ -418,6 +461,12 @@ static const mk_op ops[] = {
     {ROW("ArgMaxNode", "n", MK_ROLE_REDUCTION, 0, "argmax", NULL, NULL,
          "int64 index of the largest element of the last axis (the first on ties)"),
      .infer = infer_argmax, .kernel = MK_KERNEL_ARGMAX},
+    {ROW("SampleNode", "nnnn", MK_ROLE_REDUCTION, 0, "sample", NULL, NULL,
+         "run.c's sampler per row of logits: int64 (token, next generator state) from the "
+         "state, a temperature and a top-p (float32 [1]); temperature > 0 draws from the "
+         "softmax of logits / temperature (top-p when 0 < p < 1), otherwise the argmax and the "
+         "state unchanged"),
+     .infer = infer_sample, .scratch = sample_scratch, .kernel = MK_KERNEL_SAMPLE},
 
     {ROW("SliceNode", "nii", MK_ROLE_VIEW, 0, "slice", NULL, NULL,
          "rows [begin, end) of the first axis"),

@@ -315,6 +315,7 @@ struct cuda_kernel_table {
         k[MK_KERNEL_CAST] = {mk_cuda_cast, MK_DTYPES_ALL};
         k[MK_KERNEL_DEQUANTIZE] = {mk_cuda_dequantize, F32 | MK_DTYPE_BIT(MK_DTYPE_INT8)};
         k[MK_KERNEL_FAKE_QUANTIZE] = {mk_cuda_fake_quantize, F32};
+        k[MK_KERNEL_SAMPLE] = {mk_cuda_sample, F32 | I64};                 /* int64: state, result */
 #ifdef MK_WITH_CUDNN
         k[MK_KERNEL_CUDNN_GROUP] = {mk_cuda_cudnn_group, F32};
 #else

@@ -5,9 +5,9 @@
  * macros that turn every CUDA/cuBLAS status into an mk_error.
  *
  * Files: cuda_device.cu (device table, graph capture, staging, faults, the
- * plugin's entry), pointwise.cu, matmul.cu, norm_softmax.cu, gather.cu (one
- * per kernel family); cudnn_fuser.cu (fused groups, CUDNN=1 builds only)
- * reads the stream from the same state.
+ * plugin's entry), pointwise.cu, matmul.cu, norm_softmax.cu, gather.cu,
+ * sample.cu (one per kernel family); cudnn_fuser.cu (fused groups, CUDNN=1
+ * builds only) reads the stream from the same state.
  *
  * All of this is built into build/libmoonkaas_cuda.so, a plugin that the core
  * opens (core/plugin.c) the first time CUDA is asked for. The plugin carries
@@ -269,6 +269,7 @@ int mk_cuda_matmul(const mk_launch *l, mk_error **err);         /* matmul.cu */
 int mk_cuda_rms_norm(const mk_launch *l, mk_error **err);       /* norm_softmax.cu */
 int mk_cuda_sliced_softmax(const mk_launch *l, mk_error **err); /* norm_softmax.cu */
 int mk_cuda_argmax(const mk_launch *l, mk_error **err);         /* norm_softmax.cu */
+int mk_cuda_sample(const mk_launch *l, mk_error **err);         /* sample.cu */
 int mk_cuda_embedding(const mk_launch *l, mk_error **err);      /* gather.cu */
 int mk_cuda_replace_slice(const mk_launch *l, mk_error **err);  /* gather.cu */
 

@@ -14,6 +14,7 @@
  * once; longer rows loop over memory again (from cache).
  */
 #include "cuda_device.h"
+#include "reduce.h"
 
 #include <math.h>
 
@@ -21,18 +22,6 @@
 #define SHORT_ROW 1024
 #define LONG_G 512
 #define SHORT_ROWS_PER_BLOCK 8
-
-static __device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
-    return v;
-}
-
-static __device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-    for (int d = 16; d > 0; d >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, d));
-    return v;
-}
 
 /* Reduces v over the G threads of a row's group (G = 32: the warp; else the
  * whole block, G threads). Every thread of the group gets the result. */
@@ -269,20 +258,6 @@ int mk_cuda_sliced_softmax(const mk_launch *l, mk_error **err) {
 }
 
 /* ---- argmax -------------------------------------------------------------- */
-
-/* Is (v2, i2) a better maximum than (v1, i1)? Larger, or equal and earlier. */
-static __device__ __forceinline__ bool better(float v2, long long i2, float v1, long long i1) {
-    return v2 > v1 || (v2 == v1 && i2 < i1);
-}
-
-static __device__ __forceinline__ void warp_argmax(float *v, long long *i) {
-#pragma unroll
-    for (int d = 16; d > 0; d >>= 1) {
-        float v2 = __shfl_xor_sync(0xffffffffu, *v, d);
-        long long i2 = __shfl_xor_sync(0xffffffffu, *i, d);
-        if (better(v2, i2, *v, *i)) *v = v2, *i = i2;
-    }
-}
 
 /*
  * As the CPU's loop (best = 0, replaced only by a strictly larger value): a

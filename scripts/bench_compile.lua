@@ -47,7 +47,7 @@ do
         w.layers[l] = { rms_att = z({ D }), wq = z({ D, D }), wk = z({ kv, D }), wv = z({ kv, D }),
             wo = z({ D, D }), rms_ffn = z({ D }), w1 = z({ H, D }), w2 = z({ D, H }), w3 = z({ H, D }) }
     end
-    report("llama2 stories15M shape, 6L", mk.compile(llama2.model.graph(mk, c, w, { greedy = true })))
+    report("llama2 stories15M shape, 6L", mk.compile(llama2.model.graph(mk, c, w, { output = "argmax" })))
 end
 
 -- A chain of n pointwise nodes, as a script.

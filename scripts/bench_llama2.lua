@@ -4,7 +4,7 @@
 --       [--devices cpu,cuda] [--dir DIR] [--keep] [--tokenizer PATH]
 --       [--bandwidth GB/s] [--runomp PATH] [--threads N] [--cudnn]
 --       [--model PATH] [--precision fp32|bf16|fp16|q8|q8a8] [--runq PATH]
---       [--per-token]
+--       [--per-token] [--temperature T] [--topp P]
 --
 -- Protocol (../shared/BENCHMARKS.md): random-weight checkpoints in llama2.c's
 -- legacy layout with the real shapes (stories15M, stories110M; Llama-2-7B
@@ -33,6 +33,8 @@
 --
 -- Generation runs 16 greedy steps a call inside the model (run_steps, as
 -- scripts/llama2.lua does); --per-token runs one evaluation a token instead.
+-- --temperature T (> 0) samples as run.c does (-t T -p P, seed 42), the
+-- sampler inside the model (model.lua's "sample" output).
 --
 -- --precision converts the weights at load (scripts/llama2.lua -q); the
 -- roofline then counts the bytes of that precision.
@@ -63,11 +65,12 @@ usage: lua scripts/bench_llama2.lua [--7b] [--only 15M|110M|7B] [--runs N] [--st
        [--devices cpu,cuda] [--dir DIR] [--keep] [--tokenizer PATH]
        [--bandwidth GB/s] [--runomp PATH] [--threads N] [--cudnn]
        [--model PATH] [--precision fp32|bf16|fp16|q8|q8a8] [--runq PATH]
-       [--per-token]
+       [--per-token] [--temperature T] [--topp P]
 ]]
 
 local function parse(argv)
-    local o = { runs = 3, steps = 256, bandwidth = 4300, keep = false, big = false, cudnn = false }
+    local o = { runs = 3, steps = 256, bandwidth = 4300, keep = false, big = false, cudnn = false,
+                temperature = 0.0, topp = 0.9 }
     local i = 1
     while i <= #argv do
         local a, v = argv[i], argv[i + 1]
@@ -92,12 +95,15 @@ local function parse(argv)
                 if not llama2.model.PRECISIONS[o.precision] then error("unknown precision " .. o.precision, 0) end
             elseif a == "--model" then o.model = need()
             elseif a == "--threads" then o.threads = math.tointeger(tonumber(need()))
+            elseif a == "--temperature" then o.temperature = tonumber(need())
+            elseif a == "--topp" then o.topp = tonumber(need())
             else error("unknown option " .. a, 0) end
             i = i + 1
         end
         i = i + 1
     end
-    if not o.runs or o.runs < 1 or not o.steps or o.steps < 2 or not o.bandwidth then
+    if not o.runs or o.runs < 1 or not o.steps or o.steps < 2 or not o.bandwidth
+        or not o.temperature or not o.topp then
         error("bad numeric option", 0)
     end
     return o
@@ -282,7 +288,8 @@ local function main(argv)
             end
             local c = assert(llama2.read_config(path))
             local tok = assert(llama2.load_tokenizer(tok_path, c.vocab_size))
-            local smp = llama2.sampler(c.vocab_size, 0.0, 0.9, 1)
+            local smp = llama2.sampler(c.vocab_size, o.temperature, o.topp, 42)
+            local sampled = not smp:greedy()
             -- bytes read per token: every weight except the embedding table
             -- (one row) and the legacy RoPE block, plus the rows of both KV
             -- caches that attention reads, on average over the run
@@ -306,12 +313,14 @@ local function main(argv)
               end
               if device ~= "cpu" or not (o.runomp or o.runq) then
                 local net = llama2.build(mk, c, {
-                    device = device, cudnn = o.cudnn and device == "cuda", greedy = true,
+                    device = device, cudnn = o.cudnn and device == "cuda",
+                    output = sampled and "sample" or "argmax",
                     precision = o.precision,
                     log = function(m) io.stderr:write("  " .. m .. "\n") end })
                 local rates = {}
                 for r = 1, o.runs do
                     if r > 1 then net:reset() end
+                    smp.state = 42
                     local _, rate = llama2.generate(net, tok, smp, "Once upon a time", o.steps,
                         { write = function() end, report = function() end, stop_on_bos = false,
                           per_token = o.per_token })
@@ -321,7 +330,9 @@ local function main(argv)
                 local rate = median(rates)
                 local row = { shape = shape.name, who = "moonkaas " .. device .. (net.cudnn and "+cudnn" or "")
                               .. (o.precision and (" " .. o.precision) or "")
-                              .. (o.per_token and " per-token" or ""), rate = rate }
+                              .. (o.per_token and " per-token" or "")
+                              .. (sampled and string.format(" t=%g p=%g", o.temperature, o.topp) or ""),
+                              rate = rate }
                 if device == "cuda" then
                     -- the weights' bytes in the precision they are read in
                     local q8 = 1 + 4 / llama2.model.group_size(c)

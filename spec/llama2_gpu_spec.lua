@@ -22,15 +22,23 @@ local function greedy_ids(device, cudnn)
 end
 
 describe("llama2 on CUDA #gpu", function()
-    it("prints run.c's golden text for stories260K -t 0 -n 200", function()
+    it("prints run.c's golden text for stories260K, greedy and sampled, by chunks and per token", function()
         if not need_gpu() or not need_models() then return end
-        local expected = H.read_file(H.models .. "/stories260K_t0_n200.expected.txt")
-        local out, err = {}, {}
-        local code = llama2.main({ H.models .. "/stories260K.bin", "-z", H.models .. "/tok512.bin",
-                                   "-t", "0", "-n", "200", "-d", "cuda" },
-            { mk = mk, stdout = function(s) out[#out + 1] = s end, stderr = function(s) err[#err + 1] = s end })
-        assert.are.equal(0, code, table.concat(err))
-        assert.are.equal(expected .. "\n", table.concat(out))
+        for _, case in ipairs({
+            { "-t", "0", "-n", "200", file = H.models .. "/stories260K_t0_n200.expected.txt" },
+            { "-t", "1", "-p", "0.9", "-s", "42", "-n", "200",
+              file = "spec/fixtures/stories260K_t1_p0.9_s42_n200.expected.txt" } }) do
+            for _, per_token in ipairs({ false, true }) do
+                local out, err = {}, {}
+                local argv = { H.models .. "/stories260K.bin", "-z", H.models .. "/tok512.bin", "-d", "cuda",
+                               table.unpack(case) }
+                if per_token then argv[#argv + 1] = "--per-token" end
+                local code = llama2.main(argv, { mk = mk, stdout = function(s) out[#out + 1] = s end,
+                                                 stderr = function(s) err[#err + 1] = s end })
+                assert.are.equal(0, code, table.concat(err))
+                assert.are.equal(H.read_file(case.file) .. "\n", table.concat(out), table.concat(argv, " "))
+            end
+        end
     end)
 
     it("runs a version 2 (int8) export: the text run.c tells for its dequantized weights", function()

@@ -13,7 +13,8 @@
 --   net:reset()                         -- before the next generation
 --
 -- Parts: checkpoint (format, header checks, mmap'd weights), tokenizer
--- (encode/decode as run.c), sampler (run.c's, in float32), float32 (the
+-- (encode/decode as run.c), sampler (run.c's, in float32 Lua; a model built
+-- with output = "sample" runs the same as a node), float32 (the
 -- emulation), model (the graph). This file adds run.c's generate and chat
 -- loops and its command line; scripts/llama2.lua is the thin CLI over main().
 
@@ -40,7 +41,9 @@ M.load_tokenizer = tokenizer.load
 M.sampler = sampler.new
 
 -- Maps the weights of a checked config and compiles the model.
---   opts: device ("cpu" | "cuda"), cudnn, greedy (argmax output: temperature 0),
+--   opts: device ("cpu" | "cuda"), cudnn, output ("argmax": temperature 0;
+--         "sample": run.c's sampler inside the model; "logits", the default;
+--         greedy = true stands for "argmax"),
 --         steps (positions to hold, default seq_len), precision (fp32 | bf16 |
 --         fp16 | q8 | q8a8, default the file's), log (function(msg), progress)
 function M.build(mk, c, opts)
@@ -60,25 +63,20 @@ local function default_write(s)
     io.stdout:flush()
 end
 
-local function next_token(net, smp, result)
-    if net.greedy then return result end
-    return smp:sample(result)
-end
-
 -- Generates up to `steps` positions from `prompt`, printing pieces through
 -- opts.write (stdout by default) and "achieved tok/s" through opts.report
 -- (stderr by default). Returns the generated ids (prompt included, 0-based
 -- token ids) and the tok/s figure (nil when no step ran after the first).
--- The transformer must be fresh or reset. Past the prompt, a greedy model
--- generates opts.chunk (default 16) tokens a call inside the model
--- (net:steps), printing each chunk as it returns; opts.per_token runs one
--- evaluation a token instead (the same text).
+-- The transformer must be fresh or reset. Past the prompt, a greedy or
+-- sampling model generates opts.chunk (default 16) tokens a call inside the
+-- model (net:steps), printing each chunk as it returns; opts.per_token runs
+-- one evaluation a token instead (the same text).
 function M.generate(net, tok, smp, prompt, steps, opts)
     opts = opts or {}
     local write = opts.write or default_write
     local report = opts.report or function(s) io.stderr:write(s) end
     local stop_on_bos = opts.stop_on_bos ~= false
-    local chunk = net.greedy and not opts.per_token and (opts.chunk or 16) or nil
+    local chunk = net.output_kind ~= "logits" and not opts.per_token and (opts.chunk or 16) or nil
     local prompt_tokens = tok:encode(prompt or "", true, false)
     local ids = { prompt_tokens[1] }
     local start, timed = nil, 0 -- the timer starts after the first call (warm-up)
@@ -95,12 +93,12 @@ function M.generate(net, tok, smp, prompt, steps, opts)
     while going and pos < steps do
         local made
         if chunk and pos >= #prompt_tokens - 1 then
-            made = net:steps(token, pos, math.min(chunk, steps - pos), stop_on_bos and tokenizer.BOS or nil)
+            made = net:steps(token, pos, math.min(chunk, steps - pos), stop_on_bos and tokenizer.BOS or nil, smp)
         elseif pos < #prompt_tokens - 1 then
-            net:forward(token, pos)
+            net:forward(token, pos, smp)          -- run.c does not sample here: smp stays
             made = { prompt_tokens[pos + 2] }     -- still inside the prompt: force it
         else
-            made = { next_token(net, smp, net:forward(token, pos)) }
+            made = { net:next_token(token, pos, smp) }
         end
         if start then timed = timed + #made end
         for _, nxt in ipairs(made) do
@@ -175,7 +173,7 @@ function M.chat(net, tok, smp, user_prompt, system_prompt, steps, opts)
         end
         -- EOS (2) ends the assistant's turn.
         if token == tokenizer.EOS then user_turn = true end
-        nxt = next_token(net, smp, net:forward(token, pos))
+        nxt = net:next_token(token, pos, smp)
         pos = pos + 1
         if user_idx > #prompt_tokens and nxt ~= tokenizer.EOS then
             write(tokenizer.printable(tok:decode(token, nxt)))
@@ -205,8 +203,8 @@ Options:
               or q8a8 (q8, and each product's input in int8 groups: runq.c);
               default: the checkpoint's own precision
   --cudnn     fuse with cuDNN (CUDA only)
-  --per-token one evaluation a token (greedy otherwise runs 16 a call inside
-              the model; the text is the same)
+  --per-token one evaluation a token (otherwise 16 a call run inside the
+              model, sampler included; the text is the same)
   -h          print this help
 ]]
 
@@ -386,7 +384,8 @@ function M.main(argv, env)
         mk.on_log(function(level, m) if level == "warning" then log("warning: " .. m) end end)
     end
     local ok, net = pcall(M.build, mk, c, {
-        device = device, cudnn = o.cudnn, greedy = smp:greedy(), steps = o.steps, log = log,
+        device = device, cudnn = o.cudnn, output = smp:greedy() and "argmax" or "sample",
+        steps = o.steps, log = log,
         precision = o.precision })
     if mk.on_progress then mk.on_progress(nil) end -- runs report nothing
     if not ok then return fail(tostring(net)) end

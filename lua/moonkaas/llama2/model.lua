@@ -15,7 +15,12 @@
 --     x      = x + o @ wo^T
 --     x      = x + (silu(xb2 @ w1^T) * (xb2 @ w3^T)) @ w2^T,  xb2 = rms_norm(x, rms_ffn)
 --   logits   = rms_norm(x, rms_final) @ wcls^T                    [1, V]
---   output   argmax(logits) (int64, greedy) or logits [V]
+--   output   one of (opts.output):
+--            "argmax"  argmax(logits), int64 [1] (greedy)
+--            "sample"  run.c's sampler as a node: inputs rng (int64 [1], the
+--                      xorshift state), temperature and topp (float32 [1]);
+--                      outputs the token and the next state (int64 [1] each)
+--            "logits"  the logits [V]
 --
 -- Weights stay in llama2.c's [out, in] layout and enter matmuls permuted:
 -- the compiler takes a permuted operand as a strided view (no copy).
@@ -62,8 +67,9 @@ function M.rope_tables(c, S)
     return k_table, q_table
 end
 
--- Builds the graph's output node. `w` is checkpoint.map's table, `c` the
--- config; opts.greedy selects the argmax output; opts.positions (default
+-- Builds the graph's output node (a list of two for "sample"). `w` is
+-- checkpoint.map's table, `c` the config; opts.output the output (above,
+-- default "logits"); opts.positions (default
 -- seq_len) the positions the KV caches and RoPE tables hold; opts.int8_inputs
 -- puts each int8 product's input on the int8 grid of its weights' groups
 -- first (runq.c's W8A8: M.check_int8_inputs says where that is valid).
@@ -141,8 +147,12 @@ function M.graph(mk, c, w, opts)
     else
         logits = linear(x, w.wcls, "wcls")
     end
-    if opts.greedy then
+    if opts.output == "argmax" then
         return logits:argmax():reshape({ 1 })                                -- int64 [1]
+    elseif opts.output == "sample" then
+        local drawn = logits:reshape({ V }):sample(mk.input("rng", "int64", { 1 }),
+            mk.input("temperature", "float32", { 1 }), mk.input("topp", "float32", { 1 }))
+        return { drawn:slice(0, 1), drawn:slice(1, 2) }                      -- token, rng
     end
     return logits:reshape({ V })                                              -- [V]
 end
@@ -251,7 +261,9 @@ M.Transformer = Transformer
 -- Builds and compiles the model.
 --   mk       the moonkaas module
 --   c, w     checkpoint config and mapped weights
---   opts     device ("cpu" | "cuda"), cudnn (bool), greedy (bool: argmax out),
+--   opts     device ("cpu" | "cuda"), cudnn (bool), output ("argmax" |
+--            "sample" | "logits", see M.graph; greedy = true stands for
+--            "argmax", the default is "logits"),
 --            precision (fp32 | bf16 | fp16 | q8: the matrices converted at load;
 --            q8a8: as q8, and the products' inputs on the int8 grid (W8A8);
 --            default the file's own),
@@ -264,10 +276,14 @@ function M.build(mk, c, w, opts)
     if math.type(steps) ~= "integer" or steps < 1 then
         error(string.format("llama2: steps must be a positive integer (got %s)", tostring(steps)), 2)
     end
+    local output = opts.output or (opts.greedy and "argmax" or "logits")
+    if output ~= "argmax" and output ~= "sample" and output ~= "logits" then
+        error(string.format("llama2: output must be argmax, sample or logits (got %s)", tostring(output)), 2)
+    end
     local self = setmetatable({
         positions = math.min(steps, c.seq_len),
         mk = mk, config = c, weights = w,
-        greedy = opts.greedy and true or false,
+        output_kind = output, greedy = output == "argmax",
         device = opts.device or "cpu", cudnn = opts.cudnn and true or false,
         log = opts.log or function() end,
     }, Transformer)
@@ -279,7 +295,7 @@ function M.build(mk, c, w, opts)
     end
     local int8_inputs = opts.precision == "q8a8"
     if int8_inputs then M.check_int8_inputs(c, w) end
-    self.output = M.graph(mk, c, w, { greedy = self.greedy, positions = self.positions,
+    self.output = M.graph(mk, c, w, { output = output, positions = self.positions,
                                       int8_inputs = int8_inputs })
     self.log(string.format("built the graph in %.0f ms", (M.clock() - t0) * 1000))
     self:compile()
@@ -288,15 +304,27 @@ function M.build(mk, c, w, opts)
     self.pos_t = mk.tensor({ 0 }, "int64")
     self.pos1_t = mk.tensor({ 1 }, "int64")
     self.inputs = { token = self.token_t, pos = self.pos_t, pos1 = self.pos1_t }
+    if output == "sample" then
+        self.rng_t = mk.tensor({ 0 }, "int64")
+        self.temperature_t = mk.tensor({ 1 }, "float32")
+        self.topp_t = mk.tensor({ 1 }, "float32")
+        self.inputs.rng, self.inputs.temperature, self.inputs.topp = self.rng_t, self.temperature_t, self.topp_t
+    end
     self.out = nil      -- the output tensor, filled in place by every run
     return self
 end
 
 function Transformer:compile()
     local t0 = M.clock()
-    -- A greedy model is a recurrence: its argmax is the next step's token and
-    -- the positions count up, so run_steps generates without leaving the model.
-    local next = self.greedy and { token = self.output, pos = 1, pos1 = 1 } or nil
+    -- A greedy or sampling model is a recurrence: its token is the next step's
+    -- token (and the sampler's state the next state), the positions count up,
+    -- so run_steps generates without leaving the model.
+    local next
+    if self.output_kind == "argmax" then
+        next = { token = self.output, pos = 1, pos1 = 1 }
+    elseif self.output_kind == "sample" then
+        next = { token = self.output[1], rng = self.output[2], pos = 1, pos1 = 1 }
+    end
     local ok, model = pcall(self.mk.compile, self.output,
                             { device = self.device, cudnn = self.cudnn, next = next })
     if not ok then error("compiling the llama2 graph failed: " .. tostring(model), 0) end
@@ -332,28 +360,54 @@ function Transformer:set_inputs(fn, token, pos)
     self.pos1_t:set(1, pos + 1)
 end
 
--- Evaluates one step. Returns the argmax id (greedy model) or the logits as
--- a 1-based Lua array of float32 values.
-function Transformer:forward(token, pos)
-    self:set_inputs("forward", token, pos)
-    if not self.out then
-        local info = self.model:output()
-        self.out = self.mk.zeros(info.dtype, info.shape)
+-- A sampling model reads the sampler's settings and state (smp: see
+-- moonkaas.llama2.sampler) as inputs.
+function Transformer:set_sampler(fn, smp)
+    if self.output_kind ~= "sample" then return end
+    if type(smp) ~= "table" or math.type(smp.state) ~= "integer" then
+        error(fn .. ": a sampling model needs the sampler (llama2.sampler)", 3)
     end
-    local out = self.model:run(self.inputs, self.out)
-    if self.greedy then
-        return math.tointeger(out:get(1))
-    end
-    return out:totable()
+    self.rng_t:set(1, smp.state)
+    self.temperature_t:set(1, smp.temperature)
+    self.topp_t:set(1, smp.topp)
 end
 
--- Runs up to n greedy steps from (token, pos) in one call (run_steps): each
--- step's argmax is the next step's token, inside the model. Returns the ids
--- generated (a 1-based Lua array of 0-based token ids), ending with `stop` (an
--- id, optional) where the model gave it; never past the positions it holds.
-function Transformer:steps(token, pos, n, stop)
-    if not self.greedy then error("steps: the model is not greedy (its output is the logits)", 2) end
+-- Evaluates one step. Returns the argmax id ("argmax"), the drawn id and the
+-- sampler's next state ("sample": smp is left as it was), or the logits as a
+-- 1-based Lua array of float32 values ("logits").
+function Transformer:forward(token, pos, smp)
+    self:set_inputs("forward", token, pos)
+    self:set_sampler("forward", smp)
+    if not self.out then
+        self.out = {}
+        for i, info in ipairs(self.model:outputs()) do self.out[i] = self.mk.zeros(info.dtype, info.shape) end
+    end
+    local out, state = self.model:run(self.inputs, table.unpack(self.out))
+    if self.output_kind == "logits" then return out:totable() end
+    return math.tointeger(out:get(1)), state and math.tointeger(state:get(1))
+end
+
+-- The token after `token` at `pos`, as run.c's sample() picks it; the
+-- sampler's state advances as run.c's does.
+function Transformer:next_token(token, pos, smp)
+    if self.output_kind == "logits" then return smp:sample(self:forward(token, pos)) end
+    local id, state = self:forward(token, pos, smp)
+    if state then smp.state = state end
+    return id
+end
+
+-- Runs up to n steps from (token, pos) in one call (run_steps): each step's
+-- token (the argmax, or the sampler's draw) is the next step's, inside the
+-- model. Returns the ids generated (a 1-based Lua array of 0-based token
+-- ids), ending with `stop` (an id, optional) where the model gave it; never
+-- past the positions it holds. A sampling model starts from smp's state and
+-- leaves smp at the state after the last step.
+function Transformer:steps(token, pos, n, stop, smp)
+    if self.output_kind == "logits" then
+        error("steps: the model's output is the logits (build it with output = argmax or sample)", 2)
+    end
     self:set_inputs("steps", token, pos)
+    self:set_sampler("steps", smp)
     n = math.min(n, self.positions - pos)
     self.step_outs = self.step_outs or {}
     local outs = self.step_outs[n] -- reused: the usual chunk allocates once
@@ -362,6 +416,7 @@ function Transformer:steps(token, pos, n, stop)
     self.step_outs[n] = got
     local ids = {}
     for i = 1, k do ids[i] = math.tointeger(got[1]:get(i, 1)) end
+    if got[2] and k > 0 then smp.state = math.tointeger(got[2]:get(k, 1)) end
     return ids
 end
 
