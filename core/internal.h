@@ -650,6 +650,15 @@ extern const mk_device_ops mk_cpu_device;
 int64_t mk_sample_row(const float *logits, int64_t n, uint64_t *state, float temperature,
                       float topp, float *probs, uint64_t *keys);
 
+/* SampleNode's scratch for rows of n: a head (the CPU's keys for one row, or
+ * MK_SAMPLE_ROW_BYTES of a GPU's bookkeeping per row), then every row's
+ * probabilities (float32). */
+#define MK_SAMPLE_ROW_BYTES 20480
+static inline size_t mk_sample_head(int64_t rows, int64_t n) {
+    size_t keys = (size_t)n * sizeof(uint64_t), book = (size_t)rows * MK_SAMPLE_ROW_BYTES;
+    return ((keys > book ? keys : book) + 255) & ~(size_t)255;
+}
+
 /*
  * The CUDA device is a plugin (build/libmoonkaas_cuda.so, from kernels/) that
  * plugin.c opens with dlopen the first time CUDA is asked for, so a CPU-only

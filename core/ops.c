@@ -339,12 +339,11 @@ static int infer_sample(mk_node *n, mk_error **err) {
     return 0;
 }
 
-/* A row's probabilities and its top-p candidates' keys (kernels sample a row
- * at a time on the CPU, every row at once on a GPU). */
+/* The rows' probabilities after a head (mk_sample_head). */
 static size_t sample_scratch(const mk_node *n) {
     const mk_node *x = n->in[0];
-    int64_t cols = x->shape[x->rank - 1];
-    return (size_t)mk_node_numel(x) * sizeof(float) + (size_t)cols * sizeof(uint64_t);
+    int64_t cols = x->shape[x->rank - 1], rows = mk_node_numel(x) / cols;
+    return mk_sample_head(rows, cols) + (size_t)mk_node_numel(x) * sizeof(float);
 }
 
 /* Rows only passes make: a script naming one is refused before this runs. */

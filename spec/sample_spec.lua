@@ -3,10 +3,10 @@
 -- step rounded to float32, a full sort with a comparator), on random logits
 -- drawn with a printed seed: peaked and flat rows, ties, every path (argmax,
 -- multinomial, top-p). On CUDA (#gpu) the states equal the CPU's; a token may
--- differ from the CPU's only where the draw falls within 1e-4 of the boundary
--- between the two, its neighbour in the order (CUDA sums in fixed point, run.c
--- in float32, so a cut or a draw that close may go the other way), and only
--- rarely.
+-- differ from the CPU's only where the draw falls within float32's summation
+-- error of its running sums in the CPU's order (CUDA sums in fixed point,
+-- run.c in float32 in order, so a cut or a draw that close may go the other
+-- way), and rarely.
 local H = require "spec.helpers"
 local mk = H.mk()
 H.seed("sample_spec")
@@ -27,8 +27,9 @@ end
 --[[
 run.c's sample() over logits x[1..n] (float32 values) with state s: returns
 the 0-based token, the next state, and for a draw the candidates in the
-order it walked them with the running sums there (rank -> {index, cdf}), so
-a caller can tell how far the draw fell from each boundary (r: the draw).
+order it walked them with the running sums there (rank -> {index, cdf}), the
+draw, and the rank where top-p cut (0 without a cut), so that a caller can
+tell how far the draw fell from each boundary.
 ]]
 local function reference(x, s, t, topp)
     local n = #x
@@ -51,7 +52,7 @@ local function reference(x, s, t, topp)
     local u
     s, u = xorshift(s)
     local coin = f32(u / 16777216.0)
-    local order = {}
+    local order, cut = {}, 0
     if topp <= 0 or topp >= 1 then
         for i = 1, n do order[i] = i end
     else
@@ -64,6 +65,7 @@ local function reference(x, s, t, topp)
             cum = f32(cum + p[i])
             if cum > topp then last = k; break end
         end
+        cut = last
         for k = #order, last + 1, -1 do order[k] = nil end
         coin = f32(coin * cum)
     end
@@ -73,7 +75,7 @@ local function reference(x, s, t, topp)
         walk[k] = { index = i - 1, cdf = cdf }
         if not token and coin < cdf then token = i - 1 end
     end
-    return token or order[#order] - 1, s, walk, coin
+    return token or order[#order] - 1, s, walk, coin, cut
 end
 
 -- ---- the op ------------------------------------------------------------------------
@@ -267,18 +269,23 @@ describe("SampleNode", function()
                 assert.are.equal(cpu[r][2], gpu[r][2], describe_case(c, r))
                 draws = draws + 1
                 if cpu[r][1] ~= gpu[r][1] then
-                    -- allowed only where the draw falls at the boundary between the two
-                    local _, _, walk, coin = reference(c.x[r], c.states[r], c.t, c.topp)
-                    local near = false
-                    for k = 1, #walk - 1 do
-                        local a, b = walk[k].index, walk[k + 1].index
-                        if ((a == cpu[r][1] and b == gpu[r][1]) or (b == cpu[r][1] and a == gpu[r][1]))
-                            and math.abs(coin - walk[k].cdf) < 1e-4 then
-                            near = true
+                    -- Allowed only where CUDA's token spans, in the CPU's order, running
+                    -- sums within float32's error of the draw: a running sum of k terms
+                    -- is off by at most k rounding errors of 2^-24 (more than a term
+                    -- where many are equal), and the draw by the cut's
+                    local _, _, walk, coin, cut = reference(c.x[r], c.states[r], c.t, c.topp)
+                    local near, rank = false, nil
+                    for k, w in ipairs(walk) do
+                        local from = k > 1 and walk[k - 1].cdf or 0.0
+                        local tol = (k + cut) * 2 ^ -24 + 1e-6
+                        if w.index == gpu[r][1] then
+                            rank = k
+                            near = from - tol <= coin and coin < w.cdf + tol
                         end
                     end
-                    assert.is_true(near, "CUDA drew " .. gpu[r][1] .. ", the CPU " .. cpu[r][1] ..
-                                   " away from any boundary: " .. describe_case(c, r))
+                    assert.is_true(near, string.format("CUDA drew %d (rank %s), the CPU %d, away from "
+                        .. "its boundaries: %s, draw %.9g", gpu[r][1], tostring(rank), cpu[r][1],
+                        describe_case(c, r), coin))
                     ambiguous = ambiguous + 1
                     if shown < 3 then
                         print(string.format("# CUDA and CPU differ at a boundary: %s", describe_case(c, r)))
@@ -287,7 +294,7 @@ describe("SampleNode", function()
                 end
             end
         end
-        assert.is_true(ambiguous <= math.max(2, draws // 50),
+        assert.is_true(ambiguous <= math.max(4, draws // 20),
                        string.format("%d of %d draws differ", ambiguous, draws))
     end)
 end)

@@ -41,8 +41,10 @@ t:argmax, t:totable) is 1-based, as Lua tables are.
            x:slice(b, e) x:reshape{...} x:permute{...} (or the integers as
            arguments)  x:replace(r, b, e) x:rms_norm(w) x:complex_mul(f)
            x:sliced_softmax(p) x:argmax()  mk.embedding(table, ids)
+           x:sample(state, t, p) (run.c's sampler: int64 (token, state))
            b, e and p are int64 [1] nodes, or Lua integers (constants whose
-           range the core checks when the node is built)
+           range the core checks when the node is built); sample's t and p
+           are float32 [1] nodes
            n.shape n.dtype n.op n.name n.rank  mk.node_info(n)
            All of these but the three leaves come from the core's op table:
            mk.ops() lists its rows {name, alias, signature, role, method,
