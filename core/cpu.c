@@ -1182,17 +1182,7 @@ static int cpu_argmax(const mk_launch *l, mk_error **err) {
     int64_t n = x->shape[x->rank - 1], rows = mk_tensor_numel(x) / n;
     const float *xp = x->data;
     int64_t *out = l->out.data;
-    CPU_FOR(rows > 1 && par(rows * n), r, rows, {
-        const float *xr = xp + r * n;
-        int64_t best = 0;
-        float max = xr[0];
-        for (int64_t j = 1; j < n; j++)
-            if (xr[j] > max) {
-                max = xr[j];
-                best = j;
-            }
-        out[r] = best;
-    });
+    CPU_FOR(rows > 1 && par(rows * n), r, rows, { out[r] = mk_argmax_row(xp + r * n, n); });
     return 0;
 }
 

@@ -649,6 +649,9 @@ extern const mk_device_ops mk_cpu_device;
  * floats) and keys (n) are scratch. */
 int64_t mk_sample_row(const float *logits, int64_t n, uint64_t *state, float temperature,
                       float topp, float *probs, uint64_t *keys);
+/* The first index of the largest of x [n] (a NaN at 0 wins, any other never):
+ * ArgMaxNode's row on the CPU, and the sampler's at temperature 0. */
+int64_t mk_argmax_row(const float *x, int64_t n);
 
 /* SampleNode's scratch for rows of n: a head (the CPU's keys for one row, or
  * MK_SAMPLE_ROW_BYTES of a GPU's bookkeeping per row), then every row's

@@ -48,8 +48,7 @@ static uint32_t float_bits(float v) {
     return b;
 }
 
-/* The first index of the largest value (a NaN at 0 wins, any other never). */
-static int64_t argmax(const float *x, int64_t n) {
+int64_t mk_argmax_row(const float *x, int64_t n) {
     int64_t best = 0;
     float max = x[0];
     for (int64_t j = 1; j < n; j++)
@@ -146,7 +145,7 @@ static int64_t sample_topp(const float *p, int64_t n, float topp, float coin, ui
 
 int64_t mk_sample_row(const float *logits, int64_t n, uint64_t *state, float temperature,
                       float topp, float *probs, uint64_t *keys) {
-    if (!(temperature > 0.0f)) return argmax(logits, n);
+    if (!(temperature > 0.0f)) return mk_argmax_row(logits, n);
     softmax(logits, probs, n, temperature);
     float coin = random_f32(state);
     if (topp <= 0.0f || topp >= 1.0f) { /* as run.c: a NaN topp takes the top-p path */

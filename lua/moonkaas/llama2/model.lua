@@ -310,7 +310,7 @@ function M.build(mk, c, w, opts)
         self.topp_t = mk.tensor({ 1 }, "float32")
         self.inputs.rng, self.inputs.temperature, self.inputs.topp = self.rng_t, self.temperature_t, self.topp_t
     end
-    self.out = nil      -- the output tensor, filled in place by every run
+    self.out = nil      -- the output tensors, filled in place by every run
     return self
 end
 
