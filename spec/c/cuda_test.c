@@ -1615,12 +1615,7 @@ static void test_models_interleaved(void) {
 int main(void) {
     test_srand(test_seed());
     quick = getenv("MK_CUDA_TEST_QUICK") != NULL;
-    mk_error *err = NULL;
-    ctx = mk_context_new(&err);
-    if (!ctx) {
-        printf("not ok - context: %s\n", mk_error_message(err));
-        return 1;
-    }
+    if (!(ctx = test_context())) return 1;
     have_cuda = mk_cuda_available(cuda_reason, sizeof cuda_reason);
     bool as_cpu = getenv("MK_CUDA_TEST_AS_CPU") != NULL;
     printf("# CUDA: %s\n", have_cuda ? cuda_reason : "not available");

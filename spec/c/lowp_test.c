@@ -585,12 +585,7 @@ static void test_bad_scripts(void) {
 int main(void) {
     setenv("MK_CPU_FORK", "always", 0); /* small graphs, but the threaded paths */
     test_srand(test_seed());
-    mk_error *err = NULL;
-    ctx = mk_context_new(&err);
-    if (!ctx) {
-        printf("not ok - context: %s\n", mk_error_message(err));
-        return 1;
-    }
+    if (!(ctx = test_context())) return 1;
     RUN(test_convert_floats);
     RUN(test_convert_integers);
     RUN(test_quantize);

@@ -595,12 +595,7 @@ static void test_cuda_feed_from_an_input(void) { feed_from_input_on(MK_DEVICE_CU
 
 int main(void) {
     test_srand(test_seed());
-    mk_error *err = NULL;
-    ctx = mk_context_new(&err);
-    if (!ctx) {
-        printf("not ok - context: %s\n", mk_error_message(err));
-        return 1;
-    }
+    if (!(ctx = test_context())) return 1;
     char why[200] = "";
     have_cuda = mk_cuda_available(why, sizeof why);
     snprintf(cuda_reason, sizeof cuda_reason, "no CUDA device: %s", why);

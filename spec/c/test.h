@@ -16,6 +16,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "moonkaas.h"
+
 static int test_passed, test_failed, test_skipped, test_cur_failed;
 static const char *test_cur_name;
 
@@ -81,6 +83,15 @@ static inline int64_t test_randint(int64_t lo, int64_t hi) { /* [lo, hi] */
 /* |got - want| <= atol + rtol * |want| */
 static inline int test_close(double got, double want, double atol, double rtol) {
     return fabs(got - want) <= atol + rtol * fabs(want);
+}
+
+/* A test program's context, or NULL after a "not ok" line saying why. */
+static inline mk_context *test_context(void) {
+    mk_error *err = NULL;
+    mk_context *c = mk_context_new(&err);
+    if (!c) printf("not ok - context: %s\n", mk_error_message(err));
+    mk_error_free(err);
+    return c;
 }
 
 static inline int test_summary(const char *name) {
