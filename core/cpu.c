@@ -25,8 +25,8 @@
  *
  * Sections: helpers · pointwise expressions · complex_mul · data movement
  * (permute, replace_slice, embedding) · matmul · row reductions (rms_norm,
- * sliced_softmax, argmax) · matrix–vector and attention groups · the device
- * table.
+ * sliced_softmax, causal_softmax, argmax) · matrix–vector and attention groups ·
+ * the device table.
  *
  * Tested through the public API against double-precision loops:
  *   make build/tests/ops_test && ./build/tests/ops_test
@@ -1176,6 +1176,27 @@ static int cpu_sliced_softmax(const mk_launch *l, mk_error **err) {
     return 0;
 }
 
+/*
+ * out [..., T, S]: row t of each T, softmax of x's first end - T + 1 + t
+ * elements (as softmax_row), the rest zero; end: int64 [1], read now,
+ * T <= end <= S.
+ */
+static int cpu_causal_softmax(const mk_launch *l, mk_error **err) {
+    const mk_tensor *x = &l->in[0];
+    int64_t n = x->shape[x->rank - 1], t = x->shape[x->rank - 2], rows = mk_tensor_numel(x) / n;
+    int64_t end = read_i64(&l->in[1]);
+    if (end < t || end > n)
+        return mk_fault(err, l->node, MK_FAULT_END, end, n, t);
+    const float *xp = x->data;
+    float *out = l->out.data;
+    CPU_FOR(rows > 1 && par(rows * n * 4), r, rows, {
+        int64_t p = end - t + 1 + r % t;
+        softmax_row(xp + r * n, out + r * n, p, p);
+        memset(out + r * n + p, 0, (size_t)(n - p) * sizeof(float));
+    });
+    return 0;
+}
+
 /* out [rows] (int64; shape [..., 1]) = index of the largest of x [rows, n], the first on ties. */
 static int cpu_argmax(const mk_launch *l, mk_error **err) {
     const mk_tensor *x = &l->in[0];
@@ -1707,6 +1728,7 @@ static const mk_kernel cpu_kernels[MK_KERNEL_COUNT] = {
     [MK_KERNEL_RMS_NORM] = {cpu_rms_norm, F32},
     [MK_KERNEL_COMPLEX_MUL] = {cpu_complex_mul, F32},
     [MK_KERNEL_SLICED_SOFTMAX] = {cpu_sliced_softmax, F32},
+    [MK_KERNEL_CAUSAL_SOFTMAX] = {cpu_causal_softmax, F32},
     [MK_KERNEL_EMBEDDING] = {cpu_embedding, MK_DTYPES_ALL},
     [MK_KERNEL_ARGMAX] = {cpu_argmax, F32 | I64},
     [MK_KERNEL_PRODUCT] = {cpu_product, F32 | I64 | F16 | BF16 | MK_DTYPE_BIT(MK_DTYPE_INT8)},

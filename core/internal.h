@@ -489,6 +489,7 @@ typedef enum {
     MK_FAULT_ROWS,      /* begin, end, rows of the replacement: counts differ */
     MK_FAULT_PREFIX,    /* prefix, n: a prefix outside [0, n] */
     MK_FAULT_ID,        /* id, position, V: an id outside [0, V) */
+    MK_FAULT_END,       /* end, n, T: a causal end outside [T, n] */
 } mk_fault_kind;
 int mk_fault(mk_error **err, const mk_node *n, mk_fault_kind kind, int64_t v0, int64_t v1,
              int64_t v2);
@@ -518,7 +519,7 @@ int mk_launch_operands(mk_launch *l, mk_error **err);
 #define MK_KERNELS(X) \
     X(POINTWISE) X(MATMUL) X(PERMUTE) X(REPLACE_SLICE) X(RMS_NORM) X(COMPLEX_MUL) \
     X(SLICED_SOFTMAX) X(EMBEDDING) X(ARGMAX) X(CUDNN_GROUP) X(PRODUCT) \
-    X(PREFIX_MATMUL) X(CAST) X(DEQUANTIZE) X(FAKE_QUANTIZE) X(SAMPLE)
+    X(PREFIX_MATMUL) X(CAST) X(DEQUANTIZE) X(FAKE_QUANTIZE) X(SAMPLE) X(CAUSAL_SOFTMAX)
 typedef enum {
     MK_KERNEL_NONE,
 #define MK_KERNEL_ENUM(k) MK_KERNEL_##k,
@@ -669,7 +670,7 @@ static inline size_t mk_sample_head(int64_t rows, int64_t n) {
  * returning this table. The plugin is built from the same tree as the core:
  * abi and the struct sizes guard against mixing builds.
  */
-#define MK_CUDA_PLUGIN_ABI 10
+#define MK_CUDA_PLUGIN_ABI 11
 #define MK_CUDA_PLUGIN_ENTRY "mk_cuda_plugin_entry"
 #define MK_CUDA_PLUGIN_FILE "libmoonkaas_cuda.so"
 struct mk_fused_group;

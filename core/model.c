@@ -34,6 +34,8 @@ struct mk_context {
 };
 
 struct mk_model {
+    atomic_int refs;     /* the host's, and one per model compiled with share = this one */
+    mk_model *shared;    /* the model whose memory this one uses in place (share), or NULL */
     mk_context *ctx;
     const mk_device_ops *dev;
     void *dev_state;
@@ -42,6 +44,9 @@ struct mk_model {
     void *arena;         /* arena_bytes of device memory: every arena owner at its offset */
     void **base;         /* [n_nodes] device address of each owner's memory, else NULL */
     bool *owns_alloc;    /* [n_nodes] base[i] was allocated for node i (constants, buffers) */
+    const void **given;  /* [n_nodes] the host data given for each constant (compared by a
+                            later model's share, never read after compile) */
+    bool borrowed;       /* the constants are the host's memory (borrow_constants, CPU) */
 
     int n_launches;
     mk_launch *launches; /* [n_launches] in evaluation order */
@@ -307,15 +312,57 @@ done:
     return rc;
 }
 
+/* ---- sharing ---------------------------------------------------------------------- */
+
+static bool same_type(const mk_node *a, const mk_node *b) {
+    return a->dtype == b->dtype && a->rank == b->rank &&
+           !memcmp(a->shape, b->shape, sizeof a->shape[0] * (size_t)a->rank);
+}
+
+/* The shared model's leaf whose memory leaf n uses in place, or NULL: a
+ * buffer of n's name, a constant of its name, type and host data (unless
+ * constants are borrowed: then they are the host's memory already). */
+static const mk_node *shared_twin(const mk_model *m, const mk_node *n) {
+    const mk_model *o = m->shared;
+    bool buffer = n->storage == MK_STORAGE_BUFFER;
+    if (!o || !n->name || !(buffer || (n->storage == MK_STORAGE_CONSTANT && !m->borrowed)))
+        return NULL;
+    const mk_node *x = mk_graph_find_name(o->graph, n->name);
+    if (!x || x->op->leaf != n->op->leaf || !same_type(x, n) || !o->base[x->index]) return NULL;
+    if (n->storage == MK_STORAGE_CONSTANT &&
+        (!m->given[n->index] || o->given[x->index] != m->given[n->index]))
+        return NULL;
+    return x;
+}
+
+/* A named buffer whose name the shared model gives a buffer of another type
+ * is a mistake, not a new buffer. */
+static int check_shared_buffers(const mk_model *m, mk_error **err) {
+    for (int i = 0; m->shared && i < m->graph->n_nodes; i++) {
+        const mk_node *n = m->graph->nodes[i];
+        if (n->op->leaf != MK_LEAF_BUFFER || !n->name) continue;
+        const mk_node *x = mk_graph_find_name(m->shared->graph, n->name);
+        if (!x || (x->op->leaf == MK_LEAF_BUFFER && same_type(x, n))) continue;
+        char here[96], there[96];
+        mk_shape_str(n->rank, n->shape, here, sizeof here);
+        mk_shape_str(x->rank, x->shape, there, sizeof there);
+        return mk_fail(err, MK_ERR_INPUT, n->line, n->column,
+                       "share: buffer '%s' is %s %s here, but the shared model's '%s' is %s %s %s",
+                       n->name, mk_dtype_name(n->dtype), here, x->name,
+                       x->op->leaf == MK_LEAF_BUFFER ? "a buffer" : "not a buffer: a",
+                       mk_dtype_name(x->dtype), there);
+    }
+    return 0;
+}
+
 /* The model's device memory against opts->max_bytes, before any is allocated. */
 static int check_budget(const mk_model *m, const mk_compile_options *opts, mk_error **err) {
     if (!opts->max_bytes) return 0;
     size_t constants = 0, buffers = 0;
-    bool borrowed = opts->borrow_constants && m->dev == &mk_cpu_device;
     for (int i = 0; i < m->graph->n_nodes; i++) {
         const mk_node *n = m->graph->nodes[i];
-        if (n->owner != n) continue;
-        if (n->storage == MK_STORAGE_CONSTANT && !borrowed) constants += mk_node_bytes(n);
+        if (n->owner != n || shared_twin(m, n)) continue;
+        if (n->storage == MK_STORAGE_CONSTANT && !m->borrowed) constants += mk_node_bytes(n);
         if (n->storage == MK_STORAGE_BUFFER) buffers += mk_node_bytes(n);
     }
     size_t arena = m->stats.arena_bytes, total = arena + constants + buffers;
@@ -337,13 +384,13 @@ static int leaf_failed(const mk_node *n, mk_error **err) {
                           mk_dtype_name(n->dtype), shape);
 }
 
-static int allocate(mk_model *m, const void **const_data, const mk_compile_options *opts,
-                    const mk_host *host, mk_error **err) {
+static int allocate(mk_model *m, const mk_host *host, mk_error **err) {
     mk_graph *g = m->graph;
+    const void **const_data = m->given;
     int64_t upload_total = 0, uploaded = 0; /* constants' bytes that travel to the device */
-    bool borrowed = opts->borrow_constants && m->dev == &mk_cpu_device;
-    for (int i = 0; i < g->n_nodes && !borrowed; i++)
-        if (g->nodes[i]->owner == g->nodes[i] && g->nodes[i]->storage == MK_STORAGE_CONSTANT)
+    for (int i = 0; i < g->n_nodes && !m->borrowed; i++)
+        if (g->nodes[i]->owner == g->nodes[i] && g->nodes[i]->storage == MK_STORAGE_CONSTANT &&
+            !shared_twin(m, g->nodes[i]))
             upload_total += (int64_t)mk_node_bytes(g->nodes[i]);
     if (m->stats.arena_bytes &&
         !(m->arena = m->dev->alloc(m->dev_state, m->stats.arena_bytes, err)))
@@ -352,13 +399,19 @@ static int allocate(mk_model *m, const void **const_data, const mk_compile_optio
         mk_node *n = g->nodes[i];
         if (n->owner != n) continue;
         size_t bytes = mk_node_bytes(n);
+        const mk_node *twin = shared_twin(m, n);
+        if (twin) { /* the shared model's memory, as it is */
+            m->base[i] = m->shared->base[twin->index];
+            m->stats.shared_bytes += bytes;
+            continue;
+        }
         switch (n->storage) {
         case MK_STORAGE_ARENA:
             m->base[i] = (char *)m->arena + n->offset;
             break;
         case MK_STORAGE_CONSTANT:
             m->stats.constant_bytes += bytes;
-            if (opts->borrow_constants && m->dev == &mk_cpu_device) {
+            if (m->borrowed) {
                 m->base[i] = (void *)const_data[i]; /* never written: in-place ops refuse it */
                 break;
             }
@@ -478,13 +531,20 @@ static mk_model *compile(mk_context *ctx, const char *script,
             goto fail;                                                      \
         }                                                                   \
     } while (0)
+    if (opts.share && opts.share->dev != dev) {
+        mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "share: the model to share is compiled for %s, "
+                "this one for %s", opts.share->dev->name, dev->name);
+        return NULL;
+    }
     mk_model *m = calloc(1, sizeof *m);
-    const void **const_data = NULL;
     int64_t *scratch_offset = NULL;
     if (!m) goto nomem;
+    atomic_init(&m->refs, 1);
+    if ((m->shared = opts.share)) atomic_fetch_add(&m->shared->refs, 1);
     m->ctx = ctx;
     atomic_fetch_add(&ctx->refs, 1);
     m->dev = dev;
+    m->borrowed = opts.borrow_constants && dev == &mk_cpu_device;
     m->stats.device = (int)opts.device;
     host.progress(&host, MK_PHASE_COMPILE, 0, STAGES);
     if (!(m->graph = mk_graph_parse(script, err))) goto fail;
@@ -501,23 +561,25 @@ static mk_model *compile(mk_context *ctx, const char *script,
     STAGE_DONE(2);
 
     int n = g->n_nodes;
-    const_data = calloc((size_t)n, sizeof *const_data);
+    m->given = calloc((size_t)n, sizeof *m->given);
     scratch_offset = calloc((size_t)n, sizeof *scratch_offset);
     m->base = calloc((size_t)n, sizeof *m->base);
     m->owns_alloc = calloc((size_t)n, sizeof *m->owns_alloc);
     m->launches = calloc((size_t)n, sizeof *m->launches);
     m->inputs = calloc((size_t)n, sizeof *m->inputs);
     m->input_slot = calloc((size_t)n, sizeof *m->input_slot);
-    if (!const_data || !scratch_offset || !m->base || !m->owns_alloc || !m->launches ||
+    if (!m->given || !scratch_offset || !m->base || !m->owns_alloc || !m->launches ||
         !m->inputs || !m->input_slot)
         goto nomem;
-    if (match_constants(g, constants, n_constants, const_data, err)) goto fail;
+    if (match_constants(g, constants, n_constants, m->given, err) ||
+        check_shared_buffers(m, err))
+        goto fail;
     if (plan_memory(m, scratch_offset, err)) goto fail;
     if (check_budget(m, &opts, err)) goto fail;
     STAGE_DONE(3);
 
     if (dev->open(&m->dev_state, err)) goto fail;
-    if (allocate(m, const_data, &opts, &host, err)) goto fail;
+    if (allocate(m, &host, err)) goto fail;
     STAGE_DONE(4);
     if (bind(m, scratch_offset, err)) goto fail;
     STAGE_DONE(5);
@@ -579,13 +641,11 @@ static mk_model *compile(mk_context *ctx, const char *script,
         host.log(&host, MK_LOG_WARNING,
                  "cuDNN rejected %d group%s: they run on the plain kernels (the fusion report "
                  "says why)", m->fusion->rejected, m->fusion->rejected == 1 ? "" : "s");
-    free(const_data);
     free(scratch_offset);
     return m;
 nomem:
     mk_fail(err, MK_ERR_NOMEM, 0, 0, "compiling the model");
 fail:
-    free(const_data);
     free(scratch_offset);
     mk_model_free(m);
     return NULL;
@@ -602,7 +662,7 @@ MK_API mk_model *mk_compile(mk_context *ctx, const char *script,
 }
 
 static void model_free(mk_model *m) {
-    if (!m) return;
+    if (!m || atomic_fetch_sub(&m->refs, 1) > 1) return; /* a sharing model still needs it */
     if (m->graph && m->base && m->owns_alloc)
         for (int i = 0; i < m->graph->n_nodes; i++)
             if (m->owns_alloc[i]) m->dev->free(m->dev_state, m->base[i]);
@@ -618,10 +678,13 @@ static void model_free(mk_model *m) {
     free(m->in_copies);
     free(m->out_copies);
     free(m->counters);
+    free(m->given);
     free(m->script);
     free(m->report);
     context_release(m->ctx);
+    mk_model *shared = m->shared;
     free(m);
+    model_free(shared); /* under the lock mk_model_free took: both are on one device */
 }
 
 MK_API void mk_model_free(mk_model *m) {

@@ -212,7 +212,24 @@ typedef struct {
     size_t max_bytes;      /* 0: no limit; else the most device memory the model may take
                               (arena + copied constants + buffers), checked before anything
                               is allocated: more is an MK_ERR_NOMEM error saying how much */
+    mk_model *share;       /* NULL, or a compiled model on the same device whose state and
+                              weights this one uses in place (see "sharing" below) */
 } mk_compile_options;
+
+/*
+ * Sharing: a model compiled with `share = other` uses other's memory for
+ *   - each named BufferTensor whose name other's script gives a BufferTensor:
+ *     the two are one buffer (say a KV cache that a prompt's model writes and
+ *     a step model reads); the dtype and shape must match, else the compile
+ *     fails (MK_ERR_INPUT naming the buffer);
+ *   - each ConstantTensor given the same data pointer as other's constant of
+ *     that name, dtype and shape (weights uploaded once); other constants are
+ *     the model's own.
+ * Neither model copies anything. The new model holds a reference to `other`,
+ * so freeing them in any order is safe (other's memory goes with the last).
+ * Models that share must not evaluate or reset at the same time (one thread,
+ * or a lock around both); mk_model_reset zeroes the shared buffers too.
+ */
 
 /* Is a CUDA device usable? Returns 1, or 0 with a reason in `reason` (may be NULL). */
 MK_API int mk_cuda_available(char *reason, size_t reason_size);
@@ -312,6 +329,8 @@ typedef struct {
     size_t lower_bound_bytes; /* largest sum of bytes live at one step: no plan beats it */
     size_t constant_bytes;
     size_t buffer_bytes;      /* BufferTensor state */
+    size_t shared_bytes;      /* constants and buffers used in place from `share` (not counted
+                                 in constant_bytes or buffer_bytes) */
     int nodes;                /* nodes in the compiled graph */
     int launches;             /* kernel launches per evaluation */
     int fused_groups;         /* cuDNN groups (0 without cuDNN) */
@@ -437,8 +456,9 @@ typedef struct {
     const char *name;      /* script name, "MatMulNode" */
     const char *alias;     /* another accepted script name ("MulNode"), or NULL */
     /* One letter per argument: n a node; r an int64 [1] node read on the device
-     * at run time (a bound: slice ends, a prefix); s a name; d a dtype;
-     * l an integer list (shape, permutation); i an integer. */
+     * at run time (a bound: slice ends, a prefix); s a name; o a name that may
+     * be left out (last only); d a dtype; l an integer list (shape,
+     * permutation); i an integer. */
     const char *signature;
     mk_op_role role;
     mk_leaf_kind leaf;

@@ -244,6 +244,24 @@ static int infer_sliced_softmax(mk_node *n, mk_error **err) {
     return 0;
 }
 
+/* x [..., T, S]: row t of the T keeps end - T + 1 + t columns, so end lies in [T, S]. */
+static int infer_causal_softmax(mk_node *n, mk_error **err) {
+    const mk_node *x = n->in[0];
+    if (need_dtype(n, 0, MK_DTYPES_FLOAT, err) || need_bound(n, 1, "end", err)) return -1;
+    if (x->rank < 2)
+        return FAIL(err, n, MK_ERR_SHAPE, "%s: x %s needs two axes or more (rows, columns)",
+                    n->op->name, SHAPE(x));
+    int64_t e, t = x->shape[x->rank - 2], cols = x->shape[x->rank - 1];
+    if (t > cols)
+        return FAIL(err, n, MK_ERR_SHAPE, "%s: x %s has more rows (%lld) than columns", n->op->name,
+                    SHAPE(x), (long long)t);
+    if (known(n->in[1], &e) && (e < t || e > cols))
+        return FAIL(err, n, MK_ERR_SHAPE, "%s: end %lld is outside [%lld, %lld] for %s",
+                    n->op->name, (long long)e, (long long)t, (long long)cols, SHAPE(x));
+    set_shape(n, x->dtype, x->rank, x->shape);
+    return 0;
+}
+
 static int infer_embedding(mk_node *n, mk_error **err) {
     const mk_node *t = n->in[0], *ids = n->in[1];
     if (t->rank != 2)
@@ -418,8 +436,9 @@ static const mk_op ops[] = {
     {ROW("ConstantTensor", "sdl", MK_ROLE_LEAF, MK_OP_FUNCTION, "constant", NULL, NULL,
          "weights, given at compile time"),
      .leaf = MK_LEAF_CONSTANT, .infer = infer_leaf},
-    {ROW("BufferTensor", "dl", MK_ROLE_LEAF, MK_OP_FUNCTION, "buffer", NULL, NULL,
-         "persistent state, zero after compile, kept across evaluations"),
+    {ROW("BufferTensor", "dlo", MK_ROLE_LEAF, MK_OP_FUNCTION, "buffer", NULL, NULL,
+         "persistent state, zero after compile, kept across evaluations; a name lets another "
+         "model share it"),
      .leaf = MK_LEAF_BUFFER, .infer = infer_leaf},
 
     POINTWISE("SumNode", "nn", COMMUTING, "add", "+", "a + b", "a + b, b broadcast onto a"),
@@ -457,6 +476,11 @@ static const mk_op ops[] = {
     {ROW("SlicedSoftmaxNode", "nr", MK_ROLE_REDUCTION, 0, "sliced_softmax", NULL, NULL,
          "softmax of the first prefix elements of each row, the rest unchanged"),
      .infer = infer_sliced_softmax, .kernel = MK_KERNEL_SLICED_SOFTMAX},
+    {ROW("CausalSoftmaxNode", "nr", MK_ROLE_REDUCTION, 0, "causal_softmax", NULL, NULL,
+         "causal attention's softmax over the last axis of x [..., T, S]: row t of the T over "
+         "its first end - T + 1 + t elements, the rest zero (T queries after end - T cached "
+         "keys)"),
+     .infer = infer_causal_softmax, .kernel = MK_KERNEL_CAUSAL_SOFTMAX},
     {ROW("ArgMaxNode", "n", MK_ROLE_REDUCTION, 0, "argmax", NULL, NULL,
          "int64 index of the largest element of the last axis (the first on ties)"),
      .infer = infer_argmax, .kernel = MK_KERNEL_ARGMAX},

@@ -209,6 +209,7 @@ static const char *arg_kind(char c) {
     case 'n': return "a node ($N)";
     case 'r': return "an int64 [1] node ($N)";
     case 's': return "a name";
+    case 'o': return "a name (optional)";
     case 'd': return "a dtype";
     case 'l': return "an integer list";
     default: return "an integer";
@@ -228,7 +229,7 @@ static int parse_arg(lexer *lx, const id_map *ids, mk_node *n, char want, int in
     token t = lx->tok;
     const mk_op *op = n->op;
     char buf[64];
-    bool ok = ((want == 'n' || want == 'r') && t.kind == T_REF) || ((want == 's' || want == 'd') && t.kind == T_NAME) ||
+    bool ok = ((want == 'n' || want == 'r') && t.kind == T_REF) || ((want == 's' || want == 'o' || want == 'd') && t.kind == T_NAME) ||
               (want == 'i' && t.kind == T_INT) || (want == 'l' && is_punct(&t, '['));
     if (!ok)
         return mk_fail(lx->err, MK_ERR_ARGUMENT, t.line, t.column,
@@ -245,6 +246,7 @@ static int parse_arg(lexer *lx, const id_map *ids, mk_node *n, char want, int in
         return next(lx);
     }
     case 's':
+    case 'o':
         n->name = strndup(t.start, t.len);
         if (!n->name) return mk_fail(lx->err, MK_ERR_NOMEM, 0, 0, "parsing a name");
         return next(lx);
@@ -318,7 +320,9 @@ static int parse_statement(lexer *lx, id_map *ids, mk_graph *g) {
     n->column = def.column;
     n->offset = -1;
     if (next(lx) || expect(lx, '(')) return -1;
+    /* the last argument may be optional ('o'): want - 1 arguments will do */
     int want = (int)strlen(op->signature), got = 0;
+    int least = want && op->signature[want - 1] == 'o' ? want - 1 : want;
     while (!is_punct(&lx->tok, ')')) {
         if (got && expect(lx, ',')) return -1;
         if (got == want) {
@@ -331,11 +335,12 @@ static int parse_statement(lexer *lx, id_map *ids, mk_graph *g) {
         if (parse_arg(lx, ids, n, op->signature[got], got)) return -1;
         got++;
     }
-    if (got != want) {
+    if (got < least) {
         char sig[160];
         describe_signature(op, sig, sizeof sig);
         return mk_fail(lx->err, MK_ERR_ARGUMENT, lx->tok.line, lx->tok.column,
-                       "%s takes %d arguments (%s), found %d", op->name, want, sig, got);
+                       "%s takes %s%d arguments (%s), found %d", op->name,
+                       least < want ? "at least " : "", least, sig, got);
     }
     if (next(lx) || expect(lx, ';')) return -1;
     if (mk_node_infer(n, lx->err)) return -1;
@@ -577,11 +582,13 @@ char *mk_graph_print(const mk_graph *g) {
         }
         int in = 0, attr = 0;
         for (const char *c = n->op->signature; *c; c++) {
+            if (*c == 'o' && !n->name) continue;
             if (c != n->op->signature) mk_strbuf_put(&b, ", ");
             switch (*c) {
             case 'n':
             case 'r': mk_strbuf_put(&b, "$%d", n->in[in++]->id); break;
-            case 's': mk_strbuf_put(&b, "%s", n->name); break;
+            case 's':
+            case 'o': mk_strbuf_put(&b, "%s", n->name); break;
             case 'd': mk_strbuf_put(&b, "%s", mk_dtype_name(n->dtype)); break;
             case 'i': mk_strbuf_put(&b, "%lld", (long long)n->attr[attr++]); break;
             case 'l':

@@ -307,6 +307,7 @@ struct cuda_kernel_table {
         k[MK_KERNEL_RMS_NORM] = {mk_cuda_rms_norm, F32};
         k[MK_KERNEL_COMPLEX_MUL] = {mk_cuda_complex_mul, F32};
         k[MK_KERNEL_SLICED_SOFTMAX] = {mk_cuda_sliced_softmax, F32};       /* the prefix: a bound */
+        k[MK_KERNEL_CAUSAL_SOFTMAX] = {mk_cuda_causal_softmax, F32};       /* the end: a bound */
         k[MK_KERNEL_EMBEDDING] = {mk_cuda_embedding, MK_DTYPES_ALL};       /* ids: int64 */
         k[MK_KERNEL_ARGMAX] = {mk_cuda_argmax, F32 | I64};                 /* int64: the result */
         k[MK_KERNEL_PRODUCT] = {mk_cuda_product, F32 | I64 | F16 | BF16 | MK_DTYPE_BIT(MK_DTYPE_INT8)};

@@ -268,6 +268,7 @@ int mk_cuda_complex_mul(const mk_launch *l, mk_error **err);    /* pointwise.cu 
 int mk_cuda_matmul(const mk_launch *l, mk_error **err);         /* matmul.cu */
 int mk_cuda_rms_norm(const mk_launch *l, mk_error **err);       /* norm_softmax.cu */
 int mk_cuda_sliced_softmax(const mk_launch *l, mk_error **err); /* norm_softmax.cu */
+int mk_cuda_causal_softmax(const mk_launch *l, mk_error **err); /* norm_softmax.cu */
 int mk_cuda_argmax(const mk_launch *l, mk_error **err);         /* norm_softmax.cu */
 int mk_cuda_sample(const mk_launch *l, mk_error **err);         /* sample.cu */
 int mk_cuda_embedding(const mk_launch *l, mk_error **err);      /* gather.cu */

@@ -5,6 +5,8 @@
  *   MK_KERNEL_RMS_NORM        out = w [n] * x / sqrt(mean(x²) + 1e-5)        (as run.c)
  *   MK_KERNEL_SLICED_SOFTMAX  out[:p] = softmax(x[:p]), out[p:] = x[p:];  p: int64 [1]
  *                             read on the device at run time, 0 <= p <= n, else a fault
+ *   MK_KERNEL_CAUSAL_SOFTMAX  x [..., T, S]: row t as sliced_softmax with
+ *                             p = end - T + 1 + t and out[p:] = 0; T <= end <= n
  *   MK_KERNEL_ARGMAX          out [rows] (int64) = index of the largest, first on ties
  *
  * A row is reduced by a group of G threads: one warp for short rows (eight
@@ -148,18 +150,31 @@ int mk_cuda_rms_norm(const mk_launch *l, mk_error **err) {
 
 /* ---- sliced_softmax ------------------------------------------------------ */
 
-template <int G>
-static __global__ void sliced_softmax_kernel(float *out, const float *x, const long long *prefix,
-                                             long long rows, long long n, mk_cuda_fault *fault,
-                                             int launch) {
-    int tid;
-    long long row = group_row<G>(&tid);
-    if (row >= rows) return;
-    long long p = *prefix; /* the same for every thread: the branch below is uniform */
-    if (p < 0 || p > n) {
-        if (row == 0 && tid == 0) mk_cuda_fault_raise(fault, launch, MK_FAULT_PREFIX, p, n, 0);
-        return;
+/*
+ * Row `row`'s prefix: the bound itself (causal = 0), or for causal attention's
+ * T = causal rows per block, end - T + 1 + row % T. False (and the fault raised
+ * once) where the bound is out of range: [0, n], or [T, n] for causal.
+ */
+static __device__ bool softmax_prefix(const long long *bound, long long causal, long long row,
+                                      long long n, int tid, mk_cuda_fault *fault, int launch,
+                                      long long *p) {
+    long long b = *bound; /* the same for every thread: the caller's branch is uniform */
+    if (b < causal || b > n) {
+        if (row == 0 && tid == 0)
+            mk_cuda_fault_raise(fault, launch, causal ? MK_FAULT_END : MK_FAULT_PREFIX, b, n, causal);
+        return false;
     }
+    *p = causal ? b - causal + 1 + row % causal : b;
+    return true;
+}
+
+template <int G>
+static __global__ void sliced_softmax_kernel(float *out, const float *x, const long long *bound,
+                                             long long causal, long long rows, long long n,
+                                             mk_cuda_fault *fault, int launch) {
+    int tid;
+    long long row = group_row<G>(&tid), p;
+    if (row >= rows || !softmax_prefix(bound, causal, row, n, tid, fault, launch, &p)) return;
     const float *xr = x + row * n;
     float *o = out + row * n;
     if (p > 0) {
@@ -176,23 +191,18 @@ static __global__ void sliced_softmax_kernel(float *out, const float *x, const l
         /* each thread divides the elements it wrote itself: no barrier needed */
         for (long long j = tid; j < p; j += G) o[j] = o[j] / sum;
     }
-    for (long long j = p + tid; j < n; j += G) o[j] = xr[j];
+    for (long long j = p + tid; j < n; j += G) o[j] = causal ? 0.0f : xr[j];
 }
 
 /* The same with the row held in registers (E per thread, rows up to G·E):
  * x is read once and out written once. */
 template <int G, int E>
-static __global__ void sliced_softmax_regs(float *out, const float *x, const long long *prefix,
-                                           long long rows, long long n, mk_cuda_fault *fault,
-                                           int launch) {
+static __global__ void sliced_softmax_regs(float *out, const float *x, const long long *bound,
+                                           long long causal, long long rows, long long n,
+                                           mk_cuda_fault *fault, int launch) {
     int tid;
-    long long row = group_row<G>(&tid);
-    if (row >= rows) return;
-    long long p = *prefix;
-    if (p < 0 || p > n) {
-        if (row == 0 && tid == 0) mk_cuda_fault_raise(fault, launch, MK_FAULT_PREFIX, p, n, 0);
-        return;
-    }
+    long long row = group_row<G>(&tid), p;
+    if (row >= rows || !softmax_prefix(bound, causal, row, n, tid, fault, launch, &p)) return;
     const float *xr = x + row * n;
     float *o = out + row * n;
     float v[E];
@@ -222,24 +232,26 @@ static __global__ void sliced_softmax_regs(float *out, const float *x, const lon
 #pragma unroll
     for (int e = 0; e < E; e++) {
         long long j = tid + (long long)e * G;
-        if (j < n) o[j] = v[e];
+        if (j < n) o[j] = j < p || !causal ? v[e] : 0.0f;
     }
 }
 
-/* MK_KERNEL_SLICED_SOFTMAX: float32 x; the prefix is an int64 [1] bound. */
-int mk_cuda_sliced_softmax(const mk_launch *l, mk_error **err) {
+/* Both families: causal = 0 for sliced_softmax, else T (rows per block of
+ * queries). float32 x; the prefix (or end) is an int64 [1] bound. */
+static int softmax_launch(const mk_launch *l, long long causal, const char *what,
+                          mk_error **err) {
     mk_cuda_state *s = mk_cuda_state_of(l);
     const mk_tensor *x = &l->in[0];
     long long n = x->shape[x->rank - 1], rows = mk_tensor_numel(x) / n;
-    const long long *prefix = (const long long *)l->in[1].data;
+    const long long *bound = (const long long *)l->in[1].data;
     float *o = (float *)l->out.data;
     const float *px = (const float *)x->data;
     dim3 grid, block;
 #define SOFTMAX_REGS(G, E)                                                                  \
     do {                                                                                    \
         group_shape<G>(rows, &grid, &block);                                                \
-        sliced_softmax_regs<G, E><<<grid, block, 0, s->stream>>>(o, px, prefix, rows, n,     \
-                                                                 s->fault, l->index);       \
+        sliced_softmax_regs<G, E><<<grid, block, 0, s->stream>>>(o, px, bound, causal, rows, \
+                                                                 n, s->fault, l->index);    \
     } while (0)
     if (n <= 32 * 4) SOFTMAX_REGS(32, 4);
     else if (n <= 32 * 8) SOFTMAX_REGS(32, 8);
@@ -250,11 +262,22 @@ int mk_cuda_sliced_softmax(const mk_launch *l, mk_error **err) {
     else if (n <= LONG_G * 16) SOFTMAX_REGS(LONG_G, 16);
     else {
         group_shape<LONG_G>(rows, &grid, &block);
-        sliced_softmax_kernel<LONG_G><<<grid, block, 0, s->stream>>>(o, px, prefix, rows, n,
-                                                                     s->fault, l->index);
+        sliced_softmax_kernel<LONG_G><<<grid, block, 0, s->stream>>>(o, px, bound, causal, rows,
+                                                                     n, s->fault, l->index);
     }
 #undef SOFTMAX_REGS
-    return mk_cuda_check_launch(l, "sliced_softmax", err);
+    return mk_cuda_check_launch(l, what, err);
+}
+
+/* MK_KERNEL_SLICED_SOFTMAX: the prefix for every row, the rest copied. */
+int mk_cuda_sliced_softmax(const mk_launch *l, mk_error **err) {
+    return softmax_launch(l, 0, "sliced_softmax", err);
+}
+
+/* MK_KERNEL_CAUSAL_SOFTMAX: x [..., T, S], row t's prefix end - T + 1 + t, the rest zero. */
+int mk_cuda_causal_softmax(const mk_launch *l, mk_error **err) {
+    const mk_tensor *x = &l->in[0];
+    return softmax_launch(l, x->shape[x->rank - 2], "causal_softmax", err);
 }
 
 /* ---- argmax -------------------------------------------------------------- */

@@ -183,9 +183,15 @@ static mk_compile_options check_options(lua_State *L, int idx) {
                 LMK_ARG_ERROR(L, fn, "max_bytes must be a non-negative integer, got %s",
                               luaL_tolstring(L, -1, NULL));
             o.max_bytes = (size_t)lua_tointeger(L, -1);
+        } else if (k && !strcmp(k, "share")) {
+            if (!luaL_testudata(L, -1, LMK_MODEL_MT))
+                LMK_ARG_ERROR(L, fn, "share must be a model, got %s", luaL_typename(L, -1));
+            lmk_model *other = check_model(L, lua_gettop(L), fn, false);
+            if (!other->model) LMK_ARG_ERROR(L, fn, "share: the model is closed");
+            o.share = other->model; /* the core takes a reference */
         } else {
             LMK_ARG_ERROR(L, fn, "unknown option %s (device, cudnn, fuse, passes, kernel_cache, "
-                              "max_bytes)",
+                              "max_bytes, share)",
                           k ? k : luaL_typename(L, -2));
         }
         lua_pop(L, 1);
@@ -517,6 +523,7 @@ static int model_stats(lua_State *L) {
     FIELD_INT("lower_bound_bytes", s.lower_bound_bytes);
     FIELD_INT("constant_bytes", s.constant_bytes);
     FIELD_INT("buffer_bytes", s.buffer_bytes);
+    FIELD_INT("shared_bytes", s.shared_bytes);
     FIELD_INT("nodes", s.nodes);
     FIELD_INT("launches", s.launches);
     FIELD_INT("fused", s.fused_groups);

@@ -342,13 +342,18 @@ static int l_constant(lua_State *L) {
     return 1;
 }
 
-/* mk.buffer(dtype, shape): persistent state, zero after compile. */
+/* mk.buffer(dtype, shape[, name]): persistent state, zero after compile; a
+ * named one may be shared with another model (compile's `share`). */
 static int l_buffer(lua_State *L) {
     const char *fn = "buffer";
     int64_t shape[MK_MAX_RANK];
+    lua_settop(L, 3);
     mk_dtype dtype = lmk_check_dtype(L, 1, fn, false);
     int rank = lmk_check_shape(L, 2, fn, shape);
+    if (!lua_isnil(L, 3)) check_name(L, 3, fn);
     push_node(L, leaf_row(L, MK_LEAF_BUFFER, fn), dtype, rank, shape, 0, shape, rank);
+    lua_pushvalue(L, 3);
+    lua_setiuservalue(L, -2, UV_NAME);
     return 1;
 }
 

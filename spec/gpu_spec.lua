@@ -285,6 +285,10 @@ describe("CUDA large and odd shapes #gpu", function()
         H.assert_error(function() sm:run({ x = xt, p = mk.tensor({ 6 }, "int64") }) end,
             "script:", "evaluation error: SlicedSoftmaxNode: prefix 6 ('p')")
         H.assert_close(sm:run({ x = xt, p = mk.tensor({ 3 }, "int64") }), R.sliced_softmax(xr, 3), 1e-6, 1e-5)
+        local cs <close> = mk.compile(x:causal_softmax(p), { device = "cuda" })
+        H.assert_error(function() cs:run({ x = xt, p = mk.tensor({ 1 }, "int64") }) end,
+            "script:", "evaluation error: CausalSoftmaxNode: end 1 ('p') is outside [2, 5]")
+        H.assert_close(cs:run({ x = xt, p = mk.tensor({ 4 }, "int64") }), R.causal_softmax(xr, 4), 1e-6, 1e-5)
 
         local tbl = mk.input("t", "float32", { 3, 2 })
         local ids = mk.input("ids", "int64", { 2 })

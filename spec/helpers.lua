@@ -353,6 +353,22 @@ function R.sliced_softmax(x, p)
     return out
 end
 
+-- causal attention's softmax of x [..., T, S]: row t of each T over its first
+-- e - T + 1 + t entries, the rest zero
+function R.causal_softmax(x, e)
+    local n, t = x.shape[#x.shape], x.shape[#x.shape - 1]
+    local out = new(x.shape)
+    for row = 0, numel(x.shape) // n - 1 do
+        local p = e - t + 1 + row % t
+        local max = -math.huge
+        for j = 1, p do max = math.max(max, x.data[row * n + j]) end
+        local sum = 0.0
+        for j = 1, p do sum = sum + math.exp(x.data[row * n + j] - max) end
+        for j = 1, n do out.data[row * n + j] = j <= p and math.exp(x.data[row * n + j] - max) / sum or 0.0 end
+    end
+    return out
+end
+
 -- rows of table [V, D] picked by ids [n] -> [n, D]
 function R.embedding(tbl, ids)
     local d = tbl.shape[2]
@@ -555,6 +571,24 @@ function helpers.op_cases()
             { x = xt, p = mk.tensor({ p }, "int64") }, R.sliced_softmax(xr, p), 1e-6, 1e-4)
         add("SlicedSoftmaxNode prefix 0", x:sliced_softmax(0), { x = xt }, R.sliced_softmax(xr, 0))
         add("ArgMaxNode rank " .. rank, x:argmax(), { x = xt }, R.argmax(xr), 0, 0)
+    end
+
+    for rank = 2, 4 do -- causal_softmax: T query rows after e - T cached keys
+        local shape = rand_shape(rank, 2, 6)
+        shape[rank] = math.random(shape[rank - 1], 9) -- S >= T
+        local x, xt, xr = input("x", shape, -3, 3)
+        local e = math.random(shape[rank - 1], shape[rank])
+        add(string.format("CausalSoftmaxNode end %d of %s", e, helpers.shape_str(shape)),
+            x:causal_softmax(mk.input("e", "int64", { 1 })), { x = xt, e = mk.tensor({ e }, "int64") },
+            R.causal_softmax(xr, e), 1e-6, 1e-4)
+    end
+    do -- one row, no cache: a plain softmax; as many rows as columns: the lower triangle
+        local x, xt, xr = input("x", { 3, 3 }, -3, 3)
+        add("CausalSoftmaxNode T = S", x:causal_softmax(3), { x = xt }, R.causal_softmax(xr, 3), 1e-6, 1e-4)
+        local y, yt, yr = input("y", { 1, 7 }, -3, 3)
+        add("CausalSoftmaxNode T = 1", (y * 1):causal_softmax(5), { y = yt }, R.causal_softmax(yr, 5), 1e-6, 1e-4)
+        local z, zt, zr = input("z", { 2, 9000 }, -3, 3) -- past the kernels that hold a row in registers
+        add("CausalSoftmaxNode long rows", z:causal_softmax(8500), { z = zt }, R.causal_softmax(zr, 8500), 1e-7, 1e-4)
     end
 
     do -- complex_mul with broadcasting, as rotary embeddings

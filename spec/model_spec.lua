@@ -130,7 +130,7 @@ describe("compile options", function()
                 "option " .. k .. " must be a boolean")
         end
         E(function() mk.compile(y, { cache = false }) end, "argument error: compile:",
-            "unknown option cache (device, cudnn, fuse, passes, kernel_cache, max_bytes)")
+            "unknown option cache (device, cudnn, fuse, passes, kernel_cache, max_bytes, share)")
     end)
 end)
 
@@ -313,6 +313,106 @@ describe("buffers", function()
             for i = 1, 3 do want[i] = want[i] + r.data[i] end
             assert.are.same(want, model:run({ x = t }):totable())
         end
+    end)
+end)
+
+describe("sharing (compile's share)", function()
+    local gpu_it = H.gpu(it, function(why) pending(why) end)
+
+    -- Two models over one named cache [rows, dim]: `writer` puts rows [p, p + k)
+    -- through a weight, `reader` one row more and returns the whole cache.
+    local function cache_models(device, rows, dim, k, w)
+        local function graph(n)
+            local kv = mk.buffer("float32", { rows, dim }, "kv")
+            local x = mk.input("x", "float32", { n, dim })
+            local p = mk.input("p", "int64", { 1 })
+            return kv:replace(x:matmul(mk.constant(w, "w")), p, p + n) * 1
+        end
+        local writer = mk.compile(graph(k), { device = device })
+        local reader = mk.compile(graph(1), { device = device, share = writer })
+        return writer, reader
+    end
+
+    local function check_cache(device)
+        local rows, dim = math.random(4, 9), math.random(2, 6)
+        local k = math.random(1, rows - 2)
+        local wt, wr = H.rand({ dim, dim })
+        local writer, reader = cache_models(device, rows, dim, k, wt)
+        local want = { shape = { rows, dim }, data = {} }
+        for i = 1, rows * dim do want.data[i] = 0 end
+        local function put(rr, p)
+            local y = R.matmul(rr, wr)
+            for i = 1, #y.data do want.data[p * dim + i] = y.data[i] end
+        end
+        local xt, xr = H.rand({ k, dim })
+        H.assert_close(writer:run({ x = xt, p = mk.tensor({ 0 }, "int64") }), (put(xr, 0) or want), 1e-6, 1e-5)
+        writer:close() -- the reader keeps the shared memory alive
+        writer = nil
+        collectgarbage()
+        for p = k, rows - 1 do
+            local rt, rr = H.rand({ 1, dim })
+            put(rr, p)
+            H.assert_close(reader:run({ x = rt, p = mk.tensor({ p }, "int64") }), want, 1e-6, 1e-5)
+        end
+        local st = reader:stats()
+        assert.are.equal(rows * dim * 4, st.shared_bytes - (device == "cuda" and dim * dim * 4 or 0))
+        assert.are.equal(0, st.buffer_bytes)
+        reader:reset() -- zeroes the shared cache
+        local rt, rr = H.rand({ 1, dim })
+        for i = 1, rows * dim do want.data[i] = 0 end
+        put(rr, 0)
+        H.assert_close(reader:run({ x = rt, p = mk.tensor({ 0 }, "int64") }), want, 1e-6, 1e-5)
+        reader:close()
+    end
+
+    it("makes a named buffer one cache for two models, in any order of release", function()
+        check_cache("cpu")
+    end)
+
+    gpu_it("does the same on CUDA, the weights uploaded once", function()
+        check_cache("cuda")
+    end)
+
+    it("leaves unnamed buffers, and constants of other data, to each model", function()
+        local x = mk.input("x", "float32", { 2 })
+        local function graph(wt)
+            return mk.buffer("float32", { 2 }):replace(x * mk.constant(wt, "w"), 0, 2)
+        end
+        local at, ar = H.rand({ 2 })
+        local bt, br = H.rand({ 2 })
+        local a <close> = mk.compile(graph(at))
+        local b <close> = mk.compile(graph(bt), { share = a })
+        local xt, xr = H.rand({ 2 })
+        H.assert_close(b:run({ x = xt }), R.mul(xr, br))
+        H.assert_close(a:run({ x = xt }), R.mul(xr, ar))
+        assert.are.equal(0, b:stats().shared_bytes)
+        assert.are.equal(8, b:stats().buffer_bytes)
+    end)
+
+    it("refuses a buffer of the same name and another type, a closed model and a non-model", function()
+        local kv = mk.buffer("float32", { 4, 3 }, "kv")
+        local a <close> = mk.compile(kv:replace(mk.input("r", "float32", { 1, 3 }), 0, 1))
+        E(function() mk.compile(mk.buffer("float32", { 5, 3 }, "kv") * 1, { share = a }) end, "script:",
+            "input error: share: buffer 'kv' is float32 [5, 3] here, but the shared model's 'kv' is a buffer float32 [4, 3]")
+        E(function() mk.compile(mk.buffer("int64", { 4, 3 }, "kv") * 1, { share = a }) end, "script:",
+            "input error: share: buffer 'kv' is int64 [4, 3]")
+        E(function() mk.compile(mk.buffer("float32", { 1, 3 }, "r") * 1, { share = a }) end, "script:",
+            "input error: share: buffer 'r' is float32 [1, 3] here, but the shared model's 'r' is not a buffer: a float32 [1, 3]")
+        E(function() mk.compile(kv * 1, { share = 7 }) end, "argument error: compile: share must be a model, got number")
+        local closed = mk.compile(kv * 1)
+        closed:close()
+        E(function() mk.compile(kv * 1, { share = closed }) end, "argument error: compile: share: the model is closed")
+        -- a failed compile leaves the shared model as it was
+        local out = a:run({ r = mk.tensor({ { 1, 2, 3 } }) })
+        assert.are.same({ 1, 2, 3 }, { out:get(1, 1), out:get(1, 2), out:get(1, 3) })
+        E(function() mk.buffer("float32", { 2 }, "not a name") end, "argument error: buffer: name 'not a name'")
+    end)
+
+    gpu_it("refuses a model of another device", function()
+        local kv = mk.buffer("float32", { 4, 3 }, "kv")
+        local a <close> = mk.compile(kv * 1)
+        E(function() mk.compile(kv * 2, { device = "cuda", share = a }) end,
+            "argument error: share: the model to share is compiled for cpu, this one for cuda")
     end)
 end)
 

@@ -110,4 +110,24 @@ describe("run-time ranges", function()
         H.assert_error(function() model:run({ x = xt, p = mk.tensor({ -1 }, "int64") }) end,
             "script:", "evaluation error:")
     end)
+
+    it("a causal_softmax end outside [T, S] is an evaluation error, a known one a compile error", function()
+        local x = mk.input("x", "float32", { 2, 3, 5 })
+        local e = mk.input("e", "int64", { 1 })
+        local model <close> = mk.compile(x:causal_softmax(e))
+        local xt = H.rand({ 2, 3, 5 })
+        H.assert_error(function() model:run({ x = xt, e = mk.tensor({ 2 }, "int64") }) end,
+            "script:", "evaluation error: CausalSoftmaxNode: end 2 ('e') is outside [3, 5]")
+        H.assert_error(function() model:run({ x = xt, e = mk.tensor({ 6 }, "int64") }) end,
+            "script:", "evaluation error: CausalSoftmaxNode: end 6 ('e') is outside [3, 5]")
+        H.assert_close(model:run({ x = xt, e = mk.tensor({ 4 }, "int64") }), R.causal_softmax(H.ref(xt), 4),
+            1e-6, 1e-5)
+        H.assert_error(function() x:causal_softmax(6) end, "shape error: CausalSoftmaxNode: end 6 is outside [3, 5]")
+        H.assert_error(function() mk.input("v", "float32", { 5 }):causal_softmax(1) end,
+            "shape error: CausalSoftmaxNode:", "two axes or more")
+        H.assert_error(function() mk.input("w", "float32", { 4, 3 }):causal_softmax(3) end,
+            "shape error: CausalSoftmaxNode:", "more rows (4) than columns")
+        H.assert_error(function() x:causal_softmax(mk.input("f", "float32", { 1 })) end,
+            "dtype error: CausalSoftmaxNode: end ('f') must be int64")
+    end)
 end)

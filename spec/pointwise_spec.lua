@@ -112,7 +112,7 @@ describe("the op table from Lua", function()
             assert.is_nil(names[op.name], "two rows named " .. op.name)
             names[op.name] = op
             assert.is_string(op.signature)
-            assert.is_truthy(op.signature:find("^[nrsdli]*$"), op.signature)
+            assert.is_truthy(op.signature:find("^[nrsdli]*o?$"), op.signature)
             assert.is_true(roles[op.role] ~= nil, tostring(op.role))
             assert.is_string(op.summary)
             assert.is_boolean(op.broadcast)

@@ -177,7 +177,8 @@ local function lower(output, next)
             end
             constants[name] = i.tensor
         end
-        -- one argument per signature letter: n/r an operand, s the name, d the
+        -- one argument per signature letter: n/r an operand, s the name (o an
+        -- optional one), d the
         -- dtype, i the next integer, l the integers that the i's after it leave
         local args, input, attr = {}, 0, 0
         local sig = i.signature
@@ -188,6 +189,8 @@ local function lower(output, next)
                 args[#args + 1] = "$" .. id[i.inputs[input]]
             elseif c == "s" then
                 args[#args + 1] = name
+            elseif c == "o" then
+                args[#args + 1] = i.name -- nil (left out) without one
             elseif c == "d" then
                 args[#args + 1] = i.dtype
             elseif c == "i" then
@@ -253,7 +256,10 @@ cudnn = boolean, fuse = boolean (false: one launch per node, no pointwise
 groups), passes = boolean (false skips optional passes), max_bytes = integer
 (the most device memory the model may take; more is an "out of memory: ..."
 error before anything is allocated), next = {input = node | integer} (a
-recurrence for m:run_steps; see mk.lower). The constants' memory is handed to
+recurrence for m:run_steps; see mk.lower), share = model (use that model's
+memory for each named buffer it also has, one KV cache for two models, and
+each constant of the same name and tensor; see "sharing" in moonkaas.h: the
+two must not run at the same time). The constants' memory is handed to
 the core as it is: copied to the device on CUDA, borrowed in place on the CPU
 (the model keeps the tensors alive).
 ]]

@@ -188,6 +188,12 @@ static const bad_case bad[] = {
     /* arity and argument kinds */
     {X1 "$2 = SumNode($1);\nresult = $2;", MK_ERR_ARGUMENT, 2, 16, "takes 2 arguments"},
     {X1 "$2 = ReLUNode($1, $1);\nresult = $2;", MK_ERR_ARGUMENT, 2, 19, "takes 1 arguments"},
+    {X1 "$2 = BufferTensor(float32);\nresult = $2;", MK_ERR_ARGUMENT, 2, 26,
+     "takes at least 2 arguments (a dtype, an integer list, a name (optional)), found 1"},
+    {X1 "$2 = BufferTensor(float32, [2], kv, kv);\nresult = $2;", MK_ERR_ARGUMENT, 2, 37,
+     "takes 3 arguments"},
+    {X1 "$2 = BufferTensor(float32, [2], x);\nresult = $2;", MK_ERR_NAME, 2, 1,
+     "the name 'x' is used twice"},
     {X1 "$2 = SliceNode($1, $1, 2);\nresult = $2;", MK_ERR_ARGUMENT, 2, 20,
      "argument 2 must be an integer"},
     {X1 "$2 = ReshapeNode($1, 6);\nresult = $2;", MK_ERR_ARGUMENT, 2, 22,

@@ -132,8 +132,10 @@ static void test_op_table_rows(void) {
               "%s: leaf kind %d and its name disagree", name, (int)d->leaf);
         CHECK(d->summary && d->summary[0], "%s: no summary", name);
         CHECK(d->signature != NULL, "%s: no signature", name);
-        CHECK(strspn(d->signature, "nrsdli") == strlen(d->signature),
-              "%s: signature '%s' has a letter outside n r s d l i", name, d->signature);
+        CHECK(strspn(d->signature, "nrsdlio") == strlen(d->signature),
+              "%s: signature '%s' has a letter outside n r s d l i o", name, d->signature);
+        const char *o = strchr(d->signature, 'o');
+        CHECK(!o || o[1] == 0, "%s: an optional name 'o' not last in '%s'", name, d->signature);
         CHECK(count_char(d->signature, 'l') <= 1, "%s: two lists in '%s'", name, d->signature);
         CHECK((d->flags & ~known_flags) == 0, "%s: unknown flags %#x", name, d->flags);
         bool leaf = d->leaf != MK_LEAF_NONE, internal = d->flags & MK_OP_INTERNAL;
@@ -234,7 +236,7 @@ static void test_op_table_names_reach(void) {
                 const char *sig = d->signature;
                 int used = snprintf(text, sizeof text, "$1 = %s(", names[k]);
                 for (const char *c = sig; *c; c++) {
-                    const char *arg = *c == 's' ? "t" : *c == 'd' ? "float32" : *c == 'l' ? "[2, 3]" : "1";
+                    const char *arg = *c == 's' || *c == 'o' ? "t" : *c == 'd' ? "float32" : *c == 'l' ? "[2, 3]" : "1";
                     used += snprintf(text + used, sizeof text - (size_t)used, "%s%s",
                                      c == sig ? "" : ", ", arg);
                 }
