@@ -4,7 +4,7 @@
 --       [--devices cpu,cuda] [--dir DIR] [--keep] [--tokenizer PATH]
 --       [--bandwidth GB/s] [--runomp PATH] [--threads N] [--cudnn]
 --       [--model PATH] [--precision fp32|bf16|fp16|q8|q8a8] [--runq PATH]
---       [--per-token] [--temperature T] [--topp P]
+--       [--per-token] [--temperature T] [--topp P] [--prompt-tokens N]
 --
 -- Protocol (../shared/BENCHMARKS.md): random-weight checkpoints in llama2.c's
 -- legacy layout with the real shapes (stories15M, stories110M; Llama-2-7B
@@ -36,6 +36,11 @@
 -- --temperature T (> 0) samples as run.c does (-t T -p P, seed 42), the
 -- sampler inside the model (model.lua's "sample" output).
 --
+-- --prompt-tokens N also times a prompt of N random token ids at position 0:
+-- in one evaluation (prefill, net:prompt: one model for N tokens, its
+-- products GEMMs, compiled before the timing) and a token per evaluation
+-- (net:forward N times), N / seconds each, the median of --runs.
+--
 -- --precision converts the weights at load (scripts/llama2.lua -q); the
 -- roofline then counts the bytes of that precision.
 --
@@ -65,7 +70,7 @@ usage: lua scripts/bench_llama2.lua [--7b] [--only 15M|110M|7B] [--runs N] [--st
        [--devices cpu,cuda] [--dir DIR] [--keep] [--tokenizer PATH]
        [--bandwidth GB/s] [--runomp PATH] [--threads N] [--cudnn]
        [--model PATH] [--precision fp32|bf16|fp16|q8|q8a8] [--runq PATH]
-       [--per-token] [--temperature T] [--topp P]
+       [--per-token] [--temperature T] [--topp P] [--prompt-tokens N]
 ]]
 
 local function parse(argv)
@@ -97,6 +102,7 @@ local function parse(argv)
             elseif a == "--threads" then o.threads = math.tointeger(tonumber(need()))
             elseif a == "--temperature" then o.temperature = tonumber(need())
             elseif a == "--topp" then o.topp = tonumber(need())
+            elseif a == "--prompt-tokens" then o.prompt_tokens = math.tointeger(tonumber(need()))
             else error("unknown option " .. a, 0) end
             i = i + 1
         end
@@ -245,6 +251,34 @@ local function paired(o, name, path, tok_path, peer, peer_name, precision)
     return r
 end
 
+-- The prompt's tok/s, in one evaluation and a token at a time (--prompt-tokens).
+local function prompt_rows(o, net, smp, shape, who)
+    local n = o.prompt_tokens
+    if n < 2 or n > net.positions then
+        error(string.format("--prompt-tokens must be in [2, %d] for %s", net.positions, shape), 0)
+    end
+    local ids = {}
+    for i = 1, n do ids[i] = math.random(3, net.config.vocab_size - 1) end
+    local function rate(feed)
+        net:reset()
+        smp.state = 42
+        local t0 = llama2.clock()
+        feed()
+        return n / (llama2.clock() - t0)
+    end
+    local function whole() net:prompt(ids, 0, smp) end
+    local function per_token() for i = 1, n do net:forward(ids[i], i - 1, smp) end end
+    rate(whole) -- compiles the prompt's model
+    local a, b = {}, {}
+    for r = 1, o.runs do
+        a[r], b[r] = rate(whole), rate(per_token)
+        io.stderr:write(string.format("  %s prompt of %d, run %d: %.1f tok/s in one evaluation, %.1f a token "
+                                      .. "at a time\n", shape, n, r, a[r], b[r]))
+    end
+    return { { shape = shape, who = who .. " prefill " .. n, rate = median(a) },
+             { shape = shape, who = who .. " prompt per-token", rate = median(b) } }
+end
+
 local function main(argv)
     local o = parse(argv)
     math.randomseed(os.time())
@@ -342,6 +376,9 @@ local function main(argv)
                     row.weights_only = wb * rate / (o.bandwidth * 1e9)
                 end
                 rows[#rows + 1] = row
+                if o.prompt_tokens then
+                    for _, r in ipairs(prompt_rows(o, net, smp, shape.name, row.who)) do rows[#rows + 1] = r end
+                end
                 net = nil
                 collectgarbage()
               end
@@ -353,14 +390,14 @@ local function main(argv)
 
     -- roofline: weights + the KV rows attention reads (pos + 1 a step);
     -- weights: the weights alone.
-    print(string.format("| %-6s | %-28s | %12s | %8s | %8s |", "shape", "runner", "tok/s", "roofline", "weights"))
-    print("|--------|------------------------------|--------------|----------|----------|")
+    print(string.format("| %-6s | %-44s | %12s | %8s | %8s |", "shape", "runner", "tok/s", "roofline", "weights"))
+    print("|--------|----------------------------------------------|--------------|----------|----------|")
     local pairs_rows = {}
     for _, r in ipairs(rows) do
         if r.paired then
             pairs_rows[#pairs_rows + 1] = r
         else
-            print(string.format("| %-6s | %-28s | %12.1f | %8s | %8s |", r.shape, r.who, r.rate,
+            print(string.format("| %-6s | %-44s | %12.1f | %8s | %8s |", r.shape, r.who, r.rate,
                 r.roofline and string.format("%.1f%%", 100 * r.roofline) or "-",
                 r.weights_only and string.format("%.1f%%", 100 * r.weights_only) or "-"))
         end

@@ -22,12 +22,15 @@ local function greedy_ids(device, cudnn)
 end
 
 describe("llama2 on CUDA #gpu", function()
-    it("prints run.c's golden text for stories260K, greedy and sampled, by chunks and per token", function()
+    it("prints run.c's golden text for stories260K, greedy and sampled, with and without a prompt, by chunks and per token", function()
         if not need_gpu() or not need_models() then return end
         for _, case in ipairs({
             { "-t", "0", "-n", "200", file = H.models .. "/stories260K_t0_n200.expected.txt" },
             { "-t", "1", "-p", "0.9", "-s", "42", "-n", "200",
-              file = "spec/fixtures/stories260K_t1_p0.9_s42_n200.expected.txt" } }) do
+              file = "spec/fixtures/stories260K_t1_p0.9_s42_n200.expected.txt" },
+            { "-t", "0", "-n", "120", "-i", H.PROMPT, file = "spec/fixtures/stories260K_prompt_t0_n120.expected.txt" },
+            { "-t", "1", "-p", "0.9", "-s", "42", "-n", "120", "-i", H.PROMPT,
+              file = "spec/fixtures/stories260K_prompt_t1_p0.9_s42_n120.expected.txt" } }) do
             for _, per_token in ipairs({ false, true }) do
                 local out, err = {}, {}
                 local argv = { H.models .. "/stories260K.bin", "-z", H.models .. "/tok512.bin", "-d", "cuda",
@@ -94,6 +97,9 @@ describe("llama2 on CUDA #gpu", function()
                                                  round, pos, tostring(at), worst))
             end
             net:reset()
+        end
+        for _, pieces in ipairs({ false, 2 }) do -- prompts in one evaluation (prefill)
+            H.check_prompts(mk, llama2, cfg, path, W, "cuda", pieces or nil)
         end
         os.remove(path)
     end)

@@ -11,6 +11,10 @@ end
 
 H.models = "../shared/models"
 
+-- The prompt of the golden texts after a prompt (spec/fixtures/stories260K_prompt_*).
+H.PROMPT = "Once upon a time there was a little girl named Lily. She liked to play in the park " ..
+           "with her friends and her dog"
+
 function H.models_present()
     local f = io.open(H.models .. "/stories260K.bin", "rb")
     if f then f:close() return true end
@@ -286,6 +290,53 @@ function H.worst(got, want, atol, rtol)
         if not (e <= worst) then worst, at = e, i end
     end
     return worst, at
+end
+
+-- Prompts on a random checkpoint (cfg, written at path with weights W, see
+-- write_checkpoint) against the reference: a prompt of
+-- n1 tokens at position 0 in one evaluation (net:prompt, logits of the last),
+-- a step, a second prompt after it, then steps to the end, each step's logits
+-- compared; the caches the prompts wrote count in every later step. With
+-- pieces = k, prompts go in pieces of at most k tokens (model.PROMPT_TOKENS).
+function H.check_prompts(mk, llama2, cfg, path, W, device, pieces)
+    local c = assert(llama2.read_config(path))
+    local net = llama2.build(mk, c, { device = device, output = "logits" })
+    local model = llama2.model
+    local saved = model.PROMPT_TOKENS
+    model.PROMPT_TOKENS = pieces or saved
+    local ok, err = pcall(function()
+        local ref = H.reference(cfg, W)
+        local S = cfg.seq_len
+        local n1 = math.random(2, S - 4)
+        local n2 = math.random(2, S - n1 - 2)
+        local pos, want = 0, nil
+        local function check(got, what)
+            local worst, at = H.worst(got, want, 2e-4, 2e-4)
+            assert(worst <= 1, string.format("%s (%s, pieces %s): logit %s is %.7g, the reference %.7g",
+                what, device, tostring(pieces), tostring(at), at and got[at] or 0, at and want[at] or 0))
+        end
+        local function prompt(n)
+            local tokens = {}
+            for i = 1, n do
+                tokens[i] = math.random(0, cfg.vocab_size - 1)
+                want = ref:step(tokens[i], pos + i - 1)
+            end
+            check(net:prompt(tokens, pos), string.format("prompt of %d at %d", n, pos))
+            pos = pos + n
+        end
+        local function step()
+            local token = math.random(0, cfg.vocab_size - 1)
+            want = ref:step(token, pos)
+            check(net:forward(token, pos), "step at " .. pos)
+            pos = pos + 1
+        end
+        prompt(n1)
+        step()
+        prompt(n2)
+        while pos < S do step() end
+    end)
+    model.PROMPT_TOKENS = saved
+    if not ok then error(err, 0) end
 end
 
 -- ---------------------------------------------------------------------------

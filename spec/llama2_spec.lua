@@ -133,6 +133,26 @@ describe("llama2 on stories260K (CPU)", function()
         end
     end)
 
+    it("tells run.c's text after a prompt, fed in one evaluation or a token at a time", function()
+        if not need_core() or not need_models() then return end
+        for _, case in ipairs({
+            { "-t", "0", "-n", "120", file = "stories260K_prompt_t0_n120" },
+            { "-t", "1", "-p", "0.9", "-s", "42", "-n", "120", file = "stories260K_prompt_t1_p0.9_s42_n120" } }) do
+            for _, per_token in ipairs({ false, true }) do
+                local argv = { H.models .. "/stories260K.bin", "-z", H.models .. "/tok512.bin", "-d", "cpu",
+                               "-i", H.PROMPT, table.unpack(case) }
+                if per_token then argv[#argv + 1] = "--per-token" end
+                local out, err = {}, {}
+                local code = llama2.main(argv, { mk = mk, stdout = function(s) out[#out + 1] = s end,
+                                                 stderr = function(s) err[#err + 1] = s end })
+                assert.are.equal(0, code, table.concat(err))
+                assert.are.equal(H.read_file("spec/fixtures/" .. case.file .. ".expected.txt") .. "\n",
+                                 table.concat(out), table.concat(argv, " "))
+                assert.are.equal(not per_token, table.concat(err):find("prompt graph of 64 tokens", 1, true) ~= nil)
+            end
+        end
+    end)
+
     it("reproduces sampled runs with a fixed seed, and a reset starts afresh", function()
         if not need_core() or not need_models() then return end
         local c = assert(llama2.read_config(H.models .. "/stories260K.bin"))
@@ -209,6 +229,19 @@ describe("llama2 model against a double-precision reference", function()
         end)
     end
 
+    for _, cfg in ipairs(CONFIGS) do
+        it("feeds prompts in one evaluation (prefill), whole and in pieces: " .. cfg.name, function()
+            if not need_core() then return end
+            H.seed("llama2 prompts " .. cfg.name)
+            local path = H.tmpname()
+            local W = H.write_checkpoint(path, cfg)
+            for _, pieces in ipairs({ false, 2, 4 }) do
+                H.check_prompts(mk, llama2, cfg, path, W, "cpu", pieces or nil)
+            end
+            os.remove(path)
+        end)
+    end
+
     it("generates run.c's token sequence: the reference's argmax fed back", function()
         if not need_core() then return end
         H.seed("llama2 greedy loop")
@@ -261,6 +294,17 @@ describe("llama2 model against a double-precision reference", function()
         assert.has_error(function() net:forward(-1, 0) end)
         assert.has_error(function() net:forward(0, cfg.seq_len) end)
         assert.has_error(function() net:forward(0, -1) end)
+        local function fails(fn, want)
+            local ok, err = pcall(fn)
+            assert.is_false(ok)
+            assert.truthy(tostring(err):find(want, 1, true), tostring(err))
+        end
+        fails(function() net:prompt({}, 0) end, "prompt: no tokens")
+        fails(function() net:prompt({ 0, cfg.vocab_size }, 0) end,
+            "prompt: token " .. cfg.vocab_size .. " out of range [0, " .. cfg.vocab_size .. ")")
+        fails(function() net:prompt({ 0, 1, 2 }, cfg.seq_len - 2) end,
+            "prompt: position " .. cfg.seq_len .. " out of range [0, " .. cfg.seq_len .. ")")
+        assert.are.equal("integer", math.type(net:forward(0, 0))) -- still usable
         os.remove(path)
     end)
 

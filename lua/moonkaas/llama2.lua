@@ -67,10 +67,11 @@ end
 -- opts.write (stdout by default) and "achieved tok/s" through opts.report
 -- (stderr by default). Returns the generated ids (prompt included, 0-based
 -- token ids) and the tok/s figure (nil when no step ran after the first).
--- The transformer must be fresh or reset. Past the prompt, a greedy or
--- sampling model generates opts.chunk (default 16) tokens a call inside the
--- model (net:steps), printing each chunk as it returns; opts.per_token runs
--- one evaluation a token instead (the same text).
+-- The transformer must be fresh or reset. The prompt runs in one evaluation
+-- (net:prefill) where it fits in `steps`; past it, a greedy or sampling model
+-- generates opts.chunk (default 16) tokens a call inside the model
+-- (net:steps), printing each chunk as it returns; opts.per_token runs one
+-- evaluation a token throughout instead (the same text).
 function M.generate(net, tok, smp, prompt, steps, opts)
     opts = opts or {}
     local write = opts.write or default_write
@@ -90,6 +91,16 @@ function M.generate(net, tok, smp, prompt, steps, opts)
         return true
     end
     local going = true
+    if not opts.per_token and #prompt_tokens > 1 and #prompt_tokens <= steps then
+        -- the prompt in one evaluation (prefill): its tokens, then the one after
+        local made = { table.unpack(prompt_tokens, 2) }
+        made[#made + 1] = net:prefill(prompt_tokens, 0, smp)
+        for _, nxt in ipairs(made) do
+            going = emit(nxt)
+            if not going then break end
+        end
+        start = model.clock()
+    end
     while going and pos < steps do
         local made
         if chunk and pos >= #prompt_tokens - 1 then
@@ -203,8 +214,9 @@ Options:
               or q8a8 (q8, and each product's input in int8 groups: runq.c);
               default: the checkpoint's own precision
   --cudnn     fuse with cuDNN (CUDA only)
-  --per-token one evaluation a token (otherwise 16 a call run inside the
-              model, sampler included; the text is the same)
+  --per-token one evaluation a token (otherwise the prompt in one
+              evaluation, then 16 tokens a call run inside the model,
+              sampler included; the text is the same)
   -h          print this help
 ]]
 

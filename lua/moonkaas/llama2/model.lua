@@ -73,22 +73,56 @@ end
 -- seq_len) the positions the KV caches and RoPE tables hold; opts.int8_inputs
 -- puts each int8 product's input on the int8 grid of its weights' groups
 -- first (runq.c's W8A8: M.check_int8_inputs says where that is valid).
+--
+-- opts.tokens = T > 1 makes the prompt's graph (prefill): T tokens at
+-- positions pos .. pos + T - 1 in one evaluation, their products real GEMMs
+-- ([T, in] @ [in, out]) and the attention causal:
+--   inputs    token int64 [T], pos [1], pos1 (= pos + T) [1], positions
+--             (pos .. pos + T - 1) int64 [T], last (the row whose token is
+--             the prompt's last, < T where the prompt is padded) int64 [1]
+--   K, V      rows [pos, pos + T) written, all at once
+--   att       q as [kv_heads, group * T, hs] @ K^T → [kv_heads, group, T, S],
+--             causal_softmax(pos1): query t sees positions up to pos + t
+--   o         att @ V over the first pos1 rows → [T, D]
+--   output    the last row's, as a step's
+-- The caches are BufferTensors named l<i>_k_cache and l<i>_v_cache, so a
+-- prompt model compiled with share = the step model writes the step model's.
 function M.graph(mk, c, w, opts)
     local D, hs = c.dim, c.head_size
     local heads, kv_heads, kv_dim = c.n_heads, c.n_kv_heads, c.kv_dim
     local group, S, V = c.kv_mul, opts.positions or c.seq_len, c.vocab_size
+    local T = opts.tokens or 1
 
-    local token = mk.input("token", "int64", { 1 })
+    local token = mk.input("token", "int64", { T })
     local pos = mk.input("pos", "int64", { 1 })
     local pos1 = mk.input("pos1", "int64", { 1 })
 
     local k_table, q_table = M.rope_tables(c, S)
     local rope_k = mk.constant(mk.tensor(k_table), "rope_k")     -- [seq, hs]
     local rope_q = mk.constant(mk.tensor(q_table), "rope_q")     -- [seq, hs], scaled
-    local fk = mk.embedding(rope_k, pos):reshape({ 1, hs // 2, 2 })
-    local fq = mk.embedding(rope_q, pos):reshape({ 1, hs // 2, 2 })
+    -- n heads' (cos, sin) pairs: [n, hs/2, 2] for a step, [T, n, hs/2, 2] for T tokens
+    local function pairs_of(n) return T == 1 and { n, hs // 2, 2 } or { T, n, hs // 2, 2 } end
+    local at = T == 1 and pos or mk.input("positions", "int64", { T })
+    local fk = mk.embedding(rope_k, at):reshape(pairs_of(1))
+    local fq = mk.embedding(rope_q, at):reshape(pairs_of(1))
 
-    local function T(weight, name)   -- a weight [out, in] as a [in, out] view
+    -- Attention of q [T, D] over the caches kc, vc [S, kv_dim] → [T, D].
+    local function attention(q, kc, vc)
+        local kt = kc:reshape({ S, kv_heads, hs }):permute({ 1, 2, 0 })         -- [kvh, hs, S]
+        local vt = vc:reshape({ S, kv_heads, hs }):permute({ 1, 0, 2 })         -- [kvh, S, hs]
+        if T == 1 then
+            local qg = q:reshape({ kv_heads, group, hs })                        -- [kvh, g, hs]
+            local att = qg:matmul(kt):sliced_softmax(pos1)                      -- [kvh, g, S]
+            return att:matmul_prefix(vt, pos1):reshape({ 1, D })                 -- [1, D]
+        end
+        local qg = q:reshape({ T, kv_heads, group, hs }):permute({ 1, 2, 0, 3 })
+            :reshape({ kv_heads, group * T, hs })                                -- [kvh, g·T, hs]
+        local att = qg:matmul(kt):reshape({ kv_heads, group, T, S }):causal_softmax(pos1)
+        local o = att:reshape({ kv_heads, group * T, S }):matmul_prefix(vt, pos1) -- [kvh, g·T, hs]
+        return o:reshape({ kv_heads, group, T, hs }):permute({ 2, 0, 1, 3 }):reshape({ T, D })
+    end
+
+    local function transposed(weight, name)   -- a weight [out, in] as a [in, out] view
         if mk.is_tensor(weight) then return mk.constant(weight, name):permute({ 1, 0 }) end
         -- int8 in groups: q [out, in] with scale [out, in / group] dequantizes as it is
         -- read (the matrix-vector group folds it in); groups that straddle rows
@@ -108,38 +142,33 @@ function M.graph(mk, c, w, opts)
             on_grid[x] = on_grid[x] or x:fake_quantize(weight.group)
             x = on_grid[x]
         end
-        return x:matmul(T(weight, name))
+        return x:matmul(transposed(weight, name))
     end
 
     local emb = mk.constant(w.token_embedding, "token_embedding")   -- [V, D]
-    local x = mk.embedding(emb, token)                              -- [1, D]
+    local x = mk.embedding(emb, token)                              -- [T, D]
     if w.token_embedding.dtype ~= "float32" then x = x:cast("float32") end
 
     for l, lw in ipairs(w.layers) do
         local p = "l" .. (l - 1) .. "_"
-        local xb = x:rms_norm(vec(lw.rms_att, p .. "rms_att"))        -- [1, D]
-        local q = linear(xb, lw.wq, p .. "wq")                      -- [1, D]
-        local k = linear(xb, lw.wk, p .. "wk")                      -- [1, kv_dim]
-        local v = linear(xb, lw.wv, p .. "wv")                      -- [1, kv_dim]
-        q = q:reshape({ heads, hs // 2, 2 }):complex_mul(fq)         -- [heads, hs/2, 2]
-        k = k:reshape({ kv_heads, hs // 2, 2 }):complex_mul(fk):reshape({ 1, kv_dim })
+        local xb = x:rms_norm(vec(lw.rms_att, p .. "rms_att"))        -- [T, D]
+        local q = linear(xb, lw.wq, p .. "wq")                      -- [T, D]
+        local k = linear(xb, lw.wk, p .. "wk")                      -- [T, kv_dim]
+        local v = linear(xb, lw.wv, p .. "wv")                      -- [T, kv_dim]
+        q = q:reshape(pairs_of(heads)):complex_mul(fq)               -- [(T,) heads, hs/2, 2]
+        k = k:reshape(pairs_of(kv_heads)):complex_mul(fk):reshape({ T, kv_dim })
 
-        local kc = mk.buffer("float32", { S, kv_dim }):replace(k, pos, pos1)   -- [S, kv_dim]
-        local vc = mk.buffer("float32", { S, kv_dim }):replace(v, pos, pos1)   -- [S, kv_dim]
+        local kc = mk.buffer("float32", { S, kv_dim }, p .. "k_cache"):replace(k, pos, pos1)  -- [S, kv_dim]
+        local vc = mk.buffer("float32", { S, kv_dim }, p .. "v_cache"):replace(v, pos, pos1)  -- [S, kv_dim]
+        x = x + linear(attention(q, kc, vc), lw.wo, p .. "wo")       -- [T, D]
 
-        local qg = q:reshape({ kv_heads, group, hs })                            -- [kvh, g, hs]
-        local kt = kc:reshape({ S, kv_heads, hs }):permute({ 1, 2, 0 })         -- [kvh, hs, S]
-        local att = qg:matmul(kt):sliced_softmax(pos1)                          -- [kvh, g, S]
-        local vt = vc:reshape({ S, kv_heads, hs }):permute({ 1, 0, 2 })         -- [kvh, S, hs]
-        local o = att:matmul_prefix(vt, pos1):reshape({ 1, D })                 -- [1, D]
-        x = x + linear(o, lw.wo, p .. "wo")                                  -- [1, D]
-
-        xb = x:rms_norm(vec(lw.rms_ffn, p .. "rms_ffn"))                       -- [1, D]
-        local h1 = linear(xb, lw.w1, p .. "w1"):silu()                       -- [1, H]
-        local h3 = linear(xb, lw.w3, p .. "w3")                              -- [1, H]
-        x = x + linear(h1 * h3, lw.w2, p .. "w2")                          -- [1, D]
+        xb = x:rms_norm(vec(lw.rms_ffn, p .. "rms_ffn"))                       -- [T, D]
+        local h1 = linear(xb, lw.w1, p .. "w1"):silu()                       -- [T, H]
+        local h3 = linear(xb, lw.w3, p .. "w3")                              -- [T, H]
+        x = x + linear(h1 * h3, lw.w2, p .. "w2")                          -- [T, D]
     end
 
+    if T > 1 then x = mk.embedding(x, mk.input("last", "int64", { 1 })) end   -- [1, D]
     x = x:rms_norm(vec(w.rms_final, "rms_final"))                             -- [1, D]
     local logits                                                              -- [1, V]
     if rawequal(w.wcls, w.token_embedding) then
@@ -293,10 +322,10 @@ function M.build(mk, c, w, opts)
         self.weights = w
         self.log(string.format("weights in %s (%.0f ms)", opts.precision, (M.clock() - t0) * 1000))
     end
-    local int8_inputs = opts.precision == "q8a8"
-    if int8_inputs then M.check_int8_inputs(c, w) end
+    self.int8_inputs = opts.precision == "q8a8"
+    if self.int8_inputs then M.check_int8_inputs(c, w) end
     self.output = M.graph(mk, c, w, { output = output, positions = self.positions,
-                                      int8_inputs = int8_inputs })
+                                      int8_inputs = self.int8_inputs })
     self.log(string.format("built the graph in %.0f ms", (M.clock() - t0) * 1000))
     self:compile()
     -- Per-step inputs, reused: a few bytes in per token.
@@ -330,6 +359,7 @@ function Transformer:compile()
     if not ok then error("compiling the llama2 graph failed: " .. tostring(model), 0) end
     self.model = model
     self.out = nil
+    self.prompt_models = {} -- by length: compiled again on first use
     local ok_stats, st = pcall(model.stats, model)
     if ok_stats and type(st) == "table" then
         self.log(string.format("%d nodes, %d launches per token, arena %.2f MB, buffers %.2f MB",
@@ -372,19 +402,89 @@ function Transformer:set_sampler(fn, smp)
     self.topp_t:set(1, smp.topp)
 end
 
--- Evaluates one step. Returns the argmax id ("argmax"), the drawn id and the
--- sampler's next state ("sample": smp is left as it was), or the logits as a
--- 1-based Lua array of float32 values ("logits").
+-- Runs `model` once on `inputs`, its outputs into `outs` (made on the first
+-- run): the argmax id ("argmax"), the drawn id and the sampler's next state
+-- ("sample"), or the logits as a 1-based Lua array of float32 values ("logits").
+function Transformer:evaluate(model, inputs, outs)
+    if not outs[1] then
+        for i, info in ipairs(model:outputs()) do outs[i] = self.mk.zeros(info.dtype, info.shape) end
+    end
+    local out, state = model:run(inputs, table.unpack(outs))
+    if self.output_kind == "logits" then return out:totable() end
+    return math.tointeger(out:get(1)), state and math.tointeger(state:get(1))
+end
+
+-- Evaluates one step (see evaluate for what it returns; smp is left as it was).
 function Transformer:forward(token, pos, smp)
     self:set_inputs("forward", token, pos)
     self:set_sampler("forward", smp)
-    if not self.out then
-        self.out = {}
-        for i, info in ipairs(self.model:outputs()) do self.out[i] = self.mk.zeros(info.dtype, info.shape) end
+    self.out = self.out or {}
+    return self:evaluate(self.model, self.inputs, self.out)
+end
+
+-- The prompt's model for T tokens (M.graph's opts.tokens), compiled on first
+-- use with share = the step model, so it writes the step model's KV caches
+-- and uses its weights in place.
+function Transformer:prompt_model(T)
+    local pm = self.prompt_models[T]
+    if pm then return pm end
+    local mk, t0 = self.mk, M.clock()
+    local output = M.graph(mk, self.config, self.weights, { output = self.output_kind, tokens = T,
+        positions = self.positions, int8_inputs = self.int8_inputs })
+    local ok, model = pcall(mk.compile, output, { device = self.device, cudnn = self.cudnn, share = self.model })
+    if not ok then error(string.format("compiling the llama2 prompt graph of %d tokens failed: %s", T, model), 0) end
+    pm = { model = model, outs = {}, token = mk.zeros("int64", { T }), positions = mk.zeros("int64", { T }),
+           pos = mk.zeros("int64", { 1 }), pos1 = mk.zeros("int64", { 1 }), last = mk.zeros("int64", { 1 }) }
+    pm.inputs = { token = pm.token, positions = pm.positions, pos = pm.pos, pos1 = pm.pos1, last = pm.last,
+                  rng = self.rng_t, temperature = self.temperature_t, topp = self.topp_t }
+    self.prompt_models[T] = pm
+    self.log(string.format("compiled the prompt graph of %d tokens in %.0f ms", T, (M.clock() - t0) * 1000))
+    return pm
+end
+
+-- The longest prompt one evaluation takes; longer ones go in pieces.
+M.PROMPT_TOKENS = 512
+
+-- Feeds tokens (a 1-based Lua array of ids) at positions pos, pos + 1, ... in
+-- as few evaluations as it can (prefill) and returns what forward returns for
+-- the last one. A prompt of n tokens runs in a model for the next power of
+-- two (padded with token 0, whose rows a later step overwrites), at most
+-- M.PROMPT_TOKENS a piece, or for exactly n where padding would pass the
+-- caches' end; a last piece of one token is a step.
+function Transformer:prompt(tokens, pos, smp)
+    local n = #tokens
+    if n == 0 then error("prompt: no tokens", 2) end
+    for i = 1, n do self:set_inputs("prompt", tokens[i], pos + i - 1) end -- checks each
+    self:set_sampler("prompt", smp)
+    local at = 1
+    while n - at + 1 > 1 do
+        local left, p = n - at + 1, pos + at - 1
+        local T = 2
+        while T < left and T < M.PROMPT_TOKENS do T = T * 2 end
+        local count = math.min(left, T)
+        if p + T > self.positions then T = count end
+        local pm = self:prompt_model(T)
+        for i = 1, T do
+            pm.token:set(i, i <= count and tokens[at + i - 1] or 0)
+            pm.positions:set(i, p + i - 1)
+        end
+        pm.pos:set(1, p)
+        pm.pos1:set(1, p + T)
+        pm.last:set(1, count - 1)
+        at = at + count
+        local id, state = self:evaluate(pm.model, pm.inputs, pm.outs) -- before the last: the caches
+        if at > n then return id, state end
     end
-    local out, state = self.model:run(self.inputs, table.unpack(self.out))
-    if self.output_kind == "logits" then return out:totable() end
-    return math.tointeger(out:get(1)), state and math.tointeger(state:get(1))
+    return self:forward(tokens[n], pos + n - 1, smp)
+end
+
+-- The token after a prompt (prompt's tokens at pos ...), as next_token picks
+-- it after the last; the sampler's state advances once, as run.c's does.
+function Transformer:prefill(tokens, pos, smp)
+    if self.output_kind == "logits" then return smp:sample(self:prompt(tokens, pos)) end
+    local id, state = self:prompt(tokens, pos, smp)
+    if state then smp.state = state end
+    return id
 end
 
 -- The token after `token` at `pos`, as run.c's sample() picks it; the
