@@ -1,4 +1,5 @@
--- moonkaas.llama2.model — the Llama-2 transformer as one moonkaas graph per step.
+-- moonkaas.llama2.model — the Llama-2 transformer as one moonkaas graph per step
+-- (and one per prompt length: M.graph's opts.tokens, Transformer:prompt).
 --
 -- One evaluation = one token at one position, exactly run.c's forward():
 --
@@ -478,8 +479,9 @@ function Transformer:prompt(tokens, pos, smp)
     return self:forward(tokens[n], pos + n - 1, smp)
 end
 
--- The token after a prompt (prompt's tokens at pos ...), as next_token picks
--- it after the last; the sampler's state advances once, as run.c's does.
+-- The token after a prompt (its tokens at pos, pos + 1, ...), as run.c's
+-- sample() picks it after the last; the sampler's state advances once, as
+-- run.c's does.
 function Transformer:prefill(tokens, pos, smp)
     if self.output_kind == "logits" then return smp:sample(self:prompt(tokens, pos)) end
     local id, state = self:prompt(tokens, pos, smp)
@@ -487,13 +489,9 @@ function Transformer:prefill(tokens, pos, smp)
     return id
 end
 
--- The token after `token` at `pos`, as run.c's sample() picks it; the
--- sampler's state advances as run.c's does.
+-- The token after `token` at `pos` (a prompt of one: one step).
 function Transformer:next_token(token, pos, smp)
-    if self.output_kind == "logits" then return smp:sample(self:forward(token, pos)) end
-    local id, state = self:forward(token, pos, smp)
-    if state then smp.state = state end
-    return id
+    return self:prefill({ token }, pos, smp)
 end
 
 -- Runs up to n steps from (token, pos) in one call (run_steps): each step's
