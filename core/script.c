@@ -229,7 +229,8 @@ static int parse_arg(lexer *lx, const id_map *ids, mk_node *n, char want, int in
     token t = lx->tok;
     const mk_op *op = n->op;
     char buf[64];
-    bool ok = ((want == 'n' || want == 'r') && t.kind == T_REF) || ((want == 's' || want == 'o' || want == 'd') && t.kind == T_NAME) ||
+    bool ok = ((want == 'n' || want == 'r') && t.kind == T_REF) ||
+              ((want == 's' || want == 'o' || want == 'd') && t.kind == T_NAME) ||
               (want == 'i' && t.kind == T_INT) || (want == 'l' && is_punct(&t, '['));
     if (!ok)
         return mk_fail(lx->err, MK_ERR_ARGUMENT, t.line, t.column,

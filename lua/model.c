@@ -184,9 +184,9 @@ static mk_compile_options check_options(lua_State *L, int idx) {
                               luaL_tolstring(L, -1, NULL));
             o.max_bytes = (size_t)lua_tointeger(L, -1);
         } else if (k && !strcmp(k, "share")) {
-            if (!luaL_testudata(L, -1, LMK_MODEL_MT))
+            lmk_model *other = (lmk_model *)luaL_testudata(L, -1, LMK_MODEL_MT);
+            if (!other)
                 LMK_ARG_ERROR(L, fn, "share must be a model, got %s", luaL_typename(L, -1));
-            lmk_model *other = check_model(L, lua_gettop(L), fn, false);
             if (!other->model) LMK_ARG_ERROR(L, fn, "share: the model is closed");
             o.share = other->model; /* the core takes a reference */
         } else {
