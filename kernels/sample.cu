@@ -3,8 +3,8 @@
  * says what it computes) over rows of logits [rows, n], the temperature and
  * top-p read on the device, so that a step loop samples without the host.
  *
- * Two launches, each G blocks of 512 threads a row (G grows with n, up to
- * 64), so that a 32,000-way row spreads over as many SMs:
+ * Three launches, each G blocks of 512 threads a row (G grows with n, up
+ * to 64), so that a 32,000-way row spreads over as many SMs:
  *
  *   pass 1   each block: the max of x / t over its range and the sum of
  *            expf(x / t - that max) (t <= 0: its argmax); zeroes the row's
@@ -13,19 +13,26 @@
  *            sum rescaled to the row's max), p = expf(x / t - max) / sum into
  *            the scratch, and either its range's mass (multinomial) or the
  *            level-0 histogram of the top-p candidates (p >= cutoff): mass
- *            and count per bin of the probability's top 11 bits. The last
- *            block to finish (a counter) draws the coin (run.c's xorshift64*,
- *            bit for bit) and selects:
- *     multinomial  the block, then the index, where the running mass first
- *                  exceeds the coin (block scans)
- *     top-p        no sort: the candidate that run.c's order (p descending,
- *                  then index) reaches first with a running mass above a
- *                  target, by radix selection, 11 bits a level: the level-0
- *                  histogram names the bin where the mass from the top
- *                  crosses; that bin's candidates are gathered into shared
- *                  memory (once few enough) and the next levels' histograms
- *                  made of them; equal probabilities go by index. Once for
- *                  topp, once more for r = coin x the mass up to the cut.
+ *            and count per bin of the top 11 bits of a candidate's key (its
+ *            probability's bits less the cutoff's, so that the bins span
+ *            [cutoff, 1] finely: a flat row of 32,000 spreads over a hundred
+ *            bins, not two).
+ *            Multinomial: the last block to finish (a counter) draws the
+ *            coin (run.c's xorshift64*, bit for bit) and takes the block,
+ *            then the index, where the running mass first exceeds it.
+ *   pass 3   top-p, no full sort. Every block reads the histogram and plans
+ *            alike: the bin where the mass from the top crosses topp (the
+ *            cut), and the bins where the draw's target r = coin x the mass
+ *            through the cut can fall (it rises with that mass, which lies
+ *            within the cut's bin); each gathers its share of those bins'
+ *            candidates into a list. The last block sorts the list in run.c's
+ *            order (p descending, then index; bitonic, in shared memory),
+ *            and one scan of its masses gives the cut's mass, then the
+ *            draw's candidate. More candidates than the list holds (a flat
+ *            row, many equal values): the last block selects by radix
+ *            instead, 11 bits a level: the bin where the mass crosses, its
+ *            candidates gathered (once few enough) and the next levels'
+ *            histograms made of them; equal probabilities go by index.
  *   t <= 0   block 0 of pass 2 reduces the blocks' argmaxes; the state stays
  *
  * Masses are fixed point (round(p x 2^31), summed in 64 bits), not run.c's
@@ -45,7 +52,7 @@
 #define MAX_BLOCKS 64
 #define LEVEL_BITS 11
 #define BINS (1 << LEVEL_BITS)
-#define CAP 2048       /* candidates the selecting block gathers */
+#define CAP 2048       /* candidates a list (pass 3, or the radix selection) holds */
 #define FULL 0xffffffffu
 #define ONE 2147483648.0f /* probability 1 in fixed point */
 
@@ -59,13 +66,30 @@ typedef struct {
     float sum[MAX_BLOCKS];      /* pass 1: sum of expf(x / t - that max) */
     long long best[MAX_BLOCKS]; /* pass 1, t <= 0: the block's argmax */
     u64 block_mass[MAX_BLOCKS]; /* pass 2, multinomial: the block's mass */
-    unsigned done;              /* pass 2: blocks finished; the last one selects */
+    unsigned done;              /* pass 2 (pass 3 for top-p): blocks finished; the last selects */
+    unsigned listed;            /* pass 3: the candidates gathered into list_* */
+    float list_val[CAP];
+    int list_idx[CAP];
 } row_book;
 static_assert(sizeof(row_book) <= MK_SAMPLE_ROW_BYTES, "a row's bookkeeping outgrew its room");
 static_assert(CAP <= BINS, "kth_equal lists the equal candidates in a histogram's room");
+static_assert(CAP % THREADS == 0, "select_listed gives each thread CAP / THREADS candidates");
+
+/* Pass 3's plan, the same in every block of a row: the level-0 bins whose
+ * candidates the blocks gather, one or two ranges of bins in run.c's order,
+ * so that the selecting block sorts them and reads both draws off one scan. */
+typedef struct {
+    int ranges;            /* 1 or 2; 0: radix selection over the row instead */
+    int top[2], bottom[2]; /* each range's bins, range 0's above range 1's */
+    u64 above[2];          /* the mass before each range (of the candidates above it) */
+    u64 mass0;             /* range 0's mass */
+    unsigned count0;       /* range 0's candidates */
+    int cut;               /* 1: the topp cut falls in range 1 (or range 0 if one); 0: no cut */
+    u64 whole;             /* the candidates' mass (the cut's where there is none) */
+} gather_plan;
 
 /* The selecting block's shared memory (pass 2's blocks make their level-0
- * histogram in mass and count too). */
+ * histogram in mass and count too, and pass 3 sorts the gathered there). */
 typedef struct {
     unsigned mass[BINS], count[BINS]; /* a level's histogram */
     float val[CAP];                   /* the gathered candidates */
@@ -76,9 +100,13 @@ typedef struct {
     long long ipart[WARPS];
     u64 above;       /* mass of the candidates before the chosen bin */
     int bin;         /* the chosen bin, -1: no bin crosses the target */
+    unsigned base;   /* a candidate's key: its bits less base (key_frame) */
+    int shift0;      /* level 0 bins a key's bits from shift0 up */
+    gather_plan plan;
     long long index; /* a result */
     int last;        /* this block is the row's last of pass 2 */
 } pick_shared;
+static_assert(CAP * sizeof(u64) <= 2 * BINS * sizeof(unsigned), "select_listed sorts in mass and count");
 
 /* round(p x 2^31); 0 for NaN (p <= 1: the max's term is 1). */
 static __device__ __forceinline__ unsigned fixed(float p) {
@@ -87,6 +115,27 @@ static __device__ __forceinline__ unsigned fixed(float p) {
 
 static __device__ __forceinline__ unsigned bits_of(float p) {
     return (unsigned)__float_as_int(p) & 0x7fffffffu;
+}
+
+/* Keys for the candidates p >= cutoff (cutoff > 0): a probability's bits
+ * less the cutoff's, which keeps their order and spans [cutoff, 1] only; level
+ * 0 bins a key by its bits from *shift0 up, the fewest that fit BINS. A cutoff
+ * that no probability reaches (or none at all, -inf) keys the bits as they are. */
+static __device__ __forceinline__ void key_frame(float cutoff, unsigned *base, int *shift0) {
+    *base = cutoff > 0.0f && cutoff <= 1.0f ? bits_of(cutoff) : 0u;
+    unsigned top = *base ? bits_of(1.0f) - *base : 0x7fffffffu;
+    int width = 32 - __clz((int)top);
+    *shift0 = width > LEVEL_BITS ? width - LEVEL_BITS : 0;
+}
+
+/* Adds a candidate of mass m to bin of a histogram; bin < 0 adds nothing.
+ * (Plain shared atomics: the keys' fine bins keep a warp's lanes apart, and
+ * aggregating a warp's equal bins with match_any cost more than it saved.) */
+static __device__ __forceinline__ void histogram_add(unsigned *mass, unsigned *count, int bin,
+                                                     unsigned m) {
+    if (bin < 0) return;
+    if (m) atomicAdd(&mass[bin], m);
+    atomicAdd(&count[bin], 1u);
 }
 
 /* Every thread gets the block's max (MAX) or sum of v. */
@@ -148,6 +197,27 @@ static __device__ __forceinline__ row_book *book_of(char *scratch, long long row
     return (row_book *)(scratch + row * MK_SAMPLE_ROW_BYTES);
 }
 
+/* run.c's random_f32: the state advanced (xorshift64*) into *next; the coin in [0, 1). */
+static __device__ __forceinline__ float coin_of(long long state, u64 *next) {
+    u64 s = (u64)state;
+    s ^= s >> 12;
+    s ^= s << 25;
+    s ^= s >> 27;
+    *next = s;
+    return (float)((unsigned)((s * 0x2545F4914F6CDD1Dull) >> 32) >> 8) / 16777216.0f;
+}
+
+/* Is this block the last of the row's g to get here? That one sees what the
+ * others wrote before. */
+static __device__ bool last_block(pick_shared *sh, unsigned *done, int g) {
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) sh->last = atomicAdd(done, 1u) == (unsigned)g - 1;
+    __syncthreads();
+    if (sh->last) __threadfence();
+    return sh->last;
+}
+
 /* ---- pass 1 ---------------------------------------------------------------------- */
 
 static __global__ void __launch_bounds__(THREADS)
@@ -160,7 +230,7 @@ sample_pass1(const float *logits, const float *temp, long long n, char *scratch)
     float t = *temp;
     share(n, b, g, &lo, &hi);
     for (int i = b * THREADS + threadIdx.x; i < BINS; i += g * THREADS) bk->mass[i] = bk->count[i] = 0;
-    if (b == 0 && threadIdx.x == 0) bk->done = 0;
+    if (b == 0 && threadIdx.x == 0) bk->done = bk->listed = 0;
     if (!(t > 0.0f)) { /* as core/sample.c's argmax: NaN never wins here (see pass 2) */
         float v = -INFINITY;
         long long best = 0x7fffffffffffffffLL;
@@ -224,39 +294,45 @@ static __device__ __forceinline__ void for_each_p(const float *p, long long n, F
     }
 }
 
+/* The draw's target after a cut with mass through (> 0): run.c's r = coin x
+ * the cut's mass, in fixed point, short of through. Rises with through. */
+static __device__ __forceinline__ u64 draw_target(float coin, u64 through) {
+    float r = coin * ((float)through / ONE);
+    return min((u64)(r * ONE), through - 1);
+}
+
 /* sh's histogram of the candidates (gathered in sh, or every p >= cutoff of
- * the row) whose bits above shift + width are prefix, by their width bits at
- * shift. */
+ * the row) whose key bits above shift + width are prefix, by their width bits
+ * at shift. */
 static __device__ void level(pick_shared *sh, const float *p, long long n, float cutoff,
                              unsigned prefix, int shift, int width) {
     __syncthreads(); /* every thread is done reading the last level's */
     for (int b = threadIdx.x; b < BINS; b += THREADS) sh->mass[b] = sh->count[b] = 0;
     __syncthreads();
-    auto add = [&](float v) {
-        unsigned bits = bits_of(v);
-        if (bits >> (shift + width) != prefix) return;
-        int bin = (int)((bits >> shift) & ((1u << width) - 1));
-        unsigned m = fixed(v);
-        if (m) atomicAdd(&sh->mass[bin], m);
-        atomicAdd(&sh->count[bin], 1u);
+    auto bin_of = [&](float v) { /* -1: not one of them */
+        unsigned key = bits_of(v) - sh->base;
+        if (!(v >= cutoff) || key >> (shift + width) != prefix) return -1;
+        return (int)((key >> shift) & ((1u << width) - 1));
     };
     if (sh->listed >= 0) {
-        for (int i = threadIdx.x; i < sh->listed; i += THREADS) add(sh->val[i]);
+        for (int i = threadIdx.x; i < sh->listed; i += THREADS)
+            histogram_add(sh->mass, sh->count, bin_of(sh->val[i]), fixed(sh->val[i]));
     } else {
         for_each_p(p, n, [&](float v, long long) {
-            if (v >= cutoff) add(v);
+            histogram_add(sh->mass, sh->count, bin_of(v), fixed(v));
         });
     }
     __syncthreads();
 }
 
-/* Gathers the row's candidates whose bits above shift are prefix into sh. */
+/* Gathers the row's candidates whose key bits above shift are prefix into sh. */
 static __device__ void gather(pick_shared *sh, const float *p, long long n, float cutoff,
                               unsigned prefix, int shift) {
     if (threadIdx.x == 0) sh->listed = 0;
     __syncthreads();
+    unsigned base = sh->base;
     for_each_p(p, n, [&](float v, long long j) {
-        bool in = v >= cutoff && bits_of(v) >> shift == prefix;
+        bool in = v >= cutoff && (bits_of(v) - base) >> shift == prefix;
         unsigned vote = __ballot_sync(FULL, in), lane = threadIdx.x % 32;
         int at = 0;
         if (vote && lane == 0) at = atomicAdd(&sh->listed, __popc(vote)); /* a warp's at once */
@@ -306,12 +382,12 @@ static __device__ long long kth_equal(pick_shared *sh, const float *p, long long
  * The candidate that run.c's order (p descending, then index) reaches first
  * with a running mass above target, and that mass (*through); -1 where the
  * whole mass stays at or under it (*through: the whole mass). The row's
- * level-0 histogram is in bk.
+ * level-0 histogram is in bk, its keys as sh->base and sh->shift0 say.
  */
 static __device__ long long select_past(pick_shared *sh, const row_book *bk, const float *p,
                                         long long n, float cutoff, u64 target, u64 *through) {
     for (int b = threadIdx.x; b < BINS; b += THREADS) sh->mass[b] = __ldcg(&bk->mass[b]);
-    if (threadIdx.x == 0) sh->above = 0, sh->listed = -1;
+    if (threadIdx.x == 0) sh->above = 0;
     __syncthreads();
     find_bin(sh, LEVEL_BITS, target);
     if (sh->bin < 0) {
@@ -319,9 +395,11 @@ static __device__ long long select_past(pick_shared *sh, const row_book *bk, con
         return -1;
     }
     unsigned prefix = (unsigned)sh->bin;
-    int shift = 31 - LEVEL_BITS;
+    int shift = sh->shift0;
+    if (threadIdx.x == 0) sh->listed = -1;
     for (;;) {
-        unsigned count = shift == 31 - LEVEL_BITS ? __ldcg(&bk->count[sh->bin]) : sh->count[sh->bin];
+        unsigned count = shift == sh->shift0 ? __ldcg(&bk->count[sh->bin]) : sh->count[sh->bin];
+        __syncthreads(); /* every thread has read sh->listed */
         bool take = sh->listed < 0 && count <= CAP;
         __syncthreads();
         if (take) gather(sh, p, n, cutoff, prefix, shift);
@@ -332,23 +410,25 @@ static __device__ long long select_past(pick_shared *sh, const row_book *bk, con
         find_bin(sh, width, target);
         prefix = prefix << width | (unsigned)sh->bin;
     }
-    /* prefix: the probability where the mass crosses; the k-th of those equal to it */
-    u64 above = sh->above, each = fixed(__int_as_float((int)prefix));
+    /* prefix: the key where the mass crosses; the k-th of the candidates equal to it */
+    unsigned bits = prefix + sh->base;
+    u64 above = sh->above, each = fixed(__int_as_float((int)bits));
     u64 k = each ? (target - above) / each + 1 : 1;
     *through = above + k * each;
-    return kth_equal(sh, p, n, cutoff, prefix, k);
+    return kth_equal(sh, p, n, cutoff, bits, k);
 }
 
 static __device__ long long select_topp(pick_shared *sh, row_book *bk, const float *p,
                                         long long n, float topp, float cutoff, float coin) {
     u64 count = 0, total;
     for (int b = threadIdx.x; b < BINS; b += THREADS) count += __ldcg(&bk->count[b]);
-    block_scan(count, sh->part, &total);
+    if (threadIdx.x == 0) key_frame(cutoff, &sh->base, &sh->shift0);
+    block_scan(count, sh->part, &total); /* its syncs publish the frame */
     if (total == 0) { /* no candidate reaches the cutoff: all are (see core/sample.c) */
         cutoff = -INFINITY;
-        if (threadIdx.x == 0) sh->listed = -1;
+        if (threadIdx.x == 0) key_frame(cutoff, &sh->base, &sh->shift0), sh->listed = -1;
         __syncthreads();
-        level(sh, p, n, cutoff, 0, 31 - LEVEL_BITS, LEVEL_BITS);
+        level(sh, p, n, cutoff, 0, sh->shift0, LEVEL_BITS);
         for (int b = threadIdx.x; b < BINS; b += THREADS)
             bk->mass[b] = sh->mass[b], bk->count[b] = sh->count[b];
         __syncthreads();
@@ -356,24 +436,34 @@ static __device__ long long select_topp(pick_shared *sh, row_book *bk, const flo
     u64 through;
     select_past(sh, bk, p, n, cutoff, (u64)(topp * ONE), &through);
     if (through == 0) return 0; /* no mass at all: NaN logits */
-    float r = coin * ((float)through / ONE);
-    u64 target = min((u64)(r * ONE), through - 1);
-    return select_past(sh, bk, p, n, cutoff, target, &through);
+    return select_past(sh, bk, p, n, cutoff, draw_target(coin, through), &through);
 }
 
 /* The first index whose running mass exceeds the coin's; n - 1 where none does. */
 static __device__ long long select_mult(pick_shared *sh, const row_book *bk, const float *p,
                                         long long n, int g, float coin) {
     u64 target = (u64)(coin * ONE);
-    if (threadIdx.x == 0) {
-        u64 acc = 0;
-        sh->bin = -1;
-        for (int b = 0; b < g && sh->bin < 0; b++) {
-            u64 m = __ldcg(&bk->block_mass[b]);
-            if (acc + m > target) sh->bin = b, sh->above = acc;
-            acc += m;
+    if (threadIdx.x < 32) { /* the blocks' masses (g <= 64), a lane's two at once */
+        int lane = threadIdx.x;
+        u64 m0 = lane < g ? __ldcg(&bk->block_mass[lane]) : 0;
+        u64 m1 = lane + 32 < g ? __ldcg(&bk->block_mass[lane + 32]) : 0;
+        u64 before = 0, total;
+        for (int h = 0; h < 2; h++) {
+            u64 m = h ? m1 : m0, x = m;
+#pragma unroll
+            for (int d = 1; d < 32; d <<= 1) {
+                u64 y = __shfl_up_sync(FULL, x, d);
+                if (lane >= d) x += y;
+            }
+            total = __shfl_sync(FULL, x, 31);
+            u64 from = before + x - m; /* the mass before this lane's block */
+            if (from <= target && target < from + m) sh->bin = lane + 32 * h, sh->above = from;
+            before += total;
         }
-        sh->index = n - 1;
+        if (lane == 0) {
+            sh->index = n - 1;
+            if (target >= before) sh->bin = -1;
+        }
     }
     __syncthreads();
     if (sh->bin < 0) return n - 1;
@@ -425,18 +515,18 @@ sample_pass2(long long *out, const float *logits, const long long *state, const 
     share(n, b, g, &lo, &hi);
     for (int k = threadIdx.x; k < BINS; k += THREADS) sh.mass[k] = sh.count[k] = 0;
     __syncthreads();
+    unsigned base;
+    int shift0;
+    key_frame(cutoff, &base, &shift0);
     u64 mass = 0;
     for (long long j = lo + threadIdx.x; j < hi; j += THREADS) {
         float v = expf(x[j] / t - max) / sum;
         p[j] = v;
-        if (mult) {
+        if (mult)
             mass += fixed(v);
-        } else if (v >= cutoff) {
-            int bin = (int)(bits_of(v) >> (31 - LEVEL_BITS));
-            unsigned m = fixed(v);
-            if (m) atomicAdd(&sh.mass[bin], m);
-            atomicAdd(&sh.count[bin], 1u);
-        }
+        else if (v >= cutoff)
+            histogram_add(sh.mass, sh.count, min((int)((bits_of(v) - base) >> shift0), BINS - 1),
+                          fixed(v));
     }
     __syncthreads();
     if (mult) {
@@ -450,21 +540,189 @@ sample_pass2(long long *out, const float *logits, const long long *state, const 
                 if (sh.mass[k]) atomicAdd(&bk->mass[k], sh.mass[k]);
             }
     }
-    /* the last block of the row to get here selects */
-    __threadfence();
+    if (!mult) return; /* pass 3 selects */
+    /* the last block of the row to get here draws */
+    if (last_block(&sh, &bk->done, g)) {
+        u64 next;
+        float coin = coin_of(state[row], &next);
+        long long token = select_mult(&sh, bk, p, n, g, coin);
+        if (threadIdx.x == 0) out[2 * row] = token, out[2 * row + 1] = (long long)next;
+    }
+}
+
+/* ---- pass 3 (top-p) -------------------------------------------------------------- */
+
+/* The level-0 bin where target falls (from the top), the mass before it in *above;
+ * -1 where it does not (*above: the whole mass). sh->mass holds level 0. */
+static __device__ int locate(pick_shared *sh, u64 target, u64 *above) {
+    __syncthreads(); /* every thread is done with the last find's */
+    if (threadIdx.x == 0) sh->above = 0;
     __syncthreads();
-    if (threadIdx.x == 0) sh.last = atomicAdd(&bk->done, 1u) == (unsigned)g - 1;
+    find_bin(sh, LEVEL_BITS, target);
+    *above = sh->above;
+    return sh->bin;
+}
+
+/*
+ * sh->plan for the row: the cut (topp's mass) falls in level-0 bin b1 at a
+ * running mass in (A1, A1 + M1], so the draw's target lies between
+ * draw_target of those two (it rises with the cut's mass); the bins of that
+ * span and b1 are the ones to gather. Where the cut takes every candidate,
+ * the draw's target is known and one bin does. ranges 0: more candidates
+ * than the list holds, or none with mass.
+ */
+static __device__ void plan_gather(pick_shared *sh, const row_book *bk, float topp, float coin) {
+    gather_plan *pl = &sh->plan;
+    for (int b = threadIdx.x; b < BINS; b += THREADS) sh->mass[b] = bk->mass[b];
+    u64 a1, a2, a3;
+    int b1 = locate(sh, (u64)(topp * ONE), &a1), top, bottom;
+    if (b1 < 0) { /* no cut: the draw's target is exact */
+        if (a1 == 0) {
+            if (threadIdx.x == 0) pl->ranges = 0;
+            __syncthreads();
+            return;
+        }
+        top = bottom = locate(sh, draw_target(coin, a1), &a2);
+    } else {
+        u64 m1 = sh->mass[b1];
+        top = locate(sh, draw_target(coin, a1 + 1), &a2);
+        bottom = locate(sh, draw_target(coin, a1 + m1), &a3);
+    }
+    /* one range where the draw's bins reach b1 (or there is no cut), else two */
+    bool two = b1 >= 0 && bottom > b1 + 1;
+    if (!two && b1 >= 0) bottom = b1;
+    u64 count = 0, count0 = 0, mass0 = 0, total;
+    for (int b = threadIdx.x; b < BINS; b += THREADS) {
+        bool in0 = bottom <= b && b <= top, in1 = two && b == b1;
+        if (in0 || in1) count += bk->count[b];
+        if (in0) count0 += bk->count[b], mass0 += sh->mass[b];
+    }
+    block_scan(count, sh->part, &total);
+    count = total;
+    block_scan(count0, sh->part, &total);
+    count0 = total;
+    block_scan(mass0, sh->part, &total);
+    if (threadIdx.x == 0) {
+        pl->ranges = count == 0 || count > CAP ? 0 : two ? 2 : 1;
+        pl->top[0] = top, pl->bottom[0] = bottom, pl->above[0] = a2;
+        pl->top[1] = pl->bottom[1] = b1, pl->above[1] = a1;
+        pl->mass0 = total, pl->count0 = (unsigned)count0;
+        pl->cut = b1 >= 0, pl->whole = a1;
+    }
     __syncthreads();
-    if (!sh.last) return;
-    __threadfence();
-    u64 s = (u64)state[row];
-    s ^= s >> 12;
-    s ^= s << 25;
-    s ^= s >> 27;
-    float coin = (float)((unsigned)((s * 0x2545F4914F6CDD1Dull) >> 32) >> 8) / 16777216.0f;
-    long long token = mult ? select_mult(&sh, bk, p, n, g, coin)
-                           : select_topp(&sh, bk, p, n, topp, cutoff, coin);
-    if (threadIdx.x == 0) out[2 * row] = token, out[2 * row + 1] = (long long)s;
+}
+
+/* Is v a candidate in one of the plan's ranges? */
+static __device__ __forceinline__ bool planned(const pick_shared *sh, float v, float cutoff) {
+    const gather_plan *pl = &sh->plan;
+    if (!(v >= cutoff)) return false;
+    int bin = (int)((bits_of(v) - sh->base) >> sh->shift0);
+    return (pl->bottom[0] <= bin && bin <= pl->top[0]) ||
+           (pl->ranges == 2 && pl->bottom[1] <= bin && bin <= pl->top[1]);
+}
+
+/* Sorts keys[0, m) ascending, padded to a power of two with ~0: bitonic,
+ * pair q of a stage in thread q % THREADS, so that a stage comparing within
+ * 64 keys keeps to each warp's own and only a warp waits on it. */
+static __device__ void sort_keys(u64 *keys, int m) {
+    int size = 1;
+    while (size < m) size <<= 1;
+    for (int i = m + threadIdx.x; i < size; i += THREADS) keys[i] = ~0ull;
+    __syncthreads();
+    for (int k = 2; k <= size; k <<= 1)
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            for (int q = threadIdx.x; q < size / 2; q += THREADS) {
+                int i = ((q & ~(j - 1)) << 1) | (q & (j - 1)), other = i | j;
+                u64 a = keys[i], c = keys[other];
+                if ((a > c) == ((i & k) == 0)) keys[i] = c, keys[other] = a;
+            }
+            int next = j > 1 ? j >> 1 : k; /* the next stage's distance (k: the next k's first) */
+            if (j >= 64 || next >= 64 || (j == 1 && k == size)) __syncthreads();
+            else __syncwarp();
+        }
+}
+
+/*
+ * The token from the gathered candidates: sorted in run.c's order (p
+ * descending, then index), their running masses from the plan's ranges, the
+ * cut's mass where the cut is among them, then the draw's candidate. -1 where
+ * a target falls outside them (the plan says it cannot), for the radix way.
+ */
+static __device__ long long select_listed(pick_shared *sh, const row_book *bk, float topp,
+                                          float coin) {
+    const int per = CAP / THREADS;
+    const gather_plan *pl = &sh->plan;
+    u64 *keys = (u64 *)sh->mass; /* mass and count: CAP keys */
+    int m = (int)min(__ldcg(&bk->listed), (unsigned)CAP);
+    for (int i = threadIdx.x; i < m; i += THREADS)
+        keys[i] = (u64)(0x7fffffffu - bits_of(__ldcg(&bk->list_val[i]))) << 32 |
+                  (unsigned)__ldcg(&bk->list_idx[i]);
+    sort_keys(keys, m);
+    /* each thread's per consecutive candidates: their masses and where each starts */
+    u64 mass[per], start[per], mine = 0, total;
+    for (int k = 0; k < per; k++) {
+        int i = per * (int)threadIdx.x + k;
+        mass[k] = i < m ? fixed(__int_as_float((int)(0x7fffffffu - (unsigned)(keys[i] >> 32)))) : 0;
+        mine += mass[k];
+    }
+    u64 run = block_scan(mine, sh->part, &total);
+    for (int k = 0; k < per; k++) {
+        int i = per * (int)threadIdx.x + k;
+        start[k] = i < (int)pl->count0 ? pl->above[0] + run : pl->above[1] + run - pl->mass0;
+        run += mass[k];
+    }
+    /* the candidate whose mass spans target, and the mass through it */
+    auto find = [&](u64 target, u64 *through) {
+        if (threadIdx.x == 0) sh->index = -1;
+        __syncthreads();
+        for (int k = 0; k < per; k++)
+            if (start[k] <= target && target < start[k] + mass[k]) {
+                int i = per * (int)threadIdx.x + k;
+                sh->index = (long long)(keys[i] & 0xffffffffu), sh->above = start[k] + mass[k];
+            }
+        __syncthreads();
+        *through = sh->above;
+        long long index = sh->index;
+        __syncthreads();
+        return index;
+    };
+    u64 through = pl->whole;
+    if (pl->cut && find((u64)(topp * ONE), &through) < 0) return -1;
+    return find(draw_target(coin, through), &through);
+}
+
+static __global__ void __launch_bounds__(THREADS)
+sample_pass3(long long *out, const long long *state, const float *temp, const float *topp_in,
+             long long n, char *scratch, const float *probs) {
+    __shared__ pick_shared sh;
+    float t = *temp, topp = *topp_in;
+    if (!(t > 0.0f) || topp <= 0.0f || topp >= 1.0f) return; /* pass 2 drew */
+    long long row = blockIdx.x, lo, hi;
+    int b = blockIdx.y, g = gridDim.y;
+    row_book *bk = book_of(scratch, row);
+    const float *p = probs + row * n;
+    float cutoff = (1.0f - topp) / (float)(n - 1);
+    u64 next;
+    float coin = coin_of(state[row], &next);
+    if (threadIdx.x == 0) key_frame(cutoff, &sh.base, &sh.shift0);
+    plan_gather(&sh, bk, topp, coin);
+    if (sh.plan.ranges) { /* this block's share of the planned candidates into the list */
+        share(n, b, g, &lo, &hi);
+        u64 mine = 0, total;
+        for (long long j = lo + threadIdx.x; j < hi; j += THREADS) mine += planned(&sh, p[j], cutoff);
+        u64 at = block_scan(mine, sh.part, &total);
+        if (threadIdx.x == 0 && total) sh.index = atomicAdd(&bk->listed, (unsigned)total);
+        __syncthreads();
+        at += (u64)sh.index;
+        for (long long j = lo + threadIdx.x; j < hi && mine; j += THREADS) {
+            float v = p[j];
+            if (planned(&sh, v, cutoff) && at < CAP) bk->list_val[at] = v, bk->list_idx[at++] = (int)j;
+        }
+    }
+    if (!last_block(&sh, &bk->done, g)) return;
+    long long token = sh.plan.ranges ? select_listed(&sh, bk, topp, coin) : -1;
+    if (token < 0) token = select_topp(&sh, bk, p, n, topp, cutoff, coin);
+    if (threadIdx.x == 0) out[2 * row] = token, out[2 * row + 1] = (long long)next;
 }
 
 /* MK_KERNEL_SAMPLE: logits float32 [rows, n], state int64 [rows, 1],
@@ -483,6 +741,9 @@ int mk_cuda_sample(const mk_launch *l, mk_error **err) {
     const float *logits = (const float *)x->data, *temp = (const float *)l->in[2].data;
     sample_pass1<<<grid, THREADS, 0, s->stream>>>(logits, temp, n, scratch);
     sample_pass2<<<grid, THREADS, 0, s->stream>>>((long long *)l->out.data, logits,
+                                                  (const long long *)l->in[1].data, temp,
+                                                  (const float *)l->in[3].data, n, scratch, probs);
+    sample_pass3<<<grid, THREADS, 0, s->stream>>>((long long *)l->out.data,
                                                   (const long long *)l->in[1].data, temp,
                                                   (const float *)l->in[3].data, n, scratch, probs);
     return mk_cuda_check_launch(l, "sample", err);
