@@ -85,8 +85,15 @@ typedef struct {
     u64 mass0;             /* range 0's mass */
     unsigned count0;       /* range 0's candidates */
     int cut;               /* 1: the topp cut falls in range 1 (or range 0 if one); 0: no cut */
-    u64 whole;             /* the candidates' mass (the cut's where there is none) */
+    u64 whole;             /* the candidates' mass: the cut's where there is none */
 } gather_plan;
+
+/* A level-0 bin where a target falls: the mass and candidates above it, its own. */
+typedef struct {
+    int bin; /* -1: the target is past the whole mass */
+    u64 above, mass, counted;
+    unsigned count;
+} bin_hit;
 
 /* The selecting block's shared memory (pass 2's blocks make their level-0
  * histogram in mass and count too, and pass 3 sorts the gathered there). */
@@ -103,10 +110,12 @@ typedef struct {
     unsigned base;   /* a candidate's key: its bits less base (key_frame) */
     int shift0;      /* level 0 bins a key's bits from shift0 up */
     gather_plan plan;
+    bin_hit hit[2];  /* plan_gather: the bins its targets fall in */
     long long index; /* a result */
     int last;        /* this block is the row's last of pass 2 */
 } pick_shared;
-static_assert(CAP * sizeof(u64) <= 2 * BINS * sizeof(unsigned), "select_listed sorts in mass and count");
+static_assert(CAP * sizeof(u64) <= 2 * BINS * sizeof(unsigned),
+              "select_listed sorts in mass and count");
 
 /* round(p x 2^31); 0 for NaN (p <= 1: the max's term is 1). */
 static __device__ __forceinline__ unsigned fixed(float p) {
@@ -218,11 +227,21 @@ static __device__ bool last_block(pick_shared *sh, unsigned *done, int g) {
     return sh->last;
 }
 
+/* Programmatic dependent launch (where mk_cuda_sample launches with it): wait
+ * for the launch before to finish, and let the next one be scheduled. */
+static __device__ __forceinline__ void pdl_enter() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
 /* ---- pass 1 ---------------------------------------------------------------------- */
 
 static __global__ void __launch_bounds__(THREADS)
 sample_pass1(const float *logits, const float *temp, long long n, char *scratch) {
     __shared__ pick_shared sh;
+    pdl_enter();
     long long row = blockIdx.x, lo, hi;
     int b = blockIdx.y, g = gridDim.y;
     row_book *bk = book_of(scratch, row);
@@ -490,6 +509,7 @@ static __global__ void __launch_bounds__(THREADS)
 sample_pass2(long long *out, const float *logits, const long long *state, const float *temp,
              const float *topp_in, long long n, char *scratch, float *probs) {
     __shared__ pick_shared sh;
+    pdl_enter();
     long long row = blockIdx.x, lo, hi;
     int b = blockIdx.y, g = gridDim.y;
     row_book *bk = book_of(scratch, row);
@@ -552,62 +572,67 @@ sample_pass2(long long *out, const float *logits, const long long *state, const 
 
 /* ---- pass 3 (top-p) -------------------------------------------------------------- */
 
-/* The level-0 bin where target falls (from the top), the mass before it in *above;
- * -1 where it does not (*above: the whole mass). sh->mass holds level 0. */
-static __device__ int locate(pick_shared *sh, u64 target, u64 *above) {
-    __syncthreads(); /* every thread is done with the last find's */
-    if (threadIdx.x == 0) sh->above = 0;
-    __syncthreads();
-    find_bin(sh, LEVEL_BITS, target);
-    *above = sh->above;
-    return sh->bin;
-}
-
 /*
  * sh->plan for the row: the cut (topp's mass) falls in level-0 bin b1 at a
  * running mass in (A1, A1 + M1], so the draw's target lies between
  * draw_target of those two (it rises with the cut's mass); the bins of that
  * span and b1 are the ones to gather. Where the cut takes every candidate,
  * the draw's target is known and one bin does. ranges 0: more candidates
- * than the list holds, or none with mass.
+ * than the list holds, or none with mass. Each thread holds BINS / THREADS
+ * bins of the histogram, top down, and where they start (mass and count from
+ * the top); a round finds the bins of up to two targets.
  */
 static __device__ void plan_gather(pick_shared *sh, const row_book *bk, float topp, float coin) {
-    gather_plan *pl = &sh->plan;
-    for (int b = threadIdx.x; b < BINS; b += THREADS) sh->mass[b] = bk->mass[b];
-    u64 a1, a2, a3;
-    int b1 = locate(sh, (u64)(topp * ONE), &a1), top, bottom;
-    if (b1 < 0) { /* no cut: the draw's target is exact */
-        if (a1 == 0) {
-            if (threadIdx.x == 0) pl->ranges = 0;
-            __syncthreads();
-            return;
+    const int per = BINS / THREADS;
+    int hi = BINS - 1 - per * (int)threadIdx.x;
+    u64 mass[per], count[per], mine = 0, counted = 0, whole, all;
+    for (int k = 0; k < per; k++) {
+        mass[k] = bk->mass[hi - k], count[k] = bk->count[hi - k];
+        mine += mass[k], counted += count[k];
+    }
+    u64 before = block_scan(mine, sh->part, &whole);
+    u64 counted_before = block_scan(counted, sh->part, &all);
+    auto locate = [&](int nt, u64 t0, u64 t1) { /* into sh->hit[0], [1]; bin -1: none */
+        if (threadIdx.x < 2) sh->hit[threadIdx.x].bin = -1;
+        __syncthreads();
+        u64 a = before, c = counted_before;
+        for (int k = 0; k < per; k++) {
+            for (int t = 0; t < nt; t++) {
+                u64 target = t ? t1 : t0;
+                if (a <= target && target < a + mass[k])
+                    sh->hit[t] = (bin_hit){hi - k, a, mass[k], c, (unsigned)count[k]};
+            }
+            a += mass[k], c += count[k];
         }
-        top = bottom = locate(sh, draw_target(coin, a1), &a2);
+        __syncthreads();
+    };
+    gather_plan *pl = &sh->plan;
+    locate(1, (u64)(topp * ONE), 0);
+    bin_hit cut = sh->hit[0];
+    __syncthreads(); /* every thread has read it */
+    if (cut.bin < 0 && whole == 0) { /* no candidate with mass */
+        if (threadIdx.x == 0) pl->ranges = 0;
+        __syncthreads();
+        return;
+    }
+    if (cut.bin < 0) { /* no cut: the draw's target is exact */
+        u64 t = draw_target(coin, whole);
+        locate(2, t, t);
     } else {
-        u64 m1 = sh->mass[b1];
-        top = locate(sh, draw_target(coin, a1 + 1), &a2);
-        bottom = locate(sh, draw_target(coin, a1 + m1), &a3);
+        locate(2, draw_target(coin, cut.above + 1), draw_target(coin, cut.above + cut.mass));
     }
-    /* one range where the draw's bins reach b1 (or there is no cut), else two */
-    bool two = b1 >= 0 && bottom > b1 + 1;
-    if (!two && b1 >= 0) bottom = b1;
-    u64 count = 0, count0 = 0, mass0 = 0, total;
-    for (int b = threadIdx.x; b < BINS; b += THREADS) {
-        bool in0 = bottom <= b && b <= top, in1 = two && b == b1;
-        if (in0 || in1) count += bk->count[b];
-        if (in0) count0 += bk->count[b], mass0 += sh->mass[b];
-    }
-    block_scan(count, sh->part, &total);
-    count = total;
-    block_scan(count0, sh->part, &total);
-    count0 = total;
-    block_scan(mass0, sh->part, &total);
+    bin_hit top = sh->hit[0], bottom = sh->hit[1];
+    /* one range where the draw's bins reach the cut's (or there is no cut), else two */
+    bool two = cut.bin >= 0 && bottom.bin > cut.bin + 1;
+    if (cut.bin >= 0 && !two) bottom = cut;
     if (threadIdx.x == 0) {
-        pl->ranges = count == 0 || count > CAP ? 0 : two ? 2 : 1;
-        pl->top[0] = top, pl->bottom[0] = bottom, pl->above[0] = a2;
-        pl->top[1] = pl->bottom[1] = b1, pl->above[1] = a1;
-        pl->mass0 = total, pl->count0 = (unsigned)count0;
-        pl->cut = b1 >= 0, pl->whole = a1;
+        u64 count0 = bottom.counted + bottom.count - top.counted;
+        u64 n = count0 + (two ? cut.count : 0);
+        pl->ranges = top.bin < 0 || bottom.bin < 0 || n == 0 || n > CAP ? 0 : two ? 2 : 1;
+        pl->top[0] = top.bin, pl->bottom[0] = bottom.bin, pl->above[0] = top.above;
+        pl->top[1] = pl->bottom[1] = cut.bin, pl->above[1] = cut.above;
+        pl->mass0 = bottom.above + bottom.mass - top.above, pl->count0 = (unsigned)count0;
+        pl->cut = cut.bin >= 0, pl->whole = whole;
     }
     __syncthreads();
 }
@@ -695,6 +720,7 @@ static __global__ void __launch_bounds__(THREADS)
 sample_pass3(long long *out, const long long *state, const float *temp, const float *topp_in,
              long long n, char *scratch, const float *probs) {
     __shared__ pick_shared sh;
+    pdl_enter();
     float t = *temp, topp = *topp_in;
     if (!(t > 0.0f) || topp <= 0.0f || topp >= 1.0f) return; /* pass 2 drew */
     long long row = blockIdx.x, lo, hi;
@@ -709,20 +735,38 @@ sample_pass3(long long *out, const long long *state, const float *temp, const fl
     if (sh.plan.ranges) { /* this block's share of the planned candidates into the list */
         share(n, b, g, &lo, &hi);
         u64 mine = 0, total;
-        for (long long j = lo + threadIdx.x; j < hi; j += THREADS) mine += planned(&sh, p[j], cutoff);
+        for (long long j = lo + threadIdx.x; j < hi; j += THREADS)
+            mine += planned(&sh, p[j], cutoff);
         u64 at = block_scan(mine, sh.part, &total);
         if (threadIdx.x == 0 && total) sh.index = atomicAdd(&bk->listed, (unsigned)total);
         __syncthreads();
         at += (u64)sh.index;
         for (long long j = lo + threadIdx.x; j < hi && mine; j += THREADS) {
             float v = p[j];
-            if (planned(&sh, v, cutoff) && at < CAP) bk->list_val[at] = v, bk->list_idx[at++] = (int)j;
+            if (planned(&sh, v, cutoff) && at < CAP)
+                bk->list_val[at] = v, bk->list_idx[at++] = (int)j;
         }
     }
     if (!last_block(&sh, &bk->done, g)) return;
     long long token = sh.plan.ranges ? select_listed(&sh, bk, topp, coin) : -1;
     if (token < 0) token = select_topp(&sh, bk, p, n, topp, cutoff, coin);
     if (threadIdx.x == 0) out[2 * row] = token, out[2 * row + 1] = (long long)next;
+}
+
+/* Launches a pass over grid, with programmatic dependent launch where the
+ * model's generated kernels have it (s->pdl: sm_90+, MK_PDL not 0). */
+template <typename... P, typename... A>
+static cudaError_t launch(const mk_cuda_state *s, dim3 grid, void (*pass)(P...), A... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(THREADS);
+    cfg.stream = s->stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = s->pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, pass, (P)args...);
 }
 
 /* MK_KERNEL_SAMPLE: logits float32 [rows, n], state int64 [rows, 1],
@@ -739,12 +783,15 @@ int mk_cuda_sample(const mk_launch *l, mk_error **err) {
     char *scratch = (char *)l->scratch;
     float *probs = (float *)(scratch + mk_sample_head(rows, n));
     const float *logits = (const float *)x->data, *temp = (const float *)l->in[2].data;
-    sample_pass1<<<grid, THREADS, 0, s->stream>>>(logits, temp, n, scratch);
-    sample_pass2<<<grid, THREADS, 0, s->stream>>>((long long *)l->out.data, logits,
-                                                  (const long long *)l->in[1].data, temp,
-                                                  (const float *)l->in[3].data, n, scratch, probs);
-    sample_pass3<<<grid, THREADS, 0, s->stream>>>((long long *)l->out.data,
-                                                  (const long long *)l->in[1].data, temp,
-                                                  (const float *)l->in[3].data, n, scratch, probs);
+    const long long *state = (const long long *)l->in[1].data;
+    const float *topp = (const float *)l->in[3].data;
+    long long *out = (long long *)l->out.data;
+    cudaError_t st = launch(s, grid, sample_pass1, logits, temp, n, scratch);
+    if (st == cudaSuccess)
+        st = launch(s, grid, sample_pass2, out, logits, state, temp, topp, n, scratch, probs);
+    if (st == cudaSuccess)
+        st = launch(s, grid, sample_pass3, out, state, temp, topp, n, scratch, probs);
+    if (st != cudaSuccess)
+        return mk_cuda_fail_status(err, st, "launching the sampler", __FILE__, __LINE__);
     return mk_cuda_check_launch(l, "sample", err);
 }

@@ -4,7 +4,7 @@
 --       [--devices cpu,cuda] [--dir DIR] [--keep] [--tokenizer PATH]
 --       [--bandwidth GB/s] [--runomp PATH] [--threads N] [--cudnn]
 --       [--model PATH] [--precision fp32|bf16|fp16|q8|q8a8] [--runq PATH]
---       [--per-token] [--temperature T] [--topp P] [--prompt-tokens N]
+--       [--per-token] [--temperature T] [--topp P] [--prompt-tokens N] [--chunk N]
 --
 -- Protocol (../shared/BENCHMARKS.md): random-weight checkpoints in llama2.c's
 -- legacy layout with the real shapes (stories15M, stories110M; Llama-2-7B
@@ -32,9 +32,14 @@
 -- and each process's peak RSS (through /usr/bin/time where it is installed).
 --
 -- Generation runs 16 greedy steps a call inside the model (run_steps, as
--- scripts/llama2.lua does); --per-token runs one evaluation a token instead.
+-- scripts/llama2.lua does; --chunk N steps instead); --per-token runs one
+-- evaluation a token instead.
 -- --temperature T (> 0) samples as run.c does (-t T -p P, seed 42), the
 -- sampler inside the model (model.lua's "sample" output).
+--
+-- On CUDA (without --per-token) it also prints the host's time per token:
+-- generation's wall time per token less the GPU's, measured as the same
+-- steps in one run_steps call (an upper bound: see host_time).
 --
 -- --prompt-tokens N also times a prompt of N random token ids at position 0:
 -- in one evaluation (prefill, net:prompt: one model for N tokens, its
@@ -70,7 +75,7 @@ usage: lua scripts/bench_llama2.lua [--7b] [--only 15M|110M|7B] [--runs N] [--st
        [--devices cpu,cuda] [--dir DIR] [--keep] [--tokenizer PATH]
        [--bandwidth GB/s] [--runomp PATH] [--threads N] [--cudnn]
        [--model PATH] [--precision fp32|bf16|fp16|q8|q8a8] [--runq PATH]
-       [--per-token] [--temperature T] [--topp P] [--prompt-tokens N]
+       [--per-token] [--temperature T] [--topp P] [--prompt-tokens N] [--chunk N]
 ]]
 
 local function parse(argv)
@@ -103,13 +108,14 @@ local function parse(argv)
             elseif a == "--temperature" then o.temperature = tonumber(need())
             elseif a == "--topp" then o.topp = tonumber(need())
             elseif a == "--prompt-tokens" then o.prompt_tokens = math.tointeger(tonumber(need()))
+            elseif a == "--chunk" then o.chunk = math.tointeger(tonumber(need()))
             else error("unknown option " .. a, 0) end
             i = i + 1
         end
         i = i + 1
     end
     if not o.runs or o.runs < 1 or not o.steps or o.steps < 2 or not o.bandwidth
-        or not o.temperature or not o.topp then
+        or not o.temperature or not o.topp or (o.chunk and o.chunk < 1) then
         error("bad numeric option", 0)
     end
     return o
@@ -251,6 +257,28 @@ local function paired(o, name, path, tok_path, peer, peer_name, precision)
     return r
 end
 
+-- The host's time per generated token: generate's wall time per token (rate)
+-- less the same tokens' time in one run_steps call, which returns to the host
+-- once (the GPU's time per token, and one launch spread over them all). An
+-- upper bound: each chunk's own launch latency and staging kernels count as
+-- host time here. Microseconds.
+local function host_time(net, tok, smp, steps, rate)
+    local prompt = tok:encode("Once upon a time", true, false)
+    local function one_call()
+        net:reset()
+        smp.state = 42
+        local token = net:prefill(prompt, 0, smp)
+        local pos = #prompt
+        local t0 = llama2.clock()
+        local made = net:steps(token, pos, steps - pos, nil, smp)
+        return (llama2.clock() - t0) / #made
+    end
+    one_call() -- allocates the outputs for that many steps
+    local per = {}
+    for r = 1, 3 do per[r] = one_call() end
+    return 1e6 * (1 / rate - median(per))
+end
+
 -- The prompt's tok/s, in one evaluation and a token at a time (--prompt-tokens).
 local function prompt_rows(o, net, smp, shape, who)
     local n = o.prompt_tokens
@@ -357,7 +385,7 @@ local function main(argv)
                     smp.state = 42
                     local _, rate = llama2.generate(net, tok, smp, "Once upon a time", o.steps,
                         { write = function() end, report = function() end, stop_on_bos = false,
-                          per_token = o.per_token })
+                          per_token = o.per_token, chunk = o.chunk })
                     rates[#rates + 1] = rate
                     io.stderr:write(string.format("  %s %s run %d: %.1f tok/s\n", shape.name, device, r, rate))
                 end
@@ -365,6 +393,7 @@ local function main(argv)
                 local row = { shape = shape.name, who = "moonkaas " .. device .. (net.cudnn and "+cudnn" or "")
                               .. (o.precision and (" " .. o.precision) or "")
                               .. (o.per_token and " per-token" or "")
+                              .. (o.chunk and not o.per_token and (" chunk " .. o.chunk) or "")
                               .. (sampled and string.format(" t=%g p=%g", o.temperature, o.topp) or ""),
                               rate = rate }
                 if device == "cuda" then
@@ -374,6 +403,7 @@ local function main(argv)
                     local wb = weights * per / 4
                     row.roofline = (wb + kv_bytes) * rate / (o.bandwidth * 1e9)
                     row.weights_only = wb * rate / (o.bandwidth * 1e9)
+                    if not o.per_token then row.host_us = host_time(net, tok, smp, o.steps, rate) end
                 end
                 rows[#rows + 1] = row
                 if o.prompt_tokens then
@@ -390,16 +420,18 @@ local function main(argv)
 
     -- roofline: weights + the KV rows attention reads (pos + 1 a step);
     -- weights: the weights alone.
-    print(string.format("| %-6s | %-44s | %12s | %8s | %8s |", "shape", "runner", "tok/s", "roofline", "weights"))
-    print("|--------|----------------------------------------------|--------------|----------|----------|")
+    print(string.format("| %-6s | %-44s | %12s | %8s | %8s | %11s |", "shape", "runner", "tok/s", "roofline",
+        "weights", "host us/tok"))
+    print("|--------|----------------------------------------------|--------------|----------|----------|-------------|")
     local pairs_rows = {}
     for _, r in ipairs(rows) do
         if r.paired then
             pairs_rows[#pairs_rows + 1] = r
         else
-            print(string.format("| %-6s | %-44s | %12.1f | %8s | %8s |", r.shape, r.who, r.rate,
+            print(string.format("| %-6s | %-44s | %12.1f | %8s | %8s | %11s |", r.shape, r.who, r.rate,
                 r.roofline and string.format("%.1f%%", 100 * r.roofline) or "-",
-                r.weights_only and string.format("%.1f%%", 100 * r.weights_only) or "-"))
+                r.weights_only and string.format("%.1f%%", 100 * r.weights_only) or "-",
+                r.host_us and string.format("%.2f", r.host_us) or "-"))
         end
     end
     if #pairs_rows == 0 then return end
