@@ -3,37 +3,35 @@
  * says what it computes) over rows of logits [rows, n], the temperature and
  * top-p read on the device, so that a step loop samples without the host.
  *
- * Three launches, each G blocks of 512 threads a row (G grows with n, up
- * to 64), so that a 32,000-way row spreads over as many SMs:
+ * One launch: each row is a cluster of G blocks of 512 threads (G grows with
+ * n, up to 8, a portable cluster; a 32,000-way row spreads over 8 SMs) that
+ * meet at cluster barriers and read each other's shared memory:
  *
- *   pass 1   each block: the max of x / t over its range and the sum of
- *            expf(x / t - that max) (t <= 0: its argmax); zeroes the row's
- *            level-0 histogram
- *   pass 2   each block: the row's max and sum from the blocks' (each block's
- *            sum rescaled to the row's max), p = expf(x / t - max) / sum into
- *            the scratch, and either its range's mass (multinomial) or the
- *            level-0 histogram of the top-p candidates (p >= cutoff): mass
- *            and count per bin of the top 11 bits of a candidate's key (its
- *            probability's bits less the cutoff's, so that the bins span
- *            [cutoff, 1] finely: a flat row of 32,000 spreads over a hundred
- *            bins, not two).
- *            Multinomial: the last block to finish (a counter) draws the
- *            coin (run.c's xorshift64*, bit for bit) and takes the block,
- *            then the index, where the running mass first exceeds it.
- *   pass 3   top-p, no full sort. Every block reads the histogram and plans
- *            alike: the bin where the mass from the top crosses topp (the
- *            cut), and the bins where the draw's target r = coin x the mass
- *            through the cut can fall (it rises with that mass, which lies
- *            within the cut's bin); each gathers its share of those bins'
- *            candidates into a list. The last block sorts the list in run.c's
- *            order (p descending, then index; bitonic, in shared memory),
- *            and one scan of its masses gives the cut's mass, then the
- *            draw's candidate. More candidates than the list holds (a flat
- *            row, many equal values): the last block selects by radix
- *            instead, 11 bits a level: the bin where the mass crosses, its
- *            candidates gathered (once few enough) and the next levels'
- *            histograms made of them; equal probabilities go by index.
- *   t <= 0   block 0 of pass 2 reduces the blocks' argmaxes; the state stays
+ *   1  each block: the max of x / t over its range and the sum of
+ *      expf(x / t - that max) (t <= 0: its argmax, and the lead block, rank
+ *      0, takes the row's best from the blocks');
+ *   2  each block: the row's max and sum from the blocks' (each block's sum
+ *      rescaled to the row's max), p = expf(x / t - max) / sum into the
+ *      scratch, and either its range's mass (multinomial) or its histogram
+ *      of the top-p candidates (p >= cutoff), added into the lead's: mass and
+ *      count per bin of the top 11 bits of a candidate's key (its
+ *      probability's bits less the cutoff's, so that the bins span only
+ *      [cutoff, the row's largest p], finely: a flat row of 32,000 spreads
+ *      over hundreds of bins, not two). Multinomial: the lead draws the coin (run.c's xorshift64*,
+ *      bit for bit) and takes the block, then the index, where the running
+ *      mass first exceeds it.
+ *   3  top-p, no full sort: the lead plans from the histogram: the bin where
+ *      the mass from the top crosses topp (the cut), and the bins where the
+ *      draw's target r = coin x the mass through the cut can fall (it rises
+ *      with that mass, which lies within the cut's bin); every block reads
+ *      the plan and gathers its share of those bins' candidates into the
+ *      lead's list. The lead sorts the list in run.c's order (p descending, then
+ *      index; bitonic) and one scan of its masses gives the cut's mass, then
+ *      the draw's candidate. More candidates than the list holds (a flat
+ *      row, many equal values): the lead selects by radix instead, 11 bits a
+ *      level: the bin where the mass crosses, its candidates gathered (once
+ *      few enough) and the next levels' histograms made of them; equal
+ *      probabilities go by index.
  *
  * Masses are fixed point (round(p x 2^31), summed in 64 bits), not run.c's
  * float32 sums in its order: the same on every run, within about 1e-7 a term
@@ -44,40 +42,37 @@
 #include "cuda_device.h"
 #include "reduce.h"
 
+#include <cooperative_groups.h>
+#include <stddef.h>
+
 #include <math.h>
 
 #define THREADS 512
 #define WARPS (THREADS / 32)
-#define PER_THREAD 4   /* elements a thread takes in a spread pass, at least */
-#define MAX_BLOCKS 64
+#define PER_THREAD 4   /* elements a thread takes, at least */
+#define MAX_CLUSTER 8  /* blocks a row spreads over: a portable cluster */
 #define LEVEL_BITS 11
 #define BINS (1 << LEVEL_BITS)
-#define CAP 2048       /* candidates a list (pass 3, or the radix selection) holds */
+#define CAP 2048       /* candidates a list (the planned, or the radix selection's) holds */
 #define FULL 0xffffffffu
 #define ONE 2147483648.0f /* probability 1 in fixed point */
 
 typedef unsigned long long u64;
+namespace cg = cooperative_groups;
 
-/* A row's bookkeeping, at the head of the scratch (core/internal.h). */
+/* A row's level-0 histogram in the scratch (core/internal.h), where the
+ * radix selection reads it. */
 typedef struct {
-    unsigned mass[BINS];        /* level 0: the candidates' mass per bin */
-    unsigned count[BINS];       /* level 0: the candidates per bin */
-    float max[MAX_BLOCKS];      /* pass 1, per block: max of x / t (t <= 0: the best value) */
-    float sum[MAX_BLOCKS];      /* pass 1: sum of expf(x / t - that max) */
-    long long best[MAX_BLOCKS]; /* pass 1, t <= 0: the block's argmax */
-    u64 block_mass[MAX_BLOCKS]; /* pass 2, multinomial: the block's mass */
-    unsigned done;              /* pass 2 (pass 3 for top-p): blocks finished; the last selects */
-    unsigned listed;            /* pass 3: the candidates gathered into list_* */
-    float list_val[CAP];
-    int list_idx[CAP];
+    unsigned mass[BINS];  /* the candidates' mass per bin */
+    unsigned count[BINS]; /* the candidates per bin */
 } row_book;
 static_assert(sizeof(row_book) <= MK_SAMPLE_ROW_BYTES, "a row's bookkeeping outgrew its room");
 static_assert(CAP <= BINS, "kth_equal lists the equal candidates in a histogram's room");
 static_assert(CAP % THREADS == 0, "select_listed gives each thread CAP / THREADS candidates");
 
-/* Pass 3's plan, the same in every block of a row: the level-0 bins whose
- * candidates the blocks gather, one or two ranges of bins in run.c's order,
- * so that the selecting block sorts them and reads both draws off one scan. */
+/* The plan, the lead block's, which every block of the row reads: the level-0
+ * bins whose candidates the blocks gather, one or two ranges of bins in run.c's order,
+ * so that the lead block sorts them and reads both draws off one scan. */
 typedef struct {
     int ranges;            /* 1 or 2; 0: radix selection over the row instead */
     int top[2], bottom[2]; /* each range's bins, range 0's above range 1's */
@@ -95,13 +90,20 @@ typedef struct {
     unsigned count;
 } bin_hit;
 
-/* The selecting block's shared memory (pass 2's blocks make their level-0
- * histogram in mass and count too, and pass 3 sorts the gathered there). */
+/* A block's shared memory. The lead block's (rank 0) takes the row's level-0
+ * histogram and the gathered candidates from every block of the cluster. */
 typedef struct {
     unsigned mass[BINS], count[BINS]; /* a level's histogram */
-    float val[CAP];                   /* the gathered candidates */
+    float val[CAP];                   /* the gathered candidates; select_listed's keys */
     int idx[CAP];
     int listed;                       /* how many are gathered; -1: read them from p */
+    float block_max;                  /* this block's max of x / t (t <= 0: its best value) */
+    float block_sum;                  /* its sum of expf(x / t - block_max) */
+    long long block_best;             /* t <= 0: its argmax */
+    u64 block_mass;                   /* multinomial: its mass */
+    float max[MAX_CLUSTER], sum[MAX_CLUSTER]; /* every block's, gathered */
+    long long best[MAX_CLUSTER];
+    u64 masses[MAX_CLUSTER];
     u64 part[WARPS];
     float fpart[WARPS];
     long long ipart[WARPS];
@@ -112,10 +114,10 @@ typedef struct {
     gather_plan plan;
     bin_hit hit[2];  /* plan_gather: the bins its targets fall in */
     long long index; /* a result */
-    int last;        /* this block is the row's last of pass 2 */
 } pick_shared;
-static_assert(CAP * sizeof(u64) <= 2 * BINS * sizeof(unsigned),
-              "select_listed sorts in mass and count");
+static_assert(offsetof(pick_shared, idx) == offsetof(pick_shared, val) + CAP * sizeof(float) &&
+                  offsetof(pick_shared, val) % sizeof(u64) == 0,
+              "select_listed sorts CAP keys in val and idx");
 
 /* round(p x 2^31); 0 for NaN (p <= 1: the max's term is 1). */
 static __device__ __forceinline__ unsigned fixed(float p) {
@@ -126,13 +128,16 @@ static __device__ __forceinline__ unsigned bits_of(float p) {
     return (unsigned)__float_as_int(p) & 0x7fffffffu;
 }
 
-/* Keys for the candidates p >= cutoff (cutoff > 0): a probability's bits
- * less the cutoff's, which keeps their order and spans [cutoff, 1] only; level
- * 0 bins a key by its bits from *shift0 up, the fewest that fit BINS. A cutoff
- * that no probability reaches (or none at all, -inf) keys the bits as they are. */
-static __device__ __forceinline__ void key_frame(float cutoff, unsigned *base, int *shift0) {
+/* Keys for the candidates p >= cutoff (cutoff > 0) of a row whose largest
+ * probability is pmax (1 / sum: its max's term is 1): a probability's bits
+ * less the cutoff's, which keeps their order and spans [cutoff, pmax] only;
+ * level 0 bins a key by its bits from *shift0 up, the fewest that fit BINS. A
+ * cutoff that no probability reaches (or none at all, -inf) keys the bits as
+ * they are. */
+static __device__ __forceinline__ void key_frame(float cutoff, float pmax, unsigned *base,
+                                                 int *shift0) {
     *base = cutoff > 0.0f && cutoff <= 1.0f ? bits_of(cutoff) : 0u;
-    unsigned top = *base ? bits_of(1.0f) - *base : 0x7fffffffu;
+    unsigned top = !*base ? 0x7fffffffu : bits_of(pmax) > *base ? bits_of(pmax) - *base : 0u;
     int width = 32 - __clz((int)top);
     *shift0 = width > LEVEL_BITS ? width - LEVEL_BITS : 0;
 }
@@ -216,17 +221,6 @@ static __device__ __forceinline__ float coin_of(long long state, u64 *next) {
     return (float)((unsigned)((s * 0x2545F4914F6CDD1Dull) >> 32) >> 8) / 16777216.0f;
 }
 
-/* Is this block the last of the row's g to get here? That one sees what the
- * others wrote before. */
-static __device__ bool last_block(pick_shared *sh, unsigned *done, int g) {
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) sh->last = atomicAdd(done, 1u) == (unsigned)g - 1;
-    __syncthreads();
-    if (sh->last) __threadfence();
-    return sh->last;
-}
-
 /* Programmatic dependent launch (where mk_cuda_sample launches with it): wait
  * for the launch before to finish, and let the next one be scheduled. */
 static __device__ __forceinline__ void pdl_enter() {
@@ -236,42 +230,7 @@ static __device__ __forceinline__ void pdl_enter() {
 #endif
 }
 
-/* ---- pass 1 ---------------------------------------------------------------------- */
-
-static __global__ void __launch_bounds__(THREADS)
-sample_pass1(const float *logits, const float *temp, long long n, char *scratch) {
-    __shared__ pick_shared sh;
-    pdl_enter();
-    long long row = blockIdx.x, lo, hi;
-    int b = blockIdx.y, g = gridDim.y;
-    row_book *bk = book_of(scratch, row);
-    const float *x = logits + row * n;
-    float t = *temp;
-    share(n, b, g, &lo, &hi);
-    for (int i = b * THREADS + threadIdx.x; i < BINS; i += g * THREADS) bk->mass[i] = bk->count[i] = 0;
-    if (b == 0 && threadIdx.x == 0) bk->done = bk->listed = 0;
-    if (!(t > 0.0f)) { /* as core/sample.c's argmax: NaN never wins here (see pass 2) */
-        float v = -INFINITY;
-        long long best = 0x7fffffffffffffffLL;
-        for (long long j = lo + threadIdx.x; j < hi; j += THREADS) {
-            float y = x[j];
-            if (isnan(y)) y = -INFINITY;
-            if (better(y, j, v, best)) v = y, best = j;
-        }
-        block_argmax(&v, &best, &sh);
-        if (threadIdx.x == 0) bk->max[b] = v, bk->best[b] = best;
-        return;
-    }
-    float m = -INFINITY, s = 0.0f;
-    for (long long j = lo + threadIdx.x; j < hi; j += THREADS) m = fmaxf(m, x[j] / t);
-    m = block_reduce<true>(m, sh.fpart);
-    if (m > -INFINITY)
-        for (long long j = lo + threadIdx.x; j < hi; j += THREADS) s += expf(x[j] / t - m);
-    s = block_reduce<false>(s, sh.fpart);
-    if (threadIdx.x == 0) bk->max[b] = m, bk->sum[b] = s;
-}
-
-/* ---- selection (the last block of pass 2) ---------------------------------------------- */
+/* ---- radix selection (the lead block, where the list cannot) ------------------------- */
 
 /* Scans sh's level histogram (1 << width bins) from its largest bin: the bin
  * where sh->above plus the mass from the top first exceeds target goes to
@@ -438,14 +397,15 @@ static __device__ long long select_past(pick_shared *sh, const row_book *bk, con
 }
 
 static __device__ long long select_topp(pick_shared *sh, row_book *bk, const float *p,
-                                        long long n, float topp, float cutoff, float coin) {
+                                        long long n, float topp, float cutoff, float pmax,
+                                        float coin) {
     u64 count = 0, total;
     for (int b = threadIdx.x; b < BINS; b += THREADS) count += __ldcg(&bk->count[b]);
-    if (threadIdx.x == 0) key_frame(cutoff, &sh->base, &sh->shift0);
+    if (threadIdx.x == 0) key_frame(cutoff, pmax, &sh->base, &sh->shift0);
     block_scan(count, sh->part, &total); /* its syncs publish the frame */
     if (total == 0) { /* no candidate reaches the cutoff: all are (see core/sample.c) */
         cutoff = -INFINITY;
-        if (threadIdx.x == 0) key_frame(cutoff, &sh->base, &sh->shift0), sh->listed = -1;
+        if (threadIdx.x == 0) key_frame(cutoff, pmax, &sh->base, &sh->shift0), sh->listed = -1;
         __syncthreads();
         level(sh, p, n, cutoff, 0, sh->shift0, LEVEL_BITS);
         for (int b = threadIdx.x; b < BINS; b += THREADS)
@@ -458,31 +418,19 @@ static __device__ long long select_topp(pick_shared *sh, row_book *bk, const flo
     return select_past(sh, bk, p, n, cutoff, draw_target(coin, through), &through);
 }
 
-/* The first index whose running mass exceeds the coin's; n - 1 where none does. */
-static __device__ long long select_mult(pick_shared *sh, const row_book *bk, const float *p,
-                                        long long n, int g, float coin) {
+/* The first index whose running mass exceeds the coin's, the g blocks' masses
+ * in sh->masses; n - 1 where none does. */
+static __device__ long long select_mult(pick_shared *sh, const float *p, long long n, int g,
+                                        float coin) {
     u64 target = (u64)(coin * ONE);
-    if (threadIdx.x < 32) { /* the blocks' masses (g <= 64), a lane's two at once */
-        int lane = threadIdx.x;
-        u64 m0 = lane < g ? __ldcg(&bk->block_mass[lane]) : 0;
-        u64 m1 = lane + 32 < g ? __ldcg(&bk->block_mass[lane + 32]) : 0;
-        u64 before = 0, total;
-        for (int h = 0; h < 2; h++) {
-            u64 m = h ? m1 : m0, x = m;
-#pragma unroll
-            for (int d = 1; d < 32; d <<= 1) {
-                u64 y = __shfl_up_sync(FULL, x, d);
-                if (lane >= d) x += y;
-            }
-            total = __shfl_sync(FULL, x, 31);
-            u64 from = before + x - m; /* the mass before this lane's block */
-            if (from <= target && target < from + m) sh->bin = lane + 32 * h, sh->above = from;
-            before += total;
+    if (threadIdx.x == 0) {
+        u64 acc = 0;
+        sh->bin = -1;
+        for (int b = 0; b < g && sh->bin < 0; b++) {
+            if (acc + sh->masses[b] > target) sh->bin = b, sh->above = acc;
+            acc += sh->masses[b];
         }
-        if (lane == 0) {
-            sh->index = n - 1;
-            if (target >= before) sh->bin = -1;
-        }
+        sh->index = n - 1;
     }
     __syncthreads();
     if (sh->bin < 0) return n - 1;
@@ -503,74 +451,7 @@ static __device__ long long select_mult(pick_shared *sh, const row_book *bk, con
     return sh->index;
 }
 
-/* ---- pass 2 ---------------------------------------------------------------------- */
-
-static __global__ void __launch_bounds__(THREADS)
-sample_pass2(long long *out, const float *logits, const long long *state, const float *temp,
-             const float *topp_in, long long n, char *scratch, float *probs) {
-    __shared__ pick_shared sh;
-    pdl_enter();
-    long long row = blockIdx.x, lo, hi;
-    int b = blockIdx.y, g = gridDim.y;
-    row_book *bk = book_of(scratch, row);
-    const float *x = logits + row * n;
-    float *p = probs + row * n, t = *temp, topp = *topp_in;
-    if (!(t > 0.0f)) { /* block 0: the blocks' best; a NaN at 0 wins (core/sample.c) */
-        if (b != 0 || threadIdx.x >= 32) return;
-        float v = -INFINITY;
-        long long best = 0x7fffffffffffffffLL;
-        for (int k = threadIdx.x; k < g; k += 32)
-            if (better(bk->max[k], bk->best[k], v, best)) v = bk->max[k], best = bk->best[k];
-        warp_argmax(&v, &best);
-        if (threadIdx.x == 0) out[2 * row] = isnan(x[0]) ? 0 : best, out[2 * row + 1] = state[row];
-        return;
-    }
-    /* the row's max, and its sum from the blocks' (the same arithmetic in every thread) */
-    float max = -INFINITY, sum = 0.0f;
-    for (int k = 0; k < g; k++) max = fmaxf(max, bk->max[k]);
-    for (int k = 0; k < g; k++)
-        if (bk->max[k] > -INFINITY) sum += bk->sum[k] * expf(bk->max[k] - max);
-    bool mult = topp <= 0.0f || topp >= 1.0f; /* as run.c: a NaN topp takes top-p */
-    float cutoff = (1.0f - topp) / (float)(n - 1);
-    share(n, b, g, &lo, &hi);
-    for (int k = threadIdx.x; k < BINS; k += THREADS) sh.mass[k] = sh.count[k] = 0;
-    __syncthreads();
-    unsigned base;
-    int shift0;
-    key_frame(cutoff, &base, &shift0);
-    u64 mass = 0;
-    for (long long j = lo + threadIdx.x; j < hi; j += THREADS) {
-        float v = expf(x[j] / t - max) / sum;
-        p[j] = v;
-        if (mult)
-            mass += fixed(v);
-        else if (v >= cutoff)
-            histogram_add(sh.mass, sh.count, min((int)((bits_of(v) - base) >> shift0), BINS - 1),
-                          fixed(v));
-    }
-    __syncthreads();
-    if (mult) {
-        u64 total;
-        block_scan(mass, sh.part, &total);
-        if (threadIdx.x == 0) bk->block_mass[b] = total;
-    } else {
-        for (int k = threadIdx.x; k < BINS; k += THREADS)
-            if (sh.count[k]) {
-                atomicAdd(&bk->count[k], sh.count[k]);
-                if (sh.mass[k]) atomicAdd(&bk->mass[k], sh.mass[k]);
-            }
-    }
-    if (!mult) return; /* pass 3 selects */
-    /* the last block of the row to get here draws */
-    if (last_block(&sh, &bk->done, g)) {
-        u64 next;
-        float coin = coin_of(state[row], &next);
-        long long token = select_mult(&sh, bk, p, n, g, coin);
-        if (threadIdx.x == 0) out[2 * row] = token, out[2 * row + 1] = (long long)next;
-    }
-}
-
-/* ---- pass 3 (top-p) -------------------------------------------------------------- */
+/* ---- top-p: the plan, the gathered list, its sort ------------------------------- */
 
 /*
  * sh->plan for the row: the cut (topp's mass) falls in level-0 bin b1 at a
@@ -578,16 +459,17 @@ sample_pass2(long long *out, const float *logits, const long long *state, const 
  * draw_target of those two (it rises with the cut's mass); the bins of that
  * span and b1 are the ones to gather. Where the cut takes every candidate,
  * the draw's target is known and one bin does. ranges 0: more candidates
- * than the list holds, or none with mass. Each thread holds BINS / THREADS
- * bins of the histogram, top down, and where they start (mass and count from
+ * than the list holds, or none with mass. The lead block plans from the
+ * row's histogram in its sh; each thread holds BINS / THREADS of its bins, top
+ * down, and where they start (mass and count from
  * the top); a round finds the bins of up to two targets.
  */
-static __device__ void plan_gather(pick_shared *sh, const row_book *bk, float topp, float coin) {
+static __device__ void plan_gather(pick_shared *sh, float topp, float coin) {
     const int per = BINS / THREADS;
     int hi = BINS - 1 - per * (int)threadIdx.x;
     u64 mass[per], count[per], mine = 0, counted = 0, whole, all;
     for (int k = 0; k < per; k++) {
-        mass[k] = bk->mass[hi - k], count[k] = bk->count[hi - k];
+        mass[k] = sh->mass[hi - k], count[k] = sh->count[hi - k];
         mine += mass[k], counted += count[k];
     }
     u64 before = block_scan(mine, sh->part, &whole);
@@ -673,15 +555,19 @@ static __device__ void sort_keys(u64 *keys, int m) {
  * cut's mass where the cut is among them, then the draw's candidate. -1 where
  * a target falls outside them (the plan says it cannot), for the radix way.
  */
-static __device__ long long select_listed(pick_shared *sh, const row_book *bk, float topp,
-                                          float coin) {
+static __device__ long long select_listed(pick_shared *sh, float topp, float coin) {
     const int per = CAP / THREADS;
     const gather_plan *pl = &sh->plan;
-    u64 *keys = (u64 *)sh->mass; /* mass and count: CAP keys */
-    int m = (int)min(__ldcg(&bk->listed), (unsigned)CAP);
-    for (int i = threadIdx.x; i < m; i += THREADS)
-        keys[i] = (u64)(0x7fffffffu - bits_of(__ldcg(&bk->list_val[i]))) << 32 |
-                  (unsigned)__ldcg(&bk->list_idx[i]);
+    int m = min(sh->listed, CAP);
+    u64 key[per];
+    for (int k = 0; k < per; k++) {
+        int i = per * (int)threadIdx.x + k;
+        if (i < m) key[k] = (u64)(0x7fffffffu - bits_of(sh->val[i])) << 32 | (unsigned)sh->idx[i];
+    }
+    __syncthreads(); /* every entry is read: the keys take their room */
+    u64 *keys = (u64 *)sh->val;
+    for (int k = 0; k < per; k++)
+        if (per * (int)threadIdx.x + k < m) keys[per * threadIdx.x + k] = key[k];
     sort_keys(keys, m);
     /* each thread's per consecutive candidates: their masses and where each starts */
     u64 mass[per], start[per], mine = 0, total;
@@ -716,57 +602,170 @@ static __device__ long long select_listed(pick_shared *sh, const row_book *bk, f
     return find(draw_target(coin, through), &through);
 }
 
+/* ---- the kernel ------------------------------------------------------------------- */
+
+/*
+ * One row per cluster of g blocks (block rank b; the lead, rank 0, selects).
+ * Every path ends in a cluster barrier before a block leaves while another
+ * may still read its shared memory.
+ */
 static __global__ void __launch_bounds__(THREADS)
-sample_pass3(long long *out, const long long *state, const float *temp, const float *topp_in,
-             long long n, char *scratch, const float *probs) {
+sample_rows(long long *out, const float *logits, const long long *state, const float *temp,
+            const float *topp_in, long long n, char *scratch, float *probs) {
     __shared__ pick_shared sh;
     pdl_enter();
-    float t = *temp, topp = *topp_in;
-    if (!(t > 0.0f) || topp <= 0.0f || topp >= 1.0f) return; /* pass 2 drew */
+    cg::cluster_group cluster = cg::this_cluster();
+    int b = (int)cluster.block_rank(), g = (int)cluster.num_blocks();
+    pick_shared *lead = cluster.map_shared_rank(&sh, 0);
     long long row = blockIdx.x, lo, hi;
-    int b = blockIdx.y, g = gridDim.y;
-    row_book *bk = book_of(scratch, row);
-    const float *p = probs + row * n;
+    const float *x = logits + row * n;
+    float *p = probs + row * n, t = *temp, topp = *topp_in;
+    share(n, b, g, &lo, &hi);
+    for (int k = threadIdx.x; k < BINS; k += THREADS) sh.mass[k] = sh.count[k] = 0;
+    if (threadIdx.x == 0) sh.listed = 0;
+    if (!(t > 0.0f)) { /* argmax, as core/sample.c's: NaN never wins but a NaN at 0 does */
+        float v = -INFINITY;
+        long long best = 0x7fffffffffffffffLL;
+        for (long long j = lo + threadIdx.x; j < hi; j += THREADS) {
+            float y = x[j];
+            if (isnan(y)) y = -INFINITY;
+            if (better(y, j, v, best)) v = y, best = j;
+        }
+        block_argmax(&v, &best, &sh);
+        if (threadIdx.x == 0) sh.block_max = v, sh.block_best = best;
+        cluster.sync();
+        if (b == 0 && threadIdx.x < 32) {
+            v = -INFINITY, best = 0x7fffffffffffffffLL;
+            for (int k = threadIdx.x; k < g; k += 32) {
+                const pick_shared *o = cluster.map_shared_rank(&sh, k);
+                if (better(o->block_max, o->block_best, v, best))
+                    v = o->block_max, best = o->block_best;
+            }
+            warp_argmax(&v, &best);
+            if (threadIdx.x == 0)
+                out[2 * row] = isnan(x[0]) ? 0 : best, out[2 * row + 1] = state[row];
+        }
+        cluster.sync();
+        return;
+    }
+    /* the block's max of x / t and sum of expf(x / t - that max) */
+    float m = -INFINITY, sum = 0.0f;
+    for (long long j = lo + threadIdx.x; j < hi; j += THREADS) m = fmaxf(m, x[j] / t);
+    m = block_reduce<true>(m, sh.fpart);
+    if (m > -INFINITY)
+        for (long long j = lo + threadIdx.x; j < hi; j += THREADS) sum += expf(x[j] / t - m);
+    sum = block_reduce<false>(sum, sh.fpart);
+    if (threadIdx.x == 0) sh.block_max = m, sh.block_sum = sum;
+    cluster.sync();
+    /* the row's from the blocks' (each rescaled to the row's max), the same in every block */
+    if (threadIdx.x < g) {
+        const pick_shared *o = cluster.map_shared_rank(&sh, threadIdx.x);
+        sh.max[threadIdx.x] = o->block_max, sh.sum[threadIdx.x] = o->block_sum;
+    }
+    __syncthreads();
+    float max = -INFINITY;
+    sum = 0.0f;
+    for (int k = 0; k < g; k++) max = fmaxf(max, sh.max[k]);
+    for (int k = 0; k < g; k++)
+        if (sh.max[k] > -INFINITY) sum += sh.sum[k] * expf(sh.max[k] - max);
+    /* p, and the block's mass (multinomial) or its candidates' histogram (top-p) */
+    bool mult = topp <= 0.0f || topp >= 1.0f; /* as run.c: a NaN topp takes top-p */
     float cutoff = (1.0f - topp) / (float)(n - 1);
+    float pmax = 1.0f / sum; /* the max's p: every p is at most it */
+    unsigned base;
+    int shift0;
+    key_frame(cutoff, pmax, &base, &shift0);
+    u64 mass = 0;
+    for (long long j = lo + threadIdx.x; j < hi; j += THREADS) {
+        float v = expf(x[j] / t - max) / sum;
+        p[j] = v;
+        if (mult)
+            mass += fixed(v);
+        else if (v >= cutoff)
+            histogram_add(sh.mass, sh.count, min((int)((bits_of(v) - base) >> shift0), BINS - 1),
+                          fixed(v));
+    }
+    __syncthreads();
+    if (mult) {
+        u64 total;
+        block_scan(mass, sh.part, &total);
+        if (threadIdx.x == 0) sh.block_mass = total;
+    } else if (b != 0) { /* into the lead's histogram, which the lead made in place */
+        for (int k = threadIdx.x; k < BINS; k += THREADS)
+            if (sh.count[k]) {
+                atomicAdd(&lead->count[k], sh.count[k]);
+                if (sh.mass[k]) atomicAdd(&lead->mass[k], sh.mass[k]);
+            }
+    }
+    cluster.sync();
     u64 next;
     float coin = coin_of(state[row], &next);
-    if (threadIdx.x == 0) key_frame(cutoff, &sh.base, &sh.shift0);
-    plan_gather(&sh, bk, topp, coin);
-    if (sh.plan.ranges) { /* this block's share of the planned candidates into the list */
-        share(n, b, g, &lo, &hi);
-        u64 mine = 0, total;
-        for (long long j = lo + threadIdx.x; j < hi; j += THREADS)
-            mine += planned(&sh, p[j], cutoff);
-        u64 at = block_scan(mine, sh.part, &total);
-        if (threadIdx.x == 0 && total) sh.index = atomicAdd(&bk->listed, (unsigned)total);
-        __syncthreads();
-        at += (u64)sh.index;
-        for (long long j = lo + threadIdx.x; j < hi && mine; j += THREADS) {
-            float v = p[j];
-            if (planned(&sh, v, cutoff) && at < CAP)
-                bk->list_val[at] = v, bk->list_idx[at++] = (int)j;
+    long long token = -1;
+    if (mult) {
+        if (b == 0 && threadIdx.x < g)
+            sh.masses[threadIdx.x] = cluster.map_shared_rank(&sh, threadIdx.x)->block_mass;
+        cluster.sync();
+        if (b != 0) return;
+        token = select_mult(&sh, p, n, g, coin);
+    } else {
+        /* top-p: the lead plans; every block gathers its share of the planned
+         * candidates into the lead's list */
+        if (b == 0) {
+            if (threadIdx.x == 0) key_frame(cutoff, pmax, &sh.base, &sh.shift0);
+            plan_gather(&sh, topp, coin);
+        }
+        cluster.sync();
+        if (b != 0) {
+            if (threadIdx.x == 0)
+                sh.plan = lead->plan, sh.base = lead->base, sh.shift0 = lead->shift0;
+            __syncthreads();
+        }
+        if (sh.plan.ranges) {
+            u64 mine = 0, total;
+            for (long long j = lo + threadIdx.x; j < hi; j += THREADS)
+                mine += planned(&sh, p[j], cutoff);
+            u64 at = block_scan(mine, sh.part, &total);
+            if (threadIdx.x == 0 && total) sh.index = atomicAdd(&lead->listed, (int)total);
+            __syncthreads();
+            at += (u64)sh.index;
+            for (long long j = lo + threadIdx.x; j < hi && mine; j += THREADS) {
+                float v = p[j];
+                if (planned(&sh, v, cutoff) && at < CAP)
+                    lead->val[at] = v, lead->idx[at++] = (int)j;
+            }
+        }
+        cluster.sync();
+        if (b != 0) return;
+        if (sh.plan.ranges) token = select_listed(&sh, topp, coin);
+        if (token < 0) { /* the radix way, from the histogram in the scratch */
+            row_book *bk = book_of(scratch, row);
+            for (int k = threadIdx.x; k < BINS; k += THREADS)
+                bk->mass[k] = sh.mass[k], bk->count[k] = sh.count[k];
+            __syncthreads();
+            token = select_topp(&sh, bk, p, n, topp, cutoff, pmax, coin);
         }
     }
-    if (!last_block(&sh, &bk->done, g)) return;
-    long long token = sh.plan.ranges ? select_listed(&sh, bk, topp, coin) : -1;
-    if (token < 0) token = select_topp(&sh, bk, p, n, topp, cutoff, coin);
     if (threadIdx.x == 0) out[2 * row] = token, out[2 * row + 1] = (long long)next;
 }
 
-/* Launches a pass over grid, with programmatic dependent launch where the
- * model's generated kernels have it (s->pdl: sm_90+, MK_PDL not 0). */
+/* Launches the kernel over rows clusters of g blocks, with programmatic
+ * dependent launch where the model's generated kernels have it (s->pdl:
+ * sm_90+, MK_PDL not 0). */
 template <typename... P, typename... A>
-static cudaError_t launch(const mk_cuda_state *s, dim3 grid, void (*pass)(P...), A... args) {
+static cudaError_t launch(const mk_cuda_state *s, unsigned rows, unsigned g, void (*kernel)(P...),
+                          A... args) {
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
+    cfg.gridDim = dim3(rows, g);
     cfg.blockDim = dim3(THREADS);
     cfg.stream = s->stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute attr[2];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 1, attr[0].val.clusterDim.y = g, attr[0].val.clusterDim.z = 1;
+    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[1].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = s->pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, pass, (P)args...);
+    cfg.numAttrs = s->pdl ? 2 : 1;
+    return cudaLaunchKernelEx(&cfg, kernel, (P)args...);
 }
 
 /* MK_KERNEL_SAMPLE: logits float32 [rows, n], state int64 [rows, 1],
@@ -779,18 +778,12 @@ int mk_cuda_sample(const mk_launch *l, mk_error **err) {
     if (rows > 0x7fffffffLL)
         return mk_fail(err, MK_ERR_SHAPE, l->node->line, l->node->column,
                        "SampleNode: %lld rows is more than CUDA launches", rows);
-    dim3 grid((unsigned)rows, (unsigned)(g < MAX_BLOCKS ? g : MAX_BLOCKS));
     char *scratch = (char *)l->scratch;
-    float *probs = (float *)(scratch + mk_sample_head(rows, n));
-    const float *logits = (const float *)x->data, *temp = (const float *)l->in[2].data;
-    const long long *state = (const long long *)l->in[1].data;
-    const float *topp = (const float *)l->in[3].data;
-    long long *out = (long long *)l->out.data;
-    cudaError_t st = launch(s, grid, sample_pass1, logits, temp, n, scratch);
-    if (st == cudaSuccess)
-        st = launch(s, grid, sample_pass2, out, logits, state, temp, topp, n, scratch, probs);
-    if (st == cudaSuccess)
-        st = launch(s, grid, sample_pass3, out, state, temp, topp, n, scratch, probs);
+    cudaError_t st = launch(s, (unsigned)rows, (unsigned)(g < MAX_CLUSTER ? g : MAX_CLUSTER),
+                            sample_rows, (long long *)l->out.data, (const float *)x->data,
+                            (const long long *)l->in[1].data, (const float *)l->in[2].data,
+                            (const float *)l->in[3].data, n, scratch,
+                            (float *)(scratch + mk_sample_head(rows, n)));
     if (st != cudaSuccess)
         return mk_cuda_fail_status(err, st, "launching the sampler", __FILE__, __LINE__);
     return mk_cuda_check_launch(l, "sample", err);
