@@ -279,6 +279,26 @@ static __device__ __forceinline__ u64 draw_target(float coin, u64 through) {
     return min((u64)(r * ONE), through - 1);
 }
 
+/* f(a[j], j) for this thread's j of [lo, hi) (a stride of THREADS), in order,
+ * the loads 8 at a time so that their latencies overlap (one at a time, a
+ * 32,000-way row's four passes were mostly waiting on memory). */
+template <class F>
+static __device__ __forceinline__ void for_each_in(const float *a, long long lo, long long hi,
+                                                   F f) {
+    const int batch = 8;
+    for (long long at = lo + threadIdx.x; at < hi; at += (long long)batch * THREADS) {
+        float v[batch];
+#pragma unroll
+        for (int k = 0; k < batch; k++) {
+            long long j = at + (long long)k * THREADS;
+            v[k] = j < hi ? a[j] : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < batch; k++)
+            if (at + (long long)k * THREADS < hi) f(v[k], at + (long long)k * THREADS);
+    }
+}
+
 /* sh's histogram of the candidates (gathered in sh, or every p >= cutoff of
  * the row) whose key bits above shift + width are prefix, by their width bits
  * at shift. */
@@ -626,11 +646,10 @@ sample_rows(long long *out, const float *logits, const long long *state, const f
     if (!(t > 0.0f)) { /* argmax, as core/sample.c's: NaN never wins but a NaN at 0 does */
         float v = -INFINITY;
         long long best = 0x7fffffffffffffffLL;
-        for (long long j = lo + threadIdx.x; j < hi; j += THREADS) {
-            float y = x[j];
+        for_each_in(x, lo, hi, [&](float y, long long j) {
             if (isnan(y)) y = -INFINITY;
             if (better(y, j, v, best)) v = y, best = j;
-        }
+        });
         block_argmax(&v, &best, &sh);
         if (threadIdx.x == 0) sh.block_max = v, sh.block_best = best;
         cluster.sync();
@@ -650,10 +669,10 @@ sample_rows(long long *out, const float *logits, const long long *state, const f
     }
     /* the block's max of x / t and sum of expf(x / t - that max) */
     float m = -INFINITY, sum = 0.0f;
-    for (long long j = lo + threadIdx.x; j < hi; j += THREADS) m = fmaxf(m, x[j] / t);
+    for_each_in(x, lo, hi, [&](float y, long long) { m = fmaxf(m, y / t); });
     m = block_reduce<true>(m, sh.fpart);
     if (m > -INFINITY)
-        for (long long j = lo + threadIdx.x; j < hi; j += THREADS) sum += expf(x[j] / t - m);
+        for_each_in(x, lo, hi, [&](float y, long long) { sum += expf(y / t - m); });
     sum = block_reduce<false>(sum, sh.fpart);
     if (threadIdx.x == 0) sh.block_max = m, sh.block_sum = sum;
     cluster.sync();
@@ -676,15 +695,15 @@ sample_rows(long long *out, const float *logits, const long long *state, const f
     int shift0;
     key_frame(cutoff, pmax, &base, &shift0);
     u64 mass = 0;
-    for (long long j = lo + threadIdx.x; j < hi; j += THREADS) {
-        float v = expf(x[j] / t - max) / sum;
+    for_each_in(x, lo, hi, [&](float y, long long j) {
+        float v = expf(y / t - max) / sum;
         p[j] = v;
         if (mult)
             mass += fixed(v);
         else if (v >= cutoff)
             histogram_add(sh.mass, sh.count, min((int)((bits_of(v) - base) >> shift0), BINS - 1),
                           fixed(v));
-    }
+    });
     __syncthreads();
     if (mult) {
         u64 total;
@@ -722,17 +741,16 @@ sample_rows(long long *out, const float *logits, const long long *state, const f
         }
         if (sh.plan.ranges) {
             u64 mine = 0, total;
-            for (long long j = lo + threadIdx.x; j < hi; j += THREADS)
-                mine += planned(&sh, p[j], cutoff);
+            for_each_in(p, lo, hi, [&](float v, long long) { mine += planned(&sh, v, cutoff); });
             u64 at = block_scan(mine, sh.part, &total);
             if (threadIdx.x == 0 && total) sh.index = atomicAdd(&lead->listed, (int)total);
             __syncthreads();
             at += (u64)sh.index;
-            for (long long j = lo + threadIdx.x; j < hi && mine; j += THREADS) {
-                float v = p[j];
-                if (planned(&sh, v, cutoff) && at < CAP)
-                    lead->val[at] = v, lead->idx[at++] = (int)j;
-            }
+            if (mine)
+                for_each_in(p, lo, hi, [&](float v, long long j) {
+                    if (planned(&sh, v, cutoff) && at < CAP)
+                        lead->val[at] = v, lead->idx[at++] = (int)j;
+                });
         }
         cluster.sync();
         if (b != 0) return;
