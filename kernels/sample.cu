@@ -13,7 +13,8 @@
  *   2  each block: the row's max and sum from the blocks' (each block's sum
  *      rescaled to the row's max), p = expf(x / t - max) / sum into the
  *      scratch, and either its range's mass (multinomial) or its histogram
- *      of the top-p candidates (p >= cutoff), added into the lead's: mass and
+ *      of the top-p candidates (p >= cutoff), then the row's in the lead's
+ *      (each block sums a share of the bins over the blocks): mass and
  *      count per bin of the top 11 bits of a candidate's key (its
  *      probability's bits less the cutoff's, so that the bins span only
  *      [cutoff, the row's largest p], finely: a flat row of 32,000 spreads
@@ -113,6 +114,8 @@ typedef struct {
     int shift0;      /* level 0 bins a key's bits from shift0 up */
     gather_plan plan;
     bin_hit hit[2];  /* plan_gather: the bins its targets fall in */
+    long long found[2]; /* select_listed: each round's candidate (-1: none) */
+    u64 through[2];     /* and the mass through it */
     long long index; /* a result */
 } pick_shared;
 static_assert(offsetof(pick_shared, idx) == offsetof(pick_shared, val) + CAP * sizeof(float) &&
@@ -487,13 +490,15 @@ static __device__ long long select_mult(pick_shared *sh, const float *p, long lo
 static __device__ void plan_gather(pick_shared *sh, float topp, float coin) {
     const int per = BINS / THREADS;
     int hi = BINS - 1 - per * (int)threadIdx.x;
-    u64 mass[per], count[per], mine = 0, counted = 0, whole, all;
+    u64 mass[per], count[per], mine = 0, whole;
     for (int k = 0; k < per; k++) {
         mass[k] = sh->mass[hi - k], count[k] = sh->count[hi - k];
-        mine += mass[k], counted += count[k];
+        mine += mass[k] << 32 | count[k];
     }
-    u64 before = block_scan(mine, sh->part, &whole);
-    u64 counted_before = block_scan(counted, sh->part, &all);
+    /* one scan of both: the mass (at most 2^31 + n / 2) over the count (at most n) */
+    u64 both = block_scan(mine, sh->part, &whole);
+    u64 before = both >> 32, counted_before = both & 0xffffffffu;
+    whole >>= 32;
     auto locate = [&](int nt, u64 t0, u64 t1) { /* into sh->hit[0], [1]; bin -1: none */
         if (threadIdx.x < 2) sh->hit[threadIdx.x].bin = -1;
         __syncthreads();
@@ -596,30 +601,27 @@ static __device__ long long select_listed(pick_shared *sh, float topp, float coi
         mass[k] = i < m ? fixed(__int_as_float((int)(0x7fffffffu - (unsigned)(keys[i] >> 32)))) : 0;
         mine += mass[k];
     }
+    if (threadIdx.x < 2) sh->found[threadIdx.x] = -1; /* block_scan's syncs publish it */
     u64 run = block_scan(mine, sh->part, &total);
     for (int k = 0; k < per; k++) {
         int i = per * (int)threadIdx.x + k;
         start[k] = i < (int)pl->count0 ? pl->above[0] + run : pl->above[1] + run - pl->mass0;
         run += mass[k];
     }
-    /* the candidate whose mass spans target, and the mass through it */
-    auto find = [&](u64 target, u64 *through) {
-        if (threadIdx.x == 0) sh->index = -1;
-        __syncthreads();
+    /* round r: the candidate whose mass spans target, and the mass through it */
+    auto find = [&](int r, u64 target, u64 *through) {
         for (int k = 0; k < per; k++)
             if (start[k] <= target && target < start[k] + mass[k]) {
                 int i = per * (int)threadIdx.x + k;
-                sh->index = (long long)(keys[i] & 0xffffffffu), sh->above = start[k] + mass[k];
+                sh->found[r] = (long long)(keys[i] & 0xffffffffu), sh->through[r] = start[k] + mass[k];
             }
         __syncthreads();
-        *through = sh->above;
-        long long index = sh->index;
-        __syncthreads();
-        return index;
+        *through = sh->through[r];
+        return sh->found[r];
     };
     u64 through = pl->whole;
-    if (pl->cut && find((u64)(topp * ONE), &through) < 0) return -1;
-    return find(draw_target(coin, through), &through);
+    if (pl->cut && find(0, (u64)(topp * ONE), &through) < 0) return -1;
+    return find(1, draw_target(coin, through), &through);
 }
 
 /* ---- the kernel ------------------------------------------------------------------- */
@@ -704,19 +706,24 @@ sample_rows(long long *out, const float *logits, const long long *state, const f
             histogram_add(sh.mass, sh.count, min((int)((bits_of(v) - base) >> shift0), BINS - 1),
                           fixed(v));
     });
-    __syncthreads();
     if (mult) {
         u64 total;
         block_scan(mass, sh.part, &total);
         if (threadIdx.x == 0) sh.block_mass = total;
-    } else if (b != 0) { /* into the lead's histogram, which the lead made in place */
-        for (int k = threadIdx.x; k < BINS; k += THREADS)
-            if (sh.count[k]) {
-                atomicAdd(&lead->count[k], sh.count[k]);
-                if (sh.mass[k]) atomicAdd(&lead->mass[k], sh.mass[k]);
-            }
     }
     cluster.sync();
+    if (!mult) { /* the row's histogram into the lead's: block b sums its share of the bins */
+        int from = (int)(BINS * (long long)b / g), to = (int)(BINS * (long long)(b + 1) / g);
+        for (int k = from + threadIdx.x; k < to; k += THREADS) {
+            unsigned bin_mass = 0, bin_count = 0;
+            for (int r = 0; r < g; r++) {
+                const pick_shared *o = cluster.map_shared_rank(&sh, r);
+                bin_mass += o->mass[k], bin_count += o->count[k];
+            }
+            lead->mass[k] = bin_mass, lead->count[k] = bin_count;
+        }
+        cluster.sync();
+    }
     u64 next;
     float coin = coin_of(state[row], &next);
     long long token = -1;
@@ -796,6 +803,10 @@ int mk_cuda_sample(const mk_launch *l, mk_error **err) {
     if (rows > 0x7fffffffLL)
         return mk_fail(err, MK_ERR_SHAPE, l->node->line, l->node->column,
                        "SampleNode: %lld rows is more than CUDA launches", rows);
+    if (n > 0x7fffffffLL) /* indices are int, sums of counts 32 bits */
+        return mk_fail(err, MK_ERR_SHAPE, l->node->line, l->node->column,
+                       "SampleNode: rows of %lld logits are more than CUDA's sampler takes "
+                       "(2^31 - 1)", n);
     char *scratch = (char *)l->scratch;
     cudaError_t st = launch(s, (unsigned)rows, (unsigned)(g < MAX_CLUSTER ? g : MAX_CLUSTER),
                             sample_rows, (long long *)l->out.data, (const float *)x->data,
