@@ -63,15 +63,31 @@ local function default_write(s)
     io.stdout:flush()
 end
 
+-- generate's chunk follows the model's speed: about CHUNK_SECONDS of steps a
+-- call (see generate).
+M.CHUNK_SECONDS = 0.02
+
+-- The chunk after a call that made n tokens in `seconds`: the power of two in
+-- [4, 64] nearest below CHUNK_SECONDS of steps at that rate.
+local function next_chunk(n, seconds)
+    local want, chunk = n * M.CHUNK_SECONDS / math.max(seconds, 1e-9), 4
+    while chunk < 64 and chunk * 2 <= want do chunk = chunk * 2 end
+    return chunk
+end
+
 -- Generates up to `steps` positions from `prompt`, printing pieces through
 -- opts.write (stdout by default) and "achieved tok/s" through opts.report
 -- (stderr by default). Returns the generated ids (prompt included, 0-based
 -- token ids) and the tok/s figure (nil when no step ran after the first).
 -- The transformer must be fresh or reset. The prompt runs in one evaluation
 -- (net:prefill) where it fits in `steps`; past it, a greedy or sampling model
--- generates opts.chunk (default 16) tokens a call inside the model
--- (net:steps), printing each chunk as it returns; opts.per_token runs one
--- evaluation a token throughout instead (the same text).
+-- generates opts.chunk tokens a call inside the model (net:steps), printing
+-- each chunk as it returns; without opts.chunk, 16 at first, then as many
+-- as take about CHUNK_SECONDS at the rate the last call ran (4 to 64), so
+-- that a fast model returns to the host rarely (its per-call cost spread over
+-- many tokens) while text still appears every few milliseconds.
+-- opts.per_token runs one evaluation a token throughout instead (the same
+-- text).
 function M.generate(net, tok, smp, prompt, steps, opts)
     opts = opts or {}
     local write = opts.write or default_write
@@ -104,7 +120,9 @@ function M.generate(net, tok, smp, prompt, steps, opts)
     while going and pos < steps do
         local made
         if chunk and pos >= #prompt_tokens - 1 then
+            local t0 = model.clock()
             made = net:steps(token, pos, math.min(chunk, steps - pos), stop_on_bos and tokenizer.BOS or nil, smp)
+            if not opts.chunk and #made > 0 then chunk = next_chunk(#made, model.clock() - t0) end
         elseif pos < #prompt_tokens - 1 then
             net:forward(token, pos, smp)          -- run.c does not sample here: smp stays
             made = { prompt_tokens[pos + 2] }     -- still inside the prompt: force it
