@@ -14,9 +14,11 @@
  *             copies are two kernels through the block's device mapping (one
  *             each end), not copy-engine nodes. A capture failure is an error, never a
  *             fallback to eager launches.
- *   evaluate  host → pinned (memcpy), one graph launch, one sync, then
+ *   evaluate  host → pinned (memcpy), one graph launch, then a wait: with
+ *             stage kernels a spin on a pinned word the last one writes
+ *             (a microsecond sooner than a stream sync), else a sync; then
  *             either the fault as MK_ERR_EVAL naming the node, or pinned →
- *             host. Two CUDA calls; nothing is allocated.
+ *             host. Nothing is allocated.
  *   close     everything above, in reverse.
  *
  * CUDA is initialised only by the probe and open, so loading the plugin on a
@@ -60,6 +62,18 @@ __global__ void mk_stage_kernel(mk_stage_copies c) {
                 ((uint4 *)d)[w] = s ? ((const uint4 *)s)[w] : make_uint4(0, 0, 0, 0);
         }
         for (unsigned long long b = 16 * words + t; b < n; b += step) d[b] = s ? s[b] : 0;
+    }
+    if (c.done) { /* the host's done word, once every block's copies are visible to it */
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            __threadfence_system();
+            if (atomicAdd(&c.counts[0], 1u) == gridDim.x - 1) {
+                c.counts[0] = 0;
+                unsigned number = ++c.counts[1];
+                __threadfence_system();
+                *(volatile unsigned *)c.done = number;
+            }
+        }
     }
 }
 
@@ -168,6 +182,7 @@ static void cuda_close(void *state) {
     if (s->blas) cublasDestroy(s->blas);
     if (s->blas_workspace) cudaFree(s->blas_workspace);
     if (s->fault) cudaFree(s->fault);
+    if (s->done_counts) cudaFree(s->done_counts);
     for (int i = 0; i < s->n_extra; i++) cudaFree(s->extra[i]);
     free(s->extra);
     free(s->generated); /* the kernels stay cached for the process */
@@ -359,12 +374,12 @@ static int cuda_prepare(void *state, const mk_launch *launches, int n, const mk_
     if (s->exec || s->pinned)
         return MK_INTERNAL(err, "cuda prepare called twice for one model");
 
-    /* One pinned block: [input 0][input 1]…[output 0]…[fault record]. */
+    /* One pinned block: [input 0][input 1]…[output 0]…[fault record][done word]. */
     {
         size_t total = 0;
         for (int i = 0; i < n_in; i++) total += stage_round(in[i].bytes);
         for (int o = 0; o < n_out; o++) total += stage_round(out[o].bytes);
-        total += stage_round(sizeof(mk_cuda_fault));
+        total += stage_round(sizeof(mk_cuda_fault)) + stage_round(sizeof(unsigned));
         s->in_stage = (void **)calloc((size_t)(n_in ? n_in : 1), sizeof *s->in_stage);
         s->out_stage = (void **)calloc((size_t)(n_out ? n_out : 1), sizeof *s->out_stage);
         if (!s->in_stage || !s->out_stage)
@@ -386,6 +401,13 @@ static int cuda_prepare(void *state, const mk_launch *launches, int n, const mk_
         }
         s->fault_stage = (mk_cuda_fault *)(s->pinned + at);
         memset(s->fault_stage, 0, sizeof *s->fault_stage);
+        at += stage_round(sizeof(mk_cuda_fault));
+        s->done_stage = (unsigned *)(s->pinned + at);
+        *s->done_stage = 0;
+        if (s->stage_kernels) {
+            MK_CUDA_TRY(err, cudaMalloc((void **)&s->done_counts, 2 * sizeof(unsigned)));
+            MK_CUDA_TRY(err, cudaMemset(s->done_counts, 0, 2 * sizeof(unsigned)));
+        }
     }
 
     /* Generated kernels are compiled and loaded now: loading is no capture work. */
@@ -432,6 +454,8 @@ static int cuda_prepare(void *state, const mk_launch *launches, int n, const mk_
         c.dst[c.n] = stage_on_device(s, s->fault_stage);
         c.src[c.n] = (const unsigned char *)s->fault;
         c.bytes[c.n++] = sizeof *s->fault;
+        c.done = (unsigned *)stage_on_device(s, s->done_stage);
+        c.counts = s->done_counts;
         if (!mk_cuda_stage_launch(&c, s->stream)) failed_at = -2;
     } else if (failed_at == -1) {
         for (int o = 0; failed_at == -1 && o < n_out; o++)
@@ -500,6 +524,23 @@ int mk_cuda_fault_error(const mk_cuda_fault *f, const mk_launch *launches, int n
     return mk_fault(err, node, (mk_fault_kind)f->kind, f->value[0], f->value[1], f->value[2]);
 }
 
+/* Spins until the graph's last stage kernel writes `number` to the done word;
+ * now and then asks the stream, so that a failed graph is an error, not a
+ * wait without end. The graph may still be ending: its stream is not idle,
+ * but every staging slot is free (its last kernel has read and written them). */
+static int wait_done(mk_cuda_state *s, unsigned number, mk_error **err) {
+    for (unsigned spin = 1;; spin++) {
+        if (__atomic_load_n(s->done_stage, __ATOMIC_ACQUIRE) == number) return 0;
+        if (spin % 4096) continue;
+        cudaError_t status = cudaStreamQuery(s->stream);
+        if (status == cudaErrorNotReady) continue;
+        if (status != cudaSuccess)
+            return mk_cuda_fail_status(err, status, "running the CUDA graph", __FILE__, __LINE__);
+        if (__atomic_load_n(s->done_stage, __ATOMIC_ACQUIRE) == number) return 0;
+        return MK_INTERNAL(err, "the CUDA graph ended without writing its done word");
+    }
+}
+
 static int cuda_evaluate(void *state, const mk_launch *launches, int n, const mk_copy *in,
                          int n_in, const mk_copy *out, int n_out, const mk_host *host,
                          mk_error **err) {
@@ -511,11 +552,16 @@ static int cuda_evaluate(void *state, const mk_launch *launches, int n, const mk
     if (!s->exec || n_in != s->n_in || n_out != s->n_out)
         return MK_INTERNAL(err, "cuda evaluate before prepare, or with other copies");
     MK_CUDA_TRY(err, cudaSetDevice(s->device));
-    /* the stream is idle here (every evaluation ends in a sync): the slots are free */
+    /* the slots are free: the last evaluation waited for its graph's last kernel */
     for (int i = 0; i < n_in; i++)
         if (in[i].bytes) memcpy(s->in_stage[i], in[i].host, in[i].bytes);
     MK_CUDA_TRY(err, cudaGraphLaunch(s->exec, s->stream));
-    MK_CUDA_TRY(err, cudaStreamSynchronize(s->stream));
+    s->evaluations++;
+    if (s->stage_kernels) {
+        if (wait_done(s, s->evaluations, err)) goto fail;
+    } else {
+        MK_CUDA_TRY(err, cudaStreamSynchronize(s->stream));
+    }
     if (s->fault_stage->flag) return mk_cuda_fault_error(s->fault_stage, launches, n, err);
     for (int o = 0; o < n_out; o++)
         if (out[o].bytes) memcpy(out[o].host, s->out_stage[o], out[o].bytes);

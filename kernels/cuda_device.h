@@ -62,6 +62,11 @@ typedef struct {
     unsigned char *dst[MK_STAGE_COPIES];
     const unsigned char *src[MK_STAGE_COPIES]; /* NULL: fill with zeros */
     unsigned long long bytes[MK_STAGE_COPIES];
+    /* where set (the graph's last copies): once every block's copies are out,
+     * the last block adds one to counts[1] and writes it to *done, a word the
+     * host reads (mapped); counts[0] counts the blocks (device, zeroed) */
+    unsigned *done;
+    unsigned *counts;
 } mk_stage_copies;
 
 /* A step loop's control word (steps.cu), in device memory and, staged, pinned. */
@@ -89,6 +94,12 @@ typedef struct mk_cuda_state {
     void **out_stage;      /* [n_out] pointers into `pinned` */
     int n_out;
     mk_cuda_fault *fault_stage;
+    /* with stage kernels, evaluate waits for the graph by spinning on this
+     * pinned word (the last stage kernel writes the evaluation's number),
+     * not by a stream sync: about a microsecond sooner */
+    unsigned *done_stage;
+    unsigned *done_counts;  /* device: mk_stage_copies.counts */
+    unsigned evaluations;   /* graph launches so far */
 
     cudaGraph_t graph;
     cudaGraphExec_t exec;
