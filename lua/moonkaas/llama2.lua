@@ -155,6 +155,10 @@ end
 -- run.c's chat loop: Llama 2 chat template, the assistant's turn ends on EOS
 -- (2), user (and, at the start, system) prompts from opts.read_line(guide)
 -- unless given. Writes through opts.write. Ends after `steps` positions.
+-- Each turn's prompt runs in one evaluation (net:prefill) where it fits in
+-- `steps`: run.c samples at every prompt position and keeps only the last
+-- draw, so the generator steps once for each of the others first, and the
+-- text is run.c's. opts.per_token feeds prompts a token at a time instead.
 function M.chat(net, tok, smp, user_prompt, system_prompt, steps, opts)
     opts = opts or {}
     local write = opts.write or default_write
@@ -193,6 +197,21 @@ function M.chat(net, tok, smp, user_prompt, system_prompt, steps, opts)
             user_idx = 1
             user_turn = false
             write("Assistant: ")
+            if not opts.per_token and #prompt_tokens > 1 and pos + #prompt_tokens <= steps then
+                if not smp:greedy() then
+                    for _ = 1, #prompt_tokens - 1 do smp:coin() end
+                end
+                token = prompt_tokens[#prompt_tokens]
+                nxt = net:prefill(prompt_tokens, pos, smp)
+                pos = pos + #prompt_tokens
+                user_idx = #prompt_tokens + 1
+                if nxt == tokenizer.EOS then
+                    write("\n")
+                else
+                    write(tokenizer.printable(tok:decode(token, nxt)))
+                end
+                goto next_position
+            end
         end
         if user_idx <= #prompt_tokens then
             token = prompt_tokens[user_idx]
@@ -208,6 +227,7 @@ function M.chat(net, tok, smp, user_prompt, system_prompt, steps, opts)
             write(tokenizer.printable(tok:decode(token, nxt)))
         end
         if nxt == tokenizer.EOS then write("\n") end
+        ::next_position::
     end
     write("\n")
 end
@@ -232,9 +252,10 @@ Options:
               or q8a8 (q8, and each product's input in int8 groups: runq.c);
               default: the checkpoint's own precision
   --cudnn     fuse with cuDNN (CUDA only)
-  --per-token one evaluation a token (otherwise the prompt in one
-              evaluation, then 16 tokens a call run inside the model,
-              sampler included; the text is the same)
+  --per-token one evaluation a token (otherwise each prompt in one
+              evaluation, chat's turns included, and generate's tokens 4 to
+              64 a call run inside the model, sampler included; the text is
+              the same)
   -h          print this help
 ]]
 
@@ -426,7 +447,7 @@ function M.main(argv, env)
                        { write = env.stdout, report = err_write, per_token = o.per_token })
         else
             M.chat(net, tok, smp, o.prompt, o.system_prompt, o.steps,
-                   { write = env.stdout, read_line = env.read_line })
+                   { write = env.stdout, read_line = env.read_line, per_token = o.per_token })
         end
     end)
     if not run_ok then return fail(tostring(rerr)) end
