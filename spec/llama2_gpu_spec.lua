@@ -46,22 +46,7 @@ describe("llama2 on CUDA #gpu", function()
 
     it("chats as run.c does when sampling, each turn's prompt in one evaluation or a token at a time", function()
         if not need_gpu() or not need_models() then return end
-        local want = H.read_file("spec/fixtures/stories260K_chat_t1_p0.9_s42_n200.expected.txt")
-        for _, per_token in ipairs({ false, true }) do
-            local lines, out, err = { "Tell me", "More please" }, {}, {}
-            local argv = { H.models .. "/stories260K.bin", "-z", H.models .. "/tok512.bin", "-m", "chat",
-                           "-n", "200", "-t", "1", "-p", "0.9", "-s", "42", "-d", "cuda" }
-            if per_token then argv[#argv + 1] = "--per-token" end
-            local code = llama2.main(argv,
-                { mk = mk, stdout = function(s) out[#out + 1] = s end,
-                  stderr = function(s) err[#err + 1] = s end,
-                  read_line = function(guide)
-                      out[#out + 1] = guide
-                      return table.remove(lines, 1)
-                  end })
-            assert.are.equal(0, code, table.concat(err))
-            assert.are.equal(want, table.concat(out), table.concat(argv, " "))
-        end
+        H.check_chat(mk, llama2, "cuda")
     end)
 
     it("runs a version 2 (int8) export: the text run.c tells for its dequantized weights", function()

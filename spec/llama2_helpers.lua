@@ -375,4 +375,36 @@ function H.run_cli(args)
     return code, o, e
 end
 
+-- llama2.main(argv) as a chat: read_line answers with lines in turn (then
+-- nil, as at the end of stdin), each guide it is given is printed as the
+-- default would print it. Returns the exit code, stdout, stderr.
+function H.chat(mk, llama2, argv, lines)
+    local out, err = {}, {}
+    lines = { table.unpack(lines) }
+    local code = llama2.main(argv, {
+        mk = mk, stdout = function(s) out[#out + 1] = s end, stderr = function(s) err[#err + 1] = s end,
+        read_line = function(guide)
+            out[#out + 1] = guide
+            return table.remove(lines, 1)
+        end })
+    return code, table.concat(out), table.concat(err)
+end
+
+-- run.c's sampled chat on stories260K (fixture from printf 'Tell me\nMore
+-- please\n' | run -m chat -n 200 -t 1 -p 0.9 -s 42: the system prompt, then
+-- the user's), each turn's prompt in one evaluation and a token at a time.
+function H.check_chat(mk, llama2, device)
+    local want = H.read_file("spec/fixtures/stories260K_chat_t1_p0.9_s42_n200.expected.txt")
+    for _, per_token in ipairs({ false, true }) do
+        local argv = { H.models .. "/stories260K.bin", "-z", H.models .. "/tok512.bin", "-m", "chat",
+                       "-n", "200", "-t", "1", "-p", "0.9", "-s", "42", "-d", device }
+        if per_token then argv[#argv + 1] = "--per-token" end
+        local code, text, err = H.chat(mk, llama2, argv, { "Tell me", "More please" })
+        assert(code == 0, err)
+        if text ~= want then
+            error(string.format("%s:\nwant %q\ngot  %q", table.concat(argv, " "), want, text), 0)
+        end
+    end
+end
+
 return H

@@ -94,23 +94,7 @@ describe("llama2 on stories260K (CPU)", function()
 
     it("chats like run.c when sampling, each turn's prompt in one evaluation or a token at a time", function()
         if not need_core() or not need_models() then return end
-        -- printf 'Tell me\nMore please\n' | run.c -m chat -n 200 -t 1 -p 0.9 -s 42: the system
-        -- prompt, then the user's; run.c draws at every prompt position
-        local want = H.read_file("spec/fixtures/stories260K_chat_t1_p0.9_s42_n200.expected.txt")
-        for _, per_token in ipairs({ false, true }) do
-            local lines, out = { "Tell me", "More please" }, {}
-            local argv = { H.models .. "/stories260K.bin", "-z", H.models .. "/tok512.bin", "-m", "chat",
-                           "-n", "200", "-t", "1", "-p", "0.9", "-s", "42", "-d", "cpu" }
-            if per_token then argv[#argv + 1] = "--per-token" end
-            local code = llama2.main(argv,
-                { mk = mk, stdout = function(s) out[#out + 1] = s end, stderr = function() end,
-                  read_line = function(guide)
-                      out[#out + 1] = guide
-                      return table.remove(lines, 1)
-                  end })
-            assert.are.equal(0, code)
-            assert.are.equal(want, table.concat(out), table.concat(argv, " "))
-        end
+        H.check_chat(mk, llama2, "cpu")
     end)
 
     it("chats like run.c: prompts read from the user", function()
@@ -119,17 +103,10 @@ describe("llama2 on stories260K (CPU)", function()
         local want = "Enter system prompt (optional): User: Assistant: . As she was about a small bird, she " ..
                      "saw a big bird. \n\"Hello,\" said Annaby.\n\"Hello,\" said Annabyy.\n\"Hello,\" said " ..
                      "Annabyed in the bird. \"It's a small bird!\" \n\"What's your bir\n"
-        local lines = { "Tell me" }
-        local out = {}
-        local code = llama2.main({ H.models .. "/stories260K.bin", "-z", H.models .. "/tok512.bin", "-m", "chat",
-                                   "-n", "150", "-t", "0", "-d", "cpu" },
-            { mk = mk, stdout = function(s) out[#out + 1] = s end, stderr = function() end,
-              read_line = function(guide)
-                  out[#out + 1] = guide
-                  return table.remove(lines, 1)
-              end })
-        assert.are.equal(0, code)
-        assert.are.equal(want, table.concat(out))
+        local code, text, err = H.chat(mk, llama2, { H.models .. "/stories260K.bin", "-z",
+            H.models .. "/tok512.bin", "-m", "chat", "-n", "150", "-t", "0", "-d", "cpu" }, { "Tell me" })
+        assert.are.equal(0, code, err)
+        assert.are.equal(want, text)
     end)
 
     it("samples run.c's text for a fixed seed (top-p and plain multinomial)", function()
