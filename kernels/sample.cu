@@ -103,7 +103,6 @@ typedef struct {
     long long block_best;             /* t <= 0: its argmax */
     u64 block_mass;                   /* multinomial: its mass */
     float max[MAX_CLUSTER], sum[MAX_CLUSTER]; /* every block's, gathered */
-    long long best[MAX_CLUSTER];
     u64 masses[MAX_CLUSTER];
     u64 part[WARPS];
     float fpart[WARPS];
