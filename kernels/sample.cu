@@ -578,11 +578,16 @@ static __device__ void sort_keys(u64 *keys, int m) {
  * descending, then index), their running masses from the plan's ranges, the
  * cut's mass where the cut is among them, then the draw's candidate. -1 where
  * a target falls outside them (the plan says it cannot), for the radix way.
+ * Up to 32 candidates (a peaked row's usual few) one warp does it all in
+ * registers, with no block barrier (select_warp).
  */
+static __device__ long long select_warp(pick_shared *sh, int m, float topp, float coin);
+
 static __device__ long long select_listed(pick_shared *sh, float topp, float coin) {
     const int per = CAP / THREADS;
     const gather_plan *pl = &sh->plan;
     int m = min(sh->listed, CAP);
+    if (m <= 32) return select_warp(sh, m, topp, coin);
     u64 key[per];
     for (int k = 0; k < per; k++) {
         int i = per * (int)threadIdx.x + k;
@@ -612,7 +617,8 @@ static __device__ long long select_listed(pick_shared *sh, float topp, float coi
         for (int k = 0; k < per; k++)
             if (start[k] <= target && target < start[k] + mass[k]) {
                 int i = per * (int)threadIdx.x + k;
-                sh->found[r] = (long long)(keys[i] & 0xffffffffu), sh->through[r] = start[k] + mass[k];
+                sh->found[r] = (long long)(keys[i] & 0xffffffffu);
+                sh->through[r] = start[k] + mass[k];
             }
         __syncthreads();
         *through = sh->through[r];
@@ -621,6 +627,46 @@ static __device__ long long select_listed(pick_shared *sh, float topp, float coi
     u64 through = pl->whole;
     if (pl->cut && find(0, (u64)(topp * ONE), &through) < 0) return -1;
     return find(1, draw_target(coin, through), &through);
+}
+
+/* select_listed for m <= 32 candidates: lane i holds the i-th in run.c's
+ * order after a bitonic sort across the warp; a scan of the masses, then a
+ * ballot for each target. The other warps wait at one barrier. */
+static __device__ long long select_warp(pick_shared *sh, int m, float topp, float coin) {
+    const gather_plan *pl = &sh->plan;
+    if (threadIdx.x < 32) {
+        int lane = threadIdx.x;
+        u64 key = lane < m ? (u64)(0x7fffffffu - bits_of(sh->val[lane])) << 32 |
+                                 (unsigned)sh->idx[lane]
+                           : ~0ull;
+        for (int k = 2; k <= 32; k <<= 1)
+            for (int j = k >> 1; j > 0; j >>= 1) {
+                u64 other = __shfl_xor_sync(FULL, key, j);
+                bool low = (lane & j) == 0, up = (lane & k) == 0 || k == 32;
+                key = (low == up) == (key < other) ? key : other;
+            }
+        unsigned bits = 0x7fffffffu - (unsigned)(key >> 32);
+        u64 mass = lane < m ? fixed(__int_as_float((int)bits)) : 0, run = mass;
+        for (int d = 1; d < 32; d <<= 1) {
+            u64 y = __shfl_up_sync(FULL, run, d);
+            if (lane >= d) run += y;
+        }
+        run -= mass; /* the mass before this candidate */
+        u64 start = lane < (int)pl->count0 ? pl->above[0] + run : pl->above[1] + run - pl->mass0;
+        auto find = [&](u64 target, u64 *through) -> long long { /* -1: none */
+            unsigned hit = __ballot_sync(FULL, start <= target && target < start + mass);
+            if (!hit) return -1;
+            int at = __ffs(hit) - 1;
+            *through = __shfl_sync(FULL, start + mass, at);
+            return (long long)(__shfl_sync(FULL, key, at) & 0xffffffffu);
+        };
+        u64 through = pl->whole;
+        long long token = pl->cut ? find((u64)(topp * ONE), &through) : 0;
+        if (token >= 0) token = find(draw_target(coin, through), &through);
+        if (lane == 0) sh->found[0] = token;
+    }
+    __syncthreads();
+    return sh->found[0];
 }
 
 /* ---- the kernel ------------------------------------------------------------------- */
