@@ -314,14 +314,33 @@ done:
 
 /* ---- sharing ---------------------------------------------------------------------- */
 
+/* A constant's bytes as its node holds them: the caller's dense row-major
+ * data, or a copy laid out by the node's strides (a [k, n] float32 held by
+ * columns: passes.c's weights_by_columns), which *copy owns. NULL: no memory. */
+static const void *laid_out(const mk_node *n, const void *data, void **copy) {
+    int64_t dense[MK_MAX_RANK];
+    mk_contiguous_strides(n->rank, n->shape, dense);
+    *copy = NULL;
+    if (!memcmp(dense, n->stride, sizeof dense[0] * (size_t)n->rank)) return data;
+    uint32_t *out = malloc(mk_node_bytes(n)); /* float32, rank 2 */
+    if (!out) return NULL;
+    const uint32_t *in = data;
+    int64_t rows = n->shape[0], cols = n->shape[1];
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < cols; j++)
+            out[i * n->stride[0] + j * n->stride[1]] = in[i * cols + j];
+    return *copy = out;
+}
+
 static bool same_type(const mk_node *a, const mk_node *b) {
     return a->dtype == b->dtype && a->rank == b->rank &&
            !memcmp(a->shape, b->shape, sizeof a->shape[0] * (size_t)a->rank);
 }
 
 /* The shared model's leaf whose memory leaf n uses in place, or NULL: a
- * buffer of n's name, a constant of its name, type and host data (unless
- * constants are borrowed: then they are the host's memory already). */
+ * buffer of n's name, a constant of its name, type, layout (weights held by
+ * columns or not) and host data (unless constants are borrowed: then they
+ * are the host's memory already). */
 static const mk_node *shared_twin(const mk_model *m, const mk_node *n) {
     const mk_model *o = m->shared;
     bool buffer = n->storage == MK_STORAGE_BUFFER;
@@ -330,7 +349,8 @@ static const mk_node *shared_twin(const mk_model *m, const mk_node *n) {
     const mk_node *x = mk_graph_find_name(o->graph, n->name);
     if (!x || x->op->leaf != n->op->leaf || !same_type(x, n) || !o->base[x->index]) return NULL;
     if (n->storage == MK_STORAGE_CONSTANT &&
-        (!m->given[n->index] || o->given[x->index] != m->given[n->index]))
+        (!m->given[n->index] || o->given[x->index] != m->given[n->index] ||
+         memcmp(x->stride, n->stride, sizeof n->stride[0] * (size_t)n->rank)))
         return NULL;
     return x;
 }
@@ -417,8 +437,13 @@ static int allocate(mk_model *m, const mk_host *host, mk_error **err) {
             }
             if (!(m->base[i] = m->dev->alloc(m->dev_state, bytes, err))) return leaf_failed(n, err);
             m->owns_alloc[i] = true;
-            if (m->dev->upload(m->dev_state, m->base[i], const_data[i], bytes, err))
-                return leaf_failed(n, err);
+            void *copy;
+            const void *data = laid_out(n, const_data[i], &copy);
+            if (!data) return mk_fail(err, MK_ERR_NOMEM, n->line, n->column,
+                                      "laying out the constant '%s' by columns", n->name);
+            int status = m->dev->upload(m->dev_state, m->base[i], data, bytes, err);
+            free(copy);
+            if (status) return leaf_failed(n, err);
             uploaded += (int64_t)bytes;
             host->progress(host, MK_PHASE_UPLOAD, uploaded, upload_total);
             if (host->cancelled(host)) return mk_cancelled(err, "compile");

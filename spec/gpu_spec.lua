@@ -102,6 +102,47 @@ describe("CUDA #gpu", function()
             "script:", "evaluation error:")
     end)
 
+    gpu_it("[in, out] weights are held by columns: an MLP is three matrix-vector groups", function()
+        local sizes = { 64, math.random(100, 300) * 2, math.random(20, 60) * 2, 8 }
+        local x = mk.input("x", "float32", { 1, sizes[1] })
+        local xt, xr = H.rand({ 1, sizes[1] })
+        local h, ref = x, xr
+        for l = 1, 3 do
+            local s = 1 / math.sqrt(sizes[l])
+            local w, wr = H.rand({ sizes[l], sizes[l + 1] }, -s, s)
+            local b, br = H.rand({ 1, sizes[l + 1] }, -0.1, 0.1)
+            h = h:matmul(mk.constant(w, "w" .. l)) + mk.constant(b, "b" .. l)
+            ref = R.add(R.matmul(ref, wr), br)
+            if l < 3 then h, ref = h:relu(), R.relu(ref) end
+        end
+        local model <close> = mk.compile(h, { device = "cuda" })
+        local report = model:fusion_report()
+        assert.are.equal(3, model:stats().launches, report)
+        assert.are.equal(3, select(2, report:gsub("matrix%-vector group", "")), report)
+        H.assert_close(model:run({ x = xt }), ref, 1e-5, 1e-4)
+        H.assert_close(model:run({ x = xt }), ref, 1e-5, 1e-4)
+    end)
+
+    gpu_it("a constant read as weights and otherwise keeps its rows; sharing minds the layout", function()
+        local k, n = math.random(3, 40), math.random(2, 30) * 2
+        local x = mk.input("x", "float32", { 1, k })
+        local xt, xr = H.rand({ 1, k })
+        local w, wr = H.rand({ k, n })
+        local wc = mk.constant(w, "w")
+        -- w as weights only (held by columns), and as weights and a pointwise operand (by rows)
+        local only <close> = mk.compile(x:matmul(wc), { device = "cuda" })
+        H.assert_close(only:run({ x = xt }), R.matmul(xr, wr), 1e-5, 1e-4)
+        local both <close> = mk.compile({ x:matmul(wc), wc * 2 }, { device = "cuda", share = only })
+        local y, w2 = both:run({ x = xt })
+        H.assert_close(y, R.matmul(xr, wr), 1e-5, 1e-4)
+        H.assert_close(w2, R.mul(wr, { shape = { 1 }, data = { 2 } }), 0, 0)
+        assert.are.equal(0, both:stats().shared_bytes) -- another layout: its own copy
+        local again <close> = mk.compile(x:matmul(wc) * 2, { device = "cuda", share = only })
+        assert.are.equal(4 * k * n, again:stats().shared_bytes)
+        H.assert_close(again:run({ x = xt }), R.mul(R.matmul(xr, wr), { shape = { 1 }, data = { 2 } }),
+                       1e-5, 1e-4)
+    end)
+
     gpu_it("an MLP with cuDNN fusion reports its groups", function()
         local x = mk.input("x", "float32", { 8, 32 })
         local xt, xr = H.rand({ 8, 32 })
