@@ -48,8 +48,14 @@
 /* ---- copies as kernels ---------------------------------------------------- */
 
 /* Every copy of c, the whole grid on each: 16-byte words where both ends
- * allow (slots and device buffers are aligned), then bytes. */
+ * allow (slots and device buffers are aligned), then bytes. Launched with
+ * programmatic dependent launch (mk_cuda_stage_launch), it waits for the
+ * launch before and lets the next be scheduled at once. */
 __global__ void mk_stage_kernel(mk_stage_copies c) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
     unsigned long long t = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
     unsigned long long step = (unsigned long long)gridDim.x * blockDim.x;
     for (int i = 0; i < c.n; i++) {
@@ -81,13 +87,22 @@ static unsigned char *stage_on_device(const mk_cuda_state *s, const void *host) 
     return s->pinned_dev + ((const unsigned char *)host - s->pinned);
 }
 
-bool mk_cuda_stage_launch(const mk_stage_copies *c, cudaStream_t stream) {
+bool mk_cuda_stage_launch(const mk_stage_copies *c, cudaStream_t stream, bool pdl) {
     if (c->n == 0) return true;
     unsigned long long most = 0;
     for (int i = 0; i < c->n; i++) most = c->bytes[i] > most ? c->bytes[i] : most;
     unsigned int blocks = (unsigned int)((most / 16 + 255) / 256);
-    mk_stage_kernel<<<blocks ? (blocks < 64 ? blocks : 64) : 1, 256, 0, stream>>>(*c);
-    return cudaGetLastError() == cudaSuccess;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(blocks ? (blocks < 64 ? blocks : 64) : 1);
+    cfg.blockDim = dim3(256);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, mk_stage_kernel, *c) == cudaSuccess &&
+           cudaGetLastError() == cudaSuccess;
 }
 
 /* ---- errors ------------------------------------------------------------- */
@@ -431,7 +446,7 @@ static int cuda_prepare(void *state, const mk_launch *launches, int n, const mk_
         }
         c.dst[c.n] = (unsigned char *)s->fault;
         c.bytes[c.n++] = sizeof *s->fault;
-        if (!mk_cuda_stage_launch(&c, s->stream)) failed_at = -2;
+        if (!mk_cuda_stage_launch(&c, s->stream, s->pdl)) failed_at = -2;
     } else {
         for (int i = 0; failed_at == -1 && i < n_in; i++)
             if (in[i].bytes && cudaMemcpyAsync(in[i].device, s->in_stage[i], in[i].bytes,
@@ -456,7 +471,7 @@ static int cuda_prepare(void *state, const mk_launch *launches, int n, const mk_
         c.bytes[c.n++] = sizeof *s->fault;
         c.done = (unsigned *)stage_on_device(s, s->done_stage);
         c.counts = s->done_counts;
-        if (!mk_cuda_stage_launch(&c, s->stream)) failed_at = -2;
+        if (!mk_cuda_stage_launch(&c, s->stream, s->pdl)) failed_at = -2;
     } else if (failed_at == -1) {
         for (int o = 0; failed_at == -1 && o < n_out; o++)
             if (out[o].bytes && cudaMemcpyAsync(s->out_stage[o], out[o].device, out[o].bytes,

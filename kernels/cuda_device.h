@@ -169,7 +169,8 @@ void *mk_cuda_extra(mk_cuda_state *s, size_t bytes, mk_error **err);
 /* cuda_device.cu: captures c as one kernel node on the stream (false if the
  * launch failed), and every launch's kernels (-1, or the index of the launch
  * that failed, *err set). */
-bool mk_cuda_stage_launch(const mk_stage_copies *c, cudaStream_t stream);
+/* pdl: with programmatic dependent launch (sm_90+: mk_cuda_state.pdl) */
+bool mk_cuda_stage_launch(const mk_stage_copies *c, cudaStream_t stream, bool pdl);
 int mk_cuda_capture_launches(const mk_launch *launches, int n, mk_error **err);
 /* The fault record as the error the CPU device gives for the same value (mk_fault). */
 int mk_cuda_fault_error(const mk_cuda_fault *f, const mk_launch *launches, int n,

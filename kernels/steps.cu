@@ -110,7 +110,7 @@ static int capture_copies(mk_cuda_state *s, cudaGraph_t g, const cudaGraphNode_t
     bool launched;
     MK_CUDA_TRY(err, cudaStreamBeginCaptureToGraph(s->stream, g, after, NULL, after ? 1 : 0,
                                                    cudaStreamCaptureModeThreadLocal));
-    launched = mk_cuda_stage_launch(c, s->stream);
+    launched = mk_cuda_stage_launch(c, s->stream, false); /* a graph built by pieces */
     MK_CUDA_TRY(err, cudaStreamEndCapture(s->stream, &g));
     if (!launched) return MK_INTERNAL(err, "the step loop's staging kernel did not launch");
     return 0;
