@@ -158,11 +158,12 @@ static int assign_storage(mk_graph *g, const mk_compile_options *opts, mk_error 
  * that only products read as their weights is held by columns: strides
  * (1, k), its data laid out so when the model uploads it. The products then
  * group with what surrounds them (one generated kernel each, not a library
- * call and a pointwise launch); a library product reads it transposed.
+ * call and a pointwise launch); a library product reads it transposed. Only
+ * where the matrix-vector pass runs (not with no_fusion, no_passes or cuDNN).
  */
 static int weights_by_columns(mk_graph *g, const mk_compile_options *opts, mk_error **err) {
     (void)err;
-    if (g->row_products || opts->no_passes || opts->use_cudnn) return 0;
+    if (g->row_products || opts->no_passes || opts->no_fusion || opts->use_cudnn) return 0;
     for (int i = 0; i < g->n_nodes; i++) {
         mk_node *w = g->nodes[i];
         if (w->op->leaf != MK_LEAF_CONSTANT || w->dtype != MK_DTYPE_FLOAT32 || w->rank != 2 ||
