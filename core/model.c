@@ -316,7 +316,7 @@ done:
 
 /* A constant's bytes as its node holds them: the caller's dense row-major
  * data, or a copy laid out by the node's strides (a [k, n] float32 held by
- * columns: passes.c's weights_by_columns), which *copy owns. NULL: no memory. */
+ * columns: product.c's hold_by_columns), which *copy owns. NULL: no memory. */
 static const void *laid_out(const mk_node *n, const void *data, void **copy) {
     int64_t dense[MK_MAX_RANK];
     mk_contiguous_strides(n->rank, n->shape, dense);

@@ -150,39 +150,6 @@ static int assign_storage(mk_graph *g, const mk_compile_options *opts, mk_error 
     return 0;
 }
 
-/* ---- weights by columns ------------------------------------------------------ */
-
-/*
- * On a device whose matrix-vector groups read weights by columns only
- * (row_products false: CUDA), a float32 constant [k, n] (an MLP's [in, out])
- * that only products read as their weights is held by columns: strides
- * (1, k), its data laid out so when the model uploads it. The products then
- * group with what surrounds them (one generated kernel each, not a library
- * call and a pointwise launch); a library product reads it transposed. Only
- * where the matrix-vector pass runs (not with no_fusion, no_passes or cuDNN).
- */
-static int weights_by_columns(mk_graph *g, const mk_compile_options *opts, mk_error **err) {
-    (void)err;
-    if (g->row_products || opts->no_passes || opts->no_fusion || opts->use_cudnn) return 0;
-    for (int i = 0; i < g->n_nodes; i++) {
-        mk_node *w = g->nodes[i];
-        if (w->op->leaf != MK_LEAF_CONSTANT || w->dtype != MK_DTYPE_FLOAT32 || w->rank != 2 ||
-            w->shape[0] < 2 || w->shape[1] < 2 || w->n_consumers == 0 || mk_is_output(g, w))
-            continue;
-        bool weights_only = true;
-        for (int j = i + 1; j < g->n_nodes && weights_only; j++) {
-            const mk_node *c = g->nodes[j];
-            for (int k = 0; k < c->n_in; k++)
-                if (c->in[k] == w && (c->op->kernel != MK_KERNEL_MATMUL || k != 1))
-                    weights_only = false;
-        }
-        if (!weights_only) continue;
-        w->stride[0] = 1;
-        w->stride[1] = w->shape[0];
-    }
-    return 0;
-}
-
 /* ---- verifier --------------------------------------------------------------- */
 
 /* Invariants the planner and binder rely on. */
@@ -217,7 +184,6 @@ static const struct {
     {"count-consumers", count_consumers},
     {"drop-dead", drop_dead},           /* what reaches neither the output nor a buffer */
     {"assign-storage", assign_storage}, /* views, in-place writes, copies that stay views */
-    {"weights-by-columns", weights_by_columns}, /* a device without row products */
     {"fuse-cudnn", mk_fusion_pass},     /* with use_cudnn: matmul/pointwise groups (fusion.c) */
     {"group", mk_group_pass},           /* pointwise trees as one program each (group.c) */
     {"products", mk_product_pass},      /* matrix-vector products with what surrounds them

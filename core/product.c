@@ -120,6 +120,29 @@ static const char *why_not(const mk_graph *g, const mk_node *p) {
     return NULL;
 }
 
+/*
+ * On a device whose groups read weights by columns only (row_products false:
+ * CUDA), product p's float32 constant weights [k, n] held by rows (an MLP's
+ * [in, out]), where only products read them as their weights, are held by
+ * columns instead when p then groups: strides (1, k), laid out so when the
+ * model uploads them (model.c). A library product reads them transposed.
+ */
+static void hold_by_columns(const mk_graph *g, const mk_node *p) {
+    if (g->row_products || p->op->kernel != MK_KERNEL_MATMUL) return;
+    mk_node *w = p->in[1];
+    if (w->op->leaf != MK_LEAF_CONSTANT || w->dtype != MK_DTYPE_FLOAT32 || w->rank != 2 ||
+        !by_rows(w) || w->stride[1] != 1 || mk_is_output(g, w))
+        return;
+    for (int j = w->index + 1; j < g->n_nodes; j++)
+        for (int k = 0; k < g->nodes[j]->n_in; k++)
+            if (g->nodes[j]->in[k] == w && (g->nodes[j]->op->kernel != MK_KERNEL_MATMUL || k != 1))
+                return;
+    int64_t rows = w->stride[0];
+    w->stride[0] = 1;
+    w->stride[1] = w->shape[0];
+    if (why_not(g, p)) w->stride[0] = rows, w->stride[1] = 1; /* p would not group: as it was */
+}
+
 /* n's only reader, or NULL where it has several, none, or is the output. */
 static mk_node *only_reader(const mk_graph *g, const mk_node *n) {
     if (n->n_consumers != 1 || mk_is_output(g, n)) return NULL;
@@ -679,6 +702,7 @@ int mk_product_pass(mk_graph *g, const mk_compile_options *opts, mk_error **err)
         mk_node *p = g->nodes[i];
         cand c;
         mk_product_group *pg = NULL;
+        hold_by_columns(g, p);
         if (p->op->kernel == MK_KERNEL_SLICED_SOFTMAX) {
             pg = build_attention(&c, g, p, moved);
         } else if (!why_not(g, p)) {

@@ -246,7 +246,11 @@ describe("random DAGs", function()
         assert.is_true(grouped > 40, "only " .. grouped .. " groups in 80 graphs")
     end)
 
-    gpu_it("give the same bits fused and unfused on CUDA, and the CPU's values", function()
+    -- A product grouped on CUDA (its [in, out] weight held by columns) sums in
+    -- its kernel's order, not cuBLAS's: such graphs agree within float32's
+    -- rounding; the others bit for bit.
+    gpu_it("give the same bits fused and unfused on CUDA (within rounding where a product groups), and the CPU's values", function()
+        local grouped = 0
         for g = 1, 40 do
             local out = random_dag(math.random(4, 14))
             local cpu <close> = mk.compile(out, { fuse = false })
@@ -254,11 +258,19 @@ describe("random DAGs", function()
             local plain <close> = mk.compile(out, { device = "cuda", fuse = false })
             local list = { feeds(), feeds() }
             local want, a, b = run_all(cpu, list), run_all(fused, list), run_all(plain, list)
+            local products = fused:stats().product_groups > 0
+            grouped = grouped + (products and 1 or 0)
             for i = 1, #list do
-                local ok, err = pcall(bits_equal, a[i], b[i], "graph " .. g)
+                local ok, err
+                if products then
+                    ok, err = pcall(H.assert_close, a[i], H.ref(b[i]), 1e-5, 1e-5)
+                else
+                    ok, err = pcall(bits_equal, a[i], b[i], "graph " .. g)
+                end
                 if ok then ok, err = pcall(H.assert_close, a[i], H.ref(want[i]), 1e-4, 1e-4) end
                 if not ok then error(err .. "\n" .. fused:script(), 0) end
             end
         end
+        print(string.format("# %d of 40 graphs with product groups", grouped))
     end)
 end)
