@@ -6,8 +6,10 @@
  * the shape of one network. A group starts at a MatMul whose A has at most
  * MK_MATVEC_ROWS rows and whose B reads its columns contiguous (an [out, in]
  * weight through a permute, as every Linear layer holds it) or, on a device
- * that takes them (row_products), float32 rows (an MLP's [in, out] weight),
- * float32:
+ * that takes them (row_products), float32 rows (an MLP's [in, out] weight);
+ * on one that does not (CUDA), such a float32 constant, where only products
+ * read it, is held by columns instead when its product then groups
+ * (hold_by_columns; the model uploads it laid out so). Float32:
  *
  *   - siblings: the other such products reading the same A (q, k and v; w1
  *     and w3) join it, up to MK_PRODUCTS_MAX;
@@ -40,6 +42,11 @@
  *
  * Products that stay alone (more rows, a B read by rows, other dtypes) keep the
  * device's matrix kernel (BLAS, cuBLAS); the report says which and why.
+ *
+ * Long because one pass makes both kinds of group, matrix-vector and decode
+ * attention, and they share its candidate building, the span and hazard
+ * checks and the node making (cand, span, make); attention's own part is
+ * some 60 lines. Split attention out when a third kind of group arrives.
  */
 #include "internal.h"
 

@@ -34,6 +34,12 @@
  *      few enough) and the next levels' histograms made of them; equal
  *      probabilities go by index.
  *
+ * Long because it is one op's whole kernel: the cluster's phases, the plan
+ * and the sorted list, and the radix selection the list falls back to, which
+ * share the row's shared-memory layout (pick_shared), its block scans and the
+ * keys (key_frame); split the radix selection into its own file if a second
+ * op comes to need it.
+ *
  * Masses are fixed point (round(p x 2^31), summed in 64 bits), not run.c's
  * float32 sums in its order: the same on every run, within about 1e-7 a term
  * of run.c's, so a draw may differ from run.c's (and the CPU's) only where the
@@ -573,6 +579,12 @@ static __device__ void sort_keys(u64 *keys, int m) {
         }
 }
 
+/* The running mass before sorted candidate i, given the mass of those before
+ * it in the list (before): the list holds range 0's candidates, then range 1's. */
+static __device__ __forceinline__ u64 listed_start(const gather_plan *pl, int i, u64 before) {
+    return i < (int)pl->count0 ? pl->above[0] + before : pl->above[1] + before - pl->mass0;
+}
+
 /*
  * The token from the gathered candidates: sorted in run.c's order (p
  * descending, then index), their running masses from the plan's ranges, the
@@ -609,7 +621,7 @@ static __device__ long long select_listed(pick_shared *sh, float topp, float coi
     u64 run = block_scan(mine, sh->part, &total);
     for (int k = 0; k < per; k++) {
         int i = per * (int)threadIdx.x + k;
-        start[k] = i < (int)pl->count0 ? pl->above[0] + run : pl->above[1] + run - pl->mass0;
+        start[k] = listed_start(pl, i, run);
         run += mass[k];
     }
     /* round r: the candidate whose mass spans target, and the mass through it */
@@ -652,7 +664,7 @@ static __device__ long long select_warp(pick_shared *sh, int m, float topp, floa
             if (lane >= d) run += y;
         }
         run -= mass; /* the mass before this candidate */
-        u64 start = lane < (int)pl->count0 ? pl->above[0] + run : pl->above[1] + run - pl->mass0;
+        u64 start = listed_start(pl, lane, run);
         auto find = [&](u64 target, u64 *through) -> long long { /* -1: none */
             unsigned hit = __ballot_sync(FULL, start <= target && target < start + mass);
             if (!hit) return -1;

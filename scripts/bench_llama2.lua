@@ -64,6 +64,8 @@ package.cpath = build .. "/?.so;" .. package.cpath
 local mk = require("moonkaas")
 local llama2 = require("moonkaas.llama2")
 
+local PROMPT = "Once upon a time" -- run.c's default, as the protocol above says
+
 local SHAPES = {
     { name = "15M", header = { 288, 768, 6, 6, 6, 32000, 256 } },
     { name = "110M", header = { 768, 2048, 12, 12, 12, 32000, 1024 } },
@@ -234,11 +236,11 @@ local function paired(o, name, path, tok_path, peer, peer_name, precision)
     local env = o.threads and ("OMP_NUM_THREADS=" .. o.threads .. " ") or ""
     local lua = arg[-1] or "lua"
     env = env .. "MK_BUILD=" .. quote(build) .. " "
-    local ours = string.format("%s %s %s -z %s -t 0 -n %d -i 'Once upon a time' -d cpu%s", quote(lua),
-        quote(here .. "/llama2.lua"), quote(path), quote(tok_path), o.steps,
+    local ours = string.format("%s %s %s -z %s -t 0 -n %d -i '%s' -d cpu%s", quote(lua),
+        quote(here .. "/llama2.lua"), quote(path), quote(tok_path), o.steps, PROMPT,
         precision and (" -q " .. precision) or "")
-    local theirs = string.format("%s %s -z %s -t 0 -n %d -i 'Once upon a time'", quote(peer),
-        quote(path), quote(tok_path), o.steps)
+    local theirs = string.format("%s %s -z %s -t 0 -n %d -i '%s'", quote(peer),
+        quote(path), quote(tok_path), o.steps, PROMPT)
     local r = { shape = name, paired = true, threads = o.threads or "all", peer = peer_name }
     local rates, peer, ratios, rss, peer_rss = {}, {}, {}, {}, {}
     for i = 1, math.max(o.runs, 5) do
@@ -263,7 +265,7 @@ end
 -- upper bound: each chunk's own launch latency and staging kernels count as
 -- host time here. Microseconds.
 local function host_time(net, tok, smp, steps, rate)
-    local prompt = tok:encode("Once upon a time", true, false)
+    local prompt = tok:encode(PROMPT, true, false)
     local function one_call()
         net:reset()
         smp.state = 42
@@ -383,7 +385,7 @@ local function main(argv)
                 for r = 1, o.runs do
                     if r > 1 then net:reset() end
                     smp.state = 42
-                    local _, rate = llama2.generate(net, tok, smp, "Once upon a time", o.steps,
+                    local _, rate = llama2.generate(net, tok, smp, PROMPT, o.steps,
                         { write = function() end, report = function() end, stop_on_bos = false,
                           per_token = o.per_token, chunk = o.chunk })
                     rates[#rates + 1] = rate
