@@ -593,17 +593,44 @@ static inline float lanes_total(cpu_v8 x0, cpu_v8 x1, float t) {
 }
 
 /*
- * x [k] · y [k], both dense: 8 lanes (lane l takes i = l, l + 8, ...), added
- * pairwise, then the k % 8 left over in order. Attention's dot products are
- * short (a head: 8 to 128 values), so the lanes' sum is three steps, not the
- * sixteen dependent additions of an OpenMP simd reduction's epilogue.
+ * The dot products of x [k] with eight columns y + j * ldy, j < 8, each dense:
+ * per column 8 lanes (lane l takes i = l, l + 8, ...), the lanes added
+ * pairwise ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)), then the k % 8 left
+ * over in order. Attention's dot products are short (a head: 8 to 128
+ * values), so the eight columns' lanes are added together, as a transpose
+ * (three rounds of shuffles and adds), not eight sums of their own. dot() is
+ * one column the same way.
  */
+static inline cpu_v8 dot8(const float *x, const float *y, int64_t ldy, int64_t k) {
+    cpu_v8 s[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= k; i += 8) {
+        cpu_v8 xv = load8(x + i);
+        #pragma GCC unroll 8
+        for (int j = 0; j < 8; j++)
+            s[j] += xv * load8(y + j * ldy + i);
+    }
+    cpu_v8 h[4], q[2];
+    for (int j = 0; j < 4; j++) /* [s0 + s1 of columns 2j, 2j + 1 interleaved, ...] */
+        h[j] = __builtin_shufflevector(s[2 * j], s[2 * j + 1], 0, 8, 2, 10, 4, 12, 6, 14) +
+               __builtin_shufflevector(s[2 * j], s[2 * j + 1], 1, 9, 3, 11, 5, 13, 7, 15);
+    for (int j = 0; j < 2; j++)
+        q[j] = __builtin_shufflevector(h[2 * j], h[2 * j + 1], 0, 1, 8, 9, 4, 5, 12, 13) +
+               __builtin_shufflevector(h[2 * j], h[2 * j + 1], 2, 3, 10, 11, 6, 7, 14, 15);
+    cpu_v8 t = __builtin_shufflevector(q[0], q[1], 0, 1, 2, 3, 8, 9, 10, 11) +
+               __builtin_shufflevector(q[0], q[1], 4, 5, 6, 7, 12, 13, 14, 15);
+    for (; i < k; i++)
+        for (int j = 0; j < 8; j++)
+            t[j] += x[i] * y[j * ldy + i];
+    return t;
+}
+
 static inline float dot(const float *x, const float *y, int64_t k) {
     cpu_v8 s = {0};
     int64_t i = 0;
     for (; i + 8 <= k; i += 8)
         s += load8(x + i) * load8(y + i);
-    float t = ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+    float t = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
     for (; i < k; i++)
         t += x[i] * y[i];
     return t;
@@ -621,8 +648,9 @@ static void mm_loops(const float *a, int64_t sar, int64_t sac, const float *b, i
         const float *ai = a + i * sar;
         float *restrict ci = c + i * n;
         if (sbc == 1 || n == 1) {
-            /* b's rows are contiguous: c_ij = a_i0 b_0j + a_i1 b_1j + ..., in
-             * that order, 64 columns at a time in registers, then 8, then one. */
+            /* b's rows are contiguous: c_ij = a_i0 b_0j + a_i1 b_1j + ..., 64
+             * columns at a time in registers (in that order), then 8 (in four
+             * chains, kk mod 4, added pairwise), then one (in order). */
             int64_t j = 0;
             for (; j + 64 <= n; j += 64) {
                 cpu_v8 t[8] = {0};
@@ -635,11 +663,17 @@ static void mm_loops(const float *a, int64_t sar, int64_t sac, const float *b, i
                 }
                 memcpy(ci + j, t, sizeof t);
             }
-            for (; j + 8 <= n; j += 8) {
-                cpu_v8 t = {0};
-                for (int64_t kk = 0; kk < k; kk++)
-                    t += ai[kk * sac] * load8(b + kk * sbr + j);
-                memcpy(ci + j, &t, sizeof t);
+            for (; j + 8 <= n; j += 8) { /* four chains of kk, so the adds overlap */
+                cpu_v8 t[4] = {0};
+                int64_t kk = 0;
+                for (; kk + 4 <= k; kk += 4)
+                    #pragma GCC unroll 4
+                    for (int q = 0; q < 4; q++)
+                        t[q] += ai[(kk + q) * sac] * load8(b + (kk + q) * sbr + j);
+                for (; kk < k; kk++)
+                    t[0] += ai[kk * sac] * load8(b + kk * sbr + j);
+                cpu_v8 sum = (t[0] + t[1]) + (t[2] + t[3]);
+                memcpy(ci + j, &sum, sizeof sum);
             }
             for (; j < n; j++) {
                 float t = 0.0f;
@@ -650,7 +684,12 @@ static void mm_loops(const float *a, int64_t sar, int64_t sac, const float *b, i
         } else if (sbr == 1 && sac == 1) {
             /* b's columns are contiguous (attention scores over a cached K):
              * one vectorised dot product per column. */
-            for (int64_t j = 0; j < n; j++)
+            int64_t j = 0;
+            for (; j + 8 <= n; j += 8) {
+                cpu_v8 t = dot8(ai, b + j * sbc, sbc, k);
+                memcpy(ci + j, &t, sizeof t);
+            }
+            for (; j < n; j++)
                 ci[j] = dot(ai, b + j * sbc, k);
         } else {
             for (int64_t j = 0; j < n; j++) {
@@ -1139,21 +1178,59 @@ static int cpu_rms_norm(const mk_launch *l, mk_error **err) {
     return 0;
 }
 
+/*
+ * e^x for eight floats x <= 0, as a softmax needs them (the row's max already
+ * subtracted): x = n ln2 + r with |r| <= ln2 / 2, n rounded to nearest by
+ * adding 1.5 * 2^23 (so no float-to-int conversion), e^r by Cephes' expf
+ * polynomial, times 2^n built in the exponent's bits. Within 2 ulp of expf;
+ * 0 below -87.3 (where expf goes subnormal), -inf included; NaN stays NaN.
+ */
+static inline cpu_v8 exp8(cpu_v8 x) {
+    const float lo = -87.33654f, round = 12582912.0f; /* 1.5 * 2^23 */
+    cpu_i32x8 under = x < lo;
+    x = (cpu_v8)(((cpu_i32x8)x & ~under) | ((cpu_i32x8)(x - x + lo) & under));
+    cpu_v8 t = x * 1.44269504088896341f + round;
+    cpu_v8 n = t - round;
+    cpu_i32x8 two_n = ((cpu_i32x8)t - (cpu_i32x8)(t - t + round) + 127) << 23;
+    cpu_v8 r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    cpu_v8 e = 1.9875691500e-4f * r + 1.3981999507e-3f;
+    e = e * r + 8.3334519073e-3f;
+    e = e * r + 4.1665795894e-2f;
+    e = e * r + 1.6666665459e-1f;
+    e = e * r + 5.0000001201e-1f;
+    e = (e * r * r + r + 1.0f) * (cpu_v8)two_n;
+    return (cpu_v8)((cpu_i32x8)e & ~under);
+}
+
 /* o [n] = softmax of x's first p elements (max subtracted, as run.c), the rest
- * copied; o may be x. */
+ * copied; o may be x. Eight lanes: the max, e^(x - max) (exp8), their sum in
+ * lanes added pairwise then the p % 8 left over in order (expf), the quotients. */
 static void softmax_row(const float *x, float *o, int64_t n, int64_t p) {
     if (p > 0) {
+        cpu_v8 m = x[0] - (cpu_v8){0};
+        int64_t j = 0;
+        for (; j + 8 <= p; j += 8) {
+            cpu_v8 v = load8(x + j);
+            m = (cpu_v8)(((v > m) & (cpu_i32x8)v) | (~(v > m) & (cpu_i32x8)m));
+        }
         float max = x[0];
-        for (int64_t j = 1; j < p; j++)
-            if (x[j] > max)
-                max = x[j];
-        float sum = 0.0f;
-        for (int64_t j = 0; j < p; j++) {
+        for (int l = 0; l < 8; l++)
+            if (m[l] > max) max = m[l];
+        for (; j < p; j++)
+            if (x[j] > max) max = x[j];
+        cpu_v8 s = {0};
+        for (j = 0; j + 8 <= p; j += 8) {
+            cpu_v8 e = exp8(load8(x + j) - max);
+            memcpy(o + j, &e, sizeof e);
+            s += e;
+        }
+        float sum = ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+        for (; j < p; j++) {
             o[j] = expf(x[j] - max);
             sum += o[j];
         }
         #pragma omp simd
-        for (int64_t j = 0; j < p; j++)
+        for (j = 0; j < p; j++)
             o[j] /= sum;
     }
     if (o != x)

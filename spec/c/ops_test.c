@@ -1446,6 +1446,41 @@ static void test_sliced_softmax(void) {
         }
 }
 
+/*
+ * The softmax's exponential to within a few float32 ulp over its whole range:
+ * rows whose max is 0 and whose other values sweep [-100, 0] (past -87.3,
+ * where e^x leaves the normal floats) with a -inf among them, so every output
+ * is e^x / sum. 16 ulp of slack covers the float sum; a wrong polynomial
+ * term or range reduction is off by far more.
+ */
+static void test_softmax_exp(void) {
+    int64_t rows = test_randint(2, 5), n = test_randint(300, 700);
+    int64_t sh[2] = {rows, n};
+    script s = {0};
+    say(&s, "$1 = InputTensor(p, int64, [1]);");
+    say(&s, "$2 = InputTensor(x, float32, [%lld, %lld]);", (long long)rows, (long long)n);
+    say(&s, "$3 = SlicedSoftmaxNode($2, $1);");
+    say(&s, "result = $3;");
+    mk_model *m = compile(&s, NULL, 0);
+    if (!m)
+        return;
+    ht x = ht_new(F32, 2, sh), out = ht_new(F32, 2, sh);
+    for (int64_t i = 0; i < x.n; i++)
+        ht_set(&x, i, -test_uniform(0.0, 100.0));
+    for (int64_t r = 0; r < rows; r++) {
+        ht_set(&x, r * n + test_randint(0, n - 1), 0.0);
+        ht_set(&x, r * n + test_randint(0, n - 1), -INFINITY);
+    }
+    double *want = malloc(sizeof(double) * (size_t)x.n);
+    ref_sliced_softmax(&x, n, want);
+    mk_named_tensor ins[2] = {{"p", &n}, {"x", x.data}};
+    if (evaluate(m, ins, 2, &out, &s))
+        same("SlicedSoftmaxNode over [-100, 0]", &out, want, 1e-37, 16 * 0x1p-24, &s);
+    free(want);
+    ht_free(&x), ht_free(&out);
+    mk_model_free(m);
+}
+
 /* Embedding from float32 and int64 tables; ids repeat; bad ids (V, -1, huge) fail. */
 static void test_embedding(void) {
     for (int dt = 0; dt < 2; dt++)
@@ -1636,6 +1671,7 @@ int main(void) {
         RUN(test_fibonacci_buffer);
         RUN(test_rms_norm);
         RUN(test_sliced_softmax);
+        RUN(test_softmax_exp);
         RUN(test_embedding);
         RUN(test_argmax);
         RUN(test_chain);
