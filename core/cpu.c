@@ -980,47 +980,62 @@ __attribute__((noinline)) static void mv_rows(const float *restrict a, const flo
 }
 
 /*
+ * Columns a matrix–vector group (and mv_omp) computes together: per chunk,
+ * every row of A in turn, so the chunk's weights are read from memory once
+ * and from cache for the other rows. A multiple of 4 (mv_columns' quads) and
+ * of CPU_ROW_BLOCK.
+ */
+#define CPU_MV_CHUNK 256
+
+/*
+ * Rows of A up to which a lone product runs through mv_omp rather than BLAS:
+ * a prompt of up to this many tokens (a prefill) neither loads OpenBLAS nor
+ * wakes its threads, which spin against OpenMP's, then and in the decoding
+ * after it. Measured on stories15M's prefill, 2 Zen 4 cores: mv_omp is 2.1x
+ * OpenBLAS's speed at 8 rows, 4.6x at 64, and about even at 128.
+ */
+#define CPU_FEW_ROWS 64
+
+/*
  * c [m, n] (contiguous) = a [m, k] (rows dense, sar apart) @ b, with b held
  * either as [n, k] rows (transposed: each output a dot product, mv_columns) or
  * as [k, n] rows (normal: rows of b scaled and added, mv_rows), m at most
- * MK_MATVEC_ROWS: as a matrix–vector group computes them, bit for bit. Split over
- * OpenMP threads rather than left to OpenBLAS: a one-token model runs hundreds
- * of small launches, and OpenBLAS's own threads spinning between them starve
+ * CPU_FEW_ROWS: each row as a matrix–vector group computes it, bit for bit,
+ * the rows together per chunk of CPU_MV_CHUNK columns. Split over OpenMP
+ * threads rather than left to OpenBLAS: a one-token model runs hundreds of
+ * small launches, and OpenBLAS's own threads spinning between them starve
  * OpenMP's (and the other way round) — 4× slower on 2 cores.
  */
 static void mv_omp(const float *a, int64_t sar, const float *b, int64_t ldb,
                    bool b_rows_are_outputs, float *c, int64_t m, int64_t k, int64_t n) {
-    if (b_rows_are_outputs) {
-        CPU_REGION(par(m * n * k), {
-            int64_t q0, q1;
-            my_share((n + 3) / 4, &q0, &q1);
-            int64_t j0 = 4 * q0, j1 = 4 * q1 < n ? 4 * q1 : n;
-            const cpu_weights w = {.data = b, .dtype = MK_DTYPE_FLOAT32, .ldb = ldb};
-            for (int64_t i = 0; i < m && j0 < j1; i++)
-                mv_columns(a + i * sar, &w, k, j0, j1, c + i * n + j0);
-        });
-        return;
-    }
     CPU_REGION(par(m * n * k), {
         int64_t q0, q1;
         my_share((n + 3) / 4, &q0, &q1);
-        int64_t j0 = 4 * q0, j1 = 4 * q1 < n ? 4 * q1 : n;
-        for (int64_t i = 0; i < m && j0 < j1; i++)
-            mv_rows(a + i * sar, b + j0, ldb, k, j1 - j0, c + i * n + j0);
+        int64_t end = 4 * q1 < n ? 4 * q1 : n;
+        const cpu_weights w = {.data = b, .dtype = MK_DTYPE_FLOAT32, .ldb = ldb};
+        for (int64_t j = 4 * q0; j < end; j += CPU_MV_CHUNK) {
+            int64_t j1 = j + CPU_MV_CHUNK < end ? j + CPU_MV_CHUNK : end;
+            for (int64_t i = 0; i < m; i++)
+                if (b_rows_are_outputs)
+                    mv_columns(a + i * sar, &w, k, j, j1, c + i * n + j);
+                else
+                    mv_rows(a + i * sar, b + j, ldb, k, j1 - j, c + i * n + j);
+        }
     });
 }
 
 /*
- * OpenBLAS, opened by the compile of the first model with a lone product (a
- * MatMulNode launch; cpu_prepare), not linked: a model whose products all run
- * in groups (decoding, a policy MLP) never loads it, so neither its 2 MB nor
- * its threads, which spin for a while after they start and would take the
+ * OpenBLAS, opened by the compile of the first model with a product of more
+ * rows than mv_omp takes (cpu_prepare, matmul_may_use_blas), not linked: a
+ * model whose products all run in groups or mv_omp (decoding, a short
+ * prompt, a policy MLP) never loads it, so neither its 4 MB nor its threads, which spin for a while after they start and would take the
  * cores from OpenMP's. $MK_BLAS names another build to open instead (e.g.
  * Debian's OpenMP one, whose threads are OpenMP's).
  */
 static struct {
     __typeof__(cblas_sgemm) *sgemm;
     __typeof__(cblas_sgemv) *sgemv;
+    bool ready;    /* both found */
     char why[256]; /* why it could not be opened, or "" */
 } cpu_blas;
 static pthread_once_t cpu_blas_once = PTHREAD_ONCE_INIT;
@@ -1039,26 +1054,54 @@ static void cpu_blas_open(void) {
         cpu_blas.sgemm = (__typeof__(cblas_sgemm) *)dlsym(lib, "cblas_sgemm");
         cpu_blas.sgemv = (__typeof__(cblas_sgemv) *)dlsym(lib, "cblas_sgemv");
         if (cpu_blas.sgemm && cpu_blas.sgemv) {
+            cpu_blas.ready = true;
             cpu_blas.why[0] = '\0';
             return; /* open for the process's life, as a linked library would be */
         }
         snprintf(cpu_blas.why, sizeof cpu_blas.why, "%s has no cblas_sgemm or cblas_sgemv",
                  names[i]);
+        cpu_blas.sgemm = NULL, cpu_blas.sgemv = NULL;
         dlclose(lib);
     }
 }
 
-/* One product c [m, n] = a [m, k] @ b [k, n] through CBLAS where the layouts allow. */
+/* How mm_one computes a product: mv_omp, CBLAS's sgemv or sgemm, or mm_loops. */
+typedef enum { CPU_MM_ROWS, CPU_MM_GEMV, CPU_MM_GEMM, CPU_MM_LOOPS } cpu_mm_way;
+
+/* The way for a [m, k] (strides sar, sac) @ b, where ok_b says whether CBLAS
+ * (and mv_omp) can read b's layout. */
+static cpu_mm_way mm_way(bool ok_b, int64_t sar, int64_t sac, int64_t m, int64_t k) {
+    bool ta;
+    int64_t lda;
+    if (!ok_b) return CPU_MM_LOOPS;
+    if ((sac == 1 || k == 1) && m <= CPU_FEW_ROWS) return CPU_MM_ROWS;
+    if (m == 1 && (sac != 0 || k == 1) && sac <= INT32_MAX) return CPU_MM_GEMV;
+    if (m <= INT32_MAX && mk_matrix_layout(m, k, sar, sac, &ta, &lda)) return CPU_MM_GEMM;
+    return CPU_MM_LOOPS;
+}
+
+/*
+ * One product c [m, n] = a [m, k] @ b [k, n]: through CBLAS where the layouts
+ * allow and the product has more rows than mv_omp takes. CBLAS is open when
+ * it gets here (cpu_prepare opened it for any launch that may, or failed the
+ * compile); should a product reach it anyway (a prefix narrowing k to a
+ * layout CBLAS takes), it opens it, and without it runs mm_loops.
+ */
 static void mm_one(const float *a, int64_t sar, int64_t sac, const float *b, int64_t sbr,
                    int64_t sbc, float *c, int64_t m, int64_t k, int64_t n) {
     bool ta, tb;
     int64_t lda, ldb;
     bool ok_b = mk_matrix_layout(k, n, sbr, sbc, &tb, &ldb) && n <= INT32_MAX && k <= INT32_MAX;
-    if (ok_b && (sac == 1 || k == 1) && m <= MK_MATVEC_ROWS) {
+    cpu_mm_way way = mm_way(ok_b, sar, sac, m, k);
+    if (way == CPU_MM_GEMV || way == CPU_MM_GEMM) {
+        pthread_once(&cpu_blas_once, cpu_blas_open);
+        if (!cpu_blas.ready) way = CPU_MM_LOOPS;
+    }
+    switch (way) {
+    case CPU_MM_ROWS:
         mv_omp(a, sar, b, ldb, tb, c, m, k, n); /* as a matrix–vector group does */
         return;
-    }
-    if (ok_b && m == 1 && (sac != 0 || k == 1) && sac <= INT32_MAX) {
+    case CPU_MM_GEMV: {
         /* c [n] = b^T a: b normal is [k, n] (Trans), transposed is held as [n, k]. */
         int incx = k == 1 ? 1 : (int)sac;
         if (!tb)
@@ -1069,17 +1112,40 @@ static void mm_one(const float *a, int64_t sar, int64_t sac, const float *b, int
                            incx, 0.0f, c, 1);
         return;
     }
-    if (ok_b && m <= INT32_MAX && mk_matrix_layout(m, k, sar, sac, &ta, &lda)) {
+    case CPU_MM_GEMM:
+        mk_matrix_layout(m, k, sar, sac, &ta, &lda);
         cpu_blas.sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
                        tb ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, 1.0f, a, (int)lda,
                        b, (int)ldb, 0.0f, c, (int)n);
         return;
+    case CPU_MM_LOOPS:
+        mm_loops(a, sar, sac, b, sbr, sbc, c, m, k, n);
+        return;
     }
-    mm_loops(a, sar, sac, b, sbr, sbc, c, m, k, n);
 }
 
 /* Per-product work (m·k·n) below which batches use mm_loops, on OpenMP threads. */
 #define CPU_MM_SMALL (64 * 64 * 64)
+
+/*
+ * Whether cpu_matmul may take launch l (a MatMul or a PrefixMatMul, whose
+ * prefix only narrows k) to CBLAS: a product of more rows than mv_omp takes,
+ * unless it is one of a batch of small ones (mm_loops). Low-precision weights
+ * are widened into a layout CBLAS reads.
+ */
+static bool matmul_may_use_blas(const mk_launch *l) {
+    const mk_tensor *a = &l->in[0], *b = &l->in[1];
+    int ra = a->rank, rb = b->rank;
+    int64_t m = ra == 1 ? 1 : a->shape[ra - 2], k = a->shape[ra - 1], n = b->shape[rb - 1];
+    if (ra == 3 && m * k * n < CPU_MM_SMALL) return false;
+    bool tb;
+    int64_t ldb;
+    bool ok_b = k <= INT32_MAX && n <= INT32_MAX &&
+                (b->dtype != MK_DTYPE_FLOAT32 ||
+                 mk_matrix_layout(k, n, b->stride[rb - 2], b->stride[rb - 1], &tb, &ldb));
+    cpu_mm_way way = mm_way(ok_b, ra == 1 ? 0 : a->stride[ra - 2], a->stride[ra - 1], m, k);
+    return way == CPU_MM_GEMV || way == CPU_MM_GEMM;
+}
 
 /*
  * out = a @ b, float32:
@@ -1385,7 +1451,6 @@ static int cpu_attention(const mk_launch *l, mk_error **err) {
  * nodes alone (a float32 product of the rounded values) equal only up to
  * rounding.
  */
-#define CPU_MV_CHUNK 256 /* a multiple of 4 (mv_columns' quads) and of CPU_ROW_BLOCK */
 
 /* dst [t] = elements e0 + t (t < len) of a result (rank >= 1, shape), read
  * from an operand broadcast onto it (its strides): one division per
@@ -1718,9 +1783,12 @@ static int cpu_prepare(void *state, const mk_launch *launches, int n, const mk_c
     cpu_state *s = state;
     pthread_once(&cpu_cost_once, cpu_calibrate);
     for (int i = 0; i < n; i++) {
-        if (launches[i].node->op->kernel != MK_KERNEL_MATMUL) continue;
+        int kernel = launches[i].node->op->kernel;
+        if ((kernel != MK_KERNEL_MATMUL && kernel != MK_KERNEL_PREFIX_MATMUL) ||
+            !matmul_may_use_blas(&launches[i]))
+            continue;
         pthread_once(&cpu_blas_once, cpu_blas_open);
-        if (cpu_blas.why[0])
+        if (!cpu_blas.ready)
             return mk_fail(err, MK_ERR_DEVICE, launches[i].node->line, launches[i].node->column,
                            "%s $%d: the CPU's matrix products need OpenBLAS, which cannot be "
                            "opened: %s",

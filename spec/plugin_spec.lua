@@ -7,9 +7,10 @@
 --     the plugin; asking for CUDA then loads the plugin where the build made one;
 --   * with MK_CUDA_PLUGIN naming a missing file, mk.cuda_available() says why,
 --     compiling for CUDA fails with "no CUDA device:", and the CPU still works;
---   * OpenBLAS is not mapped while every product runs in a group; a lone
---     product's compile opens it, or, with MK_BLAS naming a missing file,
---     fails saying so while the groups still run.
+--   * OpenBLAS is not mapped while every product runs in a group or has few
+--     rows (a short prompt); a product of more rows opens it at its compile,
+--     or, with MK_BLAS naming a missing file, fails saying so while the rest
+--     still runs.
 local H = require "spec.helpers"
 local mk = H.mk()
 local seed = H.seed("plugin_spec")
@@ -85,16 +86,41 @@ print("cuda_compile=" .. tostring(compiled))
 print("cuda_error=" .. (compiled and "" or tostring(err):gsub("\n", " ")))
 print("mapped_after_cuda=" .. mapped())
 print("cpu_error_after=" .. mlp_error())
--- OpenBLAS: not mapped while every product runs in a group (the MLP above);
--- a product with more rows than a matrix-vector product needs it
+-- OpenBLAS: not mapped while every product runs in a group (the MLP above)
+-- or has few rows (up to 64: cpu.c's CPU_FEW_ROWS, as a short prompt's); a product
+-- of more rows needs it
 local function blas_mapped()
     return assert(io.open("/proc/self/maps")):read("a"):find("libopenblas", 1, true) and "yes" or "no"
 end
 print("blas_after_groups=" .. blas_mapped())
-local a8 = mk.input("a", "float32", { 8, 8 })
-local lone_ok, lone = pcall(mk.compile, a8:matmul(mk.constant(mk.tensor(rand(8, 8)), "w8")))
+-- a [rows, 8] @ w [8, 8], over w's first `prefix` rows where given (matmul_prefix)
+local function product_error(rows, prefix)
+    local A, W = rand(rows, 8), rand(8, 8)
+    local a, w = mk.input("a", "float32", { rows, 8 }), mk.constant(mk.tensor(W), "w8")
+    local model <close> = mk.compile(prefix and a:matmul_prefix(w, prefix) or a:matmul(w))
+    local got = model:run({ a = mk.tensor(A) }):totable()
+    local function f32(t) return mk.tensor(t):totable() end
+    A, W = f32(A), f32(W)
+    local worst = 0
+    for i = 1, rows do
+        for j = 1, 8 do
+            local s = 0
+            for k = 1, prefix or 8 do s = s + A[i][k] * W[k][j] end
+            local e = math.abs(got[i][j] - s) / (1e-5 + 1e-5 * math.abs(s))
+            if e > worst then worst = e end
+        end
+    end
+    return worst
+end
+print("few_rows_error=" .. product_error(64))
+print("blas_after_few_rows=" .. blas_mapped())
+local prefix_ok, prefix = pcall(product_error, 80, 5)
+print("prefix_compile=" .. tostring(prefix_ok))
+print("prefix_error=" .. tostring(prefix):gsub("\n", " "))
+print("blas_after_prefix=" .. blas_mapped())
+local lone_ok, lone = pcall(product_error, 80)
 print("lone_compile=" .. tostring(lone_ok))
-print("lone_error=" .. (lone_ok and "" or tostring(lone):gsub("\n", " ")))
+print("lone_error=" .. tostring(lone):gsub("\n", " "))
 print("blas_after_lone=" .. blas_mapped())
 print("cpu_error_last=" .. mlp_error())
 print("done=true")
@@ -120,16 +146,26 @@ local function run_child(env)
 end
 
 describe("OpenBLAS", function()
-    it("is opened by the first compile with a lone product, not by groups", function()
+    it("is opened by the first compile with a product of many rows (a prefix's too), not by groups or few rows", function()
         local r = run_child("")
         assert.are.equal("no", r.blas_after_groups, r.output)
+        assert.is_true(tonumber(r.few_rows_error) <= 1, r.output)
+        assert.are.equal("no", r.blas_after_few_rows, r.output)
+        assert.are.equal("true", r.prefix_compile, r.output)
+        assert.is_true(tonumber(r.prefix_error) <= 1, r.output)
+        assert.are.equal("yes", r.blas_after_prefix, r.output)
         assert.are.equal("true", r.lone_compile, r.output)
+        assert.is_true(tonumber(r.lone_error) <= 1, r.output)
         assert.are.equal("yes", r.blas_after_lone, r.output)
     end)
 
     it("named by MK_BLAS where it cannot be opened fails that compile clearly; the rest runs", function()
         local r = run_child("MK_BLAS=/nonexistent/libopenblas.so.0")
         assert.is_true(tonumber(r.cpu_error) <= 1, r.output)
+        assert.is_true(tonumber(r.few_rows_error) <= 1, r.output)
+        assert.are.equal("false", r.prefix_compile, r.output)
+        assert.truthy(r.prefix_error:find("device error: .*PrefixMatMulNode %$%d+: the CPU's matrix "
+            .. "products need OpenBLAS, which cannot be opened"), r.prefix_error)
         assert.are.equal("false", r.lone_compile, r.output)
         assert.truthy(r.lone_error:find("device error: .*MatMulNode %$%d+: the CPU's matrix products "
             .. "need OpenBLAS, which cannot be opened: /nonexistent/libopenblas.so.0"), r.lone_error)
