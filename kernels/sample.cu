@@ -7,7 +7,8 @@
  * n, up to 8, a portable cluster; a 32,000-way row spreads over 8 SMs) that
  * meet at cluster barriers and read each other's shared memory:
  *
- *   1  each block: the max of x / t over its range and the sum of
+ *   1  each block: the max of x / t over its range (held in registers
+ *      through the phases, where it fits) and the sum of
  *      expf(x / t - that max) (t <= 0: its argmax, and the lead block, rank
  *      0, takes the row's best from the blocks');
  *   2  each block: the row's max and sum from the blocks' (each block's sum
@@ -27,7 +28,7 @@
  *      with that mass, which lies within the cut's bin); every block reads
  *      the plan and gathers its share of those bins' candidates into the
  *      lead's list. The lead sorts the list in run.c's order (p descending, then
- *      index; bitonic) and one scan of its masses gives the cut's mass, then
+ *      index; by rank, one pass) and one scan of its masses gives the cut's mass, then
  *      the draw's candidate. More candidates than the list holds (a flat
  *      row, many equal values): the lead selects by radix instead, 11 bits a
  *      level: the bin where the mass crosses, its candidates gathered (once
@@ -57,6 +58,7 @@
 #define THREADS 512
 #define WARPS (THREADS / 32)
 #define PER_THREAD 4   /* elements a thread takes, at least */
+#define HELD 8         /* elements a thread holds in registers through the phases, at most */
 #define MAX_CLUSTER 8  /* blocks a row spreads over: a portable cluster */
 #define LEVEL_BITS 11
 #define BINS (1 << LEVEL_BITS)
@@ -304,6 +306,23 @@ static __device__ __forceinline__ void for_each_in(const float *a, long long lo,
 #pragma unroll
         for (int k = 0; k < batch; k++)
             if (at + (long long)k * THREADS < hi) f(v[k], at + (long long)k * THREADS);
+    }
+}
+
+/* f(v, j) for this thread's j of [lo, hi) (a stride of THREADS), in order:
+ * v from held (held[k] is element lo + threadIdx.x + k x THREADS) where HOLD
+ * (the block's range is at most HELD x THREADS), else read from a. */
+template <bool HOLD, class F>
+static __device__ __forceinline__ void each(const float *held, const float *a, long long lo,
+                                            long long hi, F f) {
+    if (HOLD) {
+#pragma unroll
+        for (int k = 0; k < HELD; k++) {
+            long long j = lo + threadIdx.x + (long long)k * THREADS;
+            if (j < hi) f(held[k], j);
+        }
+    } else {
+        for_each_in(a, lo, hi, f);
     }
 }
 
@@ -558,25 +577,46 @@ static __device__ __forceinline__ bool planned(const pick_shared *sh, float v, f
            (pl->ranges == 2 && pl->bottom[1] <= bin && bin <= pl->top[1]);
 }
 
-/* Sorts keys[0, m) ascending, padded to a power of two with ~0: bitonic,
- * pair q of a stage in thread q % THREADS, so that a stage comparing within
- * 64 keys keeps to each warp's own and only a warp waits on it. */
+/* Sorts keys[0, m) ascending (m <= CAP, the keys distinct: each ends in its
+ * candidate's index) by rank: each key's place is the count of keys below it,
+ * from one pass over all m (up to THREADS keys: `lanes` threads of a warp a
+ * key, each counting every lanes-th, then added by shuffles; more: a thread
+ * takes CAP / THREADS keys). The stages of a bitonic sort cost a round trip
+ * each (3 us for 64 keys on an H200); this is one pass. */
 static __device__ void sort_keys(u64 *keys, int m) {
-    int size = 1;
-    while (size < m) size <<= 1;
-    for (int i = m + threadIdx.x; i < size; i += THREADS) keys[i] = ~0ull;
+    __syncthreads(); /* the keys are written */
+    if (m <= THREADS) {
+        int lanes = 1;
+        while (lanes < 32 && lanes * 2 * m <= THREADS) lanes *= 2;
+        int i = (int)threadIdx.x / lanes, part = (int)threadIdx.x % lanes, rank = 0;
+        u64 key = i < m ? keys[i] : 0;
+        if (i < m)
+            for (int j = part; j < m; j += lanes) rank += keys[j] < key;
+        for (int d = 1; d < lanes; d <<= 1) rank += __shfl_xor_sync(FULL, rank, d);
+        __syncthreads(); /* every key is read */
+        if (i < m && part == 0) keys[rank] = key;
+        __syncthreads();
+        return;
+    }
+    const int per = CAP / THREADS;
+    u64 mine[per];
+    int rank[per];
+#pragma unroll
+    for (int k = 0; k < per; k++) {
+        int i = (int)threadIdx.x + k * THREADS;
+        mine[k] = i < m ? keys[i] : 0;
+        rank[k] = 0;
+    }
+    for (int j = 0; j < m; j++) {
+        u64 o = keys[j];
+#pragma unroll
+        for (int k = 0; k < per; k++) rank[k] += o < mine[k];
+    }
+    __syncthreads(); /* every key is read */
+#pragma unroll
+    for (int k = 0; k < per; k++)
+        if ((int)threadIdx.x + k * THREADS < m) keys[rank[k]] = mine[k];
     __syncthreads();
-    for (int k = 2; k <= size; k <<= 1)
-        for (int j = k >> 1; j > 0; j >>= 1) {
-            for (int q = threadIdx.x; q < size / 2; q += THREADS) {
-                int i = ((q & ~(j - 1)) << 1) | (q & (j - 1)), other = i | j;
-                u64 a = keys[i], c = keys[other];
-                if ((a > c) == ((i & k) == 0)) keys[i] = c, keys[other] = a;
-            }
-            int next = j > 1 ? j >> 1 : k; /* the next stage's distance (k: the next k's first) */
-            if (j >= 64 || next >= 64 || (j == 1 && k == size)) __syncthreads();
-            else __syncwarp();
-        }
 }
 
 /* The running mass before sorted candidate i, given the mass of those before
@@ -686,9 +726,13 @@ static __device__ long long select_warp(pick_shared *sh, int m, float topp, floa
 /*
  * One row per cluster of g blocks (block rank b; the lead, rank 0, selects).
  * Every path ends in a cluster barrier before a block leaves while another
- * may still read its shared memory.
+ * may still read its shared memory. HOLD: each thread holds its logits, then
+ * their p, in registers from one load to the gather (a 32,000-way row: 8 a
+ * thread), so that the phases wait on memory once; else each phase reads
+ * them again.
  */
-static __global__ void __launch_bounds__(THREADS)
+template <bool HOLD>
+static __global__ void __launch_bounds__(THREADS, 1)
 sample_rows(long long *out, const float *logits, const long long *state, const float *temp,
             const float *topp_in, long long n, char *scratch, float *probs) {
     __shared__ pick_shared sh;
@@ -700,12 +744,20 @@ sample_rows(long long *out, const float *logits, const long long *state, const f
     const float *x = logits + row * n;
     float *p = probs + row * n, t = *temp, topp = *topp_in;
     share(n, b, g, &lo, &hi);
+    float held[HELD];
+    if (HOLD) {
+#pragma unroll
+        for (int k = 0; k < HELD; k++) {
+            long long j = lo + threadIdx.x + (long long)k * THREADS;
+            held[k] = j < hi ? x[j] : 0.0f;
+        }
+    }
     for (int k = threadIdx.x; k < BINS; k += THREADS) sh.mass[k] = sh.count[k] = 0;
     if (threadIdx.x == 0) sh.listed = 0;
     if (!(t > 0.0f)) { /* argmax, as core/sample.c's: NaN never wins but a NaN at 0 does */
         float v = -INFINITY;
         long long best = 0x7fffffffffffffffLL;
-        for_each_in(x, lo, hi, [&](float y, long long j) {
+        each<HOLD>(held, x, lo, hi, [&](float y, long long j) {
             if (isnan(y)) y = -INFINITY;
             if (better(y, j, v, best)) v = y, best = j;
         });
@@ -728,10 +780,10 @@ sample_rows(long long *out, const float *logits, const long long *state, const f
     }
     /* the block's max of x / t and sum of expf(x / t - that max) */
     float m = -INFINITY, sum = 0.0f;
-    for_each_in(x, lo, hi, [&](float y, long long) { m = fmaxf(m, y / t); });
+    each<HOLD>(held, x, lo, hi, [&](float y, long long) { m = fmaxf(m, y / t); });
     m = block_reduce<true>(m, sh.fpart);
     if (m > -INFINITY)
-        for_each_in(x, lo, hi, [&](float y, long long) { sum += expf(y / t - m); });
+        each<HOLD>(held, x, lo, hi, [&](float y, long long) { sum += expf(y / t - m); });
     sum = block_reduce<false>(sum, sh.fpart);
     if (threadIdx.x == 0) sh.block_max = m, sh.block_sum = sum;
     cluster.sync();
@@ -754,7 +806,7 @@ sample_rows(long long *out, const float *logits, const long long *state, const f
     int shift0;
     key_frame(cutoff, pmax, &base, &shift0);
     u64 mass = 0;
-    for_each_in(x, lo, hi, [&](float y, long long j) {
+    auto to_p = [&](float y, long long j) {
         float v = expf(y / t - max) / sum;
         p[j] = v;
         if (mult)
@@ -762,7 +814,17 @@ sample_rows(long long *out, const float *logits, const long long *state, const f
         else if (v >= cutoff)
             histogram_add(sh.mass, sh.count, min((int)((bits_of(v) - base) >> shift0), BINS - 1),
                           fixed(v));
-    });
+        return v;
+    };
+    if (HOLD) {
+#pragma unroll
+        for (int k = 0; k < HELD; k++) {
+            long long j = lo + threadIdx.x + (long long)k * THREADS;
+            if (j < hi) held[k] = to_p(held[k], j);
+        }
+    } else {
+        for_each_in(x, lo, hi, [&](float y, long long j) { to_p(y, j); });
+    }
     if (mult) {
         u64 total;
         block_scan(mass, sh.part, &total);
@@ -805,13 +867,13 @@ sample_rows(long long *out, const float *logits, const long long *state, const f
         }
         if (sh.plan.ranges) {
             u64 mine = 0, total;
-            for_each_in(p, lo, hi, [&](float v, long long) { mine += planned(&sh, v, cutoff); });
+            each<HOLD>(held, p, lo, hi, [&](float v, long long) { mine += planned(&sh, v, cutoff); });
             u64 at = block_scan(mine, sh.part, &total);
             if (threadIdx.x == 0 && total) sh.index = atomicAdd(&lead->listed, (int)total);
             __syncthreads();
             at += (u64)sh.index;
             if (mine)
-                for_each_in(p, lo, hi, [&](float v, long long j) {
+                each<HOLD>(held, p, lo, hi, [&](float v, long long j) {
                     if (planned(&sh, v, cutoff) && at < CAP)
                         lead->val[at] = v, lead->idx[at++] = (int)j;
                 });
@@ -865,8 +927,11 @@ int mk_cuda_sample(const mk_launch *l, mk_error **err) {
                        "SampleNode: rows of %lld logits are more than CUDA's sampler takes "
                        "(2^31 - 1)", n);
     char *scratch = (char *)l->scratch;
-    cudaError_t st = launch(s, (unsigned)rows, (unsigned)(g < MAX_CLUSTER ? g : MAX_CLUSTER),
-                            sample_rows, (long long *)l->out.data, (const float *)x->data,
+    g = g < MAX_CLUSTER ? g : MAX_CLUSTER;
+    bool hold = (n + g - 1) / g <= HELD * THREADS; /* share's longest range */
+    cudaError_t st = launch(s, (unsigned)rows, (unsigned)g,
+                            hold ? sample_rows<true> : sample_rows<false>,
+                            (long long *)l->out.data, (const float *)x->data,
                             (const long long *)l->in[1].data, (const float *)l->in[2].data,
                             (const float *)l->in[3].data, n, scratch,
                             (float *)(scratch + mk_sample_head(rows, n)));
