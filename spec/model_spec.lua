@@ -354,8 +354,13 @@ describe("sharing (compile's share)", function()
             put(rr, p)
             H.assert_close(reader:run({ x = rt, p = mk.tensor({ p }, "int64") }), want, 1e-6, 1e-5)
         end
+        -- the weight is shared where both models hold it alike: on CUDA a product
+        -- of up to 4 rows and an even width groups and holds its [in, out]
+        -- weight by columns, one of more rows keeps cuBLAS and the rows, so
+        -- then the reader uploads its own
         local st = reader:stats()
-        assert.are.equal(rows * dim * 4, st.shared_bytes - (device == "cuda" and dim * dim * 4 or 0))
+        local weight = device == "cuda" and (k <= 4 or dim % 2 == 1) and dim * dim * 4 or 0
+        assert.are.equal(rows * dim * 4 + weight, st.shared_bytes, "k " .. k)
         assert.are.equal(0, st.buffer_bytes)
         reader:reset() -- zeroes the shared cache
         local rt, rr = H.rand({ 1, dim })
