@@ -683,7 +683,8 @@ static void mm_loops(const float *a, int64_t sar, int64_t sac, const float *b, i
             }
         } else if (sbr == 1 && sac == 1) {
             /* b's columns are contiguous (attention scores over a cached K):
-             * one vectorised dot product per column. */
+             * vectorised dot products, eight columns at a time (dot8), then
+             * one (dot), each in the same order. */
             int64_t j = 0;
             for (; j + 8 <= n; j += 8) {
                 cpu_v8 t = dot8(ai, b + j * sbc, sbc, k);
@@ -1028,8 +1029,9 @@ static void mv_omp(const float *a, int64_t sar, const float *b, int64_t ldb,
  * OpenBLAS, opened by the compile of the first model with a product of more
  * rows than mv_omp takes (cpu_prepare, matmul_may_use_blas), not linked: a
  * model whose products all run in groups or mv_omp (decoding, a short
- * prompt, a policy MLP) never loads it, so neither its 4 MB nor its threads, which spin for a while after they start and would take the
- * cores from OpenMP's. $MK_BLAS names another build to open instead (e.g.
+ * prompt, a policy MLP) never loads it, so neither its 4 MB nor its threads,
+ * which spin for a while after they start and would take the cores from
+ * OpenMP's. $MK_BLAS names another build to open instead (e.g.
  * Debian's OpenMP one, whose threads are OpenMP's).
  */
 static struct {
@@ -1252,12 +1254,12 @@ static int cpu_rms_norm(const mk_launch *l, mk_error **err) {
  * 0 below -87.3 (where expf goes subnormal), -inf included; NaN stays NaN.
  */
 static inline cpu_v8 exp8(cpu_v8 x) {
-    const float lo = -87.33654f, round = 12582912.0f; /* 1.5 * 2^23 */
+    const cpu_v8 lo = (cpu_v8){0} - 87.33654f, round = (cpu_v8){0} + 12582912.0f; /* 1.5 * 2^23 */
     cpu_i32x8 under = x < lo;
-    x = (cpu_v8)(((cpu_i32x8)x & ~under) | ((cpu_i32x8)(x - x + lo) & under));
+    x = (cpu_v8)(((cpu_i32x8)x & ~under) | ((cpu_i32x8)lo & under));
     cpu_v8 t = x * 1.44269504088896341f + round;
     cpu_v8 n = t - round;
-    cpu_i32x8 two_n = ((cpu_i32x8)t - (cpu_i32x8)(t - t + round) + 127) << 23;
+    cpu_i32x8 two_n = ((cpu_i32x8)t - (cpu_i32x8)round + 127) << 23;
     cpu_v8 r = x - n * 0.693359375f + n * 2.12194440e-4f;
     cpu_v8 e = 1.9875691500e-4f * r + 1.3981999507e-3f;
     e = e * r + 8.3334519073e-3f;
@@ -1273,7 +1275,7 @@ static inline cpu_v8 exp8(cpu_v8 x) {
  * lanes added pairwise then the p % 8 left over in order (expf), the quotients. */
 static void softmax_row(const float *x, float *o, int64_t n, int64_t p) {
     if (p > 0) {
-        cpu_v8 m = x[0] - (cpu_v8){0};
+        cpu_v8 m = (cpu_v8){0} + x[0];
         int64_t j = 0;
         for (; j + 8 <= p; j += 8) {
             cpu_v8 v = load8(x + j);
@@ -1451,7 +1453,6 @@ static int cpu_attention(const mk_launch *l, mk_error **err) {
  * nodes alone (a float32 product of the rounded values) equal only up to
  * rounding.
  */
-
 /* dst [t] = elements e0 + t (t < len) of a result (rank >= 1, shape), read
  * from an operand broadcast onto it (its strides): one division per
  * dimension, then runs along the last one (copied, or filled where it is
