@@ -346,10 +346,14 @@ static void test_random_products(void) {
     }
     printf("#   %d graphs, %d product groups (and %d reading weights by rows), %d kernels compiled "
            "with NVRTC\n", graphs, groups, row_groups, kernels);
-    CHECK(groups >= graphs / 4, "only %d groups reading weights by columns in %d graphs", groups,
-          graphs);
-    CHECK(row_groups >= graphs / 4, "only %d groups reading weights by rows in %d graphs", row_groups,
-          graphs);
+    /* coverage of the 80 graphs' run; valgrind's 4 are too few to promise a kind
+     * (MK_SEED=1796061092 draws no group by columns in them) */
+    if (!getenv("MK_VALGRIND")) {
+        CHECK(groups >= graphs / 4, "only %d groups reading weights by columns in %d graphs",
+              groups, graphs);
+        CHECK(row_groups >= graphs / 4, "only %d groups reading weights by rows in %d graphs",
+              row_groups, graphs);
+    }
     CHECK(!nvrtc || kernels >= groups, "NVRTC compiled %d kernels for %d groups", kernels, groups);
     mk_error_free(err);
     mk_context_free(ctx);
