@@ -816,14 +816,22 @@ static void put_product_source(mk_strbuf *b, const mk_launch *l) {
  * Decode attention, split along the cache (flash-decoding): a block per query
  * row (batch t, row i) and chunk of MK_ATT_CHUNK cached rows, 128 threads;
  * chunks at or past p return at once. A block scores its rows (4 threads a
- * row, their loads independent), takes the chunk's max m and the sum l of
- * exp(score - m), and its partial row acc = sum of exp(score - m) V_j; it
- * writes (m, l, acc) to `part` and counts itself in `count` for its query.
- * The last chunk of a query to finish combines them, as the softmax over all
- * p scores: M = max m, out = sum acc e^(m - M) / sum l e^(m - M), and sets the
- * count back to zero for the next evaluation. Rows past p are never read.
+ * row), takes the chunk's max m and the sum l of exp(score - m), and its
+ * partial row acc = sum of exp(score - m) V_j; it writes (m, l, acc) to `part`
+ * and counts itself in `count` for its query. The last chunk of a query to
+ * finish combines them, as the softmax over all p scores: M = max m, out =
+ * sum acc e^(m - M) / sum l e^(m - M), and sets the count back to zero for the
+ * next evaluation. Rows past p add nothing.
+ *
+ * The kernel is bound by latency, not bytes (a chunk is a few KB), so it is
+ * written as few dependent trips to memory: a thread loads p and its part of
+ * q at once, then every K value it scores and V value it sums at once, into
+ * registers; the last chunk loads every part at once. Sums run in
+ * the order of a plain loop (k, then rows, then chunks), each thread's own.
  */
 #define MK_ATT_CHUNK 32
+#define MK_ATT_THREADS 128
+#define MK_ATT_COMBINE 16 /* chunks whose parts the last block loads at once */
 
 /* Chunks (blocks per query) and the floats of partial results of a group. */
 static long long att_chunks(const mk_attention_info *a) {
@@ -837,58 +845,82 @@ static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
     const mk_product_group *pg = l->node->prod;
     const mk_attention_info *a = &pg->att;
     const mk_tensor *q = &l->in[a->q], *kt = &l->in[a->kt], *v = &l->in[a->v];
-    long long M = a->m, D = a->d, S = a->s, N = a->n, C = att_chunks(a), R = MK_ATT_CHUNK;
-    long long G = N <= 128 ? 128 / N : 1; /* row groups per column in the V sum */
+    const long long M = a->m, D = a->d, S = a->s, N = a->n, C = att_chunks(a), R = MK_ATT_CHUNK;
+    const long long T = MK_ATT_THREADS;
+    /* scores: thread (r, u), 4 a row, sums k = u, u + 4, ...: DK of them */
+    const long long DK = (D + 3) / 4;
+    /* values: slot s = (g, n) sums rows g, g + G, ... (VR of them) of column n;
+     * thread tid holds slots tid, tid + T, ... (NS of them) */
+    long long G = N <= T ? T / N : 1;
     if (G > R) G = R;
+    const long long VR = (R + G - 1) / G, NS = (G * N + T - 1) / T;
+    /* the last chunk: thread tid combines columns tid, tid + T, ... (NO of them) */
+    const long long NO = (N + T - 1) / T, KU = C < MK_ATT_COMBINE ? C : MK_ATT_COMBINE;
+    const long long qs = q->stride[2], ks = kt->stride[1], kr = kt->stride[2];
+    const long long vr = v->stride[1], vn = v->stride[2];
     mk_strbuf_put(b, "// moonkaas attention group $%d: [%lld, %lld, %lld] queries, %lld cached rows "
                      "in chunks of %lld, %lld values\n",
                   l->node->id, (long long)a->batch, M, D, S, R, N);
     put_fault(b);
-    mk_strbuf_put(b, "extern \"C\" __global__ void __launch_bounds__(128)\nmk_product(float *__restrict__ o");
+    mk_strbuf_put(b, "extern \"C\" __global__ void __launch_bounds__(%lld)\nmk_product(float *__restrict__ o", T);
     for (int k = 0; k < l->n_in; k++) mk_strbuf_put(b, ", void *i%d", k);
     mk_strbuf_put(b, ", mk_fault_rec *fault, int launch, void *aux) {\n");
     mk_strbuf_put(b, MK_PDL_START MK_PDL_WAIT);
     mk_strbuf_put(b, "    float *part = (float *)aux;\n"
                      "    unsigned int *count = (unsigned int *)(part + %lldLL);\n",
                   (long long)att_part_floats(a));
-    mk_strbuf_put(b, "    __shared__ float sc[%lld], red[%lld];\n    __shared__ bool last;\n", R, G * N > 128 ? G * N : 128);
-    mk_strbuf_put(b, "    const int tid = threadIdx.x;\n"
+    mk_strbuf_put(b, "    __shared__ float sc[%lld], red[%lld], pm[%lld], pl[%lld];\n"
+                     "    __shared__ float cm, cl;\n    __shared__ bool last;\n",
+                  R, G * N > T ? G * N : T, C, C);
+    mk_strbuf_put(b, "    const int tid = threadIdx.x, r = tid >> 2, u = tid & 3;\n"
                      "    const long long row = blockIdx.x / %lldLL, c = blockIdx.x %% %lldLL;\n"
-                     "    const long long t = row / %lldLL, i = row %% %lldLL;\n", C, C, M, M);
-    mk_strbuf_put(b, "    const long long p = *(const long long *)i%d;\n", a->p);
+                     "    const long long t = row / %lldLL, i = row %% %lldLL, j0 = c * %lldLL;\n",
+                  C, C, M, M, R);
+    mk_strbuf_put(b, "    const float *q = (const float *)i%d + t * %lldLL + i * %lldLL;\n", a->q,
+                  (long long)q->stride[0], (long long)q->stride[1]);
+    mk_strbuf_put(b, "    const float *K = (const float *)i%d + t * %lldLL + j0 * %lldLL;\n", a->kt,
+                  (long long)kt->stride[0], kr);
+    mk_strbuf_put(b, "    const float *V = (const float *)i%d + t * %lldLL + j0 * %lldLL;\n", a->v,
+                  (long long)v->stride[0], vr);
+    /* p and q at once, then every K and V value of the chunk's first p rows at once */
+    mk_strbuf_put(b, "    const long long p = *(const long long *)i%d;\n"
+                     "    float qv[%lld], kv[%lld], vv[%lld][%lld];\n"
+                     "#pragma unroll\n"
+                     "    for (int e = 0; e < %lld; e++) qv[e] = u + 4 * e < %lld ? q[(u + 4 * e) * %lldLL] : 0.0f;\n",
+                  a->p, DK, DK, NS, VR, DK, D, qs);
     mk_strbuf_put(b, "    if (p < 0 || p > %lldLL) {\n"
                      "        if (blockIdx.x == 0 && tid == 0) mk_raise(fault, launch, 2, %d, p, %lldLL, 0);\n"
                      "        return;\n    }\n", S, (int)MK_FAULT_PREFIX, S);
     mk_strbuf_put(b, "    if (p == 0) { /* no rows: zeros */\n"
-                     "        if (c == 0) for (long long n = tid; n < %lldLL; n += 128) o[row * %lldLL + n] = 0.0f;\n"
-                     "        return;\n    }\n", N, N);
-    mk_strbuf_put(b, "    const long long chunks = (p + %lldLL) / %lldLL, j0 = c * %lldLL;\n"
+                     "        if (c == 0) for (long long n = tid; n < %lldLL; n += %lld) o[row * %lldLL + n] = 0.0f;\n"
+                     "        return;\n    }\n", N, T, N);
+    mk_strbuf_put(b, "    const long long chunks = (p + %lldLL) / %lldLL;\n"
                      "    if (c >= chunks) return;\n"
                      "    const int rows = (int)(p - j0 < %lldLL ? p - j0 : %lldLL);\n",
-                  R - 1, R, R, R, R);
-    mk_strbuf_put(b, "    const float *q = (const float *)i%d + t * %lldLL + i * %lldLL;\n", a->q,
-                  (long long)q->stride[0], (long long)q->stride[1]);
-    mk_strbuf_put(b, "    const float *K = (const float *)i%d + t * %lldLL + j0 * %lldLL;\n", a->kt,
-                  (long long)kt->stride[0], (long long)kt->stride[2]);
-    mk_strbuf_put(b, "    const float *V = (const float *)i%d + t * %lldLL + j0 * %lldLL;\n", a->v,
-                  (long long)v->stride[0], (long long)v->stride[1]);
-    /* scores: thread (r, u) of 4 per row sums k = u, u + 4, ... */
+                  R - 1, R, R, R);
+    mk_strbuf_put(b, "#pragma unroll\n"
+                     "    for (int e = 0; e < %lld; e++)\n"
+                     "        kv[e] = u + 4 * e < %lld && r < rows ? K[r * %lldLL + (u + 4 * e) * %lldLL] : 0.0f;\n"
+                     "#pragma unroll\n"
+                     "    for (int j = 0; j < %lld; j++) {\n"
+                     "        const int s = tid + %lld * j, n = s %% %lld, g = s / %lld;\n"
+                     "#pragma unroll\n"
+                     "        for (int e = 0; e < %lld; e++)\n"
+                     "            vv[j][e] = s < %lld && g + %lld * e < rows ? V[(g + %lld * e) * %lldLL + n * %lldLL] : 0.0f;\n"
+                     "    }\n",
+                  DK, D, kr, ks, NS, T, N, N, VR, G * N, G, G, vr, vn);
+    /* scores */
     mk_strbuf_put(b, "    {\n"
-                     "        const int r = tid >> 2, u = tid & 3;\n"
                      "        float s = 0.0f;\n"
-                     "        if (r < rows) {\n"
-                     "#pragma unroll 8\n"
-                     "            for (long long k = u; k < %lldLL; k += 4) s += q[k * %lldLL] * K[r * %lldLL + k * %lldLL];\n"
-                     "        }\n"
+                     "#pragma unroll\n"
+                     "        for (int e = 0; e < %lld; e++) s += qv[e] * kv[e];\n"
                      "        s += __shfl_xor_sync(0xffffffffu, s, 1);\n"
                      "        s += __shfl_xor_sync(0xffffffffu, s, 2);\n"
                      "        if (u == 0 && r < rows) sc[r] = s;\n"
                      "    }\n"
-                     "    __syncthreads();\n",
-                  D, (long long)q->stride[2], (long long)kt->stride[2], (long long)kt->stride[1]);
+                     "    __syncthreads();\n", DK);
     /* the chunk's max and sum: warp 0 */
-    mk_strbuf_put(b, "    __shared__ float cm, cl;\n"
-                     "    if (tid < 32) {\n"
+    mk_strbuf_put(b, "    if (tid < 32) {\n"
                      "        float m = tid < rows ? sc[tid] : __int_as_float(0xff800000); // -inf\n"
                      "        for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));\n"
                      "        const float e = tid < rows ? expf(__fsub_rn(sc[tid], m)) : 0.0f;\n"
@@ -898,32 +930,24 @@ static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
                      "        if (tid == 0) { cm = m; cl = l; }\n"
                      "    }\n"
                      "    __syncthreads();\n");
-    /* the partial row: thread (g, n) sums rows g, g + G, ... of column n */
-    mk_strbuf_put(b, "    float *mine = part + (row * %lldLL + c) * %lldLL;\n", C, N + 2);
-    if (G > 1) {
-        mk_strbuf_put(b, "    if (tid < %lld) {\n"
-                         "        const long long n = tid %% %lldLL; const int g = tid / %lldLL;\n"
-                         "        float acc = 0.0f;\n"
-                         "#pragma unroll 8\n"
-                         "        for (int r = g; r < rows; r += %lld) acc += sc[r] * V[r * %lldLL + n * %lldLL];\n"
-                         "        red[tid] = acc;\n"
-                         "    }\n"
-                         "    __syncthreads();\n"
-                         "    for (long long n = tid; n < %lldLL; n += 128) {\n"
-                         "        float s = 0.0f;\n"
-                         "        for (int g = 0; g < %lld; g++) s += red[g * %lldLL + n];\n"
-                         "        if (chunks == 1) o[row * %lldLL + n] = __fdiv_rn(s, cl); else mine[2 + n] = s;\n"
-                         "    }\n",
-                      G * N, N, N, G, (long long)v->stride[1], (long long)v->stride[2], N, G, N, N);
-    } else {
-        mk_strbuf_put(b, "    for (long long n = tid; n < %lldLL; n += 128) {\n"
-                         "        float acc = 0.0f;\n"
-                         "#pragma unroll 8\n"
-                         "        for (int r = 0; r < rows; r++) acc += sc[r] * V[r * %lldLL + n * %lldLL];\n"
-                         "        if (chunks == 1) o[row * %lldLL + n] = __fdiv_rn(acc, cl); else mine[2 + n] = acc;\n"
-                         "    }\n",
-                      N, (long long)v->stride[1], (long long)v->stride[2], N);
-    }
+    /* the partial row: slot (g, n) sums its rows, then the G slots of n add up */
+    mk_strbuf_put(b, "    float *mine = part + (row * %lldLL + c) * %lldLL;\n"
+                     "#pragma unroll\n"
+                     "    for (int j = 0; j < %lld; j++) {\n"
+                     "        const int s = tid + %lld * j, g = s / %lld;\n"
+                     "        float acc = 0.0f;\n"
+                     "#pragma unroll\n"
+                     "        for (int e = 0; e < %lld; e++)\n"
+                     "            if (g + %lld * e < rows) acc += sc[g + %lld * e] * vv[j][e];\n"
+                     "        if (s < %lld) red[s] = acc;\n"
+                     "    }\n"
+                     "    __syncthreads();\n"
+                     "    for (long long n = tid; n < %lldLL; n += %lld) {\n"
+                     "        float s = 0.0f;\n"
+                     "        for (int g = 0; g < %lld; g++) s += red[g * %lldLL + n];\n"
+                     "        if (chunks == 1) o[row * %lldLL + n] = __fdiv_rn(s, cl); else mine[2 + n] = s;\n"
+                     "    }\n",
+                  C, N + 2, NS, T, N, VR, G, G, G * N, N, T, G, N, N);
     mk_strbuf_put(b, "    if (chunks == 1) return; /* one chunk: written as it is */\n"
                      "    if (tid == 0) { mine[0] = cm; mine[1] = cl; }\n"
                      "    __threadfence();\n"
@@ -932,21 +956,41 @@ static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
                      "    __syncthreads();\n"
                      "    if (!last) return;\n"
                      "    __threadfence();\n");
-    /* the last chunk of this query combines every chunk's part */
+    /* the last chunk of this query combines every chunk's part: the first KU
+     * chunks' values and every (m, l) loaded at once, later chunks one by one */
     mk_strbuf_put(b, "    const float *all = part + row * %lldLL * %lldLL;\n"
+                     "    float av[%lld][%lld];\n"
+                     "#pragma unroll\n"
+                     "    for (int j = 0; j < %lld; j++)\n"
+                     "#pragma unroll\n"
+                     "        for (int k = 0; k < %lld; k++) {\n"
+                     "            const int n = tid + %lld * j;\n"
+                     "            av[j][k] = n < %lld && k < chunks ? __ldcg(&all[k * %lldLL + 2 + n]) : 0.0f;\n"
+                     "        }\n"
+                     "    for (long long k = tid; k < chunks; k += %lld) {\n"
+                     "        pm[k] = __ldcg(&all[k * %lldLL]);\n"
+                     "        pl[k] = __ldcg(&all[k * %lldLL + 1]);\n"
+                     "    }\n"
+                     "    __syncthreads();\n"
                      "    float mx = __int_as_float(0xff800000);\n"
-                     "    for (long long k = 0; k < chunks; k++) mx = fmaxf(mx, __ldcg(&all[k * %lldLL]));\n"
+                     "    for (long long k = 0; k < chunks; k++) mx = fmaxf(mx, pm[k]);\n"
                      "    float sum = 0.0f;\n"
-                     "    for (long long k = 0; k < chunks; k++) sum += __ldcg(&all[k * %lldLL + 1]) * expf(__fsub_rn(__ldcg(&all[k * %lldLL]), mx));\n"
-                     "    for (long long n = tid; n < %lldLL; n += 128) {\n"
+                     "    for (long long k = 0; k < chunks; k++) sum += pl[k] * expf(__fsub_rn(pm[k], mx));\n"
+                     "#pragma unroll\n"
+                     "    for (int j = 0; j < %lld; j++) {\n"
+                     "        const long long n = tid + %lld * j;\n"
+                     "        if (n >= %lldLL) break;\n"
                      "        float s = 0.0f;\n"
-                     "        for (long long k = 0; k < chunks; k++)\n"
-                     "            s += __ldcg(&all[k * %lldLL + 2 + n]) * expf(__fsub_rn(__ldcg(&all[k * %lldLL]), mx));\n"
+                     "#pragma unroll\n"
+                     "        for (int k = 0; k < %lld; k++)\n"
+                     "            if (k < chunks) s += av[j][k] * expf(__fsub_rn(pm[k], mx));\n"
+                     "        for (long long k = %lld; k < chunks; k++)\n"
+                     "            s += __ldcg(&all[k * %lldLL + 2 + n]) * expf(__fsub_rn(pm[k], mx));\n"
                      "        o[row * %lldLL + n] = __fdiv_rn(s, sum);\n"
                      "    }\n"
                      "    if (tid == 0) count[row] = 0u;\n"
                      "}\n",
-                  C, N + 2, N + 2, N + 2, N + 2, N, N + 2, N + 2, N);
+                  C, N + 2, NO, KU, NO, KU, T, N, N + 2, T, N + 2, N + 2, NO, T, N, KU, KU, N + 2, N);
 }
 
 /* Device scratch of a group's launch: the attention's partial results and
@@ -976,7 +1020,7 @@ void mk_cuda_group_source(mk_strbuf *b, const mk_launch *l) {
 void mk_cuda_group_grid(const mk_product_group *pg, unsigned int *blocks, unsigned int *threads) {
     if (pg->kind == MK_PRODUCT_ATTENTION) { /* a block per query and chunk of the cache */
         *blocks = mk_cuda_blocks(pg->att.batch * pg->att.m * att_chunks(&pg->att), 1);
-        *threads = 128;
+        *threads = MK_ATT_THREADS;
     } else { /* 8 warps a block, W of them a column pair */
         *blocks = mk_cuda_blocks(product_warps(pg) * product_slices(pg), 8);
         *threads = 256;
