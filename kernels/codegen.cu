@@ -456,6 +456,55 @@ static void put_grid_step(mk_strbuf *b, const mk_launch *l, const mk_product_gro
     }
 }
 
+/* A result's sources that are not products (operands its program reads). */
+static int plain_sources(const mk_product_out *r) {
+    int n = 0;
+    for (int s = 0; s < r->n_src; s++) n += r->src[s].product < 0;
+    return n;
+}
+
+/*
+ * What result o's epilogue reads besides its products (its other sources, the
+ * rotation's (cos, sin) pairs, a row write's bounds), loaded by the thread
+ * that writes it (lane 0 of the first slice) as soon as the launches before
+ * are done, into registers: pre[m][c][t] (the t-th plain source at row m,
+ * column n0 + c), rot[m] and wbegin, wend. Its loads then overlap the
+ * products' instead of following their sums, one trip to memory less.
+ */
+static void put_epilogue_loads(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int o) {
+    const mk_product_out *r = &pg->out[o];
+    int M = (int)pg->m;
+    long long N = (long long)r->n;
+    if (r->row_x < 0 && r->rotate < 0 && !plain_sources(r)) return;
+    mk_strbuf_put(b, "        if (lane == 0 && slice == 0) {\n");
+    if (r->row_x >= 0)
+        mk_strbuf_put(b, "            wbegin = *(const long long *)i%d; wend = *(const long long *)i%d;\n",
+                      r->row_begin, r->row_end);
+    if (plain_sources(r)) {
+        mk_strbuf_put(b, "#pragma unroll\n            for (int m = 0; m < %d; m++)\n"
+                         "#pragma unroll\n            for (int c = 0; c < 2; c++) {\n"
+                         "            const long long e = m * %lldLL + n0 + c;\n", M, N);
+        for (int s = 0, t = 0; s < r->n_src; s++) {
+            const mk_product_source *src = &r->src[s];
+            if (src->product >= 0) continue;
+            char var[16];
+            snprintf(var, sizeof var, "p%d", s);
+            put_offset(b, var, "e", &l->in[src->in], src->rank, src->shape);
+            mk_strbuf_put(b, "            pre[m][c][%d] = ((const float *)i%d)[p%d];\n", t++, src->in, s);
+        }
+        mk_strbuf_put(b, "            }\n");
+    }
+    if (r->rotate >= 0) {
+        mk_strbuf_put(b, "#pragma unroll\n            for (int m = 0; m < %d; m++) {\n"
+                         "            const long long e0 = m * %lldLL + n0;\n", M, N);
+        put_offset(b, "q0", "e0", &l->in[r->rotate], r->rotate_rank, r->rotate_shape);
+        put_offset(b, "q1", "e0 + 1", &l->in[r->rotate], r->rotate_rank, r->rotate_shape);
+        mk_strbuf_put(b, "            rot[m][0] = ((const float *)i%d)[q0]; rot[m][1] = ((const float *)i%d)[q1];\n"
+                         "            }\n", r->rotate, r->rotate);
+    }
+    mk_strbuf_put(b, "        }\n");
+}
+
 /* Result o's code for the column pair of warp index `p` (local to o). */
 static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int o,
                        int E, int W, int phase, bool staged) {
@@ -496,6 +545,7 @@ static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group 
         put_prefetch(b, l, pg, o, W);
         mk_strbuf_put(b, MK_PDL_WAIT);
     }
+    put_epilogue_loads(b, l, pg, o);
     if (pg->norm_w >= 0 && !staged) mk_strbuf_put(b, "        float ss[%d] = {0.0f};\n", M);
     mk_strbuf_put(b, "#pragma unroll 4\n        for (long long k = %d * (lane + 32 * slice); k < %lldLL; k += %d) {\n",
                   E, K, 32 * E * W);
@@ -533,8 +583,7 @@ static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group 
     if (r->row_x >= 0) { /* the bounds, checked as the CPU's ReplaceSlice checks them */
         const mk_tensor *x = &l->in[r->row_x];
         long long rows = x->shape[0];
-        mk_strbuf_put(b, "        const long long begin = *(const long long *)i%d, end = *(const long long *)i%d;\n",
-                      r->row_begin, r->row_end);
+        mk_strbuf_put(b, "        const long long begin = wbegin, end = wend;\n");
         mk_strbuf_put(b, "        if (begin < 0 || end > %lldLL || begin > end) { mk_raise(fault, launch, %d, %d, begin, end, %lldLL); break; }\n",
                       rows, which, (int)MK_FAULT_RANGE, rows);
         mk_strbuf_put(b, "        if (end - begin != %lldLL) { mk_raise(fault, launch, %d, %d, begin, end, %lldLL); break; }\n",
@@ -544,35 +593,27 @@ static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group 
     } else {
         mk_strbuf_put(b, "        float *dst = o + %lldLL;\n", (long long)r->offset);
     }
-    mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) {\n            float v[2];\n", M);
-    mk_strbuf_put(b, "            for (int c = 0; c < 2; c++) {\n");
+    mk_strbuf_put(b, "#pragma unroll\n        for (int m = 0; m < %d; m++) {\n            float v[2];\n", M);
+    mk_strbuf_put(b, "#pragma unroll\n            for (int c = 0; c < 2; c++) {\n");
     mk_strbuf_put(b, "            const long long e = m * %lldLL + n0 + c;\n", N);
-    for (int s = 0; s < r->n_src; s++) {
-        const mk_product_source *src = &r->src[s];
-        if (src->product >= 0) {
+    for (int s = 0, t = 0; s < r->n_src; s++) {
+        if (r->src[s].product >= 0) {
             int j = 0;
             while (prods[j] != s) j++;
             mk_strbuf_put(b, "            const float r%d = acc[m][c][%d];\n", s, j);
         } else {
-            char var[16];
-            snprintf(var, sizeof var, "p%d", s);
-            put_offset(b, var, "e", &l->in[src->in], src->rank, src->shape);
-            mk_strbuf_put(b, "            const float r%d = ((const float *)i%d)[p%d];\n", s, src->in, s);
+            mk_strbuf_put(b, "            const float r%d = pre[m][c][%d];\n", s, t++);
         }
     }
     const mk_expr *e = &r->program;
     for (int j = 0; j < e->n; j++) put_insn(b, e, j, true);
     mk_strbuf_put(b, "            v[c] = r%d;\n            }\n", e->n ? MK_X_IN + e->n - 1 : 0);
     mk_strbuf_put(b, "            const long long e0 = m * %lldLL + n0;\n", N);
-    if (r->rotate >= 0) { /* (re, im) * (cr, ci), rounded as the complex product's kernel */
-        put_offset(b, "q0", "e0", &l->in[r->rotate], r->rotate_rank, r->rotate_shape);
-        put_offset(b, "q1", "e0 + 1", &l->in[r->rotate], r->rotate_rank, r->rotate_shape);
-        mk_strbuf_put(b, "            const float cr = ((const float *)i%d)[q0], ci = ((const float *)i%d)[q1];\n"
+    if (r->rotate >= 0) /* (re, im) * (cr, ci), rounded as the complex product's kernel */
+        mk_strbuf_put(b, "            const float cr = rot[m][0], ci = rot[m][1];\n"
                          "            const float re = __fsub_rn(__fmul_rn(v[0], cr), __fmul_rn(v[1], ci));\n"
                          "            const float im = __fadd_rn(__fmul_rn(v[0], ci), __fmul_rn(v[1], cr));\n"
-                         "            v[0] = re; v[1] = im;\n",
-                      r->rotate, r->rotate);
-    }
+                         "            v[0] = re; v[1] = im;\n");
     if (!r->argmax) {
         mk_strbuf_put(b, "            dst[e0] = v[0]; dst[e0 + 1] = v[1];\n        }\n        } while (0);\n");
         return;
@@ -792,6 +833,11 @@ static void put_product_source(mk_strbuf *b, const mk_launch *l) {
         if (need > R) R = need;
     }
     if (W > 1) mk_strbuf_put(b, "    __shared__ float red[8][%d];\n", R);
+    int PS = 1; /* registers of the epilogues' loads (put_epilogue_loads) */
+    for (int o = 0; o < pg->n_outs; o++)
+        if (plain_sources(&pg->out[o]) > PS) PS = plain_sources(&pg->out[o]);
+    mk_strbuf_put(b, "    float pre[%d][2][%d], rot[%d][2];\n    long long wbegin = 0, wend = 0;\n"
+                     "    (void)pre; (void)rot; (void)wbegin; (void)wend;\n", M, PS, M);
     bool staged = pg->a8_group || /* A on the int8 grid is made in shared memory */
                   ((long long)M * K * (long long)sizeof(float) <= MK_STAGE_BYTES &&
                    weight_bytes(l, pg) >= MK_STAGE_MIN_WEIGHTS);
