@@ -326,7 +326,8 @@ static long long prefetch_lines(const mk_product_group *pg) {
     return columns ? MK_PREFETCH_BYTES / (columns * 128) : 0;
 }
 
-static void put_prefetch(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int o, int W) {
+static void put_prefetch(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int o, int W,
+                         long long first) {
     const mk_product_out *r = &pg->out[o];
     long long lines = prefetch_lines(pg);
     for (int s = 0; s < r->n_src; s++) {
@@ -335,49 +336,66 @@ static void put_prefetch(mk_strbuf *b, const mk_launch *l, const mk_product_grou
         int bk = pg->b[pj];
         long long ldb = ldb_of(l, pg, r, s);
         long long es = (long long)mk_dtype_size(l->in[bk].dtype);
-        long long bytes = (long long)pg->k * es;
+        long long from = first * es, bytes = (long long)pg->k * es - from;
         if (bytes > 128 * lines) bytes = 128 * lines;
-        if (bytes == 0) continue;
+        if (bytes <= 0) continue;
         for (int c = 0; c < 2; c++)
-            mk_strbuf_put(b, "        for (long long k = 128 * (lane + 32 * slice); k < %lldLL; k += %d) "
+            mk_strbuf_put(b, "        for (long long k = %lldLL + 128 * (lane + 32 * slice); k < %lldLL; k += %d) "
                              "asm volatile(\"prefetch.global.L2 [%%0];\" :: \"l\"((const char *)i%d + (2 * p + %d) * %lldLL + k));\n",
-                          bytes, 4096 * W, bk, c, ldb * es);
+                          from, from + bytes, 4096 * W, bk, c, ldb * es);
     }
 }
 
 /*
- * One step of a lane on float32 A: E elements of k, its weights in one load
+ * A lane's step on float32 A: E elements of k from k, its weights in one load
  * (16 bytes where E > 4) widened to float, A and the norm's weight as Q
  * float4s (E == 1: floats); int8 weights' dot products summed apart, then
- * times their block's scale.
+ * times their block's scale. The weights come first (put_weight_loads: into
+ * b{j}_{c}{tag}, with int8's scales in s{j}_{c}{tag}), so that a step's may
+ * be loaded early (put_preloads); put_float_math does the rest.
  */
-static void put_float_step(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg,
-                           const mk_product_out *r, const int *prods, int np, int E, bool staged) {
-    int M = (int)pg->m;
-    long long K = (long long)pg->k;
-    const char *T = E >= 4 ? "float4" : "float";
-    int Q = E >= 4 ? E / 4 : 1;
+static void put_weight_decls(mk_strbuf *b, int np, int E, const char *tag, const char *indent) {
+    for (int j = 0; j < np; j++)
+        for (int c = 0; c < 2; c++) {
+            if (E >= 4) mk_strbuf_put(b, "%sfloat4 b%d_%d%s[%d];", indent, j, c, tag, E / 4);
+            else mk_strbuf_put(b, "%sfloat b%d_%d%s[1];", indent, j, c, tag);
+            mk_strbuf_put(b, " float s%d_%d%s; (void)s%d_%d%s;\n", j, c, tag, j, c, tag);
+        }
+}
+
+static void put_weight_loads(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg,
+                             const mk_product_out *r, const int *prods, int np, int E,
+                             const char *tag, const char *indent) {
     for (int j = 0; j < np; j++) {
         int pj = r->src[prods[j]].product, bk = pg->b[pj];
         long long ldb = l->in[bk].stride[1];
         const char *w = weight_suffix(l->in[bk].dtype);
         for (int c = 0; c < 2; c++) {
             if (E >= 4)
-                mk_strbuf_put(b, "            float4 b%d_%d[%d]; mk_w%d_%s(B%d + %lldLL + k, b%d_%d);\n", j,
-                              c, Q, E, w, j, c * ldb, j, c);
+                mk_strbuf_put(b, "%smk_w%d_%s(B%d + %lldLL + k, b%d_%d%s);\n", indent, E, w, j, c * ldb,
+                              j, c, tag);
             else
-                mk_strbuf_put(b, "            float b%d_%d[1] = {mk_w1_%s(B%d + %lldLL + k)};\n", j, c, w,
-                              j, c * ldb);
+                mk_strbuf_put(b, "%sb%d_%d%s[0] = mk_w1_%s(B%d + %lldLL + k);\n", indent, j, c, tag, w, j,
+                              c * ldb);
             if (pg->b_scale[pj] < 0) continue;
-            /* int8: the lane's E values lie in one block (its length a multiple
-             * of 16): their dot product with A, then times the block's scale */
             const mk_tensor *sc = &l->in[pg->b_scale[pj]];
-            mk_strbuf_put(b, "            const float s%d_%d = S%d[%lldLL + k / %lldLL * %lldLL];\n", j, c, j,
+            mk_strbuf_put(b, "%ss%d_%d%s = S%d[%lldLL + k / %lldLL * %lldLL];\n", indent, j, c, tag, j,
                           c * (long long)sc->stride[1], (long long)pg->b_group[pj],
                           (long long)sc->stride[0]);
-            for (int m = 0; m < M; m++) mk_strbuf_put(b, "            float t%d_%d_%d = 0.0f;\n", m, c, j);
         }
     }
+}
+
+static void put_float_math(mk_strbuf *b, const mk_product_group *pg, const mk_product_out *r,
+                           const int *prods, int np, int E, bool staged, const char *tag) {
+    int M = (int)pg->m;
+    long long K = (long long)pg->k;
+    const char *T = E >= 4 ? "float4" : "float";
+    int Q = E >= 4 ? E / 4 : 1;
+    for (int j = 0; j < np; j++)
+        if (pg->b_scale[r->src[prods[j]].product] >= 0) /* int8: the lane's E values lie in one block */
+            for (int m = 0; m < M; m++)
+                for (int c = 0; c < 2; c++) mk_strbuf_put(b, "            float t%d_%d_%d = 0.0f;\n", m, c, j);
     for (int m = 0; m < M; m++)
         for (int q = 0; q < Q; q++) {
             mk_strbuf_put(b, "            %s a%d_%d = *(const %s *)(%s + %lldLL + k + %d);\n", T, m, q, T,
@@ -399,18 +417,20 @@ static void put_float_step(mk_strbuf *b, const mk_launch *l, const mk_product_gr
                     if (pg->b_scale[r->src[prods[j]].product] >= 0) snprintf(sum, sizeof sum, "t%d_%d_%d", m, c, j);
                     else snprintf(sum, sizeof sum, "acc[%d][%d][%d]", m, c, j);
                     if (E >= 4)
-                        mk_strbuf_put(b, "            %s += a%d_%d.x * b%d_%d[%d].x + a%d_%d.y * b%d_%d[%d].y"
-                                         " + a%d_%d.z * b%d_%d[%d].z + a%d_%d.w * b%d_%d[%d].w;\n",
-                                      sum, m, q, j, c, q, m, q, j, c, q, m, q, j, c, q, m, q, j, c, q);
+                        mk_strbuf_put(b, "            %s += a%d_%d.x * b%d_%d%s[%d].x + a%d_%d.y * b%d_%d%s[%d].y"
+                                         " + a%d_%d.z * b%d_%d%s[%d].z + a%d_%d.w * b%d_%d%s[%d].w;\n",
+                                      sum, m, q, j, c, tag, q, m, q, j, c, tag, q, m, q, j, c, tag, q,
+                                      m, q, j, c, tag, q);
                     else
-                        mk_strbuf_put(b, "            %s += a%d_%d * b%d_%d[0];\n", sum, m, q, j, c);
+                        mk_strbuf_put(b, "            %s += a%d_%d * b%d_%d%s[0];\n", sum, m, q, j, c, tag);
                 }
         }
     for (int j = 0; j < np; j++)
         if (pg->b_scale[r->src[prods[j]].product] >= 0)
             for (int m = 0; m < M; m++)
                 for (int c = 0; c < 2; c++)
-                    mk_strbuf_put(b, "            acc[%d][%d][%d] += t%d_%d_%d * s%d_%d;\n", m, c, j, m, c, j, j, c);
+                    mk_strbuf_put(b, "            acc[%d][%d][%d] += t%d_%d_%d * s%d_%d%s;\n", m, c, j, m, c, j,
+                                  j, c, tag);
 }
 
 /*
@@ -505,17 +525,110 @@ static void put_epilogue_loads(mk_strbuf *b, const mk_launch *l, const mk_produc
     mk_strbuf_put(b, "        }\n");
 }
 
+/* B{j}: the first of column n0's weights of each product result r reads (and
+ * S{j}, its int8 scales). */
+static void put_column_pointers(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg,
+                                const mk_product_out *r, const int *prods, int np) {
+    for (int j = 0; j < np; j++) {
+        int pj = r->src[prods[j]].product, bk = pg->b[pj];
+        const char *ct = weight_ctype(l->in[bk].dtype);
+        mk_strbuf_put(b, "        const %s *B%d = (const %s *)i%d + n0 * %lldLL;\n", ct, j, ct, bk,
+                      (long long)l->in[bk].stride[1]);
+        if (pg->b_scale[pj] >= 0) /* int8: column n0's scales */
+            mk_strbuf_put(b, "        const float *S%d = (const float *)i%d + n0 * %lldLL;\n", j,
+                          pg->b_scale[pj], (long long)l->in[pg->b_scale[pj]].stride[1]);
+    }
+}
+
+/* The sources of result o that are products, and their count. */
+static int product_sources(const mk_product_out *r, int *prods) {
+    int np = 0;
+    for (int s = 0; s < r->n_src; s++)
+        if (r->src[s].product >= 0) prods[np++] = s;
+    return np;
+}
+
+/*
+ * Steps of a lane whose weights are loaded before the wait for the launches
+ * before, into registers, where every weight is a constant (no launch writes
+ * it): as many as MK_PRELOAD_FLOATS floats of registers hold, at least one, at
+ * most the lane's steps. A launch's first wave of blocks then has its weights
+ * on the way while the launch before finishes, and every block while it
+ * stages A. None for int8 weights: widened to float at the load, a step's
+ * take 4 times the registers, and on the H200 stories110M in int8 went from
+ * 4,326 to 3,998 tok/s (bfloat16 4,611 to 4,841); none on the int8 grid.
+ */
+#define MK_PRELOAD_FLOATS 32
+
+static int preload_steps(const mk_launch *l, const mk_product_group *pg, int E, int W) {
+    if (pg->a8_group) return 0;
+    for (int j = 0; j < pg->n_products; j++)
+        if (l->node->in[pg->b[j]]->owner->storage != MK_STORAGE_CONSTANT || pg->b_scale[j] >= 0)
+            return 0;
+    int np = 1;
+    for (int o = 0; o < pg->n_outs; o++) {
+        int prods[MK_X_IN], n = product_sources(&pg->out[o], prods);
+        if (n > np) np = n;
+    }
+    int per = np * 2 * (E >= 4 ? E : 1); /* floats of registers a step's weights take */
+    long long steps = ((long long)pg->k + 32LL * E * W - 1) / (32LL * E * W);
+    long long pre = MK_PRELOAD_FLOATS / per;
+    if (pre < 1) pre = 1;
+    return (int)(pre < steps ? pre : steps);
+}
+
+/*
+ * The start of every matrix-vector kernel, before the wait for the launches
+ * before: each warp loads the weights of its first `pre` steps into registers
+ * (b{j}_{c}p{s}, put_weight_loads) and sends the rest of its first columns'
+ * lines to L2 (put_prefetch); then it waits.
+ */
+static void put_preloads(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int E, int W,
+                         int pre) {
+    int np_max = 1;
+    for (int o = 0; o < pg->n_outs; o++) {
+        int prods[MK_X_IN], n = product_sources(&pg->out[o], prods);
+        if (n > np_max) np_max = n;
+    }
+    long long K = (long long)pg->k, step = 32LL * E * W;
+    mk_strbuf_put(b, "    const long long kfirst = %d * (lane + 32 * slice);\n", E);
+    for (int s = 0; s < pre; s++) {
+        char tag[8];
+        snprintf(tag, sizeof tag, "p%d", s);
+        put_weight_decls(b, np_max, E, tag, "    ");
+    }
+    long long start = 0;
+    for (int o = 0; o < pg->n_outs; o++) {
+        const mk_product_out *r = &pg->out[o];
+        int prods[MK_X_IN], np = product_sources(r, prods);
+        long long pairs = r->n / 2;
+        mk_strbuf_put(b, "    %sif (pair < %lldLL) {\n        const long long p = pair - %lldLL, n0 = 2 * p;\n",
+                      o ? "else " : "", start + pairs, start);
+        put_column_pointers(b, l, pg, r, prods, np);
+        for (int s = 0; s < pre; s++) {
+            char tag[8];
+            snprintf(tag, sizeof tag, "p%d", s);
+            mk_strbuf_put(b, "        if (kfirst + %lldLL < %lldLL) {\n            const long long k = kfirst + %lldLL;\n",
+                          s * step, K, s * step);
+            put_weight_loads(b, l, pg, r, prods, np, E, tag, "            ");
+            mk_strbuf_put(b, "        }\n");
+        }
+        put_prefetch(b, l, pg, o, W, pre * step);
+        mk_strbuf_put(b, "    }\n");
+        start += pairs;
+    }
+    mk_strbuf_put(b, MK_PDL_WAIT);
+}
+
 /* Result o's code for the column pair of warp index `p` (local to o). */
 static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int o,
-                       int E, int W, int phase, bool staged) {
+                       int E, int W, int pre, int phase, bool staged) {
     const mk_product_out *r = &pg->out[o];
     int which = 1; /* the faulting member for the error: the row write */
     while (which < pg->n_members && pg->members[which - 1] != r->end) which++;
     int M = (int)pg->m;
     long long K = (long long)pg->k, N = (long long)r->n;
-    int prods[MK_X_IN], np = 0; /* the products it reads, as sources */
-    for (int s = 0; s < r->n_src; s++)
-        if (r->src[s].product >= 0) prods[np++] = s;
+    int prods[MK_X_IN], np = product_sources(r, prods); /* the products it reads, as sources */
     mk_strbuf_put(b, "        const long long n0 = 2 * p;\n");
     mk_strbuf_put(b, "        float acc[%d][2][%d];\n", M, np);
     if (phase == 2) { /* the slices' sums: this warp's and the next W - 1's */
@@ -532,25 +645,27 @@ static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group 
                           M, W, M * 2 * np);
     } else {
     mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) for (int c = 0; c < 2; c++) for (int j = 0; j < %d; j++) acc[m][c][j] = 0.0f;\n", M, np);
-    for (int j = 0; j < np; j++) {
-        int pj = r->src[prods[j]].product, bk = pg->b[pj];
-        const char *ct = weight_ctype(l->in[bk].dtype);
-        mk_strbuf_put(b, "        const %s *B%d = (const %s *)i%d + n0 * %lldLL;\n", ct, j, ct, bk,
-                      (long long)l->in[bk].stride[1]);
-        if (pg->b_scale[pj] >= 0) /* int8: column n0's scales */
-            mk_strbuf_put(b, "        const float *S%d = (const float *)i%d + n0 * %lldLL;\n", j,
-                          pg->b_scale[pj], (long long)l->in[pg->b_scale[pj]].stride[1]);
-    }
-    if (!staged) { /* the weight columns to L2, then wait for the launches before */
-        put_prefetch(b, l, pg, o, W);
-        mk_strbuf_put(b, MK_PDL_WAIT);
-    }
+    put_column_pointers(b, l, pg, r, prods, np);
     put_epilogue_loads(b, l, pg, o);
     if (pg->norm_w >= 0 && !staged) mk_strbuf_put(b, "        float ss[%d] = {0.0f};\n", M);
-    mk_strbuf_put(b, "#pragma unroll 4\n        for (long long k = %d * (lane + 32 * slice); k < %lldLL; k += %d) {\n",
-                  E, K, 32 * E * W);
-    if (pg->a8_group) put_grid_step(b, l, pg, r, prods, np, E);
-    else put_float_step(b, l, pg, r, prods, np, E, staged);
+    long long step = 32LL * E * W;
+    for (int s = 0; s < pre; s++) { /* the steps whose weights were loaded before the wait */
+        char tag[8];
+        snprintf(tag, sizeof tag, "p%d", s);
+        mk_strbuf_put(b, "        if (kfirst + %lldLL < %lldLL) {\n            const long long k = kfirst + %lldLL;\n",
+                      s * step, K, s * step);
+        put_float_math(b, pg, r, prods, np, E, staged, tag);
+        mk_strbuf_put(b, "        }\n");
+    }
+    mk_strbuf_put(b, "#pragma unroll 4\n        for (long long k = kfirst + %lldLL; k < %lldLL; k += %lldLL) {\n",
+                  pre * step, K, step);
+    if (pg->a8_group) {
+        put_grid_step(b, l, pg, r, prods, np, E);
+    } else {
+        put_weight_decls(b, np, E, "", "            ");
+        put_weight_loads(b, l, pg, r, prods, np, E, "", "            ");
+        put_float_math(b, pg, r, prods, np, E, staged, "");
+    }
     mk_strbuf_put(b, "        }\n");
     mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) for (int c = 0; c < 2; c++) for (int j = 0; j < %d; j++)\n"
                      "            for (int off = 16; off > 0; off >>= 1) acc[m][c][j] += __shfl_xor_sync(0xffffffffu, acc[m][c][j], off);\n",
@@ -754,25 +869,14 @@ static void put_grid_copy(mk_strbuf *b, const mk_product_group *pg, bool vec) {
 }
 
 /*
- * The start of a kernel that holds A in shared memory: each warp sends its
- * weight columns to L2, then (the launches before done) the block copies A
- * into sA, times the RmsNorm's weight where one is folded in, and sums x's
+ * The start of a kernel that holds A in shared memory, after its preloads
+ * and the wait (put_preloads): the block copies A into sA, times the RmsNorm's weight where one is folded in, and sums x's
  * squares per row into sss. Every warp then reads A there, not from L2: the
  * warps of a launch would otherwise read A once per column pair, as many
  * bytes as the weights in float32 and 4 times as many in int8.
  */
-static void put_staging(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int E, int W) {
+static void put_staging(mk_strbuf *b, const mk_product_group *pg, int E) {
     int M = (int)pg->m;
-    long long start = 0;
-    for (int o = 0; o < pg->n_outs; o++) {
-        long long pairs = pg->out[o].n / 2;
-        mk_strbuf_put(b, "    %sif (pair < %lldLL) {\n        const long long p = pair - %lldLL;\n",
-                      o ? "else " : "", start + pairs, start);
-        put_prefetch(b, l, pg, o, W);
-        mk_strbuf_put(b, "    }\n");
-        start += pairs;
-    }
-    mk_strbuf_put(b, MK_PDL_WAIT);
     bool norm = pg->norm_w >= 0;
     if (norm) mk_strbuf_put(b, "    __shared__ float sss[%d], sred[8][%d];\n    float part[%d] = {0.0f};\n", M, M, M);
     if (pg->a8_group) put_grid_copy(b, pg, E >= 4);
@@ -841,7 +945,9 @@ static void put_product_source(mk_strbuf *b, const mk_launch *l) {
     bool staged = pg->a8_group || /* A on the int8 grid is made in shared memory */
                   ((long long)M * K * (long long)sizeof(float) <= MK_STAGE_BYTES &&
                    weight_bytes(l, pg) >= MK_STAGE_MIN_WEIGHTS);
-    if (staged) put_staging(b, l, pg, E, W);
+    int pre = preload_steps(l, pg, E, W);
+    put_preloads(b, l, pg, E, W, pre);
+    if (staged) put_staging(b, pg, E);
     for (int phase = W > 1 ? 1 : 0; phase <= (W > 1 ? 2 : 0); phase++) {
         if (phase == 2) mk_strbuf_put(b, "    __syncthreads();\n");
         long long start = 0;
@@ -849,7 +955,7 @@ static void put_product_source(mk_strbuf *b, const mk_launch *l) {
             long long pairs = pg->out[o].n / 2;
             mk_strbuf_put(b, "    %sif (pair < %lldLL) do {\n        const long long p = pair - %lldLL;\n",
                           o ? "else " : "", start + pairs, start);
-            put_result(b, l, pg, o, E, W, phase, staged);
+            put_result(b, l, pg, o, E, W, pre, phase, staged);
             mk_strbuf_put(b, "    } while (0);\n");
             start += pairs;
         }
