@@ -28,11 +28,19 @@ static unsigned int grid_for(long long n) {
 
 /* ---- embedding ----------------------------------------------------------- */
 
-/* out [n, units] = table [V, units] at ids; units per row of `U`. */
+/* out [n, units] = table [V, units] at ids; units per row of `U`. Launched
+ * with programmatic dependent launch where the device has it (a decode step
+ * starts with embeddings: the launch after, a matrix-vector group, then loads
+ * its weights while these run), it lets the next launch be scheduled at once
+ * and waits for the launch before. */
 template <typename U>
 static __global__ void embedding_kernel(U *out, const U *table, const long long *ids, long long n,
                                         long long V, long long units, mk_cuda_fault *fault,
                                         int launch) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
     long long total = n * units;
     for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total;
          e += (long long)gridDim.x * blockDim.x) {
@@ -50,8 +58,17 @@ template <typename U>
 static void embedding_as(const mk_launch *l, const long long *ids, long long n, long long V,
                          long long units) {
     mk_cuda_state *s = mk_cuda_state_of(l);
-    embedding_kernel<U><<<grid_for(n * units), MK_CUDA_BLOCK, 0, s->stream>>>(
-        (U *)l->out.data, (const U *)l->in[0].data, ids, n, V, units, s->fault, l->index);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(grid_for(n * units));
+    cfg.blockDim = dim3(MK_CUDA_BLOCK);
+    cfg.stream = s->stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = s->pdl ? 1 : 0;
+    cudaLaunchKernelEx(&cfg, embedding_kernel<U>, (U *)l->out.data, (const U *)l->in[0].data, ids, n,
+                       V, units, s->fault, l->index);
 }
 
 /* MK_KERNEL_EMBEDDING: tables of every dtype; ids int64. */
