@@ -557,6 +557,8 @@ static int product_sources(const mk_product_out *r, int *prods) {
  * stages A. None for int8 weights: widened to float at the load, a step's
  * take 4 times the registers, and on the H200 stories110M in int8 went from
  * 4,326 to 3,998 tok/s (bfloat16 4,611 to 4,841); none on the int8 grid.
+ * Measured on the H200 (tok/s at 16 / 32 / 64 floats): Llama-2-7B bfloat16
+ * 251 / 265 / 257, stories15M float32 about 10,000 / 10,200 / 10,200.
  */
 #define MK_PRELOAD_FLOATS 32
 
