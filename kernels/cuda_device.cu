@@ -87,20 +87,27 @@ static unsigned char *stage_on_device(const mk_cuda_state *s, const void *host) 
     return s->pinned_dev + ((const unsigned char *)host - s->pinned);
 }
 
+cudaLaunchConfig_t mk_cuda_launch_config(dim3 grid, dim3 block, cudaStream_t stream, bool pdl,
+                                         cudaLaunchAttribute *attr) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.stream = stream;
+    attr->id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr->val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return cfg;
+}
+
 bool mk_cuda_stage_launch(const mk_stage_copies *c, cudaStream_t stream, bool pdl) {
     if (c->n == 0) return true;
     unsigned long long most = 0;
     for (int i = 0; i < c->n; i++) most = c->bytes[i] > most ? c->bytes[i] : most;
     unsigned int blocks = (unsigned int)((most / 16 + 255) / 256);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(blocks ? (blocks < 64 ? blocks : 64) : 1);
-    cfg.blockDim = dim3(256);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl ? 1 : 0;
+    cudaLaunchAttribute attr;
+    cudaLaunchConfig_t cfg = mk_cuda_launch_config(dim3(blocks ? (blocks < 64 ? blocks : 64) : 1),
+                                                   dim3(256), stream, pdl, &attr);
     return cudaLaunchKernelEx(&cfg, mk_stage_kernel, *c) == cudaSuccess &&
            cudaGetLastError() == cudaSuccess;
 }

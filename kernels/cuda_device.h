@@ -166,6 +166,13 @@ int mk_cuda_check_launch(const mk_launch *l, const char *kernel, mk_error **err)
  * model's state until close. NULL with an error on failure. */
 void *mk_cuda_extra(mk_cuda_state *s, size_t bytes, mk_error **err);
 
+/* A launch's configuration: grid, block, stream, and programmatic dependent
+ * launch (the kernel may start before the launch before it ends, and waits for
+ * it with griddepcontrol.wait) where pdl is true (mk_cuda_state.pdl: sm_90+,
+ * MK_PDL not 0). attr holds the attribute the configuration points to. */
+cudaLaunchConfig_t mk_cuda_launch_config(dim3 grid, dim3 block, cudaStream_t stream, bool pdl,
+                                         cudaLaunchAttribute *attr);
+
 /* cuda_device.cu: captures c as one kernel node on the stream (false if the
  * launch failed), and every launch's kernels (-1, or the index of the launch
  * that failed, *err set). */

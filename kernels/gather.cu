@@ -58,15 +58,9 @@ template <typename U>
 static void embedding_as(const mk_launch *l, const long long *ids, long long n, long long V,
                          long long units) {
     mk_cuda_state *s = mk_cuda_state_of(l);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(grid_for(n * units));
-    cfg.blockDim = dim3(MK_CUDA_BLOCK);
-    cfg.stream = s->stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = s->pdl ? 1 : 0;
+    cudaLaunchAttribute attr;
+    cudaLaunchConfig_t cfg = mk_cuda_launch_config(dim3(grid_for(n * units)), dim3(MK_CUDA_BLOCK),
+                                                   s->stream, s->pdl, &attr);
     cudaLaunchKernelEx(&cfg, embedding_kernel<U>, (U *)l->out.data, (const U *)l->in[0].data, ids, n,
                        V, units, s->fault, l->index);
 }

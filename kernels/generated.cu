@@ -284,15 +284,8 @@ fail:
 static int launch_generated(const mk_launch *l, unsigned int blocks, unsigned int threads,
                             void **args, const char *what, mk_error **err) {
     mk_cuda_state *s = mk_cuda_state_of(l);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(blocks);
-    cfg.blockDim = dim3(threads);
-    cfg.stream = s->stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = s->pdl ? 1 : 0;
+    cudaLaunchAttribute attr;
+    cudaLaunchConfig_t cfg = mk_cuda_launch_config(dim3(blocks), dim3(threads), s->stream, s->pdl, &attr);
     cudaError_t st = cudaLaunchKernelExC(&cfg, (const void *)s->generated[l->index], args);
     if (st != cudaSuccess)
         return mk_cuda_fail_status(err, st, "launching a generated kernel", __FILE__, __LINE__);
