@@ -16,9 +16,10 @@
  * Long because it is one writer for three kernel skeletons (pointwise,
  * matrix-vector, attention) that share its helpers: operand walks, the
  * pointwise instructions, weight loads per dtype, faults, PDL and ArgMax
- * keys. The matrix-vector skeleton is most of it: its staging, prefetch,
- * slices and epilogues, and a lane's step in two forms (float32 A,
- * put_float_step; A on the int8 grid, put_grid_copy and put_grid_step).
+ * keys. The matrix-vector skeleton is most of it: its preloads, staging,
+ * prefetch, slices and epilogues, and a lane's step in two forms (float32 A,
+ * put_weight_loads and put_float_math; A on the int8 grid, put_grid_copy and
+ * put_grid_step).
  * Split it by skeleton when a fourth arrives, or the matrix-vector writer
  * into its own file when it grows again.
  */
@@ -548,6 +549,16 @@ static int product_sources(const mk_product_out *r, int *prods) {
     return np;
 }
 
+/* The most products one result of the group reads (at least 1). */
+static int most_products(const mk_product_group *pg) {
+    int most = 1;
+    for (int o = 0; o < pg->n_outs; o++) {
+        int prods[MK_X_IN], n = product_sources(&pg->out[o], prods);
+        if (n > most) most = n;
+    }
+    return most;
+}
+
 /*
  * Steps of a lane whose weights are loaded before the wait for the launches
  * before, into registers, where every weight is a constant (no launch writes
@@ -567,12 +578,7 @@ static int preload_steps(const mk_launch *l, const mk_product_group *pg, int E, 
     for (int j = 0; j < pg->n_products; j++)
         if (l->node->in[pg->b[j]]->owner->storage != MK_STORAGE_CONSTANT || pg->b_scale[j] >= 0)
             return 0;
-    int np = 1;
-    for (int o = 0; o < pg->n_outs; o++) {
-        int prods[MK_X_IN], n = product_sources(&pg->out[o], prods);
-        if (n > np) np = n;
-    }
-    int per = np * 2 * (E >= 4 ? E : 1); /* floats of registers a step's weights take */
+    int per = most_products(pg) * 2 * (E >= 4 ? E : 1); /* floats of registers a step's weights take */
     long long steps = ((long long)pg->k + 32LL * E * W - 1) / (32LL * E * W);
     long long pre = MK_PRELOAD_FLOATS / per;
     if (pre < 1) pre = 1;
@@ -587,17 +593,12 @@ static int preload_steps(const mk_launch *l, const mk_product_group *pg, int E, 
  */
 static void put_preloads(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int E, int W,
                          int pre) {
-    int np_max = 1;
-    for (int o = 0; o < pg->n_outs; o++) {
-        int prods[MK_X_IN], n = product_sources(&pg->out[o], prods);
-        if (n > np_max) np_max = n;
-    }
     long long K = (long long)pg->k, step = 32LL * E * W;
     mk_strbuf_put(b, "    const long long kfirst = %d * (lane + 32 * slice);\n", E);
     for (int s = 0; s < pre; s++) {
         char tag[8];
         snprintf(tag, sizeof tag, "p%d", s);
-        put_weight_decls(b, np_max, E, tag, "    ");
+        put_weight_decls(b, most_products(pg), E, tag, "    ");
     }
     long long start = 0;
     for (int o = 0; o < pg->n_outs; o++) {
