@@ -270,6 +270,26 @@ int mk_cuda_pointwise(const mk_launch *l, mk_error **err);      /* pointwise.cu 
 void mk_cuda_group_source(mk_strbuf *b, const mk_launch *l);
 size_t mk_cuda_group_aux_bytes(const mk_product_group *pg);
 void mk_cuda_group_grid(const mk_product_group *pg, unsigned int *blocks, unsigned int *threads);
+/* codegen.cu: helpers of every generated kernel's source: instruction j of e
+ * as CUDA C, and the fault record with how a kernel raises one. */
+void mk_cuda_put_insn(mk_strbuf *b, const mk_expr *e, int j, bool f32);
+void mk_cuda_put_fault(mk_strbuf *b);
+/* codegen_matvec.cu: the same three for a matrix–vector group. */
+void mk_cuda_product_source(mk_strbuf *b, const mk_launch *l);
+size_t mk_cuda_product_aux_bytes(const mk_product_group *pg);
+void mk_cuda_product_grid(const mk_product_group *pg, unsigned int *blocks, unsigned int *threads);
+/*
+ * Programmatic dependent launch (sm_90 and later): every generated kernel
+ * lets the next launch be scheduled as soon as its own blocks have started
+ * (launch_dependents), and waits for the launches before it to finish before
+ * it reads what they wrote (wait). A matrix–vector warp first asks L2 for its
+ * weight columns, which no launch writes, so they stream in while the kernel
+ * before it finishes. Launched with the attribute only where the device has
+ * them (mk_cuda_launch_generated); elsewhere the instructions are left out.
+ */
+#define MK_PDL_START "#if __CUDA_ARCH__ >= 900\n    asm volatile(\"griddepcontrol.launch_dependents;\");\n#endif\n"
+#define MK_PDL_WAIT "#if __CUDA_ARCH__ >= 900\n    asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n#endif\n"
+
 int mk_cuda_generate(mk_cuda_state *s, const mk_launch *launches, int n, const mk_host *host,
                      mk_error **err);
 int mk_cuda_pointwise_generated(const mk_launch *l, mk_error **err);

@@ -1,0 +1,873 @@
+/*
+ * codegen_matvec.cu — the CUDA C of a matrix–vector group's kernel
+ * (core/product.c): a warp per column pair of each result, W warps (slices)
+ * splitting k, with its prologue (the RmsNorm folded in, A staged in shared
+ * memory) and its epilogues (the result's program, rotation, row writes,
+ * ArgMax). A lane's step comes in two forms: float32 A (put_weight_loads and
+ * put_float_math, the weights of the first steps loaded before the PDL wait:
+ * put_preloads) and A on the int8 grid (put_grid_copy and put_grid_step).
+ * Helpers shared with the other skeletons (instructions, faults, PDL) are in
+ * codegen.cu and cuda_device.h.
+ */
+#include "cuda_device.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+/* "long long VAR = offset of element E of t read as (rank, shape)": e unravelled
+ * over the shape, t broadcast onto it (dims of size 1 repeat). */
+static void put_offset(mk_strbuf *b, const char *var, const char *e, const mk_tensor *t,
+                       int rank, const int64_t *shape) {
+    mk_tensor like = {.rank = rank};
+    memcpy(like.shape, shape, sizeof like.shape);
+    mk_tensor bt = mk_tensor_broadcast(t, &like);
+    mk_walk w = mk_cuda_walk1(rank, shape, bt.stride);
+    mk_strbuf_put(b, "            long long %s = 0;\n            { long long rest = %s, q;", var, e);
+    for (int d = w.rank - 1; d >= 0; d--) {
+        mk_strbuf_put(b, " q = rest %% %lldLL; rest /= %lldLL;", (long long)w.shape[d],
+                      (long long)w.shape[d]);
+        if (w.stride[0][d]) mk_strbuf_put(b, " %s += q * %lldLL;", var, (long long)w.stride[0][d]);
+    }
+    mk_strbuf_put(b, " (void)q; (void)rest; }\n");
+}
+
+static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+/*
+ * Weights of a matrix–vector group in any of its dtypes: the element type of
+ * the generated pointer, and functions widening one or four elements to float
+ * (exact; int8 is multiplied by its block's scale where the caller reads it).
+ */
+static const char *weight_ctype(mk_dtype d) {
+    switch (d) {
+    case MK_DTYPE_FLOAT16:
+    case MK_DTYPE_BFLOAT16: return "unsigned short";
+    case MK_DTYPE_INT8: return "signed char";
+    default: return "float";
+    }
+}
+
+static const char *weight_suffix(mk_dtype d) {
+    switch (d) {
+    case MK_DTYPE_FLOAT16: return "f16";
+    case MK_DTYPE_BFLOAT16: return "bf16";
+    case MK_DTYPE_INT8: return "i8";
+    default: return "f32";
+    }
+}
+
+static void put_weight_loads(mk_strbuf *b) {
+    mk_strbuf_put(b,
+        "static __device__ __forceinline__ float mk_w1_f32(const float *p) { return *p; }\n"
+        "static __device__ __forceinline__ void mk_w4_f32(const float *p, float4 *o) { o[0] = *(const float4 *)p; }\n"
+        "static __device__ __forceinline__ float mk_bf(unsigned int u) { return __uint_as_float(u << 16); }\n"
+        "static __device__ __forceinline__ float mk_bf_hi(unsigned int u) { return __uint_as_float(u & 0xffff0000u); }\n"
+        "static __device__ __forceinline__ float mk_w1_bf16(const unsigned short *p) { return mk_bf(*p); }\n"
+        "static __device__ __forceinline__ void mk_w4_bf16(const unsigned short *p, float4 *o) {\n"
+        "    const uint2 u = *(const uint2 *)p;\n"
+        "    o[0] = make_float4(mk_bf(u.x), mk_bf_hi(u.x), mk_bf(u.y), mk_bf_hi(u.y));\n"
+        "}\n"
+        "static __device__ __forceinline__ void mk_w8_bf16(const unsigned short *p, float4 *o) {\n"
+        "    const uint4 u = *(const uint4 *)p;\n"
+        "    o[0] = make_float4(mk_bf(u.x), mk_bf_hi(u.x), mk_bf(u.y), mk_bf_hi(u.y));\n"
+        "    o[1] = make_float4(mk_bf(u.z), mk_bf_hi(u.z), mk_bf(u.w), mk_bf_hi(u.w));\n"
+        "}\n"
+        "static __device__ __forceinline__ float mk_h2f(unsigned short h) {\n"
+        "    float f; asm(\"cvt.f32.f16 %%0, %%1;\" : \"=f\"(f) : \"h\"(h)); return f;\n"
+        "}\n"
+        "static __device__ __forceinline__ float mk_hf(unsigned int u) { return mk_h2f((unsigned short)u); }\n"
+        "static __device__ __forceinline__ float mk_hf_hi(unsigned int u) { return mk_h2f((unsigned short)(u >> 16)); }\n"
+        "static __device__ __forceinline__ float mk_w1_f16(const unsigned short *p) { return mk_h2f(*p); }\n"
+        "static __device__ __forceinline__ void mk_w4_f16(const unsigned short *p, float4 *o) {\n"
+        "    const uint2 u = *(const uint2 *)p;\n"
+        "    o[0] = make_float4(mk_hf(u.x), mk_hf_hi(u.x), mk_hf(u.y), mk_hf_hi(u.y));\n"
+        "}\n"
+        "static __device__ __forceinline__ void mk_w8_f16(const unsigned short *p, float4 *o) {\n"
+        "    const uint4 u = *(const uint4 *)p;\n"
+        "    o[0] = make_float4(mk_hf(u.x), mk_hf_hi(u.x), mk_hf(u.y), mk_hf_hi(u.y));\n"
+        "    o[1] = make_float4(mk_hf(u.z), mk_hf_hi(u.z), mk_hf(u.w), mk_hf_hi(u.w));\n"
+        "}\n"
+        "static __device__ __forceinline__ float mk_w1_i8(const signed char *p) { return (float)*p; }\n"
+        /* four int8 as floats without the quarter-rate I2F: byte + 128 as the
+         * low bits of 2^23's mantissa (one PRMT), less 2^23 + 128 (exact) */
+        "static __device__ __forceinline__ float mk_i8f(unsigned int v, unsigned int sel) {\n"
+        "    return __uint_as_float(__byte_perm(v, 0x4b000000u, sel)) - 8388736.0f;\n"
+        "}\n"
+        "static __device__ __forceinline__ float4 mk_i8x4(unsigned int u) {\n"
+        "    const unsigned int v = u ^ 0x80808080u;\n"
+        "    return make_float4(mk_i8f(v, 0x7540u), mk_i8f(v, 0x7541u), mk_i8f(v, 0x7542u), mk_i8f(v, 0x7543u));\n"
+        "}\n"
+        "static __device__ __forceinline__ void mk_w4_i8(const signed char *p, float4 *o) { o[0] = mk_i8x4(*(const unsigned int *)p); }\n"
+        "static __device__ __forceinline__ void mk_w16_i8(const signed char *p, float4 *o) {\n"
+        "    const uint4 u = *(const uint4 *)p;\n"
+        "    o[0] = mk_i8x4(u.x); o[1] = mk_i8x4(u.y); o[2] = mk_i8x4(u.z); o[3] = mk_i8x4(u.w);\n"
+        "}\n");
+}
+
+
+/* Bytes of a matrix–vector group's device scratch: per ArgMax result, the best
+ * key of each row and a count (zero between launches); 0 without one. */
+static long long argmax_aux_offset(const mk_product_group *pg, int o) {
+    long long at = 0;
+    for (int k = 0; k < o; k++)
+        if (pg->out[k].argmax) at += 8 * pg->m + 8;
+    return at;
+}
+
+/* The column stride of the weight that source s of result r reads. */
+static long long ldb_of(const mk_launch *l, const mk_product_group *pg, const mk_product_out *r,
+                        int s) {
+    return (long long)l->in[pg->b[r->src[s].product]].stride[1];
+}
+
+/* Bytes of the widest weight element a group's products read (int8: 1). */
+static long long weight_element_bytes(const mk_product_group *pg) {
+    long long es = 1;
+    for (int t = 0; t < pg->n_members; t++) {
+        const mk_node *m = pg->members[t];
+        if (m->op->kernel != MK_KERNEL_MATMUL) continue;
+        const mk_node *b = m->in[1];
+        long long s = b->op->kernel == MK_KERNEL_DEQUANTIZE ? 1 : (long long)mk_dtype_size(b->dtype);
+        if (s > es) es = s;
+    }
+    return es;
+}
+
+/*
+ * Warps per column pair (1, 2, 4 or 8), splitting k: enough warps in flight
+ * to read the weights at full bandwidth when the columns are few (a layer's
+ * [768, 768] has 384 pairs, 132 SMs want thousands of warps), none idle: a
+ * launch aims for 3,072 warps per byte of weight element, at most 8,192.
+ * Measured on the H200 with Llama-2-7B (tok/s at targets 3,072 / 4,096 /
+ * 6,144 / 8,192 warps, whatever the dtype): int8 327 / 326 / 296 / 308,
+ * bfloat16 - / 229 / 248 / 242; stories110M and 15M split alike at each.
+ */
+static int product_slices(const mk_product_group *pg) {
+    long long pairs = 0;
+    for (int o = 0; o < pg->n_outs; o++) pairs += pg->out[o].n / 2;
+    long long target = 3072 * weight_element_bytes(pg);
+    if (target > 8192) target = 8192;
+    int W = 1;
+    while (W < 8 && pairs * W < target && pg->k >= 128LL * 2 * W) W *= 2;
+    return W;
+}
+
+/* Result o's index among the group's ArgMax results. */
+static int argmax_slot(const mk_product_group *pg, int o) {
+    int slot = 0;
+    for (int k = 0; k < o; k++) slot += pg->out[k].argmax;
+    return slot;
+}
+
+/*
+ * The end of a kernel with ArgMax results: after a barrier, thread 0 of each
+ * block holding warps of such a result merges the block's best keys into the
+ * launch's (device scratch), and the last of those blocks to finish writes
+ * each row's column and clears the keys and the count for the next launch.
+ */
+static void put_argmax_blocks(mk_strbuf *b, const mk_product_group *pg) {
+    int M = (int)pg->m;
+    mk_strbuf_put(b, "    __syncthreads();\n    if (threadIdx.x != 0) return;\n");
+    long long start = 0;
+    for (int o = 0; o < pg->n_outs; o++) {
+        const mk_product_out *r = &pg->out[o];
+        long long per = 8 / product_slices(pg); /* column pairs a block holds */
+        long long pairs = r->n / 2, first = start / per, last = (start + pairs - 1) / per;
+        start += pairs;
+        if (!r->argmax) continue;
+        mk_strbuf_put(b, "    if (blockIdx.x >= %lldu && blockIdx.x <= %lldu) {\n"
+                         "        unsigned long long *best = (unsigned long long *)((char *)aux + %lldLL);\n"
+                         "        unsigned int *done = (unsigned int *)(best + %d);\n"
+                         "        for (int m = 0; m < %d; m++) atomicMax(&best[m], sbest[%d + m]);\n"
+                         "        __threadfence();\n"
+                         "        if (atomicAdd(done, 1u) == %lldu) {\n"
+                         "            __threadfence();\n"
+                         "            long long *dst = (long long *)(o + %lldLL);\n"
+                         "            for (int m = 0; m < %d; m++)\n"
+                         "                dst[m] = (long long)(0xffffffffu - (unsigned int)(atomicExch(&best[m], 0ull) & 0xffffffffull));\n"
+                         "            atomicExch(done, 0u);\n"
+                         "        }\n"
+                         "    }\n",
+                      first, last, argmax_aux_offset(pg, o), M, M, argmax_slot(pg, o) * M,
+                      last - first, (long long)r->offset, M);
+    }
+}
+
+/*
+ * Result o's weight columns to L2 for the column pair of warp index `p`
+ * (local to o), before the wait for the launches before: a 128-byte line per
+ * lane, the first lines of each column, as many as MK_PREFETCH_BYTES spread
+ * over all the launch's columns allow. What a launch sends ahead has to stay
+ * in L2 until its warps read it: measured on the H200, sending every column
+ * whole took Llama-2-7B from 315 to 275 tok/s in int8 and from 240 to 198 in
+ * bfloat16 (the first wave's columns outgrow L2 and are read twice), and
+ * stories110M in float32 from 3,008 (512 bytes a column) to 2,788.
+ */
+#define MK_PREFETCH_BYTES (2LL << 20)
+
+static long long prefetch_lines(const mk_product_group *pg) {
+    long long columns = 0;
+    for (int o = 0; o < pg->n_outs; o++)
+        for (int s = 0; s < pg->out[o].n_src; s++) columns += (pg->out[o].src[s].product >= 0) * pg->out[o].n;
+    return columns ? MK_PREFETCH_BYTES / (columns * 128) : 0;
+}
+
+static void put_prefetch(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int o, int W,
+                         long long first) {
+    const mk_product_out *r = &pg->out[o];
+    long long lines = prefetch_lines(pg);
+    for (int s = 0; s < r->n_src; s++) {
+        int pj = r->src[s].product;
+        if (pj < 0) continue;
+        int bk = pg->b[pj];
+        long long ldb = ldb_of(l, pg, r, s);
+        long long es = (long long)mk_dtype_size(l->in[bk].dtype);
+        long long from = first * es, bytes = (long long)pg->k * es - from;
+        if (bytes > 128 * lines) bytes = 128 * lines;
+        if (bytes <= 0) continue;
+        for (int c = 0; c < 2; c++)
+            mk_strbuf_put(b, "        for (long long k = %lldLL + 128 * (lane + 32 * slice); k < %lldLL; k += %d) "
+                             "asm volatile(\"prefetch.global.L2 [%%0];\" :: \"l\"((const char *)i%d + (2 * p + %d) * %lldLL + k));\n",
+                          from, from + bytes, 4096 * W, bk, c, ldb * es);
+    }
+}
+
+/*
+ * A lane's step on float32 A: E elements of k from k, its weights in one load
+ * (16 bytes where E > 4) widened to float, A and the norm's weight as Q
+ * float4s (E == 1: floats); int8 weights' dot products summed apart, then
+ * times their block's scale. The weights come first (put_weight_loads: into
+ * b{j}_{c}{tag}, with int8's scales in s{j}_{c}{tag}), so that a step's may
+ * be loaded early (put_preloads); put_float_math does the rest.
+ */
+static void put_weight_decls(mk_strbuf *b, int np, int E, const char *tag, const char *indent) {
+    for (int j = 0; j < np; j++)
+        for (int c = 0; c < 2; c++) {
+            if (E >= 4) mk_strbuf_put(b, "%sfloat4 b%d_%d%s[%d];", indent, j, c, tag, E / 4);
+            else mk_strbuf_put(b, "%sfloat b%d_%d%s[1];", indent, j, c, tag);
+            mk_strbuf_put(b, " float s%d_%d%s; (void)s%d_%d%s;\n", j, c, tag, j, c, tag);
+        }
+}
+
+static void put_weight_loads(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg,
+                             const mk_product_out *r, const int *prods, int np, int E,
+                             const char *tag, const char *indent) {
+    for (int j = 0; j < np; j++) {
+        int pj = r->src[prods[j]].product, bk = pg->b[pj];
+        long long ldb = l->in[bk].stride[1];
+        const char *w = weight_suffix(l->in[bk].dtype);
+        for (int c = 0; c < 2; c++) {
+            if (E >= 4)
+                mk_strbuf_put(b, "%smk_w%d_%s(B%d + %lldLL + k, b%d_%d%s);\n", indent, E, w, j, c * ldb,
+                              j, c, tag);
+            else
+                mk_strbuf_put(b, "%sb%d_%d%s[0] = mk_w1_%s(B%d + %lldLL + k);\n", indent, j, c, tag, w, j,
+                              c * ldb);
+            if (pg->b_scale[pj] < 0) continue;
+            const mk_tensor *sc = &l->in[pg->b_scale[pj]];
+            mk_strbuf_put(b, "%ss%d_%d%s = S%d[%lldLL + k / %lldLL * %lldLL];\n", indent, j, c, tag, j,
+                          c * (long long)sc->stride[1], (long long)pg->b_group[pj],
+                          (long long)sc->stride[0]);
+        }
+    }
+}
+
+static void put_float_math(mk_strbuf *b, const mk_product_group *pg, const mk_product_out *r,
+                           const int *prods, int np, int E, bool staged, const char *tag) {
+    int M = (int)pg->m;
+    long long K = (long long)pg->k;
+    const char *T = E >= 4 ? "float4" : "float";
+    int Q = E >= 4 ? E / 4 : 1;
+    for (int j = 0; j < np; j++)
+        if (pg->b_scale[r->src[prods[j]].product] >= 0) /* int8: the lane's E values lie in one block */
+            for (int m = 0; m < M; m++)
+                for (int c = 0; c < 2; c++) mk_strbuf_put(b, "            float t%d_%d_%d = 0.0f;\n", m, c, j);
+    for (int m = 0; m < M; m++)
+        for (int q = 0; q < Q; q++) {
+            mk_strbuf_put(b, "            %s a%d_%d = *(const %s *)(%s + %lldLL + k + %d);\n", T, m, q, T,
+                          staged ? "sA" : "A", m * K, 4 * q);
+            if (pg->norm_w >= 0 && !staged) { /* x's squares, and w * x (1 / rms applied after the sum) */
+                mk_strbuf_put(b, "            { const %s w = *(const %s *)(W + k + %d);", T, T, 4 * q);
+                if (E >= 4)
+                    mk_strbuf_put(b, " ss[%d] += a%d_%d.x * a%d_%d.x + a%d_%d.y * a%d_%d.y + a%d_%d.z * a%d_%d.z"
+                                     " + a%d_%d.w * a%d_%d.w; a%d_%d.x *= w.x; a%d_%d.y *= w.y;"
+                                     " a%d_%d.z *= w.z; a%d_%d.w *= w.w; }\n",
+                                  m, m, q, m, q, m, q, m, q, m, q, m, q, m, q, m, q, m, q, m, q,
+                                  m, q, m, q);
+                else
+                    mk_strbuf_put(b, " ss[%d] += a%d_%d * a%d_%d; a%d_%d *= w; }\n", m, m, q, m, q, m, q);
+            }
+            for (int j = 0; j < np; j++)
+                for (int c = 0; c < 2; c++) {
+                    char sum[32];
+                    if (pg->b_scale[r->src[prods[j]].product] >= 0) snprintf(sum, sizeof sum, "t%d_%d_%d", m, c, j);
+                    else snprintf(sum, sizeof sum, "acc[%d][%d][%d]", m, c, j);
+                    if (E >= 4)
+                        mk_strbuf_put(b, "            %s += a%d_%d.x * b%d_%d%s[%d].x + a%d_%d.y * b%d_%d%s[%d].y"
+                                         " + a%d_%d.z * b%d_%d%s[%d].z + a%d_%d.w * b%d_%d%s[%d].w;\n",
+                                      sum, m, q, j, c, tag, q, m, q, j, c, tag, q, m, q, j, c, tag, q,
+                                      m, q, j, c, tag, q);
+                    else
+                        mk_strbuf_put(b, "            %s += a%d_%d * b%d_%d%s[0];\n", sum, m, q, j, c, tag);
+                }
+        }
+    for (int j = 0; j < np; j++)
+        if (pg->b_scale[r->src[prods[j]].product] >= 0)
+            for (int m = 0; m < M; m++)
+                for (int c = 0; c < 2; c++)
+                    mk_strbuf_put(b, "            acc[%d][%d][%d] += t%d_%d_%d * s%d_%d%s;\n", m, c, j, m, c, j,
+                                  j, c, tag);
+}
+
+/*
+ * One step of a lane on the int8 grid (a FakeQuantizeNode folded in): its E
+ * int8 weights of each column and E of A's int8 values (sQ) in one load each,
+ * their exact dot product (DP4A, four at a time), then, as runq.c's matmul
+ * scales a group's, acc += (float)dot * w_scale * x_scale (the lane's E
+ * values lie in one group: groups are multiples of 16).
+ */
+static void put_grid_step(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg,
+                          const mk_product_out *r, const int *prods, int np, int E) {
+    int M = (int)pg->m;
+    long long K = (long long)pg->k, G = pg->a8_group;
+    const char *QT = E == 16 ? "int4" : "int";
+    for (int m = 0; m < M; m++) {
+        if (E == 1) mk_strbuf_put(b, "            const int a%d = sQ[%lldLL + k];\n", m, m * K);
+        else mk_strbuf_put(b, "            const %s a%d = *(const %s *)(sQ + %lldLL + k);\n", QT, m, QT, m * K);
+        mk_strbuf_put(b, "            const float x%d = sXs[(%lldLL + k) / %lldLL];\n", m, m * K, G);
+    }
+    for (int j = 0; j < np; j++) {
+        int pj = r->src[prods[j]].product;
+        const mk_tensor *sc = &l->in[pg->b_scale[pj]];
+        long long ldb = l->in[pg->b[pj]].stride[1];
+        for (int c = 0; c < 2; c++) {
+            if (E == 1) mk_strbuf_put(b, "            const int b%d_%d = B%d[%lldLL + k];\n", j, c, j, c * ldb);
+            else mk_strbuf_put(b, "            const %s b%d_%d = *(const %s *)(B%d + %lldLL + k);\n", QT, j, c, QT, j, c * ldb);
+            mk_strbuf_put(b, "            const float s%d_%d = S%d[%lldLL + k / %lldLL * %lldLL];\n", j, c, j,
+                          c * (long long)sc->stride[1], (long long)pg->b_group[pj], (long long)sc->stride[0]);
+            for (int m = 0; m < M; m++) {
+                if (E == 16)
+                    mk_strbuf_put(b, "            { const int t = __dp4a(a%d.w, b%d_%d.w, __dp4a(a%d.z, b%d_%d.z, "
+                                     "__dp4a(a%d.y, b%d_%d.y, __dp4a(a%d.x, b%d_%d.x, 0))));\n",
+                                  m, j, c, m, j, c, m, j, c, m, j, c);
+                else if (E == 4)
+                    mk_strbuf_put(b, "            { const int t = __dp4a(a%d, b%d_%d, 0);\n", m, j, c);
+                else
+                    mk_strbuf_put(b, "            { const int t = a%d * b%d_%d;\n", m, j, c);
+                mk_strbuf_put(b, "              acc[%d][%d][%d] = __fadd_rn(acc[%d][%d][%d], "
+                                 "__fmul_rn(__fmul_rn((float)t, s%d_%d), x%d)); }\n",
+                              m, c, j, m, c, j, j, c, m);
+            }
+        }
+    }
+}
+
+/* A result's sources that are not products (operands its program reads). */
+static int plain_sources(const mk_product_out *r) {
+    int n = 0;
+    for (int s = 0; s < r->n_src; s++) n += r->src[s].product < 0;
+    return n;
+}
+
+/*
+ * What result o's epilogue reads besides its products (its other sources, the
+ * rotation's (cos, sin) pairs, a row write's bounds), loaded by the thread
+ * that writes it (lane 0 of the first slice) as soon as the launches before
+ * are done, into registers: pre[m][c][t] (the t-th plain source at row m,
+ * column n0 + c), rot[m] and wbegin, wend. Its loads then overlap the
+ * products' instead of following their sums, one trip to memory less.
+ */
+static void put_epilogue_loads(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int o) {
+    const mk_product_out *r = &pg->out[o];
+    int M = (int)pg->m;
+    long long N = (long long)r->n;
+    if (r->row_x < 0 && r->rotate < 0 && !plain_sources(r)) return;
+    mk_strbuf_put(b, "        if (lane == 0 && slice == 0) {\n");
+    if (r->row_x >= 0)
+        mk_strbuf_put(b, "            wbegin = *(const long long *)i%d; wend = *(const long long *)i%d;\n",
+                      r->row_begin, r->row_end);
+    if (plain_sources(r)) {
+        mk_strbuf_put(b, "#pragma unroll\n            for (int m = 0; m < %d; m++)\n"
+                         "#pragma unroll\n            for (int c = 0; c < 2; c++) {\n"
+                         "            const long long e = m * %lldLL + n0 + c;\n", M, N);
+        for (int s = 0, t = 0; s < r->n_src; s++) {
+            const mk_product_source *src = &r->src[s];
+            if (src->product >= 0) continue;
+            char var[16];
+            snprintf(var, sizeof var, "p%d", s);
+            put_offset(b, var, "e", &l->in[src->in], src->rank, src->shape);
+            mk_strbuf_put(b, "            pre[m][c][%d] = ((const float *)i%d)[p%d];\n", t++, src->in, s);
+        }
+        mk_strbuf_put(b, "            }\n");
+    }
+    if (r->rotate >= 0) {
+        mk_strbuf_put(b, "#pragma unroll\n            for (int m = 0; m < %d; m++) {\n"
+                         "            const long long e0 = m * %lldLL + n0;\n", M, N);
+        put_offset(b, "q0", "e0", &l->in[r->rotate], r->rotate_rank, r->rotate_shape);
+        put_offset(b, "q1", "e0 + 1", &l->in[r->rotate], r->rotate_rank, r->rotate_shape);
+        mk_strbuf_put(b, "            rot[m][0] = ((const float *)i%d)[q0]; rot[m][1] = ((const float *)i%d)[q1];\n"
+                         "            }\n", r->rotate, r->rotate);
+    }
+    mk_strbuf_put(b, "        }\n");
+}
+
+/* B{j}: the first of column n0's weights of each product result r reads (and
+ * S{j}, its int8 scales). */
+static void put_column_pointers(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg,
+                                const mk_product_out *r, const int *prods, int np) {
+    for (int j = 0; j < np; j++) {
+        int pj = r->src[prods[j]].product, bk = pg->b[pj];
+        const char *ct = weight_ctype(l->in[bk].dtype);
+        mk_strbuf_put(b, "        const %s *B%d = (const %s *)i%d + n0 * %lldLL;\n", ct, j, ct, bk,
+                      (long long)l->in[bk].stride[1]);
+        if (pg->b_scale[pj] >= 0) /* int8: column n0's scales */
+            mk_strbuf_put(b, "        const float *S%d = (const float *)i%d + n0 * %lldLL;\n", j,
+                          pg->b_scale[pj], (long long)l->in[pg->b_scale[pj]].stride[1]);
+    }
+}
+
+/* The sources of result o that are products, and their count. */
+static int product_sources(const mk_product_out *r, int *prods) {
+    int np = 0;
+    for (int s = 0; s < r->n_src; s++)
+        if (r->src[s].product >= 0) prods[np++] = s;
+    return np;
+}
+
+/* The most products one result of the group reads (at least 1). */
+static int most_products(const mk_product_group *pg) {
+    int most = 1;
+    for (int o = 0; o < pg->n_outs; o++) {
+        int prods[MK_X_IN], n = product_sources(&pg->out[o], prods);
+        if (n > most) most = n;
+    }
+    return most;
+}
+
+/*
+ * Steps of a lane whose weights are loaded before the wait for the launches
+ * before, into registers, where every weight is a constant (no launch writes
+ * it): as many as MK_PRELOAD_FLOATS floats of registers hold, at least one, at
+ * most the lane's steps. A launch's first wave of blocks then has its weights
+ * on the way while the launch before finishes, and every block while it
+ * stages A. None for int8 weights: widened to float at the load, a step's
+ * take 4 times the registers, and on the H200 stories110M in int8 went from
+ * 4,326 to 3,998 tok/s (bfloat16 4,611 to 4,841); none on the int8 grid.
+ * Measured on the H200 (tok/s at 16 / 32 / 64 floats): Llama-2-7B bfloat16
+ * 251 / 265 / 257, stories15M float32 about 10,000 / 10,200 / 10,200.
+ */
+#define MK_PRELOAD_FLOATS 32
+
+static int preload_steps(const mk_launch *l, const mk_product_group *pg, int E, int W) {
+    if (pg->a8_group) return 0;
+    for (int j = 0; j < pg->n_products; j++)
+        if (l->node->in[pg->b[j]]->owner->storage != MK_STORAGE_CONSTANT || pg->b_scale[j] >= 0)
+            return 0;
+    int per = most_products(pg) * 2 * (E >= 4 ? E : 1); /* floats of registers a step's weights take */
+    long long steps = ((long long)pg->k + 32LL * E * W - 1) / (32LL * E * W);
+    long long pre = MK_PRELOAD_FLOATS / per;
+    if (pre < 1) pre = 1;
+    return (int)(pre < steps ? pre : steps);
+}
+
+/*
+ * The start of every matrix-vector kernel, before the wait for the launches
+ * before: each warp loads the weights of its first `pre` steps into registers
+ * (b{j}_{c}p{s}, put_weight_loads) and sends the rest of its first columns'
+ * lines to L2 (put_prefetch); then it waits.
+ */
+static void put_preloads(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int E, int W,
+                         int pre) {
+    long long K = (long long)pg->k, step = 32LL * E * W;
+    mk_strbuf_put(b, "    const long long kfirst = %d * (lane + 32 * slice);\n", E);
+    for (int s = 0; s < pre; s++) {
+        char tag[8];
+        snprintf(tag, sizeof tag, "p%d", s);
+        put_weight_decls(b, most_products(pg), E, tag, "    ");
+    }
+    long long start = 0;
+    for (int o = 0; o < pg->n_outs; o++) {
+        const mk_product_out *r = &pg->out[o];
+        int prods[MK_X_IN], np = product_sources(r, prods);
+        long long pairs = r->n / 2;
+        mk_strbuf_put(b, "    %sif (pair < %lldLL) {\n        const long long p = pair - %lldLL, n0 = 2 * p;\n",
+                      o ? "else " : "", start + pairs, start);
+        put_column_pointers(b, l, pg, r, prods, np);
+        for (int s = 0; s < pre; s++) {
+            char tag[8];
+            snprintf(tag, sizeof tag, "p%d", s);
+            mk_strbuf_put(b, "        if (kfirst + %lldLL < %lldLL) {\n            const long long k = kfirst + %lldLL;\n",
+                          s * step, K, s * step);
+            put_weight_loads(b, l, pg, r, prods, np, E, tag, "            ");
+            mk_strbuf_put(b, "        }\n");
+        }
+        put_prefetch(b, l, pg, o, W, pre * step);
+        mk_strbuf_put(b, "    }\n");
+        start += pairs;
+    }
+    mk_strbuf_put(b, MK_PDL_WAIT);
+}
+
+/* Result o's code for the column pair of warp index `p` (local to o). */
+static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int o,
+                       int E, int W, int pre, int phase, bool staged) {
+    const mk_product_out *r = &pg->out[o];
+    int which = 1; /* the faulting member for the error: the row write */
+    while (which < pg->n_members && pg->members[which - 1] != r->end) which++;
+    int M = (int)pg->m;
+    long long K = (long long)pg->k, N = (long long)r->n;
+    int prods[MK_X_IN], np = product_sources(r, prods); /* the products it reads, as sources */
+    mk_strbuf_put(b, "        const long long n0 = 2 * p;\n");
+    mk_strbuf_put(b, "        float acc[%d][2][%d];\n", M, np);
+    if (phase == 2) { /* the slices' sums: this warp's and the next W - 1's */
+        mk_strbuf_put(b, "        if (slice != 0 || lane != 0) break;\n");
+        if (pg->norm_w >= 0 && !staged) mk_strbuf_put(b, "        float ss[%d] = {0.0f};\n", M);
+        mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) for (int c = 0; c < 2; c++) for (int j = 0; j < %d; j++) {\n"
+                         "            float t = 0.0f;\n"
+                         "            for (int w = 0; w < %d; w++) t += red[wib + w][(m * 2 + c) * %d + j];\n"
+                         "            acc[m][c][j] = t;\n"
+                         "        }\n",
+                      M, np, W, np);
+        if (pg->norm_w >= 0 && !staged)
+            mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) for (int w = 0; w < %d; w++) ss[m] += red[wib + w][%d + m];\n",
+                          M, W, M * 2 * np);
+    } else {
+    mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) for (int c = 0; c < 2; c++) for (int j = 0; j < %d; j++) acc[m][c][j] = 0.0f;\n", M, np);
+    put_column_pointers(b, l, pg, r, prods, np);
+    put_epilogue_loads(b, l, pg, o);
+    if (pg->norm_w >= 0 && !staged) mk_strbuf_put(b, "        float ss[%d] = {0.0f};\n", M);
+    long long step = 32LL * E * W;
+    for (int s = 0; s < pre; s++) { /* the steps whose weights were loaded before the wait */
+        char tag[8];
+        snprintf(tag, sizeof tag, "p%d", s);
+        mk_strbuf_put(b, "        if (kfirst + %lldLL < %lldLL) {\n            const long long k = kfirst + %lldLL;\n",
+                      s * step, K, s * step);
+        put_float_math(b, pg, r, prods, np, E, staged, tag);
+        mk_strbuf_put(b, "        }\n");
+    }
+    mk_strbuf_put(b, "#pragma unroll 4\n        for (long long k = kfirst + %lldLL; k < %lldLL; k += %lldLL) {\n",
+                  pre * step, K, step);
+    if (pg->a8_group) {
+        put_grid_step(b, l, pg, r, prods, np, E);
+    } else {
+        put_weight_decls(b, np, E, "", "            ");
+        put_weight_loads(b, l, pg, r, prods, np, E, "", "            ");
+        put_float_math(b, pg, r, prods, np, E, staged, "");
+    }
+    mk_strbuf_put(b, "        }\n");
+    mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) for (int c = 0; c < 2; c++) for (int j = 0; j < %d; j++)\n"
+                     "            for (int off = 16; off > 0; off >>= 1) acc[m][c][j] += __shfl_xor_sync(0xffffffffu, acc[m][c][j], off);\n",
+                  M, np);
+    if (pg->norm_w >= 0 && !staged)
+        mk_strbuf_put(b, "        for (int m = 0; m < %d; m++)\n"
+                         "            for (int off = 16; off > 0; off >>= 1) ss[m] += __shfl_xor_sync(0xffffffffu, ss[m], off);\n",
+                      M);
+    if (phase == 1) { /* hand the slice's sums over; the first slice finishes after the barrier */
+        mk_strbuf_put(b, "        if (lane == 0) {\n"
+                         "            for (int m = 0; m < %d; m++) for (int c = 0; c < 2; c++) for (int j = 0; j < %d; j++)\n"
+                         "                red[wib + slice][(m * 2 + c) * %d + j] = acc[m][c][j];\n",
+                      M, np, np);
+        if (pg->norm_w >= 0 && !staged)
+            mk_strbuf_put(b, "            for (int m = 0; m < %d; m++) red[wib + slice][%d + m] = ss[m];\n",
+                          M, M * 2 * np);
+        mk_strbuf_put(b, "        }\n");
+        return;
+    }
+    }
+    if (pg->norm_w >= 0) /* the RmsNorm: the sum of x's squares, the block's or the warp's */
+        mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) {\n"
+                         "            const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(%s[m], (float)%lldLL), 1e-5f)));\n"
+                         "            for (int c = 0; c < 2; c++) for (int j = 0; j < %d; j++) acc[m][c][j] *= inv;\n"
+                         "        }\n",
+                      M, staged ? "sss" : "ss", K, np);
+    /* lane 0 writes; no thread returns early (a block with an ArgMax result
+     * meets at a barrier at the end); a fault leaves the do-while */
+    mk_strbuf_put(b, phase == 2 ? "        do {\n" : "        if (lane == 0) do {\n");
+    if (r->row_x >= 0) { /* the bounds, checked as the CPU's ReplaceSlice checks them */
+        const mk_tensor *x = &l->in[r->row_x];
+        long long rows = x->shape[0];
+        mk_strbuf_put(b, "        const long long begin = wbegin, end = wend;\n");
+        mk_strbuf_put(b, "        if (begin < 0 || end > %lldLL || begin > end) { mk_raise(fault, launch, %d, %d, begin, end, %lldLL); break; }\n",
+                      rows, which, (int)MK_FAULT_RANGE, rows);
+        mk_strbuf_put(b, "        if (end - begin != %lldLL) { mk_raise(fault, launch, %d, %d, begin, end, %lldLL); break; }\n",
+                      (long long)r->row_count, which, (int)MK_FAULT_ROWS, (long long)r->row_count);
+        mk_strbuf_put(b, "        float *dst = (float *)i%d + begin * %lldLL;\n", r->row_x,
+                      (long long)(mk_tensor_numel(x) / rows));
+    } else {
+        mk_strbuf_put(b, "        float *dst = o + %lldLL;\n", (long long)r->offset);
+    }
+    mk_strbuf_put(b, "#pragma unroll\n        for (int m = 0; m < %d; m++) {\n            float v[2];\n", M);
+    mk_strbuf_put(b, "#pragma unroll\n            for (int c = 0; c < 2; c++) {\n");
+    mk_strbuf_put(b, "            const long long e = m * %lldLL + n0 + c;\n", N);
+    for (int s = 0, t = 0; s < r->n_src; s++) {
+        if (r->src[s].product >= 0) {
+            int j = 0;
+            while (prods[j] != s) j++;
+            mk_strbuf_put(b, "            const float r%d = acc[m][c][%d];\n", s, j);
+        } else {
+            mk_strbuf_put(b, "            const float r%d = pre[m][c][%d];\n", s, t++);
+        }
+    }
+    const mk_expr *e = &r->program;
+    for (int j = 0; j < e->n; j++) mk_cuda_put_insn(b, e, j, true);
+    mk_strbuf_put(b, "            v[c] = r%d;\n            }\n", e->n ? MK_X_IN + e->n - 1 : 0);
+    mk_strbuf_put(b, "            const long long e0 = m * %lldLL + n0;\n", N);
+    if (r->rotate >= 0) /* (re, im) * (cr, ci), rounded as the complex product's kernel */
+        mk_strbuf_put(b, "            const float cr = rot[m][0], ci = rot[m][1];\n"
+                         "            const float re = __fsub_rn(__fmul_rn(v[0], cr), __fmul_rn(v[1], ci));\n"
+                         "            const float im = __fadd_rn(__fmul_rn(v[0], ci), __fmul_rn(v[1], cr));\n"
+                         "            v[0] = re; v[1] = im;\n");
+    if (!r->argmax) {
+        mk_strbuf_put(b, "            dst[e0] = v[0]; dst[e0 + 1] = v[1];\n        }\n        } while (0);\n");
+        return;
+    }
+    /* ArgMax: the largest key wins, first in the block's shared memory (see
+     * put_argmax_blocks). A key orders the values (the float's bits flipped to
+     * an unsigned order, -0 as +0), then the lower column; a NaN never wins,
+     * except in column 0 where it always does: the CPU's strict comparison
+     * from x[0] gives the same. */
+    mk_strbuf_put(b, "            for (int c = 0; c < 2; c++) {\n"
+                     "                const float x = __fadd_rn(v[c], 0.0f);\n"
+                     "                const unsigned int bits = __float_as_uint(x), col = (unsigned int)(n0 + c);\n"
+                     "                const unsigned int ord = x != x ? (col == 0 ? 0xffffffffu : 0u)\n"
+                     "                                       : (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);\n"
+                     "                atomicMax(&sbest[%d + m], ((unsigned long long)ord << 32) | (0xffffffffu - col));\n"
+                     "            }\n"
+                     "        }\n"
+                     "        } while (0);\n",
+                  argmax_slot(pg, o) * M);
+}
+
+/* Elements of k a lane takes per step: 16 bytes of weights a load (4 float32,
+ * 8 float16/bfloat16, 16 int8) where every product's weights have one size and
+ * A, the norm's weight and each column are 16-byte aligned; else 4 (when the
+ * weights align to 4 elements), else 1. */
+static int weights_per_load(const mk_launch *l, const mk_product_group *pg) {
+    long long K = (long long)pg->k;
+    if (!aligned16(l->in[pg->a].data) || (pg->norm_w >= 0 && !aligned16(l->in[pg->norm_w].data)))
+        return 1;
+    size_t es = mk_dtype_size(l->in[pg->b[0]].dtype);
+    for (int E = (int)(16 / es); E >= 4; E = E > 4 ? 4 : 0) {
+        bool ok = K % E == 0;
+        for (int j = 0; j < pg->n_products && ok; j++) {
+            const mk_tensor *w = &l->in[pg->b[j]];
+            size_t bytes = (size_t)E * mk_dtype_size(w->dtype);
+            ok = (E == 4 || mk_dtype_size(w->dtype) == es) && ((uintptr_t)w->data % bytes) == 0 &&
+                 ((size_t)w->stride[1] * mk_dtype_size(w->dtype)) % bytes == 0;
+        }
+        if (ok) return E;
+    }
+    return 1;
+}
+
+/* A block holds A in shared memory where A's bytes fit under the 48 KiB of
+ * static shared memory (with room for the slices' sums and ArgMax keys;
+ * Llama-2-7B's [1, 11008] fits) and the launch reads enough weights that
+ * the copy's barrier is a small part of it: on the H200, stories110M's
+ * launches (at most 2 MB of bfloat16 a layer) were 4 % slower staged,
+ * Llama-2-7B's (16 MB and more) 5 % faster in bfloat16 and 10 % in int8. */
+#define MK_STAGE_BYTES (44 * 1024)
+#define MK_STAGE_MIN_WEIGHTS (8LL << 20)
+
+/* The bytes of weights (and int8 scales) a matrix-vector launch reads. */
+static long long weight_bytes(const mk_launch *l, const mk_product_group *pg) {
+    long long n = 0;
+    for (int j = 0; j < pg->n_products; j++) {
+        const mk_tensor *w = &l->in[pg->b[j]];
+        n += (long long)mk_tensor_numel(w) * (long long)mk_dtype_size(w->dtype);
+        if (pg->b_scale[j] >= 0) n += (long long)mk_tensor_numel(&l->in[pg->b_scale[j]]) * 4;
+    }
+    return n;
+}
+
+/* A into sA (times the norm's weight W, its squares summed into part[m]),
+ * a float4 a thread a step where A and W are 16-byte aligned (E >= 4). */
+static void put_float_copy(mk_strbuf *b, const mk_product_group *pg, int E) {
+    int M = (int)pg->m;
+    long long K = (long long)pg->k;
+    bool norm = pg->norm_w >= 0;
+    mk_strbuf_put(b, "    __shared__ __align__(16) float sA[%lld];\n", (long long)M * K);
+    int V = E >= 4 ? 4 : 1;
+    const char *T = V == 4 ? "float4" : "float";
+    mk_strbuf_put(b, "    for (long long k = %d * threadIdx.x; k < %lldLL; k += %d) {\n", V, K, 256 * V);
+    if (norm) mk_strbuf_put(b, "        const %s w = *(const %s *)(W + k);\n", T, T);
+    for (int m = 0; m < M; m++) {
+        mk_strbuf_put(b, "        { %s x = *(const %s *)(A + %lldLL + k);", T, T, m * K);
+        if (norm && V == 4)
+            mk_strbuf_put(b, " part[%d] += x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w;"
+                             " x.x *= w.x; x.y *= w.y; x.z *= w.z; x.w *= w.w;", m);
+        else if (norm)
+            mk_strbuf_put(b, " part[%d] += x * x; x *= w;", m);
+        mk_strbuf_put(b, " *(%s *)(sA + %lldLL + k) = x; }\n", T, m * K);
+    }
+    mk_strbuf_put(b, "    }\n");
+}
+
+/*
+ * A onto runq.c's int8 grid as the block copies it (a FakeQuantizeNode folded
+ * in): thread t takes 16 consecutive values a step (x times the norm's weight,
+ * whose squares go into part[m]), the G / 16 threads of a group agree on its
+ * largest |value| by shuffles, and each writes its 16 values rounded as the
+ * FakeQuantizeNode rounds them into sQ, the first of them the group's scale
+ * into sXs. With a norm, the values are x * w: the group's scale makes up for
+ * 1 / rms, which the dot products take at the end.
+ */
+static void put_grid_copy(mk_strbuf *b, const mk_product_group *pg, bool vec) {
+    int M = (int)pg->m;
+    long long K = (long long)pg->k, G = pg->a8_group;
+    bool norm = pg->norm_w >= 0;
+    mk_strbuf_put(b, "    __shared__ __align__(16) signed char sQ[%lld];\n    __shared__ float sXs[%lld];\n",
+                  (long long)M * K, (long long)M * K / G);
+    mk_strbuf_put(b, "    for (long long k0 = 0; k0 < %lldLL; k0 += 4096) {\n"
+                     "        const long long k = k0 + 16 * threadIdx.x;\n"
+                     "        const bool on = k < %lldLL;\n", K, K);
+    const char *load16 = vec ? "for (int i = 0; i < 4; i++) { const float4 t = ((const float4 *)(%s))[i];"
+                               " %s[4 * i] = t.x; %s[4 * i + 1] = t.y; %s[4 * i + 2] = t.z; %s[4 * i + 3] = t.w; }"
+                             : "for (int i = 0; i < 16; i++) %s[i] = (%s)[i];";
+    char src[64];
+    if (norm) {
+        mk_strbuf_put(b, "        float w[16];\n        if (on) { ");
+        if (vec) mk_strbuf_put(b, load16, "W + k", "w", "w", "w", "w");
+        else mk_strbuf_put(b, load16, "w", "W + k");
+        mk_strbuf_put(b, " }\n");
+    }
+    for (int m = 0; m < M; m++) {
+        snprintf(src, sizeof src, "A + %lldLL + k", (long long)m * K);
+        mk_strbuf_put(b, "        {\n            float v[16], mx = 0.0f;\n            if (on) {\n                ");
+        if (vec) mk_strbuf_put(b, load16, src, "v", "v", "v", "v");
+        else mk_strbuf_put(b, load16, "v", src);
+        mk_strbuf_put(b, "\n                for (int i = 0; i < 16; i++) {\n");
+        if (norm) mk_strbuf_put(b, "                    part[%d] += v[i] * v[i]; v[i] *= w[i];\n", m);
+        mk_strbuf_put(b, "                    if (fabsf(v[i]) > mx) mx = fabsf(v[i]);\n                }\n            }\n");
+        mk_strbuf_put(b, "            for (int off = 1; off < %lld; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));\n"
+                         "            const float s = __fdiv_rn(mx, 127.0f);\n"
+                         "            if (on) {\n"
+                         "                unsigned int u[4] = {0u, 0u, 0u, 0u};\n"
+                         "                for (int i = 0; i < 16; i++) {\n"
+                         "                    float q = s != 0.0f ? roundf(__fdiv_rn(v[i], s)) : 0.0f;\n"
+                         "                    q = q != q ? 0.0f : fminf(fmaxf(q, -127.0f), 127.0f);\n"
+                         "                    u[i >> 2] |= ((unsigned int)(int)q & 0xffu) << (8 * (i & 3));\n"
+                         "                }\n"
+                         "                *(uint4 *)(sQ + %lldLL + k) = make_uint4(u[0], u[1], u[2], u[3]);\n"
+                         "                if ((threadIdx.x & %lld) == 0) sXs[(%lldLL + k) / %lldLL] = s;\n"
+                         "            }\n        }\n",
+                      G / 16, (long long)m * K, G / 16 - 1, (long long)m * K, G);
+    }
+    mk_strbuf_put(b, "    }\n");
+}
+
+/*
+ * The start of a kernel that holds A in shared memory, after its preloads
+ * and the wait (put_preloads): the block copies A into sA, times the RmsNorm's weight where one is folded in, and sums x's
+ * squares per row into sss. Every warp then reads A there, not from L2: the
+ * warps of a launch would otherwise read A once per column pair, as many
+ * bytes as the weights in float32 and 4 times as many in int8.
+ */
+static void put_staging(mk_strbuf *b, const mk_product_group *pg, int E) {
+    int M = (int)pg->m;
+    bool norm = pg->norm_w >= 0;
+    if (norm) mk_strbuf_put(b, "    __shared__ float sss[%d], sred[8][%d];\n    float part[%d] = {0.0f};\n", M, M, M);
+    if (pg->a8_group) put_grid_copy(b, pg, E >= 4);
+    else put_float_copy(b, pg, E);
+    if (norm)
+        mk_strbuf_put(b, "    for (int m = 0; m < %d; m++) {\n"
+                         "        for (int off = 16; off > 0; off >>= 1) part[m] += __shfl_xor_sync(0xffffffffu, part[m], off);\n"
+                         "        if (lane == 0) sred[threadIdx.x >> 5][m] = part[m];\n"
+                         "    }\n"
+                         "    __syncthreads();\n"
+                         "    if (threadIdx.x < %d) {\n"
+                         "        float t = 0.0f;\n"
+                         "        for (int w = 0; w < 8; w++) t += sred[w][threadIdx.x];\n"
+                         "        sss[threadIdx.x] = t;\n"
+                         "    }\n",
+                      M, M);
+    mk_strbuf_put(b, "    __syncthreads();\n");
+}
+
+/* The kernel of a matrix–vector group's launch: one warp per column pair of a
+ * result (every row of A), 8 warps a block, each on its own: a warp reads all
+ * of A, so it sums the RmsNorm's squares of x in the same loop and scales its
+ * dot products of w * x by 1 / rms at the end (no block-wide step). */
+void mk_cuda_product_source(mk_strbuf *b, const mk_launch *l) {
+    const mk_product_group *pg = l->node->prod;
+    int M = (int)pg->m;
+    long long K = (long long)pg->k;
+    /* float4 loads where every row of A, the weight and each B column is 16-byte aligned */
+    int E = weights_per_load(l, pg);
+    mk_strbuf_put(b, "// moonkaas matrix-vector group $%d: [%d, %lld] @ %d products, %d results%s\n",
+                  l->node->id, M, K, pg->n_products, pg->n_outs,
+                  pg->norm_w >= 0 ? ", RmsNorm folded in" : "");
+    mk_cuda_put_fault(b);
+    put_weight_loads(b);
+    mk_strbuf_put(b, "extern \"C\" __global__ void __launch_bounds__(256)\nmk_product(float *__restrict__ o");
+    for (int k = 0; k < l->n_in; k++) mk_strbuf_put(b, ", void *i%d", k);
+    mk_strbuf_put(b, ", mk_fault_rec *fault, int launch, void *aux) {\n" MK_PDL_START);
+    mk_strbuf_put(b, "    const int lane = threadIdx.x & 31;\n"
+                     "    const long long warp = (long long)blockIdx.x * 8 + (threadIdx.x >> 5);\n");
+    mk_strbuf_put(b, "    const float *A = (const float *)i%d;\n", pg->a);
+    if (pg->norm_w >= 0) mk_strbuf_put(b, "    const float *W = (const float *)i%d;\n", pg->norm_w);
+    int slots = argmax_slot(pg, pg->n_outs);
+    if (slots) /* each ArgMax result's best key per row, for this block */
+        mk_strbuf_put(b, "    __shared__ unsigned long long sbest[%d];\n"
+                         "    if (threadIdx.x < %d) sbest[threadIdx.x] = 0ull;\n"
+                         "    __syncthreads();\n",
+                      slots * M, slots * M);
+    int W = product_slices(pg);
+    mk_strbuf_put(b, "    const long long pair = warp / %d;\n"
+                     "    const int slice = (int)(warp %% %d), wib = (int)(threadIdx.x >> 5) - slice;\n"
+                     "    (void)wib;\n",
+                  W, W);
+    int R = 0; /* floats a warp hands over: acc and ss */
+    for (int o = 0; o < pg->n_outs; o++) {
+        int np = 0;
+        for (int k = 0; k < pg->out[o].n_src; k++) np += pg->out[o].src[k].product >= 0;
+        int need = (int)pg->m * 2 * np + (int)pg->m;
+        if (need > R) R = need;
+    }
+    if (W > 1) mk_strbuf_put(b, "    __shared__ float red[8][%d];\n", R);
+    int PS = 1; /* registers of the epilogues' loads (put_epilogue_loads) */
+    for (int o = 0; o < pg->n_outs; o++)
+        if (plain_sources(&pg->out[o]) > PS) PS = plain_sources(&pg->out[o]);
+    mk_strbuf_put(b, "    float pre[%d][2][%d], rot[%d][2];\n    long long wbegin = 0, wend = 0;\n"
+                     "    (void)pre; (void)rot; (void)wbegin; (void)wend;\n", M, PS, M);
+    bool staged = pg->a8_group || /* A on the int8 grid is made in shared memory */
+                  ((long long)M * K * (long long)sizeof(float) <= MK_STAGE_BYTES &&
+                   weight_bytes(l, pg) >= MK_STAGE_MIN_WEIGHTS);
+    int pre = preload_steps(l, pg, E, W);
+    put_preloads(b, l, pg, E, W, pre);
+    if (staged) put_staging(b, pg, E);
+    for (int phase = W > 1 ? 1 : 0; phase <= (W > 1 ? 2 : 0); phase++) {
+        if (phase == 2) mk_strbuf_put(b, "    __syncthreads();\n");
+        long long start = 0;
+        for (int o = 0; o < pg->n_outs; o++) {
+            long long pairs = pg->out[o].n / 2;
+            mk_strbuf_put(b, "    %sif (pair < %lldLL) do {\n        const long long p = pair - %lldLL;\n",
+                          o ? "else " : "", start + pairs, start);
+            put_result(b, l, pg, o, E, W, pre, phase, staged);
+            mk_strbuf_put(b, "    } while (0);\n");
+            start += pairs;
+        }
+    }
+    if (slots) put_argmax_blocks(b, pg);
+    mk_strbuf_put(b, "}\n");
+}
+
+/* Warps (column pairs) of a matrix–vector group's launch. */
+static long long product_warps(const mk_product_group *pg) {
+    long long w = 0;
+    for (int o = 0; o < pg->n_outs; o++) w += pg->out[o].n / 2;
+    return w;
+}
+
+/* Device scratch of a group's launch: per ArgMax result, the best key of each
+ * row and a count (zero between launches); 0 without one. */
+size_t mk_cuda_product_aux_bytes(const mk_product_group *pg) {
+    return (size_t)argmax_aux_offset(pg, pg->n_outs);
+}
+
+/* The grid of a group's launch: 8 warps a block, W of them a column pair. */
+void mk_cuda_product_grid(const mk_product_group *pg, unsigned int *blocks, unsigned int *threads) {
+    *blocks = mk_cuda_blocks(product_warps(pg) * product_slices(pg), 8);
+    *threads = 256;
+}
