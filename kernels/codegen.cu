@@ -109,23 +109,32 @@ void mk_cuda_put_fault(mk_strbuf *b) {
 /*
  * Decode attention, split along the cache (flash-decoding): a block per query
  * row (batch t, row i) and chunk of MK_ATT_CHUNK cached rows, 128 threads;
- * chunks at or past p return at once. A block scores its rows (4 threads a
- * row), takes the chunk's max m and the sum l of exp(score - m), and its
- * partial row acc = sum of exp(score - m) V_j; it writes (m, l, acc) to `part`
- * and counts itself in `count` for its query. The last chunk of a query to
- * finish combines them, as the softmax over all p scores: M = max m, out =
- * sum acc e^(m - M) / sum l e^(m - M), and sets the count back to zero for the
- * next evaluation. Rows past p add nothing.
+ * chunks at or past p do nothing. A block scores its rows (4 threads a row),
+ * takes the chunk's max m and the sum l of exp(score - m), and its partial row
+ * acc = sum of exp(score - m) V_j. One chunk's block combines every chunk's
+ * (m, l, acc), as the softmax over all p scores: M = max m, out = sum acc
+ * e^(m - M) / sum l e^(m - M). Rows past p add nothing.
+ *
+ * Where a query has at most MK_ATT_CLUSTER chunks and the device has thread
+ * block clusters (sm_90), its chunks are one cluster: each keeps its part in
+ * shared memory, and after a cluster barrier chunk 0 reads them all from there
+ * (distributed shared memory). Otherwise each writes its part to `part` in
+ * global memory and counts itself in `count`; the last to finish combines
+ * them and sets the count back to zero for the next evaluation.
  *
  * The kernel is bound by latency, not bytes (a chunk is a few KB), so it is
- * written as few dependent trips to memory: a thread loads p and its part of
- * q at once, then every K value it scores and V value it sums at once, into
- * registers; the last chunk loads every part at once. Sums run in
- * the order of a plain loop (k, then rows, then chunks), each thread's own.
+ * written as few dependent trips to memory. Before the wait for the launches
+ * before, a thread reads p as a hint (it may still change: a launch before may
+ * write it); after, it loads p, its part of q and every K value it scores and
+ * V value it sums among the hint's rows at once, into registers. Where p turns
+ * out not to be the hint, it loads the rows again. Chunk 0 loads every part at
+ * once. Sums run in the order of a plain loop (k, then rows, then chunks),
+ * each thread's own, in either combine.
  */
 #define MK_ATT_CHUNK 32
 #define MK_ATT_THREADS 128
-#define MK_ATT_COMBINE 16 /* chunks whose parts the last block loads at once */
+#define MK_ATT_COMBINE 16 /* chunks whose parts the combining block loads at once */
+#define MK_ATT_CLUSTER 8  /* the most chunks of a cluster: a portable cluster */
 
 /* Chunks (blocks per query) and the floats of partial results of a group. */
 static long long att_chunks(const mk_attention_info *a) {
@@ -133,6 +142,23 @@ static long long att_chunks(const mk_attention_info *a) {
 }
 static size_t att_part_floats(const mk_attention_info *a) {
     return (size_t)(a->batch * a->m * att_chunks(a) * (a->n + 2));
+}
+
+/* Distributed shared memory and the cluster barrier, for the cluster combine. */
+static void put_cluster_helpers(mk_strbuf *b) {
+    mk_strbuf_put(b,
+        "#ifdef MK_CLUSTER\n"
+        "static __device__ __forceinline__ float mk_dsmem(const float *p, unsigned int rank) {\n"
+        "    const unsigned int a = (unsigned int)__cvta_generic_to_shared(p);\n"
+        "    unsigned int r; float v;\n"
+        "    asm volatile(\"mapa.shared::cluster.u32 %%0, %%1, %%2;\" : \"=r\"(r) : \"r\"(a), \"r\"(rank));\n"
+        "    asm volatile(\"ld.shared::cluster.f32 %%0, [%%1];\" : \"=f\"(v) : \"r\"(r) : \"memory\");\n"
+        "    return v;\n"
+        "}\n"
+        "static __device__ __forceinline__ void mk_cluster_sync() {\n"
+        "    asm volatile(\"barrier.cluster.arrive.release.aligned;\\n\\tbarrier.cluster.wait.acquire.aligned;\" ::: \"memory\");\n"
+        "}\n"
+        "#endif\n");
 }
 
 static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
@@ -148,24 +174,33 @@ static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
     long long G = N <= T ? T / N : 1;
     if (G > R) G = R;
     const long long VR = (R + G - 1) / G, NS = (G * N + T - 1) / T;
-    /* the last chunk: thread tid combines columns tid, tid + T, ... (NO of them) */
+    /* the combine: thread tid combines columns tid, tid + T, ... (NO of them) */
     const long long NO = (N + T - 1) / T, KU = C < MK_ATT_COMBINE ? C : MK_ATT_COMBINE;
     const long long qs = q->stride[2], ks = kt->stride[1], kr = kt->stride[2];
     const long long vr = v->stride[1], vn = v->stride[2];
+    bool cluster = C >= 2 && C <= MK_ATT_CLUSTER;
     mk_strbuf_put(b, "// moonkaas attention group $%d: [%lld, %lld, %lld] queries, %lld cached rows "
                      "in chunks of %lld, %lld values\n",
                   l->node->id, (long long)a->batch, M, D, S, R, N);
+    if (cluster) /* the chunks of a query are a cluster where the device has them */
+        mk_strbuf_put(b, "#if __CUDA_ARCH__ >= 900\n#define MK_CLUSTER\n#endif\n");
     mk_cuda_put_fault(b);
-    mk_strbuf_put(b, "extern \"C\" __global__ void __launch_bounds__(%lld)\nmk_product(float *__restrict__ o", T);
+    put_cluster_helpers(b);
+    mk_strbuf_put(b, "extern \"C\" __global__ void __launch_bounds__(%lld)\n", T);
+    if (cluster) mk_strbuf_put(b, "#ifdef MK_CLUSTER\n__cluster_dims__(%lld, 1, 1)\n#endif\n", C);
+    mk_strbuf_put(b, "mk_product(float *__restrict__ o");
     for (int k = 0; k < l->n_in; k++) mk_strbuf_put(b, ", void *i%d", k);
     mk_strbuf_put(b, ", mk_fault_rec *fault, int launch, void *aux) {\n");
-    mk_strbuf_put(b, MK_PDL_START MK_PDL_WAIT);
+    mk_strbuf_put(b, MK_PDL_START "    const long long ph = *(const volatile long long *)i%d; /* p's hint */\n"
+                     MK_PDL_WAIT, a->p);
     mk_strbuf_put(b, "    float *part = (float *)aux;\n"
                      "    unsigned int *count = (unsigned int *)(part + %lldLL);\n",
                   (long long)att_part_floats(a));
     mk_strbuf_put(b, "    __shared__ float sc[%lld], red[%lld], pm[%lld], pl[%lld];\n"
                      "    __shared__ float cm, cl;\n    __shared__ bool last;\n",
                   R, G * N > T ? G * N : T, C, C);
+    if (cluster) mk_strbuf_put(b, "#ifdef MK_CLUSTER\n    __shared__ float cpart[%lld]; /* (m, l, acc) */\n#endif\n",
+                               N + 2);
     mk_strbuf_put(b, "    const int tid = threadIdx.x, r = tid >> 2, u = tid & 3;\n"
                      "    const long long row = blockIdx.x / %lldLL, c = blockIdx.x %% %lldLL;\n"
                      "    const long long t = row / %lldLL, i = row %% %lldLL, j0 = c * %lldLL;\n",
@@ -176,33 +211,43 @@ static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
                   (long long)kt->stride[0], kr);
     mk_strbuf_put(b, "    const float *V = (const float *)i%d + t * %lldLL + j0 * %lldLL;\n", a->v,
                   (long long)v->stride[0], vr);
-    /* p and q at once, then every K and V value of the chunk's first p rows at once */
+    /* p, q and every K and V value of the chunk's rows below the hint at once;
+     * the rows below p again where p is not the hint */
     mk_strbuf_put(b, "    const long long p = *(const long long *)i%d;\n"
                      "    float qv[%lld], kv[%lld], vv[%lld][%lld];\n"
                      "#pragma unroll\n"
                      "    for (int e = 0; e < %lld; e++) qv[e] = u + 4 * e < %lld ? q[(u + 4 * e) * %lldLL] : 0.0f;\n",
                   a->p, DK, DK, NS, VR, DK, D, qs);
+    mk_strbuf_put(b, "#define MK_ROWS(p) (int)((p) > j0 && (p) <= %lldLL ? ((p) - j0 < %lldLL ? (p) - j0 : %lldLL) : 0)\n"
+                     "#define MK_LOAD_ROWS() \\\n"
+                     "    _Pragma(\"unroll\") \\\n"
+                     "    for (int e = 0; e < %lld; e++) \\\n"
+                     "        kv[e] = u + 4 * e < %lld && r < rows ? K[r * %lldLL + (u + 4 * e) * %lldLL] : 0.0f; \\\n"
+                     "    _Pragma(\"unroll\") \\\n"
+                     "    for (int j = 0; j < %lld; j++) { \\\n"
+                     "        const int s = tid + %lld * j, n = s %% %lld, g = s / %lld; \\\n"
+                     "        _Pragma(\"unroll\") \\\n"
+                     "        for (int e = 0; e < %lld; e++) \\\n"
+                     "            vv[j][e] = s < %lld && g + %lld * e < rows ? V[(g + %lld * e) * %lldLL + n * %lldLL] : 0.0f; \\\n"
+                     "    }\n"
+                     "    int rows = MK_ROWS(ph);\n"
+                     "    MK_LOAD_ROWS();\n"
+                     "    if (p != ph) { /* the hint was stale */\n"
+                     "        rows = MK_ROWS(p);\n"
+                     "        MK_LOAD_ROWS();\n"
+                     "    }\n",
+                  S, R, R, DK, D, kr, ks, NS, T, N, N, VR, G * N, G, G, vr, vn);
     mk_strbuf_put(b, "    if (p < 0 || p > %lldLL) {\n"
                      "        if (blockIdx.x == 0 && tid == 0) mk_raise(fault, launch, 2, %d, p, %lldLL, 0);\n"
                      "        return;\n    }\n", S, (int)MK_FAULT_PREFIX, S);
     mk_strbuf_put(b, "    if (p == 0) { /* no rows: zeros */\n"
                      "        if (c == 0) for (long long n = tid; n < %lldLL; n += %lld) o[row * %lldLL + n] = 0.0f;\n"
                      "        return;\n    }\n", N, T, N);
-    mk_strbuf_put(b, "    const long long chunks = (p + %lldLL) / %lldLL;\n"
-                     "    if (c >= chunks) return;\n"
-                     "    const int rows = (int)(p - j0 < %lldLL ? p - j0 : %lldLL);\n",
-                  R - 1, R, R, R);
-    mk_strbuf_put(b, "#pragma unroll\n"
-                     "    for (int e = 0; e < %lld; e++)\n"
-                     "        kv[e] = u + 4 * e < %lld && r < rows ? K[r * %lldLL + (u + 4 * e) * %lldLL] : 0.0f;\n"
-                     "#pragma unroll\n"
-                     "    for (int j = 0; j < %lld; j++) {\n"
-                     "        const int s = tid + %lld * j, n = s %% %lld, g = s / %lld;\n"
-                     "#pragma unroll\n"
-                     "        for (int e = 0; e < %lld; e++)\n"
-                     "            vv[j][e] = s < %lld && g + %lld * e < rows ? V[(g + %lld * e) * %lldLL + n * %lldLL] : 0.0f;\n"
-                     "    }\n",
-                  DK, D, kr, ks, NS, T, N, N, VR, G * N, G, G, vr, vn);
+    mk_strbuf_put(b, "    const long long chunks = (p + %lldLL) / %lldLL;\n", R - 1, R);
+    /* a cluster's chunks past p still meet at its barriers */
+    if (cluster) mk_strbuf_put(b, "#ifdef MK_CLUSTER\n    do { if (c >= chunks) break;\n#else\n");
+    mk_strbuf_put(b, "    if (c >= chunks) return;\n");
+    if (cluster) mk_strbuf_put(b, "#endif\n");
     /* scores */
     mk_strbuf_put(b, "    {\n"
                      "        float s = 0.0f;\n"
@@ -225,8 +270,9 @@ static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
                      "    }\n"
                      "    __syncthreads();\n");
     /* the partial row: slot (g, n) sums its rows, then the G slots of n add up */
-    mk_strbuf_put(b, "    float *mine = part + (row * %lldLL + c) * %lldLL;\n"
-                     "#pragma unroll\n"
+    mk_strbuf_put(b, "    float *mine = part + (row * %lldLL + c) * %lldLL;\n", C, N + 2);
+    if (cluster) mk_strbuf_put(b, "#ifdef MK_CLUSTER\n    mine = cpart;\n#endif\n");
+    mk_strbuf_put(b, "#pragma unroll\n"
                      "    for (int j = 0; j < %lld; j++) {\n"
                      "        const int s = tid + %lld * j, g = s / %lld;\n"
                      "        float acc = 0.0f;\n"
@@ -240,30 +286,43 @@ static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
                      "        float s = 0.0f;\n"
                      "        for (int g = 0; g < %lld; g++) s += red[g * %lldLL + n];\n"
                      "        if (chunks == 1) o[row * %lldLL + n] = __fdiv_rn(s, cl); else mine[2 + n] = s;\n"
-                     "    }\n",
-                  C, N + 2, NS, T, N, VR, G, G, G * N, N, T, G, N, N);
+                     "    }\n"
+                     "    if (tid == 0) { mine[0] = cm; mine[1] = cl; }\n",
+                  NS, T, N, VR, G, G, G * N, N, T, G, N, N);
+    if (cluster) /* chunk 0 reads every chunk's part from its shared memory, which stays
+                  * until the second barrier */
+        mk_strbuf_put(b, "#ifdef MK_CLUSTER\n"
+                         "    } while (0);\n"
+                         "    if (chunks == 1) return; /* one chunk: written as it is */\n"
+                         "    mk_cluster_sync();\n"
+                         "    if (c != 0) { mk_cluster_sync(); return; }\n"
+                         "#define MK_PART(k, x) mk_dsmem(&cpart[x], (unsigned int)(k))\n"
+                         "#else\n");
     mk_strbuf_put(b, "    if (chunks == 1) return; /* one chunk: written as it is */\n"
-                     "    if (tid == 0) { mine[0] = cm; mine[1] = cl; }\n"
                      "    __threadfence();\n"
                      "    __syncthreads();\n"
                      "    if (tid == 0) last = atomicAdd(&count[row], 1u) == (unsigned int)chunks - 1u;\n"
                      "    __syncthreads();\n"
                      "    if (!last) return;\n"
-                     "    __threadfence();\n");
-    /* the last chunk of this query combines every chunk's part: the first KU
-     * chunks' values and every (m, l) loaded at once, later chunks one by one */
-    mk_strbuf_put(b, "    const float *all = part + row * %lldLL * %lldLL;\n"
-                     "    float av[%lld][%lld];\n"
+                     "    __threadfence();\n"
+                     "    if (tid == 0) count[row] = 0u;\n"
+                     "    const float *all = part + row * %lldLL * %lldLL;\n"
+                     "#define MK_PART(k, x) __ldcg(&all[(k) * %lldLL + (x)])\n",
+                  C, N + 2, N + 2);
+    if (cluster) mk_strbuf_put(b, "#endif\n");
+    /* every chunk's part: the first KU chunks' values and every (m, l) at once,
+     * later chunks one by one */
+    mk_strbuf_put(b, "    float av[%lld][%lld];\n"
                      "#pragma unroll\n"
                      "    for (int j = 0; j < %lld; j++)\n"
                      "#pragma unroll\n"
                      "        for (int k = 0; k < %lld; k++) {\n"
                      "            const int n = tid + %lld * j;\n"
-                     "            av[j][k] = n < %lld && k < chunks ? __ldcg(&all[k * %lldLL + 2 + n]) : 0.0f;\n"
+                     "            av[j][k] = n < %lld && k < chunks ? MK_PART(k, 2 + n) : 0.0f;\n"
                      "        }\n"
                      "    for (long long k = tid; k < chunks; k += %lld) {\n"
-                     "        pm[k] = __ldcg(&all[k * %lldLL]);\n"
-                     "        pl[k] = __ldcg(&all[k * %lldLL + 1]);\n"
+                     "        pm[k] = MK_PART(k, 0);\n"
+                     "        pl[k] = MK_PART(k, 1);\n"
                      "    }\n"
                      "    __syncthreads();\n"
                      "    float mx = __int_as_float(0xff800000);\n"
@@ -279,12 +338,12 @@ static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
                      "        for (int k = 0; k < %lld; k++)\n"
                      "            if (k < chunks) s += av[j][k] * expf(__fsub_rn(pm[k], mx));\n"
                      "        for (long long k = %lld; k < chunks; k++)\n"
-                     "            s += __ldcg(&all[k * %lldLL + 2 + n]) * expf(__fsub_rn(pm[k], mx));\n"
+                     "            s += MK_PART(k, 2 + n) * expf(__fsub_rn(pm[k], mx));\n"
                      "        o[row * %lldLL + n] = __fdiv_rn(s, sum);\n"
-                     "    }\n"
-                     "    if (tid == 0) count[row] = 0u;\n"
-                     "}\n",
-                  C, N + 2, NO, KU, NO, KU, T, N, N + 2, T, N + 2, N + 2, NO, T, N, KU, KU, N + 2, N);
+                     "    }\n",
+                  NO, KU, NO, KU, T, N, T, NO, T, N, KU, KU, N);
+    if (cluster) mk_strbuf_put(b, "#ifdef MK_CLUSTER\n    mk_cluster_sync();\n#endif\n");
+    mk_strbuf_put(b, "}\n");
 }
 
 /* Device scratch of a group's launch: the attention's partial results and

@@ -221,8 +221,11 @@ static void random_attention(script *s) {
     s->attention = true;
     s->first_pos = -1; /* pos1 = 0: an empty prefix */
     int q = INPUT(s, MK_DTYPE_FLOAT32, B, m, d);
-    INPUT(s, MK_DTYPE_INT64, 1);
+    int pos = INPUT(s, MK_DTYPE_INT64, 1);
     int p = INPUT(s, MK_DTYPE_INT64, 1);
+    if (test_randint(0, 1)) /* the prefix made by a launch before (pos1 + pos - pos): the
+                             * kernel's early read of it may be stale */
+        p = put(s, "SubNode($%d, $%d)", put(s, "SumNode($%d, $%d)", p, pos), pos);
     int kt;
     if (test_randint(0, 3)) {
         int kc = INPUT(s, MK_DTYPE_FLOAT32, S, B, d);
