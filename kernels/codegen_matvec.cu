@@ -68,10 +68,12 @@ static void put_weight_loads(mk_strbuf *b) {
         "    const uint2 u = *(const uint2 *)p;\n"
         "    o[0] = make_float4(mk_bf(u.x), mk_bf_hi(u.x), mk_bf(u.y), mk_bf_hi(u.y));\n"
         "}\n"
-        "static __device__ __forceinline__ void mk_w8_bf16(const unsigned short *p, float4 *o) {\n"
-        "    const uint4 u = *(const uint4 *)p;\n"
+        "static __device__ __forceinline__ void mk_x8_bf16(uint4 u, float4 *o) {\n"
         "    o[0] = make_float4(mk_bf(u.x), mk_bf_hi(u.x), mk_bf(u.y), mk_bf_hi(u.y));\n"
         "    o[1] = make_float4(mk_bf(u.z), mk_bf_hi(u.z), mk_bf(u.w), mk_bf_hi(u.w));\n"
+        "}\n"
+        "static __device__ __forceinline__ void mk_w8_bf16(const unsigned short *p, float4 *o) {\n"
+        "    mk_x8_bf16(*(const uint4 *)p, o);\n"
         "}\n"
         "static __device__ __forceinline__ float mk_h2f(unsigned short h) {\n"
         "    float f; asm(\"cvt.f32.f16 %%0, %%1;\" : \"=f\"(f) : \"h\"(h)); return f;\n"
@@ -83,10 +85,12 @@ static void put_weight_loads(mk_strbuf *b) {
         "    const uint2 u = *(const uint2 *)p;\n"
         "    o[0] = make_float4(mk_hf(u.x), mk_hf_hi(u.x), mk_hf(u.y), mk_hf_hi(u.y));\n"
         "}\n"
-        "static __device__ __forceinline__ void mk_w8_f16(const unsigned short *p, float4 *o) {\n"
-        "    const uint4 u = *(const uint4 *)p;\n"
+        "static __device__ __forceinline__ void mk_x8_f16(uint4 u, float4 *o) {\n"
         "    o[0] = make_float4(mk_hf(u.x), mk_hf_hi(u.x), mk_hf(u.y), mk_hf_hi(u.y));\n"
         "    o[1] = make_float4(mk_hf(u.z), mk_hf_hi(u.z), mk_hf(u.w), mk_hf_hi(u.w));\n"
+        "}\n"
+        "static __device__ __forceinline__ void mk_w8_f16(const unsigned short *p, float4 *o) {\n"
+        "    mk_x8_f16(*(const uint4 *)p, o);\n"
         "}\n"
         "static __device__ __forceinline__ float mk_w1_i8(const signed char *p) { return (float)*p; }\n"
         /* four int8 as floats without the quarter-rate I2F: byte + 128 as the
@@ -99,9 +103,11 @@ static void put_weight_loads(mk_strbuf *b) {
         "    return make_float4(mk_i8f(v, 0x7540u), mk_i8f(v, 0x7541u), mk_i8f(v, 0x7542u), mk_i8f(v, 0x7543u));\n"
         "}\n"
         "static __device__ __forceinline__ void mk_w4_i8(const signed char *p, float4 *o) { o[0] = mk_i8x4(*(const unsigned int *)p); }\n"
-        "static __device__ __forceinline__ void mk_w16_i8(const signed char *p, float4 *o) {\n"
-        "    const uint4 u = *(const uint4 *)p;\n"
+        "static __device__ __forceinline__ void mk_x16_i8(uint4 u, float4 *o) {\n"
         "    o[0] = mk_i8x4(u.x); o[1] = mk_i8x4(u.y); o[2] = mk_i8x4(u.z); o[3] = mk_i8x4(u.w);\n"
+        "}\n"
+        "static __device__ __forceinline__ void mk_w16_i8(const signed char *p, float4 *o) {\n"
+        "    mk_x16_i8(*(const uint4 *)p, o);\n"
         "}\n");
 }
 
@@ -240,11 +246,18 @@ static void put_prefetch(mk_strbuf *b, const mk_launch *l, const mk_product_grou
  * times their block's scale. The weights come first (put_weight_loads: into
  * b{j}_{c}{tag}, with int8's scales in s{j}_{c}{tag}), so that a step's may
  * be loaded early (put_preloads); put_float_math does the rest.
+ *
+ * Loaded early, 16 bytes of bfloat16, float16 or int8 (E > 4) may stay as
+ * they are (`raw`: b{j}_{c}{tag}r, a uint4, preload_raw) until the step's
+ * math, which widens them first (put_weight_widen): half or a quarter of the
+ * registers.
  */
-static void put_weight_decls(mk_strbuf *b, int np, int E, const char *tag, const char *indent) {
+static void put_weight_decls(mk_strbuf *b, int np, int E, const char *tag, const char *indent,
+                             bool raw) {
     for (int j = 0; j < np; j++)
         for (int c = 0; c < 2; c++) {
-            if (E >= 4) mk_strbuf_put(b, "%sfloat4 b%d_%d%s[%d];", indent, j, c, tag, E / 4);
+            if (raw) mk_strbuf_put(b, "%suint4 b%d_%d%sr;", indent, j, c, tag);
+            else if (E >= 4) mk_strbuf_put(b, "%sfloat4 b%d_%d%s[%d];", indent, j, c, tag, E / 4);
             else mk_strbuf_put(b, "%sfloat b%d_%d%s[1];", indent, j, c, tag);
             mk_strbuf_put(b, " float s%d_%d%s; (void)s%d_%d%s;\n", j, c, tag, j, c, tag);
         }
@@ -252,13 +265,16 @@ static void put_weight_decls(mk_strbuf *b, int np, int E, const char *tag, const
 
 static void put_weight_loads(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg,
                              const mk_product_out *r, const int *prods, int np, int E,
-                             const char *tag, const char *indent) {
+                             const char *tag, const char *indent, bool raw) {
     for (int j = 0; j < np; j++) {
         int pj = r->src[prods[j]].product, bk = pg->b[pj];
         long long ldb = l->in[bk].stride[1];
         const char *w = weight_suffix(l->in[bk].dtype);
         for (int c = 0; c < 2; c++) {
-            if (E >= 4)
+            if (raw)
+                mk_strbuf_put(b, "%sb%d_%d%sr = *(const uint4 *)(B%d + %lldLL + k);\n", indent, j, c, tag,
+                              j, c * ldb);
+            else if (E >= 4)
                 mk_strbuf_put(b, "%smk_w%d_%s(B%d + %lldLL + k, b%d_%d%s);\n", indent, E, w, j, c * ldb,
                               j, c, tag);
             else
@@ -270,6 +286,18 @@ static void put_weight_loads(mk_strbuf *b, const mk_launch *l, const mk_product_
                           c * (long long)sc->stride[1], (long long)pg->b_group[pj],
                           (long long)sc->stride[0]);
         }
+    }
+}
+
+/* The float4s of a step's raw weights (put_weight_decls), before its math. */
+static void put_weight_widen(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg,
+                             const mk_product_out *r, const int *prods, int np, int E,
+                             const char *tag) {
+    for (int j = 0; j < np; j++) {
+        const char *w = weight_suffix(l->in[pg->b[r->src[prods[j]].product]].dtype);
+        for (int c = 0; c < 2; c++)
+            mk_strbuf_put(b, "            float4 b%d_%d%s[%d]; mk_x%d_%s(b%d_%d%sr, b%d_%d%s);\n", j, c, tag,
+                          E / 4, E, w, j, c, tag, j, c, tag);
     }
 }
 
@@ -451,22 +479,40 @@ static int most_products(const mk_product_group *pg) {
  * it): as many as MK_PRELOAD_FLOATS floats of registers hold, at least one, at
  * most the lane's steps. A launch's first wave of blocks then has its weights
  * on the way while the launch before finishes, and every block while it
- * stages A. None for int8 weights: widened to float at the load, a step's
- * take 4 times the registers, and on the H200 stories110M in int8 went from
- * 4,326 to 3,998 tok/s (bfloat16 4,611 to 4,841); none on the int8 grid.
+ * stages A. None on the int8 grid.
+ *
+ * 16 bytes of a narrower dtype (E > 4) stay raw until the step's math
+ * (preload_raw) unless the lane's steps all fit widened: widened at the load,
+ * int8 took 4 times the registers (stories110M in int8 went from 4,326 to
+ * 3,998 tok/s); raw, Llama-2-7B went from 258 to 265 tok/s in bfloat16 and
+ * from 308 to 332 in int8, stories110M from 4,430 to 4,880 in int8, but 1 %
+ * slower in bfloat16, whose steps fit widened.
  * Measured on the H200 (tok/s at 16 / 32 / 64 floats): Llama-2-7B bfloat16
  * 251 / 265 / 257, stories15M float32 about 10,000 / 10,200 / 10,200.
  */
 #define MK_PRELOAD_FLOATS 32
 
+/* A lane's steps along k, and the registers a step's weights take preloaded:
+ * 16 raw bytes or E floats a column, and an int8 scale. */
+static long long lane_steps(const mk_product_group *pg, int E, int W) {
+    return ((long long)pg->k + 32LL * E * W - 1) / (32LL * E * W);
+}
+static int step_registers(const mk_product_group *pg, int E, bool raw) {
+    bool scaled = false;
+    for (int j = 0; j < pg->n_products; j++) scaled |= pg->b_scale[j] >= 0;
+    return most_products(pg) * 2 * ((raw ? 4 : E >= 4 ? E : 1) + scaled);
+}
+
+static bool preload_raw(const mk_product_group *pg, int E, int W) {
+    return E > 4 && step_registers(pg, E, false) * lane_steps(pg, E, W) > MK_PRELOAD_FLOATS;
+}
+
 static int preload_steps(const mk_launch *l, const mk_product_group *pg, int E, int W) {
     if (pg->a8_group) return 0;
     for (int j = 0; j < pg->n_products; j++)
-        if (l->node->in[pg->b[j]]->owner->storage != MK_STORAGE_CONSTANT || pg->b_scale[j] >= 0)
-            return 0;
-    int per = most_products(pg) * 2 * (E >= 4 ? E : 1); /* floats of registers a step's weights take */
-    long long steps = ((long long)pg->k + 32LL * E * W - 1) / (32LL * E * W);
-    long long pre = MK_PRELOAD_FLOATS / per;
+        if (l->node->in[pg->b[j]]->owner->storage != MK_STORAGE_CONSTANT) return 0;
+    long long steps = lane_steps(pg, E, W);
+    long long pre = MK_PRELOAD_FLOATS / step_registers(pg, E, preload_raw(pg, E, W));
     if (pre < 1) pre = 1;
     return (int)(pre < steps ? pre : steps);
 }
@@ -484,7 +530,7 @@ static void put_preloads(mk_strbuf *b, const mk_launch *l, const mk_product_grou
     for (int s = 0; s < pre; s++) {
         char tag[8];
         snprintf(tag, sizeof tag, "p%d", s);
-        put_weight_decls(b, most_products(pg), E, tag, "    ");
+        put_weight_decls(b, most_products(pg), E, tag, "    ", preload_raw(pg, E, W));
     }
     long long start = 0;
     for (int o = 0; o < pg->n_outs; o++) {
@@ -499,7 +545,7 @@ static void put_preloads(mk_strbuf *b, const mk_launch *l, const mk_product_grou
             snprintf(tag, sizeof tag, "p%d", s);
             mk_strbuf_put(b, "        if (kfirst + %lldLL < %lldLL) {\n            const long long k = kfirst + %lldLL;\n",
                           s * step, K, s * step);
-            put_weight_loads(b, l, pg, r, prods, np, E, tag, "            ");
+            put_weight_loads(b, l, pg, r, prods, np, E, tag, "            ", preload_raw(pg, E, W));
             mk_strbuf_put(b, "        }\n");
         }
         put_prefetch(b, l, pg, o, W, pre * step);
@@ -543,6 +589,7 @@ static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group 
         snprintf(tag, sizeof tag, "p%d", s);
         mk_strbuf_put(b, "        if (kfirst + %lldLL < %lldLL) {\n            const long long k = kfirst + %lldLL;\n",
                       s * step, K, s * step);
+        if (preload_raw(pg, E, W)) put_weight_widen(b, l, pg, r, prods, np, E, tag);
         put_float_math(b, pg, r, prods, np, E, staged, tag);
         mk_strbuf_put(b, "        }\n");
     }
@@ -551,8 +598,8 @@ static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group 
     if (pg->a8_group) {
         put_grid_step(b, l, pg, r, prods, np, E);
     } else {
-        put_weight_decls(b, np, E, "", "            ");
-        put_weight_loads(b, l, pg, r, prods, np, E, "", "            ");
+        put_weight_decls(b, np, E, "", "            ", false);
+        put_weight_loads(b, l, pg, r, prods, np, E, "", "            ", false);
         put_float_math(b, pg, r, prods, np, E, staged, "");
     }
     mk_strbuf_put(b, "        }\n");

@@ -244,7 +244,8 @@ describe("CUDA large and odd shapes #gpu", function()
     end)
 
     -- weights of 8 MB and more: the block holds the normalised x in shared
-    -- memory (kernels/codegen.cu, put_staging); float32 and int8 in groups
+    -- memory (kernels/codegen_matvec.cu, put_staging); float32, int8 in groups
+    -- and bfloat16, their first steps loaded before the wait (raw where narrower)
     gpu_it("large matrix-vector groups with the RmsNorm folded in agree with the CPU and the reference", function()
         local k, n, G = 2048, 4096, 64
         local xt, xv = big_rand({ 1, k }, 1)
@@ -255,11 +256,14 @@ describe("CUDA large and odd shapes #gpu", function()
         local h = x:rms_norm(mk.constant(nt, "norm"))
         local wd = mk.constant(wt, "w"):permute({ 1, 0 })
         local wq = mk.constant(q, "q"):permute({ 1, 0 }):dequantize(mk.constant(sc, "scale"):permute({ 1, 0 }))
+        local wb16 = wt:to("bfloat16")
+        local wb = mk.constant(wb16, "wb"):permute({ 1, 0 })
         local ss = 0.0
         for p = 0, k - 1 do ss = ss + xv(p) * xv(p) end
         local inv = 1 / math.sqrt(ss / k + 1e-5)
         for _, case in ipairs({ { "float32", wd, function(j, p) return wv(j * k + p) end },
-                                { "int8", wq, function(j, p) return q:get(j * k + p + 1) * sc:get((j * k + p) // G + 1) end } }) do
+                                { "int8", wq, function(j, p) return q:get(j * k + p + 1) * sc:get((j * k + p) // G + 1) end },
+                                { "bfloat16", wb, function(j, p) return wb16:get(j * k + p + 1) end } }) do
             local y = h:matmul(case[2])
             local cpu <close> = mk.compile(y)
             local gpu <close> = mk.compile(y, { device = "cuda" })
