@@ -475,8 +475,8 @@ static int most_products(const mk_product_group *pg) {
 
 /*
  * Steps of a lane whose weights are loaded before the wait for the launches
- * before, into registers, where every weight is a constant (no launch writes
- * it): as many as MK_PRELOAD_FLOATS floats of registers hold, at least one, at
+ * before, into registers, where every weight and int8 scale is a constant (no
+ * launch writes it): as many as MK_PRELOAD_FLOATS floats of registers hold, at least one, at
  * most the lane's steps. A launch's first wave of blocks then has its weights
  * on the way while the launch before finishes, and every block while it
  * stages A. None on the int8 grid.
@@ -510,7 +510,9 @@ static bool preload_raw(const mk_product_group *pg, int E, int W) {
 static int preload_steps(const mk_launch *l, const mk_product_group *pg, int E, int W) {
     if (pg->a8_group) return 0;
     for (int j = 0; j < pg->n_products; j++)
-        if (l->node->in[pg->b[j]]->owner->storage != MK_STORAGE_CONSTANT) return 0;
+        if (l->node->in[pg->b[j]]->owner->storage != MK_STORAGE_CONSTANT ||
+            (pg->b_scale[j] >= 0 && l->node->in[pg->b_scale[j]]->owner->storage != MK_STORAGE_CONSTANT))
+            return 0;
     long long steps = lane_steps(pg, E, W);
     long long pre = MK_PRELOAD_FLOATS / step_registers(pg, E, preload_raw(pg, E, W));
     if (pre < 1) pre = 1;
