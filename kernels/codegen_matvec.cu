@@ -8,6 +8,12 @@
  * put_preloads) and A on the int8 grid (put_grid_copy and put_grid_step).
  * Helpers shared with the other skeletons (instructions, faults, PDL) are in
  * codegen.cu and cuda_device.h.
+ *
+ * Long because it is one skeleton whose parts all write into the same warp
+ * layout (pair, slice, lane, step k) and its registers: the weight loads per
+ * dtype, preloads, prefetch and staging before the sums, the two step forms,
+ * the slices' reduction and the epilogues after. The int8 grid (put_grid_copy,
+ * put_grid_step) is the part that could move out if it grows.
  */
 #include "cuda_device.h"
 
