@@ -425,34 +425,39 @@ done:
     mk_context_free(ctx);
 }
 
-/* An attention prefix out of range: the error names the softmax; then a good run. */
-static void prefix_fault_on(mk_device dev) {
-    const char *text =
-        "$1 = InputTensor(q, float32, [2, 1, 4]);\n"
-        "$2 = InputTensor(k, float32, [5, 2, 4]);\n"
-        "$3 = PermuteNode($2, [1, 2, 0]);\n"
-        "$4 = InputTensor(p, int64, [1]);\n"
-        "$5 = MatMulNode($1, $3);\n"
-        "$6 = SlicedSoftmaxNode($5, $4);\n"
-        "$7 = InputTensor(v, float32, [5, 2, 3]);\n"
-        "$8 = PermuteNode($7, [1, 0, 2]);\n"
-        "$9 = PrefixMatMulNode($6, $8, $4);\n"
-        "result = $9;\n";
+/* An attention prefix out of range: the error names the softmax; then a good
+ * run. S cached rows: 5 (one chunk), 100 (four: a cluster on sm_90). */
+#define FAULT_ROWS 100
+static void prefix_fault_on(mk_device dev, int S) {
+    char text[1024];
+    snprintf(text, sizeof text,
+             "$1 = InputTensor(q, float32, [2, 1, 4]);\n"
+             "$2 = InputTensor(k, float32, [%d, 2, 4]);\n"
+             "$3 = PermuteNode($2, [1, 2, 0]);\n"
+             "$4 = InputTensor(p, int64, [1]);\n"
+             "$5 = MatMulNode($1, $3);\n"
+             "$6 = SlicedSoftmaxNode($5, $4);\n"
+             "$7 = InputTensor(v, float32, [%d, 2, 3]);\n"
+             "$8 = PermuteNode($7, [1, 0, 2]);\n"
+             "$9 = PrefixMatMulNode($6, $8, $4);\n"
+             "result = $9;\n", S, S);
     mk_error *err = NULL;
     mk_context *ctx = mk_context_new(&err);
     mk_model *m = compile_one_group(ctx, text, dev);
     if (!m) goto done;
-    float q[8], k[40], v[30], out[6];
+    float q[8], k[FAULT_ROWS * 8], v[FAULT_ROWS * 6], out[6];
     for (int i = 0; i < 8; i++) q[i] = (float)test_uniform(-1, 1);
-    for (int i = 0; i < 40; i++) k[i] = (float)test_uniform(-1, 1);
-    for (int i = 0; i < 30; i++) v[i] = (float)test_uniform(-1, 1);
-    int64_t p = 6;
+    for (int i = 0; i < S * 8; i++) k[i] = (float)test_uniform(-1, 1);
+    for (int i = 0; i < S * 6; i++) v[i] = (float)test_uniform(-1, 1);
+    int64_t p = S + 1;
     mk_named_tensor in[4] = {{"q", q}, {"k", k}, {"p", &p}, {"v", v}};
     int rc = mk_evaluate(m, in, 4, out, sizeof out, &err);
-    CHECK(rc != 0 && strstr(mk_error_message(err),
-                            "script:6:1: evaluation error: SlicedSoftmaxNode: prefix 6 ('p') is "
-                            "outside [0, 5]"),
-          "prefix 6 of 5: %s", rc ? mk_error_message(err) : "no error");
+    char want_err[160];
+    snprintf(want_err, sizeof want_err,
+             "script:6:1: evaluation error: SlicedSoftmaxNode: prefix %d ('p') is outside [0, %d]",
+             S + 1, S);
+    CHECK(rc != 0 && strstr(mk_error_message(err), want_err), "prefix %d of %d: %s", S + 1, S,
+          rc ? mk_error_message(err) : "no error");
     mk_error_free(err);
     err = NULL;
     p = 3;
@@ -479,8 +484,14 @@ done:
     mk_context_free(ctx);
 }
 
-static void test_prefix_fault_cpu(void) { prefix_fault_on(MK_DEVICE_CPU); }
-static void test_prefix_fault_cuda(void) { prefix_fault_on(MK_DEVICE_CUDA); }
+static void test_prefix_fault_cpu(void) {
+    prefix_fault_on(MK_DEVICE_CPU, 5);
+    prefix_fault_on(MK_DEVICE_CPU, FAULT_ROWS);
+}
+static void test_prefix_fault_cuda(void) {
+    prefix_fault_on(MK_DEVICE_CUDA, 5);
+    prefix_fault_on(MK_DEVICE_CUDA, FAULT_ROWS);
+}
 
 /* A greedy classifier's ties and NaNs: the first largest column wins, as on the
  * CPU (whose comparison is strict from column 0): a NaN never wins, except in
