@@ -656,7 +656,7 @@ int64_t mk_argmax_row(const float *x, int64_t n);
 
 /* SampleNode's scratch for rows of n: a head (the CPU's keys for one row, or
  * MK_SAMPLE_ROW_BYTES of a GPU's bookkeeping per row), then every row's
- * probabilities (float32). */
+ * probabilities (float32: the CPU's; the GPU recomputes them). */
 #define MK_SAMPLE_ROW_BYTES 20480
 static inline size_t mk_sample_head(int64_t rows, int64_t n) {
     size_t keys = (size_t)n * sizeof(uint64_t), book = (size_t)rows * MK_SAMPLE_ROW_BYTES;

@@ -5,38 +5,42 @@
  *
  * One launch: each row is a cluster of G blocks of 512 threads (G grows with
  * n, up to 8, a portable cluster; a 32,000-way row spreads over 8 SMs) that
- * meet at cluster barriers and read each other's shared memory:
+ * meet at cluster barriers. What a block passes on it pushes into the shared
+ * memory of the blocks that read it before the barrier, so that after it
+ * every read is local:
  *
  *   1  each block: the max of x / t over its range (held in registers
  *      through the phases, where it fits) and the sum of
- *      expf(x / t - that max) (t <= 0: its argmax, and the lead block, rank
- *      0, takes the row's best from the blocks');
+ *      expf(x / t - that max), pushed to every block (t <= 0: its argmax,
+ *      and the lead block, rank 0, takes the row's best from the blocks');
  *   2  each block: the row's max and sum from the blocks' (each block's sum
- *      rescaled to the row's max), p = expf(x / t - max) / sum into the
- *      scratch, and either its range's mass (multinomial) or its histogram
- *      of the top-p candidates (p >= cutoff), then the row's in the lead's
- *      (each block sums a share of the bins over the blocks): mass and
- *      count per bin of the top 11 bits of a candidate's key (its
- *      probability's bits less the cutoff's, so that the bins span only
- *      [cutoff, the row's largest p], finely: a flat row of 32,000 spreads
- *      over hundreds of bins, not two). Multinomial: the lead draws the coin (run.c's xorshift64*,
- *      bit for bit) and takes the block, then the index, where the running
- *      mass first exceeds it.
+ *      rescaled to the row's max), p = expf(x / t - max) / sum, and either
+ *      its range's mass (multinomial) or its histogram of the top-p
+ *      candidates (p >= cutoff), added into the lead's: mass and count per
+ *      bin of the top 11 bits of a candidate's key (its probability's bits
+ *      less the cutoff's, so that the bins span only [cutoff, the row's
+ *      largest p], finely: a flat row of 32,000 spreads over hundreds of
+ *      bins, not two). Multinomial: the lead draws the coin (run.c's
+ *      xorshift64*, bit for bit) and takes the block, then the index, where
+ *      the running mass first exceeds it.
  *   3  top-p, no full sort: the lead plans from the histogram: the bin where
  *      the mass from the top crosses topp (the cut), and the bins where the
  *      draw's target r = coin x the mass through the cut can fall (it rises
- *      with that mass, which lies within the cut's bin); every block reads
- *      the plan and gathers its share of those bins' candidates into the
- *      lead's list. The lead sorts the list in run.c's order (p descending, then
- *      index; by rank, one pass) and one scan of its masses gives the cut's mass, then
- *      the draw's candidate. More candidates than the list holds (a flat
- *      row, many equal values): the lead selects by radix instead, 11 bits a
- *      level: the bin where the mass crosses, its candidates gathered (once
- *      few enough) and the next levels' histograms made of them; equal
- *      probabilities go by index.
+ *      with that mass, which lies within the cut's bin), and pushes the plan;
+ *      every block gathers its share of those bins' candidates into the
+ *      lead's list. The lead places each candidate in run.c's order (p
+ *      descending, then index) with the mass before it there, one pass over
+ *      the list, and reads the cut's mass, then the draw's candidate. More
+ *      candidates than the list holds (a flat row, many equal values): the
+ *      lead selects by radix instead, 11 bits a level: the bin where the mass
+ *      crosses, its candidates gathered (once few enough) and the next
+ *      levels' histograms made of them; equal probabilities go by index.
+ *
+ * p is never stored: a phase that needs it again recomputes it from the
+ * logits (row_probs), since the stores would hold up the next barrier.
  *
  * Long because it is one op's whole kernel: the cluster's phases, the plan
- * and the sorted list, and the radix selection the list falls back to, which
+ * and the ranked list, and the radix selection the list falls back to, which
  * share the row's shared-memory layout (pick_shared), its block scans and the
  * keys (key_frame); split the radix selection into its own file if a second
  * op comes to need it.
@@ -103,15 +107,13 @@ typedef struct {
  * histogram and the gathered candidates from every block of the cluster. */
 typedef struct {
     unsigned mass[BINS], count[BINS]; /* a level's histogram */
-    float val[CAP];                   /* the gathered candidates; select_listed's keys */
+    float val[CAP]; /* the gathered candidates */
     int idx[CAP];
-    int listed;                       /* how many are gathered; -1: read them from p */
-    float block_max;                  /* this block's max of x / t (t <= 0: its best value) */
-    float block_sum;                  /* its sum of expf(x / t - block_max) */
-    long long block_best;             /* t <= 0: its argmax */
-    u64 block_mass;                   /* multinomial: its mass */
-    float max[MAX_CLUSTER], sum[MAX_CLUSTER]; /* every block's, gathered */
-    u64 masses[MAX_CLUSTER];
+    int listed;     /* how many are gathered; -1: read them from p */
+    float block_max;       /* t <= 0: this block's best value */
+    long long block_best;  /* and its index */
+    float max[MAX_CLUSTER], sum[MAX_CLUSTER]; /* every block's max of x / t and sum, pushed */
+    u64 masses[MAX_CLUSTER];                  /* multinomial: every block's mass, pushed */
     u64 part[WARPS];
     float fpart[WARPS];
     long long ipart[WARPS];
@@ -120,19 +122,27 @@ typedef struct {
     unsigned base;   /* a candidate's key: its bits less base (key_frame) */
     int shift0;      /* level 0 bins a key's bits from shift0 up */
     gather_plan plan;
-    bin_hit hit[2];  /* plan_gather: the bins its targets fall in */
+    bin_hit hit[3];  /* plan_gather: the bins its targets fall in */
     long long found[2]; /* select_listed: each round's candidate (-1: none) */
     u64 through[2];     /* and the mass through it */
     long long index; /* a result */
 } pick_shared;
-static_assert(offsetof(pick_shared, idx) == offsetof(pick_shared, val) + CAP * sizeof(float) &&
-                  offsetof(pick_shared, val) % sizeof(u64) == 0,
-              "select_listed sorts CAP keys in val and idx");
 
 /* round(p x 2^31); 0 for NaN (p <= 1: the max's term is 1). */
 static __device__ __forceinline__ unsigned fixed(float p) {
     return p > 0.0f ? __float2uint_rn(p * ONE) : 0u;
 }
+
+/* A row's probabilities, p = expf(x / t - max) / sum, recomputed from its
+ * logits x wherever a phase needs them again: never stored, since a block's
+ * stores would hold up the cluster barrier after them (its release waits
+ * for them). */
+struct row_probs {
+    const float *x;
+    float t, max, sum;
+    __device__ __forceinline__ float of(float y) const { return expf(y / t - max) / sum; }
+    __device__ __forceinline__ float at(long long j) const { return of(__ldcg(x + j)); }
+};
 
 static __device__ __forceinline__ unsigned bits_of(float p) {
     return (unsigned)__float_as_int(p) & 0x7fffffffu;
@@ -240,6 +250,17 @@ static __device__ __forceinline__ void pdl_enter() {
 #endif
 }
 
+/* A cluster barrier in halves: every block arrives once it has started (no
+ * memory order), and waits before it first touches another block's shared
+ * memory, which it may only do once that block runs. */
+static __device__ __forceinline__ void cluster_arrive() {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+
+static __device__ __forceinline__ void cluster_wait() {
+    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+}
+
 /* ---- radix selection (the lead block, where the list cannot) ------------------------- */
 
 /* Scans sh's level histogram (1 << width bins) from its largest bin: the bin
@@ -263,22 +284,22 @@ static __device__ void find_bin(pick_shared *sh, int width, u64 target) {
     __syncthreads();
 }
 
-/* f(v, j) for each p[j] of this thread's stride through [0, n), read past L1
- * (other blocks wrote them) 16 loads at a time, so that their latencies
- * overlap. Every lane calls f alike (warp votes may be in it): past n with
- * v NaN, which no comparison takes. */
+/* f(p[j], j) for each j of this thread's stride through [0, n), the logits
+ * read 16 at a time, so that their latencies overlap. Every lane calls f
+ * alike (warp votes may be in it): past n with p NaN, which no comparison
+ * takes. */
 template <class F>
-static __device__ __forceinline__ void for_each_p(const float *p, long long n, F f) {
+static __device__ __forceinline__ void for_each_p(const row_probs &p, long long n, F f) {
     const int batch = 16;
     for (long long base = threadIdx.x; base - threadIdx.x < n; base += (long long)batch * THREADS) {
         float v[batch];
 #pragma unroll
         for (int k = 0; k < batch; k++) {
             long long j = base + (long long)k * THREADS;
-            v[k] = j < n ? __ldcg(p + j) : __int_as_float(0x7fc00000);
+            v[k] = j < n ? __ldcg(p.x + j) : __int_as_float(0x7fc00000);
         }
 #pragma unroll
-        for (int k = 0; k < batch; k++) f(v[k], base + (long long)k * THREADS);
+        for (int k = 0; k < batch; k++) f(p.of(v[k]), base + (long long)k * THREADS);
     }
 }
 
@@ -329,7 +350,7 @@ static __device__ __forceinline__ void each(const float *held, const float *a, l
 /* sh's histogram of the candidates (gathered in sh, or every p >= cutoff of
  * the row) whose key bits above shift + width are prefix, by their width bits
  * at shift. */
-static __device__ void level(pick_shared *sh, const float *p, long long n, float cutoff,
+static __device__ void level(pick_shared *sh, const row_probs &p, long long n, float cutoff,
                              unsigned prefix, int shift, int width) {
     __syncthreads(); /* every thread is done reading the last level's */
     for (int b = threadIdx.x; b < BINS; b += THREADS) sh->mass[b] = sh->count[b] = 0;
@@ -351,7 +372,7 @@ static __device__ void level(pick_shared *sh, const float *p, long long n, float
 }
 
 /* Gathers the row's candidates whose key bits above shift are prefix into sh. */
-static __device__ void gather(pick_shared *sh, const float *p, long long n, float cutoff,
+static __device__ void gather(pick_shared *sh, const row_probs &p, long long n, float cutoff,
                               unsigned prefix, int shift) {
     if (threadIdx.x == 0) sh->listed = 0;
     __syncthreads();
@@ -368,7 +389,7 @@ static __device__ void gather(pick_shared *sh, const float *p, long long n, floa
 }
 
 /* Among the candidates equal to bits, the k-th by index (k >= 1; at most their count). */
-static __device__ long long kth_equal(pick_shared *sh, const float *p, long long n, float cutoff,
+static __device__ long long kth_equal(pick_shared *sh, const row_probs &p, long long n, float cutoff,
                                       unsigned bits, u64 k) {
     __syncthreads(); /* the last level's histogram is read: its room takes the equal ones */
     int *equal = (int *)sh->count;
@@ -389,13 +410,13 @@ static __device__ long long kth_equal(pick_shared *sh, const float *p, long long
         share(n, threadIdx.x, THREADS, &lo, &hi);
         u64 count = 0, total;
         for (long long j = lo; j < hi; j++) {
-            float v = __ldcg(p + j);
+            float v = p.at(j);
             count += v >= cutoff && bits_of(v) == bits;
         }
         u64 before = block_scan(count, sh->part, &total);
         if (before < k && k <= before + count)
             for (long long j = lo; j < hi; j++) {
-                float v = __ldcg(p + j);
+                float v = p.at(j);
                 if (v >= cutoff && bits_of(v) == bits && ++before == k) sh->index = j;
             }
     }
@@ -409,7 +430,7 @@ static __device__ long long kth_equal(pick_shared *sh, const float *p, long long
  * whole mass stays at or under it (*through: the whole mass). The row's
  * level-0 histogram is in bk, its keys as sh->base and sh->shift0 say.
  */
-static __device__ long long select_past(pick_shared *sh, const row_book *bk, const float *p,
+static __device__ long long select_past(pick_shared *sh, const row_book *bk, const row_probs &p,
                                         long long n, float cutoff, u64 target, u64 *through) {
     for (int b = threadIdx.x; b < BINS; b += THREADS) sh->mass[b] = __ldcg(&bk->mass[b]);
     if (threadIdx.x == 0) sh->above = 0;
@@ -443,7 +464,7 @@ static __device__ long long select_past(pick_shared *sh, const row_book *bk, con
     return kth_equal(sh, p, n, cutoff, bits, k);
 }
 
-static __device__ long long select_topp(pick_shared *sh, row_book *bk, const float *p,
+static __device__ long long select_topp(pick_shared *sh, row_book *bk, const row_probs &p,
                                         long long n, float topp, float cutoff, float pmax,
                                         float coin) {
     u64 count = 0, total;
@@ -467,7 +488,7 @@ static __device__ long long select_topp(pick_shared *sh, row_book *bk, const flo
 
 /* The first index whose running mass exceeds the coin's, the g blocks' masses
  * in sh->masses; n - 1 where none does. */
-static __device__ long long select_mult(pick_shared *sh, const float *p, long long n, int g,
+static __device__ long long select_mult(pick_shared *sh, const row_probs &p, long long n, int g,
                                         float coin) {
     u64 target = (u64)(coin * ONE);
     if (threadIdx.x == 0) {
@@ -486,11 +507,11 @@ static __device__ long long select_mult(pick_shared *sh, const float *p, long lo
     share(bhi - blo, threadIdx.x, THREADS, &lo, &hi);
     lo += blo, hi += blo;
     u64 mass = 0, total;
-    for (long long j = lo; j < hi; j++) mass += fixed(__ldcg(p + j));
+    for (long long j = lo; j < hi; j++) mass += fixed(p.at(j));
     u64 before = sh->above + block_scan(mass, sh->part, &total);
     if (before <= target && target < before + mass)
         for (long long j = lo; j < hi; j++)
-            if ((before += fixed(__ldcg(p + j))) > target) {
+            if ((before += fixed(p.at(j))) > target) {
                 sh->index = j;
                 break;
             }
@@ -508,64 +529,53 @@ static __device__ long long select_mult(pick_shared *sh, const float *p, long lo
  * the draw's target is known and one bin does. ranges 0: more candidates
  * than the list holds, or none with mass. The lead block plans from the
  * row's histogram in its sh; each thread holds BINS / THREADS of its bins, top
- * down, and where they start (mass and count from
- * the top); a round finds the bins of up to two targets.
+ * down, and where they start (mass and count from the top, one scan); the
+ * thread whose bins hold a target says so, the cut's first, then both of the
+ * draw's: three barriers in all.
  */
 static __device__ void plan_gather(pick_shared *sh, float topp, float coin) {
     const int per = BINS / THREADS;
     int hi = BINS - 1 - per * (int)threadIdx.x;
-    u64 mass[per], count[per], mine = 0, whole;
-    for (int k = 0; k < per; k++) {
-        mass[k] = sh->mass[hi - k], count[k] = sh->count[hi - k];
-        mine += mass[k] << 32 | count[k];
-    }
-    /* one scan of both: the mass (at most 2^31 + n / 2) over the count (at most n) */
-    u64 both = block_scan(mine, sh->part, &whole);
-    u64 before = both >> 32, counted_before = both & 0xffffffffu;
+    u64 bin[per], mine = 0, whole;
+    for (int k = 0; k < per; k++) mine += bin[k] = (u64)sh->mass[hi - k] << 32 | sh->count[hi - k];
+    if (threadIdx.x < 3) sh->hit[threadIdx.x].bin = -1; /* block_scan's syncs publish it */
+    u64 before = block_scan(mine, sh->part, &whole);
     whole >>= 32;
-    auto locate = [&](int nt, u64 t0, u64 t1) { /* into sh->hit[0], [1]; bin -1: none */
-        if (threadIdx.x < 2) sh->hit[threadIdx.x].bin = -1;
-        __syncthreads();
-        u64 a = before, c = counted_before;
+    auto locate = [&](int slot, u64 target) { /* into sh->hit[slot], where it falls here */
+        u64 a = before;
         for (int k = 0; k < per; k++) {
-            for (int t = 0; t < nt; t++) {
-                u64 target = t ? t1 : t0;
-                if (a <= target && target < a + mass[k])
-                    sh->hit[t] = (bin_hit){hi - k, a, mass[k], c, (unsigned)count[k]};
-            }
-            a += mass[k], c += count[k];
+            u64 above = a >> 32, mass = bin[k] >> 32;
+            if (above <= target && target < above + mass)
+                sh->hit[slot] = (bin_hit){hi - k, above, mass, a & 0xffffffffu, (unsigned)bin[k]};
+            a += bin[k];
         }
-        __syncthreads();
     };
-    gather_plan *pl = &sh->plan;
-    locate(1, (u64)(topp * ONE), 0);
+    locate(0, (u64)(topp * ONE));
+    __syncthreads();
     bin_hit cut = sh->hit[0];
-    __syncthreads(); /* every thread has read it */
-    if (cut.bin < 0 && whole == 0) { /* no candidate with mass */
-        if (threadIdx.x == 0) pl->ranges = 0;
-        __syncthreads();
-        return;
-    }
     if (cut.bin < 0) { /* no cut: the draw's target is exact */
-        u64 t = draw_target(coin, whole);
-        locate(2, t, t);
+        u64 t = whole ? draw_target(coin, whole) : 0;
+        locate(1, t), locate(2, t);
     } else {
-        locate(2, draw_target(coin, cut.above + 1), draw_target(coin, cut.above + cut.mass));
+        locate(1, draw_target(coin, cut.above + 1));
+        locate(2, draw_target(coin, cut.above + cut.mass));
     }
-    bin_hit top = sh->hit[0], bottom = sh->hit[1];
+    __syncthreads();
+    if (threadIdx.x) return;
+    gather_plan *pl = &sh->plan;
+    bin_hit top = sh->hit[1], bottom = sh->hit[2];
     /* one range where the draw's bins reach the cut's (or there is no cut), else two */
     bool two = cut.bin >= 0 && bottom.bin > cut.bin + 1;
     if (cut.bin >= 0 && !two) bottom = cut;
-    if (threadIdx.x == 0) {
-        u64 count0 = bottom.counted + bottom.count - top.counted;
-        u64 n = count0 + (two ? cut.count : 0);
-        pl->ranges = top.bin < 0 || bottom.bin < 0 || n == 0 || n > CAP ? 0 : two ? 2 : 1;
-        pl->top[0] = top.bin, pl->bottom[0] = bottom.bin, pl->above[0] = top.above;
-        pl->top[1] = pl->bottom[1] = cut.bin, pl->above[1] = cut.above;
-        pl->mass0 = bottom.above + bottom.mass - top.above, pl->count0 = (unsigned)count0;
-        pl->cut = cut.bin >= 0, pl->whole = whole;
-    }
-    __syncthreads();
+    u64 count0 = bottom.counted + bottom.count - top.counted;
+    u64 n = count0 + (two ? cut.count : 0);
+    pl->ranges = whole == 0 || top.bin < 0 || bottom.bin < 0 || n == 0 || n > CAP ? 0
+                 : two                                                      ? 2
+                                                                            : 1;
+    pl->top[0] = top.bin, pl->bottom[0] = bottom.bin, pl->above[0] = top.above;
+    pl->top[1] = pl->bottom[1] = cut.bin, pl->above[1] = cut.above;
+    pl->mass0 = bottom.above + bottom.mass - top.above, pl->count0 = (unsigned)count0;
+    pl->cut = cut.bin >= 0, pl->whole = whole;
 }
 
 /* Is v a candidate in one of the plan's ranges? */
@@ -577,120 +587,86 @@ static __device__ __forceinline__ bool planned(const pick_shared *sh, float v, f
            (pl->ranges == 2 && pl->bottom[1] <= bin && bin <= pl->top[1]);
 }
 
-/* Sorts keys[0, m) ascending (m <= CAP, the keys distinct: each ends in its
- * candidate's index) by rank: each key's place is the count of keys below it,
- * from one pass over all m (up to THREADS keys: `lanes` threads of a warp a
- * key, each counting every lanes-th, then added by shuffles; more: a thread
- * takes CAP / THREADS keys). The stages of a bitonic sort cost a round trip
- * each (3 us for 64 keys on an H200); this is one pass. */
-static __device__ void sort_keys(u64 *keys, int m) {
-    __syncthreads(); /* the keys are written */
-    if (m <= THREADS) {
-        int lanes = 1;
-        while (lanes < 32 && lanes * 2 * m <= THREADS) lanes *= 2;
-        int i = (int)threadIdx.x / lanes, part = (int)threadIdx.x % lanes, rank = 0;
-        u64 key = i < m ? keys[i] : 0;
-        if (i < m)
-            for (int j = part; j < m; j += lanes) rank += keys[j] < key;
-        for (int d = 1; d < lanes; d <<= 1) rank += __shfl_xor_sync(FULL, rank, d);
-        __syncthreads(); /* every key is read */
-        if (i < m && part == 0) keys[rank] = key;
-        __syncthreads();
-        return;
-    }
-    const int per = CAP / THREADS;
-    u64 mine[per];
-    int rank[per];
-#pragma unroll
-    for (int k = 0; k < per; k++) {
-        int i = (int)threadIdx.x + k * THREADS;
-        mine[k] = i < m ? keys[i] : 0;
-        rank[k] = 0;
-    }
-    for (int j = 0; j < m; j++) {
-        u64 o = keys[j];
-#pragma unroll
-        for (int k = 0; k < per; k++) rank[k] += o < mine[k];
-    }
-    __syncthreads(); /* every key is read */
-#pragma unroll
-    for (int k = 0; k < per; k++)
-        if ((int)threadIdx.x + k * THREADS < m) keys[rank[k]] = mine[k];
-    __syncthreads();
-}
-
 /* The running mass before sorted candidate i, given the mass of those before
  * it in the list (before): the list holds range 0's candidates, then range 1's. */
 static __device__ __forceinline__ u64 listed_start(const gather_plan *pl, int i, u64 before) {
     return i < (int)pl->count0 ? pl->above[0] + before : pl->above[1] + before - pl->mass0;
 }
 
-/*
- * The token from the gathered candidates: sorted in run.c's order (p
- * descending, then index), their running masses from the plan's ranges, the
- * cut's mass where the cut is among them, then the draw's candidate. -1 where
- * a target falls outside them (the plan says it cannot), for the radix way.
- * Up to 32 candidates (a peaked row's usual few) one warp does it all in
- * registers, with no block barrier (select_warp).
- */
-static __device__ long long select_warp(pick_shared *sh, int m, float topp, float coin);
-
-static __device__ long long select_listed(pick_shared *sh, float topp, float coin) {
-    const int per = CAP / THREADS;
-    const gather_plan *pl = &sh->plan;
-    int m = min(sh->listed, CAP);
-    if (m <= 32) return select_warp(sh, m, topp, coin);
-    u64 key[per];
-    for (int k = 0; k < per; k++) {
-        int i = per * (int)threadIdx.x + k;
-        if (i < m) key[k] = (u64)(0x7fffffffu - bits_of(sh->val[i])) << 32 | (unsigned)sh->idx[i];
-    }
-    __syncthreads(); /* every entry is read: the keys take their room */
-    u64 *keys = (u64 *)sh->val;
-    for (int k = 0; k < per; k++)
-        if (per * (int)threadIdx.x + k < m) keys[per * threadIdx.x + k] = key[k];
-    sort_keys(keys, m);
-    /* each thread's per consecutive candidates: their masses and where each starts */
-    u64 mass[per], start[per], mine = 0, total;
-    for (int k = 0; k < per; k++) {
-        int i = per * (int)threadIdx.x + k;
-        mass[k] = i < m ? fixed(__int_as_float((int)(0x7fffffffu - (unsigned)(keys[i] >> 32)))) : 0;
-        mine += mass[k];
-    }
-    if (threadIdx.x < 2) sh->found[threadIdx.x] = -1; /* block_scan's syncs publish it */
-    u64 run = block_scan(mine, sh->part, &total);
-    for (int k = 0; k < per; k++) {
-        int i = per * (int)threadIdx.x + k;
-        start[k] = listed_start(pl, i, run);
-        run += mass[k];
-    }
-    /* round r: the candidate whose mass spans target, and the mass through it */
-    auto find = [&](int r, u64 target, u64 *through) {
-        for (int k = 0; k < per; k++)
-            if (start[k] <= target && target < start[k] + mass[k]) {
-                int i = per * (int)threadIdx.x + k;
-                sh->found[r] = (long long)(keys[i] & 0xffffffffu);
-                sh->through[r] = start[k] + mass[k];
-            }
-        __syncthreads();
-        *through = sh->through[r];
-        return sh->found[r];
-    };
-    u64 through = pl->whole;
-    if (pl->cut && find(0, (u64)(topp * ONE), &through) < 0) return -1;
-    return find(1, draw_target(coin, through), &through);
+/* A gathered candidate's key in run.c's order: p descending, then index. */
+static __device__ __forceinline__ u64 listed_key(const pick_shared *sh, int i) {
+    return (u64)(0x7fffffffu - bits_of(sh->val[i])) << 32 | (unsigned)sh->idx[i];
 }
 
-/* select_listed for m <= 32 candidates: lane i holds the i-th in run.c's
- * order after a bitonic sort across the warp; a scan of the masses, then a
- * ballot for each target. The other warps wait at one barrier. */
+/*
+ * The token from the m gathered candidates, in run.c's order (p descending,
+ * then index) without sorting them: each candidate's place and the mass
+ * before it there come from one pass over the others (per 1: `lanes`
+ * threads of a warp a candidate, each counting every lanes-th, added by
+ * shuffles; else a thread takes per, counting all); its running mass from
+ * the plan's ranges; then the cut's candidate, where the cut is among them,
+ * and the draw's. -1 where a target falls outside them (the plan says it
+ * cannot), for the radix way. Two barriers.
+ */
+template <int per>
+static __device__ long long select_ranked(pick_shared *sh, int m, float topp, float coin) {
+    const gather_plan *pl = &sh->plan;
+    int lanes = 1;
+    while (per == 1 && lanes < 32 && lanes * 2 * m <= THREADS) lanes *= 2;
+    int part = (int)threadIdx.x % lanes, first = (int)threadIdx.x / lanes,
+        stride = THREADS / lanes;
+    u64 key[per], before[per], mass[per];
+    int rank[per];
+#pragma unroll
+    for (int k = 0; k < per; k++) {
+        int i = first + k * stride;
+        key[k] = i < m ? listed_key(sh, i) : 0, before[k] = 0, rank[k] = 0;
+    }
+    for (int j = part; j < m; j += lanes) {
+        u64 o = listed_key(sh, j), om = fixed(sh->val[j]);
+#pragma unroll
+        for (int k = 0; k < per; k++)
+            if (o < key[k]) rank[k]++, before[k] += om;
+    }
+#pragma unroll
+    for (int k = 0; k < per; k++) {
+        for (int d = 1; d < lanes; d <<= 1) {
+            rank[k] += __shfl_xor_sync(FULL, rank[k], d);
+            before[k] += __shfl_xor_sync(FULL, before[k], d);
+        }
+        int i = first + k * stride;
+        mass[k] = i < m && part == 0 ? fixed(sh->val[i]) : 0; /* 0: matches no target */
+        before[k] = listed_start(pl, rank[k], before[k]);
+    }
+    /* round r: the candidate whose mass spans target, and the mass through it */
+    auto find = [&](int r, u64 target) {
+        bool mine = false;
+#pragma unroll
+        for (int k = 0; k < per; k++)
+            if (before[k] <= target && target < before[k] + mass[k]) {
+                sh->found[r] = sh->idx[first + k * stride];
+                sh->through[r] = before[k] + mass[k];
+                mine = true;
+            }
+        return __syncthreads_or(mine) != 0;
+    };
+    u64 through = pl->whole;
+    if (pl->cut) {
+        if (!find(0, (u64)(topp * ONE))) return -1;
+        through = sh->through[0];
+    }
+    return find(1, draw_target(coin, through)) ? sh->found[1] : -1;
+}
+
+/* The token from m <= 32 gathered candidates, as select_ranked: lane i
+ * holds the i-th in run.c's order after a bitonic sort across the warp; a
+ * scan of the masses, then a ballot for each target. The other warps wait at
+ * one barrier. */
 static __device__ long long select_warp(pick_shared *sh, int m, float topp, float coin) {
     const gather_plan *pl = &sh->plan;
     if (threadIdx.x < 32) {
         int lane = threadIdx.x;
-        u64 key = lane < m ? (u64)(0x7fffffffu - bits_of(sh->val[lane])) << 32 |
-                                 (unsigned)sh->idx[lane]
-                           : ~0ull;
+        u64 key = lane < m ? listed_key(sh, lane) : ~0ull;
         for (int k = 2; k <= 32; k <<= 1)
             for (int j = k >> 1; j > 0; j >>= 1) {
                 u64 other = __shfl_xor_sync(FULL, key, j);
@@ -721,6 +697,14 @@ static __device__ long long select_warp(pick_shared *sh, int m, float topp, floa
     return sh->found[0];
 }
 
+/* select_ranked, or select_warp where a warp holds them all (a peaked row's usual few). */
+static __device__ long long select_listed(pick_shared *sh, float topp, float coin) {
+    int m = min(sh->listed, CAP);
+    return m <= 32       ? select_warp(sh, m, topp, coin)
+           : m <= THREADS ? select_ranked<1>(sh, m, topp, coin)
+                          : select_ranked<CAP / THREADS>(sh, m, topp, coin);
+}
+
 /* ---- the kernel ------------------------------------------------------------------- */
 
 /*
@@ -734,15 +718,17 @@ static __device__ long long select_warp(pick_shared *sh, int m, float topp, floa
 template <bool HOLD>
 static __global__ void __launch_bounds__(THREADS, 1)
 sample_rows(long long *out, const float *logits, const long long *state, const float *temp,
-            const float *topp_in, long long n, char *scratch, float *probs) {
+            const float *topp_in, long long n, char *scratch) {
     __shared__ pick_shared sh;
     pdl_enter();
     cg::cluster_group cluster = cg::this_cluster();
     int b = (int)cluster.block_rank(), g = (int)cluster.num_blocks();
+    cluster_arrive();
     pick_shared *lead = cluster.map_shared_rank(&sh, 0);
     long long row = blockIdx.x, lo, hi;
     const float *x = logits + row * n;
-    float *p = probs + row * n, t = *temp, topp = *topp_in;
+    float t = *temp, topp = *topp_in;
+    long long seed = state[row]; /* loaded now, used after the barriers */
     share(n, b, g, &lo, &hi);
     float held[HELD];
     if (HOLD) {
@@ -763,6 +749,7 @@ sample_rows(long long *out, const float *logits, const long long *state, const f
         });
         block_argmax(&v, &best, &sh);
         if (threadIdx.x == 0) sh.block_max = v, sh.block_best = best;
+        cluster_wait();
         cluster.sync();
         if (b == 0 && threadIdx.x < 32) {
             v = -INFINITY, best = 0x7fffffffffffffffLL;
@@ -778,21 +765,29 @@ sample_rows(long long *out, const float *logits, const long long *state, const f
         cluster.sync();
         return;
     }
-    /* the block's max of x / t and sum of expf(x / t - that max) */
+    /* the block's max of x / t, as its max of x over t (a division by t > 0
+     * keeps the order), and sum of expf(x / t - that max); held takes x / t */
     float m = -INFINITY, sum = 0.0f;
-    each<HOLD>(held, x, lo, hi, [&](float y, long long) { m = fmaxf(m, y / t); });
-    m = block_reduce<true>(m, sh.fpart);
-    if (m > -INFINITY)
-        each<HOLD>(held, x, lo, hi, [&](float y, long long) { sum += expf(y / t - m); });
+    each<HOLD>(held, x, lo, hi, [&](float y, long long) { m = fmaxf(m, y); });
+    m = block_reduce<true>(m, sh.fpart) / t;
+    if (HOLD) {
+#pragma unroll
+        for (int k = 0; k < HELD; k++)
+            if (lo + threadIdx.x + (long long)k * THREADS < hi) {
+                held[k] /= t;
+                if (m > -INFINITY) sum += expf(held[k] - m);
+            }
+    } else if (m > -INFINITY) {
+        for_each_in(x, lo, hi, [&](float y, long long) { sum += expf(y / t - m); });
+    }
     sum = block_reduce<false>(sum, sh.fpart);
-    if (threadIdx.x == 0) sh.block_max = m, sh.block_sum = sum;
+    cluster_wait(); /* every block runs */
+    if (threadIdx.x < g) { /* pushed into every block's room */
+        pick_shared *o = cluster.map_shared_rank(&sh, threadIdx.x);
+        o->max[b] = m, o->sum[b] = sum;
+    }
     cluster.sync();
     /* the row's from the blocks' (each rescaled to the row's max), the same in every block */
-    if (threadIdx.x < g) {
-        const pick_shared *o = cluster.map_shared_rank(&sh, threadIdx.x);
-        sh.max[threadIdx.x] = o->block_max, sh.sum[threadIdx.x] = o->block_sum;
-    }
-    __syncthreads();
     float max = -INFINITY;
     sum = 0.0f;
     for (int k = 0; k < g; k++) max = fmaxf(max, sh.max[k]);
@@ -802,13 +797,14 @@ sample_rows(long long *out, const float *logits, const long long *state, const f
     bool mult = topp <= 0.0f || topp >= 1.0f; /* as run.c: a NaN topp takes top-p */
     float cutoff = (1.0f - topp) / (float)(n - 1);
     float pmax = 1.0f / sum; /* the max's p: every p is at most it */
+    row_probs p = {x, t, max, sum};
     unsigned base;
     int shift0;
     key_frame(cutoff, pmax, &base, &shift0);
+    if (threadIdx.x == 0) sh.base = base, sh.shift0 = shift0;
     u64 mass = 0;
-    auto to_p = [&](float y, long long j) {
-        float v = expf(y / t - max) / sum;
-        p[j] = v;
+    auto to_p = [&](float v) { /* v: x / t, then p */
+        v = expf(v - max) / sum;
         if (mult)
             mass += fixed(v);
         else if (v >= cutoff)
@@ -820,60 +816,59 @@ sample_rows(long long *out, const float *logits, const long long *state, const f
 #pragma unroll
         for (int k = 0; k < HELD; k++) {
             long long j = lo + threadIdx.x + (long long)k * THREADS;
-            if (j < hi) held[k] = to_p(held[k], j);
+            if (j < hi) held[k] = to_p(held[k]);
         }
     } else {
-        for_each_in(x, lo, hi, [&](float y, long long j) { to_p(y, j); });
+        for_each_in(x, lo, hi, [&](float y, long long) { to_p(y / t); });
     }
+    /* the block's mass, or its histogram, pushed into the lead's */
     if (mult) {
         u64 total;
         block_scan(mass, sh.part, &total);
-        if (threadIdx.x == 0) sh.block_mass = total;
+        if (threadIdx.x == 0) lead->masses[b] = total;
+    } else {
+        __syncthreads();
+        if (b != 0)
+            for (int k = threadIdx.x; k < BINS; k += THREADS)
+                if (unsigned c = sh.count[k])
+                    atomicAdd(&lead->mass[k], sh.mass[k]), atomicAdd(&lead->count[k], c);
     }
     cluster.sync();
-    if (!mult) { /* the row's histogram into the lead's: block b sums its share of the bins */
-        int from = (int)(BINS * (long long)b / g), to = (int)(BINS * (long long)(b + 1) / g);
-        for (int k = from + threadIdx.x; k < to; k += THREADS) {
-            unsigned bin_mass = 0, bin_count = 0;
-            for (int r = 0; r < g; r++) {
-                const pick_shared *o = cluster.map_shared_rank(&sh, r);
-                bin_mass += o->mass[k], bin_count += o->count[k];
-            }
-            lead->mass[k] = bin_mass, lead->count[k] = bin_count;
-        }
-        cluster.sync();
-    }
     u64 next;
-    float coin = coin_of(state[row], &next);
+    float coin = coin_of(seed, &next);
     long long token = -1;
     if (mult) {
-        if (b == 0 && threadIdx.x < g)
-            sh.masses[threadIdx.x] = cluster.map_shared_rank(&sh, threadIdx.x)->block_mass;
-        cluster.sync();
         if (b != 0) return;
         token = select_mult(&sh, p, n, g, coin);
     } else {
-        /* top-p: the lead plans; every block gathers its share of the planned
-         * candidates into the lead's list */
+        /* top-p: the lead plans and pushes the plan; every block gathers its
+         * planned candidates into the lead's list, a warp at a time */
         if (b == 0) {
-            if (threadIdx.x == 0) key_frame(cutoff, pmax, &sh.base, &sh.shift0);
             plan_gather(&sh, topp, coin);
+            if (threadIdx.x == 0)
+                for (int r = 1; r < g; r++) cluster.map_shared_rank(&sh, r)->plan = sh.plan;
         }
         cluster.sync();
-        if (b != 0) {
-            if (threadIdx.x == 0)
-                sh.plan = lead->plan, sh.base = lead->base, sh.shift0 = lead->shift0;
-            __syncthreads();
-        }
         if (sh.plan.ranges) {
-            u64 mine = 0, total;
-            each<HOLD>(held, p, lo, hi, [&](float v, long long) { mine += planned(&sh, v, cutoff); });
-            u64 at = block_scan(mine, sh.part, &total);
-            if (threadIdx.x == 0 && total) sh.index = atomicAdd(&lead->listed, (int)total);
-            __syncthreads();
-            at += (u64)sh.index;
+            auto each_p = [&](auto f) { /* f(p, j) over the block's range */
+                if constexpr (HOLD)
+                    each<true>(held, x, lo, hi, f);
+                else
+                    for_each_in(x, lo, hi, [&](float y, long long j) { f(p.of(y), j); });
+            };
+            unsigned mine = 0, lane = threadIdx.x % 32, at;
+            each_p([&](float v, long long) { mine += planned(&sh, v, cutoff); });
+            at = mine;
+#pragma unroll
+            for (int d = 1; d < 32; d <<= 1) {
+                unsigned y = __shfl_up_sync(FULL, at, d);
+                if (lane >= d) at += y;
+            }
+            unsigned total = __shfl_sync(FULL, at, 31), start = 0;
+            if (lane == 31 && total) start = (unsigned)atomicAdd(&lead->listed, (int)total);
+            at = __shfl_sync(FULL, start, 31) + at - mine;
             if (mine)
-                each<HOLD>(held, p, lo, hi, [&](float v, long long j) {
+                each_p([&](float v, long long j) {
                     if (planned(&sh, v, cutoff) && at < CAP)
                         lead->val[at] = v, lead->idx[at++] = (int)j;
                 });
@@ -933,8 +928,7 @@ int mk_cuda_sample(const mk_launch *l, mk_error **err) {
                             hold ? sample_rows<true> : sample_rows<false>,
                             (long long *)l->out.data, (const float *)x->data,
                             (const long long *)l->in[1].data, (const float *)l->in[2].data,
-                            (const float *)l->in[3].data, n, scratch,
-                            (float *)(scratch + mk_sample_head(rows, n)));
+                            (const float *)l->in[3].data, n, scratch);
     if (st != cudaSuccess)
         return mk_cuda_fail_status(err, st, "launching the sampler", __FILE__, __LINE__);
     return mk_cuda_check_launch(l, "sample", err);

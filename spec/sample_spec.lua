@@ -254,12 +254,17 @@ describe("SampleNode", function()
         local list = cases()
         -- and rows as long as a vocabulary: flat, peaked, ties (of 3 values,
         -- and of 32: about 1,000 equal candidates to a bin, lists longer than
-        -- a block's threads)
-        for _, spread in ipairs({ SPREADS[1], SPREADS[2], SPREADS[3], { 4, 32 } }) do
-            for _, setting in ipairs({ { 1.0, 0.9 }, { 1.0, 0.0 }, { 0.0, 0.9 } }) do
-                list[#list + 1] = { rows = 2, n = 32000, x = logits(2, 32000, spread[1], spread[2]),
-                                    states = { random_state(), random_state() }, t = setting[1],
-                                    topp = f32(setting[2]) }
+        -- a block's threads); 40,000 is more than a cluster holds in
+        -- registers, so that its phases read the logits again
+        for _, shape in ipairs({ { 2, 32000 }, { 1, 40000 } }) do
+            for _, spread in ipairs({ SPREADS[1], SPREADS[2], SPREADS[3], { 4, 32 } }) do
+                for _, setting in ipairs({ { 1.0, 0.9 }, { 1.0, 0.0 }, { 0.0, 0.9 } }) do
+                    local rows, n = shape[1], shape[2]
+                    local states = {}
+                    for r = 1, rows do states[r] = random_state() end
+                    list[#list + 1] = { rows = rows, n = n, x = logits(rows, n, spread[1], spread[2]),
+                                        states = states, t = setting[1], topp = f32(setting[2]) }
+                end
             end
         end
         for _, c in ipairs(list) do
