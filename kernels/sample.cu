@@ -569,9 +569,8 @@ static __device__ void plan_gather(pick_shared *sh, float topp, float coin) {
     if (cut.bin >= 0 && !two) bottom = cut;
     u64 count0 = bottom.counted + bottom.count - top.counted;
     u64 n = count0 + (two ? cut.count : 0);
-    pl->ranges = whole == 0 || top.bin < 0 || bottom.bin < 0 || n == 0 || n > CAP ? 0
-                 : two                                                      ? 2
-                                                                            : 1;
+    bool fits = whole && top.bin >= 0 && bottom.bin >= 0 && n > 0 && n <= CAP;
+    pl->ranges = !fits ? 0 : two ? 2 : 1;
     pl->top[0] = top.bin, pl->bottom[0] = bottom.bin, pl->above[0] = top.above;
     pl->top[1] = pl->bottom[1] = cut.bin, pl->above[1] = cut.above;
     pl->mass0 = bottom.above + bottom.mass - top.above, pl->count0 = (unsigned)count0;
