@@ -7,17 +7,18 @@
  * n, up to 8, a portable cluster; a 32,000-way row spreads over 8 SMs) that
  * meet at cluster barriers. What a block passes on it pushes into the shared
  * memory of the blocks that read it before the barrier, so that after it
- * every read is local:
+ * every read is local (but the lead's of the merged histogram):
  *
  *   1  each block: the max of x / t over its range (held in registers
  *      through the phases, where it fits) and the sum of
  *      expf(x / t - that max), pushed to every block (t <= 0: its argmax,
  *      and the lead block, rank 0, takes the row's best from the blocks');
  *   2  each block: the row's max and sum from the blocks' (each block's sum
- *      rescaled to the row's max), p = expf(x / t - max) / sum, and either
+ *      rescaled to the row's max), p = expf(x / t - max) x (1 / sum), and either
  *      its range's mass (multinomial) or its histogram of the top-p
- *      candidates (p >= cutoff), added into the lead's: mass and count per
- *      bin of the top 11 bits of a candidate's key (its probability's bits
+ *      candidates (p >= cutoff), each bin added into one block's (G share
+ *      the bins), from where the lead reads them: mass and count per bin of
+ *      the top 11 bits of a candidate's key (its probability's bits
  *      less the cutoff's, so that the bins span only [cutoff, the row's
  *      largest p], finely: a flat row of 32,000 spreads over hundreds of
  *      bins, not two). Multinomial: the lead draws the coin (run.c's
@@ -82,6 +83,7 @@ typedef struct {
 static_assert(sizeof(row_book) <= MK_SAMPLE_ROW_BYTES, "a row's bookkeeping outgrew its room");
 static_assert(CAP <= BINS, "kth_equal lists the equal candidates in a histogram's room");
 static_assert(CAP % THREADS == 0, "select_listed gives each thread CAP / THREADS candidates");
+static_assert(BINS % THREADS == 0, "a thread takes BINS / THREADS bins");
 
 /* The plan, the lead block's, which every block of the row reads: the level-0
  * bins whose candidates the blocks gather, one or two ranges of bins in run.c's order,
@@ -95,6 +97,7 @@ typedef struct {
     int cut;               /* 1: the topp cut falls in range 1 (or range 0 if one); 0: no cut */
     u64 whole;             /* the candidates' mass: the cut's where there is none */
 } gather_plan;
+static_assert(sizeof(gather_plan) % sizeof(unsigned) == 0, "the plan is pushed a word at a time");
 
 /* A level-0 bin where a target falls: the mass and candidates above it, its own. */
 typedef struct {
@@ -106,9 +109,10 @@ typedef struct {
 /* A block's shared memory. The lead block's (rank 0) takes the row's level-0
  * histogram and the gathered candidates from every block of the cluster. */
 typedef struct {
-    unsigned mass[BINS], count[BINS]; /* a level's histogram */
-    float val[CAP]; /* the gathered candidates */
-    int idx[CAP];
+    __align__(16) unsigned mass[BINS];
+    __align__(16) unsigned count[BINS]; /* a level's histogram */
+    u64 cand_key[CAP];       /* the gathered candidates' keys (candidate_key) */
+    unsigned cand_mass[CAP]; /* and masses */
     int listed;     /* how many are gathered; -1: read them from p */
     float block_max;       /* t <= 0: this block's best value */
     long long block_best;  /* and its index */
@@ -133,19 +137,37 @@ static __device__ __forceinline__ unsigned fixed(float p) {
     return p > 0.0f ? __float2uint_rn(p * ONE) : 0u;
 }
 
-/* A row's probabilities, p = expf(x / t - max) / sum, recomputed from its
- * logits x wherever a phase needs them again: never stored, since a block's
- * stores would hold up the cluster barrier after them (its release waits
- * for them). */
+/* A row's probabilities, p = expf(x / t - max) x (1 / sum) (a product, not
+ * a quotient: no slow-path check per element), recomputed from its logits x
+ * wherever a phase needs them again: never stored, since a block's stores
+ * would hold up the cluster barrier after them (its release waits for them). */
 struct row_probs {
     const float *x;
-    float t, max, sum;
-    __device__ __forceinline__ float of(float y) const { return expf(y / t - max) / sum; }
+    float t, max, inv; /* inv: 1 / the sum */
+    __device__ __forceinline__ float of(float y) const { return expf(y / t - max) * inv; }
     __device__ __forceinline__ float at(long long j) const { return of(__ldcg(x + j)); }
 };
 
 static __device__ __forceinline__ unsigned bits_of(float p) {
     return (unsigned)__float_as_int(p) & 0x7fffffffu;
+}
+
+/* A candidate's key in run.c's order (p descending, then index): a gathered
+ * list holds the keys, which give back p and the index, and the masses. */
+static __device__ __forceinline__ u64 candidate_key(float p, long long j) {
+    return (u64)(0x7fffffffu - bits_of(p)) << 32 | (unsigned)j;
+}
+
+static __device__ __forceinline__ void list_put(pick_shared *to, int at, float p, long long j) {
+    to->cand_key[at] = candidate_key(p, j), to->cand_mass[at] = fixed(p);
+}
+
+static __device__ __forceinline__ unsigned listed_bits(const pick_shared *sh, int i) {
+    return 0x7fffffffu - (unsigned)(sh->cand_key[i] >> 32);
+}
+
+static __device__ __forceinline__ int listed_index(const pick_shared *sh, int i) {
+    return (int)(sh->cand_key[i] & 0xffffffffu);
 }
 
 /* Keys for the candidates p >= cutoff (cutoff > 0) of a row whose largest
@@ -219,6 +241,12 @@ static __device__ void block_argmax(float *v, long long *i, pick_shared *sh) {
     warp_argmax(v, i);
 }
 
+/* The block of g that merges level-0 bin k of the row's histogram: spread
+ * over the cluster, since one block taking every block's adds waited on its
+ * shared memory's atomics; four bins at a time, which the lead then reads
+ * in one load. */
+static __device__ __forceinline__ int bin_owner(int k, int g) { return (k / 4) * g / (BINS / 4); }
+
 /* [lo, hi): block b's share of [0, n) among g; or this thread's of [lo, hi). */
 static __device__ __forceinline__ void share(long long n, int b, int g, long long *lo,
                                              long long *hi) {
@@ -241,12 +269,14 @@ static __device__ __forceinline__ float coin_of(long long state, u64 *next) {
     return (float)((unsigned)((s * 0x2545F4914F6CDD1Dull) >> 32) >> 8) / 16777216.0f;
 }
 
-/* Programmatic dependent launch (where mk_cuda_sample launches with it): wait
- * for the launch before to finish, and let the next one be scheduled. */
+/* Programmatic dependent launch (where mk_cuda_sample launches with it): let
+ * the next launch be scheduled at once, so that its blocks load their weights
+ * while this one runs (it waits for this one before reading what this one
+ * writes); then wait for the launch before to finish. */
 static __device__ __forceinline__ void pdl_enter() {
 #if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
 
@@ -362,7 +392,8 @@ static __device__ void level(pick_shared *sh, const row_probs &p, long long n, f
     };
     if (sh->listed >= 0) {
         for (int i = threadIdx.x; i < sh->listed; i += THREADS)
-            histogram_add(sh->mass, sh->count, bin_of(sh->val[i]), fixed(sh->val[i]));
+            histogram_add(sh->mass, sh->count, bin_of(__int_as_float((int)listed_bits(sh, i))),
+                          sh->cand_mass[i]);
     } else {
         for_each_p(p, n, [&](float v, long long) {
             histogram_add(sh->mass, sh->count, bin_of(v), fixed(v));
@@ -383,7 +414,7 @@ static __device__ void gather(pick_shared *sh, const row_probs &p, long long n, 
         int at = 0;
         if (vote && lane == 0) at = atomicAdd(&sh->listed, __popc(vote)); /* a warp's at once */
         at = __shfl_sync(FULL, at, 0) + __popc(vote & ((1u << lane) - 1));
-        if (in) sh->val[at] = v, sh->idx[at] = (int)j;
+        if (in) list_put(sh, at, v, j);
     });
     __syncthreads();
 }
@@ -397,7 +428,7 @@ static __device__ long long kth_equal(pick_shared *sh, const row_probs &p, long 
     __syncthreads();
     if (sh->listed >= 0) { /* gathered: the equal ones, then each counts those before it */
         for (int i = threadIdx.x; i < sh->listed; i += THREADS)
-            if (bits_of(sh->val[i]) == bits) equal[atomicAdd(&sh->bin, 1)] = sh->idx[i];
+            if (listed_bits(sh, i) == bits) equal[atomicAdd(&sh->bin, 1)] = listed_index(sh, i);
         __syncthreads();
         int m = sh->bin;
         for (int i = threadIdx.x; i < m; i += THREADS) {
@@ -592,20 +623,17 @@ static __device__ __forceinline__ u64 listed_start(const gather_plan *pl, int i,
     return i < (int)pl->count0 ? pl->above[0] + before : pl->above[1] + before - pl->mass0;
 }
 
-/* A gathered candidate's key in run.c's order: p descending, then index. */
-static __device__ __forceinline__ u64 listed_key(const pick_shared *sh, int i) {
-    return (u64)(0x7fffffffu - bits_of(sh->val[i])) << 32 | (unsigned)sh->idx[i];
-}
-
 /*
  * The token from the m gathered candidates, in run.c's order (p descending,
  * then index) without sorting them: each candidate's place and the mass
  * before it there come from one pass over the others (per 1: `lanes`
- * threads of a warp a candidate, each counting every lanes-th, added by
- * shuffles; else a thread takes per, counting all); its running mass from
- * the plan's ranges; then the cut's candidate, where the cut is among them,
- * and the draw's. -1 where a target falls outside them (the plan says it
- * cannot), for the radix way. Two barriers.
+ * threads of a warp a candidate, the most that fit a power of two, each
+ * counting every lanes-th, added by a warp reduction; else a thread takes
+ * per, counting all); its running mass from the plan's ranges; then the
+ * cut's candidate, where the cut is among them, and the draw's. -1 where a
+ * target falls outside them (the plan says it cannot), for the radix way.
+ * Two barriers. The counts and masses fit 32 bits: the list's masses sum to
+ * at most one probability (2^31) and a rounding each.
  */
 template <int per>
 static __device__ long long select_ranked(pick_shared *sh, int m, float topp, float coin) {
@@ -614,37 +642,39 @@ static __device__ long long select_ranked(pick_shared *sh, int m, float topp, fl
     while (per == 1 && lanes < 32 && lanes * 2 * m <= THREADS) lanes *= 2;
     int part = (int)threadIdx.x % lanes, first = (int)threadIdx.x / lanes,
         stride = THREADS / lanes;
-    u64 key[per], before[per], mass[per];
-    int rank[per];
+    unsigned group = lanes == 32 ? FULL : ((1u << lanes) - 1) << (threadIdx.x % 32 - part);
+    u64 key[per], start[per], mass[per];
+    unsigned before[per], rank[per];
 #pragma unroll
     for (int k = 0; k < per; k++) {
         int i = first + k * stride;
-        key[k] = i < m ? listed_key(sh, i) : 0, before[k] = 0, rank[k] = 0;
+        key[k] = i < m ? sh->cand_key[i] : 0, before[k] = 0, rank[k] = 0;
     }
-    for (int j = part; j < m; j += lanes) {
-        u64 o = listed_key(sh, j), om = fixed(sh->val[j]);
+    int end = per == 1 && first >= m ? 0 : m; /* a thread past them counts nothing */
+#pragma unroll 4
+    for (int j = part; j < end; j += lanes) {
+        u64 o = sh->cand_key[j];
+        unsigned om = sh->cand_mass[j];
 #pragma unroll
         for (int k = 0; k < per; k++)
             if (o < key[k]) rank[k]++, before[k] += om;
     }
 #pragma unroll
     for (int k = 0; k < per; k++) {
-        for (int d = 1; d < lanes; d <<= 1) {
-            rank[k] += __shfl_xor_sync(FULL, rank[k], d);
-            before[k] += __shfl_xor_sync(FULL, before[k], d);
-        }
+        if (lanes > 1)
+            rank[k] = __reduce_add_sync(group, rank[k]), before[k] = __reduce_add_sync(group, before[k]);
         int i = first + k * stride;
-        mass[k] = i < m && part == 0 ? fixed(sh->val[i]) : 0; /* 0: matches no target */
-        before[k] = listed_start(pl, rank[k], before[k]);
+        mass[k] = i < m && part == 0 ? sh->cand_mass[i] : 0; /* 0: matches no target */
+        start[k] = listed_start(pl, (int)rank[k], before[k]);
     }
     /* round r: the candidate whose mass spans target, and the mass through it */
     auto find = [&](int r, u64 target) {
         bool mine = false;
 #pragma unroll
         for (int k = 0; k < per; k++)
-            if (before[k] <= target && target < before[k] + mass[k]) {
-                sh->found[r] = sh->idx[first + k * stride];
-                sh->through[r] = before[k] + mass[k];
+            if (start[k] <= target && target < start[k] + mass[k]) {
+                sh->found[r] = listed_index(sh, first + k * stride);
+                sh->through[r] = start[k] + mass[k];
                 mine = true;
             }
         return __syncthreads_or(mine) != 0;
@@ -665,7 +695,7 @@ static __device__ long long select_warp(pick_shared *sh, int m, float topp, floa
     const gather_plan *pl = &sh->plan;
     if (threadIdx.x < 32) {
         int lane = threadIdx.x;
-        u64 key = lane < m ? listed_key(sh, lane) : ~0ull;
+        u64 key = lane < m ? sh->cand_key[lane] : ~0ull;
         for (int k = 2; k <= 32; k <<= 1)
             for (int j = k >> 1; j > 0; j >>= 1) {
                 u64 other = __shfl_xor_sync(FULL, key, j);
@@ -796,14 +826,14 @@ sample_rows(long long *out, const float *logits, const long long *state, const f
     bool mult = topp <= 0.0f || topp >= 1.0f; /* as run.c: a NaN topp takes top-p */
     float cutoff = (1.0f - topp) / (float)(n - 1);
     float pmax = 1.0f / sum; /* the max's p: every p is at most it */
-    row_probs p = {x, t, max, sum};
+    row_probs p = {x, t, max, pmax};
     unsigned base;
     int shift0;
     key_frame(cutoff, pmax, &base, &shift0);
     if (threadIdx.x == 0) sh.base = base, sh.shift0 = shift0;
     u64 mass = 0;
     auto to_p = [&](float v) { /* v: x / t, then p */
-        v = expf(v - max) / sum;
+        v = expf(v - max) * pmax; /* row_probs' p */
         if (mult)
             mass += fixed(v);
         else if (v >= cutoff)
@@ -820,19 +850,29 @@ sample_rows(long long *out, const float *logits, const long long *state, const f
     } else {
         for_each_in(x, lo, hi, [&](float y, long long) { to_p(y / t); });
     }
-    /* the block's mass, or its histogram, pushed into the lead's */
+    /* the block's mass, pushed into the lead's, or its histogram, merged */
     if (mult) {
         u64 total;
         block_scan(mass, sh.part, &total);
         if (threadIdx.x == 0) lead->masses[b] = total;
-    } else {
+    } else { /* each bin merges in one block, bin_owner's */
         __syncthreads();
-        if (b != 0)
-            for (int k = threadIdx.x; k < BINS; k += THREADS)
-                if (unsigned c = sh.count[k])
-                    atomicAdd(&lead->mass[k], sh.mass[k]), atomicAdd(&lead->count[k], c);
+        for (int k = threadIdx.x; k < BINS; k += THREADS)
+            if (unsigned c = sh.count[k]; c && bin_owner(k, g) != b) {
+                pick_shared *o = cluster.map_shared_rank(&sh, bin_owner(k, g));
+                atomicAdd(&o->mass[k], sh.mass[k]), atomicAdd(&o->count[k], c);
+            }
     }
     cluster.sync();
+    if (!mult && b == 0) { /* the lead reads the merged bins, four a load */
+        for (int k = 4 * threadIdx.x; k < BINS; k += 4 * THREADS)
+            if (int o = bin_owner(k, g)) {
+                const pick_shared *from = cluster.map_shared_rank(&sh, o);
+                uint4 m4 = *(const uint4 *)&from->mass[k], c4 = *(const uint4 *)&from->count[k];
+                *(uint4 *)&sh.mass[k] = m4, *(uint4 *)&sh.count[k] = c4;
+            }
+        __syncthreads();
+    }
     u64 next;
     float coin = coin_of(seed, &next);
     long long token = -1;
@@ -842,10 +882,13 @@ sample_rows(long long *out, const float *logits, const long long *state, const f
     } else {
         /* top-p: the lead plans and pushes the plan; every block gathers its
          * planned candidates into the lead's list, a warp at a time */
-        if (b == 0) {
+        if (b == 0) { /* a word a thread */
             plan_gather(&sh, topp, coin);
-            if (threadIdx.x == 0)
-                for (int r = 1; r < g; r++) cluster.map_shared_rank(&sh, r)->plan = sh.plan;
+            __syncthreads();
+            const int words = sizeof(gather_plan) / sizeof(unsigned);
+            for (int i = threadIdx.x; i < (g - 1) * words; i += THREADS)
+                ((unsigned *)&cluster.map_shared_rank(&sh, 1 + i / words)->plan)[i % words] =
+                    ((const unsigned *)&sh.plan)[i % words];
         }
         cluster.sync();
         if (sh.plan.ranges) {
@@ -869,7 +912,7 @@ sample_rows(long long *out, const float *logits, const long long *state, const f
             if (mine)
                 each_p([&](float v, long long j) {
                     if (planned(&sh, v, cutoff) && at < CAP)
-                        lead->val[at] = v, lead->idx[at++] = (int)j;
+                        list_put(lead, at++, v, j);
                 });
         }
         cluster.sync();
