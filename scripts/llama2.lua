@@ -1,7 +1,8 @@
 -- llama2.lua — run a llama2.c checkpoint through moonkaas, like llama2.c's run.c.
 --
 --   lua scripts/llama2.lua <checkpoint> [-t temp] [-p topp] [-s seed] [-n steps]
---       [-i prompt] [-z tokenizer] [-m generate|chat] [-y system] [-d cpu|cuda] [--cudnn]
+--       [-i prompt] [-z tokenizer] [-m generate|chat] [-y system] [-d cpu|cuda]
+--       [-q fp32|bf16|fp16|q8|q8a8] [--cudnn] [--per-token]   (`-h` says what each does)
 --
 -- Example: lua scripts/llama2.lua ../shared/models/stories260K.bin \
 --              -z ../shared/models/tok512.bin -t 0 -n 200
