@@ -14,8 +14,8 @@
  *      expf(x / t - that max), pushed to every block (t <= 0: its argmax,
  *      and the lead block, rank 0, takes the row's best from the blocks');
  *   2  each block: the row's max and sum from the blocks' (each block's sum
- *      rescaled to the row's max), p = expf(x / t - max) x (1 / sum), and either
- *      its range's mass (multinomial) or its histogram of the top-p
+ *      rescaled to the row's max), p = expf(x / t - max) x (1 / sum), and
+ *      either its range's mass (multinomial) or its histogram of the top-p
  *      candidates (p >= cutoff), each bin added into one block's (G share
  *      the bins), from where the lead reads them: mass and count per bin of
  *      the top 11 bits of a candidate's key (its probability's bits
@@ -662,7 +662,8 @@ static __device__ long long select_ranked(pick_shared *sh, int m, float topp, fl
 #pragma unroll
     for (int k = 0; k < per; k++) {
         if (lanes > 1)
-            rank[k] = __reduce_add_sync(group, rank[k]), before[k] = __reduce_add_sync(group, before[k]);
+            rank[k] = __reduce_add_sync(group, rank[k]),
+            before[k] = __reduce_add_sync(group, before[k]);
         int i = first + k * stride;
         mass[k] = i < m && part == 0 ? sh->cand_mass[i] : 0; /* 0: matches no target */
         start[k] = listed_start(pl, (int)rank[k], before[k]);
