@@ -535,7 +535,8 @@ static int preload_steps(const mk_launch *l, const mk_product_group *pg, int E, 
  * it holds). Measured on the H200, Llama-2-7B in int8: 332 tok/s as the
  * other dtypes (loads at the step, unrolled by 4, where the compiler loads
  * one step at a time), 361 a step ahead, 337 two steps ahead (97 registers),
- * 311 three; 346 a step ahead unrolled by 4. Not for bfloat16 (265 before,
+ * 311 three, 357 two only where results read one product (q/k/v, wo, w2);
+ * 346 a step ahead unrolled by 4. Not for bfloat16 (265 before,
  * 256 a step ahead: a third of int8's math a byte) nor on the int8 grid.
  */
 static bool loads_ahead(const mk_product_group *pg, int E) { return E == 16 && !pg->a8_group; }
