@@ -216,7 +216,10 @@ static void random_attention(script *s) {
     memset(s, 0, sizeof *s);
     s->next_id = 1;
     int64_t B = test_randint(1, 6), m = test_randint(0, 5) ? test_randint(1, 8) : 9;
-    int64_t d = test_randint(1, 130), n = test_randint(1, 140), S = test_randint(1, 300);
+    int64_t d = test_randint(1, 130), n = test_randint(1, 140);
+    /* up to 300 rows (the cluster combine, or global); a quarter up to 2,400,
+     * where CUDA's blocks take several chunks each as B m grows (att_blocks) */
+    int64_t S = test_randint(0, 3) ? test_randint(1, 300) : test_randint(301, 2400);
     s->rows = S;
     s->attention = true;
     s->first_pos = -1; /* pos1 = 0: an empty prefix */
