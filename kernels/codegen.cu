@@ -119,9 +119,8 @@ void mk_cuda_put_fault(mk_strbuf *b) {
  * 1,024 tokens, its blocks taking two chunks in turn. MK_ATT_WAVE 256 / 512 /
  * 1,024 gave Llama-2-7B 271.8 / 269.7 / 267.2 tok/s in bfloat16 (256 blocks
  * are 8 a query: exactly the 256 tokens' chunks, and twice the turns of 512
- * on a longer story). A block scores a
- * chunk's rows (4 threads a row),
- * takes the chunk's max m and the sum l of exp(score - m), and its partial row
+ * on a longer story). A block scores a chunk's rows (4 threads a row), takes
+ * the chunk's max m and the sum l of exp(score - m), and its partial row
  * acc = sum of exp(score - m) V_j. One chunk's block combines every chunk's
  * (m, l, acc), as the softmax over all p scores: M = max m, out = sum acc
  * e^(m - M) / sum l e^(m - M). Rows past p add nothing.
@@ -385,7 +384,7 @@ void mk_cuda_group_source(mk_strbuf *b, const mk_launch *l) {
 
 /* The grid of a matrix-vector or attention group's launch. */
 void mk_cuda_group_grid(const mk_product_group *pg, unsigned int *blocks, unsigned int *threads) {
-    if (pg->kind == MK_PRODUCT_ATTENTION) { /* a block per query and chunk of the cache */
+    if (pg->kind == MK_PRODUCT_ATTENTION) { /* att_blocks blocks per query */
         *blocks = mk_cuda_blocks(pg->att.batch * pg->att.m * att_blocks(&pg->att), 1);
         *threads = MK_ATT_THREADS;
     } else
