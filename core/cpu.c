@@ -1646,8 +1646,21 @@ static int cpu_matvec(const mk_launch *l, mk_error **err) {
     return 0;
 }
 
+/* A matrix-vector group with its gathered operands at their ids' rows
+ * (mk_product_gather): the error of the EmbeddingNode folded in where an id
+ * is out of range. */
 static int cpu_product(const mk_launch *l, mk_error **err) {
-    return l->node->prod->kind == MK_PRODUCT_ATTENTION ? cpu_attention(l, err) : cpu_matvec(l, err);
+    const mk_product_group *pg = l->node->prod;
+    if (pg->kind == MK_PRODUCT_ATTENTION) return cpu_attention(l, err);
+    if (!pg->n_gathers) return cpu_matvec(l, err);
+    mk_launch at = *l;
+    for (int r = 0; r < pg->n_gathers; r++) {
+        const mk_product_gather *ga = &pg->gather[r];
+        int64_t id = *(const int64_t *)l->in[ga->ids].data;
+        if (id < 0 || id >= ga->rows) return mk_fault(err, ga->node, MK_FAULT_ID, id, 0, ga->rows);
+        at.in[ga->in].data = (char *)at.in[ga->in].data + id * ga->row_bytes;
+    }
+    return cpu_matvec(&at, err);
 }
 
 /* ---- the device table --------------------------------------------------- */

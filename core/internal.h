@@ -281,6 +281,9 @@ int mk_product_pass(mk_graph *g, const mk_compile_options *opts, mk_error **err)
 void mk_product_group_free(struct mk_product_group *pg);
 int mk_product_report(const mk_graph *g, mk_strbuf *b);
 size_t mk_product_scratch(const mk_node *n);
+/* gather.c: single-id embeddings of constant tables read by matrix-vector
+ * groups become views, the groups reading their row (mk_product_gather) */
+int mk_gather_pass(mk_graph *g, const mk_compile_options *opts, mk_error **err);
 
 /* ---- pointwise expressions (expr.c) ------------------------------------------ */
 
@@ -360,6 +363,7 @@ typedef struct mk_pointwise_group {
  */
 #define MK_PRODUCTS_MAX 4     /* products of one group (siblings reading the same A) */
 #define MK_PRODUCT_MEMBERS 32 /* nodes one group may replace */
+#define MK_GATHERS_MAX 4      /* operands of one group read at a row an id picks */
 #define MK_MATVEC_ROWS 4      /* rows of A a group takes; more is a matrix product */
 #define MK_ATTENTION_ROWS 8   /* query rows per batch an attention group takes */
 #define MK_INT8_GROUP_MAX 512 /* groups of A on the int8 grid a group takes divide this (powers
@@ -388,6 +392,16 @@ typedef struct {
     int64_t row_count;         /* rows the write replaces (the replacement's first dim) */
     bool argmax;               /* the result is the ArgMax of each row (int64 [m, 1]) */
 } mk_product_out;
+
+/* An operand read at the row an id picks on the device (gather.c): it views
+ * row 0 of a table of `rows` rows, and the group reads it id x row_bytes
+ * further, after checking 0 <= id < rows (the error names `node`). */
+typedef struct {
+    int in;                /* the operand */
+    int ids;               /* operand: the id, int64 [1] */
+    int64_t rows, row_bytes;
+    const struct mk_node *node; /* the EmbeddingNode folded in (a view of the table now) */
+} mk_product_gather;
 
 typedef enum {
     MK_PRODUCT_MATVEC,    /* products of A with their prologue and epilogues */
@@ -419,6 +433,8 @@ typedef struct mk_product_group {
                                       as many rows): integer dot products; else 0 */
     int n_outs;
     mk_product_out out[MK_PRODUCTS_MAX];
+    int n_gathers;                 /* operands read at a row an id picks (gather.c) */
+    mk_product_gather gather[MK_GATHERS_MAX];
     int n_members;
     struct mk_node *members[MK_PRODUCT_MEMBERS]; /* graph order, owned */
     int64_t scratch[MK_PRODUCT_MEMBERS]; /* attention: bytes into the CPU's scratch, or -1 */

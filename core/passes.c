@@ -188,6 +188,7 @@ static const struct {
     {"group", mk_group_pass},           /* pointwise trees as one program each (group.c) */
     {"products", mk_product_pass},      /* matrix-vector products with what surrounds them
                                            (product.c) */
+    {"gathers", mk_gather_pass},        /* one-id embeddings read by those groups (gather.c) */
     {"verify", verify},
 };
 

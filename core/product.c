@@ -791,6 +791,9 @@ int mk_product_report(const mk_graph *g, mk_strbuf *b) {
                 mk_strbuf_put(b, "; weights %d %s, widened as read", j, mk_dtype_name(w->dtype));
             if (pg->b_rows[j]) mk_strbuf_put(b, "; weights %d read by rows", j);
         }
+        for (int r = 0; r < pg->n_gathers; r++)
+            mk_strbuf_put(b, "; operand %d at the row of %s $%d (folded in, no launch)", pg->gather[r].in,
+                          pg->gather[r].node->op->name, pg->gather[r].node->id);
         mk_strbuf_put(b, "; members");
         for (int t = 0; t < pg->n_members; t++)
             mk_strbuf_put(b, "%s %s $%d", t ? "," : "", pg->members[t]->op->name,

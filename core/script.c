@@ -601,7 +601,10 @@ char *mk_graph_print(const mk_graph *g) {
         }
         mk_strbuf_put(&b, ");");
         /* What the passes decided, for people reading the compiled script. */
-        if (n->storage == MK_STORAGE_VIEW && n->op->role != MK_ROLE_VIEW)
+        if (n->op->kernel == MK_KERNEL_EMBEDDING && n->storage == MK_STORAGE_VIEW)
+            mk_strbuf_put(&b, "  # row $%d of $%d, read there by the groups (no launch)",
+                          n->in[1]->id, n->owner->id);
+        else if (n->storage == MK_STORAGE_VIEW && n->op->role != MK_ROLE_VIEW)
             mk_strbuf_put(&b, "  # %s of $%d",
                           n->op->role == MK_ROLE_INPLACE ? "in place" : "view", n->owner->id);
         mk_strbuf_put(&b, "\n");

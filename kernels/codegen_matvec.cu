@@ -542,6 +542,25 @@ static int preload_steps(const mk_launch *l, const mk_product_group *pg, int E, 
 static bool loads_ahead(const mk_product_group *pg, int E) { return E == 16 && !pg->a8_group; }
 
 /*
+ * Gathered operands (mk_product_gather), after the wait: each moves to the
+ * row its id picks, or where the id is out of range stays at row 0 and the
+ * fault names the EmbeddingNode folded in (which -1 - r).
+ */
+static void put_gathers(mk_strbuf *b, const mk_product_group *pg) {
+    for (int r = 0; r < pg->n_gathers; r++) {
+        const mk_product_gather *ga = &pg->gather[r];
+        mk_strbuf_put(b, "    {\n"
+                         "        const long long id = *(const long long *)i%d;\n"
+                         "        if (id >= 0 && id < %lldLL) i%d = (char *)i%d + id * %lldLL;\n"
+                         "        else if (blockIdx.x == 0 && threadIdx.x == 0) mk_raise(fault, launch, %d, %d, id, 0, %lldLL);\n"
+                         "    }\n",
+                      ga->ids, (long long)ga->rows, ga->in, ga->in, (long long)ga->row_bytes, -1 - r,
+                      (int)MK_FAULT_ID, (long long)ga->rows);
+    }
+    if (pg->n_gathers) mk_strbuf_put(b, "    A = (const float *)i%d;\n", pg->a);
+}
+
+/*
  * The start of every matrix-vector kernel, before the wait for the launches
  * before: each warp loads the weights of its first `pre` steps into registers
  * (b{j}_{c}p{s}, put_weight_loads) and sends the rest of its first columns'
@@ -577,6 +596,7 @@ static void put_preloads(mk_strbuf *b, const mk_launch *l, const mk_product_grou
         start += pairs;
     }
     mk_strbuf_put(b, MK_PDL_WAIT);
+    put_gathers(b, pg);
 }
 
 /* Result o's code for the column pair of warp index `p` (local to o). */

@@ -543,6 +543,8 @@ int mk_cuda_fault_error(const mk_cuda_fault *f, const mk_launch *launches, int n
     const mk_node *node = launches[f->launch].node; /* in a group: the member that faulted */
     if (node->prod && f->which > 0 && f->which <= node->prod->n_members)
         node = node->prod->members[f->which - 1];
+    else if (node->prod && f->which < 0 && -f->which <= node->prod->n_gathers) /* (gathers) */
+        node = node->prod->gather[-f->which - 1].node;
     return mk_fault(err, node, (mk_fault_kind)f->kind, f->value[0], f->value[1], f->value[2]);
 }
 

@@ -132,6 +132,77 @@ describe("matrix-vector groups with weights held by rows", function()
     end)
 end)
 
+-- x = a row of a constant table, read by two groups (as A under a norm, and
+-- as an epilogue's operand); e = another table's row, an epilogue's operand
+local function embedded(D, V)
+    local tt, tr = H.rand({ V, D }, -1, 1)
+    local et, er = H.rand({ V, D }, -1, 1)
+    local nt, nr = H.rand({ D }, 0.5, 1.5)
+    local w1t, w1r = H.rand({ D, D }, -0.5, 0.5)
+    local w2t, w2r = H.rand({ D, D }, -0.5, 0.5)
+    local id, pos = mk.input("id", "int64", { 1 }), mk.input("pos", "int64", { 1 })
+    local x = mk.embedding(mk.constant(tt, "table"), id)
+    local y = x:rms_norm(mk.constant(nt, "norm")):matmul(mk.constant(w1t, "w1")) +
+              mk.embedding(mk.constant(et, "rows"), pos)
+    local z = y:matmul(mk.constant(w2t, "w2")) + x
+    local function want(i, p)
+        local xr = R.embedding(tr, { data = { i } })
+        local yr = R.add(R.matmul(R.rms_norm(xr, nr), w1r), R.embedding(er, { data = { p } }))
+        return R.add(R.matmul(yr, w2r), xr)
+    end
+    return z, want
+end
+
+local function ids(i, p) return { id = mk.tensor({ i }, "int64"), pos = mk.tensor({ p }, "int64") } end
+
+describe("embeddings of one id read by matrix-vector groups", function()
+    it("are no launch: the groups read the table's row, the same bits as the embedding", function()
+        local D, V = 37, 11
+        local z, want = embedded(D, V)
+        local fused <close> = mk.compile(z)
+        local plain <close> = mk.compile(z, { fuse = false })
+        assert.are.equal(2, fused:stats().launches, fused:fusion_report())
+        local report = fused:fusion_report()
+        assert.truthy(report:find("at the row of EmbeddingNode", 1, true), report)
+        assert.truthy(fused:script():find("read there by the groups (no launch)", 1, true))
+        for _ = 1, 3 do
+            local i, p = math.random(0, V - 1), math.random(0, V - 1)
+            local got = fused:run(ids(i, p))
+            H.assert_close(got, want(i, p), 1e-5, 1e-4)
+            bits_equal(got, plain:run(ids(i, p)), "embedded rows")
+        end
+    end)
+
+    it("name the embedding where an id is out of range, and the model still runs", function()
+        local z, want = embedded(8, 5)
+        local fused <close> = mk.compile(z)
+        H.assert_error(function() fused:run(ids(5, 0)) end,
+            "script:", "evaluation error: EmbeddingNode: id 5 at position 0 of 'id' is outside [0, 5)")
+        H.assert_error(function() fused:run(ids(1, -1)) end,
+            "script:", "evaluation error: EmbeddingNode: id -1 at position 0 of 'pos' is outside [0, 5)")
+        H.assert_close(fused:run(ids(4, 2)), want(4, 2), 1e-5, 1e-4)
+    end)
+
+    gpu_it("do the same on CUDA: the CPU's values, the same errors", function()
+        local D, V = 64, 9
+        local z, want = embedded(D, V)
+        local cuda <close> = mk.compile(z, { device = "cuda" })
+        local cpu <close> = mk.compile(z)
+        assert.are.equal(2, cuda:stats().launches, cuda:fusion_report())
+        for _ = 1, 3 do
+            local i, p = math.random(0, V - 1), math.random(0, V - 1)
+            local got = cuda:run(ids(i, p))
+            H.assert_close(got, want(i, p), 1e-5, 1e-4)
+            H.assert_close(got, H.ref(cpu:run(ids(i, p))), 1e-6, 1e-5)
+        end
+        H.assert_error(function() cuda:run(ids(9, 0)) end,
+            "script:", "evaluation error: EmbeddingNode: id 9 at position 0 of 'id' is outside [0, 9)")
+        H.assert_error(function() cuda:run(ids(0, 12)) end,
+            "script:", "evaluation error: EmbeddingNode: id 12 at position 0 of 'pos' is outside [0, 9)")
+        H.assert_close(cuda:run(ids(3, 8)), want(3, 8), 1e-5, 1e-4)
+    end)
+end)
+
 describe("pointwise groups", function()
     it("run a chain as one launch, bit-identical to one launch per node", function()
         local a = mk.input("a", "float32", { 6, 8 })

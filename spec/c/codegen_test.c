@@ -13,6 +13,8 @@
  *                        clear errors for library launches and bad indexes
  *   test_disk_cache      the cubins kept on disk ($MK_KERNEL_CACHE): read back,
  *                        broken files replaced, "off", unusable directories
+ *   test_lowp_groups     matrix-vector groups of float16, bfloat16 and int8 weights
+ *   test_gathered_operands  a group reading embeddings' rows (gather.c)
  *
  * Without the plugin (CUDA=0, or none found) the test is skipped with the reason.
  */
@@ -280,6 +282,39 @@ static void test_lowp_groups(void) {
     mk_context_free(ctx);
 }
 
+/* A matrix-vector group reading two single-id embeddings of constant tables
+ * (as A and as its epilogue's operand, gather.c): one launch, which offsets
+ * both operands on the device, and compiles. */
+static void test_gathered_operands(void) {
+    mk_error *err = NULL;
+    mk_context *ctx = mk_context_new(&err);
+    static float table[7 * 64], rows[7 * 24];
+    for (int i = 0; i < 7 * 64; i++) table[i] = (float)test_uniform(-1.0, 1.0);
+    for (int i = 0; i < 7 * 24; i++) rows[i] = (float)test_uniform(-1.0, 1.0);
+    const mk_named_tensor consts[] = {{"table", table}, {"rows", rows}};
+    const char *text = "$1 = ConstantTensor(table, float32, [7, 64]);\n"
+                       "$2 = InputTensor(id, int64, [1]);\n$3 = EmbeddingNode($1, $2);\n"
+                       "$4 = InputTensor(w, float32, [24, 64]);\n$5 = PermuteNode($4, [1, 0]);\n"
+                       "$6 = MatMulNode($3, $5);\n$7 = ConstantTensor(rows, float32, [7, 24]);\n"
+                       "$8 = InputTensor(pos, int64, [1]);\n$9 = EmbeddingNode($7, $8);\n"
+                       "$10 = SumNode($6, $9);\nresult = $10;\n";
+    mk_model *m = ctx ? mk_compile(ctx, text, consts, 2, NULL, &err) : NULL;
+    CHECK(m != NULL, "compile: %s", mk_error_message(err));
+    if (m) {
+        mk_stats st;
+        CHECK(mk_model_stats(m, &st) == 0 && st.launches == 1, "%d launches:\n%s", st.launches,
+              mk_model_fusion_report(m));
+        char *src = mk_model_kernel_source(m, 0, &err);
+        CHECK(src && strstr(src, "const long long id = *(const long long *)i"), "source: %s",
+              src ? src : mk_error_message(err));
+        free(src);
+        CHECK(mk_model_check_generated(m, 90, &err) == 1, "%s", mk_error_message(err));
+    }
+    mk_model_free(m);
+    mk_error_free(err);
+    mk_context_free(ctx);
+}
+
 int main(void) {
     char why[512];
     if (!mk_cuda_plugin_get(why, sizeof why)) {
@@ -287,11 +322,13 @@ int main(void) {
         SKIP(test_kernel_source, why);
         SKIP(test_disk_cache, why);
         SKIP(test_lowp_groups, why);
+        SKIP(test_gathered_operands, why);
     } else {
         RUN(test_random_groups);
         RUN(test_kernel_source);
         RUN(test_disk_cache);
         RUN(test_lowp_groups);
+        RUN(test_gathered_operands);
     }
     return test_summary("codegen");
 }
