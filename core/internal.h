@@ -413,6 +413,8 @@ typedef enum {
 typedef struct {
     int q, kt, v, p;          /* operands */
     int64_t batch, m, d, s, n;
+    bool early;               /* no launch before writes K's or V's rows before p - 1
+                                 (early_rows): CUDA loads them before its wait */
 } mk_attention_info;
 
 typedef struct mk_product_group {

@@ -679,6 +679,35 @@ static mk_product_group *build_attention(cand *c, mk_graph *g, mk_node *x, bool 
     return pg;
 }
 
+/*
+ * Whether no launch before attention group n writes K's or V's rows before
+ * p - 1 in the evaluation (mk_attention_info.early): each is a leaf's memory
+ * (an input, buffer or constant, made before the evaluation) whose only
+ * writers before n write one row ending at n's own p (a decode step's cache
+ * row), in place or as a group's row write.
+ */
+static bool early_rows(const mk_graph *g, const mk_node *n) {
+    const mk_attention_info *a = &n->prod->att;
+    const mk_node *p = n->in[a->p];
+    for (int k = 0; k < 2; k++) {
+        const mk_node *mem = n->in[k ? a->v : a->kt]->owner;
+        if (mem->op->role != MK_ROLE_LEAF) return false;
+        for (int i = 0; i < n->index; i++) {
+            const mk_node *w = g->nodes[i];
+            if (w->op->role == MK_ROLE_INPLACE && w->owner == mem &&
+                (w->in[3] != p || w->in[1]->shape[0] != 1))
+                return false;
+            for (int o = 0; w->prod && o < w->prod->n_outs; o++) {
+                const mk_product_out *r = &w->prod->out[o];
+                if (r->row_x >= 0 && w->in[r->row_x]->owner == mem &&
+                    (w->in[r->row_end] != p || r->row_count != 1))
+                    return false;
+            }
+        }
+    }
+    return true;
+}
+
 /* The products that may join p: p and the later ones reading its A, in order. */
 static int siblings(const mk_graph *g, mk_node *p, mk_node **ps) {
     int n = 0;
@@ -728,6 +757,9 @@ int mk_product_pass(mk_graph *g, const mk_compile_options *opts, mk_error **err)
         i = first - 1; /* nodes before the group kept their places; go on from there */
     }
     free(moved);
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i]->prod && g->nodes[i]->prod->kind == MK_PRODUCT_ATTENTION)
+            g->nodes[i]->prod->att.early = early_rows(g, g->nodes[i]);
     return 0;
 }
 
@@ -766,12 +798,15 @@ int mk_product_report(const mk_graph *g, mk_strbuf *b) {
         if (pg->kind == MK_PRODUCT_ATTENTION) {
             const mk_attention_info *a = &pg->att;
             mk_strbuf_put(b, "attention group $%d (line %d): one launch, [%lld, %lld, %lld] "
-                             "queries over the first p of %lld cached rows (reads only those); "
+                             "queries over the first p of %lld cached rows (reads only those%s); "
                              "members %s $%d, %s $%d, %s $%d\n",
                           n->id, n->line, (long long)a->batch, (long long)a->m, (long long)a->d,
-                          (long long)a->s, pg->members[0]->op->name, pg->members[0]->id,
-                          pg->members[1]->op->name, pg->members[1]->id, pg->members[2]->op->name,
-                          pg->members[2]->id);
+                          (long long)a->s,
+                          a->early ? "; no launch before writes those before p - 1: they may "
+                                     "load before its wait"
+                                   : "",
+                          pg->members[0]->op->name, pg->members[0]->id, pg->members[1]->op->name,
+                          pg->members[1]->id, pg->members[2]->op->name, pg->members[2]->id);
             continue;
         }
         mk_strbuf_put(b, "matrix-vector group $%d (line %d): one launch, [%lld, %lld] @ %d "

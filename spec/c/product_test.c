@@ -29,7 +29,11 @@
  * test_argmax: a greedy classifier's ties, NaNs and signed zeros, as the CPU
  * picks them, on 8 columns and on 4,096 (split among threads and blocks).
  *
- * A third of the graphs are decode attention instead (random_attention).
+ * A third of the graphs are decode attention instead (random_attention):
+ * half of their caches take a decode step's row write first, some ending at
+ * the prefix itself (so that CUDA loads the rows before it early, before the
+ * wait for the write's launch) and some at a prefix another launch makes
+ * (so that it may not); both kinds must occur.
  */
 #include "internal.h"
 #include "test.h"
@@ -209,8 +213,9 @@ static void random_graph(script *s) {
 /*
  * Decode attention: Q [B, m, d] against caches of S rows held as [S, B, d] and
  * [S, B, n] (inputs read through permutes, as llama2's buffers are, or Kt as a
- * plain [B, d, S]), the softmax of the first pos1 scores, the prefix product
- * with V; the output reads the result through a reshape and a product.
+ * plain [B, d, S]), each perhaps written at row pos first, the softmax of the
+ * first pos1 scores, the prefix product with V; the output reads the result
+ * through a reshape and a product.
  */
 static void random_attention(script *s) {
     memset(s, 0, sizeof *s);
@@ -225,18 +230,29 @@ static void random_attention(script *s) {
     s->first_pos = -1; /* pos1 = 0: an empty prefix */
     int q = INPUT(s, MK_DTYPE_FLOAT32, B, m, d);
     int pos = INPUT(s, MK_DTYPE_INT64, 1);
-    int p = INPUT(s, MK_DTYPE_INT64, 1);
+    int pos1 = INPUT(s, MK_DTYPE_INT64, 1), p = pos1;
     if (test_randint(0, 1)) /* the prefix made by a launch before (pos1 + pos - pos): the
                              * kernel's early read of it may be stale */
         p = put(s, "SubNode($%d, $%d)", put(s, "SumNode($%d, $%d)", p, pos), pos);
+    /* half the caches get a decode step's row write first: row pos, [pos, pos1),
+     * ending at the prefix where it is pos1 itself (CUDA then loads the rows
+     * before it early, mk_attention_info.early) */
+    bool write_k = test_randint(0, 1), write_v = test_randint(0, 1);
+    if (write_k || write_v) s->first_pos = 0;
     int kt;
     if (test_randint(0, 3)) {
         int kc = INPUT(s, MK_DTYPE_FLOAT32, S, B, d);
+        if (write_k)
+            kc = put(s, "ReplaceSliceNode($%d, $%d, $%d, $%d)", kc, INPUT(s, MK_DTYPE_FLOAT32, 1, B, d),
+                     pos, pos1);
         kt = put(s, "PermuteNode($%d, [1, 2, 0])", kc);
     } else {
         kt = INPUT(s, MK_DTYPE_FLOAT32, B, d, S);
     }
     int vc = INPUT(s, MK_DTYPE_FLOAT32, S, B, n);
+    if (write_v)
+        vc = put(s, "ReplaceSliceNode($%d, $%d, $%d, $%d)", vc, INPUT(s, MK_DTYPE_FLOAT32, 1, B, n), pos,
+                 pos1);
     int w = INPUT(s, MK_DTYPE_FLOAT32, B * m * n, 8);
     int sc = put(s, "MatMulNode($%d, $%d)", q, kt);
     int att = put(s, "SlicedSoftmaxNode($%d, $%d)", sc, p);
@@ -280,7 +296,7 @@ static bool run(mk_model *m, const mk_named_tensor *in, int n_in, float *out, co
 
 /* The report's product groups: those CUDA forms too into *groups, those
  * reading weights by rows (the CPU's alone) into *rows. */
-static void count_groups(const char *report, int *groups, int *rows) {
+static void count_groups(const char *report, int *groups, int *rows, int *early, int *late) {
     for (const char *l = report; l && *l;) {
         const char *eol = strchr(l, '\n');
         size_t len = eol ? (size_t)(eol - l) : strlen(l);
@@ -289,6 +305,7 @@ static void count_groups(const char *report, int *groups, int *rows) {
         if (!strncmp(line, "matrix-vector group $", 21) || !strncmp(line, "attention group $", 17)) {
             if (strstr(line, "read by rows")) ++*rows;
             else ++*groups;
+            if (!strncmp(line, "attention group $", 17)) ++*(strstr(line, "before its wait") ? early : late);
         }
         l = eol ? eol + 1 : NULL;
     }
@@ -303,6 +320,7 @@ static void test_random_products(void) {
     mk_context *ctx = mk_context_new(&err);
     bool nvrtc = mk_cuda_plugin_get(NULL, 0) != NULL;
     int graphs = getenv("MK_VALGRIND") ? 4 : 80, groups = 0, row_groups = 0, kernels = 0;
+    int early = 0, late = 0; /* attention groups whose cache rows may load before the wait, or not */
     for (int g = 0; ctx && g < graphs && !test_cur_failed; g++) {
         script *s = malloc(sizeof *s);
         if (g % 3 == 2) random_attention(s);
@@ -311,7 +329,7 @@ static void test_random_products(void) {
         mk_model *plain = compile(ctx, s, MK_DEVICE_CPU, false);
         mk_model *cuda = gpu ? compile(ctx, s, MK_DEVICE_CUDA, true) : NULL;
         if (fused && plain && (cuda || !gpu)) {
-            count_groups(mk_model_fusion_report(fused), &groups, &row_groups);
+            count_groups(mk_model_fusion_report(fused), &groups, &row_groups, &early, &late);
             if (nvrtc)
                 for (int arch = 80; arch <= 90 && !test_cur_failed; arch += 10) {
                     int n = mk_model_check_generated(fused, arch, &err);
@@ -350,13 +368,15 @@ static void test_random_products(void) {
         mk_model_free(cuda);
         free(s);
     }
-    printf("#   %d graphs, %d product groups (and %d reading weights by rows), %d kernels compiled "
-           "with NVRTC\n", graphs, groups, row_groups, kernels);
+    printf("#   %d graphs, %d product groups (and %d reading weights by rows; %d attention groups "
+           "loading rows early, %d not), %d kernels compiled with NVRTC\n",
+           graphs, groups, row_groups, early, late, kernels);
     /* coverage of the 80 graphs' run; valgrind's 4 are too few to promise a kind
      * (MK_SEED=1796061092 draws no group by columns in them) */
     if (!getenv("MK_VALGRIND")) {
         CHECK(groups >= graphs / 4, "only %d groups reading weights by columns in %d graphs",
               groups, graphs);
+        CHECK(early > 0 && late > 0, "attention groups loading rows early: %d, not: %d", early, late);
         CHECK(row_groups >= graphs / 4, "only %d groups reading weights by rows in %d graphs",
               row_groups, graphs);
     }
