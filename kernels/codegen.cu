@@ -136,26 +136,28 @@ void mk_cuda_put_fault(mk_strbuf *b) {
  * barrier, with a second for the others to wait on. Otherwise each writes its
  * part to `part` in global memory and counts itself in `count`; the last to
  * finish combines them and sets the count back to zero for the next
- * evaluation. A query's first 8 chunks a cluster for longer caches, combined
- * in it wherever p falls within them, gained nothing on stories110M and
- * Llama-2-7B at 256 tokens and lost 3 % on 110M over 1,024.
+ * evaluation.
+ *
+ * Early rows: where no launch before writes the rows before p - 1
+ * (mk_attention_info.early: a decode step writes row p - 1 alone) and the
+ * chunks are a cluster, a block loads its first chunk's rows before the
+ * hint's last before the wait, and only the rest after it, past L1 (which may
+ * hold that row's line as it was). Measured on the H200, stories15M went from
+ * 11,339 / 11,240 to 11,692 / 11,708 tok/s. Not kept, for longer caches:
+ *   - early rows with the global combine: stories110M -1 % at 256 tokens
+ *     (+1 % over 1,024), Llama-2-7B -2.5 % (272.1 to 265.4 tok/s in
+ *     bfloat16, 368.0 to 358.1 in int8);
+ *   - a query's first 8 chunks a cluster, combining there where p falls
+ *     within them: nothing at 256 tokens, 110M -3 % over 1,024; with early
+ *     rows too, 110M -3 % (4,422 to 4,293; 4,012 to 3,824 over 1,024) and
+ *     7B -2.6 %.
  *
  * The kernel is bound by latency, not bytes (a chunk is a few KB), so it is
  * written as few dependent trips to memory. Before the wait for the launches
  * before, a thread reads p as a hint (it may still change: a launch before may
  * write it); after, it loads p, its part of q and every K value it scores and
  * V value it sums among the hint's rows at once, into registers. Where p turns
- * out not to be the hint, it loads the rows again. Where no launch before
- * writes the rows before p - 1 (mk_attention_info.early: a decode step writes
- * row p - 1 alone) and the chunks are a cluster, the block's first chunk's
- * rows before the hint's last come before the wait, and only the last after
- * it (past L1, which may hold that row's line as it was): stories15M went
- * from 11,339 / 11,240 to 11,692 / 11,708 tok/s. With the global combine it
- * cost stories110M 1 % at 256 tokens (won 1 % over 1,024) and Llama-2-7B
- * 2.5 % (272.1 to 265.4 tok/s in bfloat16, 368.0 to 358.1 in int8), so
- * those load after the wait. A query's first 8 chunks a cluster there too,
- * loading early and combining in it where p falls within them, cost 110M
- * 3 % (4,422 to 4,293 tok/s; 4,012 to 3,824 over 1,024) and 7B 2.6 %. Chunk 0 loads every part at
+ * out not to be the hint, it loads the rows again. Chunk 0 loads every part at
  * once. Sums run in the order of a plain loop (k, then rows, then chunks),
  * each thread's own, in either combine.
  */
@@ -293,10 +295,9 @@ static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
                   (long long)kt->stride[0], kr);
     mk_strbuf_put(b, "    const float *V = (const float *)i%d + t * %lldLL + j0 * %lldLL;\n", a->v,
                   (long long)v->stride[0], vr);
-    /* p, q and every K and V value of the chunk's rows below the hint at once;
-     * the rows below p again where p is not the hint */
-    /* after loads before the wait, past L1 (which may hold a line of the row
-     * the launch before wrote, as it was) */
+    /* p, q and every K and V value of the chunk's rows below the hint at once
+     * (after early rows, past L1); the rows below p again where p is not the
+     * hint */
     const char *ld = early ? "__ldcg" : "__ldca";
     mk_strbuf_put(b, "    const long long p = *(const long long *)i%d;\n"
                      "#pragma unroll\n"
