@@ -4,8 +4,10 @@
  *
  * Stages, in order (one file each):
  *   script.c   text → graph (parse, shape/dtype rules from ops.c), graph → text
- *   passes.c   ordered passes over the graph (storage and views, cuDNN fusion, verify)
+ *   passes.c   ordered passes over the graph (storage and views, the grouping passes, verify)
  *   fusion.c   the cuDNN fusion pass: which groups, and their structural traces
+ *   group.c    pointwise groups; product.c matrix-vector and attention groups;
+ *              gather.c one-id embeddings folded into those groups
  *   planner.c  offsets in one arena (best fit, neighbour merging)
  *   model.c    compile (plan, allocate, bind launches) and evaluate
  *   cpu.c      the CPU device: kernels and device table
@@ -15,6 +17,10 @@
  * (the dtype table, shapes, strides, the strided walk, run-time fault messages),
  * expr.c (pointwise expressions: parsed once, run by each device), error.c
  * (errors as values, the string builder, clocks).
+ *
+ * Long because it is the one header of core's internals: each section below
+ * is one stage's share (its types and entry points) and is short; a header
+ * per stage would have every stage include most of the others.
  */
 #ifndef MK_INTERNAL_H
 #define MK_INTERNAL_H

@@ -46,7 +46,8 @@
  * Long because one pass makes both kinds of group, matrix-vector and decode
  * attention, and they share its candidate building, the span and hazard
  * checks and the node making (cand, span, make); attention's own part is
- * some 60 lines. Split attention out when a third kind of group arrives.
+ * some 90 lines (with early_rows, which reads the finished groups' row
+ * writes). Split attention out when a third kind of group arrives.
  */
 #include "internal.h"
 

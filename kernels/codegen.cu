@@ -267,16 +267,19 @@ static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
                      "        } \\\n"
                      "    }\n",
                   S, R, R, DK, D, kx, NS, T, N, N, VR, G, G * N, vx);
+    /* chunk c's first row j0 and its K and V */
+    mk_strbuf_put(b, "#define MK_CHUNK(c) \\\n"
+                     "    const long long j0 = (c) * %lldLL; \\\n"
+                     "    const float *K = (const float *)i%d + t * %lldLL + j0 * %lldLL; \\\n"
+                     "    const float *V = (const float *)i%d + t * %lldLL + j0 * %lldLL\n",
+                  R, a->kt, (long long)kt->stride[0], kr, a->v, (long long)v->stride[0], vr);
     if (early) /* the first chunk's rows before the hint's last, before the wait */
         mk_strbuf_put(b, "    int pre = 0; /* rows of chunk c0 loaded */\n"
                          "    {\n"
-                         "        const long long j0 = c0 * %lldLL;\n"
-                         "        const float *K = (const float *)i%d + t * %lldLL + j0 * %lldLL;\n"
-                         "        const float *V = (const float *)i%d + t * %lldLL + j0 * %lldLL;\n"
+                         "        MK_CHUNK(c0);\n"
                          "        pre = MK_ROWS(ph - 1);\n"
                          "        MK_LOAD_ROWS(0, pre, __ldca);\n"
-                         "    }\n",
-                      R, a->kt, (long long)kt->stride[0], kr, a->v, (long long)v->stride[0], vr);
+                         "    }\n");
     mk_strbuf_put(b, MK_PDL_WAIT);
     mk_strbuf_put(b, "    float *part = (float *)aux;\n"
                      "    unsigned int *count = (unsigned int *)(part + %lldLL);\n",
@@ -287,14 +290,10 @@ static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
     if (cluster) mk_strbuf_put(b, "#ifdef MK_CLUSTER\n    __shared__ float cpart[%lld]; /* the lead's: each chunk's (m, l, acc) */\n#endif\n",
                                C * (N + 2));
     mk_strbuf_put(b, "    for (long long c = c0; c < %lldLL; c += %lldLL) {\n"
-                     "    const long long j0 = c * %lldLL;\n",
-                  C, CB, R);
+                     "    MK_CHUNK(c);\n",
+                  C, CB);
     mk_strbuf_put(b, "    const float *q = (const float *)i%d + t * %lldLL + i * %lldLL;\n", a->q,
                   (long long)q->stride[0], (long long)q->stride[1]);
-    mk_strbuf_put(b, "    const float *K = (const float *)i%d + t * %lldLL + j0 * %lldLL;\n", a->kt,
-                  (long long)kt->stride[0], kr);
-    mk_strbuf_put(b, "    const float *V = (const float *)i%d + t * %lldLL + j0 * %lldLL;\n", a->v,
-                  (long long)v->stride[0], vr);
     /* p, q and every K and V value of the chunk's rows below the hint at once
      * (after early rows, past L1); the rows below p again where p is not the
      * hint */
