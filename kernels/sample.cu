@@ -4,10 +4,11 @@
  * top-p read on the device, so that a step loop samples without the host.
  *
  * One launch: each row is a cluster of G blocks of 512 threads (G grows with
- * n, up to 8, a portable cluster; a 32,000-way row spreads over 8 SMs) that
- * meet at cluster barriers. What a block passes on it pushes into the shared
- * memory of the blocks that read it before the barrier, so that after it
- * every read is local (but the lead's of the merged histogram):
+ * n, up to 16 where the device schedules such clusters, else 8, a portable
+ * cluster; a 32,000-way row spreads over 16 SMs) that meet at cluster
+ * barriers. What a block passes on it pushes into the shared memory of the
+ * blocks that read it before the barrier, so that after it every read is
+ * local (but the reads of the merged histogram):
  *
  *   1  each block: the max of x / t over its range (held in registers
  *      through the phases, where it fits) and the sum of
@@ -17,25 +18,26 @@
  *      rescaled to the row's max), p = expf(x / t - max) x (1 / sum), and
  *      either its range's mass (multinomial) or its histogram of the top-p
  *      candidates (p >= cutoff), each bin added into one block's (G share
- *      the bins), from where the lead reads them: mass and count per bin of
- *      the top 11 bits of a candidate's key (its probability's bits
+ *      the bins), from where every block reads them: mass and count per bin
+ *      of the top 11 bits of a candidate's key (its probability's bits
  *      less the cutoff's, so that the bins span only [cutoff, the row's
  *      largest p], finely: a flat row of 32,000 spreads over hundreds of
  *      bins, not two). Multinomial: the lead draws the coin (run.c's
  *      xorshift64*, bit for bit) and takes the block, then the index, where
  *      the running mass first exceeds it.
- *   3  top-p, no full sort: the lead plans from the histogram: the bin where
- *      the mass from the top crosses topp (the cut), and the bins where the
- *      draw's target r = coin x the mass through the cut can fall (it rises
- *      with that mass, which lies within the cut's bin), and pushes the plan;
- *      every block gathers its share of those bins' candidates into the
- *      lead's list. The lead places each candidate in run.c's order (p
- *      descending, then index) with the mass before it there, one pass over
- *      the list, and reads the cut's mass, then the draw's candidate. More
- *      candidates than the list holds (a flat row, many equal values): the
- *      lead selects by radix instead, 11 bits a level: the bin where the mass
- *      crosses, its candidates gathered (once few enough) and the next
- *      levels' histograms made of them; equal probabilities go by index.
+ *   3  top-p, no full sort: every block makes the same plan from the
+ *      histogram (no plan to pass on, no barrier): the bin where the mass
+ *      from the top crosses topp (the cut), and the bins where the draw's
+ *      target r = coin x the mass through the cut can fall (it rises with
+ *      that mass, which lies within the cut's bin); then gathers its share
+ *      of those bins' candidates into the lead's list. The lead places each
+ *      candidate in run.c's order (p descending, then index) with the mass
+ *      before it there, one pass over the list, and reads the cut's mass,
+ *      then the draw's candidate. More candidates than the list holds (a
+ *      flat row, many equal values): the lead selects by radix instead, 11
+ *      bits a level: the bin where the mass crosses, its candidates gathered
+ *      (once few enough) and the next levels' histograms made of them; equal
+ *      probabilities go by index.
  *
  * p is never stored: a phase that needs it again recomputes it from the
  * logits (row_probs), since the stores would hold up the next barrier.
@@ -64,7 +66,8 @@
 #define WARPS (THREADS / 32)
 #define PER_THREAD 4   /* elements a thread takes, at least */
 #define HELD 8         /* elements a thread holds in registers through the phases, at most */
-#define MAX_CLUSTER 8  /* blocks a row spreads over: a portable cluster */
+#define MAX_CLUSTER 16 /* blocks a row spreads over, where the device takes such clusters */
+#define PORTABLE 8     /* ... else at most a portable cluster's */
 #define LEVEL_BITS 11
 #define BINS (1 << LEVEL_BITS)
 #define CAP 2048       /* candidates a list (the planned, or the radix selection's) holds */
@@ -85,8 +88,8 @@ static_assert(CAP <= BINS, "kth_equal lists the equal candidates in a histogram'
 static_assert(CAP % THREADS == 0, "select_listed gives each thread CAP / THREADS candidates");
 static_assert(BINS % THREADS == 0, "a thread takes BINS / THREADS bins");
 
-/* The plan, the lead block's, which every block of the row reads: the level-0
- * bins whose candidates the blocks gather, one or two ranges of bins in run.c's order,
+/* The plan, which every block of the row makes alike: the level-0 bins whose
+ * candidates the blocks gather, one or two ranges of bins in run.c's order,
  * so that the lead block sorts them and reads both draws off one scan. */
 typedef struct {
     int ranges;            /* 1 or 2; 0: radix selection over the row instead */
@@ -97,7 +100,6 @@ typedef struct {
     int cut;               /* 1: the topp cut falls in range 1 (or range 0 if one); 0: no cut */
     u64 whole;             /* the candidates' mass: the cut's where there is none */
 } gather_plan;
-static_assert(sizeof(gather_plan) % sizeof(unsigned) == 0, "the plan is pushed a word at a time");
 
 /* A level-0 bin where a target falls: the mass and candidates above it, its own. */
 typedef struct {
@@ -117,6 +119,7 @@ typedef struct {
     float block_max;       /* t <= 0: this block's best value */
     long long block_best;  /* and its index */
     float max[MAX_CLUSTER], sum[MAX_CLUSTER]; /* every block's max of x / t and sum, pushed */
+    float row_max, row_sum;                   /* the row's, from those */
     u64 masses[MAX_CLUSTER];                  /* multinomial: every block's mass, pushed */
     u64 part[WARPS];
     float fpart[WARPS];
@@ -559,9 +562,9 @@ static __device__ long long select_mult(pick_shared *sh, const row_probs &p, lon
  * draw_target of those two (it rises with the cut's mass); the bins of that
  * span and b1 are the ones to gather. Where the cut takes every candidate,
  * the draw's target is known and one bin does. ranges 0: more candidates
- * than the list holds, or none with mass. The lead block plans from the
- * row's histogram in its sh; each thread holds BINS / THREADS of its bins, top
- * down, and where they start (mass and count from the top, one scan); the
+ * than the list holds, or none with mass. A block plans from the row's
+ * histogram in its sh (every block the same plan); each thread holds BINS /
+ * THREADS of its bins, top down, and where they start (mass and count from the top, one scan); the
  * thread whose bins hold a target says so, the cut's first, then both of the
  * draw's: three barriers in all.
  */
@@ -827,12 +830,21 @@ sample_rows(long long *out, const float *logits, const long long *state, const f
         o->max[b] = m, o->sum[b] = sum;
     }
     cluster.sync();
-    /* the row's from the blocks' (each rescaled to the row's max), the same in every block */
-    float max = -INFINITY;
-    sum = 0.0f;
-    for (int k = 0; k < g; k++) max = fmaxf(max, sh.max[k]);
-    for (int k = 0; k < g; k++)
-        if (sh.max[k] > -INFINITY) sum += sh.sum[k] * expf(sh.max[k] - max);
+    /* the row's from the blocks' (each rescaled to the row's max), summed in
+     * their order by one warp (every thread making the same terms held the
+     * block up for as long as the rest of the phase) */
+    if (threadIdx.x < 32) {
+        int k = threadIdx.x;
+        float mk = k < g ? sh.max[k] : -INFINITY, max = warp_max(mk);
+        float term = k < g && mk > -INFINITY ? sh.sum[k] * expf(mk - max) : 0.0f;
+        sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < MAX_CLUSTER; j++) sum += __shfl_sync(FULL, term, j);
+        if (k == 0) sh.row_max = max, sh.row_sum = sum;
+    }
+    __syncthreads();
+    float max = sh.row_max;
+    sum = sh.row_sum;
     /* p, and the block's mass (multinomial) or its candidates' histogram (top-p) */
     bool mult = topp <= 0.0f || topp >= 1.0f; /* as run.c: a NaN topp takes top-p */
     float cutoff = (1.0f - topp) / (float)(n - 1);
@@ -875,9 +887,9 @@ sample_rows(long long *out, const float *logits, const long long *state, const f
             }
     }
     cluster.sync();
-    if (!mult && b == 0) { /* the lead reads the merged bins, four a load */
+    if (!mult) { /* every block reads the merged bins, four a load */
         for (int k = 4 * threadIdx.x; k < BINS; k += 4 * THREADS)
-            if (int o = bin_owner(k, g)) {
+            if (int o = bin_owner(k, g); o != b) {
                 const pick_shared *from = cluster.map_shared_rank(&sh, o);
                 uint4 m4 = *(const uint4 *)&from->mass[k], c4 = *(const uint4 *)&from->count[k];
                 *(uint4 *)&sh.mass[k] = m4, *(uint4 *)&sh.count[k] = c4;
@@ -891,17 +903,11 @@ sample_rows(long long *out, const float *logits, const long long *state, const f
         if (b != 0) return;
         token = select_mult(&sh, p, n, g, coin);
     } else {
-        /* top-p: the lead plans and pushes the plan; every block gathers its
-         * planned candidates into the lead's list, a warp at a time */
-        if (b == 0) { /* a word a thread */
-            plan_gather(&sh, topp, coin);
-            __syncthreads();
-            const int words = sizeof(gather_plan) / sizeof(unsigned);
-            for (int i = threadIdx.x; i < (g - 1) * words; i += THREADS)
-                ((unsigned *)&cluster.map_shared_rank(&sh, 1 + i / words)->plan)[i % words] =
-                    ((const unsigned *)&sh.plan)[i % words];
-        }
-        cluster.sync();
+        /* top-p: every block makes the same plan from the same bins (no plan
+         * to pass on, no barrier), then gathers its planned candidates into
+         * the lead's list, a warp at a time */
+        plan_gather(&sh, topp, coin);
+        __syncthreads();
         if (sh.plan.ranges) {
             auto each_p = [&](auto f) { /* f(p, j) over the block's range */
                 if constexpr (HOLD)
@@ -960,6 +966,29 @@ static cudaError_t launch(const mk_cuda_state *s, unsigned rows, unsigned g, voi
     return cudaLaunchKernelEx(&cfg, kernel, (P)args...);
 }
 
+/* The most blocks a row's cluster may take with kernel: MAX_CLUSTER where
+ * the device schedules clusters that wide (a non-portable size, which sm_90
+ * offers; a 32,000-way row then spreads over 16 SMs, so each does half the
+ * work of 8), else PORTABLE. */
+template <typename K>
+static long long widest_cluster(K kernel) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(1, MAX_CLUSTER);
+    cfg.blockDim = dim3(THREADS);
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 1, attr.val.clusterDim.y = MAX_CLUSTER, attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr, cfg.numAttrs = 1;
+    int clusters = 0;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
+            cudaSuccess ||
+        cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
+        cudaGetLastError(); /* not an error of the launch: the portable size then */
+        return PORTABLE;
+    }
+    return clusters > 0 ? MAX_CLUSTER : PORTABLE;
+}
+
 /* MK_KERNEL_SAMPLE: logits float32 [rows, n], state int64 [rows, 1],
  * temperature and top-p float32 [1] on the device; out int64 [rows, 2]. */
 int mk_cuda_sample(const mk_launch *l, mk_error **err) {
@@ -975,7 +1004,8 @@ int mk_cuda_sample(const mk_launch *l, mk_error **err) {
                        "SampleNode: rows of %lld logits are more than CUDA's sampler takes "
                        "(2^31 - 1)", n);
     char *scratch = (char *)l->scratch;
-    g = g < MAX_CLUSTER ? g : MAX_CLUSTER;
+    long long widest = min(widest_cluster(sample_rows<true>), widest_cluster(sample_rows<false>));
+    g = g < widest ? g : widest;
     bool hold = (n + g - 1) / g <= HELD * THREADS; /* share's longest range */
     cudaError_t st = launch(s, (unsigned)rows, (unsigned)g,
                             hold ? sample_rows<true> : sample_rows<false>,
