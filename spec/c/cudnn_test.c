@@ -483,7 +483,10 @@ static void test_ranks(void) {
     line("$3 = InputTensor(r, float32, %s);\n$4 = MatMulNode($1, $2);\n", dims(&r3));
     line("$5 = SumNode($3, $4);\n$6 = SiLUNode($5);\nresult = $6;\n"); /* the matmul as B of the sum */
     feed i3[] = {{"a", &a3}, {"b", &b3}, {"r", &r3}};
-    check_fused("batched matmul + residual, silu", ctx, NULL, 0, i3, 3, &want, 1);
+    char what[96];
+    snprintf(what, sizeof what, "batched matmul [%lld, %lld, %lld] @ [%lld, %lld, %lld] + residual, silu",
+             (long long)B, (long long)M, (long long)K, (long long)B, (long long)K, (long long)N);
+    check_fused(what, ctx, NULL, 0, i3, 3, &want, 1);
     mk_context_free(ctx);
     free(a3.v), free(b3.v), free(r3.v), free(want.v);
 }
