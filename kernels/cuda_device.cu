@@ -142,7 +142,8 @@ int mk_cuda_check_launch(const mk_launch *l, const char *kernel, mk_error **err)
 /* ---- probe -------------------------------------------------------------- */
 
 /* A kernel that does nothing: probing for it tells whether this build's
- * machine code (or PTX) loads on the device. */
+ * machine code (or PTX) loads on the device; captured, it is a fence
+ * (mk_cuda_capture_launches). */
 static __global__ void mk_cuda_probe_kernel(void) {}
 
 static void put_reason(char *reason, size_t size, const char *fmt, ...)
@@ -365,7 +366,28 @@ static constexpr cuda_kernel_table cuda_kernels;
 
 /* ---- prepare: staging and capture ---------------------------------------- */
 
-int mk_cuda_capture_launches(const mk_launch *launches, int n, mk_error **err) {
+/*
+ * Our kernels let the launch after them start early (griddepcontrol.
+ * launch_dependents at their start: the stage kernel, generated kernels,
+ * gathers, the sampler), for kernels of ours that wait for them
+ * (griddepcontrol.wait) before they read. A library's launch (cuBLAS, cuDNN)
+ * launches its kernels as it pleases: seen with cuDNN 9.14, engine 4 of a
+ * batch of 2 read its operands before the stage kernel before it had copied
+ * them, so a model's first evaluation was wrong and the next right
+ * (cudnn_test's test_batched_pairs). So a library's launch that follows a
+ * kernel of ours is fenced: the probe's empty kernel goes between them,
+ * launched without the attribute, so it starts once ours has ended and lets
+ * nothing start before it has. Ours may be one that triggers nothing (a fence
+ * more than needed, but no list to keep of which of ours trigger early); a
+ * library's launch after a library's is the library's affair. About a
+ * microsecond a fenced launch; decoding has none (all its launches are ours).
+ */
+static bool library_launch(const mk_launch *l) {
+    mk_kernel_id id = l->node->op->kernel;
+    return id == MK_KERNEL_MATMUL || id == MK_KERNEL_CUDNN_GROUP;
+}
+
+int mk_cuda_capture_launches(const mk_launch *launches, int n, bool after_ours, mk_error **err) {
     for (int i = 0; i < n; i++) {
         const mk_launch *l = &launches[i];
         /* model.c bound only launches whose kernel this table has (and whose dtypes it takes) */
@@ -375,7 +397,12 @@ int mk_cuda_capture_launches(const mk_launch *launches, int n, mk_error **err) {
             MK_INTERNAL(err, "a launch whose kernel the CUDA device does not have");
             return i;
         }
+        if (after_ours && library_launch(l)) {
+            mk_cuda_probe_kernel<<<1, 32, 0, mk_cuda_state_of(l)->stream>>>();
+            if (mk_cuda_check_launch(l, "fence", err)) return i;
+        }
         if (kernel(l, err) != 0) return i;
+        after_ours = !library_launch(l);
     }
     return -1;
 }
@@ -463,7 +490,7 @@ static int cuda_prepare(void *state, const mk_launch *launches, int n, const mk_
             cudaMemsetAsync(s->fault, 0, sizeof *s->fault, s->stream) != cudaSuccess)
             failed_at = -2;
     }
-    if (failed_at == -1) failed_at = mk_cuda_capture_launches(launches, n, err);
+    if (failed_at == -1) failed_at = mk_cuda_capture_launches(launches, n, s->stage_kernels, err);
     /* the graph's last nodes bring the output and the fault record back to pinned memory */
     if (failed_at == -1 && s->stage_kernels) {
         mk_stage_copies c = {0};

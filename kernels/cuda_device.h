@@ -175,10 +175,11 @@ cudaLaunchConfig_t mk_cuda_launch_config(dim3 grid, dim3 block, cudaStream_t str
 
 /* cuda_device.cu: captures c as one kernel node on the stream (false if the
  * launch failed), and every launch's kernels (-1, or the index of the launch
- * that failed, *err set). */
+ * that failed, *err set); after_ours: a kernel of ours comes right before
+ * them (a library's launch then waits for it to end: see the function). */
 /* pdl: with programmatic dependent launch (sm_90+: mk_cuda_state.pdl) */
 bool mk_cuda_stage_launch(const mk_stage_copies *c, cudaStream_t stream, bool pdl);
-int mk_cuda_capture_launches(const mk_launch *launches, int n, mk_error **err);
+int mk_cuda_capture_launches(const mk_launch *launches, int n, bool after_ours, mk_error **err);
 /* The fault record as the error the CPU device gives for the same value (mk_fault). */
 int mk_cuda_fault_error(const mk_cuda_fault *f, const mk_launch *launches, int n,
                         mk_error **err);

@@ -230,7 +230,7 @@ int mk_cuda_prepare_steps(mk_cuda_state *s, const mk_launch *launches, int n, co
     body = p->conditional.phGraph_out[0];
     MK_CUDA_TRY(err, cudaStreamBeginCaptureToGraph(s->stream, body, NULL, NULL, 0,
                                                    cudaStreamCaptureModeThreadLocal));
-    failed_at = mk_cuda_capture_launches(launches, n, err);
+    failed_at = mk_cuda_capture_launches(launches, n, false, err);
     if (failed_at < 0) {
         mk_step_kernel<<<1, 256, 0, s->stream>>>(a);
         launched = cudaGetLastError() == cudaSuccess;

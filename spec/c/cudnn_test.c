@@ -456,6 +456,46 @@ static void test_repeated_layers(void) {
     free(w), free(b), free(x.v), free(want.v);
 }
 
+/* [B, M, K] @ [B, K, N] + full [B, M, N] → silu, the matmul as B of the sum,
+ * evaluated twice: the first evaluation is the one a race with the inputs'
+ * staging spoils (test_batched_pairs); the second, its output's block holding
+ * the first result, fails a plan that reads what its output held before. */
+static void check_batched(mk_context *ctx, int64_t B, int64_t M, int64_t K, int64_t N) {
+    ref a3 = rnd(3, (int64_t[]){B, M, K}, -1, 1), b3 = rnd(3, (int64_t[]){B, K, N}, -0.3, 0.3);
+    ref r3 = rnd(3, (int64_t[]){B, M, N}, -1, 1);
+    ref want = r_matmul(&a3, &b3);
+    set(&want, r_binary(&want, &r3, 0));
+    set(&want, r_unary(&want, 1));
+    script_len = 0;
+    line("$1 = InputTensor(a, float32, %s);\n$2 = InputTensor(b, float32, %s);\n", dims(&a3), dims(&b3));
+    line("$3 = InputTensor(r, float32, %s);\n$4 = MatMulNode($1, $2);\n", dims(&r3));
+    line("$5 = SumNode($3, $4);\n$6 = SiLUNode($5);\nresult = $6;\n");
+    feed i3[] = {{"a", &a3}, {"b", &b3}, {"r", &r3}};
+    char what[96];
+    snprintf(what, sizeof what, "batched matmul [%lld, %lld, %lld] @ [%lld, %lld, %lld] + residual, silu",
+             (long long)B, (long long)M, (long long)K, (long long)B, (long long)K, (long long)N);
+    result r;
+    int rc = run_model(ctx, true, NULL, 0, i3, 3, &want, &r);
+    show(what, &r);
+    CHECK(rc == 0, "%s did not run", what);
+    if (rc == 0) {
+        CHECK(r.err <= tolerance(&r), "%s: error %.3g of the output's rms (tolerance %.0e)", what,
+              r.err, tolerance(&r));
+        CHECK(r.stats.fused_groups >= 1, "%s: no group fused", what);
+        float *in[3] = {f32(&a3), f32(&b3), f32(&r3)};
+        mk_named_tensor named[3] = {{"a", in[0]}, {"b", in[1]}, {"r", in[2]}};
+        mk_error *err = NULL;
+        int again = mk_evaluate(r.model, named, 3, r.out, sizeof(float) * (size_t)numel(&want), &err);
+        CHECK(again == 0, "%s, second evaluation: %s", what, mk_error_message(err));
+        double e2 = again == 0 ? rel_err(r.out, &want) : 0;
+        CHECK(e2 <= tolerance(&r), "%s, second evaluation: error %.3g of the output's rms", what, e2);
+        mk_error_free(err);
+        for (int k = 0; k < 3; k++) free(in[k]);
+    }
+    result_free(&r);
+    free(a3.v), free(b3.v), free(r3.v), free(want.v);
+}
+
 /* [K] @ [K, N] + [N] → relu, and [B, M, K] @ [B, K, N] + full [B, M, N] → silu. */
 static void test_ranks(void) {
     int64_t K = 4 * test_randint(4, 32), N = 4 * test_randint(4, 32);
@@ -472,23 +512,19 @@ static void test_ranks(void) {
     check_fused("vector @ matrix + bias, relu", ctx, c1, 2, i1, 1, &want, 1); /* or its tail */
     free(x.v), free(w.v), free(b.v), free(want.v);
 
-    int64_t B = test_randint(2, 5), M = test_randint(3, 40);
-    ref a3 = rnd(3, (int64_t[]){B, M, K}, -1, 1), b3 = rnd(3, (int64_t[]){B, K, N}, -0.3, 0.3);
-    ref r3 = rnd(3, (int64_t[]){B, M, N}, -1, 1);
-    want = r_matmul(&a3, &b3);
-    set(&want, r_binary(&want, &r3, 0));
-    set(&want, r_unary(&want, 1));
-    script_len = 0;
-    line("$1 = InputTensor(a, float32, %s);\n$2 = InputTensor(b, float32, %s);\n", dims(&a3), dims(&b3));
-    line("$3 = InputTensor(r, float32, %s);\n$4 = MatMulNode($1, $2);\n", dims(&r3));
-    line("$5 = SumNode($3, $4);\n$6 = SiLUNode($5);\nresult = $6;\n"); /* the matmul as B of the sum */
-    feed i3[] = {{"a", &a3}, {"b", &b3}, {"r", &r3}};
-    char what[96];
-    snprintf(what, sizeof what, "batched matmul [%lld, %lld, %lld] @ [%lld, %lld, %lld] + residual, silu",
-             (long long)B, (long long)M, (long long)K, (long long)B, (long long)K, (long long)N);
-    check_fused(what, ctx, NULL, 0, i3, 3, &want, 1);
+    check_batched(ctx, test_randint(2, 5), test_randint(3, 40), K, N);
     mk_context_free(ctx);
-    free(a3.v), free(b3.v), free(r3.v), free(want.v);
+}
+
+/* Batches of 2, whose inputs are staged by the stage kernel (a few KB): with
+ * cuDNN 9.14, engine 4 read them before that kernel had copied them, so the
+ * first evaluation was wrong and the second right, until the capture fenced
+ * library launches (mk_cuda_capture_launches). */
+static void test_batched_pairs(void) {
+    mk_context *ctx = mk_context_new(NULL);
+    check_batched(ctx, 2, 29, 36, 68);
+    check_batched(ctx, 2, 35, 28, 28);
+    mk_context_free(ctx);
 }
 
 /* x @ permute(W) for a llama2.c weight W [N, K] (a strided view, no copy), and
@@ -728,6 +764,7 @@ int main(void) {
         SKIP(test_chain_30, reason);
         SKIP(test_repeated_layers, reason);
         SKIP(test_ranks, reason);
+        SKIP(test_batched_pairs, reason);
         SKIP(test_views_and_prologue, reason);
         SKIP(test_fallback, reason);
         SKIP(test_broadcast, reason);
@@ -739,6 +776,7 @@ int main(void) {
     RUN(test_chain_30);
     RUN(test_repeated_layers);
     RUN(test_ranks);
+    RUN(test_batched_pairs);
     RUN(test_views_and_prologue);
     RUN(test_fallback);
     RUN(test_broadcast);
