@@ -151,6 +151,12 @@ void mk_cuda_put_fault(mk_strbuf *b) {
  *     within them: nothing at 256 tokens, 110M -3 % over 1,024; with early
  *     rows too, 110M -3 % (4,422 to 4,293; 4,012 to 3,824 over 1,024) and
  *     7B -2.6 %.
+ * Nor, for any cache: scores from float4 loads of q and K (thread (r, u)
+ * taking 16-byte chunks u, u + 4, ...: a quarter of the load instructions).
+ * On an H100, stories110M +1.2 % (3,840 to 3,885 tok/s), stories15M
+ * unchanged, but summed in another order it changed the W8A8 fixture's text
+ * (runq.c's), which the int8 grid of attention's output makes sensitive to
+ * the last bit.
  *
  * The kernel is bound by latency, not bytes (a chunk is a few KB), so it is
  * written as few dependent trips to memory. Before the wait for the launches
