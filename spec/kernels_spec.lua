@@ -3,32 +3,21 @@
 -- and ptxas's registers, spills and shared memory where nvcc is found.
 local H = require("spec.llama2_helpers")
 
-local build = os.getenv("MK_BUILD") or "build"
-
-local function run(args)
-    local p = io.popen(string.format("MK_BUILD=%s lua5.4 scripts/kernels.lua %s 2>&1; echo \"rc=$?\"",
-                                     build, args))
-    local out = p:read("a")
-    p:close()
-    return out, tonumber(out:match("rc=(%d+)%s*$"))
+-- the script's stdout and stderr together, and its exit code
+local function run(...)
+    local code, out, err = H.run_script("scripts/kernels.lua", { ... })
+    return out .. err, code
 end
 
-local function read(path)
-    local f = io.open(path, "rb")
-    if not f then return nil end
-    local s = f:read("a")
-    f:close()
-    return s
-end
-
--- stories260K's header (dim 64, hidden 172, 8 heads over 4 kv heads), 2 layers
+-- stories260K's header (dim 64, hidden 172, 8 heads over 4 kv heads); the
+-- script takes -l's layers (default 1), not the header's 5
 local SHAPE = "64,172,5,8,4,512,64"
 
 describe("scripts/kernels.lua", function()
     it("writes every generated launch's CUDA C and ptxas's verdict on it", function()
         local dir = os.tmpname()
         os.remove(dir)
-        local out, rc = run(SHAPE .. " -l 2 -o " .. dir)
+        local out, rc = run(SHAPE, "-l", "2", "-o", dir)
         if rc ~= 0 and out:find("no CUDA device", 1, true) then
             pending(out) -- no plugin to write CUDA C with
             return
@@ -42,12 +31,12 @@ describe("scripts/kernels.lua", function()
         assert.are.equal("attention group", groups[2])
         local nvcc = out:find("ptxas for sm_90", 1, true)
         for launch, regs in out:gmatch("\n| +(%d+) | [^|]+ | +([%d-]+) |") do
-            local src = assert(read(string.format("%s/launch%03d.cu", dir, tonumber(launch))))
+            local src = assert(H.read_file(string.format("%s/launch%03d.cu", dir, tonumber(launch))))
             assert.truthy(src:find('extern "C" __global__', 1, true), src)
             if nvcc then assert.truthy(tonumber(regs) and tonumber(regs) > 0, out) end
         end
         -- the file is aligned as device memory is: the q/k/v launch loads float4s of weights
-        assert.truthy(assert(read(dir .. "/launch001.cu")):find("mk_w4_f32(B0", 1, true))
+        assert.truthy(assert(H.read_file(dir .. "/launch001.cu")):find("mk_w4_f32(B0", 1, true))
         os.execute("rm -rf '" .. dir .. "'")
     end)
 
@@ -56,7 +45,7 @@ describe("scripts/kernels.lua", function()
             pending("../shared/models is absent: no stories260K.bin")
             return
         end
-        local out, rc = run(H.models .. "/stories260K.bin -q bf16")
+        local out, rc = run(H.models .. "/stories260K.bin", "-q", "bf16")
         if rc ~= 0 and out:find("no CUDA device", 1, true) then
             pending(out)
             return
@@ -68,20 +57,20 @@ describe("scripts/kernels.lua", function()
 
     it("refuses bad arguments with the reason", function()
         local cases = {
-            { "1,2", "a shape is 7 integers" },
-            { "/nonexistent/model.bin", "/nonexistent/model.bin: No such file or directory" },
-            { SHAPE .. " -q int4", "-q takes fp32, bf16, fp16, q8 or q8a8, got int4" },
-            { SHAPE .. " -l 0", "-l needs a positive integer, got 0" },
-            { SHAPE .. " --bogus", "unknown option --bogus" },
-            { "", "no shape" },
-            { "64,172,5,7,4,512,64", "dim 64 is not a multiple of n_heads 7" },
-            { SHAPE .. " -q q8a8", "q8a8 needs the group size" },
+            { { "1,2" }, "a shape is 7 integers" },
+            { { "/nonexistent/model.bin" }, "/nonexistent/model.bin: No such file or directory" },
+            { { SHAPE, "-q", "int4" }, "-q takes fp32, bf16, fp16, q8 or q8a8, got int4" },
+            { { SHAPE, "-l", "0" }, "-l needs a positive integer, got 0" },
+            { { SHAPE, "--bogus" }, "unknown option --bogus" },
+            { {}, "no shape" },
+            { { "64,172,5,7,4,512,64" }, "dim 64 is not a multiple of n_heads 7" },
+            { { SHAPE, "-q", "q8a8" }, "q8a8 needs the group size" },
         }
         for _, c in ipairs(cases) do
-            local out, rc = run(c[1])
-            assert.are.equal(1, rc, c[1] .. ": " .. out)
-            assert.truthy(out:find("kernels.lua: " .. c[2], 1, true) or out:find(c[2], 1, true),
-                          c[1] .. ": " .. out)
+            local out, rc = run(table.unpack(c[1]))
+            local what = table.concat(c[1], " ") .. ": " .. out
+            assert.are.equal(1, rc, what)
+            assert.truthy(out:find("kernels.lua: ", 1, true) and out:find(c[2], 1, true), what)
         end
     end)
 end)

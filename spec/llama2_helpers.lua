@@ -361,19 +361,22 @@ function H.small_vocab(extra)
     return e
 end
 
--- Runs `lua5.4 scripts/llama2.lua args...` from the repository root;
--- returns exit code, stdout, stderr.
-function H.run_cli(args)
+-- Runs `lua5.4 script args...` from the repository root (script: a path
+-- there); returns exit code, stdout, stderr.
+function H.run_script(script, args)
     local out, err = os.tmpname(), os.tmpname()
     local quoted = {}
     for i, a in ipairs(args) do quoted[i] = "'" .. a:gsub("'", "'\\''") .. "'" end
-    local cmd = string.format("lua5.4 scripts/llama2.lua %s >%s 2>%s </dev/null",
+    local cmd = string.format("lua5.4 %s %s >%s 2>%s </dev/null", script,
                               table.concat(quoted, " "), out, err)
     local _, _, code = os.execute(cmd)
     local o, e = H.read_file(out), H.read_file(err)
     os.remove(out); os.remove(err)
     return code, o, e
 end
+
+-- H.run_script for scripts/llama2.lua.
+function H.run_cli(args) return H.run_script("scripts/llama2.lua", args) end
 
 -- llama2.main(argv) as a chat: read_line answers with lines in turn (then
 -- nil, as at the end of stdin), each guide it is given is printed as the
