@@ -106,12 +106,14 @@ local function write_zeros(llama2, c, path)
     f:close()
 end
 
+-- nvcc runs without LD_PRELOAD: a sanitizer's runtime preloaded for this
+-- process (as `make asan` runs the specs) crashes nvcc's own tools.
 local function find_nvcc()
     local candidates = { "nvcc" }
     if os.getenv("CUDA_HOME") then candidates[#candidates + 1] = os.getenv("CUDA_HOME") .. "/bin/nvcc" end
     candidates[#candidates + 1] = "/usr/local/cuda/bin/nvcc"
     for _, c in ipairs(candidates) do
-        local p = io.popen(c .. " --version 2>/dev/null")
+        local p = io.popen("env -u LD_PRELOAD " .. c .. " --version 2>/dev/null")
         local out = p and p:read("a") or ""
         if p then p:close() end
         if out:find("Cuda compiler", 1, true) then return c end
@@ -121,8 +123,8 @@ end
 -- ptxas's verdict on one source: registers, spill bytes (stores + loads) and
 -- static shared memory, or nil and the compiler's message.
 local function ptxas(nvcc, file, arch)
-    local p = io.popen(string.format("%s -cubin -arch=sm_%d -std=c++17 -Xptxas -v -o /dev/null '%s' 2>&1",
-                                     nvcc, arch, file))
+    local p = io.popen(string.format("env -u LD_PRELOAD %s -cubin -arch=sm_%d -std=c++17 -Xptxas -v "
+                                     .. "-o /dev/null '%s' 2>&1", nvcc, arch, file))
     local out = p:read("a")
     local ok = p:close()
     local regs = out:match("Used (%d+) registers")
