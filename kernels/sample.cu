@@ -71,6 +71,7 @@
 #define LEVEL_BITS 11
 #define BINS (1 << LEVEL_BITS)
 #define CAP 2048       /* candidates a list (the planned, or the radix selection's) holds */
+#define RANKED 256     /* the most candidates select_ranked takes; select_sorted more */
 #define FULL 0xffffffffu
 #define ONE 2147483648.0f /* probability 1 in fixed point */
 
@@ -85,7 +86,7 @@ typedef struct {
 } row_book;
 static_assert(sizeof(row_book) <= MK_SAMPLE_ROW_BYTES, "a row's bookkeeping outgrew its room");
 static_assert(CAP <= BINS, "kth_equal lists the equal candidates in a histogram's room");
-static_assert(CAP % THREADS == 0, "select_listed gives each thread CAP / THREADS candidates");
+static_assert(CAP % THREADS == 0, "select_sorted gives each thread CAP / THREADS candidates");
 static_assert(BINS % THREADS == 0, "a thread takes BINS / THREADS bins");
 
 /* The plan, which every block of the row makes alike: the level-0 bins whose
@@ -133,7 +134,7 @@ typedef struct {
     long long found[2]; /* select_listed: each round's candidate (-1: none) */
     u64 through[2];     /* and the mass through it */
     long long index; /* a result */
-    unsigned ranks[THREADS], befores[THREADS]; /* select_ranked: its lane groups' sums */
+    unsigned ranks[RANKED], befores[RANKED]; /* select_ranked: its lane groups' sums */
 } pick_shared;
 
 /* round(p x 2^31); 0 for NaN (p <= 1: the max's term is 1). */
@@ -628,67 +629,135 @@ static __device__ __forceinline__ u64 listed_start(const gather_plan *pl, int i,
 }
 
 /*
- * The token from the m gathered candidates, in run.c's order (p descending,
- * then index) without sorting them: each candidate's place and the mass
- * before it there come from one pass over the others (per 1: `lanes`
+ * The token from the m <= RANKED gathered candidates, in run.c's order (p
+ * descending, then index) without sorting them: each candidate's place and
+ * the mass before it there come from one pass over the others (`lanes`
  * consecutive threads a candidate, the most that fit a power of two, each
- * counting every lanes-th, their counts added by shared atomics; else a
- * thread takes per, counting all); its running mass from the plan's
- * ranges; then the cut's candidate, where the cut is among them, and the
- * draw's. -1 where a target falls outside them (the plan says it cannot),
- * for the radix way. Four barriers. The counts and masses fit 32 bits: the
- * list's masses sum to at most one probability (2^31) and a rounding each.
+ * counting every lanes-th, their counts added by shared atomics); its
+ * running mass from the plan's ranges; then the cut's candidate, where the
+ * cut is among them, and the draw's. -1 where a target falls outside them
+ * (the plan says it cannot), for the radix way. Four barriers. The counts and
+ * masses fit 32 bits: the list's masses sum to at most one probability
+ * (2^31) and a rounding each.
  *
  * Measured alone on the H200, cycles a call for m 64 / 100 / 150 / 256:
  * 3,000 / 4,800 / 8,900 / 12,500 where a warp reduction added the groups'
  * counts (over part of a warp it took a slow path), 2,500 / 3,200 / 5,400 /
  * 8,800 with the atomics; groups of any size (THREADS / m) were no faster.
  */
-template <int per>
 static __device__ long long select_ranked(pick_shared *sh, int m, float topp, float coin) {
     const gather_plan *pl = &sh->plan;
     int lanes = 1;
-    while (per == 1 && lanes < 32 && lanes * 2 * m <= THREADS) lanes *= 2;
-    int part = (int)threadIdx.x % lanes, first = (int)threadIdx.x / lanes,
-        stride = THREADS / lanes;
-    u64 key[per], start[per], mass[per];
-    unsigned before[per], rank[per];
-#pragma unroll
-    for (int k = 0; k < per; k++) {
-        int i = first + k * stride;
-        key[k] = i < m ? sh->cand_key[i] : 0, before[k] = 0, rank[k] = 0;
-    }
-    if (lanes > 1 && part == 0 && first < m) sh->ranks[first] = 0, sh->befores[first] = 0;
-    int end = per == 1 && first >= m ? 0 : m; /* a thread past them counts nothing */
+    while (lanes < 32 && lanes * 2 * m <= THREADS) lanes *= 2;
+    int part = (int)threadIdx.x % lanes, i = (int)threadIdx.x / lanes;
+    u64 key = i < m ? sh->cand_key[i] : 0;
+    unsigned before = 0, rank = 0;
+    if (lanes > 1 && part == 0 && i < m) sh->ranks[i] = 0, sh->befores[i] = 0;
+    int end = i < m ? m : 0; /* a thread past them counts nothing */
 #pragma unroll 4
     for (int j = part; j < end; j += lanes) {
         u64 o = sh->cand_key[j];
         unsigned om = sh->cand_mass[j];
-#pragma unroll
-        for (int k = 0; k < per; k++)
-            if (o < key[k]) rank[k]++, before[k] += om;
+        if (o < key) rank++, before += om;
     }
-    if (lanes > 1) { /* per 1: a group's counts added */
+    if (lanes > 1) { /* a group's counts added */
         __syncthreads();
-        if (first < m && rank[0])
-            atomicAdd(&sh->ranks[first], rank[0]), atomicAdd(&sh->befores[first], before[0]);
+        if (i < m && rank) atomicAdd(&sh->ranks[i], rank), atomicAdd(&sh->befores[i], before);
         __syncthreads();
-        if (first < m) rank[0] = sh->ranks[first], before[0] = sh->befores[first];
+        if (i < m) rank = sh->ranks[i], before = sh->befores[i];
     }
-#pragma unroll
-    for (int k = 0; k < per; k++) {
-        int i = first + k * stride;
-        mass[k] = i < m && part == 0 ? sh->cand_mass[i] : 0; /* 0: matches no target */
-        start[k] = listed_start(pl, (int)rank[k], before[k]);
-    }
+    u64 mass = i < m && part == 0 ? sh->cand_mass[i] : 0; /* 0: matches no target */
+    u64 start = listed_start(pl, (int)rank, before);
     /* round r: the candidate whose mass spans target, and the mass through it */
     auto find = [&](int r, u64 target) {
+        bool mine = start <= target && target < start + mass;
+        if (mine) sh->found[r] = listed_index(sh, i), sh->through[r] = start + mass;
+        return __syncthreads_or(mine) != 0;
+    };
+    u64 through = pl->whole;
+    if (pl->cut) {
+        if (!find(0, (u64)(topp * ONE))) return -1;
+        through = sh->through[0];
+    }
+    return find(1, draw_target(coin, through)) ? sh->found[1] : -1;
+}
+
+/*
+ * The token from m > RANKED gathered candidates (m <= E x THREADS), as
+ * select_ranked, whose passes over the others grow as m x m: their keys
+ * sorted ascending instead (a bitonic sort over the next power of two, padded
+ * with the largest key; candidate i held by thread i % THREADS as its
+ * (i / THREADS)-th, its partner within the warp by a shuffle, in another warp
+ * through the list's room, else in the thread's own registers), then a block
+ * scan of their masses (each from its key's p, as list_put's) for the mass
+ * before each. Measured alone on an H100, cycles a call for m 256 / 512 /
+ * 1,000 / 2,000: 6,700 / 8,400 / 21,500 / 27,600, against select_ranked's
+ * 7,600 / 26,000 / 130,000 / 258,000 (as select_ranked<4> past 512); for m
+ * 64 / 173 it took 4,200 / 6,800 against 2,100 / 4,900 (its 20 to 36 passes
+ * cost about 200 cycles each), which is why it only takes the long lists.
+ */
+template <int E>
+static __device__ long long select_sorted(pick_shared *sh, int m, float topp, float coin) {
+    const gather_plan *pl = &sh->plan;
+    int size = 64;
+    while (size < m) size <<= 1;
+    const int t = (int)threadIdx.x;
+    u64 key[E];
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+        int i = t + e * THREADS;
+        key[e] = i < m ? sh->cand_key[i] : ~0ull;
+    }
+    auto keep = [](u64 mine, u64 other, int i, int j, int k) { /* i's key after comparing with i ^ j's */
+        bool low = (i & j) == 0, up = (i & k) == 0;
+        return (low == up) == (mine < other) ? mine : other;
+    };
+    for (int k = 2; k <= size; k <<= 1)
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            if (j >= THREADS) { /* partners in this thread's own registers (the distance
+                                 * d a constant, so that key stays in registers) */
+#pragma unroll
+                for (int d = 1; d < E; d <<= 1)
+#pragma unroll
+                    for (int e = 0; e < E; e++)
+                        if (j == d * THREADS && !(e & d)) {
+                            u64 lo = key[e], hi = key[e | d];
+                            bool up = ((t + e * THREADS) & k) == 0;
+                            key[e] = up == (lo < hi) ? lo : hi, key[e | d] = up == (lo < hi) ? hi : lo;
+                        }
+            } else if (j >= 32) { /* partners in another warp */
+                __syncthreads(); /* the last such pass's reads are done */
+#pragma unroll
+                for (int e = 0; e < E; e++)
+                    if (t + e * THREADS < size) sh->cand_key[t + e * THREADS] = key[e];
+                __syncthreads();
+#pragma unroll
+                for (int e = 0; e < E; e++) {
+                    int i = t + e * THREADS;
+                    if (i < size) key[e] = keep(key[e], sh->cand_key[i ^ j], i, j, k);
+                }
+            } else {
+#pragma unroll
+                for (int e = 0; e < E; e++)
+                    key[e] = keep(key[e], __shfl_xor_sync(FULL, key[e], j), t + e * THREADS, j, k);
+            }
+        }
+    u64 start[E], mass[E], before = 0;
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+        int i = t + e * THREADS;
+        mass[e] = i < m ? fixed(__int_as_float((int)(0x7fffffffu - (unsigned)(key[e] >> 32)))) : 0;
+        u64 total;
+        start[e] = listed_start(pl, i, before + block_scan(mass[e], sh->part, &total));
+        before += total;
+    }
+    auto find = [&](int r, u64 target) { /* as select_ranked's */
         bool mine = false;
 #pragma unroll
-        for (int k = 0; k < per; k++)
-            if (start[k] <= target && target < start[k] + mass[k]) {
-                sh->found[r] = listed_index(sh, first + k * stride);
-                sh->through[r] = start[k] + mass[k];
+        for (int e = 0; e < E; e++)
+            if (start[e] <= target && target < start[e] + mass[e]) {
+                sh->found[r] = (long long)(key[e] & 0xffffffffu);
+                sh->through[r] = start[e] + mass[e];
                 mine = true;
             }
         return __syncthreads_or(mine) != 0;
@@ -740,12 +809,14 @@ static __device__ long long select_warp(pick_shared *sh, int m, float topp, floa
     return sh->found[0];
 }
 
-/* select_ranked, or select_warp where a warp holds them all (a peaked row's usual few). */
+/* select_warp where a warp holds them all (a peaked row's usual few), else
+ * select_ranked, or select_sorted for long lists. */
 static __device__ long long select_listed(pick_shared *sh, float topp, float coin) {
     int m = min(sh->listed, CAP);
     return m <= 32       ? select_warp(sh, m, topp, coin)
-           : m <= THREADS ? select_ranked<1>(sh, m, topp, coin)
-                          : select_ranked<CAP / THREADS>(sh, m, topp, coin);
+           : m <= RANKED  ? select_ranked(sh, m, topp, coin)
+           : m <= THREADS ? select_sorted<1>(sh, m, topp, coin)
+                          : select_sorted<CAP / THREADS>(sh, m, topp, coin);
 }
 
 /* ---- the kernel ------------------------------------------------------------------- */

@@ -252,13 +252,13 @@ describe("SampleNode", function()
     gpu_it("draws as the CPU does on CUDA", function()
         local models, shown, ambiguous, draws = {}, 0, 0, 0
         local list = cases()
-        -- and rows as long as a vocabulary: flat, peaked, ties (of 3 values,
-        -- and of 32: about 1,000 equal candidates to a bin, lists longer than
-        -- a block's threads); 70,000 is more than a cluster holds in
-        -- registers (16 blocks of 4,096), so that its phases read the logits
-        -- again
+        -- and rows as long as a vocabulary: flat, peaked, ties (of 3 values;
+        -- of 80: about 400 equal candidates to a bin, lists that select_ranked
+        -- leaves to select_sorted; of 32: about 1,000, lists longer than a
+        -- block's threads); 70,000 is more than a cluster holds in registers
+        -- (16 blocks of 4,096), so that its phases read the logits again
         for _, shape in ipairs({ { 2, 32000 }, { 1, 70000 } }) do
-            for _, spread in ipairs({ SPREADS[1], SPREADS[2], SPREADS[3], { 4, 32 } }) do
+            for _, spread in ipairs({ SPREADS[1], SPREADS[2], SPREADS[3], { 4, 80 }, { 4, 32 } }) do
                 for _, setting in ipairs({ { 1.0, 0.9 }, { 1.0, 0.0 }, { 0.0, 0.9 } }) do
                     local rows, n = shape[1], shape[2]
                     local states = {}
