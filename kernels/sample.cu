@@ -32,8 +32,9 @@
  *      that mass, which lies within the cut's bin); then gathers its share
  *      of those bins' candidates into the lead's list. The lead places each
  *      candidate in run.c's order (p descending, then index) with the mass
- *      before it there, one pass over the list, and reads the cut's mass,
- *      then the draw's candidate. More candidates than the list holds (a
+ *      before it there (a pass over the list for each, or a bitonic sort of
+ *      a list longer than RANKED), and reads the cut's mass, then the
+ *      draw's candidate. More candidates than the list holds (a
  *      flat row, many equal values): the lead selects by radix instead, 11
  *      bits a level: the bin where the mass crosses, its candidates gathered
  *      (once few enough) and the next levels' histograms made of them; equal
