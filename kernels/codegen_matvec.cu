@@ -155,6 +155,8 @@ static long long weight_element_bytes(const mk_product_group *pg) {
  * Measured on the H200 with Llama-2-7B (tok/s at targets 3,072 / 4,096 /
  * 6,144 / 8,192 warps, whatever the dtype): int8 327 / 326 / 296 / 308,
  * bfloat16 - / 229 / 248 / 242; stories110M and 15M split alike at each.
+ * Again at 67208a0 (H200, bfloat16, 2 runs each): targets of 1,536 / 2,048 /
+ * 3,072 / 4,096 warps a byte gave 272.2 / 272.8 / 271.9 and 272.1 / 267.8.
  */
 static int product_slices(const mk_product_group *pg) {
     long long pairs = 0;
@@ -215,7 +217,8 @@ static void put_argmax_blocks(mk_strbuf *b, const mk_product_group *pg) {
  * in L2 until its warps read it: measured on the H200, sending every column
  * whole took Llama-2-7B from 315 to 275 tok/s in int8 and from 240 to 198 in
  * bfloat16 (the first wave's columns outgrow L2 and are read twice), and
- * stories110M in float32 from 3,008 (512 bytes a column) to 2,788.
+ * stories110M in float32 from 3,008 (512 bytes a column) to 2,788. 4 MB in
+ * place of 2 at 67208a0: Llama-2-7B bfloat16 272.1 against 271.9 / 272.1.
  */
 #define MK_PREFETCH_BYTES (2LL << 20)
 
@@ -495,7 +498,8 @@ static int most_products(const mk_product_group *pg) {
  * from 308 to 332 in int8, stories110M from 4,430 to 4,880 in int8, but 1 %
  * slower in bfloat16, whose steps fit widened.
  * Measured on the H200 (tok/s at 16 / 32 / 64 floats): Llama-2-7B bfloat16
- * 251 / 265 / 257, stories15M float32 about 10,000 / 10,200 / 10,200.
+ * 251 / 265 / 257, stories15M float32 about 10,000 / 10,200 / 10,200; at
+ * 67208a0, 64 floats: Llama-2-7B bfloat16 264.0 against 271.9 / 272.1.
  */
 #define MK_PRELOAD_FLOATS 32
 
