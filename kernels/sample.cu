@@ -580,7 +580,10 @@ static __device__ long long select_mult(pick_shared *sh, const row_probs &p, lon
  * histogram in its sh (every block the same plan); each thread holds BINS /
  * THREADS of its bins, top down, and where they start (mass and count from the top, one scan); the
  * thread whose bins hold a target says so, the cut's first, then both of the
- * draw's: three barriers in all.
+ * draw's: three barriers in all. 3,330 cycles on the H200 (stories15M's
+ * random rows, 16 draws' mean); planned by the first warp alone (64 bins a
+ * lane, the lane holding a target scanning its bins; no barrier) it took
+ * 12,000, and decoding lost 5 %: not kept.
  */
 static __device__ void plan_gather(pick_shared *sh, float topp, float coin) {
     const int per = BINS / THREADS;
