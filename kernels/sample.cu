@@ -644,6 +644,29 @@ static __device__ __forceinline__ u64 listed_start(const gather_plan *pl, int i,
     return i < (int)pl->count0 ? pl->above[0] + before : pl->above[1] + before - pl->mass0;
 }
 
+/* Whether the candidate at running mass start (its mass, its index) spans
+ * round r's target; if so, it and the mass through it go to sh. */
+static __device__ __forceinline__ bool spans(pick_shared *sh, int r, u64 target, u64 start,
+                                             u64 mass, long long index) {
+    if (!(start <= target && target < start + mass)) return false;
+    sh->found[r] = index, sh->through[r] = start + mass;
+    return true;
+}
+
+/* A list's two rounds, find(r, target) telling whether round r's target fell
+ * on a candidate (spans, then a barrier): the cut's where the plan has one,
+ * whose mass through it scales the draw's; the draw's token, or -1 where a
+ * target falls outside the list. */
+template <class F>
+static __device__ long long cut_then_draw(const pick_shared *sh, float topp, float coin, F find) {
+    u64 through = sh->plan.whole;
+    if (sh->plan.cut) {
+        if (!find(0, (u64)(topp * ONE))) return -1;
+        through = sh->through[0];
+    }
+    return find(1, draw_target(coin, through)) ? sh->found[1] : -1;
+}
+
 /*
  * The token from the m <= RANKED gathered candidates, in run.c's order (p
  * descending, then index) without sorting them: each candidate's place and
@@ -684,18 +707,9 @@ static __device__ long long select_ranked(pick_shared *sh, int m, float topp, fl
     }
     u64 mass = i < m && part == 0 ? sh->cand_mass[i] : 0; /* 0: matches no target */
     u64 start = listed_start(pl, (int)rank, before);
-    /* round r: the candidate whose mass spans target, and the mass through it */
-    auto find = [&](int r, u64 target) {
-        bool mine = start <= target && target < start + mass;
-        if (mine) sh->found[r] = listed_index(sh, i), sh->through[r] = start + mass;
-        return __syncthreads_or(mine) != 0;
-    };
-    u64 through = pl->whole;
-    if (pl->cut) {
-        if (!find(0, (u64)(topp * ONE))) return -1;
-        through = sh->through[0];
-    }
-    return find(1, draw_target(coin, through)) ? sh->found[1] : -1;
+    return cut_then_draw(sh, topp, coin, [&](int r, u64 target) {
+        return __syncthreads_or(spans(sh, r, target, start, mass, listed_index(sh, i))) != 0;
+    });
 }
 
 /*
@@ -767,23 +781,13 @@ static __device__ long long select_sorted(pick_shared *sh, int m, float topp, fl
         start[e] = listed_start(pl, i, before + block_scan(mass[e], sh->part, &total));
         before += total;
     }
-    auto find = [&](int r, u64 target) { /* as select_ranked's */
+    return cut_then_draw(sh, topp, coin, [&](int r, u64 target) {
         bool mine = false;
 #pragma unroll
         for (int e = 0; e < E; e++)
-            if (start[e] <= target && target < start[e] + mass[e]) {
-                sh->found[r] = (long long)(key[e] & 0xffffffffu);
-                sh->through[r] = start[e] + mass[e];
-                mine = true;
-            }
+            mine |= spans(sh, r, target, start[e], mass[e], (long long)(key[e] & 0xffffffffu));
         return __syncthreads_or(mine) != 0;
-    };
-    u64 through = pl->whole;
-    if (pl->cut) {
-        if (!find(0, (u64)(topp * ONE))) return -1;
-        through = sh->through[0];
-    }
-    return find(1, draw_target(coin, through)) ? sh->found[1] : -1;
+    });
 }
 
 /* The token from m <= 32 gathered candidates, as select_ranked: lane i
