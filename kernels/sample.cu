@@ -44,10 +44,10 @@
  * logits (row_probs), since the stores would hold up the next barrier.
  *
  * Long because it is one op's whole kernel: the cluster's phases, the plan
- * and the ranked or sorted list, and the radix selection the list falls back to, which
- * share the row's shared-memory layout (pick_shared), its block scans and the
- * keys (key_frame); split the radix selection into its own file if a second
- * op comes to need it.
+ * and the ranked or sorted list, and the radix selection the list falls back
+ * to, which share the row's shared-memory layout (pick_shared), its block
+ * scans and the keys (key_frame); split the radix selection into its own file
+ * if a second op comes to need it.
  *
  * Masses are fixed point (round(p x 2^31), summed in 64 bits), not run.c's
  * float32 sums in its order: the same on every run, within about 1e-7 a term
@@ -722,7 +722,7 @@ static __device__ long long select_ranked(pick_shared *sh, int m, float topp, fl
  * scan of their masses (each from its key's p, as list_put's) for the mass
  * before each. Measured alone on an H100, cycles a call for m 256 / 512 /
  * 1,000 / 2,000: 6,700 / 8,400 / 21,500 / 27,600, against select_ranked's
- * 7,600 / 26,000 / 130,000 / 258,000 (as select_ranked<4> past 512); for m
+ * 7,600 / 26,000 / 130,000 / 258,000 (4 candidates a thread past 512); for m
  * 64 / 173 it took 4,200 / 6,800 against 2,100 / 4,900 (its 20 to 36 passes
  * cost about 200 cycles each), which is why it only takes the long lists.
  */
