@@ -24,7 +24,6 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -273,8 +272,10 @@ static void test_cancel_thread(void) {
         err = NULL;
         /* between frames, as a host would: a CPU run makes no system call, and
          * under valgrind (one thread at a time) the canceller runs only when
-         * this thread gives way */
-        sched_yield();
+         * this thread blocks in one (sched_yield was not enough: in one CI run
+         * the canceller never ran in 2,000 frames) */
+        struct timespec ts = {0, 50000}; /* 0.05 ms */
+        nanosleep(&ts, NULL);
     }
     atomic_store(&c.stop, true);
     pthread_join(t, NULL);
