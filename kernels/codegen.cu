@@ -94,7 +94,8 @@ static void put_source(mk_strbuf *b, const mk_launch *l) {
     mk_strbuf_put(b, "        o[e] = r%d;\n    }\n}\n", MK_X_IN + e->n - 1);
 }
 
-/* The fault record (mk_cuda_fault) and how a generated kernel raises one. */
+/* The fault record (mk_cuda_fault) and how a generated kernel raises one; the
+ * timeline's stamps after it (MK_GROUP_START and MK_GROUP_WAIT use them). */
 void mk_cuda_put_fault(mk_strbuf *b) {
     mk_strbuf_put(b, "struct mk_fault_rec { unsigned int flag; int launch; int kind; int which; long long value[3]; };\n"
                      "static __device__ void mk_raise(mk_fault_rec *f, int launch, int which, int kind,\n"
@@ -103,6 +104,30 @@ void mk_cuda_put_fault(mk_strbuf *b) {
                      "        f->launch = launch; f->kind = kind; f->which = which;\n"
                      "        f->value[0] = v0; f->value[1] = v1; f->value[2] = v2;\n"
                      "    }\n}\n");
+    mk_strbuf_put(b, "#ifdef MK_TIMELINE /* MK_CUDA_TIMELINE: the block's start, wait and end */\n"
+                     "struct mk_timeline {\n"
+                     "    unsigned long long *t;\n"
+                     "    static __device__ unsigned long long now() {\n"
+                     "        unsigned long long v;\n"
+                     "        asm volatile(\"mov.u64 %%0, %%%%globaltimer;\" : \"=l\"(v));\n"
+                     "        return v;\n"
+                     "    }\n"
+                     "    __device__ mk_timeline(mk_fault_rec *f, int launch)\n"
+                     "        : t(blockIdx.x < %du ? (unsigned long long *)((char *)f + %d) + 3 * ((long long)launch * %d + blockIdx.x) : 0) {\n"
+                     "        if (t && threadIdx.x == 0) t[0] = now();\n"
+                     "    }\n"
+                     "    __device__ void waited() { if (t && threadIdx.x == 0) t[1] = now(); }\n"
+                     "    __device__ ~mk_timeline() { /* each warp's lanes as they leave together */\n"
+                     "        if (t && (threadIdx.x & 31) == __ffs(__activemask()) - 1) atomicMax(t + 2, now());\n"
+                     "    }\n"
+                     "};\n"
+                     "#define MK_TIMELINE_ENTER mk_timeline mk_tl(fault, launch)\n"
+                     "#define MK_TIMELINE_WAITED mk_tl.waited()\n"
+                     "#else\n"
+                     "#define MK_TIMELINE_ENTER\n"
+                     "#define MK_TIMELINE_WAITED\n"
+                     "#endif\n",
+                  MK_TIMELINE_BLOCKS, MK_TIMELINE_AT, MK_TIMELINE_BLOCKS);
 }
 
 
@@ -239,7 +264,7 @@ static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
     mk_strbuf_put(b, "mk_product(float *__restrict__ o");
     for (int k = 0; k < l->n_in; k++) mk_strbuf_put(b, ", void *i%d", k);
     mk_strbuf_put(b, ", mk_fault_rec *fault, int launch, void *aux) {\n");
-    mk_strbuf_put(b, MK_PDL_START);
+    mk_strbuf_put(b, MK_GROUP_START);
     if (cluster) /* every block arrives (phase 0) before any writes into the lead's memory */
         mk_strbuf_put(b, "#ifdef MK_CLUSTER\n"
                          "    asm volatile(\"barrier.cluster.arrive.relaxed.aligned;\" ::: \"memory\");\n"
@@ -286,7 +311,7 @@ static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
                          "        pre = MK_ROWS(ph - 1);\n"
                          "        MK_LOAD_ROWS(0, pre, __ldca);\n"
                          "    }\n");
-    mk_strbuf_put(b, MK_PDL_WAIT);
+    mk_strbuf_put(b, MK_GROUP_WAIT);
     mk_strbuf_put(b, "    float *part = (float *)aux;\n"
                      "    unsigned int *count = (unsigned int *)(part + %lldLL);\n",
                   (long long)att_part_floats(a));

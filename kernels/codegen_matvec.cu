@@ -604,7 +604,7 @@ static void put_preloads(mk_strbuf *b, const mk_launch *l, const mk_product_grou
         mk_strbuf_put(b, "    }\n");
         start += pairs;
     }
-    mk_strbuf_put(b, MK_PDL_WAIT);
+    mk_strbuf_put(b, MK_GROUP_WAIT);
     put_gathers(b, pg);
 }
 
@@ -922,7 +922,7 @@ void mk_cuda_product_source(mk_strbuf *b, const mk_launch *l) {
     put_weight_loads(b);
     mk_strbuf_put(b, "extern \"C\" __global__ void __launch_bounds__(256)\nmk_product(float *__restrict__ o");
     for (int k = 0; k < l->n_in; k++) mk_strbuf_put(b, ", void *i%d", k);
-    mk_strbuf_put(b, ", mk_fault_rec *fault, int launch, void *aux) {\n" MK_PDL_START);
+    mk_strbuf_put(b, ", mk_fault_rec *fault, int launch, void *aux) {\n" MK_GROUP_START);
     mk_strbuf_put(b, "    const int lane = threadIdx.x & 31;\n"
                      "    const long long warp = (long long)blockIdx.x * 8 + (threadIdx.x >> 5);\n");
     mk_strbuf_put(b, "    const float *A = (const float *)i%d;\n", pg->a);

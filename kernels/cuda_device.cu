@@ -200,6 +200,7 @@ static void cuda_close(void *state) {
     cudaSetDevice(s->device);
     if (s->stream) cudaStreamSynchronize(s->stream);
     mk_cuda_close_steps(s);
+    mk_cuda_timeline_close(s);
     if (s->exec) cudaGraphExecDestroy(s->exec);
     if (s->graph) cudaGraphDestroy(s->graph);
     if (s->blas) cublasDestroy(s->blas);
@@ -613,6 +614,7 @@ static int cuda_evaluate(void *state, const mk_launch *launches, int n, const mk
     } else {
         MK_CUDA_TRY(err, cudaStreamSynchronize(s->stream));
     }
+    if (s->timeline) mk_cuda_timeline_take(s);
     if (s->fault_stage->flag) return mk_cuda_fault_error(s->fault_stage, launches, n, err);
     for (int o = 0; o < n_out; o++)
         if (out[o].bytes) memcpy(out[o].host, s->out_stage[o], out[o].bytes);

@@ -7,7 +7,8 @@
  * Files: cuda_device.cu (device table, graph capture, staging, faults, the
  * plugin's entry), pointwise.cu, matmul.cu, norm_softmax.cu, gather.cu,
  * sample.cu (one per kernel family); cudnn_fuser.cu (fused groups, CUDNN=1
- * builds only) reads the stream from the same state.
+ * builds only) reads the stream from the same state; timeline.cu times the
+ * generated launches inside the graph (MK_CUDA_TIMELINE).
  *
  * All of this is built into build/libmoonkaas_cuda.so, a plugin that the core
  * opens (core/plugin.c) the first time CUDA is asked for. The plugin carries
@@ -128,6 +129,7 @@ typedef struct mk_cuda_state {
      * else NULL; NULL without attention groups */
     void **aux;
     bool pdl; /* generated kernels launch with programmatic dependent launch */
+    struct mk_cuda_timeline *timeline; /* MK_CUDA_TIMELINE's, else NULL */
 } mk_cuda_state;
 
 /* Stores an error for a CUDA status: MK_ERR_NOMEM for allocation failures,
@@ -300,6 +302,36 @@ void mk_cuda_product_grid(const mk_product_group *pg, unsigned int *blocks, unsi
  */
 #define MK_PDL_START "#if __CUDA_ARCH__ >= 900\n    asm volatile(\"griddepcontrol.launch_dependents;\");\n#endif\n"
 #define MK_PDL_WAIT "#if __CUDA_ARCH__ >= 900\n    asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n#endif\n"
+/* A generated product kernel's start and wait: PDL's, and the timeline's
+ * stamps (macros that mk_cuda_put_fault defines, empty without MK_TIMELINE). */
+#define MK_GROUP_START MK_PDL_START "    MK_TIMELINE_ENTER;\n"
+#define MK_GROUP_WAIT MK_PDL_WAIT "    MK_TIMELINE_WAITED;\n"
+
+/*
+ * The in-graph timeline (timeline.cu), for people measuring where a step's
+ * time goes: with MK_CUDA_TIMELINE=FILE set when a model is compiled, its
+ * generated product kernels (matrix-vector and attention groups) are
+ * compiled with MK_TIMELINE defined. Each of a launch's first
+ * MK_TIMELINE_BLOCKS blocks then writes three globaltimer stamps (ns, 64-bit
+ * words) after the fault record, from byte MK_TIMELINE_AT on: launch l's
+ * block b from word 3 * (l * MK_TIMELINE_BLOCKS + b): its start, the end of
+ * its wait for the launches before, and its last warp's end (atomicMax).
+ * After every evaluation the host folds them into per-launch means and
+ * clears them; when the model is freed it appends the table to FILE. Other
+ * launches (cuBLAS, the sampler, gathers, pointwise groups) are not stamped.
+ */
+#define MK_TIMELINE_AT 256
+#define MK_TIMELINE_BLOCKS 8192
+struct mk_cuda_timeline;
+/* timeline.cu: opens the timeline of s's n launches (allocating the fault
+ * record anew with the stamps' room after it: before capture), folds in the
+ * last evaluation's stamps, and writes and frees it at close. */
+int mk_cuda_timeline_open(mk_cuda_state *s, const mk_launch *launches, int n, const char *path,
+                          mk_error **err);
+void mk_cuda_timeline_take(mk_cuda_state *s);
+void mk_cuda_timeline_close(mk_cuda_state *s);
+/* MK_CUDA_TIMELINE's file, or NULL where it is not set */
+const char *mk_cuda_timeline_file(void);
 
 int mk_cuda_generate(mk_cuda_state *s, const mk_launch *launches, int n, const mk_host *host,
                      mk_error **err);

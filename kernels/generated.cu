@@ -204,15 +204,10 @@ static void dump(const char *src, unsigned long long hash, int arch) {
 /* The kernel of launch l: from the cache, else generated and compiled. */
 static cudaKernel_t kernel_for(const mk_launch *l, int arch, bool disk, int *compiled,
                                int *from_disk, mk_error **err) {
-    mk_strbuf src = {0};
-    mk_cuda_group_source(&src, l);
-    if (src.failed) {
-        free(src.s);
-        mk_fail(err, MK_ERR_NOMEM, 0, 0, "writing a group's kernel");
-        return NULL;
-    }
-    unsigned long long hash = fnv1a(src.s);
-    dump(src.s, hash, arch);
+    char *src = mk_cuda_generate_source(l, err);
+    if (!src) return NULL;
+    unsigned long long hash = fnv1a(src);
+    dump(src, hash, arch);
     cudaKernel_t kernel = NULL;
     pthread_mutex_lock(&cache_lock);
     for (int i = 0; i < n_cache && !kernel; i++)
@@ -230,13 +225,13 @@ static cudaKernel_t kernel_for(const mk_launch *l, int arch, bool disk, int *com
             }
         }
         bool disk_hit = false;
-        if (n_cache < cap_cache && (kernel = compile(src.s, arch, l, &lib, disk, &disk_hit, err))) {
+        if (n_cache < cap_cache && (kernel = compile(src, arch, l, &lib, disk, &disk_hit, err))) {
             cache[n_cache++] = (cached_kernel){hash, arch, lib, kernel};
             ++*(disk_hit ? from_disk : compiled);
         }
     }
     pthread_mutex_unlock(&cache_lock);
-    free(src.s);
+    free(src);
     return kernel;
 }
 
@@ -244,6 +239,8 @@ int mk_cuda_generate(mk_cuda_state *s, const mk_launch *launches, int n, const m
                      mk_error **err) {
     int arch = 0, total = 0, done = 0, compiled = 0, from_disk = 0;
     for (int i = 0; i < n; i++) total += launches[i].node->pw || launches[i].node->prod;
+    const char *timeline = mk_cuda_timeline_file();
+    if (timeline && total && mk_cuda_timeline_open(s, launches, n, timeline, err)) return -1;
     double t0 = mk_now_ms();
     for (int i = 0; i < n; i++) {
         const mk_launch *l = &launches[i];
@@ -345,6 +342,18 @@ char *mk_cuda_generate_source(const mk_launch *l, mk_error **err) {
     }
     mk_strbuf src = {0};
     mk_cuda_group_source(&src, l);
+    /* with MK_CUDA_TIMELINE, product kernels stamp their blocks (timeline.cu):
+     * the define goes after the first line, the comment naming the group */
+    const char *line = NULL;
+    if (l->node->prod && mk_cuda_timeline_file() && !src.failed && src.s)
+        line = strchr(src.s, '\n');
+    if (line) {
+        mk_strbuf stamped = {0};
+        mk_strbuf_put(&stamped, "%.*s#define MK_TIMELINE\n%s", (int)(line + 1 - src.s), src.s,
+                      line + 1);
+        free(src.s);
+        src = stamped;
+    }
     if (src.failed) {
         free(src.s);
         mk_fail(err, MK_ERR_NOMEM, 0, 0, "writing a group's kernel");

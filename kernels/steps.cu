@@ -288,6 +288,7 @@ int64_t mk_cuda_run_steps(void *state, const mk_launch *launches, int n, const m
                                       .stop_value = stopping ? stop->value : 0};
         MK_CUDA_TRY(err, cudaGraphLaunch(s->loop_exec, s->stream));
         MK_CUDA_TRY(err, cudaStreamSynchronize(s->stream));
+        if (s->timeline) mk_cuda_timeline_take(s);
         long long ran = s->ctl_stage->step;
         bool faulted = s->fault_stage->flag != 0;
         if (faulted) ran--; /* the faulting step's outputs are not given, as on the CPU */

@@ -18,4 +18,4 @@ package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.pa
 package.cpath = build .. "/?.so;" .. package.cpath
 
 local llama2 = require("moonkaas.llama2")
-os.exit(llama2.main({ ... }))
+os.exit(llama2.main({ ... }), true) -- closing the state frees the models (MK_CUDA_TIMELINE writes then)

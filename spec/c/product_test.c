@@ -29,6 +29,9 @@
  * test_argmax: a greedy classifier's ties, NaNs and signed zeros, as the CPU
  * picks them, on 8 columns and on 4,096 (split among threads and blocks).
  *
+ * test_timeline: MK_CUDA_TIMELINE's stamped kernels (kernels/timeline.cu)
+ * compile, and on a GPU write a table of in-order times.
+ *
  * A third of the graphs are decode attention instead (random_attention):
  * half of their caches take a decode step's row write first, some ending at
  * the prefix itself (so that CUDA loads the rows before it early, before the
@@ -42,6 +45,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define S_ROWS 6 /* rows of each written buffer */
 
@@ -624,6 +628,129 @@ static void test_argmax_cuda(void) {
 static void test_row_fault_cpu(void) { row_fault_on(MK_DEVICE_CPU); }
 static void test_row_fault_cuda(void) { row_fault_on(MK_DEVICE_CUDA); }
 
+/* Where the timeline's file has a table: its rows' count, each checked (first
+ * start, first wait, last start, last end in order; ends in order down the
+ * table), or -1 with a failed check. */
+static int timeline_rows(const char *path) {
+    FILE *f = fopen(path, "r");
+    CHECK(f != NULL, "no timeline written to %s", path);
+    if (!f) return -1;
+    char line[512];
+    int rows = 0, headers = 0;
+    double before = 0.0;
+    while (fgets(line, sizeof line, f)) {
+        if (line[0] == '#') {
+            CHECK(headers > 0 || !strncmp(line, "# moonkaas CUDA timeline: a model of ", 37),
+                  "header: %s", line);
+            headers++;
+            continue;
+        }
+        int launch, at = 0;
+        double first, wait, last, end, added;
+        int got = sscanf(line, "%d %lf %lf %lf %lf %lf %n", &launch, &first, &wait, &last, &end,
+                         &added, &at);
+        CHECK(got == 6 && strstr(line + at, "group"), "row: %s", line);
+        CHECK(rows > 0 || first == 0.0, "the first row starts at %g, not 0", first);
+        CHECK(first <= wait && wait <= end && first <= last && last <= end && end >= before,
+              "times out of order (the row before ends at %g): %s", before, line);
+        before = end;
+        rows++;
+    }
+    fclose(f);
+    CHECK(headers == 2, "%d header lines", headers);
+    return rows;
+}
+
+/*
+ * MK_CUDA_TIMELINE: set when a model is compiled, its product groups' sources
+ * define MK_TIMELINE after their first line, and NVRTC compiles them (no GPU
+ * needed); on a GPU, evaluations and then freeing the model write a row per
+ * stamped launch. Unset, the sources are as before.
+ */
+static void test_timeline(void) {
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/mk_timeline_%ld.txt", (long)getpid());
+    remove(path);
+    const char *text =
+        "$1 = InputTensor(q, float32, [2, 1, 64]);\n"
+        "$2 = InputTensor(k, float32, [70, 2, 64]);\n"
+        "$3 = PermuteNode($2, [1, 2, 0]);\n"
+        "$4 = InputTensor(p, int64, [1]);\n"
+        "$5 = MatMulNode($1, $3);\n"
+        "$6 = SlicedSoftmaxNode($5, $4);\n"
+        "$7 = InputTensor(v, float32, [70, 2, 32]);\n"
+        "$8 = PermuteNode($7, [1, 0, 2]);\n"
+        "$9 = PrefixMatMulNode($6, $8, $4);\n"
+        "$10 = ReshapeNode($9, [1, 64]);\n"
+        "$11 = InputTensor(w, float32, [8, 64]);\n"
+        "$12 = PermuteNode($11, [1, 0]);\n"
+        "$13 = MatMulNode($10, $12);\n"
+        "result = $13;\n";
+    mk_error *err = NULL;
+    mk_context *ctx = mk_context_new(&err);
+    bool nvrtc = mk_cuda_plugin_get(NULL, 0) != NULL;
+    char why[256];
+    bool gpu = mk_cuda_available(why, sizeof why) == 1;
+    for (int stamped = 1; stamped >= 0 && ctx && nvrtc; stamped--) {
+        if (stamped) setenv("MK_CUDA_TIMELINE", path, 1);
+        else unsetenv("MK_CUDA_TIMELINE");
+        mk_compile_options o = {.device = MK_DEVICE_CPU};
+        mk_model *m = mk_compile(ctx, text, NULL, 0, &o, &err);
+        CHECK(m != NULL, "compile: %s", mk_error_message(err));
+        if (!m) break;
+        mk_stats st;
+        mk_model_stats(m, &st);
+        int sources = 0;
+        for (int i = 0; i < st.launches; i++) {
+            char *src = mk_model_kernel_source(m, i, NULL);
+            if (!src || !strstr(src, "group $")) { /* a library's launch, or a pointwise group */
+                free(src);
+                continue;
+            }
+            const char *second = strchr(src, '\n');
+            CHECK(second && (strncmp(second, "\n#define MK_TIMELINE\n", 21) == 0) == (stamped == 1),
+                  "launch %d (timeline %d):\n%.300s", i, stamped, src);
+            sources++;
+            free(src);
+        }
+        CHECK(sources == 2, "%d group sources, want attention and a matrix-vector group\n%s",
+              sources, mk_model_script(m));
+        for (int arch = 80; arch <= 90; arch += 10)
+            CHECK(mk_model_check_generated(m, arch, &err) == 2, "sm_%d: %s", arch,
+                  mk_error_message(err));
+        mk_model_free(m);
+    }
+    if (!nvrtc) printf("#   no CUDA plugin: sources not checked\n");
+    setenv("MK_CUDA_TIMELINE", path, 1);
+    mk_model *m = NULL;
+    if (gpu && ctx) {
+        mk_compile_options o = {.device = MK_DEVICE_CUDA};
+        m = mk_compile(ctx, text, NULL, 0, &o, &err);
+        CHECK(m != NULL, "compile for CUDA: %s", mk_error_message(err));
+    } else {
+        printf("#   CUDA: %s: no evaluations stamped\n", gpu ? "no context" : why);
+    }
+    unsetenv("MK_CUDA_TIMELINE"); /* read when the model is compiled */
+    if (m) {
+        float q[128], k[70 * 128], v[70 * 64], w[512], out[8];
+        for (int i = 0; i < 128; i++) q[i] = (float)test_uniform(-1, 1);
+        for (int i = 0; i < 70 * 128; i++) k[i] = (float)test_uniform(-1, 1);
+        for (int i = 0; i < 70 * 64; i++) v[i] = (float)test_uniform(-1, 1);
+        for (int i = 0; i < 512; i++) w[i] = (float)test_uniform(-1, 1);
+        int64_t p = 50;
+        mk_named_tensor in[5] = {{"q", q}, {"k", k}, {"p", &p}, {"v", v}, {"w", w}};
+        for (int e = 0; e < 5; e++)
+            CHECK(mk_evaluate(m, in, 5, out, sizeof out, &err) == 0, "evaluate: %s",
+                  mk_error_message(err));
+        mk_model_free(m);
+        int rows = timeline_rows(path);
+        CHECK(rows == 2, "%d rows in %s, want the two groups'", rows, path);
+        remove(path);
+    }
+    mk_error_free(err);
+    mk_context_free(ctx);
+}
+
 int main(void) {
     /* small graphs, but the CPU's threaded paths: the cost rule would keep them on one thread */
     setenv("MK_CPU_FORK", "always", 0);
@@ -631,6 +758,7 @@ int main(void) {
     RUN(test_row_fault_cpu);
     RUN(test_prefix_fault_cpu);
     RUN(test_argmax_cpu);
+    RUN(test_timeline);
     char why[256];
     if (mk_cuda_available(why, sizeof why) == 1) {
         RUN(test_row_fault_cuda);
