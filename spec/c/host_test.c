@@ -27,6 +27,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <time.h>
 
 /* A chain of L pointwise launches (no groups: fuse off) over x [n]:
@@ -236,6 +237,7 @@ typedef struct {
     mk_context *ctx;
     atomic_bool stop;
     atomic_int cancels;
+    unsigned seed; /* the canceller's sleeps */
 } canceller;
 
 static void *cancel_loop(void *arg) {
@@ -243,7 +245,10 @@ static void *cancel_loop(void *arg) {
     while (!atomic_load(&c->stop)) {
         mk_context_cancel(c->ctx);
         atomic_fetch_add(&c->cancels, 1);
-        struct timespec ts = {0, 200000}; /* 0.2 ms */
+        /* 0.1 to 0.3 ms, drawn: a fixed sleep locked in step with the runs'
+         * loop (two runs a cancel, every cancel in the loop's sleep: 0 runs
+         * cancelled in 2,000, one test in five on the 2-core box) */
+        struct timespec ts = {0, 100000 + (long)(rand_r(&c->seed) % 200000)};
         nanosleep(&ts, NULL);
     }
     return NULL;
@@ -254,7 +259,11 @@ static void test_cancel_thread(void) {
     mk_context *ctx = mk_context_new(&err);
     mk_model *m = compile_chain(ctx, MK_DEVICE_CPU, &err);
     CHECK(m != NULL, "compile: %s", mk_error_message(err));
-    canceller c = {.ctx = ctx};
+    canceller c = {.ctx = ctx, .seed = (unsigned)test_randint(1, 1 << 30)};
+    /* exact sleeps for both threads: with the kernel's default slack of 50 us
+     * their wakeups share timer expiries, and a cancel then lands as the next
+     * run starts (one test in a few dozen cancelled 1 run of 2,000) */
+    prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
     atomic_init(&c.stop, false);
     atomic_init(&c.cancels, 0);
     pthread_t t;
