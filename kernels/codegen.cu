@@ -176,6 +176,13 @@ void mk_cuda_put_fault(mk_strbuf *b) {
  *     within them: nothing at 256 tokens, 110M -3 % over 1,024; with early
  *     rows too, 110M -3 % (4,422 to 4,293; 4,012 to 3,824 over 1,024) and
  *     7B -2.6 %.
+ * Nor the blocks in chunk-major order (every query's first chunk, then
+ * every second, so that the blocks with rows to score all start in the
+ * first wave of Llama-2-7B's 512, 3 an SM at 168 registers): on the H200,
+ * stories110M 4,373 / 4,407 to 4,267 / 4,289 tok/s, Llama-2-7B in bfloat16
+ * 269.5 / 269.4 to 265.5 / 266.9. (MK_CUDA_TIMELINE puts the 7B launch at
+ * 11.7 us a layer, its blocks' work done at about 5.6 us after the wait and
+ * its last block starting 3.5 us after it.)
  * Nor, for any cache: scores from float4 loads of q and K (thread (r, u)
  * taking 16-byte chunks u, u + 4, ...: a quarter of the load instructions).
  * On an H100, stories110M +1.2 % (3,840 to 3,885 tok/s), stories15M

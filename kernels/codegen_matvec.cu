@@ -219,6 +219,9 @@ static void put_argmax_blocks(mk_strbuf *b, const mk_product_group *pg) {
  * bfloat16 (the first wave's columns outgrow L2 and are read twice), and
  * stories110M in float32 from 3,008 (512 bytes a column) to 2,788. 4 MB in
  * place of 2 at 67208a0: Llama-2-7B bfloat16 272.1 against 271.9 / 272.1.
+ * More at 6e22c9b (H200): 12 and 24 MB gave Llama-2-7B bfloat16 264.8 and
+ * 257.4 against 269.5 / 268.6, int8 336.1 (24 MB) against 367.0; 16 MB gave
+ * stories110M 4,409 against 4,402.
  */
 #define MK_PREFETCH_BYTES (2LL << 20)
 
