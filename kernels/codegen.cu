@@ -183,6 +183,10 @@ void mk_cuda_put_fault(mk_strbuf *b) {
  * 269.5 / 269.4 to 265.5 / 266.9. (MK_CUDA_TIMELINE puts the 7B launch at
  * 11.7 us a layer, its blocks' work done at about 5.6 us after the wait and
  * its last block starting 3.5 us after it.)
+ * Nor, for Llama-2-7B on the H200 at eab74b9: its blocks capped at 128
+ * registers (__launch_bounds__(128, 4): 4 an SM, 16 bytes spilled), 271.2 /
+ * 270.3 to 267.1 tok/s in bfloat16 and 367.5 to 362.0 in int8; MK_ATT_WAVE
+ * 384 (one wave at 3 an SM), 272.1: within noise.
  * Nor, for any cache: scores from float4 loads of q and K (thread (r, u)
  * taking 16-byte chunks u, u + 4, ...: a quarter of the load instructions).
  * On an H100, stories110M +1.2 % (3,840 to 3,885 tok/s), stories15M
@@ -198,6 +202,16 @@ void mk_cuda_put_fault(mk_strbuf *b) {
  * out not to be the hint, it loads the rows again. Chunk 0 loads every part at
  * once. Sums run in the order of a plain loop (k, then rows, then chunks),
  * each thread's own, in either combine.
+ *
+ * Where the chunks are not a cluster, each block first sends its chunks'
+ * K and V rows below the hint to L2, before the wait (prefetches: L2 is
+ * where every write lands, so a row the launch before writes is still read
+ * as written; the loads after the wait then find the rest in L2, not DRAM).
+ * On the H200 at eab74b9, two runs against the version before: stories110M
+ * 4,411 / 4,390 to 4,426 / 4,464 tok/s, then 4,382 / 4,414 to 4,392;
+ * Llama-2-7B in bfloat16 267.7 / 269.3 to 270.3 / 270.3, then 269.7 to
+ * 270.4, in int8 366.6 to 368.4. Not for a cluster, whose early rows load
+ * before the wait: stories15M went from 11,805 / 11,787 to 11,083 / 10,857.
  */
 #define MK_ATT_CHUNK 32
 #define MK_ATT_THREADS 128
@@ -318,6 +332,18 @@ static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
                          "        pre = MK_ROWS(ph - 1);\n"
                          "        MK_LOAD_ROWS(0, pre, __ldca);\n"
                          "    }\n");
+    if (!cluster && ks == 1 && vn == 1) { /* rows below the hint to L2 (measured: see above) */
+        const long long KL = (D * 4 + 127) / 128, VL = (N * 4 + 127) / 128; /* lines a row */
+        mk_strbuf_put(b, "    for (long long c = c0; c < %lldLL; c += %lldLL) {\n"
+                         "        MK_CHUNK(c);\n"
+                         "        const int rows = MK_ROWS(ph);\n"
+                         "        if (rows == 0) break;\n"
+                         "        for (int x = tid; x < rows * %lld; x += %lld)\n"
+                         "            asm volatile(\"prefetch.global.L2 [%%0];\" :: \"l\"(K + (x / %lld) * %lldLL + (x %% %lld) * 32));\n"
+                         "        for (int x = tid; x < rows * %lld; x += %lld)\n"
+                         "            asm volatile(\"prefetch.global.L2 [%%0];\" :: \"l\"(V + (x / %lld) * %lldLL + (x %% %lld) * 32));\n"
+                         "    }\n", C, CB, KL, T, KL, kr, KL, VL, T, VL, vr, VL);
+    }
     mk_strbuf_put(b, MK_GROUP_WAIT);
     mk_strbuf_put(b, "    float *part = (float *)aux;\n"
                      "    unsigned int *count = (unsigned int *)(part + %lldLL);\n",
