@@ -157,6 +157,12 @@ static long long weight_element_bytes(const mk_product_group *pg) {
  * bfloat16 - / 229 / 248 / 242; stories110M and 15M split alike at each.
  * Again at 67208a0 (H200, bfloat16, 2 runs each): targets of 1,536 / 2,048 /
  * 3,072 / 4,096 warps a byte gave 272.2 / 272.8 / 271.9 and 272.1 / 267.8.
+ * A slice's step here is 128 float32 elements whatever the dtype, so where k
+ * is short a narrower dtype's last slices may have no step at all (stories
+ * 110M's q/k/v: k = 768 is 3 steps of 256 in bfloat16, 4 slices). Counting
+ * the dtype's own step (16 bytes a lane) leaves none idle, but it was slower
+ * on the H200 at eab74b9: stories110M bfloat16 5,107 / 5,127 to 4,925 tok/s,
+ * int8 4,869 / 4,833 to 4,024; stories15M bfloat16 13,088 / 13,033 to 11,763.
  */
 static int product_slices(const mk_product_group *pg) {
     long long pairs = 0;
@@ -167,6 +173,13 @@ static int product_slices(const mk_product_group *pg) {
     while (W < 8 && pairs * W < target && pg->k >= 128LL * 2 * W) W *= 2;
     return W;
 }
+
+/* Warps of a block. On the H200 at eab74b9, 16 and 32 warps a block for the
+ * groups with k >= 4,096 (A staged once a block, for twice or four times the
+ * column pairs) took Llama-2-7B in bfloat16 from 270.4 to 254.6 and 264.5
+ * tok/s, in int8 from 368.4 to 343.7 (16); 16 a block everywhere took
+ * stories110M from 4,392 to 4,148. */
+#define MK_MV_WARPS 8
 
 /* Result o's index among the group's ArgMax results. */
 static int argmax_slot(const mk_product_group *pg, int o) {
@@ -187,7 +200,7 @@ static void put_argmax_blocks(mk_strbuf *b, const mk_product_group *pg) {
     long long start = 0;
     for (int o = 0; o < pg->n_outs; o++) {
         const mk_product_out *r = &pg->out[o];
-        long long per = 8 / product_slices(pg); /* column pairs a block holds */
+        long long per = MK_MV_WARPS / product_slices(pg); /* column pairs a block holds */
         long long pairs = r->n / 2, first = start / per, last = (start + pairs - 1) / per;
         start += pairs;
         if (!r->argmax) continue;
@@ -550,6 +563,13 @@ static int preload_steps(const mk_launch *l, const mk_product_group *pg, int E, 
  * the loop unrolled by 4 (Llama-2-7B 201.4 / 201.6 tok/s before; 2 steps
  * where results read one product 201.8, 4 steps 201.4, 2 everywhere 201.7);
  * stories110M in float32 and bfloat16 alike, within noise.
+ * A microbenchmark of Llama-2-7B's int8 q/k/v shape alone (H200, at eab74b9,
+ * 4 copies of the weights past L2, x staged as here): a step ahead streams at
+ * 2.13 TB/s (63 registers, 4 blocks an SM); a cp.async ring of 2 / 3 / 4
+ * steps a warp in shared memory, 2.26 / 2.17 / 2.10; 2 steps ahead at 40
+ * registers (6 blocks an SM), 2.69; the same loop without the widening math,
+ * 3.2. So the int8 launch is held by its math and its warps an SM, not by
+ * its bytes in flight; the generated q/k/v takes 78 registers (3 blocks).
  */
 static bool loads_ahead(const mk_product_group *pg, int E) { return E == 16 && !pg->a8_group; }
 
@@ -813,7 +833,7 @@ static void put_float_copy(mk_strbuf *b, const mk_product_group *pg, int E) {
     mk_strbuf_put(b, "    __shared__ __align__(16) float sA[%lld];\n", (long long)M * K);
     int V = E >= 4 ? 4 : 1;
     const char *T = V == 4 ? "float4" : "float";
-    mk_strbuf_put(b, "    for (long long k = %d * threadIdx.x; k < %lldLL; k += %d) {\n", V, K, 256 * V);
+    mk_strbuf_put(b, "    for (long long k = %d * threadIdx.x; k < %lldLL; k += %d) {\n", V, K, 32 * MK_MV_WARPS * V);
     if (norm) mk_strbuf_put(b, "        const %s w = *(const %s *)(W + k);\n", T, T);
     for (int m = 0; m < M; m++) {
         mk_strbuf_put(b, "        { %s x = *(const %s *)(A + %lldLL + k);", T, T, m * K);
@@ -842,9 +862,9 @@ static void put_grid_copy(mk_strbuf *b, const mk_product_group *pg, bool vec) {
     bool norm = pg->norm_w >= 0;
     mk_strbuf_put(b, "    __shared__ __align__(16) signed char sQ[%lld];\n    __shared__ float sXs[%lld];\n",
                   (long long)M * K, (long long)M * K / G);
-    mk_strbuf_put(b, "    for (long long k0 = 0; k0 < %lldLL; k0 += 4096) {\n"
+    mk_strbuf_put(b, "    for (long long k0 = 0; k0 < %lldLL; k0 += %d) {\n"
                      "        const long long k = k0 + 16 * threadIdx.x;\n"
-                     "        const bool on = k < %lldLL;\n", K, K);
+                     "        const bool on = k < %lldLL;\n", K, 16 * 32 * MK_MV_WARPS, K);
     const char *load16 = vec ? "for (int i = 0; i < 4; i++) { const float4 t = ((const float4 *)(%s))[i];"
                                " %s[4 * i] = t.x; %s[4 * i + 1] = t.y; %s[4 * i + 2] = t.z; %s[4 * i + 3] = t.w; }"
                              : "for (int i = 0; i < 16; i++) %s[i] = (%s)[i];";
@@ -890,7 +910,7 @@ static void put_grid_copy(mk_strbuf *b, const mk_product_group *pg, bool vec) {
 static void put_staging(mk_strbuf *b, const mk_product_group *pg, int E) {
     int M = (int)pg->m;
     bool norm = pg->norm_w >= 0;
-    if (norm) mk_strbuf_put(b, "    __shared__ float sss[%d], sred[8][%d];\n    float part[%d] = {0.0f};\n", M, M, M);
+    if (norm) mk_strbuf_put(b, "    __shared__ float sss[%d], sred[%d][%d];\n    float part[%d] = {0.0f};\n", M, MK_MV_WARPS, M, M);
     if (pg->a8_group) put_grid_copy(b, pg, E >= 4);
     else put_float_copy(b, pg, E);
     if (norm)
@@ -901,15 +921,15 @@ static void put_staging(mk_strbuf *b, const mk_product_group *pg, int E) {
                          "    __syncthreads();\n"
                          "    if (threadIdx.x < %d) {\n"
                          "        float t = 0.0f;\n"
-                         "        for (int w = 0; w < 8; w++) t += sred[w][threadIdx.x];\n"
+                         "        for (int w = 0; w < %d; w++) t += sred[w][threadIdx.x];\n"
                          "        sss[threadIdx.x] = t;\n"
                          "    }\n",
-                      M, M);
+                      M, M, MK_MV_WARPS);
     mk_strbuf_put(b, "    __syncthreads();\n");
 }
 
 /* The kernel of a matrix–vector group's launch: one warp per column pair of a
- * result (every row of A), 8 warps a block, each on its own: a warp reads all
+ * result (every row of A), MK_MV_WARPS warps a block, each on its own: a warp reads all
  * of A, so it sums the RmsNorm's squares of x in the same loop and scales its
  * dot products of w * x by 1 / rms at the end (no block-wide step). */
 void mk_cuda_product_source(mk_strbuf *b, const mk_launch *l) {
@@ -923,11 +943,11 @@ void mk_cuda_product_source(mk_strbuf *b, const mk_launch *l) {
                   pg->norm_w >= 0 ? ", RmsNorm folded in" : "");
     mk_cuda_put_fault(b);
     put_weight_loads(b);
-    mk_strbuf_put(b, "extern \"C\" __global__ void __launch_bounds__(256)\nmk_product(float *__restrict__ o");
+    mk_strbuf_put(b, "extern \"C\" __global__ void __launch_bounds__(%d)\nmk_product(float *__restrict__ o", 32 * MK_MV_WARPS);
     for (int k = 0; k < l->n_in; k++) mk_strbuf_put(b, ", void *i%d", k);
     mk_strbuf_put(b, ", mk_fault_rec *fault, int launch, void *aux) {\n" MK_GROUP_START);
     mk_strbuf_put(b, "    const int lane = threadIdx.x & 31;\n"
-                     "    const long long warp = (long long)blockIdx.x * 8 + (threadIdx.x >> 5);\n");
+                     "    const long long warp = (long long)blockIdx.x * %d + (threadIdx.x >> 5);\n", MK_MV_WARPS);
     mk_strbuf_put(b, "    const float *A = (const float *)i%d;\n", pg->a);
     if (pg->norm_w >= 0) mk_strbuf_put(b, "    const float *W = (const float *)i%d;\n", pg->norm_w);
     int slots = argmax_slot(pg, pg->n_outs);
@@ -948,7 +968,7 @@ void mk_cuda_product_source(mk_strbuf *b, const mk_launch *l) {
         int need = (int)pg->m * 2 * np + (int)pg->m;
         if (need > R) R = need;
     }
-    if (W > 1) mk_strbuf_put(b, "    __shared__ float red[8][%d];\n", R);
+    if (W > 1) mk_strbuf_put(b, "    __shared__ float red[%d][%d];\n", MK_MV_WARPS, R);
     int PS = 1; /* registers of the epilogues' loads (put_epilogue_loads) */
     for (int o = 0; o < pg->n_outs; o++)
         if (plain_sources(&pg->out[o]) > PS) PS = plain_sources(&pg->out[o]);
@@ -989,8 +1009,8 @@ size_t mk_cuda_product_aux_bytes(const mk_product_group *pg) {
     return (size_t)argmax_aux_offset(pg, pg->n_outs);
 }
 
-/* The grid of a group's launch: 8 warps a block, W of them a column pair. */
+/* The grid of a group's launch: block_warps warps a block, W of them a column pair. */
 void mk_cuda_product_grid(const mk_product_group *pg, unsigned int *blocks, unsigned int *threads) {
-    *blocks = mk_cuda_blocks(product_warps(pg) * product_slices(pg), 8);
-    *threads = 256;
+    *blocks = mk_cuda_blocks(product_warps(pg) * product_slices(pg), MK_MV_WARPS);
+    *threads = 32 * (unsigned int)MK_MV_WARPS;
 }

@@ -29,6 +29,9 @@
  * test_argmax: a greedy classifier's ties, NaNs and signed zeros, as the CPU
  * picks them, on 8 columns and on 4,096 (split among threads and blocks).
  *
+ * test_staged: a group with 8 MiB of weights, whose CUDA blocks hold A (and
+ * the RmsNorm's sums) in shared memory, against double-precision loops.
+ *
  * test_timeline: MK_CUDA_TIMELINE's stamped kernels (kernels/timeline.cu)
  * compile, and on a GPU write a table of in-order times.
  *
@@ -625,6 +628,66 @@ static void test_argmax_cuda(void) {
     argmax_wide_on(MK_DEVICE_CUDA);
 }
 
+/*
+ * A group big enough that CUDA's blocks hold A in shared memory (8 MiB of
+ * weights, kernels/codegen_matvec.cu's MK_STAGE_MIN_WEIGHTS), its RmsNorm's
+ * squares summed by the block: two rows of x, against double-precision
+ * loops. The random graphs' weights are far smaller.
+ */
+static void staged_on(mk_device dev) {
+    enum { M = 2, K = 2048, N = 1024 };
+    char text[512];
+    snprintf(text, sizeof text,
+             "$1 = InputTensor(x, float32, [%d, %d]);\n"
+             "$2 = InputTensor(g, float32, [%d]);\n"
+             "$3 = RmsNormNode($1, $2);\n"
+             "$4 = InputTensor(w, float32, [%d, %d]);\n"
+             "$5 = PermuteNode($4, [1, 0]);\n"
+             "$6 = MatMulNode($3, $5);\n"
+             "result = $6;\n",
+             M, K, K, N, K);
+    mk_error *err = NULL;
+    mk_context *ctx = mk_context_new(&err);
+    mk_model *m = compile_one_group(ctx, text, dev);
+    float *x = malloc(sizeof(float) * M * K), *g = malloc(sizeof(float) * K);
+    float *w = malloc(sizeof(float) * N * K), *out = malloc(sizeof(float) * M * N);
+    if (m && mk_cuda_plugin_get(NULL, 0)) { /* the kernel is the staged one */
+        char *src = mk_model_kernel_source(m, 0, &err);
+        CHECK(src && strstr(src, "sA[") && strstr(src, "sss["), "not staged:\n%s",
+              src ? src : mk_error_message(err));
+        mk_string_free(src);
+    }
+    for (int c = 0; m && c < 2 && !test_cur_failed; c++) {
+        for (int i = 0; i < M * K; i++) x[i] = (float)test_uniform(-2, 2);
+        for (int i = 0; i < K; i++) g[i] = (float)test_uniform(0.5, 1.5);
+        for (int i = 0; i < N * K; i++) w[i] = (float)test_uniform(-1, 1);
+        mk_named_tensor in[3] = {{"x", x}, {"g", g}, {"w", w}};
+        int rc = mk_evaluate(m, in, 3, out, sizeof(float) * M * N, &err);
+        CHECK(rc == 0, "evaluate: %s", mk_error_message(err));
+        for (int r = 0; rc == 0 && r < M && !test_cur_failed; r++) {
+            double ss = 0.0;
+            for (int k = 0; k < K; k++) ss += (double)x[r * K + k] * x[r * K + k];
+            double inv = 1.0 / sqrt(ss / K + 1e-5);
+            for (int n = 0; n < N && !test_cur_failed; n++) {
+                double want = 0.0, size = 0.0;
+                for (int k = 0; k < K; k++) {
+                    double t = (double)x[r * K + k] * inv * g[k] * w[(size_t)n * K + k];
+                    want += t, size += fabs(t);
+                }
+                CHECK(fabs(out[r * N + n] - want) <= 1e-5 * size, "row %d column %d: %g, want %g",
+                      r, n, (double)out[r * N + n], want);
+            }
+        }
+    }
+    free(x), free(g), free(w), free(out);
+    mk_model_free(m);
+    mk_error_free(err);
+    mk_context_free(ctx);
+}
+
+static void test_staged_cpu(void) { staged_on(MK_DEVICE_CPU); }
+static void test_staged_cuda(void) { staged_on(MK_DEVICE_CUDA); }
+
 static void test_row_fault_cpu(void) { row_fault_on(MK_DEVICE_CPU); }
 static void test_row_fault_cuda(void) { row_fault_on(MK_DEVICE_CUDA); }
 
@@ -758,16 +821,19 @@ int main(void) {
     RUN(test_row_fault_cpu);
     RUN(test_prefix_fault_cpu);
     RUN(test_argmax_cpu);
+    RUN(test_staged_cpu);
     RUN(test_timeline);
     char why[256];
     if (mk_cuda_available(why, sizeof why) == 1) {
         RUN(test_row_fault_cuda);
         RUN(test_prefix_fault_cuda);
         RUN(test_argmax_cuda);
+        RUN(test_staged_cuda);
     } else {
         SKIP(test_row_fault_cuda, why);
         SKIP(test_prefix_fault_cuda, why);
         SKIP(test_argmax_cuda, why);
+        SKIP(test_staged_cuda, why);
     }
     return test_summary("product");
 }
