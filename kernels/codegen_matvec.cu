@@ -929,9 +929,10 @@ static void put_staging(mk_strbuf *b, const mk_product_group *pg, int E) {
 }
 
 /* The kernel of a matrix–vector group's launch: one warp per column pair of a
- * result (every row of A), MK_MV_WARPS warps a block, each on its own: a warp reads all
- * of A, so it sums the RmsNorm's squares of x in the same loop and scales its
- * dot products of w * x by 1 / rms at the end (no block-wide step). */
+ * result (every row of A), MK_MV_WARPS warps a block, each on its own: a warp
+ * reads all of A, so it sums the RmsNorm's squares of x in the same loop and
+ * scales its dot products of w * x by 1 / rms at the end (no block-wide step
+ * unless A is staged). */
 void mk_cuda_product_source(mk_strbuf *b, const mk_launch *l) {
     const mk_product_group *pg = l->node->prod;
     int M = (int)pg->m;
@@ -1009,7 +1010,7 @@ size_t mk_cuda_product_aux_bytes(const mk_product_group *pg) {
     return (size_t)argmax_aux_offset(pg, pg->n_outs);
 }
 
-/* The grid of a group's launch: block_warps warps a block, W of them a column pair. */
+/* The grid of a group's launch: MK_MV_WARPS warps a block, W of them a column pair. */
 void mk_cuda_product_grid(const mk_product_group *pg, unsigned int *blocks, unsigned int *threads) {
     *blocks = mk_cuda_blocks(product_warps(pg) * product_slices(pg), MK_MV_WARPS);
     *threads = 32 * (unsigned int)MK_MV_WARPS;
