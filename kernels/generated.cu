@@ -3,10 +3,12 @@
  * NVRTC when the model is compiled, loaded with the runtime's library API and
  * launched like any kernel (so each is a node of the model's CUDA graph).
  *
- * Kernels are kept for the process, by the hash of their source and the
- * device's architecture: identical layers (same shapes, same program) compile
- * once, whatever the model or context; and on disk, so a second process skips
- * NVRTC. Compiling happens in prepare, before the graph is captured.
+ * Kernels are kept for the process, by the hash of their program (the
+ * source less its first line, which names the group) and the device's
+ * architecture: identical layers (same shapes, same program) compile once and
+ * share one kernel, whatever the model or context; and on disk, so a second
+ * process skips NVRTC. Compiling happens in prepare, before the graph is
+ * captured.
  */
 #include "cuda_device.h"
 
@@ -38,6 +40,18 @@ static unsigned long long fnv1a(const char *s) {
     return h;
 }
 
+/* What decides a kernel: its source past the first line, the comment naming
+ * the group (and its node's id, which differs from layer to layer), so that
+ * identical layers share one kernel. Measured on the H200 against the whole
+ * source (every launch its own kernel), with the disk cache off: stories110M
+ * compiled for CUDA in 694 ms against 2,048, Llama-2-7B in bfloat16 in 3.8 s
+ * against 8.1; decoding the same or faster (stories15M 11,678 to 11,956
+ * tok/s, 110M 4,410 / 4,456 to 4,468 / 4,463, 7B 268.2 to 270.2). */
+static const char *program_of(const char *src) {
+    const char *line = strncmp(src, "// ", 3) ? NULL : strchr(src, '\n');
+    return line ? line + 1 : src;
+}
+
 /* NVRTC's status as an error, with the first lines of its log. */
 static int nvrtc_fail(mk_error **err, nvrtcProgram prog, nvrtcResult r, const mk_launch *l) {
     char log[700] = "";
@@ -59,7 +73,7 @@ static int nvrtc_fail(mk_error **err, nvrtcProgram prog, nvrtcResult r, const mk
  * Compiled kernels (cubins) are kept on disk so that a second process skips
  * NVRTC: in $MK_KERNEL_CACHE when set ("off" or "0": no disk cache), else
  * $XDG_CACHE_HOME/moonkaas, else $HOME/.cache/moonkaas. A file is named by
- * what decides its contents: the source's hash and length, the architecture
+ * what decides its contents: the program's hash and length, the architecture
  * and NVRTC's version. It is written whole under a temporary name and renamed,
  * so readers never see half a file; one that is not an ELF file is compiled
  * again and replaced. Any trouble with the disk just means compiling.
@@ -79,8 +93,9 @@ static bool cache_dir(char *dir, size_t size) {
 static bool cache_path(char *path, size_t size, const char *dir, const char *src, int arch) {
     int major = 0, minor = 0;
     nvrtcVersion(&major, &minor);
-    int n = snprintf(path, size, "%s/%016llx-%zx-sm%d-nvrtc%d.%d.cubin", dir, fnv1a(src),
-                     strlen(src), arch, major, minor);
+    const char *program = program_of(src);
+    int n = snprintf(path, size, "%s/%016llx-%zx-sm%d-nvrtc%d.%d.cubin", dir, fnv1a(program),
+                     strlen(program), arch, major, minor);
     return n > 0 && (size_t)n < size;
 }
 
@@ -188,8 +203,9 @@ static cudaKernel_t compile(const char *src, int arch, const mk_launch *l, cudaL
     return kernel;
 }
 
-/* With MK_CUDA_DUMP=DIR, each group's source is written to DIR/<hash>_sm<arch>.cu
- * for people reading what runs (a file that cannot be written is skipped). */
+/* With MK_CUDA_DUMP=DIR, each program's source is written to DIR/<hash>_sm<arch>.cu
+ * (layers that share it: the last one's) for people reading what runs (a file
+ * that cannot be written is skipped). */
 static void dump(const char *src, unsigned long long hash, int arch) {
     const char *dir = getenv("MK_CUDA_DUMP");
     if (!dir || !*dir) return;
@@ -206,7 +222,7 @@ static cudaKernel_t kernel_for(const mk_launch *l, int arch, bool disk, int *com
                                int *from_disk, mk_error **err) {
     char *src = mk_cuda_generate_source(l, err);
     if (!src) return NULL;
-    unsigned long long hash = fnv1a(src);
+    unsigned long long hash = fnv1a(program_of(src));
     dump(src, hash, arch);
     cudaKernel_t kernel = NULL;
     pthread_mutex_lock(&cache_lock);
@@ -366,7 +382,7 @@ char *mk_cuda_generate_source(const mk_launch *l, mk_error **err) {
 int mk_cuda_generate_check(const mk_launch *l, int arch, mk_error **err) {
     char *src = mk_cuda_generate_source(l, err);
     if (!src) return -1;
-    dump(src, fnv1a(src), arch);
+    dump(src, fnv1a(program_of(src)), arch);
     bool from_disk = false;
     int rc = compile(src, arch, l, NULL, true, &from_disk, err) ? 0 : -1;
     free(src);

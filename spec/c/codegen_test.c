@@ -13,6 +13,7 @@
  *                        clear errors for library launches and bad indexes
  *   test_disk_cache      the cubins kept on disk ($MK_KERNEL_CACHE): read back,
  *                        broken files replaced, "off", unusable directories
+ *   test_shared_program  two layers alike share one kernel (one cubin)
  *   test_lowp_groups     matrix-vector groups of float16, bfloat16 and int8 weights
  *   test_gathered_operands  a group reading embeddings' rows (gather.c)
  *
@@ -243,6 +244,48 @@ done:
     if (system(cmd) != 0) printf("#   could not remove %s\n", dir);
 }
 
+/* Two layers alike (a product and its residual, weights of one shape, their
+ * columns contiguous as CUDA reads them): their
+ * sources differ only in the first line, which names the group, and they
+ * share one kernel: one cubin on disk for both. */
+static void test_shared_program(void) {
+    char dir[] = "/tmp/mk-kernel-cache-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    setenv("MK_KERNEL_CACHE", dir, 1);
+    int k = (int)test_randint(100, 4000) * 2; /* a shape no cache has */
+    char text[512];
+    snprintf(text, sizeof text,
+             "$1 = InputTensor(x, float32, [1, %d]);\n"
+             "$2 = InputTensor(w1, float32, [%d, %d]);\n$3 = PermuteNode($2, [1, 0]);\n"
+             "$4 = MatMulNode($1, $3);\n$5 = SumNode($4, $1);\n"
+             "$6 = InputTensor(w2, float32, [%d, %d]);\n$7 = PermuteNode($6, [1, 0]);\n"
+             "$8 = MatMulNode($5, $7);\n$9 = SumNode($8, $5);\nresult = $9;\n",
+             k, k, k, k, k);
+    mk_error *err = NULL;
+    mk_context *ctx = mk_context_new(&err);
+    mk_model *m = mk_compile(ctx, text, NULL, 0, NULL, &err);
+    CHECK(m != NULL, "compile: %s", mk_error_message(err));
+    char *a = m ? mk_model_kernel_source(m, 0, &err) : NULL, *b = m ? mk_model_kernel_source(m, 1, &err) : NULL;
+    CHECK(a && b && strstr(a, "group $4:") && strstr(b, "group $8:"), "sources: %s",
+          mk_error_message(err));
+    if (a && b) {
+        const char *pa = strchr(a, '\n'), *pb = strchr(b, '\n');
+        CHECK(pa && pb && !strcmp(pa, pb), "the layers' programs differ:\n%s\n%s", a, b);
+    }
+    int checked = m ? mk_model_check_generated(m, 90, &err) : -1;
+    CHECK(checked == 2 && cubins(dir, NULL) == 1, "%d groups, %d cubins: %s", checked,
+          cubins(dir, NULL), mk_error_message(err));
+    mk_string_free(a);
+    mk_string_free(b);
+    mk_model_free(m);
+    unsetenv("MK_KERNEL_CACHE");
+    mk_error_free(err);
+    mk_context_free(ctx);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) printf("#   could not remove %s\n", dir);
+}
+
 /* Matrix–vector groups whose weights are float16, bfloat16 or int8 in scale
  * blocks (a DequantizeNode folded in), with four-wide loads (k a multiple of
  * 4) and without (k odd, for the widened ones). */
@@ -327,6 +370,7 @@ int main(void) {
         RUN(test_random_groups);
         RUN(test_kernel_source);
         RUN(test_disk_cache);
+        RUN(test_shared_program);
         RUN(test_lowp_groups);
         RUN(test_gathered_operands);
     }
