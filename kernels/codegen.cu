@@ -212,6 +212,19 @@ void mk_cuda_put_fault(mk_strbuf *b) {
  * Llama-2-7B in bfloat16 267.7 / 269.3 to 270.3 / 270.3, then 269.7 to
  * 270.4, in int8 366.6 to 368.4. Not for a cluster, whose early rows load
  * before the wait: stories15M went from 11,805 / 11,787 to 11,083 / 10,857.
+ * Nor, on the H200 at 49997a7, with HBM idle while the attention runs (5 to
+ * 8 us after its wait): each block sending the next launches' weights (wo,
+ * w1 / w3, w2) to L2 after its own loads, 16 / 24 / 40 MB a launch:
+ * stories110M 4,422 / 4,413 to 4,154 / 4,082 / 4,071 tok/s; Llama-2-7B in
+ * bfloat16 269.3 / 270.3 to 264.8 (24 MB) and 263.0 (40 MB), int8 366.2 to
+ * 359.5 (32 MB). Nor the launch before (which writes the cache's row p - 1)
+ * sending the rows before it to L2 before its own wait, about 5 us ahead of
+ * this launch's: from every block, stories110M 4,430 / 4,426 to 4,165 /
+ * 4,125, in bfloat16 5,112 to 4,475, Llama-2-7B 272.4 to 269.9; from its
+ * first 32 blocks, 4,441 / 4,440 to 4,407 / 4,399 and 5,104 to 4,889
+ * (stories15M +2 to 3 % either way). MK_CUDA_TIMELINE put this launch's end
+ * at 5.4 us after its wait with the rows in L2, against 5.6 / 5.2: the time
+ * goes to its chain of steps, not to the cache's bytes.
  */
 #define MK_ATT_CHUNK 32
 #define MK_ATT_THREADS 128

@@ -45,6 +45,14 @@ static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
  * Weights of a matrix–vector group in any of its dtypes: the element type of
  * the generated pointer, and functions widening one or four elements to float
  * (exact; int8 is multiplied by its block's scale where the caller reads it).
+ *
+ * Weights are read once a step, so they load evict-first (__ldcs, ld.global.cs):
+ * streaming them through L2 then leaves there what is read again, the
+ * kernels' code, the caches' rows and the activations. On the H200 at 5548bef
+ * (tok/s, plain loads to evict-first): stories110M 4,475 / 4,485 to 4,555 /
+ * 4,572, in bfloat16 5,151 to 5,309, in int8 4,907 to 5,026; stories15M
+ * 12,150 to 13,035; MK_CUDA_TIMELINE put 110M's attention at 4.6 us after its
+ * wait, against 5.3.
  */
 static const char *weight_ctype(mk_dtype d) {
     switch (d) {
@@ -66,13 +74,13 @@ static const char *weight_suffix(mk_dtype d) {
 
 static void put_weight_loads(mk_strbuf *b) {
     mk_strbuf_put(b,
-        "static __device__ __forceinline__ float mk_w1_f32(const float *p) { return *p; }\n"
-        "static __device__ __forceinline__ void mk_w4_f32(const float *p, float4 *o) { o[0] = *(const float4 *)p; }\n"
+        "static __device__ __forceinline__ float mk_w1_f32(const float *p) { return __ldcs(p); }\n"
+        "static __device__ __forceinline__ void mk_w4_f32(const float *p, float4 *o) { o[0] = __ldcs((const float4 *)p); }\n"
         "static __device__ __forceinline__ float mk_bf(unsigned int u) { return __uint_as_float(u << 16); }\n"
         "static __device__ __forceinline__ float mk_bf_hi(unsigned int u) { return __uint_as_float(u & 0xffff0000u); }\n"
-        "static __device__ __forceinline__ float mk_w1_bf16(const unsigned short *p) { return mk_bf(*p); }\n"
+        "static __device__ __forceinline__ float mk_w1_bf16(const unsigned short *p) { return mk_bf(__ldcs(p)); }\n"
         "static __device__ __forceinline__ void mk_w4_bf16(const unsigned short *p, float4 *o) {\n"
-        "    const uint2 u = *(const uint2 *)p;\n"
+        "    const uint2 u = __ldcs((const uint2 *)p);\n"
         "    o[0] = make_float4(mk_bf(u.x), mk_bf_hi(u.x), mk_bf(u.y), mk_bf_hi(u.y));\n"
         "}\n"
         "static __device__ __forceinline__ void mk_x8_bf16(uint4 u, float4 *o) {\n"
@@ -80,16 +88,16 @@ static void put_weight_loads(mk_strbuf *b) {
         "    o[1] = make_float4(mk_bf(u.z), mk_bf_hi(u.z), mk_bf(u.w), mk_bf_hi(u.w));\n"
         "}\n"
         "static __device__ __forceinline__ void mk_w8_bf16(const unsigned short *p, float4 *o) {\n"
-        "    mk_x8_bf16(*(const uint4 *)p, o);\n"
+        "    mk_x8_bf16(__ldcs((const uint4 *)p), o);\n"
         "}\n"
         "static __device__ __forceinline__ float mk_h2f(unsigned short h) {\n"
         "    float f; asm(\"cvt.f32.f16 %%0, %%1;\" : \"=f\"(f) : \"h\"(h)); return f;\n"
         "}\n"
         "static __device__ __forceinline__ float mk_hf(unsigned int u) { return mk_h2f((unsigned short)u); }\n"
         "static __device__ __forceinline__ float mk_hf_hi(unsigned int u) { return mk_h2f((unsigned short)(u >> 16)); }\n"
-        "static __device__ __forceinline__ float mk_w1_f16(const unsigned short *p) { return mk_h2f(*p); }\n"
+        "static __device__ __forceinline__ float mk_w1_f16(const unsigned short *p) { return mk_h2f(__ldcs(p)); }\n"
         "static __device__ __forceinline__ void mk_w4_f16(const unsigned short *p, float4 *o) {\n"
-        "    const uint2 u = *(const uint2 *)p;\n"
+        "    const uint2 u = __ldcs((const uint2 *)p);\n"
         "    o[0] = make_float4(mk_hf(u.x), mk_hf_hi(u.x), mk_hf(u.y), mk_hf_hi(u.y));\n"
         "}\n"
         "static __device__ __forceinline__ void mk_x8_f16(uint4 u, float4 *o) {\n"
@@ -97,9 +105,9 @@ static void put_weight_loads(mk_strbuf *b) {
         "    o[1] = make_float4(mk_hf(u.z), mk_hf_hi(u.z), mk_hf(u.w), mk_hf_hi(u.w));\n"
         "}\n"
         "static __device__ __forceinline__ void mk_w8_f16(const unsigned short *p, float4 *o) {\n"
-        "    mk_x8_f16(*(const uint4 *)p, o);\n"
+        "    mk_x8_f16(__ldcs((const uint4 *)p), o);\n"
         "}\n"
-        "static __device__ __forceinline__ float mk_w1_i8(const signed char *p) { return (float)*p; }\n"
+        "static __device__ __forceinline__ float mk_w1_i8(const signed char *p) { return (float)__ldcs(p); }\n"
         /* four int8 as floats without the quarter-rate I2F: byte + 128 as the
          * low bits of 2^23's mantissa (one PRMT), less 2^23 + 128 (exact) */
         "static __device__ __forceinline__ float mk_i8f(unsigned int v, unsigned int sel) {\n"
@@ -109,12 +117,12 @@ static void put_weight_loads(mk_strbuf *b) {
         "    const unsigned int v = u ^ 0x80808080u;\n"
         "    return make_float4(mk_i8f(v, 0x7540u), mk_i8f(v, 0x7541u), mk_i8f(v, 0x7542u), mk_i8f(v, 0x7543u));\n"
         "}\n"
-        "static __device__ __forceinline__ void mk_w4_i8(const signed char *p, float4 *o) { o[0] = mk_i8x4(*(const unsigned int *)p); }\n"
+        "static __device__ __forceinline__ void mk_w4_i8(const signed char *p, float4 *o) { o[0] = mk_i8x4(__ldcs((const unsigned int *)p)); }\n"
         "static __device__ __forceinline__ void mk_x16_i8(uint4 u, float4 *o) {\n"
         "    o[0] = mk_i8x4(u.x); o[1] = mk_i8x4(u.y); o[2] = mk_i8x4(u.z); o[3] = mk_i8x4(u.w);\n"
         "}\n"
         "static __device__ __forceinline__ void mk_w16_i8(const signed char *p, float4 *o) {\n"
-        "    mk_x16_i8(*(const uint4 *)p, o);\n"
+        "    mk_x16_i8(__ldcs((const uint4 *)p), o);\n"
         "}\n");
 }
 
@@ -298,7 +306,7 @@ static void put_weight_loads(mk_strbuf *b, const mk_launch *l, const mk_product_
         const char *w = weight_suffix(l->in[bk].dtype);
         for (int c = 0; c < 2; c++) {
             if (raw)
-                mk_strbuf_put(b, "%sb%d_%d%sr = *(const uint4 *)(B%d + %lldLL + k);\n", indent, j, c, tag,
+                mk_strbuf_put(b, "%sb%d_%d%sr = __ldcs((const uint4 *)(B%d + %lldLL + k));\n", indent, j, c, tag,
                               j, c * ldb);
             else if (E >= 4)
                 mk_strbuf_put(b, "%smk_w%d_%s(B%d + %lldLL + k, b%d_%d%s);\n", indent, E, w, j, c * ldb,
@@ -396,8 +404,8 @@ static void put_grid_step(mk_strbuf *b, const mk_launch *l, const mk_product_gro
         const mk_tensor *sc = &l->in[pg->b_scale[pj]];
         long long ldb = l->in[pg->b[pj]].stride[1];
         for (int c = 0; c < 2; c++) {
-            if (E == 1) mk_strbuf_put(b, "            const int b%d_%d = B%d[%lldLL + k];\n", j, c, j, c * ldb);
-            else mk_strbuf_put(b, "            const %s b%d_%d = *(const %s *)(B%d + %lldLL + k);\n", QT, j, c, QT, j, c * ldb);
+            if (E == 1) mk_strbuf_put(b, "            const int b%d_%d = __ldcs(B%d + %lldLL + k);\n", j, c, j, c * ldb);
+            else mk_strbuf_put(b, "            const %s b%d_%d = __ldcs((const %s *)(B%d + %lldLL + k));\n", QT, j, c, QT, j, c * ldb);
             mk_strbuf_put(b, "            const float s%d_%d = S%d[%lldLL + k / %lldLL * %lldLL];\n", j, c, j,
                           c * (long long)sc->stride[1], (long long)pg->b_group[pj], (long long)sc->stride[0]);
             for (int m = 0; m < M; m++) {
@@ -570,6 +578,12 @@ static int preload_steps(const mk_launch *l, const mk_product_group *pg, int E, 
  * registers (6 blocks an SM), 2.69; the same loop without the widening math,
  * 3.2. So the int8 launch is held by its math and its warps an SM, not by
  * its bytes in flight; the generated q/k/v takes 78 registers (3 blocks).
+ * Yet fewer registers through fewer preloads lost (H200, at 49997a7, int8):
+ * MK_PRELOAD_FLOATS 10 / 20 for int8 (78 / 62 / 80 / 63 / 64 registers for
+ * q/k/v, wo, w1 / w3, w2, the classifier became 64 / 48 / 80 / 48 / 56 at
+ * 10) took Llama-2-7B from 369.6 / 369.1 to 333.1 / 345.0 tok/s, and with
+ * __launch_bounds__(256, 4) (64 registers at most, no spills) to 357.1 /
+ * 355.3; stories110M 4,834 to 4,838 (10) and 4,718 (20, 4 blocks).
  */
 static bool loads_ahead(const mk_product_group *pg, int E) { return E == 16 && !pg->a8_group; }
 
