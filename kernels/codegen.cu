@@ -224,7 +224,11 @@ void mk_cuda_put_fault(mk_strbuf *b) {
  * first 32 blocks, 4,441 / 4,440 to 4,407 / 4,399 and 5,104 to 4,889
  * (stories15M +2 to 3 % either way). MK_CUDA_TIMELINE put this launch's end
  * at 5.4 us after its wait with the rows in L2, against 5.6 / 5.2: the time
- * goes to its chain of steps, not to the cache's bytes.
+ * is not the cache's bytes. Part of it is fetching this long kernel's code
+ * (about 40 KB for stories110M): with one kernel for every layer
+ * (generated.cu's program_of) and the weights evict-first (codegen_matvec.cu),
+ * which leave the code in L2, it went to 4.6 us; the rest is its chain of
+ * dependent steps.
  */
 #define MK_ATT_CHUNK 32
 #define MK_ATT_THREADS 128
