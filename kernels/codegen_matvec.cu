@@ -72,7 +72,7 @@ static const char *weight_suffix(mk_dtype d) {
     }
 }
 
-static void put_weight_loads(mk_strbuf *b) {
+static void put_weight_helpers(mk_strbuf *b) {
     mk_strbuf_put(b,
         "static __device__ __forceinline__ float mk_w1_f32(const float *p) { return __ldcs(p); }\n"
         "static __device__ __forceinline__ void mk_w4_f32(const float *p, float4 *o) { o[0] = __ldcs((const float4 *)p); }\n"
@@ -957,7 +957,7 @@ void mk_cuda_product_source(mk_strbuf *b, const mk_launch *l) {
                   l->node->id, M, K, pg->n_products, pg->n_outs,
                   pg->norm_w >= 0 ? ", RmsNorm folded in" : "");
     mk_cuda_put_fault(b);
-    put_weight_loads(b);
+    put_weight_helpers(b);
     mk_strbuf_put(b, "extern \"C\" __global__ void __launch_bounds__(%d)\nmk_product(float *__restrict__ o", 32 * MK_MV_WARPS);
     for (int k = 0; k < l->n_in; k++) mk_strbuf_put(b, ", void *i%d", k);
     mk_strbuf_put(b, ", mk_fault_rec *fault, int launch, void *aux) {\n" MK_GROUP_START);
