@@ -180,6 +180,14 @@ static mk_model *fresh_group(mk_context *ctx, mk_error **err) {
     return mk_compile(ctx, text, NULL, 0, NULL, err);
 }
 
+/* After a test of the disk cache in dir: $MK_KERNEL_CACHE unset, dir removed. */
+static void drop_cache_dir(const char *dir) {
+    unsetenv("MK_KERNEL_CACHE");
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) printf("#   could not remove %s\n", dir);
+}
+
 /* The disk cache: a second check reads the cubin instead of compiling (the file
  * is not replaced), a broken file is compiled again and replaced, "off" writes
  * nothing, an unusable directory just means compiling. */
@@ -236,12 +244,9 @@ static void test_disk_cache(void) {
           mk_error_message(err));
     mk_model_free(m);
 done:
-    unsetenv("MK_KERNEL_CACHE");
     mk_error_free(err);
     mk_context_free(ctx);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd) != 0) printf("#   could not remove %s\n", dir);
+    drop_cache_dir(dir);
 }
 
 /* Two layers alike (a product and its residual, weights of one shape, their
@@ -278,12 +283,9 @@ static void test_shared_program(void) {
     mk_string_free(a);
     mk_string_free(b);
     mk_model_free(m);
-    unsetenv("MK_KERNEL_CACHE");
     mk_error_free(err);
     mk_context_free(ctx);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd) != 0) printf("#   could not remove %s\n", dir);
+    drop_cache_dir(dir);
 }
 
 /* Matrix–vector groups whose weights are float16, bfloat16 or int8 in scale
