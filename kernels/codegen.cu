@@ -132,6 +132,27 @@ void mk_cuda_put_fault(mk_strbuf *b) {
 
 
 /*
+ * How the last of a launch's blocks to finish a shared result knows it is
+ * the last: after a barrier (the block's stores to the result are done, at
+ * the block's scope), its thread 0 counts the block in with one atomic that
+ * is a release and an acquire at the GPU's scope; the thread that reads the
+ * full count has then seen every block's stores, and a barrier passes that on
+ * to its block (the pattern of CUTLASS's semaphores). It replaces a fence of
+ * every thread before the count and after it (__threadfence, fence.sc):
+ * measured on the H200 against 2bc6a91, stories110M went from 4,588 / 4,582
+ * to 4,659 / 4,667 tok/s (then 4,556 to 4,636), in bfloat16 from 5,306 to
+ * 5,425; stories15M (its ArgMax's count alone) 12,794 / 12,691 / 12,890 to
+ * 12,979 / 12,766 / 12,928; Llama-2-7B in bfloat16 273.8 to 274.0.
+ */
+void mk_cuda_put_arrive(mk_strbuf *b) {
+    mk_strbuf_put(b, "static __device__ __forceinline__ unsigned int mk_arrive(unsigned int *count) {\n"
+                     "    unsigned int before;\n"
+                     "    asm volatile(\"atom.acq_rel.gpu.global.add.u32 %%0, [%%1], 1;\" : \"=r\"(before) : \"l\"(count) : \"memory\");\n"
+                     "    return before;\n"
+                     "}\n");
+}
+
+/*
  * Decode attention, split along the cache (flash-decoding): chunks of
  * MK_ATT_CHUNK cached rows, CB blocks of 128 threads per query row (batch t,
  * row i), block b taking chunks b, b + CB, ... in turn; chunks at or past p
@@ -159,9 +180,19 @@ void mk_cuda_put_fault(mk_strbuf *b) {
  * (8 chunks a query) went from 10,716 / 10,928 to 11,170 / 11,175 tok/s
  * against every block keeping its part and chunk 0 reading them after a
  * barrier, with a second for the others to wait on. Otherwise each writes its
- * part to `part` in global memory and counts itself in `count`; the last to
- * finish combines them and sets the count back to zero for the next
- * evaluation.
+ * part to `part` in global memory and counts itself in `count` (mk_arrive);
+ * the last to finish combines them and sets the count back to zero for the
+ * next evaluation. That combine is about half of stories110M's attention:
+ * without it (a measuring patch, wrong values) stories110M went from 4,522
+ * to 5,109 / 5,148 tok/s on the H200 at 2bc6a91, Llama-2-7B in bfloat16 from
+ * 270.4 to 274.9. Leaving it to the matrix-vector group that alone reads the
+ * result (wo), each of whose blocks made A from the parts as it staged A,
+ * lost: 4,578 to 4,229 loading 8 chunks' parts a query whatever p, 4,573 to
+ * 4,496 loading those of a guessed p (the step before's, plus one). The
+ * attention ended 1.9 us sooner, but wo 2.7 us later (MK_CUDA_TIMELINE: 0.8
+ * to 3.5 us after its wait), and w1 / w3 0.6 us: every one of wo's 192
+ * blocks loads every part (about 0.6 MB a chunk in all), then waits at two
+ * barriers, for the factors and for A.
  *
  * Early rows: where no launch before writes the rows before p - 1
  * (mk_attention_info.early: a decode step writes row p - 1 alone) and the
@@ -297,6 +328,7 @@ static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
         mk_strbuf_put(b, "#if __CUDA_ARCH__ >= 900\n#define MK_CLUSTER\n#endif\n");
     mk_cuda_put_fault(b);
     put_cluster_helpers(b);
+    mk_cuda_put_arrive(b);
     mk_strbuf_put(b, "extern \"C\" __global__ void __launch_bounds__(%lld)\n", T);
     if (cluster) mk_strbuf_put(b, "#ifdef MK_CLUSTER\n__cluster_dims__(%lld, 1, 1)\n#endif\n", C);
     mk_strbuf_put(b, "mk_product(float *__restrict__ o");
@@ -454,12 +486,10 @@ static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
                                   "#define MK_PART(k, x) cpart[(k) * %lldLL + (x)]\n"
                                   "#else\n", N + 2);
     mk_strbuf_put(b, "    if (chunks == 1) return; /* one chunk: written as it is */\n"
-                     "    __threadfence();\n"
                      "    __syncthreads();\n"
-                     "    if (tid == 0) last = atomicAdd(&count[row], 1u) == (unsigned int)chunks - 1u;\n"
+                     "    if (tid == 0) last = mk_arrive(&count[row]) == (unsigned int)chunks - 1u;\n"
                      "    __syncthreads();\n"
                      "    if (!last) continue; /* (a later chunk of this block's would count too) */\n"
-                     "    __threadfence();\n"
                      "    if (tid == 0) count[row] = 0u;\n"
                      "    const float *all = part + row * %lldLL * %lldLL;\n"
                      "#define MK_PART(k, x) __ldcg(&all[(k) * %lldLL + (x)])\n",

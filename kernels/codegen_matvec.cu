@@ -216,9 +216,7 @@ static void put_argmax_blocks(mk_strbuf *b, const mk_product_group *pg) {
                          "        unsigned long long *best = (unsigned long long *)((char *)aux + %lldLL);\n"
                          "        unsigned int *done = (unsigned int *)(best + %d);\n"
                          "        for (int m = 0; m < %d; m++) atomicMax(&best[m], sbest[%d + m]);\n"
-                         "        __threadfence();\n"
-                         "        if (atomicAdd(done, 1u) == %lldu) {\n"
-                         "            __threadfence();\n"
+                         "        if (mk_arrive(done) == %lldu) {\n"
                          "            long long *dst = (long long *)(o + %lldLL);\n"
                          "            for (int m = 0; m < %d; m++)\n"
                          "                dst[m] = (long long)(0xffffffffu - (unsigned int)(atomicExch(&best[m], 0ull) & 0xffffffffull));\n"
@@ -957,6 +955,7 @@ void mk_cuda_product_source(mk_strbuf *b, const mk_launch *l) {
                   l->node->id, M, K, pg->n_products, pg->n_outs,
                   pg->norm_w >= 0 ? ", RmsNorm folded in" : "");
     mk_cuda_put_fault(b);
+    mk_cuda_put_arrive(b);
     put_weight_helpers(b);
     mk_strbuf_put(b, "extern \"C\" __global__ void __launch_bounds__(%d)\nmk_product(float *__restrict__ o", 32 * MK_MV_WARPS);
     for (int k = 0; k < l->n_in; k++) mk_strbuf_put(b, ", void *i%d", k);

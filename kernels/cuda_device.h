@@ -277,6 +277,9 @@ void mk_cuda_group_grid(const mk_product_group *pg, unsigned int *blocks, unsign
  * as CUDA C, and the fault record with how a kernel raises one. */
 void mk_cuda_put_insn(mk_strbuf *b, const mk_expr *e, int j, bool f32);
 void mk_cuda_put_fault(mk_strbuf *b);
+/* codegen.cu: mk_arrive(count), with which the last block to finish a shared
+ * result learns it is the last, having seen the others' stores. */
+void mk_cuda_put_arrive(mk_strbuf *b);
 /* codegen_matvec.cu: the same three for a matrix–vector group. */
 void mk_cuda_product_source(mk_strbuf *b, const mk_launch *l);
 size_t mk_cuda_product_aux_bytes(const mk_product_group *pg);
