@@ -171,6 +171,11 @@ static long long weight_element_bytes(const mk_product_group *pg) {
  * the dtype's own step (16 bytes a lane) leaves none idle, but it was slower
  * on the H200 at eab74b9: stories110M bfloat16 5,107 / 5,127 to 4,925 tok/s,
  * int8 4,869 / 4,833 to 4,024; stories15M bfloat16 13,088 / 13,033 to 11,763.
+ * Nor fewer warps, so that stories110M's q/k/v blocks (576, whose last 48
+ * start about 2 us after their wait under MK_CUDA_TIMELINE) fit beside w2's:
+ * targets of 2,048 / 1,536 warps (q/k/v and w1 / w3 at 2 slices) gave
+ * 4,643 and 4,681 / 4,583 tok/s against 4,645 / 4,606, in bfloat16 5,231
+ * against 5,420 (H200, 75f6300).
  */
 static int product_slices(const mk_product_group *pg) {
     long long pairs = 0;
