@@ -250,9 +250,9 @@ done:
 }
 
 /* Two layers alike (a product and its residual, weights of one shape, their
- * columns contiguous as CUDA reads them): their
- * sources differ only in the first line, which names the group, and they
- * share one kernel: one cubin on disk for both. */
+ * columns contiguous as CUDA reads them): their sources differ only in the
+ * first line, which names the group, and they share one kernel: one cubin on
+ * disk for both. */
 static void test_shared_program(void) {
     char dir[] = "/tmp/mk-kernel-cache-XXXXXX";
     CHECK(mkdtemp(dir) != NULL, "mkdtemp");
