@@ -397,9 +397,9 @@ static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
     mk_strbuf_put(b, "    float *part = (float *)aux;\n"
                      "    unsigned int *count = (unsigned int *)(part + %lldLL);\n",
                   (long long)att_part_floats(a));
-    mk_strbuf_put(b, "    __shared__ float sc[%lld], red[%lld], pm[%lld], pl[%lld];\n"
+    mk_strbuf_put(b, "    __shared__ float sc[%lld], red[%lld], pm[%lld], pl[%lld], pf[%lld];\n"
                      "    __shared__ float cm, cl;\n    __shared__ bool last;\n",
-                  R, G * N > T ? G * N : T, C, C);
+                  R, G * N > T ? G * N : T, C, C, C);
     if (cluster) mk_strbuf_put(b, "#ifdef MK_CLUSTER\n    __shared__ float cpart[%lld]; /* the lead's: each chunk's (m, l, acc) */\n#endif\n",
                                C * (N + 2));
     mk_strbuf_put(b, "    for (long long c = c0; c < %lldLL; c += %lldLL) {\n"
@@ -496,7 +496,8 @@ static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
                   C, N + 2, N + 2);
     if (cluster) mk_strbuf_put(b, "#endif\n");
     /* every chunk's part: the first KU chunks' values and every (m, l) at once,
-     * later chunks one by one */
+     * later chunks one by one; each chunk's factor exp(m - max) once, in
+     * shared memory, for the sum and every value */
     mk_strbuf_put(b, "    float av[%lld][%lld];\n"
                      "#pragma unroll\n"
                      "    for (int j = 0; j < %lld; j++)\n"
@@ -512,8 +513,10 @@ static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
                      "    __syncthreads();\n"
                      "    float mx = __int_as_float(0xff800000);\n"
                      "    for (long long k = 0; k < chunks; k++) mx = fmaxf(mx, pm[k]);\n"
+                     "    for (long long k = tid; k < chunks; k += %lld) pf[k] = expf(__fsub_rn(pm[k], mx));\n"
+                     "    __syncthreads();\n"
                      "    float sum = 0.0f;\n"
-                     "    for (long long k = 0; k < chunks; k++) sum += pl[k] * expf(__fsub_rn(pm[k], mx));\n"
+                     "    for (long long k = 0; k < chunks; k++) sum += pl[k] * pf[k];\n"
                      "#pragma unroll\n"
                      "    for (int j = 0; j < %lld; j++) {\n"
                      "        const long long n = tid + %lld * j;\n"
@@ -521,12 +524,12 @@ static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
                      "        float s = 0.0f;\n"
                      "#pragma unroll\n"
                      "        for (int k = 0; k < %lld; k++)\n"
-                     "            if (k < chunks) s += av[j][k] * expf(__fsub_rn(pm[k], mx));\n"
+                     "            if (k < chunks) s += av[j][k] * pf[k];\n"
                      "        for (long long k = %lld; k < chunks; k++)\n"
-                     "            s += MK_PART(k, 2 + n) * expf(__fsub_rn(pm[k], mx));\n"
+                     "            s += MK_PART(k, 2 + n) * pf[k];\n"
                      "        o[row * %lldLL + n] = __fdiv_rn(s, sum);\n"
                      "    }\n",
-                  NO, KU, NO, KU, T, N, T, NO, T, N, KU, KU, N);
+                  NO, KU, NO, KU, T, N, T, T, NO, T, N, KU, KU, N);
     mk_strbuf_put(b, "#undef MK_PART\n    }\n}\n");
 }
 
