@@ -421,6 +421,9 @@ typedef struct {
     int64_t batch, m, d, s, n;
     bool early;               /* no launch before writes K's or V's rows before p - 1
                                  (early_rows): CUDA loads them before its wait */
+    bool int8_grid;           /* some product group of the graph takes A on runq.c's int8
+                                 grid (W8A8), where the sums' last bit can change the text:
+                                 CUDA keeps the order that tells runq.c's */
 } mk_attention_info;
 
 typedef struct mk_product_group {

@@ -758,9 +758,14 @@ int mk_product_pass(mk_graph *g, const mk_compile_options *opts, mk_error **err)
         i = first - 1; /* nodes before the group kept their places; go on from there */
     }
     free(moved);
+    bool int8_grid = false;
     for (int i = 0; i < g->n_nodes; i++)
-        if (g->nodes[i]->prod && g->nodes[i]->prod->kind == MK_PRODUCT_ATTENTION)
+        int8_grid |= g->nodes[i]->prod && g->nodes[i]->prod->a8_group;
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i]->prod && g->nodes[i]->prod->kind == MK_PRODUCT_ATTENTION) {
             g->nodes[i]->prod->att.early = early_rows(g, g->nodes[i]);
+            g->nodes[i]->prod->att.int8_grid = int8_grid;
+        }
     return 0;
 }
 

@@ -153,8 +153,8 @@ void mk_cuda_put_arrive(mk_strbuf *b) {
 }
 
 /*
- * Decode attention, split along the cache (flash-decoding): chunks of
- * MK_ATT_CHUNK cached rows, CB blocks of 128 threads per query row (batch t,
+ * Decode attention, split along the cache (flash-decoding): chunks of R
+ * cached rows (att_rows), CB blocks of 4R threads per query row (batch t,
  * row i), block b taking chunks b, b + CB, ... in turn; chunks at or past p
  * do nothing. CB is the chunks' count, or fewer where the launch would then
  * pass MK_ATT_WAVE blocks (att_blocks): a block per chunk of a long cache is
@@ -170,6 +170,20 @@ void mk_cuda_put_arrive(mk_strbuf *b) {
  * acc = sum of exp(score - m) V_j. One chunk's block combines every chunk's
  * (m, l, acc), as the softmax over all p scores: M = max m, out = sum acc
  * e^(m - M) / sum l e^(m - M). Rows past p add nothing.
+ *
+ * R is 64 where q's and V's rows are at most 64 wide (MK_ATT_NARROW), else 32
+ * (MK_ATT_CHUNK): fewer chunks to combine for the same registers a thread.
+ * Measured on the H200 against 32 rows everywhere (d0c2294): stories110M
+ * 4,777 / 4,780 to 4,850 / 4,886 tok/s, stories15M 13,060 / 13,210 to 13,571
+ * / 13,704, sampled at -t 1 -p 0.9 11,960 to 12,306; stories110M in bfloat16
+ * 5,534 to 5,535. 128 rows (512 threads, 126 registers): stories110M 4,773 /
+ * 4,787 against 4,764 / 4,736, stories15M 13,364; 256 (1,024 threads):
+ * stories15M 12,746 against 13,028, stories110M spilling. Llama-2-7B's
+ * 128-wide heads lost with 64 or 128 rows (262.7 / 262.9 tok/s in bfloat16
+ * against 272.9 at 32: 191 registers, or 512 threads a block). Where a
+ * product takes A on the int8 grid (W8A8, mk_attention_info.int8_grid) R
+ * stays 32: with 64 or 128 the sums' order changed the W8A8 fixture's text
+ * (runq.c's) within 200 tokens.
  *
  * Where a query has at most MK_ATT_CLUSTER chunks and the device has thread
  * block clusters (sm_90), its chunks are one cluster: each writes its part
@@ -192,7 +206,16 @@ void mk_cuda_put_arrive(mk_strbuf *b) {
  * attention ended 1.9 us sooner, but wo 2.7 us later (MK_CUDA_TIMELINE: 0.8
  * to 3.5 us after its wait), and w1 / w3 0.6 us: every one of wo's 192
  * blocks loads every part (about 0.6 MB a chunk in all), then waits at two
- * barriers, for the factors and for A.
+ * barriers, for the factors and for A. Nor, at d0c2294, each part's words
+ * stored with the evaluation's number in their high half (64-bit stores,
+ * single-copy atomic) and polled by the combining block until all were this
+ * evaluation's, with no fence: with every block counting itself in at its
+ * start (the last in combining), stories110M 4,791 / 4,775 to 4,622 / 4,598
+ * tok/s (384 atomics on one line, and the combining block polling from its
+ * wait); with the blocks that have a chunk counting in once they know p,
+ * 4,735 / 4,732 to 4,662 / 4,686 and Llama-2-7B 275.8 to 273.1 in bfloat16
+ * (MK_CUDA_TIMELINE: the launch ended 0.5 us later). A poll that misses
+ * costs a whole trip to L2 again, as much as the count's atomic it saves.
  *
  * Early rows: where no launch before writes the rows before p - 1
  * (mk_attention_info.early: a decode step writes row p - 1 alone) and the
@@ -262,16 +285,20 @@ void mk_cuda_put_arrive(mk_strbuf *b) {
  * dependent steps.
  */
 #define MK_ATT_CHUNK 32
-#define MK_ATT_THREADS 128
+#define MK_ATT_NARROW 64 /* q's and V's rows at most this wide: chunks twice as long */
 #define MK_ATT_COMBINE 16 /* chunks whose parts the combining block loads at once */
 #define MK_ATT_CLUSTER 8  /* the most chunks of a cluster: a portable cluster */
 #define MK_ATT_WAVE 512   /* blocks a launch aims for past the cluster's chunks: about one
                              wave (132 SMs, 4 of its blocks each) */
 
-/* Chunks of a query's cache, blocks per query, and the floats of partial
- * results of a group. */
+/* Rows of a chunk, chunks of a query's cache, blocks per query, and the floats
+ * of partial results of a group. */
+static long long att_rows(const mk_attention_info *a) {
+    return a->d <= MK_ATT_NARROW && a->n <= MK_ATT_NARROW && !a->int8_grid ? 2 * MK_ATT_CHUNK
+                                                                          : MK_ATT_CHUNK;
+}
 static long long att_chunks(const mk_attention_info *a) {
-    return (a->s + MK_ATT_CHUNK - 1) / MK_ATT_CHUNK;
+    return (a->s + att_rows(a) - 1) / att_rows(a);
 }
 static long long att_blocks(const mk_attention_info *a) {
     long long C = att_chunks(a), cb = MK_ATT_WAVE / (a->batch * a->m);
@@ -305,9 +332,9 @@ static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
     const mk_product_group *pg = l->node->prod;
     const mk_attention_info *a = &pg->att;
     const mk_tensor *q = &l->in[a->q], *kt = &l->in[a->kt], *v = &l->in[a->v];
-    const long long M = a->m, D = a->d, S = a->s, N = a->n, C = att_chunks(a), R = MK_ATT_CHUNK;
+    const long long M = a->m, D = a->d, S = a->s, N = a->n, C = att_chunks(a), R = att_rows(a);
     const long long CB = att_blocks(a); /* blocks per query */
-    const long long T = MK_ATT_THREADS;
+    const long long T = 4 * R;
     /* scores: thread (r, u), 4 a row, sums k = u, u + 4, ...: DK of them */
     const long long DK = (D + 3) / 4;
     /* values: slot s = (g, n) sums rows g, g + G, ... (VR of them) of column n;
@@ -444,16 +471,31 @@ static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
                      "    }\n"
                      "    __syncthreads();\n", DK);
     /* the chunk's max and sum: warp 0 */
-    mk_strbuf_put(b, "    if (tid < 32) {\n"
-                     "        float m = tid < rows ? sc[tid] : __int_as_float(0xff800000); // -inf\n"
+    if (R <= 32) /* a row a lane (the loop below at 32 rows: stories110M 4,628 tok/s on the
+                  * H200, against this form's 4,764 / 4,736 in the same run) */
+        mk_strbuf_put(b, "    if (tid < 32) {\n"
+                         "        float m = tid < rows ? sc[tid] : __int_as_float(0xff800000); // -inf\n"
+                         "        for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));\n"
+                         "        const float e = tid < rows ? expf(__fsub_rn(sc[tid], m)) : 0.0f;\n"
+                         "        if (tid < rows) sc[tid] = e;\n"
+                         "        float l = e;\n"
+                         "        for (int off = 16; off > 0; off >>= 1) l += __shfl_xor_sync(0xffffffffu, l, off);\n"
+                         "        if (tid == 0) { cm = m; cl = l; }\n"
+                         "    }\n"
+                         "    __syncthreads();\n");
+    else mk_strbuf_put(b, "    if (tid < 32) {\n"
+                     "        float m = __int_as_float(0xff800000); // -inf\n"
+                     "#pragma unroll\n"
+                     "        for (int x = tid; x < %lld; x += 32) if (x < rows) m = fmaxf(m, sc[x]);\n"
                      "        for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));\n"
-                     "        const float e = tid < rows ? expf(__fsub_rn(sc[tid], m)) : 0.0f;\n"
-                     "        if (tid < rows) sc[tid] = e;\n"
-                     "        float l = e;\n"
+                     "        float l = 0.0f;\n"
+                     "#pragma unroll\n"
+                     "        for (int x = tid; x < %lld; x += 32)\n"
+                     "            if (x < rows) { const float e = expf(__fsub_rn(sc[x], m)); sc[x] = e; l += e; }\n"
                      "        for (int off = 16; off > 0; off >>= 1) l += __shfl_xor_sync(0xffffffffu, l, off);\n"
                      "        if (tid == 0) { cm = m; cl = l; }\n"
                      "    }\n"
-                     "    __syncthreads();\n");
+                     "    __syncthreads();\n", R, R);
     /* the partial row: slot (g, n) sums its rows, then the G slots of n add up */
     mk_strbuf_put(b, "    float *mine = part + (row * %lldLL + c) * %lldLL;\n", C, N + 2);
     if (cluster) mk_strbuf_put(b, "#ifdef MK_CLUSTER\n"
@@ -553,7 +595,7 @@ void mk_cuda_group_source(mk_strbuf *b, const mk_launch *l) {
 void mk_cuda_group_grid(const mk_product_group *pg, unsigned int *blocks, unsigned int *threads) {
     if (pg->kind == MK_PRODUCT_ATTENTION) { /* att_blocks blocks per query */
         *blocks = mk_cuda_blocks(pg->att.batch * pg->att.m * att_blocks(&pg->att), 1);
-        *threads = MK_ATT_THREADS;
+        *threads = (unsigned int)(4 * att_rows(&pg->att));
     } else
         mk_cuda_product_grid(pg, blocks, threads);
 }

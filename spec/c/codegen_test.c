@@ -16,6 +16,9 @@
  *   test_shared_program  two layers alike share one kernel (one cubin)
  *   test_lowp_groups     matrix-vector groups of float16, bfloat16 and int8 weights
  *   test_gathered_operands  a group reading embeddings' rows (gather.c)
+ *   test_attention_rows  an attention group's chunk: 64 cached rows for heads at
+ *                        most 64 wide, 32 for wider ones and wherever the graph
+ *                        puts a product's A on the int8 grid (W8A8)
  *
  * Without the plugin (CUDA=0, or none found) the test is skipped with the reason.
  */
@@ -360,6 +363,67 @@ static void test_gathered_operands(void) {
     mk_context_free(ctx);
 }
 
+/* The attention source of a decode attention graph, heads d = n wide, its
+ * result read by a product (on the int8 grid where w8a8); NULL on failure. */
+static char *attention_source(mk_context *ctx, int d, bool w8a8) {
+    char text[1024];
+    int at = snprintf(text, sizeof text,
+                      "$1 = InputTensor(q, float32, [1, 2, %d]);\n$2 = InputTensor(k, float32, [1, %d, 300]);\n"
+                      "$3 = InputTensor(v, float32, [1, 300, %d]);\n$4 = InputTensor(p, int64, [1]);\n"
+                      "$5 = MatMulNode($1, $2);\n$6 = SlicedSoftmaxNode($5, $4);\n"
+                      "$7 = PrefixMatMulNode($6, $3, $4);\n$8 = ReshapeNode($7, [1, %d]);\n",
+                      d, d, d, 2 * d);
+    if (w8a8)
+        snprintf(text + at, sizeof text - (size_t)at,
+                 "$9 = FakeQuantizeNode($8, 32);\n$10 = InputTensor(w, int8, [8, %d]);\n"
+                 "$11 = PermuteNode($10, [1, 0]);\n$12 = InputTensor(s, float32, [8, %d]);\n"
+                 "$13 = PermuteNode($12, [1, 0]);\n$14 = DequantizeNode($11, $13);\n"
+                 "$15 = MatMulNode($9, $14);\nresult = $15;\n", 2 * d, 2 * d / 32);
+    else
+        snprintf(text + at, sizeof text - (size_t)at,
+                 "$9 = InputTensor(w, float32, [%d, 8]);\n$10 = MatMulNode($8, $9);\nresult = $10;\n",
+                 2 * d);
+    mk_error *err = NULL;
+    mk_model *m = mk_compile(ctx, text, NULL, 0, NULL, &err);
+    CHECK(m != NULL, "compile: %s\n%s", mk_error_message(err), text);
+    char *found = NULL;
+    mk_stats st;
+    for (int i = 0; m && !found && mk_model_stats(m, &st) == 0 && i < st.launches; i++) {
+        char *src = mk_model_kernel_source(m, i, &err);
+        mk_error_free(err);
+        err = NULL;
+        if (src && strstr(src, "moonkaas attention group")) found = src;
+        else free(src);
+    }
+    CHECK(found != NULL, "no attention group:\n%s", m ? mk_model_fusion_report(m) : text);
+    if (found) CHECK(mk_model_check_generated(m, 90, &err) >= 1, "%s", mk_error_message(err));
+    mk_error_free(err);
+    mk_model_free(m);
+    return found;
+}
+
+/* An attention group's chunk rows, as the source's first line says: 64 for
+ * heads 48 or 64 wide, 32 for 96, and 32 where a product takes A on the int8
+ * grid (where the sums' last bit can change runq.c's text). */
+static void test_attention_rows(void) {
+    mk_error *err = NULL;
+    mk_context *ctx = mk_context_new(&err);
+    const struct { int d; bool w8a8; const char *want; } cases[] = {
+        {48, false, "300 cached rows in chunks of 64, 48 values"},
+        {64, false, "300 cached rows in chunks of 64, 64 values"},
+        {96, false, "300 cached rows in chunks of 32, 96 values"},
+        {48, true, "300 cached rows in chunks of 32, 48 values"},
+    };
+    for (size_t c = 0; ctx && c < sizeof cases / sizeof cases[0]; c++) {
+        char *src = attention_source(ctx, cases[c].d, cases[c].w8a8);
+        CHECK(src && strstr(src, cases[c].want), "heads %d%s: want \"%s\" in\n%.300s", cases[c].d,
+              cases[c].w8a8 ? " (W8A8)" : "", cases[c].want, src ? src : "(none)");
+        free(src);
+    }
+    mk_error_free(err);
+    mk_context_free(ctx);
+}
+
 int main(void) {
     char why[512];
     if (!mk_cuda_plugin_get(why, sizeof why)) {
@@ -367,7 +431,9 @@ int main(void) {
         SKIP(test_kernel_source, why);
         SKIP(test_disk_cache, why);
         SKIP(test_lowp_groups, why);
+        SKIP(test_shared_program, why);
         SKIP(test_gathered_operands, why);
+        SKIP(test_attention_rows, why);
     } else {
         RUN(test_random_groups);
         RUN(test_kernel_source);
@@ -375,6 +441,7 @@ int main(void) {
         RUN(test_shared_program);
         RUN(test_lowp_groups);
         RUN(test_gathered_operands);
+        RUN(test_attention_rows);
     }
     return test_summary("codegen");
 }
