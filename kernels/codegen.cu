@@ -240,7 +240,10 @@ void mk_cuda_put_arrive(mk_strbuf *b) {
  * Nor, for Llama-2-7B on the H200 at eab74b9: its blocks capped at 128
  * registers (__launch_bounds__(128, 4): 4 an SM, 16 bytes spilled), 271.2 /
  * 270.3 to 267.1 tok/s in bfloat16 and 367.5 to 362.0 in int8; MK_ATT_WAVE
- * 384 (one wave at 3 an SM), 272.1: within noise.
+ * 384 (one wave at 3 an SM), 272.1: within noise. Nor, at ed9e0bb, q staged
+ * in shared memory instead of each thread's registers (Llama-2-7B 150 to 122
+ * registers, no spills: 4 blocks an SM, all 512 resident): 272.3 / 272.1 to
+ * 271.3 / 272.6 tok/s in bfloat16; stories110M 4,876 to 4,628.
  * Nor, for any cache: scores from float4 loads of q and K (thread (r, u)
  * taking 16-byte chunks u, u + 4, ...: a quarter of the load instructions).
  * On an H100, stories110M +1.2 % (3,840 to 3,885 tok/s), stories15M
