@@ -486,19 +486,20 @@ static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
                          "        if (tid == 0) { cm = m; cl = l; }\n"
                          "    }\n"
                          "    __syncthreads();\n");
-    else mk_strbuf_put(b, "    if (tid < 32) {\n"
-                     "        float m = __int_as_float(0xff800000); // -inf\n"
-                     "#pragma unroll\n"
-                     "        for (int x = tid; x < %lld; x += 32) if (x < rows) m = fmaxf(m, sc[x]);\n"
-                     "        for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));\n"
-                     "        float l = 0.0f;\n"
-                     "#pragma unroll\n"
-                     "        for (int x = tid; x < %lld; x += 32)\n"
-                     "            if (x < rows) { const float e = expf(__fsub_rn(sc[x], m)); sc[x] = e; l += e; }\n"
-                     "        for (int off = 16; off > 0; off >>= 1) l += __shfl_xor_sync(0xffffffffu, l, off);\n"
-                     "        if (tid == 0) { cm = m; cl = l; }\n"
-                     "    }\n"
-                     "    __syncthreads();\n", R, R);
+    else /* R / 32 rows a lane */
+        mk_strbuf_put(b, "    if (tid < 32) {\n"
+                         "        float m = __int_as_float(0xff800000); // -inf\n"
+                         "#pragma unroll\n"
+                         "        for (int x = tid; x < %lld; x += 32) if (x < rows) m = fmaxf(m, sc[x]);\n"
+                         "        for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));\n"
+                         "        float l = 0.0f;\n"
+                         "#pragma unroll\n"
+                         "        for (int x = tid; x < %lld; x += 32)\n"
+                         "            if (x < rows) { const float e = expf(__fsub_rn(sc[x], m)); sc[x] = e; l += e; }\n"
+                         "        for (int off = 16; off > 0; off >>= 1) l += __shfl_xor_sync(0xffffffffu, l, off);\n"
+                         "        if (tid == 0) { cm = m; cl = l; }\n"
+                         "    }\n"
+                         "    __syncthreads();\n", R, R);
     /* the partial row: slot (g, n) sums its rows, then the G slots of n add up */
     mk_strbuf_put(b, "    float *mine = part + (row * %lldLL + c) * %lldLL;\n", C, N + 2);
     if (cluster) mk_strbuf_put(b, "#ifdef MK_CLUSTER\n"

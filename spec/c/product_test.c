@@ -346,7 +346,7 @@ static void test_random_products(void) {
             void *data[32];
             mk_named_tensor named[32];
             for (int k = 0; k < s->n_in; k++) data[k] = malloc((size_t)s->in_numel[k] * 8);
-            /* attention: four, so that its combine's words number several evaluations */
+            /* attention: four, so that its combine's count, set back by each, serves several */
             for (int e = 0; e < (s->attention ? 4 : 2) && !test_cur_failed; e++) {
                 int64_t pos = test_randint(s->first_pos, s->rows - 1);
                 fill_inputs(s, data, named, pos, pos + 1);
