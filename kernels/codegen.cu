@@ -244,12 +244,16 @@ void mk_cuda_put_arrive(mk_strbuf *b) {
  * in shared memory instead of each thread's registers (Llama-2-7B 150 to 122
  * registers, no spills: 4 blocks an SM, all 512 resident): 272.3 / 272.1 to
  * 271.3 / 272.6 tok/s in bfloat16; stories110M 4,876 to 4,628.
- * Nor, for any cache: scores from float4 loads of q and K (thread (r, u)
- * taking 16-byte chunks u, u + 4, ...: a quarter of the load instructions).
- * On an H100, stories110M +1.2 % (3,840 to 3,885 tok/s), stories15M
- * unchanged, but summed in another order it changed the W8A8 fixture's text
- * (runq.c's), which the int8 grid of attention's output makes sensitive to
- * the last bit.
+ * Scores from float4 loads of q and K where their rows are 16-byte aligned
+ * (att_float4): thread (r, u) takes the 16-byte chunks u, u + 4, ... of its
+ * row, a quarter of the load instructions, and a warp's load reads 64
+ * contiguous bytes of each of its 8 rows, not 16. Measured on the H200
+ * against f2f51fe: stories110M 4,839 / 4,828 to 5,020 / 5,023 tok/s, in
+ * bfloat16 5,525 to 5,805; Llama-2-7B in bfloat16 272.7 / 272.7 to 274.8 /
+ * 274.1. Not where a cluster's chunks load early rows: stories15M went from
+ * 13,669 / 13,463 to 13,130 / 13,491, sampled from 12,370 to 11,969. Nor
+ * where a product takes A on the int8 grid (W8A8): summed in this order,
+ * the W8A8 fixture's text (runq.c's) changed, as with longer chunks.
  *
  * The kernel is bound by latency, not bytes (a chunk is a few KB), so it is
  * written as few dependent trips to memory. Before the wait for the launches
@@ -293,6 +297,16 @@ void mk_cuda_put_arrive(mk_strbuf *b) {
 #define MK_ATT_CLUSTER 8  /* the most chunks of a cluster: a portable cluster */
 #define MK_ATT_WAVE 512   /* blocks a launch aims for past the cluster's chunks: about one
                              wave (132 SMs, 4 of its blocks each) */
+
+/* Whether a thread's scores take q and K as float4s (see above): rows of
+ * contiguous, 16-byte aligned floats, and not on the int8 grid. */
+static bool att_float4(const mk_launch *l) {
+    const mk_attention_info *a = &l->node->prod->att;
+    const mk_tensor *q = &l->in[a->q], *kt = &l->in[a->kt];
+    return !a->int8_grid && a->d % 4 == 0 && q->stride[2] == 1 && kt->stride[1] == 1 &&
+           q->stride[1] % 4 == 0 && q->stride[0] % 4 == 0 && kt->stride[2] % 4 == 0 &&
+           kt->stride[0] % 4 == 0 && mk_aligned16(q->data) && mk_aligned16(kt->data);
+}
 
 /* Rows of a chunk, chunks of a query's cache, blocks per query, and the floats
  * of partial results of a group. */
@@ -338,8 +352,14 @@ static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
     const long long M = a->m, D = a->d, S = a->s, N = a->n, C = att_chunks(a), R = att_rows(a);
     const long long CB = att_blocks(a); /* blocks per query */
     const long long T = 4 * R;
-    /* scores: thread (r, u), 4 a row, sums k = u, u + 4, ...: DK of them */
-    const long long DK = (D + 3) / 4;
+    const bool cluster = C >= 2 && C <= MK_ATT_CLUSTER;
+    const bool early = a->early && cluster; /* (measured: see above) */
+    /* scores: thread (r, u), 4 a row, sums k = u, u + 4, ... or, as float4s,
+     * the chunks k / 4 = u, u + 4, ... (DU of them a row): DK of them */
+    const bool f4 = att_float4(l) && !early; /* (measured: see above) */
+    const long long DU = f4 ? D / 4 : D, DK = (DU + 3) / 4;
+    const char *qk_type = f4 ? "float4" : "float";
+    const char *zero = f4 ? "make_float4(0.0f, 0.0f, 0.0f, 0.0f)" : "0.0f";
     /* values: slot s = (g, n) sums rows g, g + G, ... (VR of them) of column n;
      * thread tid holds slots tid, tid + T, ... (NS of them) */
     long long G = N <= T ? T / N : 1;
@@ -349,8 +369,6 @@ static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
     const long long NO = (N + T - 1) / T, KU = C < MK_ATT_COMBINE ? C : MK_ATT_COMBINE;
     const long long qs = q->stride[2], ks = kt->stride[1], kr = kt->stride[2];
     const long long vr = v->stride[1], vn = v->stride[2];
-    const bool cluster = C >= 2 && C <= MK_ATT_CLUSTER;
-    const bool early = a->early && cluster; /* (measured: see above) */
     mk_strbuf_put(b, "// moonkaas attention group $%d: [%lld, %lld, %lld] queries, %lld cached rows "
                      "in chunks of %lld, %lld values\n",
                   l->node->id, (long long)a->batch, M, D, S, R, N);
@@ -373,21 +391,22 @@ static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
     mk_strbuf_put(b, "    const int tid = threadIdx.x, r = tid >> 2, u = tid & 3;\n"
                      "    const long long row = blockIdx.x / %lldLL, t = row / %lldLL, i = row %% %lldLL;\n"
                      "    const long long c0 = blockIdx.x %% %lldLL; /* the block's first chunk */\n"
-                     "    float qv[%lld], kv[%lld], vv[%lld][%lld];\n",
-                  CB, M, M, CB, DK, DK, NS, VR);
+                     "    %s qv[%lld], kv[%lld];\n    float vv[%lld][%lld];\n",
+                  CB, M, M, CB, qk_type, DK, DK, NS, VR);
     /* rows [lo, hi) of the chunk at j0 from K and V (those from hi on zero);
      * early, by loads LD and those before lo as they are (else lo is 0: plain
      * loads, measured fewer registers: 64 against 96 on stories110M) */
-    char kx[160], vx[160];
-    snprintf(kx, sizeof kx, early ? "(r >= (lo) ? LD(&K[r * %lldLL + (u + 4 * e) * %lldLL]) : kv[e])"
-                                  : "K[r * %lldLL + (u + 4 * e) * %lldLL]", kr, ks);
+    char kx[160], vx[160], ke[80];
+    if (f4) snprintf(ke, sizeof ke, "(const float4 *)&K[r * %lldLL + 4 * (u + 4 * e)]", kr);
+    else snprintf(ke, sizeof ke, "&K[r * %lldLL + (u + 4 * e) * %lldLL]", kr, ks);
+    snprintf(kx, sizeof kx, early ? "(r >= (lo) ? LD(%s) : kv[e])" : "*%s", ke);
     snprintf(vx, sizeof vx, early ? "(y >= (lo) ? LD(&V[y * %lldLL + n * %lldLL]) : vv[j][e])"
                                   : "V[y * %lldLL + n * %lldLL]", vr, vn);
     mk_strbuf_put(b, "#define MK_ROWS(p) (int)((p) > j0 && (p) <= %lldLL ? ((p) - j0 < %lldLL ? (p) - j0 : %lldLL) : 0)\n"
                      "#define MK_LOAD_ROWS(lo, hi, LD) \\\n"
                      "    _Pragma(\"unroll\") \\\n"
                      "    for (int e = 0; e < %lld; e++) \\\n"
-                     "        kv[e] = u + 4 * e < %lld && r < (hi) ? %s : 0.0f; \\\n"
+                     "        kv[e] = u + 4 * e < %lld && r < (hi) ? %s : %s; \\\n"
                      "    _Pragma(\"unroll\") \\\n"
                      "    for (int j = 0; j < %lld; j++) { \\\n"
                      "        const int s = tid + %lld * j, n = s %% %lld, g = s / %lld; \\\n"
@@ -397,7 +416,7 @@ static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
                      "            vv[j][e] = s < %lld && y < (hi) ? %s : 0.0f; \\\n"
                      "        } \\\n"
                      "    }\n",
-                  S, R, R, DK, D, kx, NS, T, N, N, VR, G, G * N, vx);
+                  S, R, R, DK, DU, kx, zero, NS, T, N, N, VR, G, G * N, vx);
     /* chunk c's first row j0 and its K and V */
     mk_strbuf_put(b, "#define MK_CHUNK(c) \\\n"
                      "    const long long j0 = (c) * %lldLL; \\\n"
@@ -441,16 +460,19 @@ static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
      * (after early rows, past L1); the rows below p again where p is not the
      * hint */
     const char *ld = early ? "__ldcg" : "__ldca";
+    char qx[120];
+    if (f4) snprintf(qx, sizeof qx, "*(const float4 *)&q[4 * (u + 4 * e)]");
+    else snprintf(qx, sizeof qx, "q[(u + 4 * e) * %lldLL]", qs);
     mk_strbuf_put(b, "    const long long p = *(const long long *)i%d;\n"
                      "#pragma unroll\n"
-                     "    for (int e = 0; e < %lld; e++) qv[e] = u + 4 * e < %lld ? q[(u + 4 * e) * %lldLL] : 0.0f;\n"
+                     "    for (int e = 0; e < %lld; e++) qv[e] = u + 4 * e < %lld ? %s : %s;\n"
                      "    int rows = MK_ROWS(ph);\n"
                      "    MK_LOAD_ROWS(%s, rows, %s);\n"
                      "    if (p != ph) { /* the hint was stale */\n"
                      "        rows = MK_ROWS(p);\n"
                      "        MK_LOAD_ROWS(0, rows, %s);\n"
                      "    }\n",
-                  a->p, DK, D, qs, early ? "c == c0 ? pre : 0" : "0", ld, ld);
+                  a->p, DK, DU, qx, zero, early ? "c == c0 ? pre : 0" : "0", ld, ld);
     mk_strbuf_put(b, "    if (p < 0 || p > %lldLL) {\n"
                      "        if (blockIdx.x == 0 && tid == 0) mk_raise(fault, launch, 2, %d, p, %lldLL, 0);\n"
                      "        return;\n    }\n", S, (int)MK_FAULT_PREFIX, S);
@@ -467,12 +489,15 @@ static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
     mk_strbuf_put(b, "    {\n"
                      "        float s = 0.0f;\n"
                      "#pragma unroll\n"
-                     "        for (int e = 0; e < %lld; e++) s += qv[e] * kv[e];\n"
+                     "        for (int e = 0; e < %lld; e++) %s\n"
                      "        s += __shfl_xor_sync(0xffffffffu, s, 1);\n"
                      "        s += __shfl_xor_sync(0xffffffffu, s, 2);\n"
                      "        if (u == 0 && r < rows) sc[r] = s;\n"
                      "    }\n"
-                     "    __syncthreads();\n", DK);
+                     "    __syncthreads();\n", DK,
+                  f4 ? "{ s += qv[e].x * kv[e].x; s += qv[e].y * kv[e].y;\n"
+                       "            s += qv[e].z * kv[e].z; s += qv[e].w * kv[e].w; }"
+                     : "s += qv[e] * kv[e];");
     /* the chunk's max and sum: warp 0 */
     if (R <= 32) /* a row a lane (the loop below at 32 rows: stories110M 4,628 tok/s on the
                   * H200, against this form's 4,764 / 4,736 in the same run) */

@@ -39,8 +39,6 @@ static void put_offset(mk_strbuf *b, const char *var, const char *e, const mk_te
     mk_strbuf_put(b, " (void)q; (void)rest; }\n");
 }
 
-static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
-
 /*
  * Weights of a matrix–vector group in any of its dtypes: the element type of
  * the generated pointer, and functions widening one or four elements to float
@@ -805,7 +803,8 @@ static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group 
  * weights align to 4 elements), else 1. */
 static int weights_per_load(const mk_launch *l, const mk_product_group *pg) {
     long long K = (long long)pg->k;
-    if (!aligned16(l->in[pg->a].data) || (pg->norm_w >= 0 && !aligned16(l->in[pg->norm_w].data)))
+    if (!mk_aligned16(l->in[pg->a].data) ||
+        (pg->norm_w >= 0 && !mk_aligned16(l->in[pg->norm_w].data)))
         return 1;
     size_t es = mk_dtype_size(l->in[pg->b[0]].dtype);
     for (int E = (int)(16 / es); E >= 4; E = E > 4 ? 4 : 0) {

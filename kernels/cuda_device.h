@@ -215,6 +215,9 @@ static inline unsigned int mk_cuda_blocks(long long n, long long per_block) {
     return (unsigned int)b;
 }
 
+/* Whether a device pointer takes 16-byte (float4) loads and stores. */
+static inline bool mk_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
 /*
  * The strided walk on the device. mk_walk (core/tensor.c) drops size-1 dims
  * and merges neighbours once on the host; the kernels then turn an element

@@ -86,8 +86,6 @@ static __global__ void __launch_bounds__(32 * GEMV_ROWS)
     if (lane == 0) y[row] = acc;
 }
 
-static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
-
 /* A cuBLAS status as an error naming the node (the library's message alone
  * does not say which product failed). */
 static int mm_status(const mk_launch *l, cublasStatus_t status, const char *call,
@@ -147,8 +145,8 @@ int mk_cuda_matmul(const mk_launch *l, mk_error **err) {
          */
         int inc = k == 1 ? 1 : (int)a_sc;
         if (inc <= 0) return mm_bad_layout(l, "a", err);
-        if (lb.op == CUBLAS_OP_T && inc == 1 && k % 4 == 0 && lb.ld % 4 == 0 && aligned16(A) &&
-            aligned16(B) && k / 4 <= 0x7fffffffLL) {
+        if (lb.op == CUBLAS_OP_T && inc == 1 && k % 4 == 0 && lb.ld % 4 == 0 && mk_aligned16(A) &&
+            mk_aligned16(B) && k / 4 <= 0x7fffffffLL) {
             /* stored [k, n] column-major = W [n, k] row-major with row stride ld */
             gemv_rows<<<mk_cuda_blocks(n, GEMV_ROWS), 32 * GEMV_ROWS, 0, s->stream>>>(
                 C, B, lb.ld, A, n, (int)(k / 4));

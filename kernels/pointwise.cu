@@ -266,8 +266,6 @@ static __global__ void pointwise_walk(T *o, const T *a, const T *b, long long n,
     }
 }
 
-static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
-
 /* Blocks of `block` threads for n items: enough to fill the GPU's SMs several
  * times over for a grid-stride loop. */
 static unsigned int grid_for(long long n, int block = MK_CUDA_BLOCK) {
@@ -303,7 +301,7 @@ static void pointwise_run(const mk_launch *l, const pw_program<T> &p, int regs) 
     size_t smem = 0;
     int block = MK_CUDA_BLOCK;
     if constexpr (std::is_same<T, float>::value) {
-        if (la && lb && n % 4 == 0 && aligned16(o) && aligned16(pa) && aligned16(pb)) {
+        if (la && lb && n % 4 == 0 && mk_aligned16(o) && mk_aligned16(pa) && mk_aligned16(pb)) {
             if (MODE == PW_INTERP) block = file_block(regs, 4, sizeof(T), &smem);
             pointwise_f32x4<N_IN, MODE><<<grid_for(n / 4, block), block, smem, stream>>>(
                 (float4 *)o, (const float4 *)pa, (const float4 *)pb, n / 4, p);

@@ -18,7 +18,9 @@
  *   test_gathered_operands  a group reading embeddings' rows (gather.c)
  *   test_attention_rows  an attention group's chunk: 64 cached rows for heads at
  *                        most 64 wide, 32 for wider ones and wherever the graph
- *                        puts a product's A on the int8 grid (W8A8)
+ *                        puts a product's A on the int8 grid (W8A8); scores
+ *                        from float4 loads where heads are a multiple of 4
+ *                        wide, but on the int8 grid
  *
  * Without the plugin (CUDA=0, or none found) the test is skipped with the reason.
  */
@@ -363,16 +365,19 @@ static void test_gathered_operands(void) {
     mk_context_free(ctx);
 }
 
-/* The attention source of a decode attention graph, heads d = n wide, its
- * result read by a product (on the int8 grid where w8a8); NULL on failure. */
-static char *attention_source(mk_context *ctx, int d, bool w8a8) {
+/* The attention source of a decode attention graph, heads d = n wide, K
+ * read permuted from rows of d as the caches hold it, s of them, its result
+ * read by a product (on the int8 grid where w8a8); NULL on failure. */
+static char *attention_source(mk_context *ctx, int d, int s, bool w8a8) {
     char text[1024];
     int at = snprintf(text, sizeof text,
-                      "$1 = InputTensor(q, float32, [1, 2, %d]);\n$2 = InputTensor(k, float32, [1, %d, 300]);\n"
-                      "$3 = InputTensor(v, float32, [1, 300, %d]);\n$4 = InputTensor(p, int64, [1]);\n"
-                      "$5 = MatMulNode($1, $2);\n$6 = SlicedSoftmaxNode($5, $4);\n"
+                      "$1 = InputTensor(q, float32, [1, 2, %d]);\n"
+                      "$2 = InputTensor(k, float32, [1, %d, %d]);\n"
+                      "$3 = InputTensor(v, float32, [1, %d, %d]);\n$4 = InputTensor(p, int64, [1]);\n"
+                      "$20 = PermuteNode($2, [0, 2, 1]);\n"
+                      "$5 = MatMulNode($1, $20);\n$6 = SlicedSoftmaxNode($5, $4);\n"
                       "$7 = PrefixMatMulNode($6, $3, $4);\n$8 = ReshapeNode($7, [1, %d]);\n",
-                      d, d, d, 2 * d);
+                      d, s, d, s, d, 2 * d);
     if (w8a8)
         snprintf(text + at, sizeof text - (size_t)at,
                  "$9 = FakeQuantizeNode($8, 32);\n$10 = InputTensor(w, int8, [8, %d]);\n"
@@ -404,20 +409,25 @@ static char *attention_source(mk_context *ctx, int d, bool w8a8) {
 
 /* An attention group's chunk rows, as the source's first line says: 64 for
  * heads 48 or 64 wide, 32 for 96, and 32 where a product takes A on the int8
- * grid (where the sums' last bit can change runq.c's text). */
+ * grid (where the sums' last bit can change runq.c's text); and q and K as
+ * float4s where rows are a multiple of 4 wide, but on the int8 grid and
+ * where a cluster's chunks load early rows (300 rows: 5 chunks of 64). */
 static void test_attention_rows(void) {
     mk_error *err = NULL;
     mk_context *ctx = mk_context_new(&err);
-    const struct { int d; bool w8a8; const char *want; } cases[] = {
-        {48, false, "300 cached rows in chunks of 64, 48 values"},
-        {64, false, "300 cached rows in chunks of 64, 64 values"},
-        {96, false, "300 cached rows in chunks of 32, 96 values"},
-        {48, true, "300 cached rows in chunks of 32, 48 values"},
+    const struct { int d, s; bool w8a8; const char *want, *scores; } cases[] = {
+        {48, 600, false, "600 cached rows in chunks of 64, 48 values", "float4 qv[3]"},
+        {64, 600, false, "600 cached rows in chunks of 64, 64 values", "float4 qv[4]"},
+        {96, 600, false, "600 cached rows in chunks of 32, 96 values", "float4 qv[6]"},
+        {6, 600, false, "600 cached rows in chunks of 64, 6 values", "float qv[2]"},
+        {48, 600, true, "600 cached rows in chunks of 32, 48 values", "float qv[12]"},
+        {64, 300, false, "300 cached rows in chunks of 64, 64 values", "float qv[16]"},
     };
     for (size_t c = 0; ctx && c < sizeof cases / sizeof cases[0]; c++) {
-        char *src = attention_source(ctx, cases[c].d, cases[c].w8a8);
-        CHECK(src && strstr(src, cases[c].want), "heads %d%s: want \"%s\" in\n%.300s", cases[c].d,
-              cases[c].w8a8 ? " (W8A8)" : "", cases[c].want, src ? src : "(none)");
+        char *src = attention_source(ctx, cases[c].d, cases[c].s, cases[c].w8a8);
+        CHECK(src && strstr(src, cases[c].want) && strstr(src, cases[c].scores),
+              "heads %d%s: want \"%s\" and \"%s\" in\n%.300s", cases[c].d,
+              cases[c].w8a8 ? " (W8A8)" : "", cases[c].want, cases[c].scores, src ? src : "(none)");
         free(src);
     }
     mk_error_free(err);
