@@ -253,7 +253,11 @@ void mk_cuda_put_arrive(mk_strbuf *b) {
  * 274.1. Not where a cluster's chunks load early rows: stories15M went from
  * 13,669 / 13,463 to 13,130 / 13,491, sampled from 12,370 to 11,969. Nor
  * where a product takes A on the int8 grid (W8A8): summed in this order,
- * the W8A8 fixture's text (runq.c's) changed, as with longer chunks.
+ * the W8A8 fixture's text (runq.c's) changed, as with longer chunks. Nor V
+ * as float4s too (a slot of 4 columns; its loads were coalesced already):
+ * at bbfa162, stories110M 5,039 / 5,082 to 4,962 / 4,961 tok/s (16 row
+ * groups, 64 registers) and 5,022 (4 groups, 114 registers), Llama-2-7B in
+ * bfloat16 275.1 to 272.7 (4 groups, 118 registers against 135).
  *
  * The kernel is bound by latency, not bytes (a chunk is a few KB), so it is
  * written as few dependent trips to memory. Before the wait for the launches
