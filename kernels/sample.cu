@@ -65,7 +65,16 @@
  * 830: 21,100 in all, against about 8 us between greedy and sampled decoding.
  * Gathering with one atomic a block (a block scan) in place of one a warp
  * moved barrier 3 not at all (1,616 / 1,588) and the gather from 1,550 to
- * 2,160; not kept.
+ * 2,160; not kept. Nor phase 1 made by the classifier: the matrix-vector
+ * launch whose only result the sampler reads wrote, beside the logits, each
+ * block's max and sum of expf(x / t - max / t) at the sampler's temperature
+ * (a barrier at each block's end), and every block of the sampler merged
+ * those (2,000 pairs for a 32,000-way row) in place of its own reductions and
+ * barrier 1. On the H200 at b1be62d (-t 1 -p 0.9, 256 tokens, one call),
+ * stories110M went from 4,844 / 4,848 to 4,802 / 4,777 tok/s and stories15M
+ * from 12,487 / 12,490 to 12,217 / 12,180; with the sampler ignoring the
+ * statistics, 4,809 / 4,755 and 12,269 / 11,999: the classifier's blocks
+ * lost more than the sampler saved.
  */
 #include "cuda_device.h"
 #include "reduce.h"

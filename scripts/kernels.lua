@@ -4,6 +4,7 @@
 -- spending GPU time on it.
 --
 --   lua scripts/kernels.lua SHAPE [-q fp32|bf16|fp16|q8|q8a8] [-l layers] [-o DIR] [--arch N]
+--                          [--sample]
 --
 -- SHAPE is a checkpoint (only its header is read) or its seven header fields,
 -- "dim,hidden,layers,heads,kv_heads,vocab,seq_len" (stories110M:
@@ -15,7 +16,8 @@
 -- for both devices, and model:kernel_source(i) writes each launch's CUDA C
 -- as the GPU would compile it. -l sets the layers (default 1: every layer's
 -- kernels are the same), -o the folder for the sources (default a temporary
--- one, removed after), --arch the GPU (default 90, sm_90). Where nvcc is found
+-- one, removed after), --arch the GPU (default 90, sm_90), --sample a model
+-- that samples its token (default: the argmax). Where nvcc is found
 -- (PATH, or $CUDA_HOME/bin, or /usr/local/cuda/bin), each source is compiled
 -- with `nvcc -cubin -Xptxas -v` (NVRTC's compiler and ptxas, as at model
 -- compile), and the table has its registers, spills and static shared memory.
@@ -24,7 +26,7 @@ local build = os.getenv("MK_BUILD") or "build"
 package.cpath = build .. "/?.so;" .. package.cpath
 
 local USAGE = "usage: lua scripts/kernels.lua checkpoint|dim,hidden,layers,heads,kv_heads,vocab,seq_len "
-    .. "[-q fp32|bf16|fp16|q8|q8a8] [-l layers] [-o DIR] [--arch N]\n"
+    .. "[-q fp32|bf16|fp16|q8|q8a8] [-l layers] [-o DIR] [--arch N] [--sample]\n"
 
 local PRECISIONS = { fp32 = true, bf16 = true, fp16 = true, q8 = true, q8a8 = true }
 
@@ -41,6 +43,9 @@ local function parse(argv)
         if a == "-h" or a == "--help" then
             io.stdout:write(USAGE)
             os.exit(0)
+        elseif a == "--sample" then
+            o.sample = true
+            i = i + 1
         elseif a == "-q" or a == "-l" or a == "-o" or a == "--arch" then
             local v = argv[i + 1]
             if not v then fail(a .. " needs a value\n" .. USAGE) end
@@ -150,7 +155,8 @@ local function main(argv)
     local path = dir .. "/zeros.bin"
     write_zeros(llama2, c, path)
     local ok, net = pcall(llama2.build, mk, assert(llama2.read_config(path)),
-                          { device = "cpu", output = "argmax", precision = o.precision })
+                          { device = "cpu", output = o.sample and "sample" or "argmax",
+                            precision = o.precision })
     os.remove(path)
     if not ok then fail(tostring(net)) end
     local nvcc = find_nvcc()

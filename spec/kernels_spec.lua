@@ -40,6 +40,30 @@ describe("scripts/kernels.lua", function()
         os.execute("rm -rf '" .. dir .. "'")
     end)
 
+    it("writes a sampling model's kernels with --sample: its classifier keeps the logits", function()
+        local function classifier(...)
+            local dir = os.tmpname()
+            os.remove(dir)
+            local out, rc = run(SHAPE, "-o", dir, ...)
+            if rc ~= 0 and out:find("no CUDA device", 1, true) then return nil, out end
+            assert.are.equal(0, rc, out)
+            local last = 0
+            for launch in out:gmatch("\n| +(%d+) | ") do last = math.max(last, tonumber(launch)) end
+            local src = assert(H.read_file(string.format("%s/launch%03d.cu", dir, last)))
+            os.execute("rm -rf '" .. dir .. "'")
+            return src, out
+        end
+        local greedy, why = classifier()
+        if not greedy then
+            pending(why)
+            return
+        end
+        local sampled = classifier("--sample")
+        assert.truthy(greedy:find("atomicMax(&sbest", 1, true), greedy) -- the argmax of the logits
+        assert.falsy(sampled:find("sbest", 1, true), sampled)
+        assert.truthy(sampled:find("dst[e0] = v[0]", 1, true), sampled) -- the logits themselves
+    end)
+
     it("reads only a checkpoint's header", function()
         if not H.models_present() then
             pending("../shared/models is absent: no stories260K.bin")
