@@ -856,7 +856,12 @@ static __device__ long long select_listed(pick_shared *sh, float topp, float coi
  * may still read its shared memory. HOLD: each thread holds its logits, then
  * their p, in registers from one load to the gather (a 32,000-way row: 8 a
  * thread), so that the phases wait on memory once; else each phase reads
- * them again.
+ * them again. Its 112 registers a thread leave no room beside a block of
+ * the classifier before it; capped (__maxnreg__) at 104 / 96 / 80 / 64, so
+ * that the cluster might start while the classifier's last blocks run, the
+ * H200 at 1fcc590 read stories15M -t 1 -p 0.9 at 12,166 / 12,506, 12,356 /
+ * 12,302, 12,248 / 12,405 and 12,040 / 12,043 tok/s against 12,217 / 12,463,
+ * stories110M 4,841 / 4,800 to 4,738 / 4,790 against 4,828 / 4,818: no gain.
  */
 template <bool HOLD>
 static __global__ void __launch_bounds__(THREADS, 1)
