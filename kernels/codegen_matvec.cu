@@ -589,6 +589,16 @@ static int preload_steps(const mk_launch *l, const mk_product_group *pg, int E, 
  * blocks an SM): __launch_bounds__(256, 4) took Llama-2-7B from 275.4 /
  * 273.4 / 275.2 to 264.5 / 263.5 tok/s (222.3 at 5 blocks), stories110M from
  * 5,786 / 5,890 to 5,550 / 5,494.
+ * Nor, for bfloat16, feeding warps by bulk copies (cp.async.bulk into a ring
+ * of S chunks of C rows a warp, mbarrier waits; persistent warps walking
+ * their column pairs): a microbenchmark of Llama-2-7B's shapes alone on the
+ * H200 (4 copies of the weights past L2, 40 launches) streamed q/k/v at 3.44
+ * to 3.64 TB/s against 3.79 in this kernel's form, w1 / w3 3.65 to 3.93
+ * against 3.99, w2 3.34 against 3.56 (C 256 to 2,048, S 3 to 16, 4 or 8
+ * warps a block, 1 or 2 blocks an SM); only wo, at 4,096 columns, went from
+ * 2.47 to 2.87 (the model's wo splits k in 4 slices). MK_CUDA_TIMELINE puts
+ * the model's q/k/v at the same 3.8 TB/s: what Llama-2-7B loses to the
+ * bandwidth is each launch's start and end, not its stream.
  */
 static bool loads_ahead(const mk_product_group *pg, int E) { return E == 16 && !pg->a8_group; }
 
