@@ -322,9 +322,11 @@ void mk_cuda_product_grid(const mk_product_group *pg, unsigned int *blocks, unsi
  * words) after the fault record, from byte MK_TIMELINE_AT on: launch l's
  * block b from word 3 * (l * MK_TIMELINE_BLOCKS + b): its start, the end of
  * its wait for the launches before, and its last warp's end (atomicMax).
- * After every evaluation the host folds them into per-launch means and
- * clears them; when the model is freed it appends the table to FILE. Other
- * launches (cuBLAS, the sampler, gathers, pointwise groups) are not stamped.
+ * The sampler (sample.cu) stamps its blocks alike, given the address of its
+ * launch's first stamp (mk_cuda_timeline_stamps). After every evaluation
+ * the host folds them into per-launch means and clears them; when the model
+ * is freed it appends the table to FILE. Other launches (cuBLAS, gathers,
+ * pointwise groups) are not stamped.
  */
 #define MK_TIMELINE_AT 256
 #define MK_TIMELINE_BLOCKS 8192
@@ -336,6 +338,13 @@ int mk_cuda_timeline_open(mk_cuda_state *s, const mk_launch *launches, int n, co
                           mk_error **err);
 void mk_cuda_timeline_take(mk_cuda_state *s);
 void mk_cuda_timeline_close(mk_cuda_state *s);
+/* timeline.cu: where launch's blocks write their stamps on the device (block
+ * b from word 3 b), or NULL where the launch is not stamped. */
+unsigned long long *mk_cuda_timeline_stamps(const mk_cuda_state *s, int launch);
+/* sample.cu: the blocks of a SampleNode launch, and its line in the timeline
+ * (malloc'd, or NULL). */
+unsigned int mk_cuda_sample_blocks(const mk_launch *l);
+char *mk_cuda_sample_label(const mk_launch *l);
 /* MK_CUDA_TIMELINE's file, or NULL where it is not set */
 const char *mk_cuda_timeline_file(void);
 

@@ -81,6 +81,8 @@
 
 #include <cooperative_groups.h>
 #include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 #include <math.h>
 
@@ -306,6 +308,30 @@ static __device__ __forceinline__ void pdl_enter() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+
+/* MK_CUDA_TIMELINE's stamps of a block (cuda_device.h) in a kernel made
+ * with them (ON), where tl, the launch's first, is not NULL: its start, the
+ * end of its wait and, as each warp leaves, its end. Without, nothing. */
+template <bool ON>
+struct stamps {
+    unsigned long long *t;
+    static __device__ __forceinline__ unsigned long long now() {
+        unsigned long long v;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v));
+        return v;
+    }
+    __device__ stamps(unsigned long long *tl)
+        : t(ON && tl ? tl + 3 * ((unsigned long long)blockIdx.x * gridDim.y + blockIdx.y)
+                     : nullptr) {
+        if (ON && t && threadIdx.x == 0) t[0] = now();
+    }
+    __device__ void waited() const {
+        if (ON && t && threadIdx.x == 0) t[1] = now();
+    }
+    __device__ ~stamps() {
+        if (ON && t && (threadIdx.x & 31) == __ffs(__activemask()) - 1) atomicMax(t + 2, now());
+    }
+};
 
 /* A cluster barrier in halves: every block arrives once it has started (no
  * memory order), and waits before it first touches another block's shared
@@ -862,13 +888,17 @@ static __device__ long long select_listed(pick_shared *sh, float topp, float coi
  * H200 at 1fcc590 read stories15M -t 1 -p 0.9 at 12,166 / 12,506, 12,356 /
  * 12,302, 12,248 / 12,405 and 12,040 / 12,043 tok/s against 12,217 / 12,463,
  * stories110M 4,841 / 4,800 to 4,738 / 4,790 against 4,828 / 4,818: no gain.
+ * STAMPED: with MK_CUDA_TIMELINE's stamps (tl), a kernel of its own, so that
+ * the sampler without them is as it was (the stamps took 2 registers).
  */
-template <bool HOLD>
+template <bool HOLD, bool STAMPED>
 static __global__ void __launch_bounds__(THREADS, 1)
 sample_rows(long long *out, const float *logits, const long long *state, const float *temp,
-            const float *topp_in, long long n, char *scratch) {
+            const float *topp_in, long long n, char *scratch, unsigned long long *tl) {
     __shared__ pick_shared sh;
+    stamps<STAMPED> st(tl);
     pdl_enter();
+    st.waited();
     cg::cluster_group cluster = cg::this_cluster();
     int b = (int)cluster.block_rank(), g = (int)cluster.num_blocks();
     cluster_arrive();
@@ -1094,13 +1124,42 @@ static long long widest_cluster(K kernel) {
     return clusters > 0 ? MAX_CLUSTER : PORTABLE;
 }
 
+/* A launch's rows of n logits, and the blocks g of each row's cluster. */
+static void clusters_of(const mk_launch *l, long long *rows, long long *n, long long *g) {
+    const mk_tensor *x = &l->in[0];
+    *n = x->shape[x->rank - 1], *rows = mk_tensor_numel(x) / *n;
+    *g = (*n + THREADS * PER_THREAD - 1) / (THREADS * PER_THREAD);
+    long long widest = min(widest_cluster(sample_rows<true, false>),
+                           widest_cluster(sample_rows<false, false>));
+    widest = min(widest, min(widest_cluster(sample_rows<true, true>),
+                             widest_cluster(sample_rows<false, true>)));
+    *g = *g < widest ? *g : widest;
+}
+
+unsigned int mk_cuda_sample_blocks(const mk_launch *l) {
+    long long rows, n, g;
+    clusters_of(l, &rows, &n, &g);
+    return rows * g < 0xffffffffLL ? (unsigned int)(rows * g) : 0xffffffffu;
+}
+
+char *mk_cuda_sample_label(const mk_launch *l) {
+    long long rows, n, g;
+    clusters_of(l, &rows, &n, &g);
+    char *label = (char *)malloc(128);
+    if (label)
+        snprintf(label, 128,
+                 "sampler $%d: %lld rows of %lld logits, a cluster of %lld blocks a row",
+                 l->node->id, rows, n, g);
+    return label;
+}
+
 /* MK_KERNEL_SAMPLE: logits float32 [rows, n], state int64 [rows, 1],
  * temperature and top-p float32 [1] on the device; out int64 [rows, 2]. */
 int mk_cuda_sample(const mk_launch *l, mk_error **err) {
     mk_cuda_state *s = mk_cuda_state_of(l);
     const mk_tensor *x = &l->in[0];
-    long long n = x->shape[x->rank - 1], rows = mk_tensor_numel(x) / n;
-    long long g = (n + THREADS * PER_THREAD - 1) / (THREADS * PER_THREAD);
+    long long n, rows, g;
+    clusters_of(l, &rows, &n, &g);
     if (rows > 0x7fffffffLL)
         return mk_fail(err, MK_ERR_SHAPE, l->node->line, l->node->column,
                        "SampleNode: %lld rows is more than CUDA launches", rows);
@@ -1109,14 +1168,14 @@ int mk_cuda_sample(const mk_launch *l, mk_error **err) {
                        "SampleNode: rows of %lld logits are more than CUDA's sampler takes "
                        "(2^31 - 1)", n);
     char *scratch = (char *)l->scratch;
-    long long widest = min(widest_cluster(sample_rows<true>), widest_cluster(sample_rows<false>));
-    g = g < widest ? g : widest;
     bool hold = (n + g - 1) / g <= HELD * THREADS; /* share's longest range */
+    unsigned long long *tl = mk_cuda_timeline_stamps(s, l->index);
     cudaError_t st = launch(s, (unsigned)rows, (unsigned)g,
-                            hold ? sample_rows<true> : sample_rows<false>,
+                            tl ? (hold ? sample_rows<true, true> : sample_rows<false, true>)
+                               : (hold ? sample_rows<true, false> : sample_rows<false, false>),
                             (long long *)l->out.data, (const float *)x->data,
                             (const long long *)l->in[1].data, (const float *)l->in[2].data,
-                            (const float *)l->in[3].data, n, scratch);
+                            (const float *)l->in[3].data, n, scratch, tl);
     if (st != cudaSuccess)
         return mk_cuda_fail_status(err, st, "launching the sampler", __FILE__, __LINE__);
     return mk_cuda_check_launch(l, "sample", err);

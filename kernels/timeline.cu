@@ -71,6 +71,11 @@ int mk_cuda_timeline_open(mk_cuda_state *s, const mk_launch *launches, int n, co
     }
     for (int i = 0; i < n; i++) {
         const mk_product_group *pg = launches[i].node->prod;
+        if (launches[i].node->op->kernel == MK_KERNEL_SAMPLE) {
+            unsigned blocks = mk_cuda_sample_blocks(&launches[i]);
+            t->blocks[i] = blocks < MK_TIMELINE_BLOCKS ? blocks : MK_TIMELINE_BLOCKS;
+            t->label[i] = mk_cuda_sample_label(&launches[i]);
+        }
         if (!pg) continue;
         unsigned blocks, threads;
         mk_cuda_group_grid(pg, &blocks, &threads);
@@ -94,6 +99,13 @@ int mk_cuda_timeline_open(mk_cuda_state *s, const mk_launch *launches, int n, co
     return 0;
 fail:
     return -1;
+}
+
+unsigned long long *mk_cuda_timeline_stamps(const mk_cuda_state *s, int launch) {
+    const mk_cuda_timeline *t = s->timeline;
+    if (!t || launch < 0 || launch >= t->n || !t->blocks[launch]) return NULL;
+    return (unsigned long long *)((char *)s->fault + MK_TIMELINE_AT) +
+           3 * (size_t)launch * MK_TIMELINE_BLOCKS;
 }
 
 void mk_cuda_timeline_take(mk_cuda_state *s) {

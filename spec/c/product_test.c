@@ -713,7 +713,8 @@ static int timeline_rows(const char *path) {
         double first, wait, last, end, added;
         int got = sscanf(line, "%d %lf %lf %lf %lf %lf %n", &launch, &first, &wait, &last, &end,
                          &added, &at);
-        CHECK(got == 6 && strstr(line + at, "group"), "row: %s", line);
+        CHECK(got == 6 && (strstr(line + at, "group") || strstr(line + at, "sampler $")), "row: %s",
+              line);
         CHECK(rows > 0 || first == 0.0, "the first row starts at %g, not 0", first);
         CHECK(first <= wait && wait <= end && first <= last && last <= end && end >= before,
               "times out of order (the row before ends at %g): %s", before, line);
@@ -729,7 +730,8 @@ static int timeline_rows(const char *path) {
  * MK_CUDA_TIMELINE: set when a model is compiled, its product groups' sources
  * define MK_TIMELINE after their first line, and NVRTC compiles them (no GPU
  * needed); on a GPU, evaluations and then freeing the model write a row per
- * stamped launch. Unset, the sources are as before.
+ * stamped launch: the two groups' and the sampler's after them. Unset, the
+ * sources are as before.
  */
 static void test_timeline(void) {
     char path[64];
@@ -749,7 +751,11 @@ static void test_timeline(void) {
         "$11 = InputTensor(w, float32, [8, 64]);\n"
         "$12 = PermuteNode($11, [1, 0]);\n"
         "$13 = MatMulNode($10, $12);\n"
-        "result = $13;\n";
+        "$14 = ReshapeNode($13, [8]);\n"
+        "$15 = InputTensor(s, int64, [1]);\n"
+        "$16 = InputTensor(t, float32, [1]);\n"
+        "$17 = SampleNode($14, $15, $16, $16);\n"
+        "result = $17;\n";
     mk_error *err = NULL;
     mk_context *ctx = mk_context_new(&err);
     bool nvrtc = mk_cuda_plugin_get(NULL, 0) != NULL;
@@ -796,19 +802,27 @@ static void test_timeline(void) {
     }
     unsetenv("MK_CUDA_TIMELINE"); /* read when the model is compiled */
     if (m) {
-        float q[128], k[70 * 128], v[70 * 64], w[512], out[8];
+        float q[128], k[70 * 128], v[70 * 64], w[512], t = 0.5f; /* t: temperature and top-p */
         for (int i = 0; i < 128; i++) q[i] = (float)test_uniform(-1, 1);
         for (int i = 0; i < 70 * 128; i++) k[i] = (float)test_uniform(-1, 1);
         for (int i = 0; i < 70 * 64; i++) v[i] = (float)test_uniform(-1, 1);
         for (int i = 0; i < 512; i++) w[i] = (float)test_uniform(-1, 1);
-        int64_t p = 50;
-        mk_named_tensor in[5] = {{"q", q}, {"k", k}, {"p", &p}, {"v", v}, {"w", w}};
+        int64_t p = 50, s = 7, out[2];
+        mk_named_tensor in[7] = {{"q", q}, {"k", k}, {"p", &p}, {"v", v}, {"w", w}, {"s", &s},
+                                 {"t", &t}};
         for (int e = 0; e < 5; e++)
-            CHECK(mk_evaluate(m, in, 5, out, sizeof out, &err) == 0, "evaluate: %s",
-                  mk_error_message(err));
+            CHECK(mk_evaluate(m, in, 7, out, sizeof out, &err) == 0 && out[0] >= 0 && out[0] < 8,
+                  "evaluate: %s", mk_error_message(err));
         mk_model_free(m);
         int rows = timeline_rows(path);
-        CHECK(rows == 2, "%d rows in %s, want the two groups'", rows, path);
+        CHECK(rows == 3, "%d rows in %s, want the two groups' and the sampler's", rows, path);
+        FILE *f = fopen(path, "r");
+        char line[512];
+        bool sampler = false;
+        const char *want = "sampler $17: 1 rows of 8 logits, a cluster of 1 blocks a row";
+        while (f && fgets(line, sizeof line, f)) sampler |= strstr(line, want) != NULL;
+        if (f) fclose(f);
+        CHECK(sampler, "no sampler's row in %s", path);
         remove(path);
     }
     mk_error_free(err);
