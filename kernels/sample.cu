@@ -310,8 +310,9 @@ static __device__ __forceinline__ void pdl_enter() {
 }
 
 /* MK_CUDA_TIMELINE's stamps of a block (cuda_device.h) in a kernel made
- * with them (ON), where tl, the launch's first, is not NULL: its start, the
- * end of its wait and, as each warp leaves, its end. Without, nothing. */
+ * with them (ON), where tl, the launch's first, is not NULL and the block is
+ * among the first MK_TIMELINE_BLOCKS: its start, the end of its wait and, as
+ * each warp leaves, its end. Without, nothing. */
 template <bool ON>
 struct stamps {
     unsigned long long *t;
@@ -320,9 +321,11 @@ struct stamps {
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v));
         return v;
     }
+    static __device__ __forceinline__ unsigned long long block() {
+        return (unsigned long long)blockIdx.x * gridDim.y + blockIdx.y;
+    }
     __device__ stamps(unsigned long long *tl)
-        : t(ON && tl ? tl + 3 * ((unsigned long long)blockIdx.x * gridDim.y + blockIdx.y)
-                     : nullptr) {
+        : t(ON && tl && block() < MK_TIMELINE_BLOCKS ? tl + 3 * block() : nullptr) {
         if (ON && t && threadIdx.x == 0) t[0] = now();
     }
     __device__ void waited() const {
