@@ -47,7 +47,10 @@
  * and the ranked or sorted list, and the radix selection the list falls back
  * to, which share the row's shared-memory layout (pick_shared), its block
  * scans and the keys (key_frame); split the radix selection into its own file
- * if a second op comes to need it.
+ * if a second op comes to need it. About a tenth of it is the measurements
+ * below and beside the kernel (what was tried and why it was not kept), and
+ * its MK_CUDA_TIMELINE stamps (struct stamps), which mirror the generated
+ * kernels' (codegen.cu writes those as NVRTC source, so they cannot share).
  *
  * Masses are fixed point (round(p x 2^31), summed in 64 bits), not run.c's
  * float32 sums in its order: the same on every run, within about 1e-7 a term
