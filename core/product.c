@@ -682,17 +682,19 @@ static mk_product_group *build_attention(cand *c, mk_graph *g, mk_node *x, bool 
 
 /*
  * Whether no launch before attention group n writes K's or V's rows before
- * p - 1 in the evaluation (mk_attention_info.early): each is a leaf's memory
- * (an input, buffer or constant, made before the evaluation) whose only
- * writers before n write one row ending at n's own p (a decode step's cache
- * row), in place or as a group's row write.
+ * p - 1 in the evaluation (mk_attention_info.early): each is a buffer's or a
+ * constant's memory (made before the evaluation) whose only writers before n
+ * write one row ending at n's own p (a decode step's cache row), in place or
+ * as a group's row write. Not an input's: on CUDA a launch before may still
+ * be copying it in (the staging kernel, which lets the launch after it start
+ * early), and early loads read the evaluation before's rows.
  */
 static bool early_rows(const mk_graph *g, const mk_node *n) {
     const mk_attention_info *a = &n->prod->att;
     const mk_node *p = n->in[a->p];
     for (int k = 0; k < 2; k++) {
         const mk_node *mem = n->in[k ? a->v : a->kt]->owner;
-        if (mem->op->role != MK_ROLE_LEAF) return false;
+        if (mem->storage != MK_STORAGE_BUFFER && mem->storage != MK_STORAGE_CONSTANT) return false;
         for (int i = 0; i < n->index; i++) {
             const mk_node *w = g->nodes[i];
             if (w->op->role == MK_ROLE_INPLACE && w->owner == mem &&

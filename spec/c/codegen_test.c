@@ -366,18 +366,25 @@ static void test_gathered_operands(void) {
 }
 
 /* The attention source of a decode attention graph, heads d = n wide, K
- * read permuted from rows of d as the caches hold it, s of them, its result
- * read by a product (on the int8 grid where w8a8); NULL on failure. */
-static char *attention_source(mk_context *ctx, int d, int s, bool w8a8) {
-    char text[1024];
+ * read permuted from rows of d as the caches hold it, s of them (buffers, or
+ * inputs where `inputs`), its result read by a product (on the int8 grid
+ * where w8a8); NULL on failure. */
+static char *attention_source(mk_context *ctx, int d, int s, bool w8a8, bool inputs) {
+    char text[1024], k[64], v[64];
+    if (inputs) {
+        snprintf(k, sizeof k, "InputTensor(k, float32, [1, %d, %d])", s, d);
+        snprintf(v, sizeof v, "InputTensor(v, float32, [1, %d, %d])", s, d);
+    } else {
+        snprintf(k, sizeof k, "BufferTensor(float32, [1, %d, %d], k)", s, d);
+        snprintf(v, sizeof v, "BufferTensor(float32, [1, %d, %d], v)", s, d);
+    }
     int at = snprintf(text, sizeof text,
-                      "$1 = InputTensor(q, float32, [1, 2, %d]);\n"
-                      "$2 = InputTensor(k, float32, [1, %d, %d]);\n"
-                      "$3 = InputTensor(v, float32, [1, %d, %d]);\n$4 = InputTensor(p, int64, [1]);\n"
+                      "$1 = InputTensor(q, float32, [1, 2, %d]);\n$2 = %s;\n$3 = %s;\n"
+                      "$4 = InputTensor(p, int64, [1]);\n"
                       "$20 = PermuteNode($2, [0, 2, 1]);\n"
                       "$5 = MatMulNode($1, $20);\n$6 = SlicedSoftmaxNode($5, $4);\n"
                       "$7 = PrefixMatMulNode($6, $3, $4);\n$8 = ReshapeNode($7, [1, %d]);\n",
-                      d, s, d, s, d, 2 * d);
+                      d, k, v, 2 * d);
     if (w8a8)
         snprintf(text + at, sizeof text - (size_t)at,
                  "$9 = FakeQuantizeNode($8, 32);\n$10 = InputTensor(w, int8, [8, %d]);\n"
@@ -411,23 +418,26 @@ static char *attention_source(mk_context *ctx, int d, int s, bool w8a8) {
  * heads 48 or 64 wide, 32 for 96, and 32 where a product takes A on the int8
  * grid (where the sums' last bit can change runq.c's text); and q and K as
  * float4s where rows are a multiple of 4 wide, but on the int8 grid and
- * where a cluster's chunks load early rows (300 rows: 5 chunks of 64). */
+ * where a cluster's chunks load early rows (300 rows: 5 chunks of 64), which
+ * they do from buffers, not from inputs (product.c's early_rows). */
 static void test_attention_rows(void) {
     mk_error *err = NULL;
     mk_context *ctx = mk_context_new(&err);
-    const struct { int d, s; bool w8a8; const char *want, *scores; } cases[] = {
-        {48, 600, false, "600 cached rows in chunks of 64, 48 values", "float4 qv[3]"},
-        {64, 600, false, "600 cached rows in chunks of 64, 64 values", "float4 qv[4]"},
-        {96, 600, false, "600 cached rows in chunks of 32, 96 values", "float4 qv[6]"},
-        {6, 600, false, "600 cached rows in chunks of 64, 6 values", "float qv[2]"},
-        {48, 600, true, "600 cached rows in chunks of 32, 48 values", "float qv[12]"},
-        {64, 300, false, "300 cached rows in chunks of 64, 64 values", "float qv[16]"},
+    const struct { int d, s; bool w8a8, inputs; const char *want, *scores; } cases[] = {
+        {48, 600, false, false, "600 cached rows in chunks of 64, 48 values", "float4 qv[3]"},
+        {64, 600, false, false, "600 cached rows in chunks of 64, 64 values", "float4 qv[4]"},
+        {96, 600, false, false, "600 cached rows in chunks of 32, 96 values", "float4 qv[6]"},
+        {6, 600, false, false, "600 cached rows in chunks of 64, 6 values", "float qv[2]"},
+        {48, 600, true, false, "600 cached rows in chunks of 32, 48 values", "float qv[12]"},
+        {64, 300, false, false, "300 cached rows in chunks of 64, 64 values", "float qv[16]"},
+        {64, 300, false, true, "300 cached rows in chunks of 64, 64 values", "float4 qv[4]"},
     };
     for (size_t c = 0; ctx && c < sizeof cases / sizeof cases[0]; c++) {
-        char *src = attention_source(ctx, cases[c].d, cases[c].s, cases[c].w8a8);
+        char *src = attention_source(ctx, cases[c].d, cases[c].s, cases[c].w8a8, cases[c].inputs);
         CHECK(src && strstr(src, cases[c].want) && strstr(src, cases[c].scores),
-              "heads %d%s: want \"%s\" and \"%s\" in\n%.300s", cases[c].d,
-              cases[c].w8a8 ? " (W8A8)" : "", cases[c].want, cases[c].scores, src ? src : "(none)");
+              "heads %d%s%s: want \"%s\" and \"%s\" in\n%.300s", cases[c].d,
+              cases[c].w8a8 ? " (W8A8)" : "", cases[c].inputs ? " (input caches)" : "",
+              cases[c].want, cases[c].scores, src ? src : "(none)");
         free(src);
     }
     mk_error_free(err);

@@ -39,7 +39,10 @@
  * half of their caches take a decode step's row write first, some ending at
  * the prefix itself (so that CUDA loads the rows before it early, before the
  * wait for the write's launch) and some at a prefix another launch makes
- * (so that it may not); both kinds must occur.
+ * (so that it may not); both kinds must occur. A third of the graphs' caches
+ * are inputs, which never load early (on CUDA the staging kernel may still be
+ * copying them in: an early load read the evaluation before's rows), the rest
+ * BufferTensors, which a model sharing them fills with random rows first.
  */
 #include "internal.h"
 #include "test.h"
@@ -63,6 +66,10 @@ typedef struct {
     char in_name[32][16];
     mk_dtype in_dtype[32];
     int64_t in_numel[32];
+    /* the attention's caches where they are BufferTensors: name, shape, elements */
+    int n_buf;
+    char buf_name[2][8], buf_shape[2][64];
+    int64_t buf_rows[2], buf_numel[2];
 } script;
 
 static int put(script *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -217,10 +224,22 @@ static void random_graph(script *s) {
     s->at += snprintf(s->text + s->at, sizeof s->text - (size_t)s->at, "result = $%d;\n", out);
 }
 
+/* An attention cache [a, b, c]: an input, or a named BufferTensor (see fill_caches). */
+static int cache(script *s, bool buffer, int64_t a, int64_t b, int64_t c) {
+    if (!buffer) return INPUT(s, MK_DTYPE_FLOAT32, a, b, c);
+    int k = s->n_buf++;
+    snprintf(s->buf_name[k], sizeof s->buf_name[k], "c%d", k);
+    snprintf(s->buf_shape[k], sizeof s->buf_shape[k], "%lld, %lld, %lld", (long long)a, (long long)b,
+             (long long)c);
+    s->buf_rows[k] = a;
+    s->buf_numel[k] = a * b * c;
+    return put(s, "BufferTensor(float32, [%s], %s)", s->buf_shape[k], s->buf_name[k]);
+}
+
 /*
  * Decode attention: Q [B, m, d] against caches of S rows held as [S, B, d] and
- * [S, B, n] (inputs read through permutes, as llama2's buffers are, or Kt as a
- * plain [B, d, S]), each perhaps written at row pos first, the softmax of the
+ * [S, B, n] (inputs or buffers read through permutes, as llama2's buffers are,
+ * or Kt as a plain [B, d, S]), each perhaps written at row pos first, the softmax of the
  * first pos1 scores, the prefix product with V; the output reads the result
  * through a reshape and a product.
  */
@@ -245,18 +264,19 @@ static void random_attention(script *s) {
      * ending at the prefix where it is pos1 itself (CUDA then loads the rows
      * before it early, mk_attention_info.early) */
     bool write_k = test_randint(0, 1), write_v = test_randint(0, 1);
+    bool buffers = test_randint(0, 2) != 0;
     if (write_k || write_v) s->first_pos = 0;
     int kt;
     if (test_randint(0, 3)) {
-        int kc = INPUT(s, MK_DTYPE_FLOAT32, S, B, d);
+        int kc = cache(s, buffers, S, B, d);
         if (write_k)
             kc = put(s, "ReplaceSliceNode($%d, $%d, $%d, $%d)", kc, INPUT(s, MK_DTYPE_FLOAT32, 1, B, d),
                      pos, pos1);
         kt = put(s, "PermuteNode($%d, [1, 2, 0])", kc);
     } else {
-        kt = INPUT(s, MK_DTYPE_FLOAT32, B, d, S);
+        kt = cache(s, buffers, B, d, S);
     }
-    int vc = INPUT(s, MK_DTYPE_FLOAT32, S, B, n);
+    int vc = cache(s, buffers, S, B, n);
     if (write_v)
         vc = put(s, "ReplaceSliceNode($%d, $%d, $%d, $%d)", vc, INPUT(s, MK_DTYPE_FLOAT32, 1, B, n), pos,
                  pos1);
@@ -281,6 +301,37 @@ static void fill_inputs(const script *s, void **data, mk_named_tensor *named, in
         float *f = data[k];
         for (int64_t i = 0; i < s->in_numel[k]; i++) f[i] = (float)test_uniform(-1.0, 1.0);
     }
+}
+
+/*
+ * Random rows into model m's cache buffers (those of s, all of them), through
+ * a model sharing each that writes it whole from an input: data[k] holds
+ * buffer k's values, the same for every model of a graph.
+ */
+static bool fill_caches(mk_context *ctx, mk_model *m, const script *s, float *const *data, mk_device dev) {
+    bool ok = true;
+    for (int k = 0; ok && k < s->n_buf; k++) {
+        char text[512];
+        snprintf(text, sizeof text,
+                 "$1 = BufferTensor(float32, [%s], %s);\n$2 = InputTensor(x, float32, [%s]);\n"
+                 "$3 = InputTensor(b, int64, [1]);\n$4 = InputTensor(e, int64, [1]);\n"
+                 "$5 = ReplaceSliceNode($1, $2, $3, $4);\nresult = $5;\n",
+                 s->buf_shape[k], s->buf_name[k], s->buf_shape[k]);
+        mk_error *err = NULL;
+        mk_compile_options o = {.device = dev, .share = m};
+        mk_model *fill = mk_compile(ctx, text, NULL, 0, &o, &err);
+        CHECK(fill != NULL, "compile: %s\n%s", mk_error_message(err), text);
+        int64_t b = 0, e = s->buf_rows[k];
+        mk_named_tensor in[] = {{"x", data[k]}, {"b", &b}, {"e", &e}};
+        float *back = malloc((size_t)s->buf_numel[k] * sizeof *back);
+        ok = fill && back &&
+             mk_evaluate(fill, in, 3, back, (size_t)s->buf_numel[k] * sizeof *back, &err) == 0;
+        CHECK(ok, "filling %s: %s\n%s", s->buf_name[k], mk_error_message(err), text);
+        free(back);
+        mk_error_free(err);
+        mk_model_free(fill);
+    }
+    return ok;
 }
 
 static mk_model *compile(mk_context *ctx, const script *s, mk_device dev, bool fuse) {
@@ -335,8 +386,18 @@ static void test_random_products(void) {
         mk_model *fused = compile(ctx, s, MK_DEVICE_CPU, true);
         mk_model *plain = compile(ctx, s, MK_DEVICE_CPU, false);
         mk_model *cuda = gpu ? compile(ctx, s, MK_DEVICE_CUDA, true) : NULL;
-        if (fused && plain && (cuda || !gpu)) {
+        float *cached[2] = {NULL, NULL};
+        for (int k = 0; k < s->n_buf; k++) {
+            cached[k] = malloc((size_t)s->buf_numel[k] * sizeof(float));
+            for (int64_t i = 0; i < s->buf_numel[k]; i++) cached[k][i] = (float)test_uniform(-1.0, 1.0);
+        }
+        if (fused && plain && (cuda || !gpu) && fill_caches(ctx, fused, s, cached, MK_DEVICE_CPU) &&
+            fill_caches(ctx, plain, s, cached, MK_DEVICE_CPU) &&
+            (!cuda || fill_caches(ctx, cuda, s, cached, MK_DEVICE_CUDA))) {
             count_groups(mk_model_fusion_report(fused), &groups, &row_groups, &early, &late);
+            /* inputs may still be on their way when a launch starts (see the top) */
+            CHECK(!s->attention || s->n_buf || !strstr(mk_model_fusion_report(fused), "before its wait"),
+                  "input caches loaded before the wait:\n%s", mk_model_fusion_report(fused));
             if (nvrtc)
                 for (int arch = 80; arch <= 90 && !test_cur_failed; arch += 10) {
                     int n = mk_model_check_generated(fused, arch, &err);
@@ -371,6 +432,7 @@ static void test_random_products(void) {
             }
             for (int k = 0; k < s->n_in; k++) free(data[k]);
         }
+        for (int k = 0; k < s->n_buf; k++) free(cached[k]);
         mk_model_free(fused);
         mk_model_free(plain);
         mk_model_free(cuda);
