@@ -371,7 +371,12 @@ static constexpr cuda_kernel_table cuda_kernels;
  * Our kernels let the launch after them start early (griddepcontrol.
  * launch_dependents at their start: the stage kernel, generated kernels,
  * gathers, the sampler), for kernels of ours that wait for them
- * (griddepcontrol.wait) before they read. A library's launch (cuBLAS, cuDNN)
+ * (griddepcontrol.wait) before they read. What ours load before their wait
+ * and keep (constant weights, a buffer's rows that no launch before writes)
+ * is never an input's, whose stage kernel may still be copying it in: an
+ * attention group that loaded an input cache's rows early read the evaluation
+ * before's (product.c's early_rows). Only a hint checked after the wait (the
+ * attention's p) may be. A library's launch (cuBLAS, cuDNN)
  * launches its kernels as it pleases: seen with cuDNN 9.14, engine 4 of a
  * batch of 2 read its operands before the stage kernel before it had copied
  * them, so a model's first evaluation was wrong and the next right
