@@ -229,8 +229,8 @@ static int cache(script *s, bool buffer, int64_t a, int64_t b, int64_t c) {
     if (!buffer) return INPUT(s, MK_DTYPE_FLOAT32, a, b, c);
     int k = s->n_buf++;
     snprintf(s->buf_name[k], sizeof s->buf_name[k], "c%d", k);
-    snprintf(s->buf_shape[k], sizeof s->buf_shape[k], "%lld, %lld, %lld", (long long)a, (long long)b,
-             (long long)c);
+    snprintf(s->buf_shape[k], sizeof s->buf_shape[k], "%lld, %lld, %lld", (long long)a,
+             (long long)b, (long long)c);
     s->buf_rows[k] = a;
     s->buf_numel[k] = a * b * c;
     return put(s, "BufferTensor(float32, [%s], %s)", s->buf_shape[k], s->buf_name[k]);
@@ -238,10 +238,10 @@ static int cache(script *s, bool buffer, int64_t a, int64_t b, int64_t c) {
 
 /*
  * Decode attention: Q [B, m, d] against caches of S rows held as [S, B, d] and
- * [S, B, n] (inputs or buffers read through permutes, as llama2's buffers are,
- * or Kt as a plain [B, d, S]), each perhaps written at row pos first, the softmax of the
- * first pos1 scores, the prefix product with V; the output reads the result
- * through a reshape and a product.
+ * [S, B, n] (inputs or buffers read through permutes, as llama2's buffers
+ * are, or Kt as a plain [B, d, S]), each perhaps written at row pos first, the
+ * softmax of the first pos1 scores, the prefix product with V; the output
+ * reads the result through a reshape and a product.
  */
 static void random_attention(script *s) {
     memset(s, 0, sizeof *s);
@@ -308,7 +308,8 @@ static void fill_inputs(const script *s, void **data, mk_named_tensor *named, in
  * a model sharing each that writes it whole from an input: data[k] holds
  * buffer k's values, the same for every model of a graph.
  */
-static bool fill_caches(mk_context *ctx, mk_model *m, const script *s, float *const *data, mk_device dev) {
+static bool fill_caches(mk_context *ctx, mk_model *m, const script *s, float *const *data,
+                        mk_device dev) {
     bool ok = true;
     for (int k = 0; ok && k < s->n_buf; k++) {
         char text[512];
@@ -389,15 +390,17 @@ static void test_random_products(void) {
         float *cached[2] = {NULL, NULL};
         for (int k = 0; k < s->n_buf; k++) {
             cached[k] = malloc((size_t)s->buf_numel[k] * sizeof(float));
-            for (int64_t i = 0; i < s->buf_numel[k]; i++) cached[k][i] = (float)test_uniform(-1.0, 1.0);
+            for (int64_t i = 0; i < s->buf_numel[k]; i++)
+                cached[k][i] = (float)test_uniform(-1.0, 1.0);
         }
         if (fused && plain && (cuda || !gpu) && fill_caches(ctx, fused, s, cached, MK_DEVICE_CPU) &&
             fill_caches(ctx, plain, s, cached, MK_DEVICE_CPU) &&
             (!cuda || fill_caches(ctx, cuda, s, cached, MK_DEVICE_CUDA))) {
             count_groups(mk_model_fusion_report(fused), &groups, &row_groups, &early, &late);
             /* inputs may still be on their way when a launch starts (see the top) */
-            CHECK(!s->attention || s->n_buf || !strstr(mk_model_fusion_report(fused), "before its wait"),
-                  "input caches loaded before the wait:\n%s", mk_model_fusion_report(fused));
+            const char *report = mk_model_fusion_report(fused);
+            CHECK(!s->attention || s->n_buf || !strstr(report, "before its wait"),
+                  "input caches loaded before the wait:\n%s", report);
             if (nvrtc)
                 for (int arch = 80; arch <= 90 && !test_cur_failed; arch += 10) {
                     int n = mk_model_check_generated(fused, arch, &err);
