@@ -77,7 +77,17 @@
  * stories110M went from 4,844 / 4,848 to 4,802 / 4,777 tok/s and stories15M
  * from 12,487 / 12,490 to 12,217 / 12,180; with the sampler ignoring the
  * statistics, 4,809 / 4,755 and 12,269 / 11,999: the classifier's blocks
- * lost more than the sampler saved.
+ * lost more than the sampler saved. Nor, with HBM idle while the sampler
+ * runs, its blocks sending the next step's first weights to L2
+ * (prefetch.global.L2 of the constant weights of the launches before it, in
+ * order, up to a budget): on the H200 at fd767c1 (-t 1 -p 0.9, one call,
+ * two rounds), stories15M went from 12,247 / 12,519 to 10,975 / 11,109
+ * tok/s with 24 MB sent by the blocks other than the lead as they leave,
+ * 10,681 / 10,731 by every block after phase 1, and 10,249 / 10,165 with
+ * 40 MB as they leave; stories110M from 4,821 / 4,798 to 4,684 / 4,633,
+ * 4,630 / 4,608 and 4,436 / 4,422. Likely because the launch ends only once
+ * every block has issued its share, and the next step waits for that
+ * (a patch, not kept).
  */
 #include "cuda_device.h"
 #include "reduce.h"
