@@ -215,13 +215,12 @@ static int argmax_slot(const mk_product_group *pg, int o) {
  * call, stories15M 13,453 / 13,693 / 13,531 to 13,926 / 13,765 / 13,620,
  * stories110M 5,060 / 5,008 / 5,005 to 5,066 / 5,064 / 5,034.
  */
-static void put_argmax_blocks(mk_strbuf *b, const mk_product_group *pg) {
+static void put_argmax_blocks(mk_strbuf *b, const mk_product_group *pg, long long per) {
     int M = (int)pg->m;
     mk_strbuf_put(b, "    __syncthreads();\n    if (threadIdx.x != 0) return;\n");
     long long start = 0;
     for (int o = 0; o < pg->n_outs; o++) {
         const mk_product_out *r = &pg->out[o];
-        long long per = MK_MV_WARPS / product_slices(pg); /* column pairs a block holds */
         long long pairs = r->n / 2, first = start / per, last = (start + pairs - 1) / per;
         start += pairs;
         if (!r->argmax) continue;
@@ -456,12 +455,13 @@ static int plain_sources(const mk_product_out *r) {
  * column n0 + c), rot[m] and wbegin, wend. Its loads then overlap the
  * products' instead of following their sums, one trip to memory less.
  */
-static void put_epilogue_loads(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int o) {
+static void put_epilogue_loads(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int o,
+                               const char *who) {
     const mk_product_out *r = &pg->out[o];
     int M = (int)pg->m;
     long long N = (long long)r->n;
     if (r->row_x < 0 && r->rotate < 0 && !plain_sources(r)) return;
-    mk_strbuf_put(b, "        if (lane == 0 && slice == 0) {\n");
+    mk_strbuf_put(b, "        if (%s) {\n", who);
     if (r->row_x >= 0)
         mk_strbuf_put(b, "            wbegin = *(const long long *)i%d; wend = *(const long long *)i%d;\n",
                       r->row_begin, r->row_end);
@@ -675,14 +675,15 @@ static void put_preloads(mk_strbuf *b, const mk_launch *l, const mk_product_grou
     put_gathers(b, pg);
 }
 
+static void put_epilogue(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int o,
+                         bool staged, const char *who);
+
 /* Result o's code for the column pair of warp index `p` (local to o). */
 static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int o,
                        int E, int W, int pre, int phase, bool staged) {
     const mk_product_out *r = &pg->out[o];
-    int which = 1; /* the faulting member for the error: the row write */
-    while (which < pg->n_members && pg->members[which - 1] != r->end) which++;
     int M = (int)pg->m;
-    long long K = (long long)pg->k, N = (long long)r->n;
+    long long K = (long long)pg->k;
     int prods[MK_X_IN], np = product_sources(r, prods); /* the products it reads, as sources */
     mk_strbuf_put(b, "        const long long n0 = 2 * p;\n");
     mk_strbuf_put(b, "        float acc[%d][2][%d];\n", M, np);
@@ -701,7 +702,7 @@ static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group 
     } else {
     mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) for (int c = 0; c < 2; c++) for (int j = 0; j < %d; j++) acc[m][c][j] = 0.0f;\n", M, np);
     put_column_pointers(b, l, pg, r, prods, np);
-    put_epilogue_loads(b, l, pg, o);
+    put_epilogue_loads(b, l, pg, o, "lane == 0 && slice == 0");
     if (pg->norm_w >= 0 && !staged) mk_strbuf_put(b, "        float ss[%d] = {0.0f};\n", M);
     long long step = 32LL * E * W;
     for (int s = 0; s < pre; s++) { /* the steps whose weights were loaded before the wait */
@@ -762,15 +763,32 @@ static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group 
         return;
     }
     }
+    put_epilogue(b, l, pg, o, staged, phase == 2 ? "" : "if (lane == 0) ");
+}
+
+/*
+ * Result o's epilogue for the column pair n0 of the thread `who` says
+ * (a condition, or "" for every thread that gets here), from its sums
+ * acc[m][c][j]: the RmsNorm's 1 / rms, the result's program, its rotation, and
+ * its row write or ArgMax.
+ */
+static void put_epilogue(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int o,
+                         bool staged, const char *who) {
+    const mk_product_out *r = &pg->out[o];
+    int which = 1; /* the faulting member for the error: the row write */
+    while (which < pg->n_members && pg->members[which - 1] != r->end) which++;
+    int M = (int)pg->m;
+    long long K = (long long)pg->k, N = (long long)r->n;
+    int prods[MK_X_IN], np = product_sources(r, prods);
     if (pg->norm_w >= 0) /* the RmsNorm: the sum of x's squares, the block's or the warp's */
         mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) {\n"
                          "            const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(%s[m], (float)%lldLL), 1e-5f)));\n"
                          "            for (int c = 0; c < 2; c++) for (int j = 0; j < %d; j++) acc[m][c][j] *= inv;\n"
                          "        }\n",
                       M, staged ? "sss" : "ss", K, np);
-    /* lane 0 writes; no thread returns early (a block with an ArgMax result
-     * meets at a barrier at the end); a fault leaves the do-while */
-    mk_strbuf_put(b, phase == 2 ? "        do {\n" : "        if (lane == 0) do {\n");
+    /* one thread writes; no thread returns early (a block with an ArgMax
+     * result meets at a barrier at the end); a fault leaves the do-while */
+    mk_strbuf_put(b, "        %sdo {\n", who);
     if (r->row_x >= 0) { /* the bounds, checked as the CPU's ReplaceSlice checks them */
         const mk_tensor *x = &l->in[r->row_x];
         long long rows = x->shape[0];
@@ -1038,7 +1056,7 @@ void mk_cuda_product_source(mk_strbuf *b, const mk_launch *l) {
             start += pairs;
         }
     }
-    if (slots) put_argmax_blocks(b, pg);
+    if (slots) put_argmax_blocks(b, pg, MK_MV_WARPS / W);
     mk_strbuf_put(b, "}\n");
 }
 
