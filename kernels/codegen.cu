@@ -625,10 +625,11 @@ void mk_cuda_group_source(mk_strbuf *b, const mk_launch *l) {
 }
 
 /* The grid of a matrix-vector or attention group's launch. */
-void mk_cuda_group_grid(const mk_product_group *pg, unsigned int *blocks, unsigned int *threads) {
+void mk_cuda_group_grid(const mk_launch *l, unsigned int *blocks, unsigned int *threads) {
+    const mk_product_group *pg = l->node->prod;
     if (pg->kind == MK_PRODUCT_ATTENTION) { /* att_blocks blocks per query */
         *blocks = mk_cuda_blocks(pg->att.batch * pg->att.m * att_blocks(&pg->att), 1);
         *threads = (unsigned int)(4 * att_rows(&pg->att));
     } else
-        mk_cuda_product_grid(pg, blocks, threads);
+        mk_cuda_product_grid(l, blocks, threads);
 }

@@ -6,7 +6,9 @@
  * ArgMax). A lane's step comes in two forms: float32 A (put_weight_loads and
  * put_float_math, the weights of the first steps loaded before the PDL wait:
  * put_preloads; int8 a step ahead: loads_ahead) and A on the int8 grid
- * (put_grid_copy and put_grid_step).
+ * (put_grid_copy and put_grid_step). Large int8 launches instead take the
+ * tensor-core form (tc_slices to put_tc_source): a warp per 16 columns, the
+ * integer MMA, A as fixed-point digits.
  * Helpers shared with the other skeletons (instructions, faults, PDL) are in
  * codegen.cu and cuda_device.h.
  *
@@ -14,7 +16,9 @@
  * layout (pair, slice, lane, step k) and its registers: the weight loads per
  * dtype, preloads, prefetch and staging before the sums, the two step forms,
  * the slices' reduction and the epilogues after. The int8 grid (put_grid_copy,
- * put_grid_step) is the part that could move out if it grows.
+ * put_grid_step) and the tensor-core form, which shares the staging, the
+ * epilogues and the ArgMax blocks, are the parts that could move out if they
+ * grow.
  */
 #include "cuda_device.h"
 
@@ -558,12 +562,18 @@ static bool preload_raw(const mk_product_group *pg, int E, int W) {
     return E > 4 && step_registers(pg, E, false) * lane_steps(pg, E, W) > MK_PRELOAD_FLOATS;
 }
 
-static int preload_steps(const mk_launch *l, const mk_product_group *pg, int E, int W) {
-    if (pg->a8_group) return 0;
+/* Whether every weight and int8 scale of the group is a constant (no launch
+ * writes it), so that a kernel may load them before its wait. */
+static bool constant_weights(const mk_launch *l, const mk_product_group *pg) {
     for (int j = 0; j < pg->n_products; j++)
         if (l->node->in[pg->b[j]]->owner->storage != MK_STORAGE_CONSTANT ||
             (pg->b_scale[j] >= 0 && l->node->in[pg->b_scale[j]]->owner->storage != MK_STORAGE_CONSTANT))
-            return 0;
+            return false;
+    return true;
+}
+
+static int preload_steps(const mk_launch *l, const mk_product_group *pg, int E, int W) {
+    if (pg->a8_group || !constant_weights(l, pg)) return 0;
     long long steps = lane_steps(pg, E, W);
     long long pre = MK_PRELOAD_FLOATS / step_registers(pg, E, preload_raw(pg, E, W));
     if (pre < 1) pre = 1;
@@ -970,11 +980,14 @@ static void put_grid_copy(mk_strbuf *b, const mk_product_group *pg, bool vec) {
  * warps of a launch would otherwise read A once per column pair, as many
  * bytes as the weights in float32 and 4 times as many in int8.
  */
-static void put_staging(mk_strbuf *b, const mk_product_group *pg, int E) {
+static void put_digit_copy(mk_strbuf *b, const mk_product_group *pg);
+
+static void put_staging(mk_strbuf *b, const mk_product_group *pg, int E, bool digits) {
     int M = (int)pg->m;
     bool norm = pg->norm_w >= 0;
     if (norm) mk_strbuf_put(b, "    __shared__ float sss[%d], sred[%d][%d];\n    float part[%d] = {0.0f};\n", M, MK_MV_WARPS, M, M);
-    if (pg->a8_group) put_grid_copy(b, pg, E >= 4);
+    if (digits) put_digit_copy(b, pg);
+    else if (pg->a8_group) put_grid_copy(b, pg, E >= 4);
     else put_float_copy(b, pg, E);
     if (norm)
         mk_strbuf_put(b, "    for (int m = 0; m < %d; m++) {\n"
@@ -991,6 +1004,286 @@ static void put_staging(mk_strbuf *b, const mk_product_group *pg, int E) {
     mk_strbuf_put(b, "    __syncthreads();\n");
 }
 
+
+/*
+ * The tensor-core form: int8 weights (with their float32 scales) through the
+ * integer MMA (mma.m16n8k32.s8), where every product's weights are int8 in
+ * groups of a multiple of 64, A is one row, k a multiple of 128, each result
+ * reads one product and the launch has at least MK_TC_COLUMNS columns in
+ * results of multiples of 16 (tc_slices). The int8 form above spends 3
+ * instructions a weight widening and multiplying; here the weights go into
+ * the MMA as they are loaded.
+ *
+ * A becomes fixed point as the block stages it (put_digit_copy): per 64 of k,
+ * x times 2^e (e from the 64's largest |x|, so that |x 2^e| < 2^30) rounded
+ * to an integer, held as four signed base-256 digits (the MMA's n = 0..3), a
+ * relative error of 2^-31 of the 64's largest |x|; a non-finite x makes its
+ * 64's factor NaN. A warp takes 16 columns (rows g and g + 8 of the MMA for
+ * lane g * 4 + t) and its slice of k, 128 a step: each lane loads 32 bytes of
+ * both its columns (lane t the bytes 32 t ..), and every 8 bytes of them are
+ * an MMA's k = 4 t .. 4 t + 3 and 16 + 4 t .. (the order of k within an MMA
+ * does not change its sum, so A's digits are read in the same order). An MMA
+ * sums over the four lanes t; lanes 0, 1 and 2, 3 hold different 64s, so each
+ * 8 bytes take two MMAs, the other 64's lanes giving zero digits. Per 64, the
+ * exact integer sums D (at most 64 x 128 x 128) times the weight's scale and
+ * the 64's factor add into float32 sums per digit, which lanes t = 0, 1 weigh
+ * by 2^-8n and add at the end. Before sm_80 (or with MK_NO_MMA defined, for
+ * the tests) mk_mma_s8 makes the same integer sums by shuffles and DP4A.
+ *
+ * The slices' sums meet in shared memory; lanes 0..7 of a tile's first warp
+ * then run the epilogue of a column pair each (put_epilogue). The first
+ * step's weights are loaded before the wait where they are constants.
+ *
+ * Measured on the H200 against 0830b77 (bench_llama2 --precision q8, one
+ * call each): Llama-2-7B 376.2 to 393.4 tok/s, then 376.5 to 391.7;
+ * stories110M (its classifier alone takes this form) 5,442 to 5,479.
+ * MK_CUDA_TIMELINE: a layer's q/k/v from 21.4 to 23.5 us to 18.1 to 19.6, the
+ * classifier from 56.6 to 53.8. Not for results of two products (w1 / w3,
+ * SiLU(x W1^T) * x W3^T; a warp a product's slice): 29.7 us against 28 in
+ * the int8 form, Llama-2-7B 378.5 tok/s with them, 367.9 at 4 slices.
+ * Measured alone (a microbenchmark of Llama-2-7B's int8 shapes, 4 copies of
+ * the weights past L2, launches back to back): q/k/v (12,288 x 4,096) 27.0
+ * us in the int8 form, 18.9 here (4 slices); 22,016 x 4,096 40.7 against
+ * 29.8 (2 slices); but w2 (4,096 x 11,008) 20.6 against 24.7 at best and wo
+ * (4,096 x 4,096) 9.3 against 11.5: 256 tiles of 16 columns are too few
+ * warps (hence MK_TC_COLUMNS). Loading 16 bytes of a column a lane (64 of k
+ * a step) gave 2.1 TB/s for q/k/v, 64 bytes 2.2; 8 columns a warp (the
+ * weights as the MMA's B) 2.6.
+ */
+#define MK_TC_COLUMNS 8192 /* the fewest columns a launch in this form has */
+#define MK_TC_WARPS 2048   /* warps a launch aims for, splitting k */
+
+/* The warps that split k in the tensor-core form, or 0 where the group does not take it. */
+static int tc_slices(const mk_launch *l, const mk_product_group *pg) {
+    if (pg->m != 1 || pg->a8_group || pg->k % 128 || weights_per_load(l, pg) != 16 ||
+        (long long)pg->k * 4 > MK_STAGE_BYTES || weight_bytes(l, pg) < MK_STAGE_MIN_WEIGHTS)
+        return 0;
+    for (int j = 0; j < pg->n_products; j++)
+        if (pg->b_scale[j] < 0 || pg->b_group[j] % 64) return 0;
+    long long columns = 0;
+    for (int o = 0; o < pg->n_outs; o++) {
+        int prods[MK_X_IN];
+        if (pg->out[o].n % 16 || product_sources(&pg->out[o], prods) != 1) return 0;
+        columns += pg->out[o].n;
+    }
+    if (columns < MK_TC_COLUMNS) return 0;
+    int W = 1;
+    while (W < MK_MV_WARPS && columns / 16 * W < MK_TC_WARPS) W *= 2;
+    return W;
+}
+
+/* A (times the norm's weight, its squares into part[0]) as four digits per
+ * element in sD ([k / 8][digit][8] bytes) and each 64's factor of digit 0 in
+ * sF: a warp a 64, two elements a lane. */
+static void put_digit_copy(mk_strbuf *b, const mk_product_group *pg) {
+    long long K = (long long)pg->k;
+    bool norm = pg->norm_w >= 0;
+    mk_strbuf_put(b, "    __shared__ __align__(16) unsigned char sD[%lld];\n    __shared__ float sF[%lld];\n"
+                     "    for (long long q = threadIdx.x >> 5; q < %lldLL; q += %d) {\n"
+                     "        const long long k = 64 * q + lane;\n"
+                     "        float v[2] = {A[k], A[k + 32]};\n",
+                  4 * K, K / 64, K / 64, MK_MV_WARPS);
+    if (norm)
+        mk_strbuf_put(b, "        part[0] += v[0] * v[0] + v[1] * v[1]; v[0] *= W[k]; v[1] *= W[k + 32];\n");
+    mk_strbuf_put(b, "        const bool bad = __any_sync(0xffffffffu, !isfinite(v[0]) || !isfinite(v[1]));\n"
+                     "        float mx = fmaxf(fabsf(v[0]), fabsf(v[1]));\n"
+                     "        for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));\n"
+                     "        const int e = min(30 - ((int)(__float_as_uint(mx) >> 23) - 126), 127); /* mx < 2^(30 - e) */\n"
+                     "        for (int h = 0; h < 2; h++) {\n"
+                     "            int d = bad ? 0 : __float2int_rn(v[h] * __int_as_float((127 + e) << 23));\n"
+                     "            unsigned char *at = sD + ((k + 32 * h) >> 3) * 32 + ((k + 32 * h) & 7);\n"
+                     "            for (int n = 3; n >= 0; n--) { const int lo = (int)(signed char)(d & 0xff); at[8 * n] = (unsigned char)lo; d = (d - lo) >> 8; }\n"
+                     "        }\n"
+                     "        if (lane == 0) sF[q] = bad ? __int_as_float(0x7fc00000) : __int_as_float((151 - e) << 23);\n"
+                     "    }\n");
+}
+
+static void put_tc_helpers(mk_strbuf *b) {
+    mk_strbuf_put(b,
+        "static __device__ __forceinline__ void mk_mma_s8(int *d, unsigned a0, unsigned a1, unsigned a2, unsigned a3,\n"
+        "                                                 unsigned b0, unsigned b1) {\n"
+        "#if __CUDA_ARCH__ >= 800 && !defined(MK_NO_MMA)\n"
+        "    asm volatile(\"mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%%0,%%1,%%2,%%3}, {%%4,%%5,%%6,%%7}, {%%8,%%9}, {%%0,%%1,%%2,%%3};\"\n"
+        "                 : \"+r\"(d[0]), \"+r\"(d[1]), \"+r\"(d[2]), \"+r\"(d[3])\n"
+        "                 : \"r\"(a0), \"r\"(a1), \"r\"(a2), \"r\"(a3), \"r\"(b0), \"r\"(b1));\n"
+        "#else /* the same sums: lane (g, t) takes rows g, g + 8 and columns 2t, 2t + 1 over the lanes u of their groups */\n"
+        "    const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;\n"
+        "    for (int u = 0; u < 4; u++) {\n"
+        "        const int x0 = (int)__shfl_sync(0xffffffffu, a0, 4 * g + u), x1 = (int)__shfl_sync(0xffffffffu, a1, 4 * g + u);\n"
+        "        const int x2 = (int)__shfl_sync(0xffffffffu, a2, 4 * g + u), x3 = (int)__shfl_sync(0xffffffffu, a3, 4 * g + u);\n"
+        "        const int y0 = (int)__shfl_sync(0xffffffffu, b0, 8 * t + u), y1 = (int)__shfl_sync(0xffffffffu, b1, 8 * t + u);\n"
+        "        const int z0 = (int)__shfl_sync(0xffffffffu, b0, 8 * t + 4 + u), z1 = (int)__shfl_sync(0xffffffffu, b1, 8 * t + 4 + u);\n"
+        "        d[0] = __dp4a(x2, y1, __dp4a(x0, y0, d[0])); d[1] = __dp4a(x2, z1, __dp4a(x0, z0, d[1]));\n"
+        "        d[2] = __dp4a(x3, y1, __dp4a(x1, y0, d[2])); d[3] = __dp4a(x3, z1, __dp4a(x1, z0, d[3]));\n"
+        "    }\n"
+        "#endif\n"
+        "}\n");
+}
+
+/* B0, B1, S0, S1: lane (g, t)'s first weights (at k = 32 t) and scales of
+ * columns 16 p + g and 16 p + g + 8 of product source s of result r. */
+static void put_tc_pointers(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg,
+                            const mk_product_out *r, int s) {
+    int pj = r->src[s].product, bk = pg->b[pj], sk = pg->b_scale[pj];
+    long long ldb = (long long)l->in[bk].stride[1];
+    const mk_tensor *sc = &l->in[sk];
+    mk_strbuf_put(b, "        B0 = (const signed char *)i%d + (16 * p + g) * %lldLL + 32 * t; B1 = B0 + %lldLL;\n"
+                     "        S0 = (const float *)i%d + (16 * p + g) * %lldLL; S1 = S0 + %lldLL;\n",
+                  bk, ldb, 8 * ldb, sk, (long long)sc->stride[1], 8 * (long long)sc->stride[1]);
+}
+
+static void put_tc_loads(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int pj,
+                         const char *k) {
+    long long G = (long long)pg->b_group[pj], ss = (long long)l->in[pg->b_scale[pj]].stride[0];
+    /* a step's 32 bytes of each column and the scales of its two 64s (k a
+     * multiple of 128, so 64 h of it lies in one group) */
+    mk_strbuf_put(b, "ld0[0] = __ldcs((const uint4 *)(B0 + %s)); ld0[1] = __ldcs((const uint4 *)(B0 + %s + 16));"
+                     " ld1[0] = __ldcs((const uint4 *)(B1 + %s)); ld1[1] = __ldcs((const uint4 *)(B1 + %s + 16));",
+                  k, k, k, k);
+    for (int h = 0; h < 2; h++)
+        mk_strbuf_put(b, " s0[%d] = S0[(%s + %d) / %lldLL * %lldLL]; s1[%d] = S1[(%s + %d) / %lldLL * %lldLL];",
+                      h, k, 64 * h, G, ss, h, k, 64 * h, G, ss);
+}
+
+
+/* Result o's sums for tile p (16 columns) in the tensor-core form: its one
+ * product over the warp's slice [kb, ke) of k (the first step's weights in
+ * ld0, ld1, s0, s1 already where `loaded`), into red. */
+static void put_tc_sums(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int o,
+                        bool loaded) {
+    const mk_product_out *r = &pg->out[o];
+    int prods[MK_X_IN];
+    product_sources(r, prods);
+    int pj = r->src[prods[0]].product;
+    mk_strbuf_put(b, "        float acc[2][2] = {};\n");
+    if (!loaded) {
+        put_tc_pointers(b, l, pg, r, prods[0]);
+        mk_strbuf_put(b, "        if (kb < ke) { ");
+        put_tc_loads(b, l, pg, pj, "kb");
+        mk_strbuf_put(b, " }\n");
+    }
+    mk_strbuf_put(b, "#pragma unroll 1\n"
+                     "        for (int k = kb; k < ke; k += 128) {\n"
+                     "            const uint4 c0[2] = {ld0[0], ld0[1]}, c1[2] = {ld1[0], ld1[1]};\n"
+                     "            const float w0[2] = {s0[0], s0[1]}, w1[2] = {s1[0], s1[1]};\n"
+                     "            if (k + 128 < ke) { const int kn = k + 128; ");
+    put_tc_loads(b, l, pg, pj, "kn");
+    mk_strbuf_put(b, " }\n"
+                     "            int d[2][4] = {};\n"
+                     "#pragma unroll\n"
+                     "            for (int jj = 0; jj < 2; jj++)\n"
+                     "#pragma unroll\n"
+                     "            for (int i = 0; i < 2; i++) {\n"
+                     "                const uint2 x = g < 4 ? *(const uint2 *)&sD[((k + 32 * t + 16 * jj + 8 * i) >> 3) * 32 + 8 * g] : make_uint2(0u, 0u);\n"
+                     "                const unsigned a0 = i ? c0[jj].z : c0[jj].x, a1 = i ? c1[jj].z : c1[jj].x;\n"
+                     "                const unsigned a2 = i ? c0[jj].w : c0[jj].y, a3 = i ? c1[jj].w : c1[jj].y;\n"
+                     "                mk_mma_s8(d[0], a0, a1, a2, a3, t < 2 ? x.x : 0u, t < 2 ? x.y : 0u);\n"
+                     "                mk_mma_s8(d[1], a0, a1, a2, a3, t < 2 ? 0u : x.x, t < 2 ? 0u : x.y);\n"
+                     "            }\n"
+                     "#pragma unroll\n"
+                     "            for (int h = 0; h < 2; h++) {\n"
+                     "                const float f = sF[(k >> 6) + h], fa = w0[h] * f, fb = w1[h] * f;\n"
+                     "                acc[0][0] += fa * (float)d[h][0]; acc[0][1] += fa * (float)d[h][1];\n"
+                     "                acc[1][0] += fb * (float)d[h][2]; acc[1][1] += fb * (float)d[h][3];\n"
+                     "            }\n"
+                     "        }\n");
+    /* digit n = 2t + c weighs 2^-8n (lanes t = 2, 3 hold zeros); lane t = 0 adds t = 1's */
+    mk_strbuf_put(b, "        const float u0 = __int_as_float((127 - 16 * t) << 23), u1 = __int_as_float((119 - 16 * t) << 23);\n"
+                     "#pragma unroll\n"
+                     "        for (int h = 0; h < 2; h++) {\n"
+                     "            float v = acc[h][0] * u0 + acc[h][1] * u1;\n"
+                     "            v += __shfl_xor_sync(0xffffffffu, v, 1);\n"
+                     "            if (t == 0) red[wib + slice][8 * h + g] = v;\n"
+                     "        }\n");
+}
+
+/* The kernel of a group in the tensor-core form (tc_slices: W warps a tile). */
+static void put_tc_source(mk_strbuf *b, const mk_launch *l, int W) {
+    const mk_product_group *pg = l->node->prod;
+    long long K = (long long)pg->k;
+    long long per = (K / 128 + W - 1) / W * 128; /* k a slice takes */
+    mk_strbuf_put(b, "// moonkaas matrix-vector group $%d: [1, %lld] @ %d products, %d results%s, "
+                     "int8 on the tensor cores\n",
+                  l->node->id, K, pg->n_products, pg->n_outs,
+                  pg->norm_w >= 0 ? ", RmsNorm folded in" : "");
+    mk_cuda_put_fault(b);
+    put_tc_helpers(b);
+    /* three blocks an SM (85 registers at most) */
+    mk_strbuf_put(b, "extern \"C\" __global__ void __launch_bounds__(%d, 3)\n"
+                     "mk_product(float *__restrict__ o", 32 * MK_MV_WARPS);
+    for (int k = 0; k < l->n_in; k++) mk_strbuf_put(b, ", void *i%d", k);
+    mk_strbuf_put(b, ", mk_fault_rec *fault, int launch, void *aux) {\n" MK_GROUP_START);
+    mk_strbuf_put(b, "    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;\n"
+                     "    const long long warp = (long long)blockIdx.x * %d + (threadIdx.x >> 5);\n"
+                     "    const float *A = (const float *)i%d;\n", MK_MV_WARPS, pg->a);
+    if (pg->norm_w >= 0) mk_strbuf_put(b, "    const float *W = (const float *)i%d;\n", pg->norm_w);
+    int slots = argmax_slot(pg, pg->n_outs);
+    if (slots)
+        mk_strbuf_put(b, "    __shared__ unsigned long long sbest[%d];\n"
+                         "    if (threadIdx.x < %d) sbest[threadIdx.x] = 0ull;\n"
+                         "    __syncthreads();\n", slots, slots);
+    int PS = 1;
+    for (int o = 0; o < pg->n_outs; o++)
+        if (plain_sources(&pg->out[o]) > PS) PS = plain_sources(&pg->out[o]);
+    mk_strbuf_put(b, "    const long long tile = warp / %d;\n"
+                     "    const int slice = (int)(warp %% %d), wib = (int)(threadIdx.x >> 5) - slice;\n"
+                     "    const int kb = slice * %lld, ke = min(%lld, kb + %lld); /* the warp's k */\n"
+                     "    __shared__ float red[%d][16];\n"
+                     "    float pre[1][2][%d], rot[1][2];\n    long long wbegin = 0, wend = 0;\n"
+                     "    (void)pre; (void)rot; (void)wbegin; (void)wend;\n"
+                     "    uint4 ld0[2], ld1[2]; /* a step's weights of columns g and g + 8 */\n"
+                     "    float s0[2], s1[2];\n"
+                     "    const signed char *B0, *B1;\n    const float *S0, *S1;\n",
+                  W, W, per, K, per, MK_MV_WARPS, PS);
+    /* the warp's first step before the wait, where the weights are constants */
+    bool early = constant_weights(l, pg);
+    long long start = 0;
+    for (int o = 0; early && o < pg->n_outs; o++) {
+        const mk_product_out *r = &pg->out[o];
+        int prods[MK_X_IN];
+        product_sources(r, prods);
+        long long tiles = r->n / 16;
+        mk_strbuf_put(b, "    %sif (tile < %lldLL) {\n        const long long p = tile - %lldLL;\n",
+                      o ? "else " : "", start + tiles, start);
+        put_tc_pointers(b, l, pg, r, prods[0]);
+        mk_strbuf_put(b, "        if (kb < ke) { ");
+        put_tc_loads(b, l, pg, r->src[prods[0]].product, "kb");
+        mk_strbuf_put(b, " }\n    }\n");
+        start += tiles;
+    }
+    mk_strbuf_put(b, MK_GROUP_WAIT);
+    put_gathers(b, pg);
+    put_staging(b, pg, 16, true);
+    for (int phase = 1; phase <= 2; phase++) {
+        if (phase == 2) mk_strbuf_put(b, "    __syncthreads();\n");
+        start = 0;
+        for (int o = 0; o < pg->n_outs; o++) {
+            long long tiles = pg->out[o].n / 16;
+            mk_strbuf_put(b, "    %sif (tile < %lldLL) do {\n        const long long p = tile - %lldLL;\n",
+                          o ? "else " : "", start + tiles, start);
+            if (phase == 1) {
+                mk_strbuf_put(b, "        const long long n0 = 16 * p + 2 * (lane & 7);\n");
+                put_epilogue_loads(b, l, pg, o, "slice == 0 && lane < 8");
+                put_tc_sums(b, l, pg, o, early);
+            } else { /* lane q < 8 of the tile's first warp: its column pair 2q, 2q + 1 */
+                mk_strbuf_put(b, "        if (slice != 0 || lane >= 8) break;\n"
+                                 "        const long long n0 = 16 * p + 2 * lane;\n"
+                                 "        float acc[1][2][1];\n"
+                                 "        for (int c = 0; c < 2; c++) {\n"
+                                 "            float s = 0.0f;\n"
+                                 "            for (int w = 0; w < %d; w++) s += red[wib + w][2 * lane + c];\n"
+                                 "            acc[0][c][0] = s;\n"
+                                 "        }\n", W);
+                put_epilogue(b, l, pg, o, true, "");
+            }
+            mk_strbuf_put(b, "    } while (0);\n");
+            start += tiles;
+        }
+    }
+    if (slots) put_argmax_blocks(b, pg, 8LL * (MK_MV_WARPS / W));
+    mk_strbuf_put(b, "}\n");
+}
+
 /* The kernel of a matrix–vector group's launch: one warp per column pair of a
  * result (every row of A), MK_MV_WARPS warps a block, each on its own: a warp
  * reads all of A, so it sums the RmsNorm's squares of x in the same loop and
@@ -998,6 +1291,10 @@ static void put_staging(mk_strbuf *b, const mk_product_group *pg, int E) {
  * unless A is staged). */
 void mk_cuda_product_source(mk_strbuf *b, const mk_launch *l) {
     const mk_product_group *pg = l->node->prod;
+    if (int W = tc_slices(l, pg)) {
+        put_tc_source(b, l, W);
+        return;
+    }
     int M = (int)pg->m;
     long long K = (long long)pg->k;
     /* float4 loads where every row of A, the weight and each B column is 16-byte aligned */
@@ -1043,7 +1340,7 @@ void mk_cuda_product_source(mk_strbuf *b, const mk_launch *l) {
                    weight_bytes(l, pg) >= MK_STAGE_MIN_WEIGHTS);
     int pre = preload_steps(l, pg, E, W);
     put_preloads(b, l, pg, E, W, pre);
-    if (staged) put_staging(b, pg, E);
+    if (staged) put_staging(b, pg, E, false);
     for (int phase = W > 1 ? 1 : 0; phase <= (W > 1 ? 2 : 0); phase++) {
         if (phase == 2) mk_strbuf_put(b, "    __syncthreads();\n");
         long long start = 0;
@@ -1073,8 +1370,12 @@ size_t mk_cuda_product_aux_bytes(const mk_product_group *pg) {
     return (size_t)argmax_aux_offset(pg, pg->n_outs);
 }
 
-/* The grid of a group's launch: MK_MV_WARPS warps a block, W of them a column pair. */
-void mk_cuda_product_grid(const mk_product_group *pg, unsigned int *blocks, unsigned int *threads) {
-    *blocks = mk_cuda_blocks(product_warps(pg) * product_slices(pg), MK_MV_WARPS);
+/* The grid of a group's launch: MK_MV_WARPS warps a block, W of them a column
+ * pair (in the tensor-core form, a tile of 16 columns). */
+void mk_cuda_product_grid(const mk_launch *l, unsigned int *blocks, unsigned int *threads) {
+    const mk_product_group *pg = l->node->prod;
+    int W = tc_slices(l, pg);
+    if (W) *blocks = mk_cuda_blocks(product_warps(pg) / 8 * W, MK_MV_WARPS);
+    else *blocks = mk_cuda_blocks(product_warps(pg) * product_slices(pg), MK_MV_WARPS);
     *threads = 32 * (unsigned int)MK_MV_WARPS;
 }

@@ -275,7 +275,7 @@ int mk_cuda_pointwise(const mk_launch *l, mk_error **err);      /* pointwise.cu 
  * between launches) and its grid. */
 void mk_cuda_group_source(mk_strbuf *b, const mk_launch *l);
 size_t mk_cuda_group_aux_bytes(const mk_product_group *pg);
-void mk_cuda_group_grid(const mk_product_group *pg, unsigned int *blocks, unsigned int *threads);
+void mk_cuda_group_grid(const mk_launch *l, unsigned int *blocks, unsigned int *threads);
 /* codegen.cu: helpers of every generated kernel's source: instruction j of e
  * as CUDA C, and the fault record with how a kernel raises one. */
 void mk_cuda_put_insn(mk_strbuf *b, const mk_expr *e, int j, bool f32);
@@ -286,7 +286,7 @@ void mk_cuda_put_arrive(mk_strbuf *b);
 /* codegen_matvec.cu: the same three for a matrix–vector group. */
 void mk_cuda_product_source(mk_strbuf *b, const mk_launch *l);
 size_t mk_cuda_product_aux_bytes(const mk_product_group *pg);
-void mk_cuda_product_grid(const mk_product_group *pg, unsigned int *blocks, unsigned int *threads);
+void mk_cuda_product_grid(const mk_launch *l, unsigned int *blocks, unsigned int *threads);
 /*
  * Programmatic dependent launch (sm_90 and later): every generated kernel
  * lets the next launch be scheduled as soon as its own blocks have started

@@ -343,7 +343,7 @@ int mk_cuda_product(const mk_launch *l, mk_error **err) {
     args[a++] = &index;
     const mk_product_group *pg = l->node->prod;
     unsigned int blocks, threads;
-    mk_cuda_group_grid(pg, &blocks, &threads);
+    mk_cuda_group_grid(l, &blocks, &threads);
     void *aux = s->aux ? s->aux[l->index] : NULL;
     if (mk_cuda_group_aux_bytes(pg) && !aux) return MK_INTERNAL(err, "a group without its device scratch");
     args[a++] = &aux;
@@ -358,14 +358,17 @@ char *mk_cuda_generate_source(const mk_launch *l, mk_error **err) {
     }
     mk_strbuf src = {0};
     mk_cuda_group_source(&src, l);
-    /* with MK_CUDA_TIMELINE, product kernels stamp their blocks (timeline.cu):
-     * the define goes after the first line, the comment naming the group */
-    const char *line = NULL;
-    if (l->node->prod && mk_cuda_timeline_file() && !src.failed && src.s)
-        line = strchr(src.s, '\n');
+    /* with MK_CUDA_TIMELINE, product kernels stamp their blocks (timeline.cu);
+     * with MK_CUDA_NO_MMA=1, the tensor-core form's sums come from shuffles
+     * as before sm_80 (codegen_matvec.cu; for the tests): the defines go after
+     * the first line, the comment naming the group */
+    const char *line = NULL, *no_mma = getenv("MK_CUDA_NO_MMA");
+    bool stamp = mk_cuda_timeline_file(), plain = no_mma && !strcmp(no_mma, "1");
+    if (l->node->prod && (stamp || plain) && !src.failed && src.s) line = strchr(src.s, '\n');
     if (line) {
         mk_strbuf stamped = {0};
-        mk_strbuf_put(&stamped, "%.*s#define MK_TIMELINE\n%s", (int)(line + 1 - src.s), src.s,
+        mk_strbuf_put(&stamped, "%.*s%s%s%s", (int)(line + 1 - src.s), src.s,
+                      stamp ? "#define MK_TIMELINE\n" : "", plain ? "#define MK_NO_MMA\n" : "",
                       line + 1);
         free(src.s);
         src = stamped;

@@ -78,7 +78,7 @@ int mk_cuda_timeline_open(mk_cuda_state *s, const mk_launch *launches, int n, co
         }
         if (!pg) continue;
         unsigned blocks, threads;
-        mk_cuda_group_grid(pg, &blocks, &threads);
+        mk_cuda_group_grid(&launches[i], &blocks, &threads);
         t->blocks[i] = blocks < MK_TIMELINE_BLOCKS ? blocks : MK_TIMELINE_BLOCKS;
         /* the source's first line names the group: "// moonkaas <group>" */
         mk_strbuf src = {0};

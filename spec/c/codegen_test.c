@@ -332,6 +332,52 @@ static void test_lowp_groups(void) {
     mk_context_free(ctx);
 }
 
+/* The tensor-core form (codegen_matvec.cu) for int8 weights in groups of 64,
+ * RmsNorm folded in, 8,192 columns: with an ArgMax, and plain; compiled for
+ * sm_90 (the MMA) and sm_75 (its sums by shuffles and DP4A). Two products a
+ * result (SiLU(x W1^T) * x W3^T) take the other form. */
+static void test_tensor_core_groups(void) {
+    mk_error *err = NULL;
+    mk_context *ctx = mk_context_new(&err);
+    const char *tails[] = {"$40 = ArgMaxNode($15);\nresult = $40;\n", "result = $15;\n",
+                           "$30 = SiLUNode($15);\n$31 = HadamardProductNode($30, $25);\nresult = $31;\n"};
+    for (int c = 0; ctx && c < 3; c++) {
+        char text[2048];
+        int n = 8192, at = snprintf(text, sizeof text,
+            "$1 = InputTensor(x, float32, [1, 1024]);\n$2 = InputTensor(nw, float32, [1024]);\n"
+            "$3 = RmsNormNode($1, $2);\n");
+        for (int j = 0; j < 2; j++)
+            at += snprintf(text + at, sizeof text - (size_t)at,
+                           "$%d = InputTensor(w%d, int8, [%d, 1024]);\n$%d = PermuteNode($%d, [1, 0]);\n"
+                           "$%d = InputTensor(s%d, float32, [%d, 16]);\n$%d = PermuteNode($%d, [1, 0]);\n"
+                           "$%d = DequantizeNode($%d, $%d);\n$%d = MatMulNode($3, $%d);\n",
+                           10 * j + 10, j, n, 10 * j + 11, 10 * j + 10, 10 * j + 12, j, n,
+                           10 * j + 13, 10 * j + 12, 10 * j + 14, 10 * j + 11, 10 * j + 13,
+                           10 * j + 15, 10 * j + 14);
+        snprintf(text + at, sizeof text - (size_t)at, "%s", tails[c]);
+        mk_model *m = mk_compile(ctx, text, NULL, 0, NULL, &err);
+        CHECK(m != NULL, "case %d: %s", c, mk_error_message(err));
+        if (!m) break;
+        int found = 0;
+        mk_stats st;
+        mk_model_stats(m, &st);
+        for (int i = 0; i < st.launches; i++) {
+            char *src = mk_model_kernel_source(m, i, NULL);
+            found += src && strstr(src, "int8 on the tensor cores") &&
+                     strstr(src, "mma.sync.aligned.m16n8k32");
+            mk_string_free(src);
+        }
+        CHECK(found == (c == 2 ? 0 : 1), "case %d: %d launches in the tensor-core form", c, found);
+        for (int arch = 75; arch <= 90; arch += 15) {
+            int checked = mk_model_check_generated(m, arch, &err);
+            CHECK(checked >= 1, "case %d, sm_%d: %s", c, arch, mk_error_message(err));
+        }
+        mk_model_free(m);
+    }
+    mk_error_free(err);
+    mk_context_free(ctx);
+}
+
 /* A matrix-vector group reading two single-id embeddings of constant tables
  * (as A and as its epilogue's operand, gather.c): one launch, which offsets
  * both operands on the device, and compiles. */
@@ -451,6 +497,7 @@ int main(void) {
         SKIP(test_kernel_source, why);
         SKIP(test_disk_cache, why);
         SKIP(test_lowp_groups, why);
+        SKIP(test_tensor_core_groups, why);
         SKIP(test_shared_program, why);
         SKIP(test_gathered_operands, why);
         SKIP(test_attention_rows, why);
@@ -460,6 +507,7 @@ int main(void) {
         RUN(test_disk_cache);
         RUN(test_shared_program);
         RUN(test_lowp_groups);
+        RUN(test_tensor_core_groups);
         RUN(test_gathered_operands);
         RUN(test_attention_rows);
     }

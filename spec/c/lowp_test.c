@@ -342,6 +342,185 @@ static void products_on(mk_device dev) {
 static void test_products_cpu(void) { products_on(MK_DEVICE_CPU); }
 static void test_products_cuda(void) { products_on(MK_DEVICE_CUDA); }
 
+/* ---- int8 products on the tensor cores ------------------------------------------- */
+
+/* What follows the product in a tensor-core case. */
+typedef enum {
+    TC_PLAIN,    /* y = x' W^T */
+    TC_RESIDUAL, /* y + r, r an input [1, n] */
+    TC_ROPE,     /* (y_2i, y_2i+1) times (f_i0, f_i1) as complex numbers */
+    TC_ROW,      /* rotated, then written into row pos of a buffer [4, n] */
+    TC_ARGMAX,   /* the ArgMax of y */
+    TC_TWO,      /* SiLU(x' W^T) * x' W3^T: two products a result, the other form */
+} tc_tail;
+
+/*
+ * The tensor-core form (codegen_matvec.cu: int8 weights in groups of a
+ * multiple of 64 through the integer MMA, x as fixed-point digits), which a
+ * group takes with one row of x, k a multiple of 128, results of one product
+ * each and at least 8,192 columns, 8 MB of weights: y = x' W^T, x' = x or
+ * RmsNorm(x, nw) (`norm`), then `tail`. Against double loops, within float32's
+ * rounding of the sums (1e-6 of the sum of |terms|: the digits hold x to 2^-31
+ * of each 64's largest |x|); x spans twelve orders of magnitude, one 64 is
+ * zeros and one subnormal. A NaN in x (`nan`) makes every result NaN, as the
+ * CPU's. The kernel's source must name the form (TC_TWO: must not). With
+ * MK_CUDA_NO_MMA=1 when the model is compiled, the same integer sums come from
+ * shuffles and DP4A (the path of GPUs before sm_80): bit for bit the same.
+ * Constant weights (`constant`) are loaded before the kernel's wait.
+ */
+static void tensor_core_case(int64_t k, int64_t n, int64_t g, bool norm, tc_tail tail, bool nan,
+                             bool constant) {
+    char text[2048];
+    const char *kind = constant ? "ConstantTensor" : "InputTensor"; /* the weights' */
+    int at = snprintf(text, sizeof text,
+                      "$1 = InputTensor(x, float32, [1, %lld]);\n$2 = InputTensor(nw, float32, [%lld]);\n"
+                      "$3 = RmsNormNode($1, $2);\n$4 = InputTensor(r, float32, [1, %lld]);\n"
+                      "$5 = InputTensor(f, float32, [1, %lld, 2]);\n$6 = InputTensor(pos, int64, [1]);\n"
+                      "$7 = InputTensor(pos1, int64, [1]);\n",
+                      (long long)k, (long long)k, (long long)n, (long long)(n / 2));
+    for (int j = 0; j < 1 + (tail == TC_TWO); j++)
+        at += snprintf(text + at, sizeof text - (size_t)at,
+                       "$%d = %s(w%d, int8, [%lld, %lld]);\n$%d = PermuteNode($%d, [1, 0]);\n"
+                       "$%d = %s(s%d, float32, [%lld, %lld]);\n$%d = PermuteNode($%d, [1, 0]);\n"
+                       "$%d = DequantizeNode($%d, $%d);\n$%d = MatMulNode($%d, $%d);\n",
+                       10 * j + 10, kind, j, (long long)n, (long long)k, 10 * j + 11, 10 * j + 10,
+                       10 * j + 12, kind, j, (long long)n, (long long)(k / g), 10 * j + 13,
+                       10 * j + 12, 10 * j + 14, 10 * j + 11, 10 * j + 13, 10 * j + 15,
+                       norm ? 3 : 1, 10 * j + 14);
+    const char *tails[] = {
+        "result = $15;\n",
+        "$30 = SumNode($15, $4);\nresult = $30;\n",
+        "$30 = ReshapeNode($15, [1, %lld, 2]);\n$31 = ComplexHadamardProductNode($30, $5);\n"
+        "$32 = ReshapeNode($31, [1, %lld]);\nresult = $32;\n",
+        "$30 = ReshapeNode($15, [1, %lld, 2]);\n$31 = ComplexHadamardProductNode($30, $5);\n"
+        "$32 = ReshapeNode($31, [1, %lld]);\n$33 = BufferTensor(float32, [4, %lld], rows);\n"
+        "$34 = ReplaceSliceNode($33, $32, $6, $7);\nresult = $34;\n",
+        "$30 = ArgMaxNode($15);\nresult = $30;\n",
+        "$30 = SiLUNode($15);\n$31 = HadamardProductNode($30, $25);\nresult = $31;\n",
+    };
+    snprintf(text + at, sizeof text - (size_t)at, tails[tail], (long long)(n / 2), (long long)n,
+             (long long)n);
+    float *x = malloc(sizeof(float) * (size_t)k), *nw = malloc(sizeof(float) * (size_t)k);
+    float *r = malloc(sizeof(float) * (size_t)n), *f = malloc(sizeof(float) * (size_t)n);
+    int8_t *w[2] = {malloc((size_t)(n * k)), malloc((size_t)(n * k))};
+    size_t groups = (size_t)(n * k / g);
+    float *s[2] = {malloc(sizeof(float) * groups), malloc(sizeof(float) * groups)};
+    size_t out_n = tail == TC_ROW ? 4 * (size_t)n : (size_t)n;
+    float *y[2] = {malloc(sizeof(float) * out_n), malloc(sizeof(float) * out_n)};
+    int64_t pos = test_randint(0, 3), pos1 = pos + 1;
+    for (int64_t c = 0; c < k; c++) {
+        x[c] = (float)(test_uniform(-1, 1) * pow(10.0, (double)test_randint(-6, 6)));
+        nw[c] = (float)test_uniform(0.5, 1.5);
+    }
+    int64_t zeros = 64 * test_randint(0, k / 64 - 1), tiny = 64 * test_randint(0, k / 64 - 1);
+    for (int64_t c = 0; c < 64; c++)
+        x[tiny + c] = (float)ldexp(test_uniform(-1, 1), -135), x[zeros + c] = 0.0f;
+    if (nan) x[test_randint(0, k - 1)] = NAN;
+    for (int64_t j = 0; j < n; j++) r[j] = (float)test_uniform(-10, 10);
+    for (int64_t i = 0; i < n / 2; i++) {
+        double a = test_uniform(0, 6.28318);
+        f[2 * i] = (float)cos(a), f[2 * i + 1] = (float)sin(a);
+    }
+    for (int j = 0; j < 2; j++) {
+        for (int64_t i = 0; i < n * k; i++) w[j][i] = (int8_t)test_randint(-127, 127);
+        for (int64_t i = 0; i < n * k / g; i++) s[j][i] = (float)test_uniform(0.001, 0.02);
+    }
+    /* x' and each product's sums and sums of |terms|, in double */
+    double *xp = malloc(sizeof(double) * (size_t)k), *sum[2], *mag[2], ss = 0.0;
+    for (int64_t c = 0; c < k; c++) ss += (double)x[c] * x[c];
+    for (int64_t c = 0; c < k; c++)
+        xp[c] = norm ? (double)x[c] / sqrt(ss / (double)k + 1e-5) * nw[c] : x[c];
+    for (int j = 0; j < 2; j++) {
+        sum[j] = calloc((size_t)n, sizeof(double)), mag[j] = calloc((size_t)n, sizeof(double));
+        for (int64_t row = 0; row < n && (j == 0 || tail == TC_TWO); row++)
+            for (int64_t c = 0; c < k; c++) {
+                double t = xp[c] * w[j][row * k + c] * s[j][row * (k / g) + c / g];
+                sum[j][row] += t, mag[j][row] += fabs(t);
+            }
+    }
+    /* the result and its error bound, column by column */
+    double *want = malloc(sizeof(double) * (size_t)n), *bound = malloc(sizeof(double) * (size_t)n);
+    for (int64_t j = 0; j < n; j++) {
+        double a = sum[0][j], m = mag[0][j];
+        if (tail == TC_RESIDUAL) want[j] = a + r[j], bound[j] = 1e-6 * m + 1e-6 * fabs(r[j]);
+        else if (tail == TC_ROPE || tail == TC_ROW) {
+            int64_t e = j & ~1LL;
+            double re = sum[0][e], im = sum[0][e + 1], c = f[e], sn = f[e + 1];
+            want[j] = j & 1 ? re * sn + im * c : re * c - im * sn;
+            bound[j] = 1e-6 * (mag[0][e] + mag[0][e + 1]) + 1e-6 * (fabs(re) + fabs(im));
+        } else if (tail == TC_TWO) {
+            double b3 = sum[1][j], sg = 1.0 / (1.0 + exp(-a));
+            want[j] = a * sg * b3;
+            bound[j] = 1e-6 * (1.2 * fabs(b3) * m + fabs(a * sg) * mag[1][j]);
+        } else want[j] = a, bound[j] = 1e-6 * m;
+    }
+    mk_named_tensor in[] = {{"x", x},         {"nw", nw},       {"r", r},   {"f", f},
+                            {"pos", &pos},    {"pos1", &pos1},  {"w0", w[0]}, {"s0", s[0]},
+                            {"w1", w[1]},     {"s1", s[1]}};
+    int n_weights = tail == TC_TWO ? 4 : 2;
+    size_t out_bytes = tail == TC_ARGMAX ? sizeof(int64_t) : sizeof(float) * out_n;
+    const char *names[] = {"plain", "residual", "rope", "row write", "ArgMax", "two products"};
+    const char *what = names[tail];
+    for (int plain = 0; plain < 2; plain++) {
+        if (plain) setenv("MK_CUDA_NO_MMA", "1", 1);
+        mk_error *err = NULL;
+        mk_compile_options o = {.device = MK_DEVICE_CUDA};
+        mk_model *mod = mk_compile(ctx, text, constant ? in + 6 : NULL,
+                                   constant ? (size_t)n_weights : 0, &o, &err);
+        unsetenv("MK_CUDA_NO_MMA");
+        CHECK(mod != NULL, "%s: %s", what, mk_error_message(err));
+        mk_error_free(err), err = NULL;
+        if (!mod) break;
+        mk_stats st;
+        mk_model_stats(mod, &st);
+        bool form = false;
+        for (int i = 0; i < st.launches && !form; i++) {
+            char *src = mk_model_kernel_source(mod, i, NULL);
+            form = src && strstr(src, "int8 on the tensor cores");
+            mk_string_free(src);
+        }
+        CHECK(form == (tail != TC_TWO), "%s: the tensor-core form %s\n%s", what,
+              form ? "taken" : "not taken", mk_model_fusion_report(mod));
+        int n_in = 6 + (constant ? 0 : n_weights);
+        CHECK(mk_evaluate(mod, in, n_in, y[plain], out_bytes, &err) == 0, "%s: %s", what,
+              mk_error_message(err));
+        mk_error_free(err);
+        mk_model_free(mod);
+    }
+    CHECK(!memcmp(y[0], y[1], out_bytes), "%s: the shuffles' sums differ from the MMA's", what);
+    float *got = tail == TC_ROW ? y[0] + pos * n : y[0];
+    if (tail == TC_ARGMAX) {
+        int64_t i = *(int64_t *)y[0], best = 0;
+        for (int64_t j = 1; j < n; j++) best = want[j] > want[best] ? j : best;
+        CHECK(i >= 0 && i < n && want[i] >= want[best] - bound[i] - bound[best],
+              "ArgMax %lld (%g), want %lld (%g)", (long long)i, i >= 0 && i < n ? want[i] : 0.0,
+              (long long)best, want[best]);
+    } else {
+        for (int64_t j = 0; j < n; j++) {
+            bool ok = nan ? isnan(got[j]) : fabs((double)got[j] - want[j]) <= bound[j] + 1e-30;
+            if (!ok) {
+                CHECK(0, "%s, k %lld, n %lld, g %lld%s: column %lld: %.9g, want %.9g (bound %g)",
+                      what, (long long)k, (long long)n, (long long)g, norm ? ", RmsNorm" : "",
+                      (long long)j, (double)got[j], want[j], bound[j]);
+                break;
+            }
+        }
+    }
+    free(x), free(nw), free(r), free(f), free(xp), free(want), free(bound);
+    for (int j = 0; j < 2; j++) free(w[j]), free(s[j]), free(y[j]), free(sum[j]), free(mag[j]);
+}
+
+static void test_tensor_cores_cuda(void) {
+    tensor_core_case(1024, 8192, 64, false, TC_PLAIN, false, false);
+    tensor_core_case(128 * test_randint(8, 24), 16 * test_randint(512, 1024),
+                     64 * test_randint(1, 2), true, TC_RESIDUAL, false, true);
+    tensor_core_case(1024, 8192, 128, true, TC_ROPE, false, false);
+    tensor_core_case(1024, 8192, 64, false, TC_ROW, false, true);
+    tensor_core_case(2048, 8192, 64, true, TC_ARGMAX, false, true);
+    tensor_core_case(1024, 8192, 64, true, TC_TWO, false, false);
+    tensor_core_case(1024, 8192, 64, false, TC_PLAIN, true, false);
+}
+
 /* ---- int8 activations: FakeQuantizeNode, W8A8 products ------------------------------ */
 
 /* runq.c's quantize(), written out: s = max |x| / 127 in float32, q = x / s
@@ -602,12 +781,14 @@ int main(void) {
         RUN(test_products_cuda);
         RUN(test_fake_quantize_cuda);
         RUN(test_w8a8_cuda);
+        RUN(test_tensor_cores_cuda);
     } else {
         SKIP(test_cast_cuda, why);
         SKIP(test_dequantize_cuda, why);
         SKIP(test_products_cuda, why);
         SKIP(test_fake_quantize_cuda, why);
         SKIP(test_w8a8_cuda, why);
+        SKIP(test_tensor_cores_cuda, why);
     }
     mk_context_free(ctx);
     return test_summary("lowp");
