@@ -1120,7 +1120,13 @@ static cudaError_t launch(const mk_cuda_state *s, unsigned rows, unsigned g, voi
 /* The most blocks a row's cluster may take with kernel: MAX_CLUSTER where
  * the device schedules clusters that wide (a non-portable size, which sm_90
  * offers; a 32,000-way row then spreads over 16 SMs, so each does half the
- * work of 8), else PORTABLE. */
+ * work of 8), else PORTABLE. Fewer blocks a row (fewer to wait for at each
+ * cluster barrier) lost on the H200 at e6ab33c, stories15M -t 1 -p 0.9 in one
+ * call, tok/s: 16 blocks 12,297 / 12,183, 8 12,271 / 12,224, 4 (not holding
+ * the row in registers) 11,093 / 10,915, 4 holding 16 a thread 11,529 /
+ * 11,805, 2 9,828 / 9,735; MK_CUDA_TIMELINE put the sampler at 10.6 / 11.5 /
+ * 15.9 us (16, 8, 4 holding); stories110M 4,831 / 4,825 / 4,681 (16, 8, 4
+ * holding). */
 template <typename K>
 static long long widest_cluster(K kernel) {
     cudaLaunchConfig_t cfg = {};
