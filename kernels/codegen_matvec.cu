@@ -973,15 +973,17 @@ static void put_grid_copy(mk_strbuf *b, const mk_product_group *pg, bool vec) {
     mk_strbuf_put(b, "    }\n");
 }
 
-/*
- * The start of a kernel that holds A in shared memory, after its preloads
- * and the wait (put_preloads): the block copies A into sA, times the RmsNorm's weight where one is folded in, and sums x's
- * squares per row into sss. Every warp then reads A there, not from L2: the
- * warps of a launch would otherwise read A once per column pair, as many
- * bytes as the weights in float32 and 4 times as many in int8.
- */
 static void put_digit_copy(mk_strbuf *b, const mk_product_group *pg);
 
+/*
+ * The start of a kernel that holds A in shared memory, after its preloads
+ * and the wait (put_preloads): the block copies A into sA (or, in the
+ * tensor-core form, its digits into sD: `digits`), times the RmsNorm's weight
+ * where one is folded in, and sums x's squares per row into sss. Every warp
+ * then reads A there, not from L2: the warps of a launch would otherwise read
+ * A once per column pair, as many bytes as the weights in float32 and 4 times
+ * as many in int8.
+ */
 static void put_staging(mk_strbuf *b, const mk_product_group *pg, int E, bool digits) {
     int M = (int)pg->m;
     bool norm = pg->norm_w >= 0;
@@ -1003,7 +1005,6 @@ static void put_staging(mk_strbuf *b, const mk_product_group *pg, int E, bool di
                       M, M, MK_MV_WARPS);
     mk_strbuf_put(b, "    __syncthreads();\n");
 }
-
 
 /*
  * The tensor-core form: int8 weights (with their float32 scales) through the
@@ -1144,7 +1145,6 @@ static void put_tc_loads(mk_strbuf *b, const mk_launch *l, const mk_product_grou
         mk_strbuf_put(b, " s0[%d] = S0[(%s + %d) / %lldLL * %lldLL]; s1[%d] = S1[(%s + %d) / %lldLL * %lldLL];",
                       h, k, 64 * h, G, ss, h, k, 64 * h, G, ss);
 }
-
 
 /* Result o's sums for tile p (16 columns) in the tensor-core form: its one
  * product over the warp's slice [kb, ke) of k (the first step's weights in
