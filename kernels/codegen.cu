@@ -298,6 +298,11 @@ void mk_cuda_put_arrive(mk_strbuf *b) {
 #define MK_ATT_CHUNK 32
 #define MK_ATT_NARROW 64 /* q's and V's rows at most this wide: chunks twice as long */
 #define MK_ATT_COMBINE 16 /* chunks whose parts the combining block loads at once */
+/* Not 16 (a non-portable cluster, as the sampler's): stories110M's 16 chunks a
+ * query then made one cluster, and went from 5,021 / 5,091 to 4,850 / 4,813
+ * tok/s on the H200 at 1b4afc7, in bfloat16 from 5,902 / 5,873 to 5,588 /
+ * 5,549, sampled (-t 1 -p 0.9) from 4,770 to 4,648 (not analysed; at 256
+ * tokens 12 of a query's 16 chunks have no rows). */
 #define MK_ATT_CLUSTER 8  /* the most chunks of a cluster: a portable cluster */
 #define MK_ATT_WAVE 512   /* blocks a launch aims for past the cluster's chunks: about one
                              wave (132 SMs, 4 of its blocks each) */
