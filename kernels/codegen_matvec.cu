@@ -882,7 +882,15 @@ static int weights_per_load(const mk_launch *l, const mk_product_group *pg) {
  * Llama-2-7B's [1, 11008] fits) and the launch reads enough weights that
  * the copy's barrier is a small part of it: on the H200, stories110M's
  * launches (at most 2 MB of bfloat16 a layer) were 4 % slower staged,
- * Llama-2-7B's (16 MB and more) 5 % faster in bfloat16 and 10 % in int8. */
+ * Llama-2-7B's (16 MB and more) 5 % faster in bfloat16 and 10 % in int8.
+ * Nor a larger shared-memory carveout (cudaFuncAttributePreferredShared-
+ * MemoryCarveout 100, so that four of w2's blocks of 44 KB fit an SM beside
+ * an L1 of 28 KB): on the H200 at 1b4afc7, Llama-2-7B in int8 went from
+ * 393.5 to 359.5 tok/s with it on the kernels staging more than 32 KB (w2)
+ * alone, 391.2 to 360.6 on every kernel; bfloat16 274.6 to 263.9 (w2 at 2
+ * slices, 265.5), stories110M in bfloat16 5,908 to 5,709. The occupancy API
+ * gives w2 (62 registers) 4 blocks an SM either way; MK_CUDA_TIMELINE's raw
+ * stamps saw at most 396 of its 512 blocks at once (3 an SM) either way. */
 #define MK_STAGE_BYTES (44 * 1024)
 #define MK_STAGE_MIN_WEIGHTS (8LL << 20)
 
@@ -897,27 +905,80 @@ static long long weight_bytes(const mk_launch *l, const mk_product_group *pg) {
     return n;
 }
 
+/*
+ * Steps of A a thread of the staging copy (put_float_copy) loads before it
+ * stores any: one load at a time waits on L2 once a step, 11 times for
+ * Llama-2-7B's [1, 11008]. MK_STAGE_BATCH where the weights are 16-bit
+ * floats, else 1. Measured on the H200 against 1b4afc7 (bench_llama2 --7b,
+ * one run each, same call): bfloat16 at 4 a batch 278.5 / 278.2 / 278.3 tok/s
+ * against 275.2 / 274.7 / 273.3, at 2 a batch 266.6 / 266.4. In int8, 2 a
+ * batch (the tensor-core form's digit copy too) 395.1 / 393.6 against 393.8 /
+ * 393.6, 4 a batch 375.2: w2 went from 62 to 70 registers, 3 blocks an SM.
+ * Not measured in float32, where 4 a batch takes wo from 64 to 74 registers
+ * and w1 / w3 from 73 to 88 (ptxas, sm_90).
+ */
+#define MK_STAGE_BATCH 4
+static int stage_batch(const mk_product_group *pg, long long steps) {
+    long long U = weight_element_bytes(pg) == 2 ? MK_STAGE_BATCH : 1;
+    return (int)(steps < U ? steps : U);
+}
+
+/* Step k of the staging copy for row m, indented by `in`: x (from `from`)
+ * times the norm's weight w, its squares summed into part[m], into sA. */
+static void put_copy_store(mk_strbuf *b, const mk_product_group *pg, int V, int m, const char *in,
+                           const char *from) {
+    const char *T = V == 4 ? "float4" : "float";
+    mk_strbuf_put(b, "%s{ %s x = %s;", in, T, from);
+    if (pg->norm_w >= 0 && V == 4)
+        mk_strbuf_put(b, " part[%d] += x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w;"
+                         " x.x *= w.x; x.y *= w.y; x.z *= w.z; x.w *= w.w;", m);
+    else if (pg->norm_w >= 0)
+        mk_strbuf_put(b, " part[%d] += x * x; x *= w;", m);
+    mk_strbuf_put(b, " *(%s *)(sA + %lldLL + k) = x; }\n", T, m * (long long)pg->k);
+}
+
 /* A into sA (times the norm's weight W, its squares summed into part[m]),
- * a float4 a thread a step where A and W are 16-byte aligned (E >= 4). */
+ * a float4 a thread a step where A and W are 16-byte aligned (E >= 4), U
+ * steps loaded before they are stored (stage_batch). */
 static void put_float_copy(mk_strbuf *b, const mk_product_group *pg, int E) {
     int M = (int)pg->m;
     long long K = (long long)pg->k;
     bool norm = pg->norm_w >= 0;
     mk_strbuf_put(b, "    __shared__ __align__(16) float sA[%lld];\n", (long long)M * K);
-    int V = E >= 4 ? 4 : 1;
+    int V = E >= 4 ? 4 : 1, step = 32 * MK_MV_WARPS * V, U = stage_batch(pg, (K + step - 1) / step);
     const char *T = V == 4 ? "float4" : "float";
-    mk_strbuf_put(b, "    for (long long k = %d * threadIdx.x; k < %lldLL; k += %d) {\n", V, K, 32 * MK_MV_WARPS * V);
-    if (norm) mk_strbuf_put(b, "        const %s w = *(const %s *)(W + k);\n", T, T);
-    for (int m = 0; m < M; m++) {
-        mk_strbuf_put(b, "        { %s x = *(const %s *)(A + %lldLL + k);", T, T, m * K);
-        if (norm && V == 4)
-            mk_strbuf_put(b, " part[%d] += x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w;"
-                             " x.x *= w.x; x.y *= w.y; x.z *= w.z; x.w *= w.w;", m);
-        else if (norm)
-            mk_strbuf_put(b, " part[%d] += x * x; x *= w;", m);
-        mk_strbuf_put(b, " *(%s *)(sA + %lldLL + k) = x; }\n", T, m * K);
+    char from[96];
+    if (U == 1) { /* a step at a time */
+        mk_strbuf_put(b, "    for (long long k = %d * threadIdx.x; k < %lldLL; k += %d) {\n", V, K, step);
+        if (norm) mk_strbuf_put(b, "        const %s w = *(const %s *)(W + k);\n", T, T);
+        for (int m = 0; m < M; m++) {
+            snprintf(from, sizeof from, "*(const %s *)(A + %lldLL + k)", T, m * K);
+            put_copy_store(b, pg, V, m, "        ", from);
+        }
+        mk_strbuf_put(b, "    }\n");
+        return;
     }
-    mk_strbuf_put(b, "    }\n");
+    mk_strbuf_put(b, "    for (long long k0 = %d * threadIdx.x; k0 < %lldLL; k0 += %d) {\n"
+                     "        %s xs[%d][%d];\n", V, K, U * step, T, U, M);
+    if (norm) mk_strbuf_put(b, "        %s ws[%d];\n", T, U);
+    mk_strbuf_put(b, "#pragma unroll\n"
+                     "        for (int u = 0; u < %d; u++) {\n"
+                     "            const long long k = k0 + %d * u;\n"
+                     "            if (k >= %lldLL) break;\n", U, step, K);
+    if (norm) mk_strbuf_put(b, "            ws[u] = *(const %s *)(W + k);\n", T);
+    for (int m = 0; m < M; m++)
+        mk_strbuf_put(b, "            xs[u][%d] = *(const %s *)(A + %lldLL + k);\n", m, T, m * K);
+    mk_strbuf_put(b, "        }\n"
+                     "#pragma unroll\n"
+                     "        for (int u = 0; u < %d; u++) {\n"
+                     "            const long long k = k0 + %d * u;\n"
+                     "            if (k >= %lldLL) break;\n", U, step, K);
+    if (norm) mk_strbuf_put(b, "            const %s w = ws[u];\n", T);
+    for (int m = 0; m < M; m++) {
+        snprintf(from, sizeof from, "xs[u][%d]", m);
+        put_copy_store(b, pg, V, m, "            ", from);
+    }
+    mk_strbuf_put(b, "        }\n    }\n");
 }
 
 /*

@@ -15,6 +15,8 @@
  *                        broken files replaced, "off", unusable directories
  *   test_shared_program  two layers alike share one kernel (one cubin)
  *   test_lowp_groups     matrix-vector groups of float16, bfloat16 and int8 weights
+ *   test_staged_batches  8 MiB of weights (A staged): 16-bit weights' copy loads
+ *                        A in batches of steps, float32's a step at a time
  *   test_gathered_operands  a group reading embeddings' rows (gather.c)
  *   test_attention_rows  an attention group's chunk: 64 cached rows for heads at
  *                        most 64 wide, 32 for wider ones and wherever the graph
@@ -378,6 +380,40 @@ static void test_tensor_core_groups(void) {
     mk_context_free(ctx);
 }
 
+/* Groups with 8 MiB of weights, whose blocks stage A (RmsNorm folded in, one
+ * or two rows, k past a whole batch of steps): 16-bit weights load A in
+ * batches of steps (codegen_matvec.cu's stage_batch), float32 a step at a
+ * time; compiled for sm_90 and sm_80. */
+static void test_staged_batches(void) {
+    mk_error *err = NULL;
+    mk_context *ctx = mk_context_new(&err);
+    const char *kinds[] = {"bfloat16", "float16", "float32"};
+    for (int c = 0; ctx && c < 3; c++) {
+        int rows = c == 1 ? 1 : 2, k = 8 * (int)test_randint(513, 700), es = c == 2 ? 4 : 2;
+        int n = 2 * ((8 << 20) / (2 * es * k) + 1); /* column pairs */
+        char text[1024];
+        snprintf(text, sizeof text,
+                 "$1 = InputTensor(x, float32, [%d, %d]);\n$2 = InputTensor(g, float32, [%d]);\n"
+                 "$3 = RmsNormNode($1, $2);\n$4 = InputTensor(w, %s, [%d, %d]);\n"
+                 "$5 = PermuteNode($4, [1, 0]);\n$6 = MatMulNode($3, $5);\nresult = $6;\n",
+                 rows, k, k, kinds[c], n, k);
+        mk_model *m = mk_compile(ctx, text, NULL, 0, NULL, &err);
+        CHECK(m != NULL, "%s: %s", kinds[c], mk_error_message(err));
+        if (!m) break;
+        char *src = mk_model_kernel_source(m, 0, &err);
+        CHECK(src && strstr(src, "sA[") && strstr(src, "sss["), "%s, k %d: not staged", kinds[c], k);
+        CHECK(src && !strstr(src, "xs[") == (c == 2), "%s, k %d: %s", kinds[c], k,
+              c == 2 ? "batches" : "no batches");
+        mk_string_free(src);
+        for (int arch = 80; arch <= 90; arch += 10)
+            CHECK(mk_model_check_generated(m, arch, &err) == 1, "%s, sm_%d: %s", kinds[c], arch,
+                  mk_error_message(err));
+        mk_model_free(m);
+    }
+    mk_error_free(err);
+    mk_context_free(ctx);
+}
+
 /* A matrix-vector group reading two single-id embeddings of constant tables
  * (as A and as its epilogue's operand, gather.c): one launch, which offsets
  * both operands on the device, and compiles. */
@@ -498,6 +534,7 @@ int main(void) {
         SKIP(test_disk_cache, why);
         SKIP(test_lowp_groups, why);
         SKIP(test_tensor_core_groups, why);
+        SKIP(test_staged_batches, why);
         SKIP(test_shared_program, why);
         SKIP(test_gathered_operands, why);
         SKIP(test_attention_rows, why);
@@ -508,6 +545,7 @@ int main(void) {
         RUN(test_shared_program);
         RUN(test_lowp_groups);
         RUN(test_tensor_core_groups);
+        RUN(test_staged_batches);
         RUN(test_gathered_operands);
         RUN(test_attention_rows);
     }

@@ -303,6 +303,13 @@ static void product_on(mk_device dev, const char *kind, int64_t m, int64_t k, in
             CHECK(strstr(report, q8 ? "int8 in blocks of 32, dequantized as read" : "widened as read"),
                   "%s", report);
         }
+        if (fuse && dev == MK_DEVICE_CUDA && !q8 && 2 * n * k >= (8 << 20)) {
+            /* staged, A loaded in batches of steps (codegen_matvec.cu's stage_batch) */
+            char *src = mk_model_kernel_source(mod, 0, NULL);
+            CHECK(src && strstr(src, "sA[") && strstr(src, "xs["), "%s [%lld, %lld]: not staged in batches",
+                  kind, (long long)m, (long long)k);
+            mk_string_free(src);
+        }
         CHECK(mk_evaluate(mod, in, q8 ? 3 : 2, y[fuse], sizeof(float) * (size_t)(m * n), &err) == 0,
               "%s", mk_error_message(err));
         mk_error_free(err);
@@ -337,6 +344,10 @@ static void products_on(mk_device dev) {
         int64_t k = 32 * test_randint(1, 12) + (t == 2 ? 0 : test_randint(1, 31)); /* a tail */
         product_on(dev, kinds[t], test_randint(2, 4), k, 2 * test_randint(1, 70));
         product_on(dev, kinds[t], 9, 64, 10); /* too many rows for a group: the weights are widened */
+    }
+    for (int t = 0; t < 2; t++) { /* 8 MiB of 16-bit weights: CUDA stages A, several steps a batch */
+        int64_t k = 8 * test_randint(257, 700), n = 2 * ((4 << 20) / k / 2 + test_randint(1, 20));
+        product_on(dev, kinds[t], test_randint(1, 2), k, n);
     }
 }
 static void test_products_cpu(void) { products_on(MK_DEVICE_CPU); }
