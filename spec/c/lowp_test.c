@@ -377,7 +377,9 @@ typedef enum {
  * CPU's. The kernel's source must name the form (TC_TWO: must not). With
  * MK_CUDA_NO_MMA=1 when the model is compiled, the same integer sums come from
  * shuffles and DP4A (the path of GPUs before sm_80): bit for bit the same.
- * Constant weights (`constant`) are loaded before the kernel's wait.
+ * Constant weights (`constant`) are loaded before the kernel's wait. A row
+ * write (TC_ROW) is first given bad bounds, two rows for one and a row past
+ * the buffer: each fails naming the node, and the model then runs as usual.
  */
 static void tensor_core_case(int64_t k, int64_t n, int64_t g, bool norm, tc_tail tail, bool nan,
                              bool constant) {
@@ -493,6 +495,18 @@ static void tensor_core_case(int64_t k, int64_t n, int64_t g, bool norm, tc_tail
         CHECK(form == (tail != TC_TWO), "%s: the tensor-core form %s\n%s", what,
               form ? "taken" : "not taken", mk_model_fusion_report(mod));
         int n_in = 6 + (constant ? 0 : n_weights);
+        if (tail == TC_ROW) { /* bad bounds first: clear errors, and nothing lost */
+            int64_t good[2] = {pos, pos1}, bad[2][2] = {{0, 2}, {4, 5}};
+            const char *want_err[2] = {"script:18:1: evaluation error: ReplaceSliceNode", "out of range"};
+            for (int b = 0; b < 2; b++) {
+                pos = bad[b][0], pos1 = bad[b][1];
+                int rc = mk_evaluate(mod, in, n_in, y[plain], out_bytes, &err);
+                CHECK(rc != 0 && strstr(mk_error_message(err), want_err[b]), "rows [%lld, %lld): %s",
+                      (long long)pos, (long long)pos1, rc ? mk_error_message(err) : "no error");
+                mk_error_free(err), err = NULL;
+            }
+            pos = good[0], pos1 = good[1];
+        }
         CHECK(mk_evaluate(mod, in, n_in, y[plain], out_bytes, &err) == 0, "%s: %s", what,
               mk_error_message(err));
         mk_error_free(err);
