@@ -572,11 +572,16 @@ static bool constant_weights(const mk_launch *l, const mk_product_group *pg) {
     return true;
 }
 
-static int preload_steps(const mk_launch *l, const mk_product_group *pg, int E, int W) {
+static bool whole_copy(const mk_product_group *pg, int E);
+
+/* Steps of weights a lane loads before the wait: MK_PRELOAD_FLOATS'
+ * registers, one where A is staged (staged) by a whole copy, whose loads take
+ * the room. */
+static int preload_steps(const mk_launch *l, const mk_product_group *pg, int E, int W, bool staged) {
     if (pg->a8_group || !constant_weights(l, pg)) return 0;
     long long steps = lane_steps(pg, E, W);
     long long pre = MK_PRELOAD_FLOATS / step_registers(pg, E, preload_raw(pg, E, W));
-    if (pre < 1) pre = 1;
+    if (pre < 1 || (staged && whole_copy(pg, E))) pre = 1;
     return (int)(pre < steps ? pre : steps);
 }
 
@@ -908,18 +913,39 @@ static long long weight_bytes(const mk_launch *l, const mk_product_group *pg) {
 /*
  * Steps of A a thread of the staging copy (put_float_copy) loads before it
  * stores any: one load at a time waits on L2 once a step, 11 times for
- * Llama-2-7B's [1, 11008]. MK_STAGE_BATCH where the weights are 16-bit
- * floats, else 1. Measured on the H200 against 1b4afc7 (bench_llama2 --7b,
- * one run each, same call): bfloat16 at 4 a batch 278.5 / 278.2 / 278.3 tok/s
- * against 275.2 / 274.7 / 273.3, at 2 a batch 266.6 / 266.4. In int8, 2 a
- * batch (the tensor-core form's digit copy too) 395.1 / 393.6 against 393.8 /
- * 393.6, 4 a batch 375.2: w2 went from 62 to 70 registers, 3 blocks an SM.
+ * Llama-2-7B's [1, 11008]. A copy of more than MK_STAGE_WHOLE steps without
+ * a norm (w2's [1, 11008]: 11) loads them all at once (44 registers at most:
+ * MK_STAGE_BYTES), its launch preloading one step of weights to make room
+ * (preload_steps); else MK_STAGE_BATCH where the weights are 16-bit floats,
+ * else 1.
+ * Measured on the H200 against 1b4afc7 (bench_llama2 --7b, one run each,
+ * same call): bfloat16 at 4 a batch 278.5 / 278.2 / 278.3 tok/s against
+ * 275.2 / 274.7 / 273.3, at 2 a batch 266.6 / 266.4. In int8, 2 a batch (the
+ * tensor-core form's digit copy too) 395.1 / 393.6 against 393.8 / 393.6, 4
+ * a batch 375.2: w2 went from 62 to 70 registers, 3 blocks an SM. At
+ * a98edba, int8's w2 alone (P steps preloaded, U a batch): P 3 U 1 (then)
+ * 394.6 / 394.4, P 1 U 11 (now) 401.1 / 400.7, P 2 U 4 397.4, P 2 U 6 397.6,
+ * P 2 U 2 396.5; P 1 U 4 346.8 and U 6 350.2 at 48 registers, which let 5
+ * blocks an SM take w2's 512, leaving 29 SMs idle.
  * Not measured in float32, where 4 a batch takes wo from 64 to 74 registers
  * and w1 / w3 from 73 to 88 (ptxas, sm_90).
  */
 #define MK_STAGE_BATCH 4
-static int stage_batch(const mk_product_group *pg, long long steps) {
-    long long U = weight_element_bytes(pg) == 2 ? MK_STAGE_BATCH : 1;
+#define MK_STAGE_WHOLE 8
+
+/* Steps of the staging copy: a float4 (E >= 4) or a float a thread a step. */
+static long long copy_steps(const mk_product_group *pg, int E) {
+    long long step = 32LL * MK_MV_WARPS * (E >= 4 ? 4 : 1);
+    return ((long long)pg->k + step - 1) / step;
+}
+
+static bool whole_copy(const mk_product_group *pg, int E) {
+    return !pg->a8_group && pg->norm_w < 0 && copy_steps(pg, E) > MK_STAGE_WHOLE;
+}
+
+static int stage_batch(const mk_product_group *pg, int E) {
+    long long steps = copy_steps(pg, E);
+    long long U = whole_copy(pg, E) ? steps : weight_element_bytes(pg) == 2 ? MK_STAGE_BATCH : 1;
     return (int)(steps < U ? steps : U);
 }
 
@@ -945,7 +971,7 @@ static void put_float_copy(mk_strbuf *b, const mk_product_group *pg, int E) {
     long long K = (long long)pg->k;
     bool norm = pg->norm_w >= 0;
     mk_strbuf_put(b, "    __shared__ __align__(16) float sA[%lld];\n", (long long)M * K);
-    int V = E >= 4 ? 4 : 1, step = 32 * MK_MV_WARPS * V, U = stage_batch(pg, (K + step - 1) / step);
+    int V = E >= 4 ? 4 : 1, step = 32 * MK_MV_WARPS * V, U = stage_batch(pg, E);
     const char *T = V == 4 ? "float4" : "float";
     char from[96];
     if (U == 1) { /* a step at a time */
@@ -1399,7 +1425,7 @@ void mk_cuda_product_source(mk_strbuf *b, const mk_launch *l) {
     bool staged = pg->a8_group || /* A on the int8 grid is made in shared memory */
                   ((long long)M * K * (long long)sizeof(float) <= MK_STAGE_BYTES &&
                    weight_bytes(l, pg) >= MK_STAGE_MIN_WEIGHTS);
-    int pre = preload_steps(l, pg, E, W);
+    int pre = preload_steps(l, pg, E, W, staged);
     put_preloads(b, l, pg, E, W, pre);
     if (staged) put_staging(b, pg, E, false);
     for (int phase = W > 1 ? 1 : 0; phase <= (W > 1 ? 2 : 0); phase++) {

@@ -16,7 +16,8 @@
  *   test_shared_program  two layers alike share one kernel (one cubin)
  *   test_lowp_groups     matrix-vector groups of float16, bfloat16 and int8 weights
  *   test_staged_batches  8 MiB of weights (A staged): 16-bit weights' copy loads
- *                        A in batches of steps, float32's a step at a time
+ *                        A in batches of steps, float32's a step at a time;
+ *                        a row longer than 8,192 without a norm, all at once
  *   test_gathered_operands  a group reading embeddings' rows (gather.c)
  *   test_attention_rows  an attention group's chunk: 64 cached rows for heads at
  *                        most 64 wide, 32 for wider ones and wherever the graph
@@ -387,23 +388,30 @@ static void test_tensor_core_groups(void) {
 static void test_staged_batches(void) {
     mk_error *err = NULL;
     mk_context *ctx = mk_context_new(&err);
-    const char *kinds[] = {"bfloat16", "float16", "float32"};
-    for (int c = 0; ctx && c < 3; c++) {
-        int rows = c == 1 ? 1 : 2, k = 8 * (int)test_randint(513, 700), es = c == 2 ? 4 : 2;
+    const char *kinds[] = {"bfloat16", "float16", "float32", "bfloat16", "float32"};
+    for (int c = 0; ctx && c < 5; c++) {
+        bool norm = c < 3; /* else a row longer than 8,192, copied at once */
+        int rows = c == 1 || !norm ? 1 : 2, es = kinds[c][5] == '3' ? 4 : 2;
+        int k = norm ? 8 * (int)test_randint(513, 700) : 8 * (int)test_randint(1025, 1408);
         int n = 2 * ((8 << 20) / (2 * es * k) + 1); /* column pairs */
-        char text[1024];
-        snprintf(text, sizeof text,
-                 "$1 = InputTensor(x, float32, [%d, %d]);\n$2 = InputTensor(g, float32, [%d]);\n"
-                 "$3 = RmsNormNode($1, $2);\n$4 = InputTensor(w, %s, [%d, %d]);\n"
-                 "$5 = PermuteNode($4, [1, 0]);\n$6 = MatMulNode($3, $5);\nresult = $6;\n",
-                 rows, k, k, kinds[c], n, k);
+        char text[1024], want[32] = "xs[";
+        int at = snprintf(text, sizeof text, "$1 = InputTensor(x, float32, [%d, %d]);\n", rows, k);
+        if (norm)
+            at += snprintf(text + at, sizeof text - (size_t)at,
+                           "$2 = InputTensor(g, float32, [%d]);\n$3 = RmsNormNode($1, $2);\n", k);
+        snprintf(text + at, sizeof text - (size_t)at,
+                 "$4 = InputTensor(w, %s, [%d, %d]);\n$5 = PermuteNode($4, [1, 0]);\n"
+                 "$6 = MatMulNode($%d, $5);\nresult = $6;\n",
+                 kinds[c], n, k, norm ? 3 : 1);
+        if (!norm) snprintf(want, sizeof want, "xs[%d]", (k + 1023) / 1024);
         mk_model *m = mk_compile(ctx, text, NULL, 0, NULL, &err);
         CHECK(m != NULL, "%s: %s", kinds[c], mk_error_message(err));
         if (!m) break;
         char *src = mk_model_kernel_source(m, 0, &err);
-        CHECK(src && strstr(src, "sA[") && strstr(src, "sss["), "%s, k %d: not staged", kinds[c], k);
-        CHECK(src && !strstr(src, "xs[") == (c == 2), "%s, k %d: %s", kinds[c], k,
-              c == 2 ? "batches" : "no batches");
+        CHECK(src && strstr(src, "sA[") && !strstr(src, "sss[") == !norm, "%s, k %d: not staged",
+              kinds[c], k);
+        CHECK(src && !strstr(src, want) == (c == 2), "%s, k %d: %s%s", kinds[c], k,
+              c == 2 ? "batches, want none" : "no ", c == 2 ? "" : want);
         mk_string_free(src);
         for (int arch = 80; arch <= 90; arch += 10)
             CHECK(mk_model_check_generated(m, arch, &err) == 1, "%s, sm_%d: %s", kinds[c], arch,

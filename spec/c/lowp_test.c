@@ -303,11 +303,16 @@ static void product_on(mk_device dev, const char *kind, int64_t m, int64_t k, in
             CHECK(strstr(report, q8 ? "int8 in blocks of 32, dequantized as read" : "widened as read"),
                   "%s", report);
         }
-        if (fuse && dev == MK_DEVICE_CUDA && !q8 && 2 * n * k >= (8 << 20)) {
-            /* staged, A loaded in batches of steps (codegen_matvec.cu's stage_batch) */
+        bool staged = (q8 ? n * k + n * k / 8 : 2 * n * k) >= (8 << 20);
+        if (fuse && dev == MK_DEVICE_CUDA && staged && (!q8 || k > 8192)) {
+            /* staged, A loaded in batches of steps, all of them at once where
+             * a row of more than 8,192 takes more than 8 (codegen_matvec.cu's
+             * stage_batch) */
+            char want[32] = "xs[";
+            if (k > 8192) snprintf(want, sizeof want, "xs[%lld]", (long long)(k + 1023) / 1024);
             char *src = mk_model_kernel_source(mod, 0, NULL);
-            CHECK(src && strstr(src, "sA[") && strstr(src, "xs["), "%s [%lld, %lld]: not staged in batches",
-                  kind, (long long)m, (long long)k);
+            CHECK(src && strstr(src, "sA[") && strstr(src, want), "%s [%lld, %lld]: not staged as %s",
+                  kind, (long long)m, (long long)k, want);
             mk_string_free(src);
         }
         CHECK(mk_evaluate(mod, in, q8 ? 3 : 2, y[fuse], sizeof(float) * (size_t)(m * n), &err) == 0,
@@ -352,6 +357,11 @@ static void products_on(mk_device dev) {
     for (int t = 0; t < 2; t++) { /* 8 MiB of 16-bit weights: CUDA stages A, several steps a batch */
         int64_t k = 8 * test_randint(257, 700), n = 2 * ((4 << 20) / k / 2 + test_randint(1, 20));
         product_on(dev, kinds[t], test_randint(1, 2), k, n);
+    }
+    for (int t = 0; t < 3; t++) { /* 8 MiB and a row longer than 8,192: CUDA copies it at once */
+        int64_t k = 32 * test_randint(257, 352);
+        int64_t n = 2 * ((t == 2 ? 8 << 20 : 4 << 20) / k / 2 + test_randint(1, 8));
+        product_on(dev, kinds[t], 1, k, n);
     }
 }
 static void test_products_cpu(void) { products_on(MK_DEVICE_CPU); }
