@@ -913,11 +913,11 @@ static long long weight_bytes(const mk_launch *l, const mk_product_group *pg) {
 /*
  * Steps of A a thread of the staging copy (put_float_copy) loads before it
  * stores any: one load at a time waits on L2 once a step, 11 times for
- * Llama-2-7B's [1, 11008]. A copy of more than MK_STAGE_WHOLE steps without
- * a norm (w2's [1, 11008]: 11) loads them all at once (44 registers at most:
- * MK_STAGE_BYTES), its launch preloading one step of weights to make room
- * (preload_steps); else MK_STAGE_BATCH where the weights are 16-bit floats,
- * else 1.
+ * Llama-2-7B's [1, 11008]. A whole copy (whole_copy: without a norm, of more
+ * than MK_STAGE_WHOLE steps, as w2's [1, 11008], or for 8-bit weights, as
+ * int8's wo) loads them all at once (44 registers at most: MK_STAGE_BYTES),
+ * its launch preloading one step of weights to make room (preload_steps);
+ * else MK_STAGE_BATCH where the weights are 16-bit floats, else 1.
  * Measured on the H200 against 1b4afc7 (bench_llama2 --7b, one run each,
  * same call): bfloat16 at 4 a batch 278.5 / 278.2 / 278.3 tok/s against
  * 275.2 / 274.7 / 273.3, at 2 a batch 266.6 / 266.4. In int8, 2 a batch (the
@@ -926,7 +926,9 @@ static long long weight_bytes(const mk_launch *l, const mk_product_group *pg) {
  * a98edba, int8's w2 alone (P steps preloaded, U a batch): P 3 U 1 (then)
  * 394.6 / 394.4, P 1 U 11 (now) 401.1 / 400.7, P 2 U 4 397.4, P 2 U 6 397.6,
  * P 2 U 2 396.5; P 1 U 4 346.8 and U 6 350.2 at 48 registers, which let 5
- * blocks an SM take w2's 512, leaving 29 SMs idle.
+ * blocks an SM take w2's 512, leaving 29 SMs idle. At 9ca5f6e, int8's wo
+ * (4 steps) whole: 407.2 / 404.6 against 402.3 / 399.8 (2 a batch, 403.6;
+ * 4 a batch with the preloads as they were, 65 registers, 3 blocks an SM).
  * Not measured in float32, where 4 a batch takes wo from 64 to 74 registers
  * and w1 / w3 from 73 to 88 (ptxas, sm_90).
  */
@@ -940,7 +942,8 @@ static long long copy_steps(const mk_product_group *pg, int E) {
 }
 
 static bool whole_copy(const mk_product_group *pg, int E) {
-    return !pg->a8_group && pg->norm_w < 0 && copy_steps(pg, E) > MK_STAGE_WHOLE;
+    return !pg->a8_group && pg->norm_w < 0 &&
+           (copy_steps(pg, E) > MK_STAGE_WHOLE || weight_element_bytes(pg) == 1);
 }
 
 static int stage_batch(const mk_product_group *pg, int E) {

@@ -304,12 +304,12 @@ static void product_on(mk_device dev, const char *kind, int64_t m, int64_t k, in
                   "%s", report);
         }
         bool staged = (q8 ? n * k + n * k / 8 : 2 * n * k) >= (8 << 20);
-        if (fuse && dev == MK_DEVICE_CUDA && staged && (!q8 || k > 8192)) {
-            /* staged, A loaded in batches of steps, all of them at once where
-             * a row of more than 8,192 takes more than 8 (codegen_matvec.cu's
-             * stage_batch) */
+        if (fuse && dev == MK_DEVICE_CUDA && staged) {
+            /* staged, A loaded in batches of steps, all of them at once for
+             * int8 weights or where a row of more than 8,192 takes more than 8
+             * (codegen_matvec.cu's stage_batch) */
             char want[32] = "xs[";
-            if (k > 8192) snprintf(want, sizeof want, "xs[%lld]", (long long)(k + 1023) / 1024);
+            if (q8 || k > 8192) snprintf(want, sizeof want, "xs[%lld]", (long long)(k + 1023) / 1024);
             char *src = mk_model_kernel_source(mod, 0, NULL);
             CHECK(src && strstr(src, "sA[") && strstr(src, want), "%s [%lld, %lld]: not staged as %s",
                   kind, (long long)m, (long long)k, want);
@@ -354,8 +354,9 @@ static void products_on(mk_device dev) {
         product_on(dev, kinds[t], test_randint(2, 4), k, 2 * test_randint(1, 70));
         product_on(dev, kinds[t], 9, 64, 10); /* too many rows for a group: the weights are widened */
     }
-    for (int t = 0; t < 2; t++) { /* 8 MiB of 16-bit weights: CUDA stages A, several steps a batch */
-        int64_t k = 8 * test_randint(257, 700), n = 2 * ((4 << 20) / k / 2 + test_randint(1, 20));
+    for (int t = 0; t < 3; t++) { /* 8 MiB of weights: CUDA stages A, several steps a batch */
+        int64_t k = t == 2 ? 32 * test_randint(65, 175) : 8 * test_randint(257, 700);
+        int64_t n = 2 * ((t == 2 ? 8 << 20 : 4 << 20) / k / 2 + test_randint(1, 20));
         product_on(dev, kinds[t], test_randint(1, 2), k, n);
     }
     for (int t = 0; t < 3; t++) { /* 8 MiB and a row longer than 8,192: CUDA copies it at once */
