@@ -572,7 +572,20 @@ static bool constant_weights(const mk_launch *l, const mk_product_group *pg) {
     return true;
 }
 
-static bool whole_copy(const mk_product_group *pg, int E);
+/* Steps of the staging copy (put_float_copy): a float4 (E >= 4) or a float
+ * a thread a step. */
+static long long copy_steps(const mk_product_group *pg, int E) {
+    long long step = 32LL * MK_MV_WARPS * (E >= 4 ? 4 : 1);
+    return ((long long)pg->k + step - 1) / step;
+}
+
+/* Whether the staging copy loads every step at once (stage_batch says why):
+ * without a norm, and of more than MK_STAGE_WHOLE steps or 8-bit weights. */
+#define MK_STAGE_WHOLE 8
+static bool whole_copy(const mk_product_group *pg, int E) {
+    return !pg->a8_group && pg->norm_w < 0 &&
+           (copy_steps(pg, E) > MK_STAGE_WHOLE || weight_element_bytes(pg) == 1);
+}
 
 /* Steps of weights a lane loads before the wait: MK_PRELOAD_FLOATS'
  * registers, one where A is staged (staged) by a whole copy, whose loads take
@@ -933,18 +946,6 @@ static long long weight_bytes(const mk_launch *l, const mk_product_group *pg) {
  * and w1 / w3 from 73 to 88 (ptxas, sm_90).
  */
 #define MK_STAGE_BATCH 4
-#define MK_STAGE_WHOLE 8
-
-/* Steps of the staging copy: a float4 (E >= 4) or a float a thread a step. */
-static long long copy_steps(const mk_product_group *pg, int E) {
-    long long step = 32LL * MK_MV_WARPS * (E >= 4 ? 4 : 1);
-    return ((long long)pg->k + step - 1) / step;
-}
-
-static bool whole_copy(const mk_product_group *pg, int E) {
-    return !pg->a8_group && pg->norm_w < 0 &&
-           (copy_steps(pg, E) > MK_STAGE_WHOLE || weight_element_bytes(pg) == 1);
-}
 
 static int stage_batch(const mk_product_group *pg, int E) {
     long long steps = copy_steps(pg, E);

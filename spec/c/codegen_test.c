@@ -391,7 +391,7 @@ static void test_staged_batches(void) {
     const char *kinds[] = {"bfloat16", "float16", "float32", "bfloat16", "float32"};
     for (int c = 0; ctx && c < 5; c++) {
         bool norm = c < 3; /* else a row longer than 8,192, copied at once */
-        int rows = c == 1 || !norm ? 1 : 2, es = kinds[c][5] == '3' ? 4 : 2;
+        int rows = c == 1 || !norm ? 1 : 2, es = strcmp(kinds[c], "float32") ? 2 : 4;
         int k = norm ? 8 * (int)test_randint(513, 700) : 8 * (int)test_randint(1025, 1408);
         int n = 2 * ((8 << 20) / (2 * es * k) + 1); /* column pairs */
         char text[1024], want[32] = "xs[";
