@@ -627,7 +627,11 @@ static int preload_steps(const mk_launch *l, const mk_product_group *pg, int E, 
  * q/k/v, wo, w1 / w3, w2, the classifier became 64 / 48 / 80 / 48 / 56 at
  * 10) took Llama-2-7B from 369.6 / 369.1 to 333.1 / 345.0 tok/s, and with
  * __launch_bounds__(256, 4) (64 registers at most, no spills) to 357.1 /
- * 355.3; stories110M 4,834 to 4,838 (10) and 4,718 (20, 4 blocks). Nor in
+ * 355.3; stories110M 4,834 to 4,838 (10) and 4,718 (20, 4 blocks). Nor on
+ * w1 / w3 alone (80 registers, 688 blocks: 1.74 waves of 3 blocks an SM;
+ * H200, d3b2779, one call): __launch_bounds__(256, 4) (64 registers, no
+ * spills) took Llama-2-7B from 404.1 / 401.4 to 386.2 / 385.0 tok/s, k in 2
+ * slices to 396.4, both to 400.8. Nor in
  * bfloat16 (H200, at 1fcc590; q/k/v and w1 / w3 at 70 and 76 registers, 3
  * blocks an SM): __launch_bounds__(256, 4) took Llama-2-7B from 275.4 /
  * 273.4 / 275.2 to 264.5 / 263.5 tok/s (222.3 at 5 blocks), stories110M from

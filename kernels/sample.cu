@@ -734,6 +734,14 @@ static __device__ long long cut_then_draw(const pick_shared *sh, float topp, flo
  * 3,000 / 4,800 / 8,900 / 12,500 where a warp reduction added the groups'
  * counts (over part of a warp it took a slow path), 2,500 / 3,200 / 5,400 /
  * 8,800 with the atomics; groups of any size (THREADS / m) were no faster.
+ * Nor placing only the candidates of the level-0 bin a target falls in (the
+ * mass above it from the histogram; the draw's bin found by a warp's scan of
+ * the plan's range): the list is the few bins the targets may fall in, so a
+ * bin held most of it, and a thread a candidate passing over its bin took
+ * longer than the lane groups here. On the H200 at d3b2779 (stories15M
+ * -t 1 -p 0.9, two rounds in one call, the same text) 12,492 / 12,479 and
+ * 12,179 / 12,239 tok/s went to 11,863 / 11,875 and 12,039 / 12,113;
+ * MK_CUDA_TIMELINE put the sampler at 13.1 to 13.5 us against 10.5 to 10.9.
  */
 static __device__ long long select_ranked(pick_shared *sh, int m, float topp, float coin) {
     const gather_plan *pl = &sh->plan;
