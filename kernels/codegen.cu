@@ -130,6 +130,20 @@ void mk_cuda_put_fault(mk_strbuf *b) {
                   MK_TIMELINE_BLOCKS, MK_TIMELINE_AT, MK_TIMELINE_BLOCKS);
 }
 
+/* A stamped kernel (generated.cu) defines MK_TIMELINE_OCCUPANCY as the blocks
+ * an SM of its unstamped build, so that the stamps' registers change neither
+ * how many blocks share an SM nor, with it, the timeline (Llama-2-7B's int8
+ * w2: 64 registers, 4 blocks an SM; stamped without it, 68 and 3: two waves). */
+void mk_cuda_put_head(mk_strbuf *b, long long threads, int min_blocks) {
+    mk_strbuf_put(b, "#ifdef MK_TIMELINE_OCCUPANCY\n"
+                     "extern \"C\" __global__ void __launch_bounds__(%lld, MK_TIMELINE_OCCUPANCY)\n"
+                     "#else\n", threads);
+    if (min_blocks > 0)
+        mk_strbuf_put(b, "extern \"C\" __global__ void __launch_bounds__(%lld, %d)\n", threads, min_blocks);
+    else
+        mk_strbuf_put(b, "extern \"C\" __global__ void __launch_bounds__(%lld)\n", threads);
+    mk_strbuf_put(b, "#endif\n");
+}
 
 /*
  * How the last of a launch's blocks to finish a shared result knows it is
@@ -386,7 +400,7 @@ static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
     mk_cuda_put_fault(b);
     put_cluster_helpers(b);
     mk_cuda_put_arrive(b);
-    mk_strbuf_put(b, "extern \"C\" __global__ void __launch_bounds__(%lld)\n", T);
+    mk_cuda_put_head(b, T, 0);
     if (cluster) mk_strbuf_put(b, "#ifdef MK_CLUSTER\n__cluster_dims__(%lld, 1, 1)\n#endif\n", C);
     mk_strbuf_put(b, "mk_product(float *__restrict__ o");
     for (int k = 0; k < l->n_in; k++) mk_strbuf_put(b, ", void *i%d", k);

@@ -1304,8 +1304,8 @@ static void put_tc_source(mk_strbuf *b, const mk_launch *l, int W) {
     mk_cuda_put_fault(b);
     put_tc_helpers(b);
     /* three blocks an SM (85 registers at most) */
-    mk_strbuf_put(b, "extern \"C\" __global__ void __launch_bounds__(%d, 3)\n"
-                     "mk_product(float *__restrict__ o", 32 * MK_MV_WARPS);
+    mk_cuda_put_head(b, 32 * MK_MV_WARPS, 3);
+    mk_strbuf_put(b, "mk_product(float *__restrict__ o");
     for (int k = 0; k < l->n_in; k++) mk_strbuf_put(b, ", void *i%d", k);
     mk_strbuf_put(b, ", mk_fault_rec *fault, int launch, void *aux) {\n" MK_GROUP_START);
     mk_strbuf_put(b, "    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;\n"
@@ -1399,7 +1399,8 @@ void mk_cuda_product_source(mk_strbuf *b, const mk_launch *l) {
                   pg->norm_w >= 0 ? ", RmsNorm folded in" : "");
     mk_cuda_put_fault(b);
     put_weight_helpers(b);
-    mk_strbuf_put(b, "extern \"C\" __global__ void __launch_bounds__(%d)\nmk_product(float *__restrict__ o", 32 * MK_MV_WARPS);
+    mk_cuda_put_head(b, 32 * MK_MV_WARPS, 0);
+    mk_strbuf_put(b, "mk_product(float *__restrict__ o");
     for (int k = 0; k < l->n_in; k++) mk_strbuf_put(b, ", void *i%d", k);
     mk_strbuf_put(b, ", mk_fault_rec *fault, int launch, void *aux) {\n" MK_GROUP_START);
     mk_strbuf_put(b, "    const int lane = threadIdx.x & 31;\n"

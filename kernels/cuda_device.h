@@ -280,6 +280,10 @@ void mk_cuda_group_grid(const mk_launch *l, unsigned int *blocks, unsigned int *
  * as CUDA C, and the fault record with how a kernel raises one. */
 void mk_cuda_put_insn(mk_strbuf *b, const mk_expr *e, int j, bool f32);
 void mk_cuda_put_fault(mk_strbuf *b);
+/* codegen.cu: a product kernel's head up to its name: extern "C" __global__
+ * with its launch bounds (threads, and at least min_blocks an SM where > 0),
+ * or MK_TIMELINE_OCCUPANCY blocks an SM where the source defines it. */
+void mk_cuda_put_head(mk_strbuf *b, long long threads, int min_blocks);
 /* codegen.cu: mk_arrive(count), with which the last block to finish a shared
  * result learns it is the last, having seen the others' stores. */
 void mk_cuda_put_arrive(mk_strbuf *b);
@@ -317,7 +321,8 @@ void mk_cuda_product_grid(const mk_launch *l, unsigned int *blocks, unsigned int
  * The in-graph timeline (timeline.cu), for people measuring where a step's
  * time goes: with MK_CUDA_TIMELINE=FILE set when a model is compiled, its
  * generated product kernels (matrix-vector and attention groups) are
- * compiled with MK_TIMELINE defined. Each of a launch's first
+ * compiled with MK_TIMELINE defined, and MK_TIMELINE_OCCUPANCY as the blocks
+ * an SM of their unstamped build (mk_cuda_put_head). Each of a launch's first
  * MK_TIMELINE_BLOCKS blocks then writes three globaltimer stamps (ns, 64-bit
  * words) after the fault record, from byte MK_TIMELINE_AT on: launch l's
  * block b from word 3 * (l * MK_TIMELINE_BLOCKS + b): its start, the end of

@@ -217,10 +217,49 @@ static void dump(const char *src, unsigned long long hash, int arch) {
     fclose(f);
 }
 
-/* The kernel of launch l: from the cache, else generated and compiled. */
-static cudaKernel_t kernel_for(const mk_launch *l, int arch, bool disk, int *compiled,
-                               int *from_disk, mk_error **err) {
-    char *src = mk_cuda_generate_source(l, err);
+/* The source of a group's launch (malloc'd), or NULL: stamped for the
+ * timeline (stamp), at occupancy blocks an SM where > 0 (mk_cuda_put_head). */
+static char *group_source(const mk_launch *l, bool stamp, int occupancy, mk_error **err) {
+    if (!(l->node->pw && l->expr) && !l->node->prod) {
+        MK_INTERNAL(err, "not a group's launch");
+        return NULL;
+    }
+    mk_strbuf src = {0};
+    mk_cuda_group_source(&src, l);
+    /* with MK_CUDA_NO_MMA=1, the tensor-core form's sums come from shuffles
+     * as before sm_80 (codegen_matvec.cu; for the tests): the defines go after
+     * the first line, the comment naming the group; only product kernels stamp */
+    const char *line = NULL, *no_mma = getenv("MK_CUDA_NO_MMA");
+    bool plain = no_mma && !strcmp(no_mma, "1");
+    stamp = stamp && l->node->prod;
+    if ((stamp || (plain && l->node->prod)) && !src.failed && src.s) line = strchr(src.s, '\n');
+    if (line) {
+        char occ[64] = "";
+        if (stamp && occupancy > 0) snprintf(occ, sizeof occ, "#define MK_TIMELINE_OCCUPANCY %d\n", occupancy);
+        mk_strbuf stamped = {0};
+        mk_strbuf_put(&stamped, "%.*s%s%s%s%s", (int)(line + 1 - src.s), src.s,
+                      stamp ? "#define MK_TIMELINE\n" : "", occ, plain ? "#define MK_NO_MMA\n" : "",
+                      line + 1);
+        free(src.s);
+        src = stamped;
+    }
+    if (src.failed) {
+        free(src.s);
+        mk_fail(err, MK_ERR_NOMEM, 0, 0, "writing a group's kernel");
+        return NULL;
+    }
+    return src.s;
+}
+
+/* The source of a group's launch, as it is compiled (malloc'd), or NULL:
+ * with MK_CUDA_TIMELINE, product kernels stamp their blocks (timeline.cu). */
+char *mk_cuda_generate_source(const mk_launch *l, mk_error **err) {
+    return group_source(l, mk_cuda_timeline_file(), 0, err);
+}
+
+/* The kernel of src for launch l: from the cache, else compiled. */
+static cudaKernel_t kernel_of(const mk_launch *l, char *src, int arch, bool disk, int *compiled,
+                              int *from_disk, mk_error **err) {
     if (!src) return NULL;
     unsigned long long hash = fnv1a(program_of(src));
     dump(src, hash, arch);
@@ -249,6 +288,25 @@ static cudaKernel_t kernel_for(const mk_launch *l, int arch, bool disk, int *com
     pthread_mutex_unlock(&cache_lock);
     free(src);
     return kernel;
+}
+
+/* The kernel of launch l. Stamped for the timeline, a product kernel keeps
+ * the blocks an SM of its unstamped build, which is compiled first. */
+static cudaKernel_t kernel_for(const mk_launch *l, int arch, bool disk, int *compiled,
+                               int *from_disk, mk_error **err) {
+    bool stamp = mk_cuda_timeline_file() && l->node->prod;
+    cudaKernel_t kernel = kernel_of(l, group_source(l, false, 0, err), arch, disk, compiled,
+                                    from_disk, err);
+    if (!kernel || !stamp) return kernel;
+    unsigned int blocks, threads;
+    mk_cuda_group_grid(l, &blocks, &threads);
+    int occupancy = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occupancy, (const void *)kernel, (int)threads,
+                                                      0) != cudaSuccess) {
+        cudaGetLastError(); /* stamped as before, at whatever occupancy */
+        occupancy = 0;
+    }
+    return kernel_of(l, group_source(l, true, occupancy, err), arch, disk, compiled, from_disk, err);
 }
 
 int mk_cuda_generate(mk_cuda_state *s, const mk_launch *launches, int n, const mk_host *host,
@@ -348,37 +406,6 @@ int mk_cuda_product(const mk_launch *l, mk_error **err) {
     if (mk_cuda_group_aux_bytes(pg) && !aux) return MK_INTERNAL(err, "a group without its device scratch");
     args[a++] = &aux;
     return launch_generated(l, blocks, threads, args, "generated matrix-vector group", err);
-}
-
-/* The source of a group's launch, as it is compiled (malloc'd), or NULL. */
-char *mk_cuda_generate_source(const mk_launch *l, mk_error **err) {
-    if (!(l->node->pw && l->expr) && !l->node->prod) {
-        MK_INTERNAL(err, "not a group's launch");
-        return NULL;
-    }
-    mk_strbuf src = {0};
-    mk_cuda_group_source(&src, l);
-    /* with MK_CUDA_TIMELINE, product kernels stamp their blocks (timeline.cu);
-     * with MK_CUDA_NO_MMA=1, the tensor-core form's sums come from shuffles
-     * as before sm_80 (codegen_matvec.cu; for the tests): the defines go after
-     * the first line, the comment naming the group */
-    const char *line = NULL, *no_mma = getenv("MK_CUDA_NO_MMA");
-    bool stamp = mk_cuda_timeline_file(), plain = no_mma && !strcmp(no_mma, "1");
-    if (l->node->prod && (stamp || plain) && !src.failed && src.s) line = strchr(src.s, '\n');
-    if (line) {
-        mk_strbuf stamped = {0};
-        mk_strbuf_put(&stamped, "%.*s%s%s%s", (int)(line + 1 - src.s), src.s,
-                      stamp ? "#define MK_TIMELINE\n" : "", plain ? "#define MK_NO_MMA\n" : "",
-                      line + 1);
-        free(src.s);
-        src = stamped;
-    }
-    if (src.failed) {
-        free(src.s);
-        mk_fail(err, MK_ERR_NOMEM, 0, 0, "writing a group's kernel");
-        return NULL;
-    }
-    return src.s;
 }
 
 /* Writes and compiles (or finds on disk) a group's kernel, loading nothing. */

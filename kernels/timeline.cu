@@ -12,9 +12,13 @@
  * its first block's start, the first end of a wait, its last block's start
  * and its last warp's end; and that end less the stamped launch's before it
  * (what the launch adds to the step, with any unstamped launches between).
- * The stamps cost each block two stores and a few atomics: the table is
- * close to an unstamped step, and the evaluations themselves are slower (the
- * host copies and clears the stamps after each).
+ * The stamps cost each block two stores and a few atomics, and a stamped
+ * kernel is compiled to fit as many blocks an SM as its unstamped build
+ * (generated.cu): the table is close to an unstamped step, and the
+ * evaluations themselves are slower (the host copies and clears the stamps
+ * after each). On the H200 at 3f652ed, Llama-2-7B int8's stamped step took
+ * 2,472 us against 2,468 unstamped (405.1 tok/s); before the stamped kernels
+ * kept the occupancy, 2,625 (its w2 at 68 registers, not 64: two waves).
  */
 #include "cuda_device.h"
 

@@ -59,6 +59,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <dirent.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define S_ROWS 6 /* rows of each written buffer */
@@ -807,12 +809,35 @@ static int timeline_rows(const char *path) {
     return rows;
 }
 
+/* The sources MK_CUDA_DUMP wrote to dir that define MK_TIMELINE_OCCUPANCY
+ * as 1 or more; the files are removed, then dir. */
+static int occupancies(const char *dir) {
+    int found = 0;
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        char file[512], line[512];
+        snprintf(file, sizeof file, "%s/%s", dir, e->d_name);
+        FILE *f = fopen(file, "r");
+        int n = 0;
+        while (f && fgets(line, sizeof line, f))
+            if (sscanf(line, "#define MK_TIMELINE_OCCUPANCY %d", &n) == 1 && n >= 1) found++;
+        if (f) fclose(f);
+        remove(file);
+    }
+    if (d) closedir(d);
+    rmdir(dir);
+    return found;
+}
+
 /*
  * MK_CUDA_TIMELINE: set when a model is compiled, its product groups' sources
  * define MK_TIMELINE after their first line, and NVRTC compiles them (no GPU
- * needed); on a GPU, evaluations and then freeing the model write a row per
- * stamped launch: the two groups' and the sampler's after them. Unset, the
- * sources are as before.
+ * needed); on a GPU, each stamped source asks for its unstamped build's
+ * blocks an SM (MK_TIMELINE_OCCUPANCY), and evaluations and then freeing the
+ * model write a row per stamped launch: the two groups' and the sampler's
+ * after them. Unset, the sources are as before.
  */
 static void test_timeline(void) {
     char path[64];
@@ -874,10 +899,18 @@ static void test_timeline(void) {
     if (!nvrtc) printf("#   no CUDA plugin: sources not checked\n");
     setenv("MK_CUDA_TIMELINE", path, 1);
     mk_model *m = NULL;
+    char dump[64];
+    snprintf(dump, sizeof dump, "/tmp/mk_timeline_dump_%ld", (long)getpid());
     if (gpu && ctx) {
+        mkdir(dump, 0755);
+        setenv("MK_CUDA_DUMP", dump, 1);
         mk_compile_options o = {.device = MK_DEVICE_CUDA};
         m = mk_compile(ctx, text, NULL, 0, &o, &err);
         CHECK(m != NULL, "compile for CUDA: %s", mk_error_message(err));
+        unsetenv("MK_CUDA_DUMP");
+        int n = occupancies(dump);
+        CHECK(n == 2, "%d stamped sources name their unstamped build's blocks an SM, want the "
+              "two groups'", n);
     } else {
         printf("#   CUDA: %s: no evaluations stamped\n", gpu ? "no context" : why);
     }
