@@ -11,7 +11,10 @@
  * means, in microseconds from the evaluation's first stamped block start, of:
  * its first block's start, the first end of a wait, its last block's start
  * and its last warp's end; and that end less the stamped launch's before it
- * (what the launch adds to the step, with any unstamped launches between).
+ * (what the launch adds to the step, with any unstamped launches between);
+ * then its blocks, and for a generated kernel the waves they make (blocks
+ * over what the SMs hold at once: Llama-2-7B int8's w1 / w3, 688 blocks of
+ * 3 an SM on 132 SMs, 1.74; its last blocks start once the first leave).
  * The stamps cost each block two stores and a few atomics, and a stamped
  * kernel is compiled to fit as many blocks an SM as its unstamped build
  * (generated.cu): the table is close to an unstamped step, and the
@@ -32,6 +35,7 @@ typedef struct mk_cuda_timeline {
     char *path;
     int n;                     /* the model's launches */
     unsigned *blocks;          /* [n] stamped blocks of each launch, 0: not stamped */
+    unsigned *grid, *threads;  /* [n] its blocks and their threads (a generated kernel's; else 0) */
     char **label;              /* [n] the group's comment line, or NULL */
     unsigned long long *stamp; /* [n][MK_TIMELINE_BLOCKS][3]: the last evaluation's */
     double (*sum)[4];          /* [n] first start, first wait, last start, last end */
@@ -49,6 +53,8 @@ static void timeline_free(mk_cuda_timeline *t) {
     for (int i = 0; t->label && i < t->n; i++) free(t->label[i]);
     free(t->label);
     free(t->blocks);
+    free(t->grid);
+    free(t->threads);
     free(t->stamp);
     free(t->sum);
     free(t->runs);
@@ -64,12 +70,15 @@ int mk_cuda_timeline_open(mk_cuda_state *s, const mk_launch *launches, int n, co
         t->bytes = (size_t)n * MK_TIMELINE_BLOCKS * 3 * sizeof(unsigned long long);
         t->path = strdup(path);
         t->blocks = (unsigned *)calloc((size_t)n, sizeof *t->blocks);
+        t->grid = (unsigned *)calloc((size_t)n, sizeof *t->grid);
+        t->threads = (unsigned *)calloc((size_t)n, sizeof *t->threads);
         t->label = (char **)calloc((size_t)n, sizeof *t->label);
         t->stamp = (unsigned long long *)malloc(t->bytes);
         t->sum = (double(*)[4])calloc((size_t)n, sizeof *t->sum);
         t->runs = (long long *)calloc((size_t)n, sizeof *t->runs);
     }
-    if (!t || !t->path || !t->blocks || !t->label || !t->stamp || !t->sum || !t->runs) {
+    if (!t || !t->path || !t->blocks || !t->grid || !t->threads || !t->label || !t->stamp ||
+        !t->sum || !t->runs) {
         timeline_free(t);
         return mk_fail(err, MK_ERR_NOMEM, 0, 0, "the CUDA timeline (MK_CUDA_TIMELINE)");
     }
@@ -78,12 +87,14 @@ int mk_cuda_timeline_open(mk_cuda_state *s, const mk_launch *launches, int n, co
         if (launches[i].node->op->kernel == MK_KERNEL_SAMPLE) {
             unsigned blocks = mk_cuda_sample_blocks(&launches[i]);
             t->blocks[i] = blocks < MK_TIMELINE_BLOCKS ? blocks : MK_TIMELINE_BLOCKS;
+            t->grid[i] = blocks;
             t->label[i] = mk_cuda_sample_label(&launches[i]);
         }
         if (!pg) continue;
         unsigned blocks, threads;
         mk_cuda_group_grid(&launches[i], &blocks, &threads);
         t->blocks[i] = blocks < MK_TIMELINE_BLOCKS ? blocks : MK_TIMELINE_BLOCKS;
+        t->grid[i] = blocks, t->threads[i] = threads;
         /* the source's first line names the group: "// moonkaas <group>" */
         mk_strbuf src = {0};
         mk_cuda_group_source(&src, &launches[i]);
@@ -145,25 +156,46 @@ void mk_cuda_timeline_take(mk_cuda_state *s) {
     }
 }
 
+/* Launch i's blocks over those the device's SMs hold at once (its generated
+ * kernel's occupancy), into w ("-" where not known: the sampler's clusters). */
+static void waves_of(const mk_cuda_state *s, const mk_cuda_timeline *t, int i, int sms, char *w,
+                     size_t size) {
+    int per = 0;
+    snprintf(w, size, "-");
+    if (!t->threads[i] || !s->generated || !s->generated[i] || sms <= 0) return;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, (const void *)s->generated[i],
+                                                      (int)t->threads[i], 0) != cudaSuccess) {
+        cudaGetLastError();
+        return;
+    }
+    if (per > 0) snprintf(w, size, "%.3g", (double)t->grid[i] / ((double)per * sms));
+}
+
 void mk_cuda_timeline_close(mk_cuda_state *s) {
     mk_cuda_timeline *t = s->timeline;
     if (!t) return;
     s->timeline = NULL;
     long long runs = 0;
     for (int i = 0; i < t->n; i++) runs = t->runs[i] > runs ? t->runs[i] : runs;
+    int sms = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, s->device) != cudaSuccess)
+        cudaGetLastError();
     FILE *f = runs ? fopen(t->path, "a") : NULL; /* a file that cannot be written is skipped */
     if (f) {
         fprintf(f, "# moonkaas CUDA timeline: a model of %d launches, %lld evaluations; means in "
-                   "microseconds from an evaluation's first stamped block start\n"
-                   "# launch  first start  first wait  last start  last end  added  group\n",
+                   "microseconds from an evaluation's first stamped block start; its blocks, and "
+                   "waves of them (blocks over those the SMs hold at once)\n"
+                   "# launch  first start  first wait  last start  last end  added  blocks  waves  group\n",
                 t->n, runs);
         double before = 0.0;
         for (int i = 0; i < t->n; i++) {
             if (!t->runs[i]) continue;
             double m[4];
             for (int k = 0; k < 4; k++) m[k] = t->sum[i][k] / (double)t->runs[i] * 1e-3;
-            fprintf(f, "%8d  %11.2f  %10.2f  %10.2f  %8.2f  %5.2f  %s\n", i, m[0], m[1], m[2],
-                    m[3], m[3] - before, t->label[i] ? t->label[i] : "");
+            char w[32];
+            waves_of(s, t, i, sms, w, sizeof w);
+            fprintf(f, "%8d  %11.2f  %10.2f  %10.2f  %8.2f  %5.2f  %6u  %7s  %s\n", i, m[0], m[1],
+                    m[2], m[3], m[3] - before, t->grid[i], w, t->label[i] ? t->label[i] : "");
             before = m[3];
         }
         fclose(f);

@@ -793,11 +793,18 @@ static int timeline_rows(const char *path) {
             continue;
         }
         int launch, at = 0;
+        unsigned blocks = 0;
         double first, wait, last, end, added;
-        int got = sscanf(line, "%d %lf %lf %lf %lf %lf %n", &launch, &first, &wait, &last, &end,
-                         &added, &at);
-        CHECK(got == 6 && (strstr(line + at, "group") || strstr(line + at, "sampler $")), "row: %s",
-              line);
+        char waves[32] = "";
+        int got = sscanf(line, "%d %lf %lf %lf %lf %lf %u %31s %n", &launch, &first, &wait, &last,
+                         &end, &added, &blocks, waves, &at);
+        bool sampler = got == 8 && strstr(line + at, "sampler $");
+        CHECK(got == 8 && (strstr(line + at, "group") || sampler), "row: %s", line);
+        /* the generated kernels' waves (a few blocks on many SMs: a fraction
+         * of one); the sampler's clusters have none */
+        double w = atof(waves);
+        CHECK(blocks > 0 && (sampler ? !strcmp(waves, "-") : w > 0.0 && w < 1.0),
+              "blocks %u, waves %s: %s", blocks, waves, line);
         CHECK(rows > 0 || first == 0.0, "the first row starts at %g, not 0", first);
         CHECK(first <= wait && wait <= end && first <= last && last <= end && end >= before,
               "times out of order (the row before ends at %g): %s", before, line);
