@@ -228,11 +228,10 @@ static char *group_source(const mk_launch *l, bool stamp, int occupancy, mk_erro
     mk_cuda_group_source(&src, l);
     /* with MK_CUDA_NO_MMA=1, the tensor-core form's sums come from shuffles
      * as before sm_80 (codegen_matvec.cu; for the tests): the defines go after
-     * the first line, the comment naming the group; only product kernels stamp */
+     * the first line, the comment naming the group (product kernels only) */
     const char *line = NULL, *no_mma = getenv("MK_CUDA_NO_MMA");
     bool plain = no_mma && !strcmp(no_mma, "1");
-    stamp = stamp && l->node->prod;
-    if ((stamp || (plain && l->node->prod)) && !src.failed && src.s) line = strchr(src.s, '\n');
+    if (l->node->prod && (stamp || plain) && !src.failed && src.s) line = strchr(src.s, '\n');
     if (line) {
         char occ[64] = "";
         if (stamp && occupancy > 0) snprintf(occ, sizeof occ, "#define MK_TIMELINE_OCCUPANCY %d\n", occupancy);
