@@ -35,7 +35,7 @@ typedef struct mk_cuda_timeline {
     char *path;
     int n;                     /* the model's launches */
     unsigned *blocks;          /* [n] stamped blocks of each launch, 0: not stamped */
-    unsigned *grid, *threads;  /* [n] its blocks and their threads (a generated kernel's; else 0) */
+    unsigned *grid, *threads;  /* [n] its blocks; their threads for a generated kernel, else 0 */
     char **label;              /* [n] the group's comment line, or NULL */
     unsigned long long *stamp; /* [n][MK_TIMELINE_BLOCKS][3]: the last evaluation's */
     double (*sum)[4];          /* [n] first start, first wait, last start, last end */
