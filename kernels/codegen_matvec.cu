@@ -646,6 +646,10 @@ static int preload_steps(const mk_launch *l, const mk_product_group *pg, int E, 
  * 2.47 to 2.87 (the model's wo splits k in 4 slices). MK_CUDA_TIMELINE puts
  * the model's q/k/v at the same 3.8 TB/s: what Llama-2-7B loses to the
  * bandwidth is each launch's start and end, not its stream.
+ * Nor, in int8, more bytes in flight without registers: each step sending
+ * the lines of the step 2 or 4 ahead to L2 (prefetch.global.L2 from one lane
+ * in 8) took Llama-2-7B from 405.8 / 405.0 to 394.2 / 382.9 tok/s (H200, at
+ * 99c9460, one call).
  */
 static bool loads_ahead(const mk_product_group *pg, int E) { return E == 16 && !pg->a8_group; }
 
@@ -1150,6 +1154,21 @@ static void put_staging(mk_strbuf *b, const mk_product_group *pg, int E, bool di
  * 383.2 / 384.2 tok/s (q/k/v alone 385.3, the classifier alone 401.7), and
  * MK_CUDA_TIMELINE put a layer's q/k/v at 23.6 us against 19.8, the
  * classifier at 58.9 against 51.4.
+ * Nor, on the H200 at 99c9460 (Llama-2-7B int8, one call each, base 405.8
+ * / 405.0 then 404.8 / 404.9 then 405.8 / 404.0 tok/s):
+ *   - each load 64 contiguous bytes of a column (lane t the bytes 16 t ..
+ *     and 64 + 16 t ..), so that an MMA's k lie in one 64 and each 8 bytes
+ *     take one MMA, not two (half the MMAs; q/k/v at 78 registers without
+ *     spills, against 80 with 8 bytes spilled): 396.6 / 394.0. A lane's 32
+ *     contiguous bytes, each load touching all four sectors of its lines,
+ *     stream faster;
+ *   - sending later steps' lines to L2 (prefetch.global.L2, no registers):
+ *     2 or 4 steps ahead in the loop, 402.3 / 394.3; steps 2 and 3 before
+ *     the wait, 402.2;
+ *   - the classifier at 4 blocks an SM (64 registers, no spills: its 500
+ *     blocks in 0.95 waves, not 1.26): 407.1 / 405.2, within a call's
+ *     noise, and the blocks an SM hold depend on the device, which the
+ *     source does not know.
  */
 #define MK_TC_COLUMNS 8192 /* the fewest columns a launch in this form has */
 #define MK_TC_WARPS 2048   /* warps a launch aims for, splitting k */
