@@ -559,6 +559,9 @@ static void test_tensor_cores_cuda(void) {
     tensor_core_case(2048, 8192, 64, true, TC_ARGMAX, false, true);
     tensor_core_case(1024, 8192, 64, true, TC_TWO, false, false);
     tensor_core_case(1024, 8192, 64, false, TC_PLAIN, true, false);
+    /* k past 4,096 (up to the most A staged holds): the digit copy takes a
+     * warp's 64s in more than one batch */
+    tensor_core_case(128 * test_randint(33, 88), 8192, 64, true, TC_PLAIN, false, true);
 }
 
 /* ---- int8 activations: FakeQuantizeNode, W8A8 products ------------------------------ */
