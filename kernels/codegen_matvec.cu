@@ -950,8 +950,10 @@ static long long weight_bytes(const mk_launch *l, const mk_product_group *pg) {
  * blocks an SM take w2's 512, leaving 29 SMs idle. At 9ca5f6e, int8's wo
  * (4 steps) whole: 407.2 / 404.6 against 402.3 / 399.8 (2 a batch, 403.6;
  * 4 a batch with the preloads as they were, 65 registers, 3 blocks an SM).
- * Not measured in float32, where 4 a batch takes wo from 64 to 74 registers
- * and w1 / w3 from 73 to 88 (ptxas, sm_90).
+ * At 260b377, int8's w1 / w3 (a norm, 4 steps) all at once, 80 registers as
+ * before: 415.0 / 415.4 / 415.2 against 417.7 / 417.7 / 416.1. Not measured
+ * in float32, where 4 a batch takes wo from 64 to 74 registers and w1 / w3
+ * from 73 to 88 (ptxas, sm_90).
  */
 #define MK_STAGE_BATCH 4
 
