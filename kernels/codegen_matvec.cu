@@ -1179,6 +1179,10 @@ static void put_staging(mk_strbuf *b, const mk_product_group *pg, int E, bool di
  * with 8 lanes copying a column's 128 bytes (whole lines), 395.1 at S = 2,
  * 378.9 / 378.3 at S = 3, 382.8 at S = 4. More steps in flight made it
  * slower, so this form is not waiting on its loads' latency alone.
+ * Still too few warps for wo and w2 (4,096 columns, 8 slices) after the
+ * digit copy's batching: on the H200 at 3bf2fa8 (one call), MK_TC_COLUMNS
+ * at 4,096 took Llama-2-7B int8 from 416.2 / 417.4 to 400.8 / 401.7 tok/s,
+ * and w2 alone in this form to 402.6.
  */
 #define MK_TC_COLUMNS 8192 /* the fewest columns a launch in this form has */
 #define MK_TC_WARPS 2048   /* warps a launch aims for, splitting k */
