@@ -130,6 +130,15 @@ void mk_cuda_put_fault(mk_strbuf *b) {
                   MK_TIMELINE_BLOCKS, MK_TIMELINE_AT, MK_TIMELINE_BLOCKS);
 }
 
+/* A product kernel's name, parameters (the launch's output, its inputs, the
+ * fault record, the launch's index and its device scratch: the arguments
+ * mk_cuda_product passes) and first lines. */
+void mk_cuda_put_entry(mk_strbuf *b, const mk_launch *l) {
+    mk_strbuf_put(b, "mk_product(float *__restrict__ o");
+    for (int k = 0; k < l->n_in; k++) mk_strbuf_put(b, ", void *i%d", k);
+    mk_strbuf_put(b, ", mk_fault_rec *fault, int launch, void *aux) {\n" MK_GROUP_START);
+}
+
 /* A stamped kernel (generated.cu) defines MK_TIMELINE_OCCUPANCY as the blocks
  * an SM of its unstamped build, so that the stamps' registers change neither
  * how many blocks share an SM nor, with it, the timeline (Llama-2-7B's int8
@@ -402,10 +411,7 @@ static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
     mk_cuda_put_arrive(b);
     mk_cuda_put_head(b, T, 0);
     if (cluster) mk_strbuf_put(b, "#ifdef MK_CLUSTER\n__cluster_dims__(%lld, 1, 1)\n#endif\n", C);
-    mk_strbuf_put(b, "mk_product(float *__restrict__ o");
-    for (int k = 0; k < l->n_in; k++) mk_strbuf_put(b, ", void *i%d", k);
-    mk_strbuf_put(b, ", mk_fault_rec *fault, int launch, void *aux) {\n");
-    mk_strbuf_put(b, MK_GROUP_START);
+    mk_cuda_put_entry(b, l);
     if (cluster) /* every block arrives (phase 0) before any writes into the lead's memory */
         mk_strbuf_put(b, "#ifdef MK_CLUSTER\n"
                          "    asm volatile(\"barrier.cluster.arrive.relaxed.aligned;\" ::: \"memory\");\n"

@@ -1372,9 +1372,7 @@ static void put_tc_source(mk_strbuf *b, const mk_launch *l, int W) {
     put_tc_helpers(b);
     /* three blocks an SM (85 registers at most) */
     mk_cuda_put_head(b, 32 * MK_MV_WARPS, 3);
-    mk_strbuf_put(b, "mk_product(float *__restrict__ o");
-    for (int k = 0; k < l->n_in; k++) mk_strbuf_put(b, ", void *i%d", k);
-    mk_strbuf_put(b, ", mk_fault_rec *fault, int launch, void *aux) {\n" MK_GROUP_START);
+    mk_cuda_put_entry(b, l);
     mk_strbuf_put(b, "    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;\n"
                      "    const long long warp = (long long)blockIdx.x * %d + (threadIdx.x >> 5);\n"
                      "    const float *A = (const float *)i%d;\n", MK_MV_WARPS, pg->a);
@@ -1467,9 +1465,7 @@ void mk_cuda_product_source(mk_strbuf *b, const mk_launch *l) {
     mk_cuda_put_fault(b);
     put_weight_helpers(b);
     mk_cuda_put_head(b, 32 * MK_MV_WARPS, 0);
-    mk_strbuf_put(b, "mk_product(float *__restrict__ o");
-    for (int k = 0; k < l->n_in; k++) mk_strbuf_put(b, ", void *i%d", k);
-    mk_strbuf_put(b, ", mk_fault_rec *fault, int launch, void *aux) {\n" MK_GROUP_START);
+    mk_cuda_put_entry(b, l);
     mk_strbuf_put(b, "    const int lane = threadIdx.x & 31;\n"
                      "    const long long warp = (long long)blockIdx.x * %d + (threadIdx.x >> 5);\n", MK_MV_WARPS);
     mk_strbuf_put(b, "    const float *A = (const float *)i%d;\n", pg->a);

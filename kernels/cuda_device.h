@@ -284,6 +284,9 @@ void mk_cuda_put_fault(mk_strbuf *b);
  * with its launch bounds (threads, and at least min_blocks an SM where > 0),
  * or MK_TIMELINE_OCCUPANCY blocks an SM where the source defines it. */
 void mk_cuda_put_head(mk_strbuf *b, long long threads, int min_blocks);
+/* codegen.cu: what follows the head: the kernel's name and parameters (the
+ * arguments mk_cuda_product passes), its opening brace and MK_GROUP_START. */
+void mk_cuda_put_entry(mk_strbuf *b, const mk_launch *l);
 /* codegen.cu: mk_arrive(count), with which the last block to finish a shared
  * result learns it is the last, having seen the others' stores. */
 void mk_cuda_put_arrive(mk_strbuf *b);
