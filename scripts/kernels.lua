@@ -20,7 +20,10 @@
 -- that samples its token (default: the argmax). Where nvcc is found
 -- (PATH, or $CUDA_HOME/bin, or /usr/local/cuda/bin), each source is compiled
 -- with `nvcc -cubin -Xptxas -v` (NVRTC's compiler and ptxas, as at model
--- compile), and the table has its registers, spills and static shared memory.
+-- compile), and the table has its registers, spills and static shared memory,
+-- and for sm_90 the blocks an SM holds at once (what the launch's registers,
+-- shared memory and threads allow; a launch of more blocks than the SMs
+-- hold runs in waves, MK_CUDA_TIMELINE's column).
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 local build = os.getenv("MK_BUILD") or "build"
 package.cpath = build .. "/?.so;" .. package.cpath
@@ -139,6 +142,20 @@ local function ptxas(nvcc, file, arch)
              smem = tonumber(out:match("(%d+) bytes smem") or 0) }
 end
 
+-- The blocks of `threads` an SM of sm_90 holds with r's registers and static
+-- shared memory: 65,536 registers an SM, given to a warp 256 at a time; 64
+-- warps and 32 blocks an SM; 228 KiB of shared memory an SM, 1 KiB of it
+-- kept a block. nil for other architectures.
+local SM90 = { registers = 65536, granule = 256, warps = 64, blocks = 32, smem = 228 * 1024, reserved = 1024 }
+local function blocks_per_sm(r, threads, arch)
+    if arch ~= 90 or not r or not threads then return nil end
+    local L = SM90
+    local warps = (threads + 31) // 32
+    local per_warp = (r.registers * 32 + L.granule - 1) // L.granule * L.granule
+    return math.min(L.warps // warps, L.blocks, L.registers // (warps * per_warp),
+                    L.smem // (r.smem + L.reserved))
+end
+
 local function main(argv)
     local o = parse(argv)
     local mk = require("moonkaas")
@@ -163,9 +180,10 @@ local function main(argv)
     print(string.format("%s%s; sources in %s%s", llama2.checkpoint.describe(c),
         o.precision and (", " .. o.precision) or "", dir,
         nvcc and string.format("; ptxas for sm_%d", o.arch) or "; no nvcc: sources only"))
-    print(string.format("| %-6s | %-78s | %9s | %6s | %6s |", "launch", "group", "registers", "spills", "smem"))
+    print(string.format("| %-6s | %-78s | %9s | %6s | %6s | %9s |", "launch", "group", "registers", "spills",
+                        "smem", "blocks/SM"))
     print("|--------|--------------------------------------------------------------------------------|" ..
-          "-----------|--------|--------|")
+          "-----------|--------|--------|-----------|")
     local i, written = 1, 0
     while true do
         local got, src = pcall(net.model.kernel_source, net.model, i)
@@ -181,8 +199,9 @@ local function main(argv)
             local r, err = nil, nil
             if nvcc then r, err = ptxas(nvcc, file, o.arch) end
             if nvcc and not r then fail(file .. ": " .. tostring(err)) end
-            print(string.format("| %6d | %-78s | %9s | %6s | %6s |", i, what, r and r.registers or "-",
-                r and r.spills or "-", r and r.smem or "-"))
+            local threads = tonumber(src:match("__launch_bounds__%((%d+)"))
+            print(string.format("| %6d | %-78s | %9s | %6s | %6s | %9s |", i, what, r and r.registers or "-",
+                r and r.spills or "-", r and r.smem or "-", blocks_per_sm(r, threads, o.arch) or "-"))
         end
         i = i + 1
     end

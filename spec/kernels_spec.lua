@@ -30,11 +30,29 @@ describe("scripts/kernels.lua", function()
         assert.are.equal(11, #groups, out)
         assert.are.equal("attention group", groups[2])
         local nvcc = out:find("ptxas for sm_90", 1, true)
-        for launch, regs in out:gmatch("\n| +(%d+) | [^|]+ | +([%d-]+) |") do
+        local rows = 0
+        for launch, regs, smem, blocks in out:gmatch("\n| +(%d+) | [^|]+ | +([%d-]+) | +[%d-]+ | +([%d-]+) | +([%d-]+) |") do
+            rows = rows + 1
             local src = assert(H.read_file(string.format("%s/launch%03d.cu", dir, tonumber(launch))))
             assert.truthy(src:find('extern "C" __global__', 1, true), src)
-            if nvcc then assert.truthy(tonumber(regs) and tonumber(regs) > 0, out) end
+            if nvcc then
+                regs, smem, blocks = tonumber(regs), tonumber(smem), tonumber(blocks)
+                assert.truthy(regs and regs > 0, out)
+                -- what sm_90 holds: the blocks' warps, registers (256 a warp at a time) and shared memory fit
+                local warps = tonumber(src:match("__launch_bounds__%((%d+)")) // 32
+                local per_warp = (regs * 32 + 255) // 256 * 256
+                assert.truthy(blocks and blocks >= 1 and blocks <= 32, out)
+                assert.truthy(blocks * warps <= 64 and blocks * warps * per_warp <= 65536, out)
+                assert.truthy(blocks * (smem + 1024) <= 228 * 1024, out)
+                -- and one more block would not: one of the limits binds
+                local more = blocks + 1
+                assert.truthy(more > 32 or more * warps > 64 or more * warps * per_warp > 65536
+                              or more * (smem + 1024) > 228 * 1024, out)
+            else
+                assert.are.equal("-", blocks, out)
+            end
         end
+        assert.are.equal(11, rows, out)
         -- the file is aligned as device memory is: the q/k/v launch loads float4s of weights
         assert.truthy(assert(H.read_file(dir .. "/launch001.cu")):find("mk_w4_f32(B0", 1, true))
         os.execute("rm -rf '" .. dir .. "'")
