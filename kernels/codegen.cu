@@ -130,9 +130,9 @@ void mk_cuda_put_fault(mk_strbuf *b) {
                   MK_TIMELINE_BLOCKS, MK_TIMELINE_AT, MK_TIMELINE_BLOCKS);
 }
 
-/* A product kernel's name, parameters (the launch's output, its inputs, the
- * fault record, the launch's index and its device scratch: the arguments
- * mk_cuda_product passes) and first lines. */
+/* A product kernel's name and parameters (the launch's output, its inputs,
+ * the fault record, the launch's index and its device scratch: the arguments
+ * mk_cuda_product passes), its opening brace and MK_GROUP_START. */
 void mk_cuda_put_entry(mk_strbuf *b, const mk_launch *l) {
     mk_strbuf_put(b, "mk_product(float *__restrict__ o");
     for (int k = 0; k < l->n_in; k++) mk_strbuf_put(b, ", void *i%d", k);
