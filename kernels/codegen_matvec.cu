@@ -1171,10 +1171,10 @@ static void put_staging(mk_strbuf *b, const mk_product_group *pg, int E, bool di
  *     blocks in 0.95 waves, not 1.26): 407.1 / 405.2, within a call's
  *     noise, and the blocks an SM hold depend on the device, which the
  *     source does not know.
- * Nor, on the H200 at f2bb78f (base 416.6 / 416.8 tok/s in the same call): each
- * warp's steps through a ring of S slots in shared memory by cp.async (the
- * scales too; 52 KiB of dynamic shared memory a block, still 3 blocks an
- * SM, 70 registers), S - 1 steps in flight against one now. With a lane
+ * Nor, on the H200 at f2bb78f (base 416.6 / 416.8 tok/s in the same
+ * call): each warp's steps through a ring of S slots in shared memory by
+ * cp.async (the scales too; 52 KiB of dynamic shared memory a block, still
+ * 3 blocks an SM, 70 registers), S - 1 steps in flight against one now. With a lane
  * copying the 32 bytes it reads, 333 tok/s (S = 2, 3, 4: 343, 333, 338);
  * with 8 lanes copying a column's 128 bytes (whole lines), 395.1 at S = 2,
  * 378.9 / 378.3 at S = 3, 382.8 at S = 4. More steps in flight made it
