@@ -193,7 +193,13 @@ static int product_slices(const mk_product_group *pg) {
  * groups with k >= 4,096 (A staged once a block, for twice or four times the
  * column pairs) took Llama-2-7B in bfloat16 from 270.4 to 254.6 and 264.5
  * tok/s, in int8 from 368.4 to 343.7 (16); 16 a block everywhere took
- * stories110M from 4,392 to 4,148. */
+ * stories110M from 4,392 to 4,148. Fewer for w1 / w3 alone, so that its
+ * 5,504 warps fill whole waves (7 a block: 787 blocks, 1.99 waves of 3 an SM,
+ * against 688 in 1.74), on the H200 at ce3f9a3 (one call, alternating): int8
+ * 419.8 / 419.8 against 416.4 / 417.6 / 417.0, 5 or 6 a block 411.7 / 410.9
+ * and 410.9; bfloat16 283.0 / 282.4 against 281.9 / 282.9 / 282.0. Not kept:
+ * 0.7 % in int8 alone, and a block fitted to whole waves needs the device's
+ * SMs and the kernel's registers, which the source does not know. */
 #define MK_MV_WARPS 8
 
 /* Result o's index among the group's ArgMax results. */
@@ -650,6 +656,19 @@ static int preload_steps(const mk_launch *l, const mk_product_group *pg, int E, 
  * the lines of the step 2 or 4 ahead to L2 (prefetch.global.L2 from one lane
  * in 8) took Llama-2-7B from 405.8 / 405.0 to 394.2 / 382.9 tok/s (H200, at
  * 99c9460, one call).
+ * Nor less math through DP4A: where A is one staged row (Llama-2-7B's wo,
+ * w1 / w3 and w2), A staged as the tensor-core form's digits (put_digit_copy)
+ * and a lane's 16 weights of a column taken in 16 DP4As, the digits' sums
+ * weighed by 2^-8n (about 58 instructions per 32 weights a step against 107).
+ * On the H200 at ce3f9a3 (one call, alternating), Llama-2-7B int8 went from
+ * 420.4 / 420.2 / 420.3 to 361.5 / 360.5 tok/s (w1 / w3 at 80 registers and 56
+ * bytes spilled under __launch_bounds__(256, 3)), 360.6 / 357.6 without the
+ * bound (94 registers, 2 blocks an SM). With the digit copy replaced by a
+ * plain copy of A's bits (wrong sums: a bound on the loop alone), 382.0 /
+ * 383.3 against 415.4 / 415.0 / 416.7 in the next call: each block making the
+ * digits of the whole A costs wo's and w2's short blocks much, and the DP4A
+ * loop is slower than this one even without it (lowp_test passed; the patch
+ * is not kept).
  */
 static bool loads_ahead(const mk_product_group *pg, int E) { return E == 16 && !pg->a8_group; }
 
@@ -1183,6 +1202,11 @@ static void put_staging(mk_strbuf *b, const mk_product_group *pg, int E, bool di
  * digit copy's batching: on the H200 at 3bf2fa8 (one call), MK_TC_COLUMNS
  * at 4,096 took Llama-2-7B int8 from 416.2 / 417.4 to 400.8 / 401.7 tok/s,
  * and w2 alone in this form to 402.6.
+ * Nor slices interleaved by step (warp s of a tile taking steps s, s + W,
+ * s + 2W, ..., so that a tile's W warps read W x 128 contiguous bytes of each
+ * of their 16 rows at once, as the int8 form's slices do; same registers): on
+ * the H200 at ce3f9a3 (one call, alternating), 419.2 / 421.1 tok/s against
+ * 420.4 / 420.2 / 420.3, within the noise.
  */
 #define MK_TC_COLUMNS 8192 /* the fewest columns a launch in this form has */
 #define MK_TC_WARPS 2048   /* warps a launch aims for, splitting k */
@@ -1215,7 +1239,10 @@ static int tc_slices(const mk_launch *l, const mk_product_group *pg) {
  * for [1, 4096]) held up every launch in this form: on the H200 against
  * 279ef91 (one call, alternating), Llama-2-7B in int8 went from 402.5 /
  * 404.5 to 414.7 / 417.5 tok/s, stories110M (its classifier) from 5,517 /
- * 5,520 to 5,555 / 5,551; the digits are the same. */
+ * 5,520 to 5,555 / 5,551; the digits are the same. What is left of its cost is
+ * small: with the digits replaced by a plain copy of A's bits (wrong sums, a
+ * bound), Llama-2-7B went from 415.4 / 415.0 / 416.7 to 418.5 / 418.3 (H200,
+ * ce3f9a3, one call). */
 #define MK_DIGIT_BATCH 4
 static void put_digit_copy(mk_strbuf *b, const mk_product_group *pg) {
     long long K = (long long)pg->k, Q = K / 64; /* Q is even: k is a multiple of 128 */
