@@ -138,9 +138,17 @@ $(BUILD)/examples/game_loop: scripts/game_loop.c $(LUA_OBJ) $(LIB_A)
 
 # ---- the CUDA plugin ------------------------------------------------------------------
 ifeq ($(CUDA),1)
-$(BUILD)/kernels/%.o: kernels/%.cu core/moonkaas.h core/internal.h $(wildcard kernels/*.h) $(STAMP)
+# The device code that generated kernels share, kept as real CUDA files
+# (kernels/skeletons/*.cuh) and embedded as C strings for the generators.
+SKELETONS := $(wildcard kernels/skeletons/*.cuh)
+$(BUILD)/kernels/skeletons.h: $(SKELETONS) kernels/skeletons/embed.sh
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -c $< -o $@
+	sh kernels/skeletons/embed.sh $(SKELETONS) > $@.tmp && mv $@.tmp $@
+
+$(BUILD)/kernels/%.o: kernels/%.cu core/moonkaas.h core/internal.h $(wildcard kernels/*.h) \
+                      $(BUILD)/kernels/skeletons.h $(STAMP)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -I$(BUILD)/kernels -c $< -o $@
 
 $(BUILD)/plugin/core/%.o: core/%.c core/moonkaas.h core/internal.h $(STAMP)
 	@mkdir -p $(dir $@)

@@ -5,7 +5,12 @@
  * rows; a matrix–vector group (core/product.c) in its own file,
  * codegen_matvec.cu. Shapes, strides and constants are baked in, so identical
  * layers give identical source (compiled once: generated.cu). Also what a
- * launch needs beside its source: its grid and its device scratch.
+ * launch needs beside its source: its grid and its device scratch. The
+ * device code that kernels share as it is (the fault record and the
+ * timeline's stamps, the attention's cluster barriers and its mk_arrive, the
+ * matrix-vector weights' loads and the MMA) is real CUDA in kernels/skeletons/
+ * (NAME.cuh), which the build embeds as the strings mk_skeleton_NAME
+ * (skeletons.h, written by kernels/skeletons/embed.sh).
  *
  * Arithmetic in the pointwise parts is what the interpreter does
  * (pointwise.cu): __fadd_rn and friends, one rounding per operation, never
@@ -13,6 +18,7 @@
  * of one launch per node, on this device and the CPU alike.
  */
 #include "cuda_device.h"
+#include "skeletons.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -95,39 +101,11 @@ static void put_source(mk_strbuf *b, const mk_launch *l) {
 }
 
 /* The fault record (mk_cuda_fault) and how a generated kernel raises one; the
- * timeline's stamps after it (MK_GROUP_START and MK_GROUP_WAIT use them). */
+ * timeline's stamps after it (MK_GROUP_START and MK_GROUP_WAIT use them):
+ * skeletons/fault.cuh, after the two constants of the stamps' layout. */
 void mk_cuda_put_fault(mk_strbuf *b) {
-    mk_strbuf_put(b, "struct mk_fault_rec { unsigned int flag; int launch; int kind; int which; long long value[3]; };\n"
-                     "static __device__ void mk_raise(mk_fault_rec *f, int launch, int which, int kind,\n"
-                     "                                long long v0, long long v1, long long v2) {\n"
-                     "    if (atomicCAS(&f->flag, 0u, 1u) == 0u) {\n"
-                     "        f->launch = launch; f->kind = kind; f->which = which;\n"
-                     "        f->value[0] = v0; f->value[1] = v1; f->value[2] = v2;\n"
-                     "    }\n}\n");
-    mk_strbuf_put(b, "#ifdef MK_TIMELINE /* MK_CUDA_TIMELINE: the block's start, wait and end */\n"
-                     "struct mk_timeline {\n"
-                     "    unsigned long long *t;\n"
-                     "    static __device__ unsigned long long now() {\n"
-                     "        unsigned long long v;\n"
-                     "        asm volatile(\"mov.u64 %%0, %%%%globaltimer;\" : \"=l\"(v));\n"
-                     "        return v;\n"
-                     "    }\n"
-                     "    __device__ mk_timeline(mk_fault_rec *f, int launch)\n"
-                     "        : t(blockIdx.x < %du ? (unsigned long long *)((char *)f + %d) + 3 * ((long long)launch * %d + blockIdx.x) : 0) {\n"
-                     "        if (t && threadIdx.x == 0) t[0] = now();\n"
-                     "    }\n"
-                     "    __device__ void waited() { if (t && threadIdx.x == 0) t[1] = now(); }\n"
-                     "    __device__ ~mk_timeline() { /* each warp's lanes as they leave together */\n"
-                     "        if (t && (threadIdx.x & 31) == __ffs(__activemask()) - 1) atomicMax(t + 2, now());\n"
-                     "    }\n"
-                     "};\n"
-                     "#define MK_TIMELINE_ENTER mk_timeline mk_tl(fault, launch)\n"
-                     "#define MK_TIMELINE_WAITED mk_tl.waited()\n"
-                     "#else\n"
-                     "#define MK_TIMELINE_ENTER\n"
-                     "#define MK_TIMELINE_WAITED\n"
-                     "#endif\n",
-                  MK_TIMELINE_BLOCKS, MK_TIMELINE_AT, MK_TIMELINE_BLOCKS);
+    mk_strbuf_put(b, "#define MK_TIMELINE_BLOCKS %du\n#define MK_TIMELINE_AT %d\n%s", MK_TIMELINE_BLOCKS,
+                  MK_TIMELINE_AT, mk_skeleton_fault);
 }
 
 /* A product kernel's name and parameters (the launch's output, its inputs,
@@ -152,27 +130,6 @@ void mk_cuda_put_head(mk_strbuf *b, long long threads, int min_blocks) {
     else
         mk_strbuf_put(b, "extern \"C\" __global__ void __launch_bounds__(%lld)\n", threads);
     mk_strbuf_put(b, "#endif\n");
-}
-
-/*
- * How the last of a launch's blocks to finish a shared result knows it is
- * the last: after a barrier (the block's stores to the result are done, at
- * the block's scope), its thread 0 counts the block in with one atomic that
- * is a release and an acquire at the GPU's scope; the thread that reads the
- * full count has then seen every block's stores, and a barrier passes that on
- * to its block (the pattern of CUTLASS's semaphores). It replaces a fence of
- * every thread before the count and after it (__threadfence, fence.sc):
- * measured on the H200 against 2bc6a91, stories110M went from 4,588 / 4,582
- * to 4,659 / 4,667 tok/s (then 4,556 to 4,636), in bfloat16 from 5,306 to
- * 5,425; stories15M (its ArgMax's count alone) 12,794 / 12,691 / 12,890 to
- * 12,979 / 12,766 / 12,928; Llama-2-7B in bfloat16 273.8 to 274.0.
- */
-void mk_cuda_put_arrive(mk_strbuf *b) {
-    mk_strbuf_put(b, "static __device__ __forceinline__ unsigned int mk_arrive(unsigned int *count) {\n"
-                     "    unsigned int before;\n"
-                     "    asm volatile(\"atom.acq_rel.gpu.global.add.u32 %%0, [%%1], 1;\" : \"=r\"(before) : \"l\"(count) : \"memory\");\n"
-                     "    return before;\n"
-                     "}\n");
 }
 
 /*
@@ -358,24 +315,6 @@ static size_t att_part_floats(const mk_attention_info *a) {
     return (size_t)(a->batch * a->m * att_chunks(a) * (a->n + 2));
 }
 
-/* Distributed shared memory and the cluster barrier's two halves, for the
- * cluster combine: the address of p in block `rank`'s shared memory. */
-static void put_cluster_helpers(mk_strbuf *b) {
-    mk_strbuf_put(b,
-        "#ifdef MK_CLUSTER\n"
-        "static __device__ __forceinline__ float *mk_dsmem(float *p, unsigned int rank) {\n"
-        "    float *r;\n"
-        "    asm volatile(\"mapa.u64 %%0, %%1, %%2;\" : \"=l\"(r) : \"l\"(p), \"r\"(rank));\n"
-        "    return r;\n"
-        "}\n"
-        "static __device__ __forceinline__ void mk_cluster_arrive() {\n"
-        "    asm volatile(\"barrier.cluster.arrive.release.aligned;\" ::: \"memory\");\n"
-        "}\n"
-        "static __device__ __forceinline__ void mk_cluster_wait() {\n"
-        "    asm volatile(\"barrier.cluster.wait.acquire.aligned;\" ::: \"memory\");\n"
-        "}\n"
-        "#endif\n");
-}
 
 static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
     const mk_product_group *pg = l->node->prod;
@@ -407,8 +346,7 @@ static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
     if (cluster) /* a query's chunks are a cluster where the device has them */
         mk_strbuf_put(b, "#if __CUDA_ARCH__ >= 900\n#define MK_CLUSTER\n#endif\n");
     mk_cuda_put_fault(b);
-    put_cluster_helpers(b);
-    mk_cuda_put_arrive(b);
+    mk_strbuf_put(b, "%s%s", mk_skeleton_cluster, mk_skeleton_arrive);
     mk_cuda_put_head(b, T, 0);
     if (cluster) mk_strbuf_put(b, "#ifdef MK_CLUSTER\n__cluster_dims__(%lld, 1, 1)\n#endif\n", C);
     mk_cuda_put_entry(b, l);

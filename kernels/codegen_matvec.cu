@@ -10,7 +10,8 @@
  * tensor-core form (tc_slices to put_tc_source): a warp per 16 columns, the
  * integer MMA, A as fixed-point digits.
  * Helpers shared with the other skeletons (instructions, faults, PDL) are in
- * codegen.cu and cuda_device.h.
+ * codegen.cu and cuda_device.h; the device functions pasted as they are (the
+ * weights' loads, the MMA) are real CUDA in kernels/skeletons/.
  *
  * Long because it is one skeleton whose parts all write into the same warp
  * layout (pair, slice, lane, step k) and its registers: the weight loads per
@@ -21,6 +22,7 @@
  * grow.
  */
 #include "cuda_device.h"
+#include "skeletons.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -45,8 +47,9 @@ static void put_offset(mk_strbuf *b, const char *var, const char *e, const mk_te
 
 /*
  * Weights of a matrix–vector group in any of its dtypes: the element type of
- * the generated pointer, and functions widening one or four elements to float
- * (exact; int8 is multiplied by its block's scale where the caller reads it).
+ * the generated pointer, and the suffix of the functions that load and widen
+ * one, four, eight or sixteen elements to float (kernels/skeletons/weights.cuh;
+ * exact, int8 multiplied by its group's scale where the caller reads it).
  *
  * Weights are read once a step, so they load evict-first (__ldcs, ld.global.cs):
  * streaming them through L2 then leaves there what is read again, the
@@ -73,61 +76,6 @@ static const char *weight_suffix(mk_dtype d) {
     default: return "f32";
     }
 }
-
-static void put_weight_helpers(mk_strbuf *b) {
-    mk_strbuf_put(b,
-        "static __device__ __forceinline__ float mk_w1_f32(const float *p) { return __ldcs(p); }\n"
-        "static __device__ __forceinline__ void mk_w4_f32(const float *p, float4 *o) { o[0] = __ldcs((const float4 *)p); }\n"
-        "static __device__ __forceinline__ float mk_bf(unsigned int u) { return __uint_as_float(u << 16); }\n"
-        "static __device__ __forceinline__ float mk_bf_hi(unsigned int u) { return __uint_as_float(u & 0xffff0000u); }\n"
-        "static __device__ __forceinline__ float mk_w1_bf16(const unsigned short *p) { return mk_bf(__ldcs(p)); }\n"
-        "static __device__ __forceinline__ void mk_w4_bf16(const unsigned short *p, float4 *o) {\n"
-        "    const uint2 u = __ldcs((const uint2 *)p);\n"
-        "    o[0] = make_float4(mk_bf(u.x), mk_bf_hi(u.x), mk_bf(u.y), mk_bf_hi(u.y));\n"
-        "}\n"
-        "static __device__ __forceinline__ void mk_x8_bf16(uint4 u, float4 *o) {\n"
-        "    o[0] = make_float4(mk_bf(u.x), mk_bf_hi(u.x), mk_bf(u.y), mk_bf_hi(u.y));\n"
-        "    o[1] = make_float4(mk_bf(u.z), mk_bf_hi(u.z), mk_bf(u.w), mk_bf_hi(u.w));\n"
-        "}\n"
-        "static __device__ __forceinline__ void mk_w8_bf16(const unsigned short *p, float4 *o) {\n"
-        "    mk_x8_bf16(__ldcs((const uint4 *)p), o);\n"
-        "}\n"
-        "static __device__ __forceinline__ float mk_h2f(unsigned short h) {\n"
-        "    float f; asm(\"cvt.f32.f16 %%0, %%1;\" : \"=f\"(f) : \"h\"(h)); return f;\n"
-        "}\n"
-        "static __device__ __forceinline__ float mk_hf(unsigned int u) { return mk_h2f((unsigned short)u); }\n"
-        "static __device__ __forceinline__ float mk_hf_hi(unsigned int u) { return mk_h2f((unsigned short)(u >> 16)); }\n"
-        "static __device__ __forceinline__ float mk_w1_f16(const unsigned short *p) { return mk_h2f(__ldcs(p)); }\n"
-        "static __device__ __forceinline__ void mk_w4_f16(const unsigned short *p, float4 *o) {\n"
-        "    const uint2 u = __ldcs((const uint2 *)p);\n"
-        "    o[0] = make_float4(mk_hf(u.x), mk_hf_hi(u.x), mk_hf(u.y), mk_hf_hi(u.y));\n"
-        "}\n"
-        "static __device__ __forceinline__ void mk_x8_f16(uint4 u, float4 *o) {\n"
-        "    o[0] = make_float4(mk_hf(u.x), mk_hf_hi(u.x), mk_hf(u.y), mk_hf_hi(u.y));\n"
-        "    o[1] = make_float4(mk_hf(u.z), mk_hf_hi(u.z), mk_hf(u.w), mk_hf_hi(u.w));\n"
-        "}\n"
-        "static __device__ __forceinline__ void mk_w8_f16(const unsigned short *p, float4 *o) {\n"
-        "    mk_x8_f16(__ldcs((const uint4 *)p), o);\n"
-        "}\n"
-        "static __device__ __forceinline__ float mk_w1_i8(const signed char *p) { return (float)__ldcs(p); }\n"
-        /* four int8 as floats without the quarter-rate I2F: byte + 128 as the
-         * low bits of 2^23's mantissa (one PRMT), less 2^23 + 128 (exact) */
-        "static __device__ __forceinline__ float mk_i8f(unsigned int v, unsigned int sel) {\n"
-        "    return __uint_as_float(__byte_perm(v, 0x4b000000u, sel)) - 8388736.0f;\n"
-        "}\n"
-        "static __device__ __forceinline__ float4 mk_i8x4(unsigned int u) {\n"
-        "    const unsigned int v = u ^ 0x80808080u;\n"
-        "    return make_float4(mk_i8f(v, 0x7540u), mk_i8f(v, 0x7541u), mk_i8f(v, 0x7542u), mk_i8f(v, 0x7543u));\n"
-        "}\n"
-        "static __device__ __forceinline__ void mk_w4_i8(const signed char *p, float4 *o) { o[0] = mk_i8x4(__ldcs((const unsigned int *)p)); }\n"
-        "static __device__ __forceinline__ void mk_x16_i8(uint4 u, float4 *o) {\n"
-        "    o[0] = mk_i8x4(u.x); o[1] = mk_i8x4(u.y); o[2] = mk_i8x4(u.z); o[3] = mk_i8x4(u.w);\n"
-        "}\n"
-        "static __device__ __forceinline__ void mk_w16_i8(const signed char *p, float4 *o) {\n"
-        "    mk_x16_i8(__ldcs((const uint4 *)p), o);\n"
-        "}\n");
-}
-
 
 /* Bytes of a matrix–vector group's device scratch: per ArgMax result, the best
  * key of each row and a count (zero between launches); 0 without one. */
@@ -1288,27 +1236,6 @@ static void put_digit_copy(mk_strbuf *b, const mk_product_group *pg) {
                      "    }\n");
 }
 
-static void put_tc_helpers(mk_strbuf *b) {
-    mk_strbuf_put(b,
-        "static __device__ __forceinline__ void mk_mma_s8(int *d, unsigned a0, unsigned a1, unsigned a2, unsigned a3,\n"
-        "                                                 unsigned b0, unsigned b1) {\n"
-        "#if __CUDA_ARCH__ >= 800 && !defined(MK_NO_MMA)\n"
-        "    asm volatile(\"mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%%0,%%1,%%2,%%3}, {%%4,%%5,%%6,%%7}, {%%8,%%9}, {%%0,%%1,%%2,%%3};\"\n"
-        "                 : \"+r\"(d[0]), \"+r\"(d[1]), \"+r\"(d[2]), \"+r\"(d[3])\n"
-        "                 : \"r\"(a0), \"r\"(a1), \"r\"(a2), \"r\"(a3), \"r\"(b0), \"r\"(b1));\n"
-        "#else /* the same sums: lane (g, t) takes rows g, g + 8 and columns 2t, 2t + 1 over the lanes u of their groups */\n"
-        "    const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;\n"
-        "    for (int u = 0; u < 4; u++) {\n"
-        "        const int x0 = (int)__shfl_sync(0xffffffffu, a0, 4 * g + u), x1 = (int)__shfl_sync(0xffffffffu, a1, 4 * g + u);\n"
-        "        const int x2 = (int)__shfl_sync(0xffffffffu, a2, 4 * g + u), x3 = (int)__shfl_sync(0xffffffffu, a3, 4 * g + u);\n"
-        "        const int y0 = (int)__shfl_sync(0xffffffffu, b0, 8 * t + u), y1 = (int)__shfl_sync(0xffffffffu, b1, 8 * t + u);\n"
-        "        const int z0 = (int)__shfl_sync(0xffffffffu, b0, 8 * t + 4 + u), z1 = (int)__shfl_sync(0xffffffffu, b1, 8 * t + 4 + u);\n"
-        "        d[0] = __dp4a(x2, y1, __dp4a(x0, y0, d[0])); d[1] = __dp4a(x2, z1, __dp4a(x0, z0, d[1]));\n"
-        "        d[2] = __dp4a(x3, y1, __dp4a(x1, y0, d[2])); d[3] = __dp4a(x3, z1, __dp4a(x1, z0, d[3]));\n"
-        "    }\n"
-        "#endif\n"
-        "}\n");
-}
 
 /* B0, B1, S0, S1: lane (g, t)'s first weights (at k = 32 t) and scales of
  * columns 16 p + g and 16 p + g + 8 of product source s of result r. */
@@ -1396,7 +1323,7 @@ static void put_tc_source(mk_strbuf *b, const mk_launch *l, int W) {
                   l->node->id, K, pg->n_products, pg->n_outs,
                   pg->norm_w >= 0 ? ", RmsNorm folded in" : "");
     mk_cuda_put_fault(b);
-    put_tc_helpers(b);
+    mk_strbuf_put(b, "%s", mk_skeleton_mma_s8);
     /* three blocks an SM (85 registers at most) */
     mk_cuda_put_head(b, 32 * MK_MV_WARPS, 3);
     mk_cuda_put_entry(b, l);
@@ -1490,7 +1417,7 @@ void mk_cuda_product_source(mk_strbuf *b, const mk_launch *l) {
                   l->node->id, M, K, pg->n_products, pg->n_outs,
                   pg->norm_w >= 0 ? ", RmsNorm folded in" : "");
     mk_cuda_put_fault(b);
-    put_weight_helpers(b);
+    mk_strbuf_put(b, "%s", mk_skeleton_weights);
     mk_cuda_put_head(b, 32 * MK_MV_WARPS, 0);
     mk_cuda_put_entry(b, l);
     mk_strbuf_put(b, "    const int lane = threadIdx.x & 31;\n"

@@ -287,9 +287,6 @@ void mk_cuda_put_head(mk_strbuf *b, long long threads, int min_blocks);
 /* codegen.cu: what follows the head: the kernel's name and parameters (the
  * arguments mk_cuda_product passes), its opening brace and MK_GROUP_START. */
 void mk_cuda_put_entry(mk_strbuf *b, const mk_launch *l);
-/* codegen.cu: mk_arrive(count), with which the last block to finish a shared
- * result learns it is the last, having seen the others' stores. */
-void mk_cuda_put_arrive(mk_strbuf *b);
 /* codegen_matvec.cu: the same three for a matrix–vector group. */
 void mk_cuda_product_source(mk_strbuf *b, const mk_launch *l);
 size_t mk_cuda_product_aux_bytes(const mk_product_group *pg);

@@ -50,7 +50,8 @@
  * if a second op comes to need it. About a tenth of it is the measurements
  * below and beside the kernel (what was tried and why it was not kept), and
  * its MK_CUDA_TIMELINE stamps (struct stamps), which mirror the generated
- * kernels' (codegen.cu writes those as NVRTC source, so they cannot share).
+ * kernels' (kernels/skeletons/fault.cuh) but for a 2-D grid, switched by a
+ * template parameter and given their words by the host.
  *
  * Masses are fixed point (round(p x 2^31), summed in 64 bits), not run.c's
  * float32 sums in its order: the same on every run, within about 1e-7 a term

@@ -1,0 +1,19 @@
+/*
+ * arrive.cuh: how the last of a launch's blocks to finish a shared result
+ * knows it is the last: after a barrier (the block's stores to the result are
+ * done, at the block's scope), its thread 0 counts the block in with one
+ * atomic that is a release and an acquire at the GPU's scope; the thread that
+ * reads the full count has then seen every block's stores, and a barrier
+ * passes that on to its block (the pattern of CUTLASS's semaphores). It
+ * replaces a fence of every thread before the count and after it
+ * (__threadfence, fence.sc): measured on the H200 against 2bc6a91,
+ * stories110M went from 4,588 / 4,582 to 4,659 / 4,667 tok/s (then 4,556 to
+ * 4,636), in bfloat16 from 5,306 to 5,425; stories15M (its ArgMax's count
+ * alone) 12,794 / 12,691 / 12,890 to 12,979 / 12,766 / 12,928; Llama-2-7B in
+ * bfloat16 273.8 to 274.0.
+ */
+static __device__ __forceinline__ unsigned int mk_arrive(unsigned int *count) {
+    unsigned int before;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(count) : "memory");
+    return before;
+}
