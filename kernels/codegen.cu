@@ -6,11 +6,13 @@
  * codegen_matvec.cu. Shapes, strides and constants are baked in, so identical
  * layers give identical source (compiled once: generated.cu). Also what a
  * launch needs beside its source: its grid and its device scratch. The
- * device code that kernels share as it is (the fault record and the
- * timeline's stamps, the attention's cluster barriers and its mk_arrive, the
- * matrix-vector weights' loads and the MMA) is real CUDA in kernels/skeletons/
- * (NAME.cuh), which the build embeds as the strings mk_skeleton_NAME
- * (skeletons.h, written by kernels/skeletons/embed.sh).
+ * device code that kernels take as it is (PDL, the fault record and the
+ * timeline's stamps, the attention kernel's body with its cluster barriers
+ * and mk_arrive, the matrix-vector weights' loads and the MMA) is real CUDA
+ * in kernels/skeletons/ (NAME.cuh), which the build embeds as the strings
+ * mk_skeleton_NAME (skeletons.h, written by kernels/skeletons/embed.sh); the
+ * generator writes what varies, as #defines before it (the attention's
+ * shapes, strides and forms).
  *
  * Arithmetic in the pointwise parts is what the interpreter does
  * (pointwise.cu): __fadd_rn and friends, one rounding per operation, never
@@ -77,10 +79,10 @@ static void put_source(mk_strbuf *b, const mk_launch *l) {
     mk_walk_init(&w, l->out.rank, l->out.shape, l->n_in, strides);
     mk_strbuf_put(b, "// moonkaas pointwise group: %s $%d, %d operands, %d instructions\n",
                   l->node->op->name, l->node->id, l->n_in, e->n);
-    mk_strbuf_put(b, "extern \"C\" __global__ void __launch_bounds__(%d)\nmk_pointwise(%s *__restrict__ o",
-                  MK_CUDA_BLOCK, T);
+    mk_strbuf_put(b, "%sextern \"C\" __global__ void __launch_bounds__(%d)\nmk_pointwise(%s *__restrict__ o",
+                  mk_skeleton_pdl, MK_CUDA_BLOCK, T);
     for (int k = 0; k < l->n_in; k++) mk_strbuf_put(b, ", const %s *__restrict__ i%d", T, k);
-    mk_strbuf_put(b, ", long long n) {\n" MK_PDL_START MK_PDL_WAIT);
+    mk_strbuf_put(b, ", long long n) {\n    MK_PDL_START;\n    MK_PDL_WAIT;\n");
     mk_strbuf_put(b, "    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < n;\n"
                      "         e += (long long)gridDim.x * blockDim.x) {\n");
     /* offsets: e unravelled over the walk's dims, last first */
@@ -104,8 +106,8 @@ static void put_source(mk_strbuf *b, const mk_launch *l) {
  * timeline's stamps after it (MK_GROUP_START and MK_GROUP_WAIT use them):
  * skeletons/fault.cuh, after the two constants of the stamps' layout. */
 void mk_cuda_put_fault(mk_strbuf *b) {
-    mk_strbuf_put(b, "#define MK_TIMELINE_BLOCKS %du\n#define MK_TIMELINE_AT %d\n%s", MK_TIMELINE_BLOCKS,
-                  MK_TIMELINE_AT, mk_skeleton_fault);
+    mk_strbuf_put(b, "%s#define MK_TIMELINE_BLOCKS %du\n#define MK_TIMELINE_AT %d\n%s", mk_skeleton_pdl,
+                  MK_TIMELINE_BLOCKS, MK_TIMELINE_AT, mk_skeleton_fault);
 }
 
 /* A product kernel's name and parameters (the launch's output, its inputs,
@@ -114,7 +116,7 @@ void mk_cuda_put_fault(mk_strbuf *b) {
 void mk_cuda_put_entry(mk_strbuf *b, const mk_launch *l) {
     mk_strbuf_put(b, "mk_product(float *__restrict__ o");
     for (int k = 0; k < l->n_in; k++) mk_strbuf_put(b, ", void *i%d", k);
-    mk_strbuf_put(b, ", mk_fault_rec *fault, int launch, void *aux) {\n" MK_GROUP_START);
+    mk_strbuf_put(b, ", mk_fault_rec *fault, int launch, void *aux) {\n    MK_GROUP_START;\n");
 }
 
 /* A stamped kernel (generated.cu) defines MK_TIMELINE_OCCUPANCY as the blocks
@@ -315,7 +317,8 @@ static size_t att_part_floats(const mk_attention_info *a) {
     return (size_t)(a->batch * a->m * att_chunks(a) * (a->n + 2));
 }
 
-
+/* A decode attention group's kernel: skeletons/attention.cuh after what it
+ * varies in (its shapes, strides, inputs and forms) as #defines. */
 static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
     const mk_product_group *pg = l->node->prod;
     const mk_attention_info *a = &pg->att;
@@ -329,8 +332,6 @@ static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
      * the chunks k / 4 = u, u + 4, ... (DU of them a row): DK of them */
     const bool f4 = att_float4(l) && !early; /* (measured: see above) */
     const long long DU = f4 ? D / 4 : D, DK = (DU + 3) / 4;
-    const char *qk_type = f4 ? "float4" : "float";
-    const char *zero = f4 ? "make_float4(0.0f, 0.0f, 0.0f, 0.0f)" : "0.0f";
     /* values: slot s = (g, n) sums rows g, g + G, ... (VR of them) of column n;
      * thread tid holds slots tid, tid + T, ... (NS of them) */
     long long G = N <= T ? T / N : 1;
@@ -347,228 +348,29 @@ static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
         mk_strbuf_put(b, "#if __CUDA_ARCH__ >= 900\n#define MK_CLUSTER\n#endif\n");
     mk_cuda_put_fault(b);
     mk_strbuf_put(b, "%s%s", mk_skeleton_cluster, mk_skeleton_arrive);
+    /* attention.cuh's shapes (long long where the name ends in L) */
+    const long long KL = (D * 4 + 127) / 128, VL = (N * 4 + 127) / 128; /* lines a row */
+    mk_strbuf_put(b, "#define MK_T %lld\n#define MK_C %lld\n#define MK_CL %lldLL\n#define MK_CBL %lldLL\n"
+                     "#define MK_ML %lldLL\n#define MK_SL %lldLL\n#define MK_R %lld\n#define MK_RL %lldLL\n"
+                     "#define MK_RM1L %lldLL\n#define MK_DK %lld\n#define MK_DU %lld\n#define MK_N %lld\n"
+                     "#define MK_NL %lldLL\n#define MK_N2 %lld\n#define MK_N2L %lldLL\n#define MK_G %lld\n"
+                     "#define MK_GN %lld\n#define MK_VR %lld\n#define MK_NS %lld\n#define MK_RED %lld\n"
+                     "#define MK_NO %lld\n#define MK_KU %lld\n#define MK_KL %lld\n#define MK_VL %lld\n",
+                  T, C, C, CB, M, S, R, R, R - 1, DK, DU, N, N, N + 2, N + 2, G, G * N, VR, NS,
+                  G * N > T ? G * N : T, NO, KU, KL, VL);
+    mk_strbuf_put(b, "#define MK_Q0L %lldLL\n#define MK_Q1L %lldLL\n#define MK_QSL %lldLL\n"
+                     "#define MK_K0L %lldLL\n#define MK_KRL %lldLL\n#define MK_KSL %lldLL\n"
+                     "#define MK_V0L %lldLL\n#define MK_VRL %lldLL\n#define MK_VNL %lldLL\n"
+                     "#define MK_IN_Q i%d\n#define MK_IN_K i%d\n#define MK_IN_V i%d\n#define MK_IN_P i%d\n"
+                     "#define MK_PARTL %lldLL\n#define MK_PREFIX_FAULT %d\n"
+                     "#define MK_ATT_EARLY %d\n#define MK_ATT_FLOAT4 %d\n#define MK_ATT_PREFETCH %d\n",
+                  (long long)q->stride[0], (long long)q->stride[1], qs, (long long)kt->stride[0], kr, ks,
+                  (long long)v->stride[0], vr, vn, a->q, a->kt, a->v, a->p, (long long)att_part_floats(a),
+                  (int)MK_FAULT_PREFIX, early, f4, !cluster && ks == 1 && vn == 1);
     mk_cuda_put_head(b, T, 0);
     if (cluster) mk_strbuf_put(b, "#ifdef MK_CLUSTER\n__cluster_dims__(%lld, 1, 1)\n#endif\n", C);
     mk_cuda_put_entry(b, l);
-    if (cluster) /* every block arrives (phase 0) before any writes into the lead's memory */
-        mk_strbuf_put(b, "#ifdef MK_CLUSTER\n"
-                         "    asm volatile(\"barrier.cluster.arrive.relaxed.aligned;\" ::: \"memory\");\n"
-                         "#endif\n");
-    mk_strbuf_put(b, "    const long long ph = *(const volatile long long *)i%d; /* p's hint */\n", a->p);
-    mk_strbuf_put(b, "    const int tid = threadIdx.x, r = tid >> 2, u = tid & 3;\n"
-                     "    const long long row = blockIdx.x / %lldLL, t = row / %lldLL, i = row %% %lldLL;\n"
-                     "    const long long c0 = blockIdx.x %% %lldLL; /* the block's first chunk */\n"
-                     "    %s qv[%lld], kv[%lld];\n    float vv[%lld][%lld];\n",
-                  CB, M, M, CB, qk_type, DK, DK, NS, VR);
-    /* rows [lo, hi) of the chunk at j0 from K and V (those from hi on zero);
-     * early, by loads LD and those before lo as they are (else lo is 0: plain
-     * loads, measured fewer registers: 64 against 96 on stories110M) */
-    char kx[160], vx[160], ke[80];
-    if (f4) snprintf(ke, sizeof ke, "(const float4 *)&K[r * %lldLL + 4 * (u + 4 * e)]", kr);
-    else snprintf(ke, sizeof ke, "&K[r * %lldLL + (u + 4 * e) * %lldLL]", kr, ks);
-    snprintf(kx, sizeof kx, early ? "(r >= (lo) ? LD(%s) : kv[e])" : "*%s", ke);
-    snprintf(vx, sizeof vx, early ? "(y >= (lo) ? LD(&V[y * %lldLL + n * %lldLL]) : vv[j][e])"
-                                  : "V[y * %lldLL + n * %lldLL]", vr, vn);
-    mk_strbuf_put(b, "#define MK_ROWS(p) (int)((p) > j0 && (p) <= %lldLL ? ((p) - j0 < %lldLL ? (p) - j0 : %lldLL) : 0)\n"
-                     "#define MK_LOAD_ROWS(lo, hi, LD) \\\n"
-                     "    _Pragma(\"unroll\") \\\n"
-                     "    for (int e = 0; e < %lld; e++) \\\n"
-                     "        kv[e] = u + 4 * e < %lld && r < (hi) ? %s : %s; \\\n"
-                     "    _Pragma(\"unroll\") \\\n"
-                     "    for (int j = 0; j < %lld; j++) { \\\n"
-                     "        const int s = tid + %lld * j, n = s %% %lld, g = s / %lld; \\\n"
-                     "        _Pragma(\"unroll\") \\\n"
-                     "        for (int e = 0; e < %lld; e++) { \\\n"
-                     "            const int y = g + %lld * e; \\\n"
-                     "            vv[j][e] = s < %lld && y < (hi) ? %s : 0.0f; \\\n"
-                     "        } \\\n"
-                     "    }\n",
-                  S, R, R, DK, DU, kx, zero, NS, T, N, N, VR, G, G * N, vx);
-    /* chunk c's first row j0 and its K and V */
-    mk_strbuf_put(b, "#define MK_CHUNK(c) \\\n"
-                     "    const long long j0 = (c) * %lldLL; \\\n"
-                     "    const float *K = (const float *)i%d + t * %lldLL + j0 * %lldLL; \\\n"
-                     "    const float *V = (const float *)i%d + t * %lldLL + j0 * %lldLL\n",
-                  R, a->kt, (long long)kt->stride[0], kr, a->v, (long long)v->stride[0], vr);
-    if (early) /* the first chunk's rows before the hint's last, before the wait */
-        mk_strbuf_put(b, "    int pre = 0; /* rows of chunk c0 loaded */\n"
-                         "    {\n"
-                         "        MK_CHUNK(c0);\n"
-                         "        pre = MK_ROWS(ph - 1);\n"
-                         "        MK_LOAD_ROWS(0, pre, __ldca);\n"
-                         "    }\n");
-    if (!cluster && ks == 1 && vn == 1) { /* rows below the hint to L2 (measured: see above) */
-        const long long KL = (D * 4 + 127) / 128, VL = (N * 4 + 127) / 128; /* lines a row */
-        mk_strbuf_put(b, "    for (long long c = c0; c < %lldLL; c += %lldLL) {\n"
-                         "        MK_CHUNK(c);\n"
-                         "        const int rows = MK_ROWS(ph);\n"
-                         "        if (rows == 0) break;\n"
-                         "        for (int x = tid; x < rows * %lld; x += %lld)\n"
-                         "            asm volatile(\"prefetch.global.L2 [%%0];\" :: \"l\"(K + (x / %lld) * %lldLL + (x %% %lld) * 32));\n"
-                         "        for (int x = tid; x < rows * %lld; x += %lld)\n"
-                         "            asm volatile(\"prefetch.global.L2 [%%0];\" :: \"l\"(V + (x / %lld) * %lldLL + (x %% %lld) * 32));\n"
-                         "    }\n", C, CB, KL, T, KL, kr, KL, VL, T, VL, vr, VL);
-    }
-    mk_strbuf_put(b, MK_GROUP_WAIT);
-    mk_strbuf_put(b, "    float *part = (float *)aux;\n"
-                     "    unsigned int *count = (unsigned int *)(part + %lldLL);\n",
-                  (long long)att_part_floats(a));
-    mk_strbuf_put(b, "    __shared__ float sc[%lld], red[%lld], pm[%lld], pl[%lld], pf[%lld];\n"
-                     "    __shared__ float cm, cl;\n    __shared__ bool last;\n",
-                  R, G * N > T ? G * N : T, C, C, C);
-    if (cluster) mk_strbuf_put(b, "#ifdef MK_CLUSTER\n    __shared__ float cpart[%lld]; /* the lead's: each chunk's (m, l, acc) */\n#endif\n",
-                               C * (N + 2));
-    mk_strbuf_put(b, "    for (long long c = c0; c < %lldLL; c += %lldLL) {\n"
-                     "    MK_CHUNK(c);\n",
-                  C, CB);
-    mk_strbuf_put(b, "    const float *q = (const float *)i%d + t * %lldLL + i * %lldLL;\n", a->q,
-                  (long long)q->stride[0], (long long)q->stride[1]);
-    /* p, q and every K and V value of the chunk's rows below the hint at once
-     * (after early rows, past L1); the rows below p again where p is not the
-     * hint */
-    const char *ld = early ? "__ldcg" : "__ldca";
-    char qx[120];
-    if (f4) snprintf(qx, sizeof qx, "*(const float4 *)&q[4 * (u + 4 * e)]");
-    else snprintf(qx, sizeof qx, "q[(u + 4 * e) * %lldLL]", qs);
-    mk_strbuf_put(b, "    const long long p = *(const long long *)i%d;\n"
-                     "#pragma unroll\n"
-                     "    for (int e = 0; e < %lld; e++) qv[e] = u + 4 * e < %lld ? %s : %s;\n"
-                     "    int rows = MK_ROWS(ph);\n"
-                     "    MK_LOAD_ROWS(%s, rows, %s);\n"
-                     "    if (p != ph) { /* the hint was stale */\n"
-                     "        rows = MK_ROWS(p);\n"
-                     "        MK_LOAD_ROWS(0, rows, %s);\n"
-                     "    }\n",
-                  a->p, DK, DU, qx, zero, early ? "c == c0 ? pre : 0" : "0", ld, ld);
-    mk_strbuf_put(b, "    if (p < 0 || p > %lldLL) {\n"
-                     "        if (blockIdx.x == 0 && tid == 0) mk_raise(fault, launch, 2, %d, p, %lldLL, 0);\n"
-                     "        return;\n    }\n", S, (int)MK_FAULT_PREFIX, S);
-    mk_strbuf_put(b, "    if (p == 0) { /* no rows: zeros */\n"
-                     "        if (c == 0) for (long long n = tid; n < %lldLL; n += %lld) o[row * %lldLL + n] = 0.0f;\n"
-                     "        return;\n    }\n", N, T, N);
-    mk_strbuf_put(b, "    const long long chunks = (p + %lldLL) / %lldLL;\n", R - 1, R);
-    /* a cluster's chunks past p still take part in the barrier's phases */
-    if (cluster) mk_strbuf_put(b, "#ifdef MK_CLUSTER\n"
-                                  "    if (c >= chunks && chunks > 1) { mk_cluster_wait(); mk_cluster_arrive(); }\n"
-                                  "#endif\n");
-    mk_strbuf_put(b, "    if (c >= chunks) return;\n");
-    /* scores */
-    mk_strbuf_put(b, "    {\n"
-                     "        float s = 0.0f;\n"
-                     "#pragma unroll\n"
-                     "        for (int e = 0; e < %lld; e++) %s\n"
-                     "        s += __shfl_xor_sync(0xffffffffu, s, 1);\n"
-                     "        s += __shfl_xor_sync(0xffffffffu, s, 2);\n"
-                     "        if (u == 0 && r < rows) sc[r] = s;\n"
-                     "    }\n"
-                     "    __syncthreads();\n", DK,
-                  f4 ? "{ s += qv[e].x * kv[e].x; s += qv[e].y * kv[e].y;\n"
-                       "            s += qv[e].z * kv[e].z; s += qv[e].w * kv[e].w; }"
-                     : "s += qv[e] * kv[e];");
-    /* the chunk's max and sum: warp 0 */
-    if (R <= 32) /* a row a lane (the loop below at 32 rows: stories110M 4,628 tok/s on the
-                  * H200, against this form's 4,764 / 4,736 in the same run) */
-        mk_strbuf_put(b, "    if (tid < 32) {\n"
-                         "        float m = tid < rows ? sc[tid] : __int_as_float(0xff800000); // -inf\n"
-                         "        for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));\n"
-                         "        const float e = tid < rows ? expf(__fsub_rn(sc[tid], m)) : 0.0f;\n"
-                         "        if (tid < rows) sc[tid] = e;\n"
-                         "        float l = e;\n"
-                         "        for (int off = 16; off > 0; off >>= 1) l += __shfl_xor_sync(0xffffffffu, l, off);\n"
-                         "        if (tid == 0) { cm = m; cl = l; }\n"
-                         "    }\n"
-                         "    __syncthreads();\n");
-    else /* R / 32 rows a lane */
-        mk_strbuf_put(b, "    if (tid < 32) {\n"
-                         "        float m = __int_as_float(0xff800000); // -inf\n"
-                         "#pragma unroll\n"
-                         "        for (int x = tid; x < %lld; x += 32) if (x < rows) m = fmaxf(m, sc[x]);\n"
-                         "        for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));\n"
-                         "        float l = 0.0f;\n"
-                         "#pragma unroll\n"
-                         "        for (int x = tid; x < %lld; x += 32)\n"
-                         "            if (x < rows) { const float e = expf(__fsub_rn(sc[x], m)); sc[x] = e; l += e; }\n"
-                         "        for (int off = 16; off > 0; off >>= 1) l += __shfl_xor_sync(0xffffffffu, l, off);\n"
-                         "        if (tid == 0) { cm = m; cl = l; }\n"
-                         "    }\n"
-                         "    __syncthreads();\n", R, R);
-    /* the partial row: slot (g, n) sums its rows, then the G slots of n add up */
-    mk_strbuf_put(b, "    float *mine = part + (row * %lldLL + c) * %lldLL;\n", C, N + 2);
-    if (cluster) mk_strbuf_put(b, "#ifdef MK_CLUSTER\n"
-                                  "    if (chunks > 1) { mk_cluster_wait(); mine = mk_dsmem(&cpart[c * %lldLL], 0u); }\n"
-                                  "#endif\n", N + 2);
-    mk_strbuf_put(b, "#pragma unroll\n"
-                     "    for (int j = 0; j < %lld; j++) {\n"
-                     "        const int s = tid + %lld * j, g = s / %lld;\n"
-                     "        float acc = 0.0f;\n"
-                     "#pragma unroll\n"
-                     "        for (int e = 0; e < %lld; e++)\n"
-                     "            if (g + %lld * e < rows) acc += sc[g + %lld * e] * vv[j][e];\n"
-                     "        if (s < %lld) red[s] = acc;\n"
-                     "    }\n"
-                     "    __syncthreads();\n"
-                     "    for (long long n = tid; n < %lldLL; n += %lld) {\n"
-                     "        float s = 0.0f;\n"
-                     "        for (int g = 0; g < %lld; g++) s += red[g * %lldLL + n];\n"
-                     "        if (chunks == 1) o[row * %lldLL + n] = __fdiv_rn(s, cl); else mine[2 + n] = s;\n"
-                     "    }\n"
-                     "    if (tid == 0) { mine[0] = cm; mine[1] = cl; }\n",
-                  NS, T, N, VR, G, G, G * N, N, T, G, N, N);
-    /* the combining block: the lead, once every chunk's part is in its
-     * memory, or the last to count itself */
-    if (cluster) mk_strbuf_put(b, "#ifdef MK_CLUSTER\n"
-                                  "    if (chunks == 1) return; /* one chunk: written as it is */\n"
-                                  "    mk_cluster_arrive();\n"
-                                  "    if (c != 0) return;\n"
-                                  "    mk_cluster_wait();\n"
-                                  "#define MK_PART(k, x) cpart[(k) * %lldLL + (x)]\n"
-                                  "#else\n", N + 2);
-    mk_strbuf_put(b, "    if (chunks == 1) return; /* one chunk: written as it is */\n"
-                     "    __syncthreads();\n"
-                     "    if (tid == 0) last = mk_arrive(&count[row]) == (unsigned int)chunks - 1u;\n"
-                     "    __syncthreads();\n"
-                     "    if (!last) continue; /* (a later chunk of this block's would count too) */\n"
-                     "    if (tid == 0) count[row] = 0u;\n"
-                     "    const float *all = part + row * %lldLL * %lldLL;\n"
-                     "#define MK_PART(k, x) __ldcg(&all[(k) * %lldLL + (x)])\n",
-                  C, N + 2, N + 2);
-    if (cluster) mk_strbuf_put(b, "#endif\n");
-    /* every chunk's part: the first KU chunks' values and every (m, l) at once,
-     * later chunks one by one; each chunk's factor exp(m - max) once, in
-     * shared memory, for the sum and every value */
-    mk_strbuf_put(b, "    float av[%lld][%lld];\n"
-                     "#pragma unroll\n"
-                     "    for (int j = 0; j < %lld; j++)\n"
-                     "#pragma unroll\n"
-                     "        for (int k = 0; k < %lld; k++) {\n"
-                     "            const int n = tid + %lld * j;\n"
-                     "            av[j][k] = n < %lld && k < chunks ? MK_PART(k, 2 + n) : 0.0f;\n"
-                     "        }\n"
-                     "    for (long long k = tid; k < chunks; k += %lld) {\n"
-                     "        pm[k] = MK_PART(k, 0);\n"
-                     "        pl[k] = MK_PART(k, 1);\n"
-                     "    }\n"
-                     "    __syncthreads();\n"
-                     "    float mx = __int_as_float(0xff800000);\n"
-                     "    for (long long k = 0; k < chunks; k++) mx = fmaxf(mx, pm[k]);\n"
-                     "    for (long long k = tid; k < chunks; k += %lld) pf[k] = expf(__fsub_rn(pm[k], mx));\n"
-                     "    __syncthreads();\n"
-                     "    float sum = 0.0f;\n"
-                     "    for (long long k = 0; k < chunks; k++) sum += pl[k] * pf[k];\n"
-                     "#pragma unroll\n"
-                     "    for (int j = 0; j < %lld; j++) {\n"
-                     "        const long long n = tid + %lld * j;\n"
-                     "        if (n >= %lldLL) break;\n"
-                     "        float s = 0.0f;\n"
-                     "#pragma unroll\n"
-                     "        for (int k = 0; k < %lld; k++)\n"
-                     "            if (k < chunks) s += av[j][k] * pf[k];\n"
-                     "        for (long long k = %lld; k < chunks; k++)\n"
-                     "            s += MK_PART(k, 2 + n) * pf[k];\n"
-                     "        o[row * %lldLL + n] = __fdiv_rn(s, sum);\n"
-                     "    }\n",
-                  NO, KU, NO, KU, T, N, T, T, NO, T, N, KU, KU, N);
-    mk_strbuf_put(b, "#undef MK_PART\n    }\n}\n");
+    mk_strbuf_put(b, "%s", mk_skeleton_attention);
 }
 
 /* Device scratch of a group's launch: the attention's partial results and

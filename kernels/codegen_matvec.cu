@@ -674,7 +674,7 @@ static void put_preloads(mk_strbuf *b, const mk_launch *l, const mk_product_grou
         mk_strbuf_put(b, "    }\n");
         start += pairs;
     }
-    mk_strbuf_put(b, MK_GROUP_WAIT);
+    mk_strbuf_put(b, "    MK_GROUP_WAIT;\n");
     put_gathers(b, pg);
 }
 
@@ -1365,7 +1365,7 @@ static void put_tc_source(mk_strbuf *b, const mk_launch *l, int W) {
         mk_strbuf_put(b, " }\n    }\n");
         start += tiles;
     }
-    mk_strbuf_put(b, MK_GROUP_WAIT);
+    mk_strbuf_put(b, "    MK_GROUP_WAIT;\n");
     put_gathers(b, pg);
     put_staging(b, pg, 16, true);
     for (int phase = 1; phase <= 2; phase++) {

@@ -309,13 +309,11 @@ void mk_cuda_product_grid(const mk_launch *l, unsigned int *blocks, unsigned int
  * raises (release) after its stores and the next polls (acquire), was slower
  * every time: 1.84 / 3.00 / 3.97 / 4.12 us, 7.01 at 8 MB (its blocks spin
  * where the wait parks them). Not kept.
+ *
+ * In the generated source: MK_PDL_START and MK_PDL_WAIT (skeletons/pdl.cuh),
+ * or in a product kernel MK_GROUP_START and MK_GROUP_WAIT, which add the
+ * timeline's stamps (skeletons/fault.cuh).
  */
-#define MK_PDL_START "#if __CUDA_ARCH__ >= 900\n    asm volatile(\"griddepcontrol.launch_dependents;\");\n#endif\n"
-#define MK_PDL_WAIT "#if __CUDA_ARCH__ >= 900\n    asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n#endif\n"
-/* A generated product kernel's start and wait: PDL's, and the timeline's
- * stamps (macros that mk_cuda_put_fault defines, empty without MK_TIMELINE). */
-#define MK_GROUP_START MK_PDL_START "    MK_TIMELINE_ENTER;\n"
-#define MK_GROUP_WAIT MK_PDL_WAIT "    MK_TIMELINE_WAITED;\n"
 
 /*
  * The in-graph timeline (timeline.cu), for people measuring where a step's

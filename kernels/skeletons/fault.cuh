@@ -1,7 +1,8 @@
-/* fault.cuh: the fault record a generated kernel raises, which the host reads
- * after the evaluation (mk_cuda_fault), and, where MK_TIMELINE is defined, the
+/* fault.cuh: the fault record a product kernel raises, which the host reads
+ * after the evaluation (mk_cuda_fault); where MK_TIMELINE is defined, the
  * stamps of MK_CUDA_TIMELINE (the generator defines MK_TIMELINE_BLOCKS and
- * MK_TIMELINE_AT before it, as cuda_device.h has them) */
+ * MK_TIMELINE_AT before it, as cuda_device.h has them); and the kernel's start
+ * and wait (after pdl.cuh) */
 struct mk_fault_rec { unsigned int flag; int launch; int kind; int which; long long value[3]; };
 static __device__ void mk_raise(mk_fault_rec *f, int launch, int which, int kind,
                                 long long v0, long long v1, long long v2) {
@@ -34,3 +35,6 @@ struct mk_timeline {
 #define MK_TIMELINE_ENTER
 #define MK_TIMELINE_WAITED
 #endif
+/* a product kernel's start and wait: PDL's (pdl.cuh) and the stamps */
+#define MK_GROUP_START MK_PDL_START; MK_TIMELINE_ENTER
+#define MK_GROUP_WAIT MK_PDL_WAIT; MK_TIMELINE_WAITED

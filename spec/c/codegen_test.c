@@ -513,21 +513,26 @@ static char *attention_source(mk_context *ctx, int d, int s, bool w8a8, bool inp
 static void test_attention_rows(void) {
     mk_error *err = NULL;
     mk_context *ctx = mk_context_new(&err);
-    const struct { int d, s; bool w8a8, inputs; const char *want, *scores; } cases[] = {
-        {48, 600, false, false, "600 cached rows in chunks of 64, 48 values", "float4 qv[3]"},
-        {64, 600, false, false, "600 cached rows in chunks of 64, 64 values", "float4 qv[4]"},
-        {96, 600, false, false, "600 cached rows in chunks of 32, 96 values", "float4 qv[6]"},
-        {6, 600, false, false, "600 cached rows in chunks of 64, 6 values", "float qv[2]"},
-        {48, 600, true, false, "600 cached rows in chunks of 32, 48 values", "float qv[12]"},
-        {64, 300, false, false, "300 cached rows in chunks of 64, 64 values", "float qv[16]"},
-        {64, 300, false, true, "300 cached rows in chunks of 64, 64 values", "float4 qv[4]"},
+    const struct { int d, s; bool w8a8, inputs; const char *want; bool float4; int dk; } cases[] = {
+        {48, 600, false, false, "600 cached rows in chunks of 64, 48 values", true, 3},
+        {64, 600, false, false, "600 cached rows in chunks of 64, 64 values", true, 4},
+        {96, 600, false, false, "600 cached rows in chunks of 32, 96 values", true, 6},
+        {6, 600, false, false, "600 cached rows in chunks of 64, 6 values", false, 2},
+        {48, 600, true, false, "600 cached rows in chunks of 32, 48 values", false, 12},
+        {64, 300, false, false, "300 cached rows in chunks of 64, 64 values", false, 16},
+        {64, 300, false, true, "300 cached rows in chunks of 64, 64 values", true, 4},
     };
     for (size_t c = 0; ctx && c < sizeof cases / sizeof cases[0]; c++) {
         char *src = attention_source(ctx, cases[c].d, cases[c].s, cases[c].w8a8, cases[c].inputs);
-        CHECK(src && strstr(src, cases[c].want) && strstr(src, cases[c].scores),
-              "heads %d%s%s: want \"%s\" and \"%s\" in\n%.300s", cases[c].d,
+        /* the scores' form, as attention.cuh's #defines say: q and K as float4s or
+         * floats, and how many of them a thread holds */
+        char form[80];
+        snprintf(form, sizeof form, "#define MK_DK %d\n#define MK_DU", cases[c].dk);
+        const char *f4 = cases[c].float4 ? "#define MK_ATT_FLOAT4 1\n" : "#define MK_ATT_FLOAT4 0\n";
+        CHECK(src && strstr(src, cases[c].want) && strstr(src, form) && strstr(src, f4),
+              "heads %d%s%s: want \"%s\", \"%s\" and \"%s\" in\n%.300s", cases[c].d,
               cases[c].w8a8 ? " (W8A8)" : "", cases[c].inputs ? " (input caches)" : "",
-              cases[c].want, cases[c].scores, src ? src : "(none)");
+              cases[c].want, form, f4, src ? src : "(none)");
         free(src);
     }
     mk_error_free(err);
