@@ -49,6 +49,12 @@
  * counts): for changes to the attention kernels or to what a launch may do
  * before its wait, whose races show once in hundreds of evaluations (an input
  * cache's rows loaded early took 3 failures in 22 runs of 40 s on the H200).
+ *
+ * MK_PRODUCT_SOURCES=DIR (MK_PRODUCT_GRAPHS=N, default 300): no tests; writes
+ * the generated CUDA C of every group of N random graphs (a third attention,
+ * as above; MK_SEED replays them) to DIR/gGGG_lLL.cu, compiled for the CPU,
+ * so no GPU is needed. With the same seed before and after a change to a
+ * generator, scripts/ptx_diff.sh then says whether any kernel's PTX changed.
  */
 #include "internal.h"
 #include "test.h"
@@ -950,7 +956,50 @@ static void test_timeline(void) {
     mk_context_free(ctx);
 }
 
+/* MK_PRODUCT_SOURCES (see the top): each group's source of random graphs, into dir. */
+static int write_sources(const char *dir) {
+    test_srand(test_seed());
+    const char *n_env = getenv("MK_PRODUCT_GRAPHS");
+    int graphs = n_env ? atoi(n_env) : 300, written = 0;
+    mk_error *err = NULL;
+    mk_context *ctx = mk_context_new(&err);
+    script *s = malloc(sizeof *s);
+    for (int g = 0; ctx && s && g < graphs; g++) {
+        if (g % 3 == 2) random_attention(s);
+        else random_graph(s);
+        mk_model *m = compile(ctx, s, MK_DEVICE_CPU, true);
+        mk_stats st;
+        for (int i = 0; m && mk_model_stats(m, &st) == 0 && i < st.launches; i++) {
+            char *src = mk_model_kernel_source(m, i, &err);
+            mk_error_free(err);
+            err = NULL;
+            if (!src) continue; /* a library's launch */
+            char path[4096];
+            snprintf(path, sizeof path, "%s/g%03d_l%02d.cu", dir, g, i);
+            FILE *f = fopen(path, "w");
+            if (!f || fputs(src, f) < 0 || fclose(f) != 0) {
+                fprintf(stderr, "cannot write %s\n", path);
+                free(src);
+                mk_model_free(m);
+                free(s);
+                mk_context_free(ctx);
+                return 1;
+            }
+            written++;
+            free(src);
+        }
+        mk_model_free(m);
+    }
+    printf("%d sources of %d graphs in %s\n", written, graphs, dir);
+    int rc = ctx && written > 0 ? 0 : 1;
+    free(s);
+    mk_error_free(err);
+    mk_context_free(ctx);
+    return rc;
+}
+
 int main(void) {
+    if (getenv("MK_PRODUCT_SOURCES")) return write_sources(getenv("MK_PRODUCT_SOURCES"));
     /* small graphs, but the CPU's threaded paths: the cost rule would keep them on one thread */
     setenv("MK_CPU_FORK", "always", 0);
     RUN(test_random_products);

@@ -1,0 +1,31 @@
+#!/bin/sh
+# scripts/ptx_diff.sh BEFORE AFTER — whether a change to a generator changed any
+# kernel: compiles each BEFORE/NAME.cu and AFTER/NAME.cu (generated sources, as
+# spec/c/product_test.c's MK_PRODUCT_SOURCES or scripts/kernels.lua -o write
+# them) to PTX with nvcc, plain and with MK_TIMELINE (the stamped build), for
+# ARCH (default sm_90), and names every pair whose PTX differs. Identical PTX
+# means the change needs no GPU run. Exits 1 where any differs or fails to
+# compile, 0 otherwise.
+set -eu
+[ $# -eq 2 ] || { echo "usage: sh scripts/ptx_diff.sh BEFORE AFTER" >&2; exit 2; }
+NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+ARCH=${ARCH:-sm_90}
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/ptx-diff.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT INT TERM
+same=0 bad=0
+for a in "$1"/*.cu; do
+    [ -f "$a" ] || continue
+    name=$(basename "$a")
+    b="$2/$name"
+    if [ ! -f "$b" ]; then echo "$name: not in $2"; bad=$((bad + 1)); continue; fi
+    for defs in "" "-DMK_TIMELINE -DMK_TIMELINE_OCCUPANCY=2"; do
+        if ! "$NVCC" -ptx -arch="$ARCH" $defs "$a" -o "$tmp/a.ptx" 2> "$tmp/err" ||
+           ! "$NVCC" -ptx -arch="$ARCH" $defs "$b" -o "$tmp/b.ptx" 2> "$tmp/err"; then
+            echo "$name ${defs:-plain}: does not compile"; sed 5q "$tmp/err"; bad=$((bad + 1)); continue
+        fi
+        if cmp -s "$tmp/a.ptx" "$tmp/b.ptx"; then same=$((same + 1)); else
+            echo "$name ${defs:-plain}: PTX differs"; bad=$((bad + 1)); fi
+    done
+done
+echo "ptx_diff ($ARCH): $same identical, $bad differ or fail"
+[ "$bad" -eq 0 ]
