@@ -138,8 +138,9 @@ $(BUILD)/examples/game_loop: scripts/game_loop.c $(LUA_OBJ) $(LIB_A)
 
 # ---- the CUDA plugin ------------------------------------------------------------------
 ifeq ($(CUDA),1)
-# The device code that generated kernels share, kept as real CUDA files
-# (kernels/skeletons/*.cuh) and embedded as C strings for the generators.
+# The device code that generated kernels take as it is (helpers, and the attention
+# kernel's body), kept as real CUDA files (kernels/skeletons/*.cuh) and embedded as
+# C strings (mk_skeleton_NAME) for the generators.
 SKELETONS := $(wildcard kernels/skeletons/*.cuh)
 $(BUILD)/kernels/skeletons.h: $(SKELETONS) kernels/skeletons/embed.sh
 	@mkdir -p $(dir $@)
