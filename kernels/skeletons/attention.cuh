@@ -5,7 +5,7 @@
  *   long long), MK_CBL blocks a query, MK_ML queries a batch row, MK_SL cached
  *   rows, MK_R (MK_RL, MK_RM1L = R - 1) rows a chunk;
  *   scores: MK_DK q / K elements (or float4s) a thread, of MK_DU a row;
- *   values: MK_N (MK_NL) columns, MK_N2L = N + 2 floats of a chunk's part,
+ *   values: MK_N (MK_NL) columns, MK_N2 (MK_N2L) = N + 2 floats of a chunk's part,
  *   slots of MK_G rows' groups (MK_GN = G N), MK_VR rows a slot, MK_NS slots a
  *   thread, MK_RED floats of their sums; the combine: MK_NO columns a thread,
  *   the first MK_KU chunks' values at once;
