@@ -9,9 +9,10 @@
  * (put_grid_copy and put_grid_step). Large int8 launches instead take the
  * tensor-core form (tc_slices to put_tc_source): a warp per 16 columns, the
  * integer MMA, A as fixed-point digits.
- * Helpers shared with the other skeletons (instructions, faults, PDL) are in
- * codegen.cu and cuda_device.h; the device functions pasted as they are (the
- * weights' loads, the MMA) are real CUDA in kernels/skeletons/.
+ * What it shares with the other generated kernels is in codegen.cu (the
+ * instructions of a program, the head and entry, mk_cuda_put_fault's PDL,
+ * fault record and stamps); the device code pasted as it is (those, the
+ * weights' loads, the MMA) is real CUDA in kernels/skeletons/.
  *
  * Long because it is one skeleton whose parts all write into the same warp
  * layout (pair, slice, lane, step k) and its registers: the weight loads per
