@@ -67,6 +67,20 @@
  * barrier 2 2,200, reading them 360, the plan 3,330, the gather 1,550,
  * barrier 3 (the last block's gather) 1,620, select_ranked 4,230, the rest
  * 830: 21,100 in all, against about 8 us between greedy and sampled decoding.
+ * Again at 71a4802, each phase's cost in whole steps: a patch (not kept)
+ * ended the kernel after a phase with a wrong token, so that the step lost
+ * the phases after it; stories15M -t 1 -p 0.9 on the H200, tok/s in three
+ * rounds (greedy 13,831 / 13,564 / 13,825): the whole sampler 12,123 /
+ * 12,077 / 11,967, ended before the selection 12,466 / 12,525 / 12,832,
+ * before the gather 12,777 / 12,865 / 13,020, before the plan 12,999 /
+ * 12,984 / 12,989; in two rounds, before the histogram 13,780 / 13,630,
+ * before barrier 1 14,023 / 13,799, after the loads 14,223 / 13,941. In us a
+ * token: the selection 3.6, the gather and barrier 3 1.7, the plan 0.6, p,
+ * the histogram, its merge and barrier 2 4.0, barrier 1 and the merge 1.1,
+ * the max and sum 0.9: 11.9 past the loads, where within 5 % of greedy
+ * leaves 5.6.
+ * The lists were 32 to 256 candidates (mostly 64 to 160), the radix way never
+ * taken.
  * Gathering with one atomic a block (a block scan) in place of one a warp
  * moved barrier 3 not at all (1,616 / 1,588) and the gather from 1,550 to
  * 2,160; not kept. Nor phase 1 made by the classifier: the matrix-vector
@@ -172,7 +186,6 @@ typedef struct {
     long long found[2]; /* select_listed: each round's candidate (-1: none) */
     u64 through[2];     /* and the mass through it */
     long long index; /* a result */
-    unsigned ranks[RANKED], befores[RANKED]; /* select_ranked: its lane groups' sums */
 } pick_shared;
 
 /* round(p x 2^31); 0 for NaN (p <= 1: the max's term is 1). */
@@ -623,10 +636,13 @@ static __device__ long long select_mult(pick_shared *sh, const row_probs &p, lon
 /* ---- top-p: the plan, the gathered list, its sort ------------------------------- */
 
 /*
- * sh->plan for the row: the cut (topp's mass) falls in level-0 bin b1 at a
- * running mass in (A1, A1 + M1], so the draw's target lies between
- * draw_target of those two (it rises with the cut's mass); the bins of that
- * span and b1 are the ones to gather. Where the cut takes every candidate,
+ * sh->plan for the row: the cut (topp's mass T) falls in level-0 bin b1 at a
+ * running mass C in (T, T + the largest mass a candidate of b1 may have] and
+ * in (A1, A1 + M1], b1's span, so the draw's target lies between draw_target
+ * of the ends of both (it rises with the cut's mass); the bins of that span
+ * and b1 are the ones to gather. (With A1 and M1 alone, a flat row's span
+ * often reached a second bin: lists of 130 candidates on average, against
+ * 105 with the candidate's bound, for stories15M at -t 1 -p 0.9.) Where the cut takes every candidate,
  * the draw's target is known and one bin does. ranges 0: more candidates
  * than the list holds, or none with mass. A block plans from the row's
  * histogram in its sh (every block the same plan); each thread holds BINS /
@@ -660,9 +676,13 @@ static __device__ void plan_gather(pick_shared *sh, float topp, float coin) {
     if (cut.bin < 0) { /* no cut: the draw's target is exact */
         u64 t = whole ? draw_target(coin, whole) : 0;
         locate(1, t), locate(2, t);
-    } else {
-        locate(1, draw_target(coin, cut.above + 1));
-        locate(2, draw_target(coin, cut.above + cut.mass));
+    } else { /* C is at most T + the mass of b1's top probability (the top bin's is unbounded) */
+        u64 t = (u64)(topp * ONE), most = cut.above + cut.mass;
+        unsigned top = sh->base + ((unsigned)(cut.bin + 1) << sh->shift0) - 1u;
+        if (cut.bin < BINS - 1 && top < 0x7f800000u)
+            most = min(most, t + fixed(__int_as_float((int)top)));
+        locate(1, draw_target(coin, t + 1));
+        locate(2, draw_target(coin, most));
     }
     __syncthreads();
     if (threadIdx.x) return;
@@ -690,10 +710,15 @@ static __device__ __forceinline__ bool planned(const pick_shared *sh, float v, f
            (pl->ranges == 2 && pl->bottom[1] <= bin && bin <= pl->top[1]);
 }
 
-/* The running mass before sorted candidate i, given the mass of those before
- * it in the list (before): the list holds range 0's candidates, then range 1's. */
+/* The running mass before a candidate of range 1 (else 0), given the mass of
+ * the list's candidates before it (before): range 0's are all before range 1's. */
+static __device__ __forceinline__ u64 range_start(const gather_plan *pl, bool one, u64 before) {
+    return one ? pl->above[1] + before - pl->mass0 : pl->above[0] + before;
+}
+
+/* The same for sorted candidate i: the list holds range 0's candidates, then range 1's. */
 static __device__ __forceinline__ u64 listed_start(const gather_plan *pl, int i, u64 before) {
-    return i < (int)pl->count0 ? pl->above[0] + before : pl->above[1] + before - pl->mass0;
+    return range_start(pl, i >= (int)pl->count0, before);
 }
 
 /* Whether the candidate at running mass start (its mass, its index) spans
@@ -721,54 +746,69 @@ static __device__ long long cut_then_draw(const pick_shared *sh, float topp, flo
 
 /*
  * The token from the m <= RANKED gathered candidates, in run.c's order (p
- * descending, then index) without sorting them: each candidate's place and
- * the mass before it there come from one pass over the others (`lanes`
- * consecutive threads a candidate, the most that fit a power of two, each
- * counting every lanes-th, their counts added by shared atomics); its
- * running mass from the plan's ranges; then the cut's candidate, where the
- * cut is among them, and the draw's. -1 where a target falls outside them
- * (the plan says it cannot), for the radix way. Four barriers. The counts and
- * masses fit 32 bits: the list's masses sum to at most one probability
- * (2^31) and a rounding each.
+ * descending, then index) without sorting them: the mass before each
+ * candidate there is the mass of the smaller keys in the list, which `lanes`
+ * consecutive threads a candidate (the most that fit a power of two) add up,
+ * each over its contiguous part of the list, eight keys a batch of loads,
+ * then by shuffles; its running mass from the plan's range its bin lies
+ * in; then the cut's candidate, where the cut is among them, and the draw's.
+ * -1 where a target falls outside them (the plan says it cannot), for the
+ * radix way. Two barriers. The masses fit 32 bits: the list's sum to at most
+ * one probability (2^31) and a rounding each.
  *
- * Measured alone on the H200, cycles a call for m 64 / 100 / 150 / 256:
- * 3,000 / 4,800 / 8,900 / 12,500 where a warp reduction added the groups'
- * counts (over part of a warp it took a slow path), 2,500 / 3,200 / 5,400 /
- * 8,800 with the atomics; groups of any size (THREADS / m) were no faster.
- * Nor placing only the candidates of the level-0 bin a target falls in (the
- * mass above it from the histogram; the draw's bin found by a warp's scan of
- * the plan's range): the list is the few bins the targets may fall in, so a
- * bin held most of it, and a thread a candidate passing over its bin took
- * longer than the lane groups here. On the H200 at d3b2779 (stories15M
- * -t 1 -p 0.9, two rounds in one call, the same text) 12,492 / 12,479 and
- * 12,179 / 12,239 tok/s went to 11,863 / 11,875 and 12,039 / 12,113;
- * MK_CUDA_TIMELINE put the sampler at 13.1 to 13.5 us against 10.5 to 10.9.
+ * Measured on the H200 (stories15M -t 1 -p 0.9, lists of about 100): this
+ * form (at 71a4802 and after) reads 12,260 / 12,255 / 12,285 tok/s against
+ * 12,232 / 12,234 / 12,306 for the one before, which counted every lanes-th
+ * key a thread and added a group's counts by shared atomics (four barriers):
+ * no faster, but simpler. One key a thread without lanes was no faster
+ * either; nor batches looped without unrolling. clock64 in the lead put the
+ * pass at about 3,800 cycles in every form, far more than its loads and
+ * compares: under ncu (--per-token, one launch) the kernel's warps issue an
+ * instruction every 11.8 cycles, stalled on fixed-latency dependencies
+ * (2.6), barriers (2.1), memory barriers (1.5, the cluster barriers'
+ * release) and shared loads (1.4); instruction fetch only 0.4.
+ * Earlier, on the H200, cycles a call for m 64 / 100 / 150 / 256: 3,000 /
+ * 4,800 / 8,900 / 12,500 where a warp reduction over part of a warp added the
+ * groups' counts (a slow path), 2,500 / 3,200 / 5,400 / 8,800 with the
+ * atomics. Nor placing only the candidates of the level-0 bin a target falls
+ * in (the mass above it from the histogram; the draw's bin found by a warp's
+ * scan of the plan's range): the list is the few bins the targets may fall
+ * in, so a bin held most of it, and a thread a candidate passing over its bin
+ * took longer than the lane groups. On the H200 at d3b2779 (stories15M -t 1
+ * -p 0.9, two rounds in one call, the same text) 12,492 / 12,479 and 12,179 /
+ * 12,239 tok/s went to 11,863 / 11,875 and 12,039 / 12,113.
  */
 static __device__ long long select_ranked(pick_shared *sh, int m, float topp, float coin) {
     const gather_plan *pl = &sh->plan;
+    const int batch = 8; /* keys a batch: its loads in flight at once */
     int lanes = 1;
     while (lanes < 32 && lanes * 2 * m <= THREADS) lanes *= 2;
     int part = (int)threadIdx.x % lanes, i = (int)threadIdx.x / lanes;
+    int chunk = ((m + lanes - 1) / lanes + batch - 1) / batch * batch; /* aligns the loads */
+    int lo = i < m ? min(m, part * chunk) : 0, hi = i < m ? min(m, lo + chunk) : 0;
     u64 key = i < m ? sh->cand_key[i] : 0;
-    unsigned before = 0, rank = 0;
-    if (lanes > 1 && part == 0 && i < m) sh->ranks[i] = 0, sh->befores[i] = 0;
-    int end = i < m ? m : 0; /* a thread past them counts nothing */
-#pragma unroll 4
-    for (int j = part; j < end; j += lanes) {
-        u64 o = sh->cand_key[j];
-        unsigned om = sh->cand_mass[j];
-        if (o < key) rank++, before += om;
+    unsigned before = 0;
+    int j = lo;
+    for (; j + batch <= hi; j += batch) {
+        ulonglong2 k[batch / 2];
+        uint4 w[batch / 4];
+#pragma unroll
+        for (int e = 0; e < batch / 2; e++) k[e] = *(const ulonglong2 *)&sh->cand_key[j + 2 * e];
+#pragma unroll
+        for (int e = 0; e < batch / 4; e++) w[e] = *(const uint4 *)&sh->cand_mass[j + 4 * e];
+#pragma unroll
+        for (int e = 0; e < batch / 4; e++)
+            before += (k[2 * e].x < key ? w[e].x : 0u) + (k[2 * e].y < key ? w[e].y : 0u) +
+                      (k[2 * e + 1].x < key ? w[e].z : 0u) + (k[2 * e + 1].y < key ? w[e].w : 0u);
     }
-    if (lanes > 1) { /* a group's counts added */
-        __syncthreads();
-        if (i < m && rank) atomicAdd(&sh->ranks[i], rank), atomicAdd(&sh->befores[i], before);
-        __syncthreads();
-        if (i < m) rank = sh->ranks[i], before = sh->befores[i];
-    }
-    u64 mass = i < m && part == 0 ? sh->cand_mass[i] : 0; /* 0: matches no target */
-    u64 start = listed_start(pl, (int)rank, before);
+    for (; j < hi; j++) before += sh->cand_key[j] < key ? sh->cand_mass[j] : 0u;
+    for (int d = 1; d < lanes; d <<= 1) before += __shfl_xor_sync(FULL, before, d);
+    bool listed = i < m && part == 0;
+    u64 mass = listed ? sh->cand_mass[i] : 0; /* 0: matches no target */
+    int bin = listed ? (int)((listed_bits(sh, i) - sh->base) >> sh->shift0) : 0;
+    u64 start = range_start(pl, bin < pl->bottom[0], before);
     return cut_then_draw(sh, topp, coin, [&](int r, u64 target) {
-        return __syncthreads_or(spans(sh, r, target, start, mass, listed_index(sh, i))) != 0;
+        return __syncthreads_or(listed && spans(sh, r, target, start, mass, listed_index(sh, i))) != 0;
     });
 }
 
