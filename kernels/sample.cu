@@ -80,7 +80,11 @@
  * the max and sum 0.9: 11.9 past the loads, where within 5 % of greedy
  * leaves 5.6.
  * The lists were 32 to 256 candidates (mostly 64 to 160), the radix way never
- * taken.
+ * taken. Nor is it the flat rows' long lists that cost most: the same model
+ * with its rms_final weights 4 and 8 times larger (logits as much larger,
+ * peaked rows, short lists), in one call, two rounds, read greedy 13,663 /
+ * 13,945 and 13,982 / 13,727 tok/s, sampled 12,550 / 12,680 and 12,533 /
+ * 12,859: 8.6 and 9.3 % slower, against 11 % for the random rows.
  * Gathering with one atomic a block (a block scan) in place of one a warp
  * moved barrier 3 not at all (1,616 / 1,588) and the gather from 1,550 to
  * 2,160; not kept. Nor phase 1 made by the classifier: the matrix-vector
@@ -653,17 +657,18 @@ static __device__ long long select_mult(pick_shared *sh, const row_probs &p, lon
  * in (A1, A1 + M1], b1's span, so the draw's target lies between draw_target
  * of the ends of both (it rises with the cut's mass); the bins of that span
  * and b1 are the ones to gather. (With A1 and M1 alone, a flat row's span
- * often reached a second bin: lists of 130 candidates on average, against
- * 105 with the candidate's bound, for stories15M at -t 1 -p 0.9.) Where the cut takes every candidate,
- * the draw's target is known and one bin does. ranges 0: more candidates
- * than the list holds, or none with mass. A block plans from the row's
- * histogram in its sh (every block the same plan); each thread holds BINS /
- * THREADS of its bins, top down, and where they start (mass and count from the top, one scan); the
- * thread whose bins hold a target says so, the cut's first, then both of the
- * draw's: three barriers in all. 3,330 cycles on the H200 (stories15M's
- * random rows, 16 draws' mean); planned by the first warp alone (64 bins a
- * lane, the lane holding a target scanning its bins; no barrier) it took
- * 12,000, and decoding lost 5 %: not kept.
+ * often reached a second bin: lists of about 130 candidates on average,
+ * against 110 with the candidate's bound, stories15M at -t 1 -p 0.9.) Where
+ * the cut takes every candidate, the draw's target is known and one bin does.
+ * ranges 0: more candidates than the list holds, or none with mass. A block
+ * plans from the row's histogram in its sh (every block the same plan); each
+ * thread holds BINS / THREADS of its bins, top down, and where they start
+ * (mass and count from the top, one scan); the thread whose bins hold a
+ * target says so, the cut's first, then both of the draw's: three barriers in
+ * all. 3,330 cycles on the H200 (stories15M's random rows, 16 draws' mean);
+ * planned by the first warp alone (64 bins a lane, the lane holding a target
+ * scanning its bins; no barrier) it took 12,000, and decoding lost 5 %: not
+ * kept.
  */
 static __device__ void plan_gather(pick_shared *sh, float topp, float coin) {
     const int per = BINS / THREADS;
@@ -820,7 +825,8 @@ static __device__ long long select_ranked(pick_shared *sh, int m, float topp, fl
     int bin = listed ? (int)((listed_bits(sh, i) - sh->base) >> sh->shift0) : 0;
     u64 start = range_start(pl, bin < pl->bottom[0], before);
     return cut_then_draw(sh, topp, coin, [&](int r, u64 target) {
-        return __syncthreads_or(listed && spans(sh, r, target, start, mass, listed_index(sh, i))) != 0;
+        bool mine = listed && spans(sh, r, target, start, mass, listed_index(sh, i));
+        return __syncthreads_or(mine) != 0;
     });
 }
 
