@@ -79,12 +79,13 @@
  * the histogram, its merge and barrier 2 4.0, barrier 1 and the merge 1.1,
  * the max and sum 0.9: 11.9 past the loads, where within 5 % of greedy
  * leaves 5.6.
- * The lists were 32 to 256 candidates (mostly 64 to 160), the radix way never
+ * The lists were 32 to 287 candidates (mostly 64 to 160), the radix way never
  * taken. Nor is it the flat rows' long lists that cost most: the same model
  * with its rms_final weights 4 and 8 times larger (logits as much larger,
  * peaked rows, short lists), in one call, two rounds, read greedy 13,663 /
  * 13,945 and 13,982 / 13,727 tok/s, sampled 12,550 / 12,680 and 12,533 /
- * 12,859: 8.6 and 9.3 % slower, against 11 % for the random rows.
+ * 12,859: 8.6 and 8.4 % slower, against 12 % for the random rows in that
+ * call.
  * Gathering with one atomic a block (a block scan) in place of one a warp
  * moved barrier 3 not at all (1,616 / 1,588) and the gather from 1,550 to
  * 2,160; not kept. Nor phase 1 made by the classifier: the matrix-vector
