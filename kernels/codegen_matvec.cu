@@ -12,7 +12,8 @@
  * What it shares with the other generated kernels is in codegen.cu (the
  * instructions of a program, the head and entry, mk_cuda_put_fault's PDL,
  * fault record and stamps); the device code pasted as it is (those, the
- * weights' loads, the MMA) is real CUDA in kernels/skeletons/.
+ * weights' loads, the MMA, the ArgMax's keys and last block) is real CUDA in
+ * kernels/skeletons/.
  *
  * Long because it is one skeleton whose parts all write into the same warp
  * layout (pair, slice, lane, step k) and its registers: the weight loads per
@@ -158,22 +159,9 @@ static int argmax_slot(const mk_product_group *pg, int o) {
     return slot;
 }
 
-/*
- * The end of a kernel with ArgMax results: after a barrier, thread 0 of each
- * block holding warps of such a result merges the block's best keys into the
- * launch's (device scratch) and counts itself in. Each but the last of those
- * blocks by index then leaves without waiting for a return (a release
- * reduction); the last polls the count until every other is in, then writes
- * each row's column and clears the keys and the count for the next launch.
- * (The other blocks are all resident or done by then: only one block waits.)
- * Measured on the H200 against every block waiting for its count's return
- * (mk_arrive, the last to count in writing; MK_CUDA_TIMELINE put stories15M's
- * classifier with its ArgMax 3.8 us behind the sampling model's, which writes
- * the logits): greedy stories15M 13,431 / 13,500 to 13,723 / 13,672 tok/s,
- * stories110M 5,016 / 5,008 to 5,042 / 5,054; against 3cc7d88 in another
- * call, stories15M 13,453 / 13,693 / 13,531 to 13,926 / 13,765 / 13,620,
- * stories110M 5,060 / 5,008 / 5,005 to 5,066 / 5,064 / 5,034.
- */
+/* The end of a kernel with ArgMax results: thread 0 of each block holding
+ * warps of such a result calls mk_argmax_finish (kernels/skeletons/argmax.cuh,
+ * which says how the blocks meet). */
 static void put_argmax_blocks(mk_strbuf *b, const mk_product_group *pg, long long per) {
     int M = (int)pg->m;
     mk_strbuf_put(b, "    __syncthreads();\n    if (threadIdx.x != 0) return;\n");
@@ -183,24 +171,11 @@ static void put_argmax_blocks(mk_strbuf *b, const mk_product_group *pg, long lon
         long long pairs = r->n / 2, first = start / per, last = (start + pairs - 1) / per;
         start += pairs;
         if (!r->argmax) continue;
-        mk_strbuf_put(b, "    if (blockIdx.x >= %lldu && blockIdx.x <= %lldu) {\n"
-                         "        unsigned long long *best = (unsigned long long *)((char *)aux + %lldLL);\n"
-                         "        unsigned int *done = (unsigned int *)(best + %d);\n"
-                         "        for (int m = 0; m < %d; m++) atomicMax(&best[m], sbest[%d + m]);\n"
-                         "        if (blockIdx.x != %lldu) {\n"
-                         "            asm volatile(\"red.release.gpu.global.add.u32 [%%0], 1;\" :: \"l\"(done) : \"memory\");\n"
-                         "        } else {\n"
-                         "            unsigned int n;\n"
-                         "            do asm volatile(\"ld.acquire.gpu.global.u32 %%0, [%%1];\" : \"=r\"(n) : \"l\"(done) : \"memory\");\n"
-                         "            while (n != %lldu);\n"
-                         "            long long *dst = (long long *)(o + %lldLL);\n"
-                         "            for (int m = 0; m < %d; m++)\n"
-                         "                dst[m] = (long long)(0xffffffffu - (unsigned int)(atomicExch(&best[m], 0ull) & 0xffffffffull));\n"
-                         "            atomicExch(done, 0u);\n"
-                         "        }\n"
-                         "    }\n",
-                      first, last, argmax_aux_offset(pg, o), M, M, argmax_slot(pg, o) * M,
-                      last, last - first, (long long)r->offset, M);
+        mk_strbuf_put(b, "    if (blockIdx.x >= %lldu && blockIdx.x <= %lldu)\n"
+                         "        mk_argmax_finish((unsigned long long *)((char *)aux + %lldLL), %d, "
+                         "sbest + %d, %lldu, %lldu, (long long *)(o + %lldLL));\n",
+                      first, last, argmax_aux_offset(pg, o), M, argmax_slot(pg, o) * M, first,
+                      last, (long long)r->offset);
     }
 }
 
@@ -831,18 +806,10 @@ static void put_epilogue(mk_strbuf *b, const mk_launch *l, const mk_product_grou
         mk_strbuf_put(b, "            dst[e0] = v[0]; dst[e0 + 1] = v[1];\n        }\n        } while (0);\n");
         return;
     }
-    /* ArgMax: the largest key wins, first in the block's shared memory (see
-     * put_argmax_blocks). A key orders the values (the float's bits flipped to
-     * an unsigned order, -0 as +0), then the lower column; a NaN never wins,
-     * except in column 0 where it always does: the CPU's strict comparison
-     * from x[0] gives the same. */
-    mk_strbuf_put(b, "            for (int c = 0; c < 2; c++) {\n"
-                     "                const float x = __fadd_rn(v[c], 0.0f);\n"
-                     "                const unsigned int bits = __float_as_uint(x), col = (unsigned int)(n0 + c);\n"
-                     "                const unsigned int ord = x != x ? (col == 0 ? 0xffffffffu : 0u)\n"
-                     "                                       : (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);\n"
-                     "                atomicMax(&sbest[%d + m], ((unsigned long long)ord << 32) | (0xffffffffu - col));\n"
-                     "            }\n"
+    /* ArgMax: the largest key wins, first in the block's shared memory
+     * (kernels/skeletons/argmax.cuh) */
+    mk_strbuf_put(b, "            for (int c = 0; c < 2; c++)\n"
+                     "                atomicMax(&sbest[%d + m], mk_argmax_key(v[c], (unsigned int)(n0 + c)));\n"
                      "        }\n"
                      "        } while (0);\n",
                   argmax_slot(pg, o) * M);
@@ -1324,7 +1291,7 @@ static void put_tc_source(mk_strbuf *b, const mk_launch *l, int W) {
                   l->node->id, K, pg->n_products, pg->n_outs,
                   pg->norm_w >= 0 ? ", RmsNorm folded in" : "");
     mk_cuda_put_fault(b);
-    mk_strbuf_put(b, "%s", mk_skeleton_mma_s8);
+    mk_strbuf_put(b, "%s%s", mk_skeleton_mma_s8, argmax_slot(pg, pg->n_outs) ? mk_skeleton_argmax : "");
     /* three blocks an SM (85 registers at most) */
     mk_cuda_put_head(b, 32 * MK_MV_WARPS, 3);
     mk_cuda_put_entry(b, l);
@@ -1418,7 +1385,7 @@ void mk_cuda_product_source(mk_strbuf *b, const mk_launch *l) {
                   l->node->id, M, K, pg->n_products, pg->n_outs,
                   pg->norm_w >= 0 ? ", RmsNorm folded in" : "");
     mk_cuda_put_fault(b);
-    mk_strbuf_put(b, "%s", mk_skeleton_weights);
+    mk_strbuf_put(b, "%s%s", mk_skeleton_weights, argmax_slot(pg, pg->n_outs) ? mk_skeleton_argmax : "");
     mk_cuda_put_head(b, 32 * MK_MV_WARPS, 0);
     mk_cuda_put_entry(b, l);
     mk_strbuf_put(b, "    const int lane = threadIdx.x & 31;\n"
