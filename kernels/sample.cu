@@ -47,7 +47,7 @@
  * and the ranked or sorted list, and the radix selection the list falls back
  * to, which share the row's shared-memory layout (pick_shared), its block
  * scans and the keys (key_frame); split the radix selection into its own file
- * if a second op comes to need it. About a tenth of it is the measurements
+ * if a second op comes to need it. About an eighth of it is the measurements
  * below and beside the kernel (what was tried and why it was not kept), and
  * its MK_CUDA_TIMELINE stamps (struct stamps), which mirror the generated
  * kernels' (kernels/skeletons/fault.cuh) but for a 2-D grid, switched by a
