@@ -12,8 +12,8 @@
  * What it shares with the other generated kernels is in codegen.cu (the
  * instructions of a program, the head and entry, mk_cuda_put_fault's PDL,
  * fault record and stamps); the device code pasted as it is (those, the
- * weights' loads, the MMA, the ArgMax's keys and last block) is real CUDA in
- * kernels/skeletons/.
+ * weights' loads, A's staging and the RmsNorm's terms, the MMA, the ArgMax's
+ * keys and last block) is real CUDA in kernels/skeletons/.
  *
  * Long because it is one skeleton whose parts all write into the same warp
  * layout (pair, slice, lane, step k) and its registers: the weight loads per
@@ -298,17 +298,9 @@ static void put_float_math(mk_strbuf *b, const mk_product_group *pg, const mk_pr
         for (int q = 0; q < Q; q++) {
             mk_strbuf_put(b, "            %s a%d_%d = *(const %s *)(%s + %lldLL + k + %d);\n", T, m, q, T,
                           staged ? "sA" : "A", m * K, 4 * q);
-            if (pg->norm_w >= 0 && !staged) { /* x's squares, and w * x (1 / rms applied after the sum) */
-                mk_strbuf_put(b, "            { const %s w = *(const %s *)(W + k + %d);", T, T, 4 * q);
-                if (E >= 4)
-                    mk_strbuf_put(b, " ss[%d] += a%d_%d.x * a%d_%d.x + a%d_%d.y * a%d_%d.y + a%d_%d.z * a%d_%d.z"
-                                     " + a%d_%d.w * a%d_%d.w; a%d_%d.x *= w.x; a%d_%d.y *= w.y;"
-                                     " a%d_%d.z *= w.z; a%d_%d.w *= w.w; }\n",
-                                  m, m, q, m, q, m, q, m, q, m, q, m, q, m, q, m, q, m, q, m, q,
-                                  m, q, m, q);
-                else
-                    mk_strbuf_put(b, " ss[%d] += a%d_%d * a%d_%d; a%d_%d *= w; }\n", m, m, q, m, q, m, q);
-            }
+            if (pg->norm_w >= 0 && !staged) /* x's squares, and w * x (1 / rms applied after the sum) */
+                mk_strbuf_put(b, "            a%d_%d = mk_norm%d(a%d_%d, *(const %s *)(W + k + %d), ss[%d]);\n",
+                              m, q, E >= 4 ? 4 : 1, m, q, T, 4 * q, m);
             for (int j = 0; j < np; j++)
                 for (int c = 0; c < 2; c++) {
                     char sum[32];
@@ -902,14 +894,9 @@ static int stage_batch(const mk_product_group *pg, int E) {
  * times the norm's weight w, its squares summed into part[m], into sA. */
 static void put_copy_store(mk_strbuf *b, const mk_product_group *pg, int V, int m, const char *in,
                            const char *from) {
-    const char *T = V == 4 ? "float4" : "float";
-    mk_strbuf_put(b, "%s{ %s x = %s;", in, T, from);
-    if (pg->norm_w >= 0 && V == 4)
-        mk_strbuf_put(b, " part[%d] += x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w;"
-                         " x.x *= w.x; x.y *= w.y; x.z *= w.z; x.w *= w.w;", m);
-    else if (pg->norm_w >= 0)
-        mk_strbuf_put(b, " part[%d] += x * x; x *= w;", m);
-    mk_strbuf_put(b, " *(%s *)(sA + %lldLL + k) = x; }\n", T, m * (long long)pg->k);
+    mk_strbuf_put(b, "%s*(%s *)(sA + %lldLL + k) = ", in, V == 4 ? "float4" : "float", m * (long long)pg->k);
+    if (pg->norm_w >= 0) mk_strbuf_put(b, "mk_norm%d(%s, w, part[%d]);\n", V, from, m);
+    else mk_strbuf_put(b, "%s;\n", from);
 }
 
 /* A into sA (times the norm's weight W, its squares summed into part[m]),
@@ -959,52 +946,31 @@ static void put_float_copy(mk_strbuf *b, const mk_product_group *pg, int E) {
 /*
  * A onto runq.c's int8 grid as the block copies it (a FakeQuantizeNode folded
  * in): thread t takes 16 consecutive values a step (x times the norm's weight,
- * whose squares go into part[m]), the G / 16 threads of a group agree on its
- * largest |value| by shuffles, and each writes its 16 values rounded as the
- * FakeQuantizeNode rounds them into sQ, the first of them the group's scale
- * into sXs. With a norm, the values are x * w: the group's scale makes up for
- * 1 / rms, which the dot products take at the end.
+ * whose squares go into part[m]), and mk_grid16 (skeletons/staging.cuh)
+ * rounds them into sQ as the FakeQuantizeNode does, the G / 16 threads of a
+ * group agreeing on its scale, which goes into sXs. With a norm, the values
+ * are x * w: the group's scale makes up for 1 / rms, which the dot products
+ * take at the end.
  */
 static void put_grid_copy(mk_strbuf *b, const mk_product_group *pg, bool vec) {
     int M = (int)pg->m;
     long long K = (long long)pg->k, G = pg->a8_group;
     bool norm = pg->norm_w >= 0;
+    const char *V = vec ? "true" : "false";
     mk_strbuf_put(b, "    __shared__ __align__(16) signed char sQ[%lld];\n    __shared__ float sXs[%lld];\n",
                   (long long)M * K, (long long)M * K / G);
     mk_strbuf_put(b, "    for (long long k0 = 0; k0 < %lldLL; k0 += %d) {\n"
                      "        const long long k = k0 + 16 * threadIdx.x;\n"
                      "        const bool on = k < %lldLL;\n", K, 16 * 32 * MK_MV_WARPS, K);
-    const char *load16 = vec ? "for (int i = 0; i < 4; i++) { const float4 t = ((const float4 *)(%s))[i];"
-                               " %s[4 * i] = t.x; %s[4 * i + 1] = t.y; %s[4 * i + 2] = t.z; %s[4 * i + 3] = t.w; }"
-                             : "for (int i = 0; i < 16; i++) %s[i] = (%s)[i];";
-    char src[64];
-    if (norm) {
-        mk_strbuf_put(b, "        float w[16];\n        if (on) { ");
-        if (vec) mk_strbuf_put(b, load16, "W + k", "w", "w", "w", "w");
-        else mk_strbuf_put(b, load16, "w", "W + k");
-        mk_strbuf_put(b, " }\n");
-    }
+    if (norm) mk_strbuf_put(b, "        float w[16];\n        if (on) mk_load16<%s>(W + k, w);\n", V);
     for (int m = 0; m < M; m++) {
-        snprintf(src, sizeof src, "A + %lldLL + k", (long long)m * K);
-        mk_strbuf_put(b, "        {\n            float v[16], mx = 0.0f;\n            if (on) {\n                ");
-        if (vec) mk_strbuf_put(b, load16, src, "v", "v", "v", "v");
-        else mk_strbuf_put(b, load16, "v", src);
-        mk_strbuf_put(b, "\n                for (int i = 0; i < 16; i++) {\n");
-        if (norm) mk_strbuf_put(b, "                    part[%d] += v[i] * v[i]; v[i] *= w[i];\n", m);
-        mk_strbuf_put(b, "                    if (fabsf(v[i]) > mx) mx = fabsf(v[i]);\n                }\n            }\n");
-        mk_strbuf_put(b, "            for (int off = 1; off < %lld; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));\n"
-                         "            const float s = __fdiv_rn(mx, 127.0f);\n"
-                         "            if (on) {\n"
-                         "                unsigned int u[4] = {0u, 0u, 0u, 0u};\n"
-                         "                for (int i = 0; i < 16; i++) {\n"
-                         "                    float q = s != 0.0f ? roundf(__fdiv_rn(v[i], s)) : 0.0f;\n"
-                         "                    q = q != q ? 0.0f : fminf(fmaxf(q, -127.0f), 127.0f);\n"
-                         "                    u[i >> 2] |= ((unsigned int)(int)q & 0xffu) << (8 * (i & 3));\n"
-                         "                }\n"
-                         "                *(uint4 *)(sQ + %lldLL + k) = make_uint4(u[0], u[1], u[2], u[3]);\n"
-                         "                if ((threadIdx.x & %lld) == 0) sXs[(%lldLL + k) / %lldLL] = s;\n"
-                         "            }\n        }\n",
-                      G / 16, (long long)m * K, G / 16 - 1, (long long)m * K, G);
+        long long at = (long long)m * K;
+        mk_strbuf_put(b, "        {\n            float v[16], mx = 0.0f;\n"
+                         "            if (on) {\n                mk_load16<%s>(A + %lldLL + k, v);\n", V, at);
+        if (norm)
+            mk_strbuf_put(b, "                for (int i = 0; i < 16; i++) v[i] = mk_norm1(v[i], w[i], part[%d]);\n", m);
+        mk_strbuf_put(b, "                mx = mk_absmax16(v);\n            }\n"
+                         "            mk_grid16<%lld>(v, mx, on, sQ, sXs, %lldLL + k);\n        }\n", G / 16, at);
     }
     mk_strbuf_put(b, "    }\n");
 }
@@ -1027,18 +993,7 @@ static void put_staging(mk_strbuf *b, const mk_product_group *pg, int E, bool di
     if (digits) put_digit_copy(b, pg);
     else if (pg->a8_group) put_grid_copy(b, pg, E >= 4);
     else put_float_copy(b, pg, E);
-    if (norm)
-        mk_strbuf_put(b, "    for (int m = 0; m < %d; m++) {\n"
-                         "        for (int off = 16; off > 0; off >>= 1) part[m] += __shfl_xor_sync(0xffffffffu, part[m], off);\n"
-                         "        if (lane == 0) sred[threadIdx.x >> 5][m] = part[m];\n"
-                         "    }\n"
-                         "    __syncthreads();\n"
-                         "    if (threadIdx.x < %d) {\n"
-                         "        float t = 0.0f;\n"
-                         "        for (int w = 0; w < %d; w++) t += sred[w][threadIdx.x];\n"
-                         "        sss[threadIdx.x] = t;\n"
-                         "    }\n",
-                      M, M, MK_MV_WARPS);
+    if (norm) mk_strbuf_put(b, "    mk_norm_sums(part, sred, sss);\n");
     mk_strbuf_put(b, "    __syncthreads();\n");
 }
 
@@ -1148,14 +1103,14 @@ static int tc_slices(const mk_launch *l, const mk_product_group *pg) {
 
 /* A (times the norm's weight, its squares into part[0]) as four digits per
  * element in sD ([k / 8][digit][8] bytes) and each 64's factor of digit 0 in
- * sF: half a warp a 64, a float4 a lane (tc_slices: A and the norm's weight
- * are 16-byte aligned), each digit's four bytes stored as one word; a warp
- * loads MK_DIGIT_BATCH 64s before it stores any. A warp a 64 (two elements a
- * lane, a byte a digit, one 64's loads at a time: eight trips to L2 in a row
- * for [1, 4096]) held up every launch in this form: on the H200 against
- * 279ef91 (one call, alternating), Llama-2-7B in int8 went from 402.5 /
- * 404.5 to 414.7 / 417.5 tok/s, stories110M (its classifier) from 5,517 /
- * 5,520 to 5,555 / 5,551; the digits are the same. What is left of its cost is
+ * sF (mk_digits4, skeletons/staging.cuh): half a warp a 64, a float4 a lane
+ * (tc_slices: A and the norm's weight are 16-byte aligned), each digit's four
+ * bytes stored as one word; a warp loads MK_DIGIT_BATCH 64s before it stores
+ * any. A warp a 64 (two elements a lane, a byte a digit, one 64's loads at a
+ * time: eight trips to L2 in a row for [1, 4096]) held up every launch in
+ * this form: on the H200 against 279ef91 (one call, alternating), Llama-2-7B
+ * in int8 went from 402.5 / 404.5 to 414.7 / 417.5 tok/s, stories110M (its
+ * classifier) from 5,517 / 5,520 to 5,555 / 5,551; the digits are the same. What is left of its cost is
  * small: with the digits replaced by a plain copy of A's bits (wrong sums, a
  * bound), Llama-2-7B went from 415.4 / 415.0 / 416.7 to 418.5 / 418.3 (H200,
  * ce3f9a3, one call). */
@@ -1180,28 +1135,11 @@ static void put_digit_copy(mk_strbuf *b, const mk_product_group *pg) {
                      "        for (int u = 0; u < %d; u++) {\n"
                      "            const long long q = q0 + %d * u, k = 64 * q + 4 * (lane & 15);\n"
                      "            if (q >= %lldLL) break; /* alike for the warp's two 64s (Q is even) */\n"
-                     "            float v[4] = {xs[u].x, xs[u].y, xs[u].z, xs[u].w};\n",
-                  U, 2 * MK_MV_WARPS, K, norm ? " ws[u] = *(const float4 *)(W + k);" : "", U,
-                  2 * MK_MV_WARPS, Q);
-    if (norm)
-        mk_strbuf_put(b, "            part[0] += v[0] * v[0] + v[1] * v[1] + v[2] * v[2] + v[3] * v[3];\n"
-                         "            v[0] *= ws[u].x; v[1] *= ws[u].y; v[2] *= ws[u].z; v[3] *= ws[u].w;\n");
-    mk_strbuf_put(b, "            const unsigned nf = __ballot_sync(0xffffffffu, !isfinite(v[0]) || !isfinite(v[1]) || !isfinite(v[2]) || !isfinite(v[3]));\n"
-                     "            const bool bad = (nf >> (lane & 16)) & 0xffffu;\n"
-                     "            float mx = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));\n"
-                     "            for (int off = 8; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));\n"
-                     "            const int e = min(30 - ((int)(__float_as_uint(mx) >> 23) - 126), 127); /* mx < 2^(30 - e) */\n"
-                     "            unsigned word[4] = {0u, 0u, 0u, 0u};\n"
-                     "#pragma unroll\n"
-                     "            for (int h = 0; h < 4; h++) {\n"
-                     "                int d = bad ? 0 : __float2int_rn(v[h] * __int_as_float((127 + e) << 23));\n"
-                     "                for (int n = 3; n >= 0; n--) { const int lo = (int)(signed char)(d & 0xff); word[n] |= (unsigned)(lo & 0xff) << (8 * h); d = (d - lo) >> 8; }\n"
-                     "            }\n"
-                     "            unsigned *at = (unsigned *)(sD + (k >> 3) * 32 + (k & 7));\n"
-                     "            at[0] = word[0]; at[2] = word[1]; at[4] = word[2]; at[6] = word[3];\n"
-                     "            if ((lane & 15) == 0) sF[q] = bad ? __int_as_float(0x7fc00000) : __int_as_float((151 - e) << 23);\n"
+                     "            mk_digits4(%s, k, q, sD, sF);\n"
                      "        }\n"
-                     "    }\n");
+                     "    }\n",
+                  U, 2 * MK_MV_WARPS, K, norm ? " ws[u] = *(const float4 *)(W + k);" : "", U,
+                  2 * MK_MV_WARPS, Q, norm ? "mk_norm4(xs[u], ws[u], part[0])" : "xs[u]");
 }
 
 
@@ -1291,7 +1229,8 @@ static void put_tc_source(mk_strbuf *b, const mk_launch *l, int W) {
                   l->node->id, K, pg->n_products, pg->n_outs,
                   pg->norm_w >= 0 ? ", RmsNorm folded in" : "");
     mk_cuda_put_fault(b);
-    mk_strbuf_put(b, "%s%s", mk_skeleton_mma_s8, argmax_slot(pg, pg->n_outs) ? mk_skeleton_argmax : "");
+    mk_strbuf_put(b, "%s%s%s", mk_skeleton_mma_s8, mk_skeleton_staging,
+                  argmax_slot(pg, pg->n_outs) ? mk_skeleton_argmax : "");
     /* three blocks an SM (85 registers at most) */
     mk_cuda_put_head(b, 32 * MK_MV_WARPS, 3);
     mk_cuda_put_entry(b, l);
@@ -1384,8 +1323,13 @@ void mk_cuda_product_source(mk_strbuf *b, const mk_launch *l) {
     mk_strbuf_put(b, "// moonkaas matrix-vector group $%d: [%d, %lld] @ %d products, %d results%s\n",
                   l->node->id, M, K, pg->n_products, pg->n_outs,
                   pg->norm_w >= 0 ? ", RmsNorm folded in" : "");
+    bool staged = pg->a8_group || /* A on the int8 grid is made in shared memory */
+                  ((long long)M * K * (long long)sizeof(float) <= MK_STAGE_BYTES &&
+                   weight_bytes(l, pg) >= MK_STAGE_MIN_WEIGHTS);
     mk_cuda_put_fault(b);
-    mk_strbuf_put(b, "%s%s", mk_skeleton_weights, argmax_slot(pg, pg->n_outs) ? mk_skeleton_argmax : "");
+    mk_strbuf_put(b, "%s%s%s", mk_skeleton_weights,
+                  staged || pg->norm_w >= 0 ? mk_skeleton_staging : "",
+                  argmax_slot(pg, pg->n_outs) ? mk_skeleton_argmax : "");
     mk_cuda_put_head(b, 32 * MK_MV_WARPS, 0);
     mk_cuda_put_entry(b, l);
     mk_strbuf_put(b, "    const int lane = threadIdx.x & 31;\n"
@@ -1416,9 +1360,6 @@ void mk_cuda_product_source(mk_strbuf *b, const mk_launch *l) {
         if (plain_sources(&pg->out[o]) > PS) PS = plain_sources(&pg->out[o]);
     mk_strbuf_put(b, "    float pre[%d][2][%d], rot[%d][2];\n    long long wbegin = 0, wend = 0;\n"
                      "    (void)pre; (void)rot; (void)wbegin; (void)wend;\n", M, PS, M);
-    bool staged = pg->a8_group || /* A on the int8 grid is made in shared memory */
-                  ((long long)M * K * (long long)sizeof(float) <= MK_STAGE_BYTES &&
-                   weight_bytes(l, pg) >= MK_STAGE_MIN_WEIGHTS);
     int pre = preload_steps(l, pg, E, W, staged);
     put_preloads(b, l, pg, E, W, pre);
     if (staged) put_staging(b, pg, E, false);

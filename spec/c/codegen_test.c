@@ -408,7 +408,7 @@ static void test_staged_batches(void) {
         CHECK(m != NULL, "%s: %s", kinds[c], mk_error_message(err));
         if (!m) break;
         char *src = mk_model_kernel_source(m, 0, &err);
-        CHECK(src && strstr(src, "sA[") && !strstr(src, "sss[") == !norm, "%s, k %d: not staged",
+        CHECK(src && strstr(src, "sA[") && !strstr(src, "float sss[") == !norm, "%s, k %d: not staged",
               kinds[c], k);
         CHECK(src && !strstr(src, want) == (c == 2), "%s, k %d: %s%s", kinds[c], k,
               c == 2 ? "batches, want none" : "no ", c == 2 ? "" : want);

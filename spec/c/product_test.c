@@ -743,7 +743,7 @@ static void staged_on(mk_device dev) {
     float *w = malloc(sizeof(float) * N * K), *out = malloc(sizeof(float) * M * N);
     if (m && mk_cuda_plugin_get(NULL, 0)) { /* the kernel is the staged one */
         char *src = mk_model_kernel_source(m, 0, &err);
-        CHECK(src && strstr(src, "sA[") && strstr(src, "sss["), "not staged:\n%s",
+        CHECK(src && strstr(src, "sA[") && strstr(src, "float sss["), "not staged:\n%s",
               src ? src : mk_error_message(err));
         mk_string_free(src);
     }
