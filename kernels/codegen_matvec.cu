@@ -328,13 +328,16 @@ static void put_float_math(mk_strbuf *b, const mk_product_group *pg, const mk_pr
  * int8 weights of each column and E of A's int8 values (sQ) in one load each,
  * their exact dot product (DP4A, four at a time), then, as runq.c's matmul
  * scales a group's, acc += (float)dot * w_scale * x_scale (the lane's E
- * values lie in one group: groups are multiples of 16).
+ * values lie in one group: groups are multiples of 16). A step whose weights
+ * were loaded before the wait (E == 16, `tag` names them: put_preloads) takes
+ * their raw 16 bytes (b{j}_{c}{tag}r) and scales from there.
  */
 static void put_grid_step(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg,
-                          const mk_product_out *r, const int *prods, int np, int E) {
+                          const mk_product_out *r, const int *prods, int np, int E, const char *tag) {
     int M = (int)pg->m;
     long long K = (long long)pg->k, G = pg->a8_group;
     const char *QT = E == 16 ? "int4" : "int";
+    bool loaded = *tag;
     for (int m = 0; m < M; m++) {
         if (E == 1) mk_strbuf_put(b, "            const int a%d = sQ[%lldLL + k];\n", m, m * K);
         else mk_strbuf_put(b, "            const %s a%d = *(const %s *)(sQ + %lldLL + k);\n", QT, m, QT, m * K);
@@ -345,10 +348,17 @@ static void put_grid_step(mk_strbuf *b, const mk_launch *l, const mk_product_gro
         const mk_tensor *sc = &l->in[pg->b_scale[pj]];
         long long ldb = l->in[pg->b[pj]].stride[1];
         for (int c = 0; c < 2; c++) {
-            if (E == 1) mk_strbuf_put(b, "            const int b%d_%d = __ldcs(B%d + %lldLL + k);\n", j, c, j, c * ldb);
-            else mk_strbuf_put(b, "            const %s b%d_%d = __ldcs((const %s *)(B%d + %lldLL + k));\n", QT, j, c, QT, j, c * ldb);
-            mk_strbuf_put(b, "            const float s%d_%d = S%d[%lldLL + k / %lldLL * %lldLL];\n", j, c, j,
-                          c * (long long)sc->stride[1], (long long)pg->b_group[pj], (long long)sc->stride[0]);
+            if (loaded)
+                mk_strbuf_put(b, "            const int4 b%d_%d = make_int4((int)b%d_%d%sr.x, (int)b%d_%d%sr.y, "
+                                 "(int)b%d_%d%sr.z, (int)b%d_%d%sr.w);\n"
+                                 "            const float s%d_%d = s%d_%d%s;\n",
+                              j, c, j, c, tag, j, c, tag, j, c, tag, j, c, tag, j, c, j, c, tag);
+            else {
+                if (E == 1) mk_strbuf_put(b, "            const int b%d_%d = __ldcs(B%d + %lldLL + k);\n", j, c, j, c * ldb);
+                else mk_strbuf_put(b, "            const %s b%d_%d = __ldcs((const %s *)(B%d + %lldLL + k));\n", QT, j, c, QT, j, c * ldb);
+                mk_strbuf_put(b, "            const float s%d_%d = S%d[%lldLL + k / %lldLL * %lldLL];\n", j, c, j,
+                              c * (long long)sc->stride[1], (long long)pg->b_group[pj], (long long)sc->stride[0]);
+            }
             for (int m = 0; m < M; m++) {
                 if (E == 16)
                     mk_strbuf_put(b, "            { const int t = __dp4a(a%d.w, b%d_%d.w, __dp4a(a%d.z, b%d_%d.z, "
@@ -455,7 +465,8 @@ static int most_products(const mk_product_group *pg) {
  * launch writes it): as many as MK_PRELOAD_FLOATS floats of registers hold, at least one, at
  * most the lane's steps. A launch's first wave of blocks then has its weights
  * on the way while the launch before finishes, and every block while it
- * stages A. None on the int8 grid.
+ * stages A. On the int8 grid only where a step is 16 bytes a column (E ==
+ * 16), which stay raw until the step's DP4As.
  *
  * 16 bytes of a narrower dtype (E > 4) stay raw until the step's math
  * (preload_raw) unless the lane's steps all fit widened: widened at the load,
@@ -481,7 +492,7 @@ static int step_registers(const mk_product_group *pg, int E, bool raw) {
 }
 
 static bool preload_raw(const mk_product_group *pg, int E, int W) {
-    return E > 4 && step_registers(pg, E, false) * lane_steps(pg, E, W) > MK_PRELOAD_FLOATS;
+    return E > 4 && (pg->a8_group || step_registers(pg, E, false) * lane_steps(pg, E, W) > MK_PRELOAD_FLOATS);
 }
 
 /* Whether every weight and int8 scale of the group is a constant (no launch
@@ -513,7 +524,7 @@ static bool whole_copy(const mk_product_group *pg, int E) {
  * registers, one where A is staged (staged) by a whole copy, whose loads take
  * the room. */
 static int preload_steps(const mk_launch *l, const mk_product_group *pg, int E, int W, bool staged) {
-    if (pg->a8_group || !constant_weights(l, pg)) return 0;
+    if ((pg->a8_group && E != 16) || !constant_weights(l, pg)) return 0;
     long long steps = lane_steps(pg, E, W);
     long long pre = MK_PRELOAD_FLOATS / step_registers(pg, E, preload_raw(pg, E, W));
     if (pre < 1 || (staged && whole_copy(pg, E))) pre = 1;
@@ -681,8 +692,12 @@ static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group 
         snprintf(tag, sizeof tag, "p%d", s);
         mk_strbuf_put(b, "        if (kfirst + %lldLL < %lldLL) {\n            const long long k = kfirst + %lldLL;\n",
                       s * step, K, s * step);
-        if (preload_raw(pg, E, W)) put_weight_widen(b, l, pg, r, prods, np, E, tag);
-        put_float_math(b, pg, r, prods, np, E, staged, tag);
+        if (pg->a8_group) {
+            put_grid_step(b, l, pg, r, prods, np, E, tag);
+        } else {
+            if (preload_raw(pg, E, W)) put_weight_widen(b, l, pg, r, prods, np, E, tag);
+            put_float_math(b, pg, r, prods, np, E, staged, tag);
+        }
         mk_strbuf_put(b, "        }\n");
     }
     bool ahead = loads_ahead(pg, E);
@@ -697,7 +712,7 @@ static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group 
     mk_strbuf_put(b, "#pragma unroll %d\n        for (long long k = kfirst + %lldLL; k < %lldLL; k += %lldLL) {\n",
                   ahead ? 1 : 4, pre * step, K, step);
     if (pg->a8_group) {
-        put_grid_step(b, l, pg, r, prods, np, E);
+        put_grid_step(b, l, pg, r, prods, np, E, "");
     } else if (ahead) { /* this step's from the registers, the next step's loads out, then the math */
         put_weight_decls(b, np, E, "", "            ", true);
         for (int j = 0; j < np; j++)

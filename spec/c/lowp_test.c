@@ -636,22 +636,25 @@ static void test_fake_quantize_cuda(void) { fake_quantize_on(MK_DEVICE_CUDA); }
  * fed the norm's output; CUDA's within rounding.
  */
 static void w8a8_on(mk_device dev, int64_t m, int64_t k, int64_t n, int64_t G) {
-    char text[1536], plain[1536];
+    char text[1536], ctext[1536], plain[1536];
     const char *body =
-        "$4 = InputTensor(w, int8, [%lld, %lld]);\n$5 = PermuteNode($4, [1, 0]);\n"
-        "$6 = InputTensor(s, float32, [%lld, %lld]);\n$7 = PermuteNode($6, [1, 0]);\n"
+        "$4 = %s(w, int8, [%lld, %lld]);\n$5 = PermuteNode($4, [1, 0]);\n"
+        "$6 = %s(s, float32, [%lld, %lld]);\n$7 = PermuteNode($6, [1, 0]);\n"
         "$8 = DequantizeNode($5, $7);\n$9 = MatMulNode($3, $8);\nresult = $9;\n";
     int at = snprintf(text, sizeof text,
                       "$1 = InputTensor(x, float32, [%lld, %lld]);\n$2 = InputTensor(nw, float32, [%lld]);\n"
                       "$3 = FakeQuantizeNode($1, %lld);\n",
                       (long long)m, (long long)k, (long long)k, (long long)G);
-    snprintf(text + at, sizeof text - (size_t)at, body, (long long)n, (long long)k, (long long)n,
-             (long long)(k / G));
+    memcpy(ctext, text, (size_t)at);
+    snprintf(text + at, sizeof text - (size_t)at, body, "InputTensor", (long long)n, (long long)k,
+             "InputTensor", (long long)n, (long long)(k / G));
+    snprintf(ctext + at, sizeof ctext - (size_t)at, body, "ConstantTensor", (long long)n, (long long)k,
+             "ConstantTensor", (long long)n, (long long)(k / G));
     float *x = malloc(sizeof(float) * (size_t)(m * k)), *nw = malloc(sizeof(float) * (size_t)k);
-    float *s = malloc(sizeof(float) * (size_t)(n * k / G)), *y[2], *want = malloc(sizeof(float) * (size_t)(m * n));
+    float *s = malloc(sizeof(float) * (size_t)(n * k / G)), *y[3], *want = malloc(sizeof(float) * (size_t)(m * n));
     int8_t *w = malloc((size_t)(n * k)), *xq = malloc((size_t)k);
     float *xs = malloc(sizeof(float) * (size_t)(k / G));
-    for (int f = 0; f < 2; f++) y[f] = malloc(sizeof(float) * (size_t)(m * n));
+    for (int f = 0; f < 3; f++) y[f] = malloc(sizeof(float) * (size_t)(m * n));
     for (int64_t i = 0; i < m * k; i++) x[i] = (float)test_uniform(-2, 2);
     for (int64_t i = 0; i < k; i++) nw[i] = (float)test_uniform(0.5, 1.5);
     for (int64_t i = 0; i < n * k; i++) w[i] = (int8_t)test_randint(-128, 127);
@@ -670,18 +673,23 @@ static void w8a8_on(mk_device dev, int64_t m, int64_t k, int64_t n, int64_t G) {
         }
     }
     mk_named_tensor in[] = {{"x", x}, {"nw", nw}, {"w", w}, {"s", s}};
-    for (int fuse = 0; fuse < 2; fuse++) {
+    /* 0: the nodes; 1: the group; 2: the group with constant weights, which
+     * the kernel loads before its wait */
+    for (int fuse = 0; fuse < 3; fuse++) {
         mk_error *err = NULL;
-        mk_model *mod = compile(text, dev, fuse, &err);
+        bool constant = fuse == 2;
+        mk_compile_options o = {.device = dev, .no_fusion = !fuse};
+        mk_model *mod = mk_compile(ctx, constant ? ctext : text, constant ? in + 2 : NULL, constant ? 2 : 0,
+                                   &o, &err);
         CHECK(mod != NULL, "%s", mk_error_message(err));
         mk_error_free(err);
         err = NULL;
         if (!mod) continue;
         const char *report = mk_model_fusion_report(mod);
         bool grid = strstr(report, "A on the int8 grid in groups of") != NULL;
-        CHECK(grid == (fuse == 1 && 512 % G == 0), "fuse %d: %s", fuse, report);
-        CHECK(mk_evaluate(mod, in, 4, y[fuse], sizeof(float) * (size_t)(m * n), &err) == 0, "%s",
-              mk_error_message(err));
+        CHECK(grid == (fuse >= 1 && 512 % G == 0), "fuse %d: %s", fuse, report);
+        CHECK(mk_evaluate(mod, in, constant ? 2 : 4, y[fuse], sizeof(float) * (size_t)(m * n), &err) == 0,
+              "%s", mk_error_message(err));
         mk_error_free(err);
         mk_model_free(mod);
         for (int64_t e = 0; e < m * n; e++) {
@@ -707,8 +715,8 @@ static void w8a8_on(mk_device dev, int64_t m, int64_t k, int64_t n, int64_t G) {
                   "$1 = InputTensor(x, float32, [%lld, %lld]);\n$2 = InputTensor(nw, float32, [%lld]);\n"
                   "$10 = RmsNormNode($1, $2);\n$3 = FakeQuantizeNode($10, %lld);\n",
                   (long long)m, (long long)k, (long long)k, (long long)G);
-    snprintf(normed + at, sizeof normed - (size_t)at, body, (long long)n, (long long)k, (long long)n,
-             (long long)(k / G));
+    snprintf(normed + at, sizeof normed - (size_t)at, body, "InputTensor", (long long)n, (long long)k,
+             "InputTensor", (long long)n, (long long)(k / G));
     mk_model *both = norm ? compile(normed, dev, true, &err) : NULL;
     mk_model *after = both ? compile(text, dev, true, &err) : NULL;
     CHECK(after != NULL, "%s", mk_error_message(err));
@@ -738,7 +746,7 @@ static void w8a8_on(mk_device dev, int64_t m, int64_t k, int64_t n, int64_t G) {
     }
     mk_model_free(norm), mk_model_free(both), mk_model_free(after);
     mk_error_free(err);
-    free(x), free(nw), free(s), free(want), free(w), free(xq), free(xs), free(y[0]), free(y[1]);
+    free(x), free(nw), free(s), free(want), free(w), free(xq), free(xs), free(y[0]), free(y[1]), free(y[2]);
 }
 
 static void w8a8s_on(mk_device dev) {
