@@ -542,7 +542,11 @@ static int preload_steps(const mk_launch *l, const mk_product_group *pg, int E, 
  * one step at a time), 361 a step ahead, 337 two steps ahead (97 registers),
  * 311 three, 357 two only where results read one product (q/k/v, wo, w2);
  * 346 a step ahead unrolled by 4. Not for bfloat16 (265 before,
- * 256 a step ahead: a third of int8's math a byte) nor on the int8 grid.
+ * 256 a step ahead: a third of int8's math a byte) nor on the int8 grid
+ * (W8A8, whose DP4As are less math a byte still): on the H200 at 20fc405 (one
+ * call, alternating), a step ahead there took Llama-2-7B -q q8a8 from 351.4 /
+ * 351.5 tok/s to 353.1 / 351.9, stories110M from 3,576 to 3,584 and
+ * stories15M from 8,910 to 8,785.
  * Nor helped, on an H100 (not yet measured on the H200): bfloat16's loop
  * loading 2 or 4 steps' raw weights together before their math, in place of
  * the loop unrolled by 4 (Llama-2-7B 201.4 / 201.6 tok/s before; 2 steps
