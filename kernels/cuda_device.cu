@@ -393,12 +393,12 @@ static constexpr cuda_kernel_table cuda_kernels;
  * kept; H200, one CUDA graph, 132 blocks of 256 threads) chained N dependent
  * phases, each block reading the 768 floats the phase before wrote, then its
  * share of a weight matrix's rows. A phase (the cost between 60 and 120
- * phases) took 1.27 us as a launch with PDL, its weights loaded before the
- * wait; 1.98 as a launch without; 1.58 in one persistent kernel with an
- * atomic grid barrier, 1.65 with cooperative groups' grid.sync(). With 1 MB
- * of weights a phase: 1.41, 2.60, 2.13 (the next phase's weights loaded
- * before the barrier) and 2.24; with 4 MB: 2.39, 4.01, 3.99 and 3.68. So a
- * dependent step costs at least about 1.3 us however it is made, and a
+ * phases) took 1.27 us as a launch with PDL; 1.98 as a launch without; 1.58
+ * in one persistent kernel with an atomic grid barrier, 1.65 with cooperative
+ * groups' grid.sync(). With 1 MB of weights a phase: 1.41 (the weights of a
+ * warp's first rows loaded before the wait), 2.60, 2.13 (the next phase's
+ * loaded before the barrier) and 2.24; with 4 MB: 2.39, 4.01, 3.99 and 3.68.
+ * So a dependent step costs at least about 1.3 us however it is made, and a
  * launch with PDL is the cheapest way.
  */
 static bool library_launch(const mk_launch *l) {
