@@ -1210,30 +1210,11 @@ static void put_tc_sums(mk_strbuf *b, const mk_launch *l, const mk_product_group
                      "            if (k + 128 < ke) { const int kn = k + 128; ");
     put_tc_loads(b, l, pg, pj, "kn");
     mk_strbuf_put(b, " }\n"
-                     "            int d[2][4] = {};\n"
-                     "#pragma unroll\n"
-                     "            for (int jj = 0; jj < 2; jj++)\n"
-                     "#pragma unroll\n"
-                     "            for (int i = 0; i < 2; i++) {\n"
-                     "                const uint2 x = g < 4 ? *(const uint2 *)&sD[((k + 32 * t + 16 * jj + 8 * i) >> 3) * 32 + 8 * g] : make_uint2(0u, 0u);\n"
-                     "                const unsigned a0 = i ? c0[jj].z : c0[jj].x, a1 = i ? c1[jj].z : c1[jj].x;\n"
-                     "                const unsigned a2 = i ? c0[jj].w : c0[jj].y, a3 = i ? c1[jj].w : c1[jj].y;\n"
-                     "                mk_mma_s8(d[0], a0, a1, a2, a3, t < 2 ? x.x : 0u, t < 2 ? x.y : 0u);\n"
-                     "                mk_mma_s8(d[1], a0, a1, a2, a3, t < 2 ? 0u : x.x, t < 2 ? 0u : x.y);\n"
-                     "            }\n"
-                     "#pragma unroll\n"
-                     "            for (int h = 0; h < 2; h++) {\n"
-                     "                const float f = sF[(k >> 6) + h], fa = w0[h] * f, fb = w1[h] * f;\n"
-                     "                acc[0][0] += fa * (float)d[h][0]; acc[0][1] += fa * (float)d[h][1];\n"
-                     "                acc[1][0] += fb * (float)d[h][2]; acc[1][1] += fb * (float)d[h][3];\n"
-                     "            }\n"
-                     "        }\n");
-    /* digit n = 2t + c weighs 2^-8n (lanes t = 2, 3 hold zeros); lane t = 0 adds t = 1's */
-    mk_strbuf_put(b, "        const float u0 = __int_as_float((127 - 16 * t) << 23), u1 = __int_as_float((119 - 16 * t) << 23);\n"
+                     "            mk_tc_step(c0, c1, w0, w1, sD, sF, k, g, t, acc);\n"
+                     "        }\n"
                      "#pragma unroll\n"
                      "        for (int h = 0; h < 2; h++) {\n"
-                     "            float v = acc[h][0] * u0 + acc[h][1] * u1;\n"
-                     "            v += __shfl_xor_sync(0xffffffffu, v, 1);\n"
+                     "            const float v = mk_tc_column(acc, h, t);\n"
                      "            if (t == 0) red[wib + slice][8 * h + g] = v;\n"
                      "        }\n");
 }
