@@ -1189,7 +1189,9 @@ static void put_tc_loads(mk_strbuf *b, const mk_launch *l, const mk_product_grou
 
 /* Result o's sums for tile p (16 columns) in the tensor-core form: its one
  * product over the warp's slice [kb, ke) of k (the first step's weights in
- * ld0, ld1, s0, s1 already where `loaded`), into red. */
+ * ld0, ld1, s0, s1 already where `loaded`), a step ahead, each step's math in
+ * mk_tc_step and each column's sum in mk_tc_column (skeletons/mma_s8.cuh),
+ * into red. */
 static void put_tc_sums(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int o,
                         bool loaded) {
     const mk_product_out *r = &pg->out[o];
