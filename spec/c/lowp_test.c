@@ -632,8 +632,10 @@ static void test_fake_quantize_cuda(void) { fake_quantize_on(MK_DEVICE_CUDA); }
  * for bit (an int32 dot product per group, val += (float)dot * ws * xs in
  * group order), on CUDA within rounding (the lanes' sums meet in another
  * order); the nodes alone (the float32 product of the rounded values) within
- * rounding too. With an RmsNorm before, the CPU's group equals the same graph
- * fed the norm's output; CUDA's within rounding.
+ * rounding too. The group again with W and its scales as constants, whose
+ * first steps a CUDA kernel loads before its wait: the same. With an RmsNorm
+ * before, the CPU's group equals the same graph fed the norm's output; CUDA's
+ * within rounding.
  */
 static void w8a8_on(mk_device dev, int64_t m, int64_t k, int64_t n, int64_t G) {
     char text[1536], ctext[1536], plain[1536];
