@@ -21,7 +21,9 @@
  * the slices' reduction and the epilogues after. The int8 grid (put_grid_copy,
  * put_grid_step) and the tensor-core form, which shares the staging, the
  * epilogues and the ArgMax blocks, are the parts that could move out if they
- * grow.
+ * grow. Nearly a third of its lines are comments, most of them the
+ * measurements of forms tried and not kept, beside the code they concern;
+ * the device code it pastes unchanged is already out, in kernels/skeletons/.
  */
 #include "cuda_device.h"
 #include "skeletons.h"
@@ -1129,10 +1131,10 @@ static int tc_slices(const mk_launch *l, const mk_product_group *pg) {
  * time: eight trips to L2 in a row for [1, 4096]) held up every launch in
  * this form: on the H200 against 279ef91 (one call, alternating), Llama-2-7B
  * in int8 went from 402.5 / 404.5 to 414.7 / 417.5 tok/s, stories110M (its
- * classifier) from 5,517 / 5,520 to 5,555 / 5,551; the digits are the same. What is left of its cost is
- * small: with the digits replaced by a plain copy of A's bits (wrong sums, a
- * bound), Llama-2-7B went from 415.4 / 415.0 / 416.7 to 418.5 / 418.3 (H200,
- * ce3f9a3, one call). */
+ * classifier) from 5,517 / 5,520 to 5,555 / 5,551; the digits are the same.
+ * What is left of its cost is small: with the digits replaced by a plain copy
+ * of A's bits (wrong sums, a bound), Llama-2-7B went from 415.4 / 415.0 /
+ * 416.7 to 418.5 / 418.3 (H200, ce3f9a3, one call). */
 #define MK_DIGIT_BATCH 4
 static void put_digit_copy(mk_strbuf *b, const mk_product_group *pg) {
     long long K = (long long)pg->k, Q = K / 64; /* Q is even: k is a multiple of 128 */
