@@ -1,7 +1,7 @@
 /*
  * codegen_matvec.cu — the CUDA C of a matrix–vector group's kernel
- * (core/product.c): a warp per column pair of each result, W warps (slices)
- * splitting k, with its prologue (the RmsNorm folded in, A staged in shared
+ * (core/product.c): a warp per column pair of each result (or two pairs:
+ * warp_columns), W warps (slices) splitting k, with its prologue (the RmsNorm folded in, A staged in shared
  * memory) and its epilogues (the result's program, rotation, row writes,
  * ArgMax). A lane's step comes in two forms: float32 A (put_weight_loads and
  * put_float_math, the weights of the first steps loaded before the PDL wait:
@@ -16,7 +16,7 @@
  * keys and last block) is real CUDA in kernels/skeletons/.
  *
  * Long because it is one skeleton whose parts all write into the same warp
- * layout (pair, slice, lane, step k) and its registers: the weight loads per
+ * layout (its C columns, slice, lane, step k) and its registers: the weight loads per
  * dtype, preloads, prefetch and staging before the sums, the two step forms,
  * the slices' reduction and the epilogues after. The int8 grid (put_grid_copy,
  * put_grid_step) and the tensor-core form, which shares the staging, the
@@ -110,7 +110,9 @@ static long long weight_element_bytes(const mk_product_group *pg) {
 }
 
 /*
- * Warps per column pair (1, 2, 4 or 8), splitting k: enough warps in flight
+ * Warps per column pair (1, 2, 4 or 8; per two pairs where a warp takes 4
+ * columns, warp_columns, so that its launch has half the warps), splitting k:
+ * enough warps in flight
  * to read the weights at full bandwidth when the columns are few (a layer's
  * [768, 768] has 384 pairs, 132 SMs want thousands of warps), none idle: a
  * launch aims for 3,072 warps per byte of weight element, at most 8,192.
@@ -205,7 +207,7 @@ static long long prefetch_lines(const mk_product_group *pg) {
 }
 
 static void put_prefetch(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int o, int W,
-                         long long first) {
+                         int C, long long first) {
     const mk_product_out *r = &pg->out[o];
     long long lines = prefetch_lines(pg);
     for (int s = 0; s < r->n_src; s++) {
@@ -217,10 +219,10 @@ static void put_prefetch(mk_strbuf *b, const mk_launch *l, const mk_product_grou
         long long from = first * es, bytes = (long long)pg->k * es - from;
         if (bytes > 128 * lines) bytes = 128 * lines;
         if (bytes <= 0) continue;
-        for (int c = 0; c < 2; c++)
+        for (int c = 0; c < C; c++)
             mk_strbuf_put(b, "        for (long long k = %lldLL + 128 * (lane + 32 * slice); k < %lldLL; k += %d) "
-                             "asm volatile(\"prefetch.global.L2 [%%0];\" :: \"l\"((const char *)i%d + (2 * p + %d) * %lldLL + k));\n",
-                          from, from + bytes, 4096 * W, bk, c, ldb * es);
+                             "asm volatile(\"prefetch.global.L2 [%%0];\" :: \"l\"((const char *)i%d + (%d * p + %d) * %lldLL + k));\n",
+                          from, from + bytes, 4096 * W, bk, C, c, ldb * es);
     }
 }
 
@@ -237,10 +239,10 @@ static void put_prefetch(mk_strbuf *b, const mk_launch *l, const mk_product_grou
  * math, which widens them first (put_weight_widen): half or a quarter of the
  * registers.
  */
-static void put_weight_decls(mk_strbuf *b, int np, int E, const char *tag, const char *indent,
+static void put_weight_decls(mk_strbuf *b, int np, int C, int E, const char *tag, const char *indent,
                              bool raw) {
     for (int j = 0; j < np; j++)
-        for (int c = 0; c < 2; c++) {
+        for (int c = 0; c < C; c++) {
             if (raw) mk_strbuf_put(b, "%suint4 b%d_%d%sr;", indent, j, c, tag);
             else if (E >= 4) mk_strbuf_put(b, "%sfloat4 b%d_%d%s[%d];", indent, j, c, tag, E / 4);
             else mk_strbuf_put(b, "%sfloat b%d_%d%s[1];", indent, j, c, tag);
@@ -249,13 +251,13 @@ static void put_weight_decls(mk_strbuf *b, int np, int E, const char *tag, const
 }
 
 static void put_weight_loads(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg,
-                             const mk_product_out *r, const int *prods, int np, int E,
+                             const mk_product_out *r, const int *prods, int np, int C, int E,
                              const char *tag, const char *indent, bool raw) {
     for (int j = 0; j < np; j++) {
         int pj = r->src[prods[j]].product, bk = pg->b[pj];
         long long ldb = l->in[bk].stride[1];
         const char *w = weight_suffix(l->in[bk].dtype);
-        for (int c = 0; c < 2; c++) {
+        for (int c = 0; c < C; c++) {
             if (raw)
                 mk_strbuf_put(b, "%sb%d_%d%sr = __ldcs((const uint4 *)(B%d + %lldLL + k));\n", indent, j, c, tag,
                               j, c * ldb);
@@ -276,18 +278,18 @@ static void put_weight_loads(mk_strbuf *b, const mk_launch *l, const mk_product_
 
 /* The float4s of a step's raw weights (put_weight_decls), before its math. */
 static void put_weight_widen(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg,
-                             const mk_product_out *r, const int *prods, int np, int E,
+                             const mk_product_out *r, const int *prods, int np, int C, int E,
                              const char *tag) {
     for (int j = 0; j < np; j++) {
         const char *w = weight_suffix(l->in[pg->b[r->src[prods[j]].product]].dtype);
-        for (int c = 0; c < 2; c++)
+        for (int c = 0; c < C; c++)
             mk_strbuf_put(b, "            float4 b%d_%d%s[%d]; mk_x%d_%s(b%d_%d%sr, b%d_%d%s);\n", j, c, tag,
                           E / 4, E, w, j, c, tag, j, c, tag);
     }
 }
 
 static void put_float_math(mk_strbuf *b, const mk_product_group *pg, const mk_product_out *r,
-                           const int *prods, int np, int E, bool staged, const char *tag) {
+                           const int *prods, int np, int C, int E, bool staged, const char *tag) {
     int M = (int)pg->m;
     long long K = (long long)pg->k;
     const char *T = E >= 4 ? "float4" : "float";
@@ -295,7 +297,7 @@ static void put_float_math(mk_strbuf *b, const mk_product_group *pg, const mk_pr
     for (int j = 0; j < np; j++)
         if (pg->b_scale[r->src[prods[j]].product] >= 0) /* int8: the lane's E values lie in one block */
             for (int m = 0; m < M; m++)
-                for (int c = 0; c < 2; c++) mk_strbuf_put(b, "            float t%d_%d_%d = 0.0f;\n", m, c, j);
+                for (int c = 0; c < C; c++) mk_strbuf_put(b, "            float t%d_%d_%d = 0.0f;\n", m, c, j);
     for (int m = 0; m < M; m++)
         for (int q = 0; q < Q; q++) {
             mk_strbuf_put(b, "            %s a%d_%d = *(const %s *)(%s + %lldLL + k + %d);\n", T, m, q, T,
@@ -304,7 +306,7 @@ static void put_float_math(mk_strbuf *b, const mk_product_group *pg, const mk_pr
                 mk_strbuf_put(b, "            a%d_%d = mk_norm%d(a%d_%d, *(const %s *)(W + k + %d), ss[%d]);\n",
                               m, q, E >= 4 ? 4 : 1, m, q, T, 4 * q, m);
             for (int j = 0; j < np; j++)
-                for (int c = 0; c < 2; c++) {
+                for (int c = 0; c < C; c++) {
                     char sum[32];
                     if (pg->b_scale[r->src[prods[j]].product] >= 0) snprintf(sum, sizeof sum, "t%d_%d_%d", m, c, j);
                     else snprintf(sum, sizeof sum, "acc[%d][%d][%d]", m, c, j);
@@ -320,7 +322,7 @@ static void put_float_math(mk_strbuf *b, const mk_product_group *pg, const mk_pr
     for (int j = 0; j < np; j++)
         if (pg->b_scale[r->src[prods[j]].product] >= 0)
             for (int m = 0; m < M; m++)
-                for (int c = 0; c < 2; c++)
+                for (int c = 0; c < C; c++)
                     mk_strbuf_put(b, "            acc[%d][%d][%d] += t%d_%d_%d * s%d_%d%s;\n", m, c, j, m, c, j,
                                   j, c, tag);
 }
@@ -335,7 +337,8 @@ static void put_float_math(mk_strbuf *b, const mk_product_group *pg, const mk_pr
  * their raw 16 bytes (b{j}_{c}{tag}r) and scales from there.
  */
 static void put_grid_step(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg,
-                          const mk_product_out *r, const int *prods, int np, int E, const char *tag) {
+                          const mk_product_out *r, const int *prods, int np, int C, int E,
+                          const char *tag) {
     int M = (int)pg->m;
     long long K = (long long)pg->k, G = pg->a8_group;
     const char *QT = E == 16 ? "int4" : "int";
@@ -349,7 +352,7 @@ static void put_grid_step(mk_strbuf *b, const mk_launch *l, const mk_product_gro
         int pj = r->src[prods[j]].product;
         const mk_tensor *sc = &l->in[pg->b_scale[pj]];
         long long ldb = l->in[pg->b[pj]].stride[1];
-        for (int c = 0; c < 2; c++) {
+        for (int c = 0; c < C; c++) {
             if (loaded)
                 mk_strbuf_put(b, "            const int4 b%d_%d = make_int4((int)b%d_%d%sr.x, (int)b%d_%d%sr.y, "
                                  "(int)b%d_%d%sr.z, (int)b%d_%d%sr.w);\n"
@@ -394,7 +397,7 @@ static int plain_sources(const mk_product_out *r) {
  * products' instead of following their sums, one trip to memory less.
  */
 static void put_epilogue_loads(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int o,
-                               const char *who) {
+                               int C, const char *who) {
     const mk_product_out *r = &pg->out[o];
     int M = (int)pg->m;
     long long N = (long long)r->n;
@@ -405,8 +408,8 @@ static void put_epilogue_loads(mk_strbuf *b, const mk_launch *l, const mk_produc
                       r->row_begin, r->row_end);
     if (plain_sources(r)) {
         mk_strbuf_put(b, "#pragma unroll\n            for (int m = 0; m < %d; m++)\n"
-                         "#pragma unroll\n            for (int c = 0; c < 2; c++) {\n"
-                         "            const long long e = m * %lldLL + n0 + c;\n", M, N);
+                         "#pragma unroll\n            for (int c = 0; c < %d; c++) {\n"
+                         "            const long long e = m * %lldLL + n0 + c;\n", M, C, N);
         for (int s = 0, t = 0; s < r->n_src; s++) {
             const mk_product_source *src = &r->src[s];
             if (src->product >= 0) continue;
@@ -417,12 +420,13 @@ static void put_epilogue_loads(mk_strbuf *b, const mk_launch *l, const mk_produc
         }
         mk_strbuf_put(b, "            }\n");
     }
-    if (r->rotate >= 0) {
-        mk_strbuf_put(b, "#pragma unroll\n            for (int m = 0; m < %d; m++) {\n"
-                         "            const long long e0 = m * %lldLL + n0;\n", M, N);
+    if (r->rotate >= 0) { /* each pair h's (cos, sin) */
+        mk_strbuf_put(b, "#pragma unroll\n            for (int m = 0; m < %d; m++)\n"
+                         "#pragma unroll\n            for (int h = 0; h < %d; h++) {\n"
+                         "            const long long e0 = m * %lldLL + n0 + 2 * h;\n", M, C / 2, N);
         put_offset(b, "q0", "e0", &l->in[r->rotate], r->rotate_rank, r->rotate_shape);
         put_offset(b, "q1", "e0 + 1", &l->in[r->rotate], r->rotate_rank, r->rotate_shape);
-        mk_strbuf_put(b, "            rot[m][0] = ((const float *)i%d)[q0]; rot[m][1] = ((const float *)i%d)[q1];\n"
+        mk_strbuf_put(b, "            rot[m][h][0] = ((const float *)i%d)[q0]; rot[m][h][1] = ((const float *)i%d)[q1];\n"
                          "            }\n", r->rotate, r->rotate);
     }
     mk_strbuf_put(b, "        }\n");
@@ -487,14 +491,15 @@ static int most_products(const mk_product_group *pg) {
 static long long lane_steps(const mk_product_group *pg, int E, int W) {
     return ((long long)pg->k + 32LL * E * W - 1) / (32LL * E * W);
 }
-static int step_registers(const mk_product_group *pg, int E, bool raw) {
+static int step_registers(const mk_product_group *pg, int C, int E, bool raw) {
     bool scaled = false;
     for (int j = 0; j < pg->n_products; j++) scaled |= pg->b_scale[j] >= 0;
-    return most_products(pg) * 2 * ((raw ? 4 : E >= 4 ? E : 1) + scaled);
+    return most_products(pg) * C * ((raw ? 4 : E >= 4 ? E : 1) + scaled);
 }
 
-static bool preload_raw(const mk_product_group *pg, int E, int W) {
-    return E > 4 && (pg->a8_group || step_registers(pg, E, false) * lane_steps(pg, E, W) > MK_PRELOAD_FLOATS);
+static bool preload_raw(const mk_product_group *pg, int C, int E, int W) {
+    return E > 4 &&
+           (pg->a8_group || step_registers(pg, C, E, false) * lane_steps(pg, E, W) > MK_PRELOAD_FLOATS);
 }
 
 /* Whether every weight and int8 scale of the group is a constant (no launch
@@ -525,10 +530,11 @@ static bool whole_copy(const mk_product_group *pg, int E) {
 /* Steps of weights a lane loads before the wait: MK_PRELOAD_FLOATS'
  * registers, one where A is staged (staged) by a whole copy, whose loads take
  * the room. */
-static int preload_steps(const mk_launch *l, const mk_product_group *pg, int E, int W, bool staged) {
+static int preload_steps(const mk_launch *l, const mk_product_group *pg, int C, int E, int W,
+                         bool staged) {
     if ((pg->a8_group && E != 16) || !constant_weights(l, pg)) return 0;
     long long steps = lane_steps(pg, E, W);
-    long long pre = MK_PRELOAD_FLOATS / step_registers(pg, E, preload_raw(pg, E, W));
+    long long pre = MK_PRELOAD_FLOATS / step_registers(pg, C, E, preload_raw(pg, C, E, W));
     if (pre < 1 || (staged && whole_copy(pg, E))) pre = 1;
     return (int)(pre < steps ? pre : steps);
 }
@@ -630,32 +636,33 @@ static void put_gathers(mk_strbuf *b, const mk_product_group *pg) {
  * (b{j}_{c}p{s}, put_weight_loads) and sends the rest of its first columns'
  * lines to L2 (put_prefetch); then it waits.
  */
-static void put_preloads(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int E, int W,
-                         int pre) {
+static void put_preloads(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int C, int E,
+                         int W, int pre) {
     long long K = (long long)pg->k, step = 32LL * E * W;
+    bool raw = preload_raw(pg, C, E, W);
     mk_strbuf_put(b, "    const long long kfirst = %d * (lane + 32 * slice);\n", E);
     for (int s = 0; s < pre; s++) {
         char tag[8];
         snprintf(tag, sizeof tag, "p%d", s);
-        put_weight_decls(b, most_products(pg), E, tag, "    ", preload_raw(pg, E, W));
+        put_weight_decls(b, most_products(pg), C, E, tag, "    ", raw);
     }
     long long start = 0;
     for (int o = 0; o < pg->n_outs; o++) {
         const mk_product_out *r = &pg->out[o];
         int prods[MK_X_IN], np = product_sources(r, prods);
-        long long pairs = r->n / 2;
-        mk_strbuf_put(b, "    %sif (pair < %lldLL) {\n        const long long p = pair - %lldLL, n0 = 2 * p;\n",
-                      o ? "else " : "", start + pairs, start);
+        long long pairs = r->n / C;
+        mk_strbuf_put(b, "    %sif (pair < %lldLL) {\n        const long long p = pair - %lldLL, n0 = %d * p;\n",
+                      o ? "else " : "", start + pairs, start, C);
         put_column_pointers(b, l, pg, r, prods, np);
         for (int s = 0; s < pre; s++) {
             char tag[8];
             snprintf(tag, sizeof tag, "p%d", s);
             mk_strbuf_put(b, "        if (kfirst + %lldLL < %lldLL) {\n            const long long k = kfirst + %lldLL;\n",
                           s * step, K, s * step);
-            put_weight_loads(b, l, pg, r, prods, np, E, tag, "            ", preload_raw(pg, E, W));
+            put_weight_loads(b, l, pg, r, prods, np, C, E, tag, "            ", raw);
             mk_strbuf_put(b, "        }\n");
         }
-        put_prefetch(b, l, pg, o, W, pre * step);
+        put_prefetch(b, l, pg, o, W, C, pre * step);
         mk_strbuf_put(b, "    }\n");
         start += pairs;
     }
@@ -664,108 +671,109 @@ static void put_preloads(mk_strbuf *b, const mk_launch *l, const mk_product_grou
 }
 
 static void put_epilogue(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int o,
-                         bool staged, const char *who);
+                         int C, bool staged, const char *who);
 
-/* Result o's code for the column pair of warp index `p` (local to o). */
+/* Result o's code for the C columns of warp index `p` (local to o). */
 static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int o,
-                       int E, int W, int pre, int phase, bool staged) {
+                       int C, int E, int W, int pre, int phase, bool staged) {
     const mk_product_out *r = &pg->out[o];
     int M = (int)pg->m;
     long long K = (long long)pg->k;
     int prods[MK_X_IN], np = product_sources(r, prods); /* the products it reads, as sources */
-    mk_strbuf_put(b, "        const long long n0 = 2 * p;\n");
-    mk_strbuf_put(b, "        float acc[%d][2][%d];\n", M, np);
+    mk_strbuf_put(b, "        const long long n0 = %d * p;\n", C);
+    mk_strbuf_put(b, "        float acc[%d][%d][%d];\n", M, C, np);
     if (phase == 2) { /* the slices' sums: this warp's and the next W - 1's */
         mk_strbuf_put(b, "        if (slice != 0 || lane != 0) break;\n");
         if (pg->norm_w >= 0 && !staged) mk_strbuf_put(b, "        float ss[%d] = {0.0f};\n", M);
-        mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) for (int c = 0; c < 2; c++) for (int j = 0; j < %d; j++) {\n"
+        mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) for (int c = 0; c < %d; c++) for (int j = 0; j < %d; j++) {\n"
                          "            float t = 0.0f;\n"
-                         "            for (int w = 0; w < %d; w++) t += red[wib + w][(m * 2 + c) * %d + j];\n"
+                         "            for (int w = 0; w < %d; w++) t += red[wib + w][(m * %d + c) * %d + j];\n"
                          "            acc[m][c][j] = t;\n"
                          "        }\n",
-                      M, np, W, np);
+                      M, C, np, W, C, np);
         if (pg->norm_w >= 0 && !staged)
             mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) for (int w = 0; w < %d; w++) ss[m] += red[wib + w][%d + m];\n",
-                          M, W, M * 2 * np);
+                          M, W, M * C * np);
     } else {
-    mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) for (int c = 0; c < 2; c++) for (int j = 0; j < %d; j++) acc[m][c][j] = 0.0f;\n", M, np);
+    mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) for (int c = 0; c < %d; c++) for (int j = 0; j < %d; j++) acc[m][c][j] = 0.0f;\n", M, C, np);
     put_column_pointers(b, l, pg, r, prods, np);
-    put_epilogue_loads(b, l, pg, o, "lane == 0 && slice == 0");
+    put_epilogue_loads(b, l, pg, o, C, "lane == 0 && slice == 0");
     if (pg->norm_w >= 0 && !staged) mk_strbuf_put(b, "        float ss[%d] = {0.0f};\n", M);
     long long step = 32LL * E * W;
+    bool raw = preload_raw(pg, C, E, W);
     for (int s = 0; s < pre; s++) { /* the steps whose weights were loaded before the wait */
         char tag[8];
         snprintf(tag, sizeof tag, "p%d", s);
         mk_strbuf_put(b, "        if (kfirst + %lldLL < %lldLL) {\n            const long long k = kfirst + %lldLL;\n",
                       s * step, K, s * step);
         if (pg->a8_group) {
-            put_grid_step(b, l, pg, r, prods, np, E, tag);
+            put_grid_step(b, l, pg, r, prods, np, C, E, tag);
         } else {
-            if (preload_raw(pg, E, W)) put_weight_widen(b, l, pg, r, prods, np, E, tag);
-            put_float_math(b, pg, r, prods, np, E, staged, tag);
+            if (raw) put_weight_widen(b, l, pg, r, prods, np, C, E, tag);
+            put_float_math(b, pg, r, prods, np, C, E, staged, tag);
         }
         mk_strbuf_put(b, "        }\n");
     }
     bool ahead = loads_ahead(pg, E);
     if (ahead) { /* the loop's first step, its raw weights and scales in b{j}_{c}nr, s{j}_{c}n */
         mk_strbuf_put(b, "        {\n");
-        put_weight_decls(b, np, E, "n", "        ", true);
+        put_weight_decls(b, np, C, E, "n", "        ", true);
         mk_strbuf_put(b, "        if (kfirst + %lldLL < %lldLL) {\n            const long long k = kfirst + %lldLL;\n",
                       pre * step, K, pre * step);
-        put_weight_loads(b, l, pg, r, prods, np, E, "n", "            ", true);
+        put_weight_loads(b, l, pg, r, prods, np, C, E, "n", "            ", true);
         mk_strbuf_put(b, "        }\n");
     }
     mk_strbuf_put(b, "#pragma unroll %d\n        for (long long k = kfirst + %lldLL; k < %lldLL; k += %lldLL) {\n",
                   ahead ? 1 : 4, pre * step, K, step);
     if (pg->a8_group) {
-        put_grid_step(b, l, pg, r, prods, np, E, "");
+        put_grid_step(b, l, pg, r, prods, np, C, E, "");
     } else if (ahead) { /* this step's from the registers, the next step's loads out, then the math */
-        put_weight_decls(b, np, E, "", "            ", true);
+        put_weight_decls(b, np, C, E, "", "            ", true);
         for (int j = 0; j < np; j++)
-            for (int c = 0; c < 2; c++)
+            for (int c = 0; c < C; c++)
                 mk_strbuf_put(b, "            b%d_%dr = b%d_%dnr; s%d_%d = s%d_%dn;\n", j, c, j, c, j, c, j, c);
         mk_strbuf_put(b, "            if (k + %lldLL < %lldLL) { const long long next = k + %lldLL; {\n"
                          "            const long long k = next;\n", step, K, step);
-        put_weight_loads(b, l, pg, r, prods, np, E, "n", "            ", true);
+        put_weight_loads(b, l, pg, r, prods, np, C, E, "n", "            ", true);
         mk_strbuf_put(b, "            } }\n");
-        put_weight_widen(b, l, pg, r, prods, np, E, "");
-        put_float_math(b, pg, r, prods, np, E, staged, "");
+        put_weight_widen(b, l, pg, r, prods, np, C, E, "");
+        put_float_math(b, pg, r, prods, np, C, E, staged, "");
     } else {
-        put_weight_decls(b, np, E, "", "            ", false);
-        put_weight_loads(b, l, pg, r, prods, np, E, "", "            ", false);
-        put_float_math(b, pg, r, prods, np, E, staged, "");
+        put_weight_decls(b, np, C, E, "", "            ", false);
+        put_weight_loads(b, l, pg, r, prods, np, C, E, "", "            ", false);
+        put_float_math(b, pg, r, prods, np, C, E, staged, "");
     }
     mk_strbuf_put(b, ahead ? "        }\n        }\n" : "        }\n");
-    mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) for (int c = 0; c < 2; c++) for (int j = 0; j < %d; j++)\n"
+    mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) for (int c = 0; c < %d; c++) for (int j = 0; j < %d; j++)\n"
                      "            for (int off = 16; off > 0; off >>= 1) acc[m][c][j] += __shfl_xor_sync(0xffffffffu, acc[m][c][j], off);\n",
-                  M, np);
+                  M, C, np);
     if (pg->norm_w >= 0 && !staged)
         mk_strbuf_put(b, "        for (int m = 0; m < %d; m++)\n"
                          "            for (int off = 16; off > 0; off >>= 1) ss[m] += __shfl_xor_sync(0xffffffffu, ss[m], off);\n",
                       M);
     if (phase == 1) { /* hand the slice's sums over; the first slice finishes after the barrier */
         mk_strbuf_put(b, "        if (lane == 0) {\n"
-                         "            for (int m = 0; m < %d; m++) for (int c = 0; c < 2; c++) for (int j = 0; j < %d; j++)\n"
-                         "                red[wib + slice][(m * 2 + c) * %d + j] = acc[m][c][j];\n",
-                      M, np, np);
+                         "            for (int m = 0; m < %d; m++) for (int c = 0; c < %d; c++) for (int j = 0; j < %d; j++)\n"
+                         "                red[wib + slice][(m * %d + c) * %d + j] = acc[m][c][j];\n",
+                      M, C, np, C, np);
         if (pg->norm_w >= 0 && !staged)
             mk_strbuf_put(b, "            for (int m = 0; m < %d; m++) red[wib + slice][%d + m] = ss[m];\n",
-                          M, M * 2 * np);
+                          M, M * C * np);
         mk_strbuf_put(b, "        }\n");
         return;
     }
     }
-    put_epilogue(b, l, pg, o, staged, phase == 2 ? "" : "if (lane == 0) ");
+    put_epilogue(b, l, pg, o, C, staged, phase == 2 ? "" : "if (lane == 0) ");
 }
 
 /*
- * Result o's epilogue for the column pair n0 of the thread `who` says
+ * Result o's epilogue for the C columns from n0 of the thread `who` says
  * (a condition, or "" for every thread that gets here), from its sums
  * acc[m][c][j]: the RmsNorm's 1 / rms, the result's program, its rotation, and
  * its row write or ArgMax.
  */
 static void put_epilogue(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int o,
-                         bool staged, const char *who) {
+                         int C, bool staged, const char *who) {
     const mk_product_out *r = &pg->out[o];
     int which = 1; /* the faulting member for the error: the row write */
     while (which < pg->n_members && pg->members[which - 1] != r->end) which++;
@@ -775,9 +783,9 @@ static void put_epilogue(mk_strbuf *b, const mk_launch *l, const mk_product_grou
     if (pg->norm_w >= 0) /* the RmsNorm: the sum of x's squares, the block's or the warp's */
         mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) {\n"
                          "            const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(%s[m], (float)%lldLL), 1e-5f)));\n"
-                         "            for (int c = 0; c < 2; c++) for (int j = 0; j < %d; j++) acc[m][c][j] *= inv;\n"
+                         "            for (int c = 0; c < %d; c++) for (int j = 0; j < %d; j++) acc[m][c][j] *= inv;\n"
                          "        }\n",
-                      M, staged ? "sss" : "ss", K, np);
+                      M, staged ? "sss" : "ss", K, C, np);
     /* one thread writes; no thread returns early (a block with an ArgMax
      * result meets at a barrier at the end); a fault leaves the do-while */
     mk_strbuf_put(b, "        %sdo {\n", who);
@@ -794,24 +802,26 @@ static void put_epilogue(mk_strbuf *b, const mk_launch *l, const mk_product_grou
     } else {
         mk_strbuf_put(b, "        float *dst = o + %lldLL;\n", (long long)r->offset);
     }
-    mk_strbuf_put(b, "#pragma unroll\n        for (int m = 0; m < %d; m++) {\n            float v[2];\n", M);
+    /* a pair h of columns at a time, n0 + 2 h and n0 + 2 h + 1 (rotated together) */
+    mk_strbuf_put(b, "#pragma unroll\n        for (int m = 0; m < %d; m++)\n"
+                     "#pragma unroll\n        for (int h = 0; h < %d; h++) {\n            float v[2];\n", M, C / 2);
     mk_strbuf_put(b, "#pragma unroll\n            for (int c = 0; c < 2; c++) {\n");
-    mk_strbuf_put(b, "            const long long e = m * %lldLL + n0 + c;\n", N);
+    mk_strbuf_put(b, "            const long long e = m * %lldLL + n0 + 2 * h + c;\n", N);
     for (int s = 0, t = 0; s < r->n_src; s++) {
         if (r->src[s].product >= 0) {
             int j = 0;
             while (prods[j] != s) j++;
-            mk_strbuf_put(b, "            const float r%d = acc[m][c][%d];\n", s, j);
+            mk_strbuf_put(b, "            const float r%d = acc[m][2 * h + c][%d];\n", s, j);
         } else {
-            mk_strbuf_put(b, "            const float r%d = pre[m][c][%d];\n", s, t++);
+            mk_strbuf_put(b, "            const float r%d = pre[m][2 * h + c][%d];\n", s, t++);
         }
     }
     const mk_expr *e = &r->program;
     for (int j = 0; j < e->n; j++) mk_cuda_put_insn(b, e, j, true);
     mk_strbuf_put(b, "            v[c] = r%d;\n            }\n", e->n ? MK_X_IN + e->n - 1 : 0);
-    mk_strbuf_put(b, "            const long long e0 = m * %lldLL + n0;\n", N);
+    mk_strbuf_put(b, "            const long long e0 = m * %lldLL + n0 + 2 * h;\n", N);
     if (r->rotate >= 0) /* (re, im) * (cr, ci), rounded as the complex product's kernel */
-        mk_strbuf_put(b, "            const float cr = rot[m][0], ci = rot[m][1];\n"
+        mk_strbuf_put(b, "            const float cr = rot[m][h][0], ci = rot[m][h][1];\n"
                          "            const float re = __fsub_rn(__fmul_rn(v[0], cr), __fmul_rn(v[1], ci));\n"
                          "            const float im = __fadd_rn(__fmul_rn(v[0], ci), __fmul_rn(v[1], cr));\n"
                          "            v[0] = re; v[1] = im;\n");
@@ -822,7 +832,7 @@ static void put_epilogue(mk_strbuf *b, const mk_launch *l, const mk_product_grou
     /* ArgMax: the largest key wins, first in the block's shared memory
      * (kernels/skeletons/argmax.cuh) */
     mk_strbuf_put(b, "            for (int c = 0; c < 2; c++)\n"
-                     "                atomicMax(&sbest[%d + m], mk_argmax_key(v[c], (unsigned int)(n0 + c)));\n"
+                     "                atomicMax(&sbest[%d + m], mk_argmax_key(v[c], (unsigned int)(n0 + 2 * h + c)));\n"
                      "        }\n"
                      "        } while (0);\n",
                   argmax_slot(pg, o) * M);
@@ -1254,7 +1264,7 @@ static void put_tc_source(mk_strbuf *b, const mk_launch *l, int W) {
                      "    const int slice = (int)(warp %% %d), wib = (int)(threadIdx.x >> 5) - slice;\n"
                      "    const int kb = slice * %lld, ke = min(%lld, kb + %lld); /* the warp's k */\n"
                      "    __shared__ float red[%d][16];\n"
-                     "    float pre[1][2][%d], rot[1][2];\n    long long wbegin = 0, wend = 0;\n"
+                     "    float pre[1][2][%d], rot[1][1][2];\n    long long wbegin = 0, wend = 0;\n"
                      "    (void)pre; (void)rot; (void)wbegin; (void)wend;\n"
                      "    uint4 ld0[2], ld1[2]; /* a step's weights of columns g and g + 8 */\n"
                      "    float s0[2], s1[2];\n"
@@ -1288,7 +1298,7 @@ static void put_tc_source(mk_strbuf *b, const mk_launch *l, int W) {
                           o ? "else " : "", start + tiles, start);
             if (phase == 1) {
                 mk_strbuf_put(b, "        const long long n0 = 16 * p + 2 * (lane & 7);\n");
-                put_epilogue_loads(b, l, pg, o, "slice == 0 && lane < 8");
+                put_epilogue_loads(b, l, pg, o, 2, "slice == 0 && lane < 8");
                 put_tc_sums(b, l, pg, o, early);
             } else { /* lane q < 8 of the tile's first warp: its column pair 2q, 2q + 1 */
                 mk_strbuf_put(b, "        if (slice != 0 || lane >= 8) break;\n"
@@ -1299,7 +1309,7 @@ static void put_tc_source(mk_strbuf *b, const mk_launch *l, int W) {
                                  "            for (int w = 0; w < %d; w++) s += red[wib + w][2 * lane + c];\n"
                                  "            acc[0][c][0] = s;\n"
                                  "        }\n", W);
-                put_epilogue(b, l, pg, o, true, "");
+                put_epilogue(b, l, pg, o, 2, true, "");
             }
             mk_strbuf_put(b, "    } while (0);\n");
             start += tiles;
@@ -1309,11 +1319,47 @@ static void put_tc_source(mk_strbuf *b, const mk_launch *l, int W) {
     mk_strbuf_put(b, "}\n");
 }
 
-/* The kernel of a matrix–vector group's launch: one warp per column pair of a
- * result (every row of A), MK_MV_WARPS warps a block, each on its own: a warp
- * reads all of A, so it sums the RmsNorm's squares of x in the same loop and
- * scales its dot products of w * x by 1 / rms at the end (no block-wide step
- * unless A is staged). */
+/* Whether A is staged in shared memory: on the int8 grid (made there), or
+ * where its rows fit MK_STAGE_BYTES and the launch reads at least
+ * MK_STAGE_MIN_WEIGHTS. */
+static bool staged_a(const mk_launch *l, const mk_product_group *pg) {
+    return pg->a8_group || ((long long)pg->m * pg->k * (long long)sizeof(float) <= MK_STAGE_BYTES &&
+                            weight_bytes(l, pg) >= MK_STAGE_MIN_WEIGHTS);
+}
+
+/*
+ * Columns a warp takes (C): 4, two pairs, where A is one staged row and each
+ * result reads one product of int8 weights 16 a lane's step (Llama-2-7B's wo
+ * and w2), else 2, a pair. A warp's step then loads 4 columns' 16 bytes a
+ * lane, one step ahead, and reads A's 16 values from shared memory once for 4
+ * columns, not 2; the launch has half the warps (W slices each as before:
+ * product_slices counts pairs) and half the blocks, each staging A once.
+ * Measured alone (a microbenchmark of Llama-2-7B's int8 shapes on the H200,
+ * 4 copies of the weights past L2, launches back to back with PDL, a
+ * hand-written kernel of this form against the generated one with a pair a
+ * warp): wo (4,096 x 4,096) 6.65 against 7.64 us, w2 (4,096 x 11,008) 14.8
+ * against 16.6; 8 columns a warp (127 registers) 7.45 and 17.8; w1 / w3 (two
+ * products, 8 rows a warp at 4 columns, 128 registers) 26.8 against 25.9.
+ * In the model (H200, bench_llama2 --7b --precision q8, one call, alternating
+ * with the pair form; wo at 71 registers and w2 at 79, 3 blocks an SM):
+ * Llama-2-7B 427.2 / 428.6 tok/s against 420.7 / 418.7.
+ */
+static int warp_columns(const mk_launch *l, const mk_product_group *pg) {
+    if (pg->m != 1 || pg->a8_group || weight_element_bytes(pg) != 1 || most_products(pg) != 1 ||
+        weights_per_load(l, pg) != 16 || !staged_a(l, pg) || tc_slices(l, pg))
+        return 2;
+    for (int j = 0; j < pg->n_products; j++)
+        if (pg->b_scale[j] < 0) return 2;
+    for (int o = 0; o < pg->n_outs; o++)
+        if (pg->out[o].n % 4) return 2;
+    return 4;
+}
+
+/* The kernel of a matrix–vector group's launch: one warp per C columns of a
+ * result (every row of A; warp_columns), MK_MV_WARPS warps a block, each on its
+ * own: a warp reads all of A, so it sums the RmsNorm's squares of x in the same
+ * loop and scales its dot products of w * x by 1 / rms at the end (no
+ * block-wide step unless A is staged). */
 void mk_cuda_product_source(mk_strbuf *b, const mk_launch *l) {
     const mk_product_group *pg = l->node->prod;
     if (int W = tc_slices(l, pg)) {
@@ -1324,12 +1370,11 @@ void mk_cuda_product_source(mk_strbuf *b, const mk_launch *l) {
     long long K = (long long)pg->k;
     /* float4 loads where every row of A, the weight and each B column is 16-byte aligned */
     int E = weights_per_load(l, pg);
-    mk_strbuf_put(b, "// moonkaas matrix-vector group $%d: [%d, %lld] @ %d products, %d results%s\n",
+    bool staged = staged_a(l, pg);
+    int C = warp_columns(l, pg);
+    mk_strbuf_put(b, "// moonkaas matrix-vector group $%d: [%d, %lld] @ %d products, %d results%s%s\n",
                   l->node->id, M, K, pg->n_products, pg->n_outs,
-                  pg->norm_w >= 0 ? ", RmsNorm folded in" : "");
-    bool staged = pg->a8_group || /* A on the int8 grid is made in shared memory */
-                  ((long long)M * K * (long long)sizeof(float) <= MK_STAGE_BYTES &&
-                   weight_bytes(l, pg) >= MK_STAGE_MIN_WEIGHTS);
+                  pg->norm_w >= 0 ? ", RmsNorm folded in" : "", C == 4 ? ", 4 columns a warp" : "");
     mk_cuda_put_fault(b);
     mk_strbuf_put(b, "%s%s%s", mk_skeleton_weights,
                   staged || pg->norm_w >= 0 ? mk_skeleton_staging : "",
@@ -1355,39 +1400,39 @@ void mk_cuda_product_source(mk_strbuf *b, const mk_launch *l) {
     for (int o = 0; o < pg->n_outs; o++) {
         int np = 0;
         for (int k = 0; k < pg->out[o].n_src; k++) np += pg->out[o].src[k].product >= 0;
-        int need = (int)pg->m * 2 * np + (int)pg->m;
+        int need = (int)pg->m * C * np + (int)pg->m;
         if (need > R) R = need;
     }
     if (W > 1) mk_strbuf_put(b, "    __shared__ float red[%d][%d];\n", MK_MV_WARPS, R);
     int PS = 1; /* registers of the epilogues' loads (put_epilogue_loads) */
     for (int o = 0; o < pg->n_outs; o++)
         if (plain_sources(&pg->out[o]) > PS) PS = plain_sources(&pg->out[o]);
-    mk_strbuf_put(b, "    float pre[%d][2][%d], rot[%d][2];\n    long long wbegin = 0, wend = 0;\n"
-                     "    (void)pre; (void)rot; (void)wbegin; (void)wend;\n", M, PS, M);
-    int pre = preload_steps(l, pg, E, W, staged);
-    put_preloads(b, l, pg, E, W, pre);
+    mk_strbuf_put(b, "    float pre[%d][%d][%d], rot[%d][%d][2];\n    long long wbegin = 0, wend = 0;\n"
+                     "    (void)pre; (void)rot; (void)wbegin; (void)wend;\n", M, C, PS, M, C / 2);
+    int pre = preload_steps(l, pg, C, E, W, staged);
+    put_preloads(b, l, pg, C, E, W, pre);
     if (staged) put_staging(b, pg, E, false);
     for (int phase = W > 1 ? 1 : 0; phase <= (W > 1 ? 2 : 0); phase++) {
         if (phase == 2) mk_strbuf_put(b, "    __syncthreads();\n");
         long long start = 0;
         for (int o = 0; o < pg->n_outs; o++) {
-            long long pairs = pg->out[o].n / 2;
+            long long pairs = pg->out[o].n / C;
             mk_strbuf_put(b, "    %sif (pair < %lldLL) do {\n        const long long p = pair - %lldLL;\n",
                           o ? "else " : "", start + pairs, start);
-            put_result(b, l, pg, o, E, W, pre, phase, staged);
+            put_result(b, l, pg, o, C, E, W, pre, phase, staged);
             mk_strbuf_put(b, "    } while (0);\n");
             start += pairs;
         }
     }
-    if (slots) put_argmax_blocks(b, pg, MK_MV_WARPS / W);
+    if (slots) put_argmax_blocks(b, pg, C / 2 * (MK_MV_WARPS / W));
     mk_strbuf_put(b, "}\n");
 }
 
-/* Warps (column pairs) of a matrix–vector group's launch. */
-static long long product_warps(const mk_product_group *pg) {
+/* Warps of a matrix–vector group's launch, a slice of C columns each, W slices. */
+static long long product_warps(const mk_product_group *pg, int C, int W) {
     long long w = 0;
-    for (int o = 0; o < pg->n_outs; o++) w += pg->out[o].n / 2;
-    return w;
+    for (int o = 0; o < pg->n_outs; o++) w += pg->out[o].n / C;
+    return w * W;
 }
 
 /* Device scratch of a group's launch: per ArgMax result, the best key of each
@@ -1396,12 +1441,12 @@ size_t mk_cuda_product_aux_bytes(const mk_product_group *pg) {
     return (size_t)argmax_aux_offset(pg, pg->n_outs);
 }
 
-/* The grid of a group's launch: MK_MV_WARPS warps a block, W of them a column
- * pair (in the tensor-core form, a tile of 16 columns). */
+/* The grid of a group's launch: MK_MV_WARPS warps a block, W of them the C
+ * columns of warp_columns (in the tensor-core form, a tile of 16 columns). */
 void mk_cuda_product_grid(const mk_launch *l, unsigned int *blocks, unsigned int *threads) {
     const mk_product_group *pg = l->node->prod;
     int W = tc_slices(l, pg);
-    if (W) *blocks = mk_cuda_blocks(product_warps(pg) / 8 * W, MK_MV_WARPS);
-    else *blocks = mk_cuda_blocks(product_warps(pg) * product_slices(pg), MK_MV_WARPS);
+    if (W) *blocks = mk_cuda_blocks(product_warps(pg, 16, W), MK_MV_WARPS);
+    else *blocks = mk_cuda_blocks(product_warps(pg, warp_columns(l, pg), product_slices(pg)), MK_MV_WARPS);
     *threads = 32 * (unsigned int)MK_MV_WARPS;
 }

@@ -368,9 +368,9 @@ static void products_on(mk_device dev) {
 static void test_products_cpu(void) { products_on(MK_DEVICE_CPU); }
 static void test_products_cuda(void) { products_on(MK_DEVICE_CUDA); }
 
-/* ---- int8 products on the tensor cores ------------------------------------------- */
+/* ---- int8 products in the large launches' forms ---------------------------------- */
 
-/* What follows the product in a tensor-core case. */
+/* What follows the product in an int8 case. */
 typedef enum {
     TC_PLAIN,    /* y = x' W^T */
     TC_RESIDUAL, /* y + r, r an input [1, n] */
@@ -380,24 +380,34 @@ typedef enum {
     TC_TWO,      /* SiLU(x' W^T) * x' W3^T: two products a result, the other form */
 } tc_tail;
 
+/* The form a large int8 launch takes (codegen_matvec.cu), as its source names it. */
+typedef enum {
+    FORM_PAIR, /* a column pair a warp */
+    FORM_QUAD, /* 4 columns a warp (warp_columns) */
+    FORM_TC,   /* the tensor cores */
+} int8_form;
+
 /*
- * The tensor-core form (codegen_matvec.cu: int8 weights in groups of a
- * multiple of 64 through the integer MMA, x as fixed-point digits), which a
- * group takes with one row of x, k a multiple of 128, results of one product
- * each and at least 8,192 columns, 8 MB of weights: y = x' W^T, x' = x or
- * RmsNorm(x, nw) (`norm`), then `tail`. Against double loops, within float32's
- * rounding of the sums (1e-6 of the sum of |terms|: the digits hold x to 2^-31
- * of each 64's largest |x|); x spans twelve orders of magnitude, one 64 is
- * zeros and one subnormal. A NaN in x (`nan`) makes every result NaN, as the
- * CPU's. The kernel's source must name the form (TC_TWO: must not). With
- * MK_CUDA_NO_MMA=1 when the model is compiled, the same integer sums come from
- * shuffles and DP4A (the path of GPUs before sm_80): bit for bit the same.
- * Constant weights (`constant`) are loaded before the kernel's wait. A row
- * write (TC_ROW) is first given bad bounds, two rows for one and a row past
- * the buffer: each fails naming the node, and the model then runs as usual.
+ * The forms of a group with one row of x, int8 weights in groups of a
+ * multiple of 64 and at least 8 MB of them (A staged), y = x' W^T, x' = x or
+ * RmsNorm(x, nw) (`norm`), then `tail`: the tensor-core form (the integer MMA,
+ * x as fixed-point digits), which it takes with k a multiple of 128, results
+ * of one product each and at least 8,192 columns; else 4 columns a warp where
+ * the results read one product each and their columns are multiples of 4;
+ * else a column pair a warp (TC_TWO). The kernel's source must name the form
+ * `form` says. Against double loops, within float32's rounding of the sums
+ * (1e-6 of the sum of |terms|: the digits hold x to 2^-31 of each 64's
+ * largest |x|); x spans twelve orders of magnitude, one 64 is zeros and one
+ * subnormal. A NaN in x (`nan`) makes every result NaN, as the CPU's. With
+ * MK_CUDA_NO_MMA=1 when the model is compiled, the tensor-core form's integer
+ * sums come from shuffles and DP4A (the path of GPUs before sm_80): bit for
+ * bit the same. Constant weights (`constant`) are loaded before the kernel's
+ * wait. A row write (TC_ROW) is first given bad bounds, two rows for one and a
+ * row past the buffer: each fails naming the node, and the model then runs as
+ * usual.
  */
-static void tensor_core_case(int64_t k, int64_t n, int64_t g, bool norm, tc_tail tail, bool nan,
-                             bool constant) {
+static void int8_case(int64_t k, int64_t n, int64_t g, bool norm, tc_tail tail, bool nan,
+                      bool constant, int8_form form) {
     char text[2048];
     const char *kind = constant ? "ConstantTensor" : "InputTensor"; /* the weights' */
     int at = snprintf(text, sizeof text,
@@ -501,14 +511,16 @@ static void tensor_core_case(int64_t k, int64_t n, int64_t g, bool norm, tc_tail
         if (!mod) break;
         mk_stats st;
         mk_model_stats(mod, &st);
-        bool form = false;
-        for (int i = 0; i < st.launches && !form; i++) {
+        int8_form taken = FORM_PAIR;
+        for (int i = 0; i < st.launches; i++) {
             char *src = mk_model_kernel_source(mod, i, NULL);
-            form = src && strstr(src, "int8 on the tensor cores");
+            if (src && strstr(src, "int8 on the tensor cores")) taken = FORM_TC;
+            if (src && strstr(src, "4 columns a warp")) taken = FORM_QUAD;
             mk_string_free(src);
         }
-        CHECK(form == (tail != TC_TWO), "%s: the tensor-core form %s\n%s", what,
-              form ? "taken" : "not taken", mk_model_fusion_report(mod));
+        const char *forms[] = {"a pair a warp", "4 columns a warp", "the tensor cores"};
+        CHECK(taken == form, "%s: %s taken, want %s\n%s", what, forms[taken], forms[form],
+              mk_model_fusion_report(mod));
         int n_in = 6 + (constant ? 0 : n_weights);
         if (tail == TC_ROW) { /* bad bounds first: clear errors, and nothing lost */
             int64_t good[2] = {pos, pos1}, bad[2][2] = {{0, 2}, {4, 5}};
@@ -550,18 +562,28 @@ static void tensor_core_case(int64_t k, int64_t n, int64_t g, bool norm, tc_tail
     for (int j = 0; j < 2; j++) free(w[j]), free(s[j]), free(y[j]), free(sum[j]), free(mag[j]);
 }
 
-static void test_tensor_cores_cuda(void) {
-    tensor_core_case(1024, 8192, 64, false, TC_PLAIN, false, false);
-    tensor_core_case(128 * test_randint(8, 24), 16 * test_randint(512, 1024),
-                     64 * test_randint(1, 2), true, TC_RESIDUAL, false, true);
-    tensor_core_case(1024, 8192, 128, true, TC_ROPE, false, false);
-    tensor_core_case(1024, 8192, 64, false, TC_ROW, false, true);
-    tensor_core_case(2048, 8192, 64, true, TC_ARGMAX, false, true);
-    tensor_core_case(1024, 8192, 64, true, TC_TWO, false, false);
-    tensor_core_case(1024, 8192, 64, false, TC_PLAIN, true, false);
+static void test_int8_forms_cuda(void) {
+    int8_case(1024, 8192, 64, false, TC_PLAIN, false, false, FORM_TC);
+    int8_case(128 * test_randint(8, 24), 16 * test_randint(512, 1024), 64 * test_randint(1, 2), true,
+              TC_RESIDUAL, false, true, FORM_TC);
+    int8_case(1024, 8192, 128, true, TC_ROPE, false, false, FORM_TC);
+    int8_case(1024, 8192, 64, false, TC_ROW, false, true, FORM_TC);
+    int8_case(2048, 8192, 64, true, TC_ARGMAX, false, true, FORM_TC);
+    int8_case(1024, 8192, 64, true, TC_TWO, false, false, FORM_PAIR);
+    int8_case(1024, 8192, 64, false, TC_PLAIN, true, false, FORM_TC);
     /* k past 4,096 (up to the most A staged holds): the digit copy takes a
      * warp's 64s in more than one batch */
-    tensor_core_case(128 * test_randint(33, 88), 8192, 64, true, TC_PLAIN, false, true);
+    int8_case(128 * test_randint(33, 88), 8192, 64, true, TC_PLAIN, false, true, FORM_TC);
+    /* under 8,192 columns: 4 a warp (Llama-2-7B's wo and w2), k up to 11,008
+     * (more slices or fewer), a pair where the columns are not multiples of 4 */
+    int8_case(2048, 4096, 64, false, TC_PLAIN, false, true, FORM_QUAD);
+    int8_case(64 * test_randint(32, 172), 4 * test_randint(1024, 2000), 64, false, TC_RESIDUAL,
+              false, test_randint(0, 1), FORM_QUAD);
+    int8_case(2048, 4096, 128, true, TC_ROPE, false, false, FORM_QUAD);
+    int8_case(2048, 4096, 64, false, TC_ROW, false, true, FORM_QUAD);
+    int8_case(4096, 4092, 64, true, TC_ARGMAX, false, true, FORM_QUAD);
+    int8_case(2048, 4096, 64, false, TC_PLAIN, true, true, FORM_QUAD);
+    int8_case(2048, 4098, 64, false, TC_RESIDUAL, false, true, FORM_PAIR);
 }
 
 /* ---- int8 activations: FakeQuantizeNode, W8A8 products ------------------------------ */
@@ -834,14 +856,14 @@ int main(void) {
         RUN(test_products_cuda);
         RUN(test_fake_quantize_cuda);
         RUN(test_w8a8_cuda);
-        RUN(test_tensor_cores_cuda);
+        RUN(test_int8_forms_cuda);
     } else {
         SKIP(test_cast_cuda, why);
         SKIP(test_dequantize_cuda, why);
         SKIP(test_products_cuda, why);
         SKIP(test_fake_quantize_cuda, why);
         SKIP(test_w8a8_cuda, why);
-        SKIP(test_tensor_cores_cuda, why);
+        SKIP(test_int8_forms_cuda, why);
     }
     mk_context_free(ctx);
     return test_summary("lowp");
