@@ -608,6 +608,11 @@ static int preload_steps(const mk_launch *l, const mk_product_group *pg, int C, 
  * digits of the whole A costs wo's and w2's short blocks much, and the DP4A
  * loop is slower than this one even without it (lowp_test passed; the patch
  * is not kept).
+ * Nor two steps ahead where a warp takes 4 columns (warp_columns) and a lane
+ * has more than 8 steps (w2's 11; 80 registers, 3 blocks an SM), though alone
+ * w2 streamed at 13.4 us against 14.8 a step ahead (98 registers, 2 blocks an
+ * SM): on the H200 at 2395c22 (one call, alternating), Llama-2-7B int8 went
+ * from 427.2 / 427.9 to 424.6 / 426.3 tok/s (lowp_test passed).
  */
 static bool loads_ahead(const mk_product_group *pg, int E) { return E == 16 && !pg->a8_group; }
 

@@ -574,9 +574,11 @@ static void test_int8_forms_cuda(void) {
     /* k past 4,096 (up to the most A staged holds): the digit copy takes a
      * warp's 64s in more than one batch */
     int8_case(128 * test_randint(33, 88), 8192, 64, true, TC_PLAIN, false, true, FORM_TC);
-    /* under 8,192 columns: 4 a warp (Llama-2-7B's wo and w2), k up to 11,008
-     * (more slices or fewer), a pair where the columns are not multiples of 4 */
+    /* under 8,192 columns: 4 a warp (Llama-2-7B's wo and w2, k = 11,008),
+     * k up to 11,008 (more slices or fewer), a pair where the columns are not
+     * multiples of 4 */
     int8_case(2048, 4096, 64, false, TC_PLAIN, false, true, FORM_QUAD);
+    int8_case(11008, 4096, 64, false, TC_RESIDUAL, false, true, FORM_QUAD);
     int8_case(64 * test_randint(32, 172), 4 * test_randint(1024, 2000), 64, false, TC_RESIDUAL,
               false, test_randint(0, 1), FORM_QUAD);
     int8_case(2048, 4096, 128, true, TC_ROPE, false, false, FORM_QUAD);
