@@ -196,6 +196,12 @@ static void put_argmax_blocks(mk_strbuf *b, const mk_product_group *pg, long lon
  * More at 6e22c9b (H200): 12 and 24 MB gave Llama-2-7B bfloat16 264.8 and
  * 257.4 against 269.5 / 268.6, int8 336.1 (24 MB) against 367.0; 16 MB gave
  * stories110M 4,409 against 4,402.
+ * Nor 24 MB where A is an attention group's result (whose launch reads no
+ * weights, so that memory idles while it runs; Llama-2-7B int8's wo whole,
+ * 17 MB): on the H200 at fbee6b2 (one call, alternating), Llama-2-7B int8
+ * went from 425.4 / 426.4 to 417.0 / 418.1 tok/s, stories15M from 13,531 /
+ * 13,481 to 13,604 / 13,739, stories110M 5,058 to 5,067 (bfloat16 5,883 to
+ * 5,878).
  */
 #define MK_PREFETCH_BYTES (2LL << 20)
 
