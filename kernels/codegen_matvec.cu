@@ -661,9 +661,9 @@ static void put_preloads(mk_strbuf *b, const mk_launch *l, const mk_product_grou
     for (int o = 0; o < pg->n_outs; o++) {
         const mk_product_out *r = &pg->out[o];
         int prods[MK_X_IN], np = product_sources(r, prods);
-        long long pairs = r->n / C;
+        long long groups = r->n / C; /* of C columns, a warp (and its slices) each */
         mk_strbuf_put(b, "    %sif (pair < %lldLL) {\n        const long long p = pair - %lldLL, n0 = %d * p;\n",
-                      o ? "else " : "", start + pairs, start, C);
+                      o ? "else " : "", start + groups, start, C);
         put_column_pointers(b, l, pg, r, prods, np);
         for (int s = 0; s < pre; s++) {
             char tag[8];
@@ -675,7 +675,7 @@ static void put_preloads(mk_strbuf *b, const mk_launch *l, const mk_product_grou
         }
         put_prefetch(b, l, pg, o, W, C, pre * step);
         mk_strbuf_put(b, "    }\n");
-        start += pairs;
+        start += groups;
     }
     mk_strbuf_put(b, "    MK_GROUP_WAIT;\n");
     put_gathers(b, pg);
@@ -1402,7 +1402,7 @@ void mk_cuda_product_source(mk_strbuf *b, const mk_launch *l) {
                          "    if (threadIdx.x < %d) sbest[threadIdx.x] = 0ull;\n"
                          "    __syncthreads();\n",
                       slots * M, slots * M);
-    int W = product_slices(pg);
+    int W = product_slices(pg); /* `pair` indexes the warps' C columns (a pair, or two) */
     mk_strbuf_put(b, "    const long long pair = warp / %d;\n"
                      "    const int slice = (int)(warp %% %d), wib = (int)(threadIdx.x >> 5) - slice;\n"
                      "    (void)wib;\n",
@@ -1427,12 +1427,12 @@ void mk_cuda_product_source(mk_strbuf *b, const mk_launch *l) {
         if (phase == 2) mk_strbuf_put(b, "    __syncthreads();\n");
         long long start = 0;
         for (int o = 0; o < pg->n_outs; o++) {
-            long long pairs = pg->out[o].n / C;
+            long long groups = pg->out[o].n / C; /* of C columns, a warp (and its slices) each */
             mk_strbuf_put(b, "    %sif (pair < %lldLL) do {\n        const long long p = pair - %lldLL;\n",
-                          o ? "else " : "", start + pairs, start);
+                          o ? "else " : "", start + groups, start);
             put_result(b, l, pg, o, C, E, W, pre, phase, staged);
             mk_strbuf_put(b, "    } while (0);\n");
-            start += pairs;
+            start += groups;
         }
     }
     if (slots) put_argmax_blocks(b, pg, C / 2 * (MK_MV_WARPS / W));
