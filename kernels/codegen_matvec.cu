@@ -16,14 +16,14 @@
  * keys and last block) is real CUDA in kernels/skeletons/.
  *
  * Long because it is one skeleton whose parts all write into the same warp
- * layout (its C columns, slice, lane, step k) and its registers: the weight loads per
- * dtype, preloads, prefetch and staging before the sums, the two step forms,
- * the slices' reduction and the epilogues after. The int8 grid (put_grid_copy,
- * put_grid_step) and the tensor-core form, which shares the staging, the
- * epilogues and the ArgMax blocks, are the parts that could move out if they
- * grow. Nearly a third of its lines are comments, most of them the
- * measurements of forms tried and not kept, beside the code they concern;
- * the device code it pastes unchanged is already out, in kernels/skeletons/.
+ * layout (its C columns, slice, lane, step k) and its registers: the weight
+ * loads per dtype, preloads, prefetch and staging before the sums, the two
+ * step forms, the slices' reduction and the epilogues after. The int8 grid
+ * (put_grid_copy, put_grid_step) and the tensor-core form, which shares the
+ * staging, the epilogues and the ArgMax blocks, are the parts that could move
+ * out if they grow. A third of its lines are comments, most of them the
+ * measurements of forms tried and not kept, beside the code they concern; the
+ * device code it pastes unchanged is already out, in kernels/skeletons/.
  */
 #include "cuda_device.h"
 #include "skeletons.h"
