@@ -5,7 +5,8 @@
 # them) to PTX with nvcc, plain and with MK_TIMELINE (the stamped build), for
 # ARCH (default sm_90), and names every pair whose PTX differs, saying where
 # only the virtual registers' numbers do (the same instructions in the same
-# order: ptxas may still schedule them apart). Identical PTX means the change
+# order: ptxas may still schedule them apart), else how many lines of the
+# masked PTX differ (a moved load is 2). Identical PTX means the change
 # needs no GPU run. Exits 1 where any differs or fails to compile, 0 otherwise.
 set -eu
 [ $# -eq 2 ] || { echo "usage: sh scripts/ptx_diff.sh BEFORE AFTER" >&2; exit 2; }
@@ -29,8 +30,8 @@ for a in "$1"/*.cu; do
         for f in a b; do sed -E 's/%[a-z]+[0-9]+/%R/g' "$tmp/$f.ptx" > "$tmp/$f.masked"; done
         if cmp -s "$tmp/a.masked" "$tmp/b.masked"; then
             echo "$name ${defs:-plain}: PTX differs in register numbers only"
-        else
-            echo "$name ${defs:-plain}: PTX differs"
+        else # how much: lines only in one masked PTX or the other (a moved load is 2)
+            echo "$name ${defs:-plain}: PTX differs ($(diff "$tmp/a.masked" "$tmp/b.masked" | grep -c '^[<>]') lines)"
         fi
     done
 done
