@@ -584,6 +584,9 @@ static void test_int8_forms_cuda(void) {
     int8_case(2048, 4096, 128, true, TC_ROPE, false, false, FORM_QUAD);
     int8_case(2048, 4096, 64, false, TC_ROW, false, true, FORM_QUAD);
     int8_case(4096, 4092, 64, true, TC_ARGMAX, false, true, FORM_QUAD);
+    /* stories15M's int8 classifier: k = 288 (no tensor cores; 18 of a
+     * warp's 32 lanes have a step), groups of 32 */
+    int8_case(288, 32000, 32, true, TC_ARGMAX, false, true, FORM_QUAD);
     int8_case(2048, 4096, 64, false, TC_PLAIN, true, true, FORM_QUAD);
     int8_case(2048, 4098, 64, false, TC_RESIDUAL, false, true, FORM_PAIR);
 }
