@@ -1341,10 +1341,11 @@ static bool staged_a(const mk_launch *l, const mk_product_group *pg) {
 /*
  * Columns a warp takes (C): 4, two pairs, where A is one staged row and each
  * result reads one product of int8 weights 16 a lane's step (Llama-2-7B's wo
- * and w2, stories15M's classifier), else 2, a pair. A warp's step then loads 4 columns' 16 bytes a
- * lane, one step ahead, and reads A's 16 values from shared memory once for 4
- * columns, not 2; the launch has half the warps (W slices each as before:
- * product_slices counts pairs) and half the blocks, each staging A once.
+ * and w2, stories15M's classifier), else 2, a pair. A warp's step then loads
+ * 4 columns' 16 bytes a lane, one step ahead, and reads A's 16 values from
+ * shared memory once for 4 columns, not 2; the launch has half the warps (W
+ * slices each as before: product_slices counts pairs) and half the blocks,
+ * each staging A once.
  * Measured alone (a microbenchmark of Llama-2-7B's int8 shapes on the H200,
  * 4 copies of the weights past L2, launches back to back with PDL, a
  * hand-written kernel of this form against the generated one with a pair a
