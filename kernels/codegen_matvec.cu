@@ -1,14 +1,15 @@
 /*
  * codegen_matvec.cu — the CUDA C of a matrix–vector group's kernel
  * (core/product.c): a warp per column pair of each result (or two pairs:
- * warp_columns), W warps (slices) splitting k, with its prologue (the RmsNorm folded in, A staged in shared
- * memory) and its epilogues (the result's program, rotation, row writes,
- * ArgMax). A lane's step comes in two forms: float32 A (put_weight_loads and
- * put_float_math, the weights of the first steps loaded before the PDL wait:
- * put_preloads; int8 a step ahead: loads_ahead) and A on the int8 grid
- * (put_grid_copy and put_grid_step). Large int8 launches instead take the
- * tensor-core form (tc_slices to put_tc_source): a warp per 16 columns, the
- * integer MMA, A as fixed-point digits.
+ * warp_columns), W warps (slices) splitting k, with its prologue (the RmsNorm
+ * folded in, A staged in shared memory) and its epilogues (the result's
+ * program, rotation, row writes, ArgMax). A lane's step comes in two forms:
+ * float32 A (put_weight_loads and put_float_math, the weights of the first
+ * steps loaded before the PDL wait: put_preloads; int8 a step ahead:
+ * loads_ahead) and A on the int8 grid (put_grid_copy and put_grid_step).
+ * Large int8 launches instead take the tensor-core form (tc_slices to
+ * put_tc_source): a warp per 16 columns, the integer MMA, A as fixed-point
+ * digits.
  * What it shares with the other generated kernels is in codegen.cu (the
  * instructions of a program, the head and entry, mk_cuda_put_fault's PDL,
  * fault record and stamps); the device code pasted as it is (those, the
@@ -245,8 +246,8 @@ static void put_prefetch(mk_strbuf *b, const mk_launch *l, const mk_product_grou
  * math, which widens them first (put_weight_widen): half or a quarter of the
  * registers.
  */
-static void put_weight_decls(mk_strbuf *b, int np, int C, int E, const char *tag, const char *indent,
-                             bool raw) {
+static void put_weight_decls(mk_strbuf *b, int np, int C, int E, const char *tag,
+                             const char *indent, bool raw) {
     for (int j = 0; j < np; j++)
         for (int c = 0; c < C; c++) {
             if (raw) mk_strbuf_put(b, "%suint4 b%d_%d%sr;", indent, j, c, tag);
@@ -1461,6 +1462,8 @@ void mk_cuda_product_grid(const mk_launch *l, unsigned int *blocks, unsigned int
     const mk_product_group *pg = l->node->prod;
     int W = tc_slices(l, pg);
     if (W) *blocks = mk_cuda_blocks(product_warps(pg, 16, W), MK_MV_WARPS);
-    else *blocks = mk_cuda_blocks(product_warps(pg, warp_columns(l, pg), product_slices(pg)), MK_MV_WARPS);
+    else
+        *blocks = mk_cuda_blocks(product_warps(pg, warp_columns(l, pg), product_slices(pg)),
+                                 MK_MV_WARPS);
     *threads = 32 * (unsigned int)MK_MV_WARPS;
 }
