@@ -1043,11 +1043,11 @@ static void put_staging(mk_strbuf *b, const mk_product_group *pg, int E, bool di
 /*
  * The tensor-core form: int8 weights (with their float32 scales) through the
  * integer MMA (mma.m16n8k32.s8), where every product's weights are int8 in
- * groups of a multiple of 64, A is one row, k a multiple of 128, each result
- * reads one product and the launch has at least MK_TC_COLUMNS columns in
- * results of multiples of 16 (tc_slices). The int8 form above spends 3
- * instructions a weight widening and multiplying; here the weights go into
- * the MMA as they are loaded.
+ * groups of a multiple of 64, A is one row, k a multiple of 128 but not of
+ * 512, each result reads one product and the launch has at least
+ * MK_TC_COLUMNS columns in results of multiples of 16 (tc_slices). The int8
+ * form above spends 3 instructions a weight widening and multiplying; here
+ * the weights go into the MMA as they are loaded.
  *
  * A becomes fixed point as the block stages it (put_digit_copy): per 64 of k,
  * x times 2^e (e from the 64's largest |x|, so that |x 2^e| < 2^30) rounded
@@ -1121,14 +1121,23 @@ static void put_staging(mk_strbuf *b, const mk_product_group *pg, int E, bool di
  * of their 16 rows at once, as the int8 form's slices do; same registers): on
  * the H200 at ce3f9a3 (one call, alternating), 419.2 / 421.1 tok/s against
  * 420.4 / 420.2 / 420.3, within the noise.
+ * Since warps took 4 columns (warp_columns), that form is the faster where k
+ * is a multiple of 512 (a warp's step: 32 lanes of 16 bytes, none idle): on
+ * the H200 at 5d73ddd (one call, alternating), Llama-2-7B int8 with its
+ * q/k/v and classifier (k = 4,096) in it went from 427.8 / 429.9 to 435.9 /
+ * 435.1 tok/s. Not stories110M's classifier (k = 768, a warp's second step
+ * half idle): with it in 4 columns, not here, stories110M int8 went from
+ * 5,476 / 5,488 to 5,417 / 5,421 (next call; its other launches in 4 columns
+ * too, in both). Hence k not a multiple of 512 here.
  */
 #define MK_TC_COLUMNS 8192 /* the fewest columns a launch in this form has */
 #define MK_TC_WARPS 2048   /* warps a launch aims for, splitting k */
 
 /* The warps that split k in the tensor-core form, or 0 where the group does not take it. */
 static int tc_slices(const mk_launch *l, const mk_product_group *pg) {
-    if (pg->m != 1 || pg->a8_group || pg->k % 128 || weights_per_load(l, pg) != 16 ||
-        (long long)pg->k * 4 > MK_STAGE_BYTES || weight_bytes(l, pg) < MK_STAGE_MIN_WEIGHTS)
+    if (pg->m != 1 || pg->a8_group || pg->k % 128 || pg->k % 512 == 0 ||
+        weights_per_load(l, pg) != 16 || (long long)pg->k * 4 > MK_STAGE_BYTES ||
+        weight_bytes(l, pg) < MK_STAGE_MIN_WEIGHTS)
         return 0;
     for (int j = 0; j < pg->n_products; j++)
         if (pg->b_scale[j] < 0 || pg->b_group[j] % 64) return 0;
@@ -1340,13 +1349,14 @@ static bool staged_a(const mk_launch *l, const mk_product_group *pg) {
 }
 
 /*
- * Columns a warp takes (C): 4, two pairs, where A is one staged row and each
- * result reads one product of int8 weights 16 a lane's step (Llama-2-7B's wo
- * and w2, stories15M's classifier), else 2, a pair. A warp's step then loads
- * 4 columns' 16 bytes a lane, one step ahead, and reads A's 16 values from
- * shared memory once for 4 columns, not 2; the launch has half the warps (W
- * slices each as before: product_slices counts pairs) and half the blocks,
- * each staging A once.
+ * Columns a warp takes (C): 4, two pairs, where A is one row, each result
+ * reads one product and has columns in 4s, and the weights are either int8,
+ * 16 a lane's step, with A staged (all of Llama-2-7B's launches but w1 / w3,
+ * stories15M's classifier), or 2 bytes with k at most 2,048 (all of stories
+ * 15M's and 110M's but w1 / w3); else 2, a pair. A warp's step
+ * then loads 4 columns' 16 bytes a lane and reads A's values once for 4
+ * columns, not 2; the launch has half the warps (W slices each as before:
+ * product_slices counts pairs) and half the blocks, each staging A once.
  * Measured alone (a microbenchmark of Llama-2-7B's int8 shapes on the H200,
  * 4 copies of the weights past L2, launches back to back with PDL, a
  * hand-written kernel of this form against the generated one with a pair a
@@ -1358,15 +1368,27 @@ static bool staged_a(const mk_launch *l, const mk_product_group *pg) {
  * Llama-2-7B 427.2 / 428.6 tok/s against 420.7 / 418.7. stories15M's int8
  * classifier takes it too (k = 288 keeps it off the tensor cores): in the
  * next call, 13,435 / 13,513 tok/s against 13,295 / 13,247.
+ * Measured in the model with 4 columns wherever a result reads one product
+ * (H200 at 5d73ddd, one call, alternating, tok/s): bfloat16 gains where k
+ * is short (stories110M 5,861 / 5,938 to 6,040 / 6,114; stories15M 13,308 /
+ * 13,625 to 14,015 / 13,979, its q/k/v spilling 72 bytes) and loses where it
+ * is long (Llama-2-7B, k 4,096 and 11,008: 284.3 / 285.3 to 281.3 / 282.2).
+ * The gain is not A's reads: with A not staged alone (the classifier a pair),
+ * stories15M went from 13,696 / 13,660 to 13,307 / 13,339 and stories110M
+ * from 5,886 / 5,915 to 5,983 / 6,022 (next call). Int8 with A not staged
+ * loses (stories110M 5,557 / 5,513 to 5,476 / 5,488, stories15M 13,819 /
+ * 13,595 to 12,830 / 12,838), float32 too (stories110M 5,037 to 4,997,
+ * stories15M 13,955 to 13,100).
  */
 static int warp_columns(const mk_launch *l, const mk_product_group *pg) {
-    if (pg->m != 1 || pg->a8_group || weight_element_bytes(pg) != 1 || most_products(pg) != 1 ||
-        weights_per_load(l, pg) != 16 || !staged_a(l, pg) || tc_slices(l, pg))
+    if (pg->m != 1 || pg->a8_group || most_products(pg) != 1 || tc_slices(l, pg)) return 2;
+    for (int o = 0; o < pg->n_outs; o++)
+        if (pg->out[o].n % 4) return 2;
+    if (weight_element_bytes(pg) == 2) return pg->k <= 2048 ? 4 : 2;
+    if (weight_element_bytes(pg) != 1 || weights_per_load(l, pg) != 16 || !staged_a(l, pg))
         return 2;
     for (int j = 0; j < pg->n_products; j++)
         if (pg->b_scale[j] < 0) return 2;
-    for (int o = 0; o < pg->n_outs; o++)
-        if (pg->out[o].n % 4) return 2;
     return 4;
 }
 

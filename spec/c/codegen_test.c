@@ -336,7 +336,8 @@ static void test_lowp_groups(void) {
 }
 
 /* The tensor-core form (codegen_matvec.cu) for int8 weights in groups of 64,
- * RmsNorm folded in, 8,192 columns: with an ArgMax, and plain; compiled for
+ * RmsNorm folded in, 8,192 columns, k = 1,152 (a multiple of 128, not of
+ * 512): with an ArgMax, and plain; compiled for
  * sm_90 (the MMA) and sm_75 (its sums by shuffles and DP4A). Two products a
  * result (SiLU(x W1^T) * x W3^T) take the other form. */
 static void test_tensor_core_groups(void) {
@@ -347,12 +348,12 @@ static void test_tensor_core_groups(void) {
     for (int c = 0; ctx && c < 3; c++) {
         char text[2048];
         int n = 8192, at = snprintf(text, sizeof text,
-            "$1 = InputTensor(x, float32, [1, 1024]);\n$2 = InputTensor(nw, float32, [1024]);\n"
+            "$1 = InputTensor(x, float32, [1, 1152]);\n$2 = InputTensor(nw, float32, [1152]);\n"
             "$3 = RmsNormNode($1, $2);\n");
         for (int j = 0; j < 2; j++)
             at += snprintf(text + at, sizeof text - (size_t)at,
-                           "$%d = InputTensor(w%d, int8, [%d, 1024]);\n$%d = PermuteNode($%d, [1, 0]);\n"
-                           "$%d = InputTensor(s%d, float32, [%d, 16]);\n$%d = PermuteNode($%d, [1, 0]);\n"
+                           "$%d = InputTensor(w%d, int8, [%d, 1152]);\n$%d = PermuteNode($%d, [1, 0]);\n"
+                           "$%d = InputTensor(s%d, float32, [%d, 18]);\n$%d = PermuteNode($%d, [1, 0]);\n"
                            "$%d = DequantizeNode($%d, $%d);\n$%d = MatMulNode($3, $%d);\n",
                            10 * j + 10, j, n, 10 * j + 11, 10 * j + 10, 10 * j + 12, j, n,
                            10 * j + 13, 10 * j + 12, 10 * j + 14, 10 * j + 11, 10 * j + 13,

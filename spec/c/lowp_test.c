@@ -315,6 +315,15 @@ static void product_on(mk_device dev, const char *kind, int64_t m, int64_t k, in
                   kind, (long long)m, (long long)k, want);
             mk_string_free(src);
         }
+        if (fuse && dev == MK_DEVICE_CUDA && m == 1) {
+            /* 4 columns a warp (codegen_matvec.cu's warp_columns) where they
+             * are in 4s, int8 weights with A staged, 2-byte ones where k <= 2,048 */
+            bool quad = n % 4 == 0 && (q8 ? staged : k <= 2048);
+            char *src = mk_model_kernel_source(mod, 0, NULL);
+            CHECK(src && !strstr(src, "4 columns a warp") == !quad, "%s [1, %lld] @ [%lld]: want %s a warp",
+                  kind, (long long)k, (long long)n, quad ? "4 columns" : "a pair");
+            mk_string_free(src);
+        }
         CHECK(mk_evaluate(mod, in, q8 ? 3 : 2, y[fuse], sizeof(float) * (size_t)(m * n), &err) == 0,
               "%s", mk_error_message(err));
         mk_error_free(err);
@@ -350,6 +359,8 @@ static void products_on(mk_device dev) {
     const char *kinds[] = {"float16", "bfloat16", "int8"};
     for (int t = 0; t < 3; t++) {
         product_on(dev, kinds[t], 1, 32 * test_randint(1, 12), 2 * test_randint(1, 70));
+        product_on(dev, kinds[t], 1, 32 * test_randint(1, 12) + (t == 2 ? 0 : test_randint(1, 31)),
+                   4 * test_randint(1, 35)); /* 4 columns a warp but in int8, a tail */
         int64_t k = 32 * test_randint(1, 12) + (t == 2 ? 0 : test_randint(1, 31)); /* a tail */
         product_on(dev, kinds[t], test_randint(2, 4), k, 2 * test_randint(1, 70));
         product_on(dev, kinds[t], 9, 64, 10); /* too many rows for a group: the weights are widened */
@@ -358,6 +369,10 @@ static void products_on(mk_device dev) {
         int64_t k = t == 2 ? 32 * test_randint(65, 175) : 8 * test_randint(257, 700);
         int64_t n = 2 * ((t == 2 ? 8 << 20 : 4 << 20) / k / 2 + test_randint(1, 20));
         product_on(dev, kinds[t], test_randint(1, 2), k, n);
+        if (t < 2) { /* k <= 2,048: 4 columns a warp */
+            k = 8 * test_randint(128, 256);
+            product_on(dev, kinds[t], 1, k, 4 * ((4 << 20) / k / 4 + test_randint(1, 20)));
+        }
     }
     for (int t = 0; t < 3; t++) { /* 8 MiB and a row longer than 8,192: CUDA copies it at once */
         int64_t k = 32 * test_randint(257, 352);
@@ -391,9 +406,10 @@ typedef enum {
  * The forms of a group with one row of x, int8 weights in groups of a
  * multiple of 64 and at least 8 MB of them (A staged), y = x' W^T, x' = x or
  * RmsNorm(x, nw) (`norm`), then `tail`: the tensor-core form (the integer MMA,
- * x as fixed-point digits), which it takes with k a multiple of 128, results
- * of one product each and at least 8,192 columns; else 4 columns a warp where
- * the results read one product each and their columns are multiples of 4;
+ * x as fixed-point digits), which it takes with k a multiple of 128 but not
+ * of 512, results of one product each and at least 8,192 columns; else 4
+ * columns a warp where the results read one product each and their columns
+ * are multiples of 4;
  * else a column pair a warp (TC_TWO). The kernel's source must name the form
  * `form` says. Against double loops, within float32's rounding of the sums
  * (1e-6 of the sum of |terms|: the digits hold x to 2^-31 of each 64's
@@ -562,18 +578,28 @@ static void int8_case(int64_t k, int64_t n, int64_t g, bool norm, tc_tail tail, 
     for (int j = 0; j < 2; j++) free(w[j]), free(s[j]), free(y[j]), free(sum[j]), free(mag[j]);
 }
 
+/* 128 times a number in [lo, hi] that is not a multiple of 4: k for the tensor-core form */
+static int64_t tc_k(int64_t lo, int64_t hi) {
+    int64_t q = test_randint(lo, hi - 1);
+    return 128 * (q % 4 ? q : q + 1);
+}
+
 static void test_int8_forms_cuda(void) {
-    int8_case(1024, 8192, 64, false, TC_PLAIN, false, false, FORM_TC);
-    int8_case(128 * test_randint(8, 24), 16 * test_randint(512, 1024), 64 * test_randint(1, 2), true,
-              TC_RESIDUAL, false, true, FORM_TC);
-    int8_case(1024, 8192, 128, true, TC_ROPE, false, false, FORM_TC);
-    int8_case(1024, 8192, 64, false, TC_ROW, false, true, FORM_TC);
-    int8_case(2048, 8192, 64, true, TC_ARGMAX, false, true, FORM_TC);
-    int8_case(1024, 8192, 64, true, TC_TWO, false, false, FORM_PAIR);
-    int8_case(1024, 8192, 64, false, TC_PLAIN, true, false, FORM_TC);
+    int8_case(1152, 8192, 64, false, TC_PLAIN, false, false, FORM_TC);
+    int8_case(tc_k(8, 24), 16 * test_randint(512, 1024), 64 * test_randint(1, 2), true, TC_RESIDUAL,
+              false, true, FORM_TC);
+    int8_case(1152, 8192, 128, true, TC_ROPE, false, false, FORM_TC);
+    int8_case(1152, 8192, 64, false, TC_ROW, false, true, FORM_TC);
+    int8_case(2176, 8192, 64, true, TC_ARGMAX, false, true, FORM_TC);
+    int8_case(1152, 8192, 64, true, TC_TWO, false, false, FORM_PAIR);
+    int8_case(1152, 8192, 64, false, TC_PLAIN, true, false, FORM_TC);
     /* k past 4,096 (up to the most A staged holds): the digit copy takes a
      * warp's 64s in more than one batch */
-    int8_case(128 * test_randint(33, 88), 8192, 64, true, TC_PLAIN, false, true, FORM_TC);
+    int8_case(tc_k(33, 88), 8192, 64, true, TC_PLAIN, false, true, FORM_TC);
+    /* k a multiple of 512: 4 columns a warp however many (Llama-2-7B's
+     * q / k / v and classifier, k = 4,096) */
+    int8_case(4096, 12288, 64, true, TC_PLAIN, false, true, FORM_QUAD);
+    int8_case(4096, 32000, 64, true, TC_ARGMAX, false, true, FORM_QUAD);
     /* under 8,192 columns: 4 a warp (Llama-2-7B's wo and w2, k = 11,008),
      * k up to 11,008 (more slices or fewer), a pair where the columns are not
      * multiples of 4 */
