@@ -1353,10 +1353,10 @@ static bool staged_a(const mk_launch *l, const mk_product_group *pg) {
  * reads one product and has columns in 4s, and the weights are either int8,
  * 16 a lane's step, with A staged (all of Llama-2-7B's launches but w1 / w3,
  * stories15M's classifier), or 2 bytes with k at most 2,048 (all of stories
- * 15M's and 110M's but w1 / w3); else 2, a pair. A warp's step
- * then loads 4 columns' 16 bytes a lane and reads A's values once for 4
- * columns, not 2; the launch has half the warps (W slices each as before:
- * product_slices counts pairs) and half the blocks, each staging A once.
+ * 15M's and 110M's but w1 / w3); else 2, a pair. A warp's step then loads
+ * 4 columns' weights a lane and reads A's values once for 4 columns, not
+ * 2; the launch has half the warps (W slices each as before: product_slices
+ * counts pairs) and half the blocks, each staging A once.
  * Measured alone (a microbenchmark of Llama-2-7B's int8 shapes on the H200,
  * 4 copies of the weights past L2, launches back to back with PDL, a
  * hand-written kernel of this form against the generated one with a pair a
@@ -1368,17 +1368,20 @@ static bool staged_a(const mk_launch *l, const mk_product_group *pg) {
  * Llama-2-7B 427.2 / 428.6 tok/s against 420.7 / 418.7. stories15M's int8
  * classifier takes it too (k = 288 keeps it off the tensor cores): in the
  * next call, 13,435 / 13,513 tok/s against 13,295 / 13,247.
- * Measured in the model with 4 columns wherever a result reads one product
- * (H200 at 5d73ddd, one call, alternating, tok/s): bfloat16 gains where k
- * is short (stories110M 5,861 / 5,938 to 6,040 / 6,114; stories15M 13,308 /
- * 13,625 to 14,015 / 13,979, its q/k/v spilling 72 bytes) and loses where it
- * is long (Llama-2-7B, k 4,096 and 11,008: 284.3 / 285.3 to 281.3 / 282.2).
- * The gain is not A's reads: with A not staged alone (the classifier a pair),
- * stories15M went from 13,696 / 13,660 to 13,307 / 13,339 and stories110M
- * from 5,886 / 5,915 to 5,983 / 6,022 (next call). Int8 with A not staged
- * loses (stories110M 5,557 / 5,513 to 5,476 / 5,488, stories15M 13,819 /
- * 13,595 to 12,830 / 12,838), float32 too (stories110M 5,037 to 4,997,
- * stories15M 13,955 to 13,100).
+ * Which launches gain, measured in the model (H200, against 5d73ddd, each
+ * comparison alternating in one call, tok/s). With 4 columns wherever a
+ * result reads one product, bfloat16 gains where k is short (stories110M
+ * 5,861 / 5,938 to 6,040 / 6,114; stories15M 13,308 / 13,625 to 14,015 /
+ * 13,979, its q/k/v spilling 72 bytes) and loses where it is long
+ * (Llama-2-7B, k of 4,096 and 11,008: 284.3 / 285.3 to 281.3 / 282.2); int8
+ * loses where A is not staged (stories110M 5,557 / 5,513 to 5,476 / 5,488,
+ * stories15M 13,819 / 13,595 to 12,830 / 12,838), float32 too (stories110M
+ * 5,037 to 4,997, stories15M 13,955 to 13,100). Chosen by staging, not k
+ * (bfloat16 in 4 columns only where A is not staged, the classifiers in
+ * pairs), stories15M lost (13,696 / 13,660 to 13,307 / 13,339) and
+ * stories110M gained less (5,886 / 5,915 to 5,983 / 6,022). As landed (k at
+ * most 2,048): stories110M 5,872 / 5,921 to 6,069 / 6,126, stories15M
+ * 13,701 / 13,780 to 14,152 / 13,976, in float16 13,659 to 14,023.
  */
 static int warp_columns(const mk_launch *l, const mk_product_group *pg) {
     if (pg->m != 1 || pg->a8_group || most_products(pg) != 1 || tc_slices(l, pg)) return 2;
