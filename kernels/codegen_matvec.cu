@@ -1382,6 +1382,10 @@ static bool staged_a(const mk_launch *l, const mk_product_group *pg) {
  * stories110M gained less (5,886 / 5,915 to 5,983 / 6,022). As landed (k at
  * most 2,048): stories110M 5,872 / 5,921 to 6,069 / 6,126, stories15M
  * 13,701 / 13,780 to 14,152 / 13,976, in float16 13,659 to 14,023.
+ * Nor, to fill a wave, twice the slices where an int8 launch in this form
+ * has 2 (Llama-2-7B's wo and w2 at 4: 512 blocks each, wo at 60 registers
+ * and 4 blocks an SM, w2 at 79 and 3): on the H200 at b25fb43 (one call,
+ * alternating), 433.1 / 432.7 to 422.1 / 422.2 tok/s.
  */
 static int warp_columns(const mk_launch *l, const mk_product_group *pg) {
     if (pg->m != 1 || pg->a8_group || most_products(pg) != 1 || tc_slices(l, pg)) return 2;
