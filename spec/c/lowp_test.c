@@ -360,7 +360,7 @@ static void products_on(mk_device dev) {
     for (int t = 0; t < 3; t++) {
         product_on(dev, kinds[t], 1, 32 * test_randint(1, 12), 2 * test_randint(1, 70));
         product_on(dev, kinds[t], 1, 32 * test_randint(1, 12) + (t == 2 ? 0 : test_randint(1, 31)),
-                   4 * test_randint(1, 35)); /* 4 columns a warp but in int8, a tail */
+                   4 * test_randint(1, 35)); /* columns in 4s: 4 a warp but in int8; k's tail */
         int64_t k = 32 * test_randint(1, 12) + (t == 2 ? 0 : test_randint(1, 31)); /* a tail */
         product_on(dev, kinds[t], test_randint(2, 4), k, 2 * test_randint(1, 70));
         product_on(dev, kinds[t], 9, 64, 10); /* too many rows for a group: the weights are widened */
