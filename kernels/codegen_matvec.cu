@@ -133,14 +133,30 @@ static long long weight_element_bytes(const mk_product_group *pg) {
  * targets of 2,048 / 1,536 warps (q/k/v and w1 / w3 at 2 slices) gave
  * 4,643 and 4,681 / 4,583 tok/s against 4,645 / 4,606, in bfloat16 5,231
  * against 5,420 (H200, 75f6300).
+ *
+ * An int8 launch of 4 columns a warp that would take 2 slices takes 3, in
+ * blocks of 12 warps (block_warps): Llama-2-7B's wo and w2, whose 256 blocks
+ * of 8 warps had left 16 warps an SM (2 blocks), now have 24 in as many
+ * blocks, in one wave. MK_CUDA_TIMELINE had them stream at 2.6 and 3.2 TB/s
+ * against q/k/v's 3.7 (24 warps an SM). On the H200 at 9c49fbd (one call,
+ * alternating, bench_llama2 --7b --precision q8), Llama-2-7B went from 431.4
+ * / 433.1 / 432.5 tok/s to 454.9 / 453.2 / 455.6; in blocks of 6 warps (512
+ * blocks, 4 an SM) to 416.7 / 414.7 / 416.4. Not for 2-byte weights (in
+ * the next call, against the same): 3 slices for every 4-column launch of 2
+ * (stories15M's q/k/v and wo, k = 288) took stories15M in bfloat16 from
+ * 14,090 / 13,871 to 13,958 / 13,803; 3 for stories110M's (k = 768, 3
+ * bfloat16 steps, at 4 slices one idle) from 6,136 / 6,103 to 6,028 / 6,009.
  */
-static int product_slices(const mk_product_group *pg) {
+static int warp_columns(const mk_launch *l, const mk_product_group *pg);
+
+static int product_slices(const mk_launch *l, const mk_product_group *pg) {
     long long pairs = 0;
     for (int o = 0; o < pg->n_outs; o++) pairs += pg->out[o].n / 2;
     long long target = 3072 * weight_element_bytes(pg);
     if (target > 8192) target = 8192;
     int W = 1;
     while (W < 8 && pairs * W < target && pg->k >= 128LL * 2 * W) W *= 2;
+    if (W == 2 && weight_element_bytes(pg) == 1 && warp_columns(l, pg) == 4) W = 3;
     return W;
 }
 
@@ -156,6 +172,11 @@ static int product_slices(const mk_product_group *pg) {
  * 0.7 % in int8 alone, and a block fitted to whole waves needs the device's
  * SMs and the kernel's registers, which the source does not know. */
 #define MK_MV_WARPS 8
+
+/* Warps of a block whose warps take W slices of k each column group
+ * (product_slices; in the tensor-core form, tc_slices): MK_MV_WARPS, or 12,
+ * 4 groups, where W is 3. */
+static int block_warps(int W) { return W == 3 ? 12 : MK_MV_WARPS; }
 
 /* Result o's index among the group's ArgMax results. */
 static int argmax_slot(const mk_product_group *pg, int o) {
@@ -519,19 +540,19 @@ static bool constant_weights(const mk_launch *l, const mk_product_group *pg) {
     return true;
 }
 
-/* Steps of the staging copy (put_float_copy): a float4 (E >= 4) or a float
- * a thread a step. */
-static long long copy_steps(const mk_product_group *pg, int E) {
-    long long step = 32LL * MK_MV_WARPS * (E >= 4 ? 4 : 1);
+/* Steps of the staging copy (put_float_copy) in a block of W slices' groups
+ * (block_warps): a float4 (E >= 4) or a float a thread a step. */
+static long long copy_steps(const mk_product_group *pg, int E, int W) {
+    long long step = 32LL * block_warps(W) * (E >= 4 ? 4 : 1);
     return ((long long)pg->k + step - 1) / step;
 }
 
 /* Whether the staging copy loads every step at once (stage_batch says why):
  * without a norm, and of more than MK_STAGE_WHOLE steps or 8-bit weights. */
 #define MK_STAGE_WHOLE 8
-static bool whole_copy(const mk_product_group *pg, int E) {
+static bool whole_copy(const mk_product_group *pg, int E, int W) {
     return !pg->a8_group && pg->norm_w < 0 &&
-           (copy_steps(pg, E) > MK_STAGE_WHOLE || weight_element_bytes(pg) == 1);
+           (copy_steps(pg, E, W) > MK_STAGE_WHOLE || weight_element_bytes(pg) == 1);
 }
 
 /* Steps of weights a lane loads before the wait: MK_PRELOAD_FLOATS'
@@ -542,7 +563,7 @@ static int preload_steps(const mk_launch *l, const mk_product_group *pg, int C, 
     if ((pg->a8_group && E != 16) || !constant_weights(l, pg)) return 0;
     long long steps = lane_steps(pg, E, W);
     long long pre = MK_PRELOAD_FLOATS / step_registers(pg, C, E, preload_raw(pg, C, E, W));
-    if (pre < 1 || (staged && whole_copy(pg, E))) pre = 1;
+    if (pre < 1 || (staged && whole_copy(pg, E, W))) pre = 1;
     return (int)(pre < steps ? pre : steps);
 }
 
@@ -927,9 +948,9 @@ static long long weight_bytes(const mk_launch *l, const mk_product_group *pg) {
  */
 #define MK_STAGE_BATCH 4
 
-static int stage_batch(const mk_product_group *pg, int E) {
-    long long steps = copy_steps(pg, E);
-    long long U = whole_copy(pg, E) ? steps : weight_element_bytes(pg) == 2 ? MK_STAGE_BATCH : 1;
+static int stage_batch(const mk_product_group *pg, int E, int W) {
+    long long steps = copy_steps(pg, E, W);
+    long long U = whole_copy(pg, E, W) ? steps : weight_element_bytes(pg) == 2 ? MK_STAGE_BATCH : 1;
     return (int)(steps < U ? steps : U);
 }
 
@@ -945,12 +966,12 @@ static void put_copy_store(mk_strbuf *b, const mk_product_group *pg, int V, int 
 /* A into sA (times the norm's weight W, its squares summed into part[m]),
  * a float4 a thread a step where A and W are 16-byte aligned (E >= 4), U
  * steps loaded before they are stored (stage_batch). */
-static void put_float_copy(mk_strbuf *b, const mk_product_group *pg, int E) {
+static void put_float_copy(mk_strbuf *b, const mk_product_group *pg, int E, int W) {
     int M = (int)pg->m;
     long long K = (long long)pg->k;
     bool norm = pg->norm_w >= 0;
     mk_strbuf_put(b, "    __shared__ __align__(16) float sA[%lld];\n", (long long)M * K);
-    int V = E >= 4 ? 4 : 1, step = 32 * MK_MV_WARPS * V, U = stage_batch(pg, E);
+    int V = E >= 4 ? 4 : 1, step = 32 * block_warps(W) * V, U = stage_batch(pg, E, W);
     const char *T = V == 4 ? "float4" : "float";
     char from[96];
     if (U == 1) { /* a step at a time */
@@ -995,7 +1016,7 @@ static void put_float_copy(mk_strbuf *b, const mk_product_group *pg, int E) {
  * are x * w: the group's scale makes up for 1 / rms, which the dot products
  * take at the end.
  */
-static void put_grid_copy(mk_strbuf *b, const mk_product_group *pg, bool vec) {
+static void put_grid_copy(mk_strbuf *b, const mk_product_group *pg, bool vec, int W) {
     int M = (int)pg->m;
     long long K = (long long)pg->k, G = pg->a8_group;
     bool norm = pg->norm_w >= 0;
@@ -1004,7 +1025,7 @@ static void put_grid_copy(mk_strbuf *b, const mk_product_group *pg, bool vec) {
                   (long long)M * K, (long long)M * K / G);
     mk_strbuf_put(b, "    for (long long k0 = 0; k0 < %lldLL; k0 += %d) {\n"
                      "        const long long k = k0 + 16 * threadIdx.x;\n"
-                     "        const bool on = k < %lldLL;\n", K, 16 * 32 * MK_MV_WARPS, K);
+                     "        const bool on = k < %lldLL;\n", K, 16 * 32 * block_warps(W), K);
     if (norm) mk_strbuf_put(b, "        float w[16];\n        if (on) mk_load16<%s>(W + k, w);\n", V);
     for (int m = 0; m < M; m++) {
         long long at = (long long)m * K;
@@ -1029,13 +1050,15 @@ static void put_digit_copy(mk_strbuf *b, const mk_product_group *pg);
  * A once per column pair, as many bytes as the weights in float32 and 4 times
  * as many in int8.
  */
-static void put_staging(mk_strbuf *b, const mk_product_group *pg, int E, bool digits) {
+static void put_staging(mk_strbuf *b, const mk_product_group *pg, int E, int W, bool digits) {
     int M = (int)pg->m;
     bool norm = pg->norm_w >= 0;
-    if (norm) mk_strbuf_put(b, "    __shared__ float sss[%d], sred[%d][%d];\n    float part[%d] = {0.0f};\n", M, MK_MV_WARPS, M, M);
+    if (norm)
+        mk_strbuf_put(b, "    __shared__ float sss[%d], sred[%d][%d];\n    float part[%d] = {0.0f};\n", M,
+                      block_warps(W), M, M);
     if (digits) put_digit_copy(b, pg);
-    else if (pg->a8_group) put_grid_copy(b, pg, E >= 4);
-    else put_float_copy(b, pg, E);
+    else if (pg->a8_group) put_grid_copy(b, pg, E >= 4, W);
+    else put_float_copy(b, pg, E, W);
     if (norm) mk_strbuf_put(b, "    mk_norm_sums(part, sred, sss);\n");
     mk_strbuf_put(b, "    __syncthreads();\n");
 }
@@ -1309,7 +1332,7 @@ static void put_tc_source(mk_strbuf *b, const mk_launch *l, int W) {
     }
     mk_strbuf_put(b, "    MK_GROUP_WAIT;\n");
     put_gathers(b, pg);
-    put_staging(b, pg, 16, true);
+    put_staging(b, pg, 16, W, true);
     for (int phase = 1; phase <= 2; phase++) {
         if (phase == 2) mk_strbuf_put(b, "    __syncthreads();\n");
         start = 0;
@@ -1400,8 +1423,8 @@ static int warp_columns(const mk_launch *l, const mk_product_group *pg) {
 }
 
 /* The kernel of a matrix–vector group's launch: one warp per C columns of a
- * result (every row of A; warp_columns), MK_MV_WARPS warps a block, each on its
- * own: a warp reads all of A, so it sums the RmsNorm's squares of x in the same
+ * result (every row of A; warp_columns) and slice of k (W, product_slices),
+ * block_warps(W) warps a block, each on its own: a warp reads all of A, so it sums the RmsNorm's squares of x in the same
  * loop and scales its dot products of w * x by 1 / rms at the end (no
  * block-wide step unless A is staged). */
 void mk_cuda_product_source(mk_strbuf *b, const mk_launch *l) {
@@ -1415,18 +1438,19 @@ void mk_cuda_product_source(mk_strbuf *b, const mk_launch *l) {
     /* float4 loads where every row of A, the weight and each B column is 16-byte aligned */
     int E = weights_per_load(l, pg);
     bool staged = staged_a(l, pg);
-    int C = warp_columns(l, pg);
-    mk_strbuf_put(b, "// moonkaas matrix-vector group $%d: [%d, %lld] @ %d products, %d results%s%s\n",
+    int C = warp_columns(l, pg), W = product_slices(l, pg), BW = block_warps(W);
+    mk_strbuf_put(b, "// moonkaas matrix-vector group $%d: [%d, %lld] @ %d products, %d results%s%s%s\n",
                   l->node->id, M, K, pg->n_products, pg->n_outs,
-                  pg->norm_w >= 0 ? ", RmsNorm folded in" : "", C == 4 ? ", 4 columns a warp" : "");
+                  pg->norm_w >= 0 ? ", RmsNorm folded in" : "", C == 4 ? ", 4 columns a warp" : "",
+                  W == 3 ? ", k in 3 slices" : "");
     mk_cuda_put_fault(b);
     mk_strbuf_put(b, "%s%s%s", mk_skeleton_weights,
                   staged || pg->norm_w >= 0 ? mk_skeleton_staging : "",
                   argmax_slot(pg, pg->n_outs) ? mk_skeleton_argmax : "");
-    mk_cuda_put_head(b, 32 * MK_MV_WARPS, 0);
+    mk_cuda_put_head(b, 32 * BW, 0);
     mk_cuda_put_entry(b, l);
     mk_strbuf_put(b, "    const int lane = threadIdx.x & 31;\n"
-                     "    const long long warp = (long long)blockIdx.x * %d + (threadIdx.x >> 5);\n", MK_MV_WARPS);
+                     "    const long long warp = (long long)blockIdx.x * %d + (threadIdx.x >> 5);\n", BW);
     mk_strbuf_put(b, "    const float *A = (const float *)i%d;\n", pg->a);
     if (pg->norm_w >= 0) mk_strbuf_put(b, "    const float *W = (const float *)i%d;\n", pg->norm_w);
     int slots = argmax_slot(pg, pg->n_outs);
@@ -1435,7 +1459,7 @@ void mk_cuda_product_source(mk_strbuf *b, const mk_launch *l) {
                          "    if (threadIdx.x < %d) sbest[threadIdx.x] = 0ull;\n"
                          "    __syncthreads();\n",
                       slots * M, slots * M);
-    int W = product_slices(pg); /* `pair` indexes the warps' C columns (a pair, or two) */
+    /* `pair` indexes the warps' C columns (a pair, or two) */
     mk_strbuf_put(b, "    const long long pair = warp / %d;\n"
                      "    const int slice = (int)(warp %% %d), wib = (int)(threadIdx.x >> 5) - slice;\n"
                      "    (void)wib;\n",
@@ -1447,7 +1471,7 @@ void mk_cuda_product_source(mk_strbuf *b, const mk_launch *l) {
         int need = (int)pg->m * C * np + (int)pg->m;
         if (need > R) R = need;
     }
-    if (W > 1) mk_strbuf_put(b, "    __shared__ float red[%d][%d];\n", MK_MV_WARPS, R);
+    if (W > 1) mk_strbuf_put(b, "    __shared__ float red[%d][%d];\n", BW, R);
     int PS = 1; /* registers of the epilogues' loads (put_epilogue_loads) */
     for (int o = 0; o < pg->n_outs; o++)
         if (plain_sources(&pg->out[o]) > PS) PS = plain_sources(&pg->out[o]);
@@ -1455,7 +1479,7 @@ void mk_cuda_product_source(mk_strbuf *b, const mk_launch *l) {
                      "    (void)pre; (void)rot; (void)wbegin; (void)wend;\n", M, C, PS, M, C / 2);
     int pre = preload_steps(l, pg, C, E, W, staged);
     put_preloads(b, l, pg, C, E, W, pre);
-    if (staged) put_staging(b, pg, E, false);
+    if (staged) put_staging(b, pg, E, W, false);
     for (int phase = W > 1 ? 1 : 0; phase <= (W > 1 ? 2 : 0); phase++) {
         if (phase == 2) mk_strbuf_put(b, "    __syncthreads();\n");
         long long start = 0;
@@ -1468,7 +1492,7 @@ void mk_cuda_product_source(mk_strbuf *b, const mk_launch *l) {
             start += groups;
         }
     }
-    if (slots) put_argmax_blocks(b, pg, C / 2 * (MK_MV_WARPS / W));
+    if (slots) put_argmax_blocks(b, pg, C / 2 * (BW / W));
     mk_strbuf_put(b, "}\n");
 }
 
@@ -1485,14 +1509,13 @@ size_t mk_cuda_product_aux_bytes(const mk_product_group *pg) {
     return (size_t)argmax_aux_offset(pg, pg->n_outs);
 }
 
-/* The grid of a group's launch: MK_MV_WARPS warps a block, W of them the C
- * columns of warp_columns (in the tensor-core form, a tile of 16 columns). */
+/* The grid of a group's launch: block_warps(W) warps a block, W of them the
+ * C columns of warp_columns (in the tensor-core form, a tile of 16 columns). */
 void mk_cuda_product_grid(const mk_launch *l, unsigned int *blocks, unsigned int *threads) {
     const mk_product_group *pg = l->node->prod;
     int W = tc_slices(l, pg);
-    if (W) *blocks = mk_cuda_blocks(product_warps(pg, 16, W), MK_MV_WARPS);
-    else
-        *blocks = mk_cuda_blocks(product_warps(pg, warp_columns(l, pg), product_slices(pg)),
-                                 MK_MV_WARPS);
-    *threads = 32 * (unsigned int)MK_MV_WARPS;
+    long long warps = W ? product_warps(pg, 16, W)
+                        : product_warps(pg, warp_columns(l, pg), W = product_slices(l, pg));
+    *blocks = mk_cuda_blocks(warps, block_warps(W));
+    *threads = 32 * (unsigned int)block_warps(W);
 }

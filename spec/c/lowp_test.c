@@ -307,10 +307,12 @@ static void product_on(mk_device dev, const char *kind, int64_t m, int64_t k, in
         if (fuse && dev == MK_DEVICE_CUDA && staged) {
             /* staged, A loaded in batches of steps, all of them at once for
              * int8 weights or where a row of more than 8,192 takes more than 8
-             * (codegen_matvec.cu's stage_batch) */
-            char want[32] = "xs[";
-            if (q8 || k > 8192) snprintf(want, sizeof want, "xs[%lld]", (long long)(k + 1023) / 1024);
+             * (codegen_matvec.cu's stage_batch); a float4 a thread a step, 8
+             * warps a block or 12 where k is in 3 slices (block_warps) */
             char *src = mk_model_kernel_source(mod, 0, NULL);
+            long long step = 128LL * (src && strstr(src, "k in 3 slices") ? 12 : 8);
+            char want[32] = "xs[";
+            if (q8 || k > 8192) snprintf(want, sizeof want, "xs[%lld]", ((long long)k + step - 1) / step);
             CHECK(src && strstr(src, "sA[") && strstr(src, want), "%s [%lld, %lld]: not staged as %s",
                   kind, (long long)m, (long long)k, want);
             mk_string_free(src);
@@ -399,6 +401,7 @@ typedef enum {
 typedef enum {
     FORM_PAIR, /* a column pair a warp */
     FORM_QUAD, /* 4 columns a warp (warp_columns) */
+    FORM_QUAD3, /* the same, k in 3 slices, 12 warps a block (product_slices) */
     FORM_TC,   /* the tensor cores */
 } int8_form;
 
@@ -532,9 +535,11 @@ static void int8_case(int64_t k, int64_t n, int64_t g, bool norm, tc_tail tail, 
             char *src = mk_model_kernel_source(mod, i, NULL);
             if (src && strstr(src, "int8 on the tensor cores")) taken = FORM_TC;
             if (src && strstr(src, "4 columns a warp")) taken = FORM_QUAD;
+            if (src && strstr(src, "k in 3 slices")) taken = FORM_QUAD3;
             mk_string_free(src);
         }
-        const char *forms[] = {"a pair a warp", "4 columns a warp", "the tensor cores"};
+        const char *forms[] = {"a pair a warp", "4 columns a warp", "4 columns a warp in 3 slices",
+                               "the tensor cores"};
         CHECK(taken == form, "%s: %s taken, want %s\n%s", what, forms[taken], forms[form],
               mk_model_fusion_report(mod));
         int n_in = 6 + (constant ? 0 : n_weights);
@@ -600,20 +605,23 @@ static void test_int8_forms_cuda(void) {
      * q / k / v and classifier, k = 4,096) */
     int8_case(4096, 12288, 64, true, TC_PLAIN, false, true, FORM_QUAD);
     int8_case(4096, 32000, 64, true, TC_ARGMAX, false, true, FORM_QUAD);
-    /* under 8,192 columns: 4 a warp (Llama-2-7B's wo and w2, k = 11,008),
-     * k up to 11,008 (more slices or fewer), a pair where the columns are not
-     * multiples of 4 */
-    int8_case(2048, 4096, 64, false, TC_PLAIN, false, true, FORM_QUAD);
-    int8_case(11008, 4096, 64, false, TC_RESIDUAL, false, true, FORM_QUAD);
-    int8_case(64 * test_randint(32, 172), 4 * test_randint(1024, 2000), 64, false, TC_RESIDUAL,
-              false, test_randint(0, 1), FORM_QUAD);
-    int8_case(2048, 4096, 128, true, TC_ROPE, false, false, FORM_QUAD);
-    int8_case(2048, 4096, 64, false, TC_ROW, false, true, FORM_QUAD);
-    int8_case(4096, 4092, 64, true, TC_ARGMAX, false, true, FORM_QUAD);
+    /* 3,072 to 6,143 columns: 4 a warp, k in 3 slices (Llama-2-7B's wo
+     * and w2, k = 4,096 and 11,008), k up to 11,008, and 4 a warp in 4
+     * slices at 2,048 columns; a pair where the columns are not multiples
+     * of 4 */
+    int8_case(2048, 4096, 64, false, TC_PLAIN, false, true, FORM_QUAD3);
+    int8_case(11008, 4096, 64, false, TC_RESIDUAL, false, true, FORM_QUAD3);
+    int64_t n = 4 * test_randint(1024, 2000);
+    int8_case(64 * test_randint(32, 172), n, 64, false, TC_RESIDUAL, false, test_randint(0, 1),
+              n < 6144 ? FORM_QUAD3 : FORM_QUAD);
+    int8_case(2048, 4096, 128, true, TC_ROPE, false, false, FORM_QUAD3);
+    int8_case(2048, 4096, 64, false, TC_ROW, false, true, FORM_QUAD3);
+    int8_case(4096, 4092, 64, true, TC_ARGMAX, false, true, FORM_QUAD3);
+    int8_case(4096, 2048, 64, true, TC_RESIDUAL, false, true, FORM_QUAD);
     /* stories15M's int8 classifier: k = 288 (no tensor cores; 18 of a
      * warp's 32 lanes have a step), groups of 32 */
     int8_case(288, 32000, 32, true, TC_ARGMAX, false, true, FORM_QUAD);
-    int8_case(2048, 4096, 64, false, TC_PLAIN, true, true, FORM_QUAD);
+    int8_case(2048, 4096, 64, false, TC_PLAIN, true, true, FORM_QUAD3);
     int8_case(2048, 4098, 64, false, TC_RESIDUAL, false, true, FORM_PAIR);
 }
 
