@@ -146,6 +146,10 @@ static long long weight_element_bytes(const mk_product_group *pg) {
  * (stories15M's q/k/v and wo, k = 288) took stories15M in bfloat16 from
  * 14,090 / 13,871 to 13,958 / 13,803; 3 for stories110M's (k = 768, 3
  * bfloat16 steps, at 4 slices one idle) from 6,136 / 6,103 to 6,028 / 6,009.
+ * Nor 3 slices for bfloat16's wo and w2 in Llama-2-7B (a pair a warp, 4
+ * slices: 1,024 blocks, 2.6 waves; at 3, 512 blocks of 12 warps, 1.9): on
+ * the H200 at 08c6696 (one call, alternating), 281.2 / 282.7 tok/s to 281.0
+ * / 281.4.
  */
 static int warp_columns(const mk_launch *l, const mk_product_group *pg);
 
@@ -608,7 +612,10 @@ static int preload_steps(const mk_launch *l, const mk_product_group *pg, int C, 
  * bfloat16 (H200, at 1fcc590; q/k/v and w1 / w3 at 70 and 76 registers, 3
  * blocks an SM): __launch_bounds__(256, 4) took Llama-2-7B from 275.4 /
  * 273.4 / 275.2 to 264.5 / 263.5 tok/s (222.3 at 5 blocks), stories110M from
- * 5,786 / 5,890 to 5,550 / 5,494.
+ * 5,786 / 5,890 to 5,550 / 5,494. Nor __launch_bounds__(256, 3) on
+ * bfloat16's w1 / w3 alone, now at 84 registers (2 blocks an SM; at 80, 3,
+ * with 80 bytes spilled): on the H200 at 08c6696 (one call, alternating),
+ * Llama-2-7B went from 281.2 / 282.7 to 277.1 / 277.2.
  * Nor, for bfloat16, feeding warps by bulk copies (cp.async.bulk into a ring
  * of S chunks of C rows a warp, mbarrier waits; persistent warps walking
  * their column pairs): a microbenchmark of Llama-2-7B's shapes alone on the
