@@ -177,9 +177,9 @@ static int product_slices(const mk_launch *l, const mk_product_group *pg) {
  * SMs and the kernel's registers, which the source does not know. */
 #define MK_MV_WARPS 8
 
-/* Warps of a block whose warps take W slices of k each column group
- * (product_slices; in the tensor-core form, tc_slices): MK_MV_WARPS, or 12,
- * 4 groups, where W is 3. */
+/* Warps a block where W warps take a group of columns, a slice of k each
+ * (product_slices; tc_slices, never 3): MK_MV_WARPS, or for W = 3, 12 (4
+ * groups), so that a block holds whole groups. */
 static int block_warps(int W) { return W == 3 ? 12 : MK_MV_WARPS; }
 
 /* Result o's index among the group's ArgMax results. */
@@ -1430,10 +1430,11 @@ static int warp_columns(const mk_launch *l, const mk_product_group *pg) {
 }
 
 /* The kernel of a matrix–vector group's launch: one warp per C columns of a
- * result (every row of A; warp_columns) and slice of k (W, product_slices),
- * block_warps(W) warps a block, each on its own: a warp reads all of A, so it sums the RmsNorm's squares of x in the same
- * loop and scales its dot products of w * x by 1 / rms at the end (no
- * block-wide step unless A is staged). */
+ * result (every row of A; warp_columns) and slice of k (W of them,
+ * product_slices), block_warps(W) warps a block, each on its own: a warp
+ * reads all of A, so it sums the RmsNorm's squares of x in the same loop and
+ * scales its dot products of w * x by 1 / rms at the end (no block-wide step
+ * unless A is staged). */
 void mk_cuda_product_source(mk_strbuf *b, const mk_launch *l) {
     const mk_product_group *pg = l->node->prod;
     if (int W = tc_slices(l, pg)) {
@@ -1520,9 +1521,7 @@ size_t mk_cuda_product_aux_bytes(const mk_product_group *pg) {
  * C columns of warp_columns (in the tensor-core form, a tile of 16 columns). */
 void mk_cuda_product_grid(const mk_launch *l, unsigned int *blocks, unsigned int *threads) {
     const mk_product_group *pg = l->node->prod;
-    int W = tc_slices(l, pg);
-    long long warps = W ? product_warps(pg, 16, W)
-                        : product_warps(pg, warp_columns(l, pg), W = product_slices(l, pg));
-    *blocks = mk_cuda_blocks(warps, block_warps(W));
+    int tc = tc_slices(l, pg), W = tc ? tc : product_slices(l, pg);
+    *blocks = mk_cuda_blocks(product_warps(pg, tc ? 16 : warp_columns(l, pg), W), block_warps(W));
     *threads = 32 * (unsigned int)block_warps(W);
 }
