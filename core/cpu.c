@@ -40,6 +40,7 @@
 #endif
 #include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
