@@ -399,10 +399,10 @@ typedef enum {
 
 /* The form a large int8 launch takes (codegen_matvec.cu), as its source names it. */
 typedef enum {
-    FORM_PAIR, /* a column pair a warp */
-    FORM_QUAD, /* 4 columns a warp (warp_columns) */
+    FORM_PAIR,  /* a column pair a warp */
+    FORM_QUAD,  /* 4 columns a warp (warp_columns) */
     FORM_QUAD3, /* the same, k in 3 slices, 12 warps a block (product_slices) */
-    FORM_TC,   /* the tensor cores */
+    FORM_TC,    /* the tensor cores */
 } int8_form;
 
 /*
