@@ -175,7 +175,21 @@ void mk_cuda_put_head(mk_strbuf *b, long long threads, int min_blocks) {
  * write, so that chunk 0's memory is there. Measured on the H200, stories15M
  * (8 chunks a query) went from 10,716 / 10,928 to 11,170 / 11,175 tok/s
  * against every block keeping its part and chunk 0 reading them after a
- * barrier, with a second for the others to wait on. Otherwise each writes its
+ * barrier, with a second for the others to wait on. Nor, at 9805f9d, the
+ * parts sent with st.async, each store counting its bytes on an mbarrier of
+ * chunk 0's that it waits on, in place of the release arrive (MEMBAR.ALL.GPU)
+ * and chunk 0's wait (a patch, not kept): MK_CUDA_TIMELINE put the launch at
+ * 4.08 us a layer against 4.12 for stories110M in bfloat16, 2.95 against 3.06
+ * for stories15M, and tok/s moved within noise (stories15M 13,685 / 13,957
+ * to 14,199 / 14,031, stories110M in bfloat16 6,105 / 6,113 to 6,056 /
+ * 6,131, in float32 5,073 / 5,090 to 5,008 / 5,099). Where the launch's time
+ * goes (patches ending it early, wrong values; stories110M in bfloat16 at 256
+ * tokens, what it adds to the step): 0.67 us ending at its wait (its early
+ * rows read), 1.39 after one load of p, 2.4 / 2.5 after p's, q's and the
+ * last row's loads, 2.35 after the scores and the chunk's softmax, 3.5 after
+ * the parts and the barrier, 4.1 with the combine: a trip to L2 after the
+ * wait costs about 0.7 us, the parts, barrier and combine about 1.7.
+ * Otherwise each writes its
  * part to `part` in global memory and counts itself in `count` (mk_arrive);
  * the last to finish combines them and sets the count back to zero for the
  * next evaluation. That combine is about half of stories110M's attention:
@@ -204,7 +218,14 @@ void mk_cuda_put_head(mk_strbuf *b, long long threads, int min_blocks) {
  * chunks are a cluster, a block loads its first chunk's rows before the
  * hint's last before the wait, and only the rest after it, past L1 (which may
  * hold that row's line as it was). Measured on the H200, stories15M went from
- * 11,339 / 11,240 to 11,692 / 11,708 tok/s. Not kept, for longer caches:
+ * 11,339 / 11,240 to 11,692 / 11,708 tok/s. Measured again at 9805f9d
+ * (without early rows, a cluster's loads are float4s after the wait), in two
+ * calls: stories15M 13,554 / 13,684 to 13,781 / 13,951 tok/s, sampled 12,340
+ * / 12,065 to 12,444 / 12,508, stories110M in float32 5,013 / 5,033 to 5,079
+ * / 5,067, but in bfloat16 6,056 / 6,027 / 6,024 / 6,101 to 6,039 / 6,037 /
+ * 5,980 / 6,006 (MK_CUDA_TIMELINE: 159.6 to 163.2 us a step); kept, as the
+ * bfloat16 figure is the one issue 14 asks more of.
+ * Not kept, for longer caches:
  *   - early rows with the global combine: stories110M -1 % at 256 tokens
  *     (+1 % over 1,024), Llama-2-7B -2.5 % (272.1 to 265.4 tok/s in
  *     bfloat16, 368.0 to 358.1 in int8);

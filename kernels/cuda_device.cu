@@ -376,7 +376,15 @@ static constexpr cuda_kernel_table cuda_kernels;
  * is never an input's, whose stage kernel may still be copying it in: an
  * attention group that loaded an input cache's rows early read the evaluation
  * before's (product.c's early_rows). Only a hint checked after the wait (the
- * attention's p) may be. A library's launch (cuBLAS, cuDNN)
+ * attention's p) may be. At their start, not after their wait: so the
+ * launches two ahead load their weights while the attention runs (its loads
+ * after its wait, a trip to L2, cost it about 0.7 us), and letting the next
+ * start only after the wait (a patch, not kept) lost on the H200 at 9805f9d,
+ * stories110M in bfloat16 6,053 / 5,955 tok/s: every generated kernel so,
+ * 5,680 / 5,594; the attention, 5,919 / 5,901; the launch after it (wo),
+ * 5,717 / 5,741; both, 5,815 / 5,753; stories15M (13,773 / 13,612) and
+ * stories110M in float32 (4,987 / 5,008) lost 1 to 8 % in each.
+ * A library's launch (cuBLAS, cuDNN)
  * launches its kernels as it pleases: seen with cuDNN 9.14, engine 4 of a
  * batch of 2 read its operands before the stage kernel before it had copied
  * them, so a model's first evaluation was wrong and the next right
