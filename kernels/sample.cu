@@ -385,7 +385,9 @@ struct stamps {
  * the async proxy, st.async / red.async into the receiver's shared memory
  * with mbarrier::complete_tx, each block waiting on its own mbarrier for the
  * bytes it expects (known for the max and sum and for a fixed histogram
- * slice; the gather would send its count first). Not tried. */
+ * slice; the gather would send its count first). Not tried here; in the
+ * attention's cluster combine (codegen.cu) it moved the launch from 4.12 to
+ * 4.08 us a layer, tok/s within noise. */
 static __device__ __forceinline__ void cluster_arrive() {
     asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
 }
