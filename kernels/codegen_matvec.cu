@@ -1412,6 +1412,11 @@ static bool staged_a(const mk_launch *l, const mk_product_group *pg) {
  * stories110M gained less (5,886 / 5,915 to 5,983 / 6,022). As landed (k at
  * most 2,048): stories110M 5,872 / 5,921 to 6,069 / 6,126, stories15M
  * 13,701 / 13,780 to 14,152 / 13,976, in float16 13,659 to 14,023.
+ * Nor stories110M's w2 (k = 2,048, bfloat16: 192 blocks, 0.29 waves,
+ * MK_CUDA_TIMELINE 2.52 us a layer, against float32's 1.8 to 2.3 in pairs)
+ * in pairs (k below 2,048 for 4 columns: 384 blocks): on the H200 at
+ * 9805f9d (one call, alternating), 6,130 / 6,081 / 6,130 tok/s to 6,046 /
+ * 6,118 / 6,061, w2 2.69 us a layer.
  * Nor, to fill a wave, twice the slices where an int8 launch in this form
  * has 2 (Llama-2-7B's wo and w2 at 4: 512 blocks each, wo at 60 registers
  * and 4 blocks an SM, w2 at 79 and 3): on the H200 at b25fb43 (one call,
