@@ -160,7 +160,14 @@ void mk_cuda_put_head(mk_strbuf *b, long long threads, int min_blocks) {
  * / 13,704, sampled at -t 1 -p 0.9 11,960 to 12,306; stories110M in bfloat16
  * 5,534 to 5,535. 128 rows (512 threads, 126 registers): stories110M 4,773 /
  * 4,787 against 4,764 / 4,736, stories15M 13,364; 256 (1,024 threads):
- * stories15M 12,746 against 13,028, stories110M spilling. Llama-2-7B's
+ * stories15M 12,746 against 13,028, stories110M spilling. Again at 9805f9d,
+ * with the whole cache one chunk where its rows load early (at most 256
+ * rows; 1,024 threads, 64 registers: no combine, no cluster), stories15M
+ * 13,994 / 13,682 to 13,235 / 12,459 tok/s (MK_CUDA_TIMELINE 3.06 to 3.91 us
+ * a layer, 32 bytes spilled), stories110M at 256 positions 4.08 to 6.55 us
+ * (392 bytes spilled); with 128-row chunks where they load early (a cluster
+ * of 2 at 256 rows), 13,950 / 13,922 and 2.99 us, 110M 4.17 us: no gain.
+ * Llama-2-7B's
  * 128-wide heads lost with 64 or 128 rows (262.7 / 262.9 tok/s in bfloat16
  * against 272.9 at 32: 191 registers, or 512 threads a block). Where a
  * product takes A on the int8 grid (W8A8, mk_attention_info.int8_grid) R
