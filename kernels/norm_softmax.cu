@@ -19,6 +19,7 @@
 #include "reduce.h"
 
 #include <math.h>
+#include <type_traits>
 
 /* Rows at most this long get one warp each. */
 #define SHORT_ROW 1024
@@ -68,6 +69,24 @@ static void group_shape(long long rows, dim3 *grid, dim3 *block) {
         *grid = dim3(mk_cuda_blocks(rows, 1));
         *block = dim3(G);
     }
+}
+
+/* Calls f(G, E) (std::integral_constant<int, ...> values, for template
+ * arguments) with the form that takes a row of n: G threads a row holding E
+ * values each in registers, the fewest that hold it, or (LONG_G, 0) for a
+ * row longer than those hold, which the looping kernel takes. */
+template <class F>
+static void by_row_form(long long n, F f) {
+    using G32 = std::integral_constant<int, 32>;
+    using GL = std::integral_constant<int, LONG_G>;
+    if (n <= 32 * 4) f(G32(), std::integral_constant<int, 4>());
+    else if (n <= 32 * 8) f(G32(), std::integral_constant<int, 8>());
+    else if (n <= 32 * 16) f(G32(), std::integral_constant<int, 16>());
+    else if (n <= 32 * 32) f(G32(), std::integral_constant<int, 32>());
+    else if (n <= LONG_G * 4) f(GL(), std::integral_constant<int, 4>());
+    else if (n <= LONG_G * 8) f(GL(), std::integral_constant<int, 8>());
+    else if (n <= LONG_G * 16) f(GL(), std::integral_constant<int, 16>());
+    else f(GL(), std::integral_constant<int, 0>());
 }
 
 /* ---- rms_norm ------------------------------------------------------------ */
@@ -127,24 +146,13 @@ int mk_cuda_rms_norm(const mk_launch *l, mk_error **err) {
     long long n = x->shape[x->rank - 1], rows = mk_tensor_numel(x) / n;
     float *o = (float *)l->out.data;
     const float *px = (const float *)x->data, *pw = (const float *)w->data;
-    dim3 grid, block;
-#define RMS_REGS(G, E)                                                                   \
-    do {                                                                                 \
-        group_shape<G>(rows, &grid, &block);                                             \
-        rms_norm_regs<G, E><<<grid, block, 0, s->stream>>>(o, px, pw, rows, n);          \
-    } while (0)
-    if (n <= 32 * 4) RMS_REGS(32, 4);
-    else if (n <= 32 * 8) RMS_REGS(32, 8);
-    else if (n <= 32 * 16) RMS_REGS(32, 16);
-    else if (n <= 32 * 32) RMS_REGS(32, 32);
-    else if (n <= LONG_G * 4) RMS_REGS(LONG_G, 4);
-    else if (n <= LONG_G * 8) RMS_REGS(LONG_G, 8);
-    else if (n <= LONG_G * 16) RMS_REGS(LONG_G, 16);
-    else {
-        group_shape<LONG_G>(rows, &grid, &block);
-        rms_norm_kernel<LONG_G><<<grid, block, 0, s->stream>>>(o, px, pw, rows, n);
-    }
-#undef RMS_REGS
+    by_row_form(n, [&](auto g, auto e) {
+        constexpr int G = decltype(g)::value, E = decltype(e)::value;
+        dim3 grid, block;
+        group_shape<G>(rows, &grid, &block);
+        if constexpr (E > 0) rms_norm_regs<G, E><<<grid, block, 0, s->stream>>>(o, px, pw, rows, n);
+        else rms_norm_kernel<G><<<grid, block, 0, s->stream>>>(o, px, pw, rows, n);
+    });
     return mk_cuda_check_launch(l, "rms_norm", err);
 }
 
@@ -246,26 +254,17 @@ static int softmax_launch(const mk_launch *l, long long causal, const char *what
     const long long *bound = (const long long *)l->in[1].data;
     float *o = (float *)l->out.data;
     const float *px = (const float *)x->data;
-    dim3 grid, block;
-#define SOFTMAX_REGS(G, E)                                                                  \
-    do {                                                                                    \
-        group_shape<G>(rows, &grid, &block);                                                \
-        sliced_softmax_regs<G, E><<<grid, block, 0, s->stream>>>(o, px, bound, causal, rows, \
-                                                                 n, s->fault, l->index);    \
-    } while (0)
-    if (n <= 32 * 4) SOFTMAX_REGS(32, 4);
-    else if (n <= 32 * 8) SOFTMAX_REGS(32, 8);
-    else if (n <= 32 * 16) SOFTMAX_REGS(32, 16);
-    else if (n <= 32 * 32) SOFTMAX_REGS(32, 32);
-    else if (n <= LONG_G * 4) SOFTMAX_REGS(LONG_G, 4);
-    else if (n <= LONG_G * 8) SOFTMAX_REGS(LONG_G, 8);
-    else if (n <= LONG_G * 16) SOFTMAX_REGS(LONG_G, 16);
-    else {
-        group_shape<LONG_G>(rows, &grid, &block);
-        sliced_softmax_kernel<LONG_G><<<grid, block, 0, s->stream>>>(o, px, bound, causal, rows,
-                                                                     n, s->fault, l->index);
-    }
-#undef SOFTMAX_REGS
+    by_row_form(n, [&](auto g, auto e) {
+        constexpr int G = decltype(g)::value, E = decltype(e)::value;
+        dim3 grid, block;
+        group_shape<G>(rows, &grid, &block);
+        if constexpr (E > 0)
+            sliced_softmax_regs<G, E><<<grid, block, 0, s->stream>>>(o, px, bound, causal, rows, n,
+                                                                     s->fault, l->index);
+        else
+            sliced_softmax_kernel<G><<<grid, block, 0, s->stream>>>(o, px, bound, causal, rows, n,
+                                                                    s->fault, l->index);
+    });
     return mk_cuda_check_launch(l, what, err);
 }
 
