@@ -415,14 +415,14 @@ static void test_repeated_layers(void) {
     ref x = rnd(2, (int64_t[]){M, D}, -1, 1);
     ref *w = calloc((size_t)layers, sizeof *w), *b = calloc((size_t)layers, sizeof *b);
     feed consts[32];
-    char names[32][8];
+    char names[32][16];
     ref want = make(2, x.shape);
     memcpy(want.v, x.v, sizeof(double) * (size_t)numel(&x));
     for (int l = 0; l < layers; l++) {
         w[l] = rnd(2, (int64_t[]){D, D}, -1.5 / sqrt((double)D), 1.5 / sqrt((double)D));
         b[l] = rnd(2, (int64_t[]){1, D}, -0.1, 0.1);
-        snprintf(names[2 * l], 8, "w%d", l);
-        snprintf(names[2 * l + 1], 8, "b%d", l);
+        snprintf(names[2 * l], sizeof names[0], "w%d", l);
+        snprintf(names[2 * l + 1], sizeof names[0], "b%d", l);
         consts[2 * l] = (feed){names[2 * l], &w[l]};
         consts[2 * l + 1] = (feed){names[2 * l + 1], &b[l]};
         set(&want, r_matmul(&want, &w[l]));
@@ -703,10 +703,10 @@ static void bench(void) {
         mlp_script(layers, M, D);
         mk_named_tensor consts[64];
         float *data[64];
-        char names[64][8];
+        char names[64][16];
         for (int l = 0; l < layers; l++) {
-            snprintf(names[2 * l], 8, "w%d", l);
-            snprintf(names[2 * l + 1], 8, "b%d", l);
+            snprintf(names[2 * l], sizeof names[0], "w%d", l);
+            snprintf(names[2 * l + 1], sizeof names[0], "b%d", l);
             data[2 * l] = filled((size_t)(D * D), 1.5 / sqrt((double)D));
             data[2 * l + 1] = filled((size_t)D, 0.1);
             consts[2 * l] = (mk_named_tensor){names[2 * l], data[2 * l]};
