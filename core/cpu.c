@@ -577,8 +577,11 @@ static int cpu_embedding(const mk_launch *l, mk_error **err) {
 
 /* ---- matmul ------------------------------------------------------------- */
 
-/* Eight floats as one vector (GCC's vector extensions). */
+/* Eight floats as one vector (GCC's vector extensions). Built without AVX
+ * (ARCH=, the portable build), GCC warns that returning one changes the ABI:
+ * the functions that do are static and inlined, so no call crosses one. */
 typedef float cpu_v8 __attribute__((vector_size(32)));
+#pragma GCC diagnostic ignored "-Wpsabi"
 
 static inline cpu_v8 load8(const float *p) {
     cpu_v8 v;
