@@ -29,11 +29,12 @@ static const char *kind_of(mk_error_code code) {
     return "error";
 }
 
-/* Kept for the case where even the error cannot be allocated. */
-static struct {
-    mk_error e;
-    char text[32];
-} out_of_memory = {{MK_ERR_NOMEM, 0, 0, true}, "out of memory"};
+/* Kept for the case where even the error cannot be allocated. Its message is
+ * mk_error_message's, not in the struct: a struct with a flexible array member
+ * followed by the text's room (a GNU extension) left the message in the
+ * padding before that room, an empty string. */
+static mk_error out_of_memory = {MK_ERR_NOMEM, 0, 0, true};
+#define OUT_OF_MEMORY "out of memory"
 
 int mk_failv(mk_error **err, mk_error_code code, int line, int column, const char *fmt,
              va_list ap) {
@@ -45,7 +46,7 @@ int mk_failv(mk_error **err, mk_error_code code, int line, int column, const cha
     size_t n = strlen(where) + strlen(kind_of(code)) + 2 + strlen(body) + 1;
     mk_error *e = malloc(sizeof *e + n);
     if (!e) {
-        *err = &out_of_memory.e;
+        *err = &out_of_memory;
         return -1;
     }
     e->code = code;
@@ -86,7 +87,9 @@ int mk_fail_within(mk_error **err, int line, int column, const char *fmt, ...) {
     return -1;
 }
 
-MK_API const char *mk_error_message(const mk_error *e) { return e ? e->message : "no error"; }
+MK_API const char *mk_error_message(const mk_error *e) {
+    return !e ? "no error" : e->is_static ? OUT_OF_MEMORY : e->message;
+}
 MK_API mk_error_code mk_error_code_of(const mk_error *e) { return e ? e->code : 0; }
 MK_API int mk_error_line(const mk_error *e) { return e ? e->line : 0; }
 MK_API int mk_error_column(const mk_error *e) { return e ? e->column : 0; }

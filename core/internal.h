@@ -39,7 +39,8 @@
 struct mk_error {
     mk_error_code code;
     int line, column; /* 1-based; 0 when not about the script */
-    bool is_static;   /* the out-of-memory error: never freed (each copy of error.c has one) */
+    bool is_static;   /* the out-of-memory error: never freed, its message mk_error_message's
+                       * (each copy of error.c has one) */
     char message[];   /* the whole message, prefixes included */
 };
 
