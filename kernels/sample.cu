@@ -54,10 +54,16 @@
  * template parameter and given their words by the host.
  *
  * Masses are fixed point (round(p x 2^31), summed in 64 bits), not run.c's
- * float32 sums in its order: the same on every run, within about 1e-7 a term
- * of run.c's, so a draw may differ from run.c's (and the CPU's) only where the
- * coin falls that close to the boundary between two tokens. The row's sum
- * differs from run.c's sequential one by rounding too.
+ * float32 sums in its order: the same on every run, and within about 1e-7 a
+ * term (and a relative few 1e-6, the row's sum's) of exact sums. run.c's
+ * float32 sums stray further on long rows, so a token may differ from run.c's
+ * (and the CPU's) where the coin, or top-p's running sum, falls within
+ * run.c's rounding of the boundary between two tokens: CUDA's is then the
+ * exact sums' token. sample_spec's GPU case checks that, and met both: a row
+ * of 513 logits of 3 values where run.c's running sum at the cut was
+ * 0.970000803 against topp 0.970000029 (0.9699993 exact), the cut a
+ * candidate later and the draw with it; and one of 70,000 where run.c's sum
+ * of the exponentials was 3.2e-4 off, the cut a hundred candidates apart.
  *
  * Where the time goes: clock64 in the lead's thread 0 (a patch, not kept), on
  * the H200 at 67208a0, stories15M's random rows at -t 1 -p 0.9 (flat: about
