@@ -159,9 +159,12 @@ $(PLUGIN): $(CU_OBJ) $(PLUGIN_CORE_OBJ) kernels/plugin.map
 	$(CC) $(PLUGIN_LDFLAGS) -o $@ $(CU_OBJ) $(PLUGIN_CORE_OBJ) $(PLUGIN_LIBS)
 
 # A copy beside the Lua module: the core looks in its own file's directory first.
+# Renamed into place, not copied over: a process that has the old copy loaded
+# (a spec run during a rebuild) keeps it, where a copy over it crashed that
+# process when its mapped pages changed.
 $(PLUGIN_LUA): $(PLUGIN)
 	@mkdir -p $(dir $@)
-	cp -f $< $@
+	cp -f $< $@.tmp && mv -f $@.tmp $@
 endif
 
 # luarocks (build type make) calls `make module` then `make install` with these set.
