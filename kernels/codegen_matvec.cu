@@ -339,7 +339,7 @@ static void put_float_math(mk_strbuf *b, const mk_product_group *pg, const mk_pr
                               m, q, E >= 4 ? 4 : 1, m, q, T, 4 * q, m);
             for (int j = 0; j < np; j++)
                 for (int c = 0; c < C; c++) {
-                    char sum[32];
+                    char sum[48]; /* "acc[i][j][k]" of three ints */
                     if (pg->b_scale[r->src[prods[j]].product] >= 0) snprintf(sum, sizeof sum, "t%d_%d_%d", m, c, j);
                     else snprintf(sum, sizeof sum, "acc[%d][%d][%d]", m, c, j);
                     if (E >= 4)
@@ -682,7 +682,7 @@ static void put_preloads(mk_strbuf *b, const mk_launch *l, const mk_product_grou
     bool raw = preload_raw(pg, C, E, W);
     mk_strbuf_put(b, "    const long long kfirst = %d * (lane + 32 * slice);\n", E);
     for (int s = 0; s < pre; s++) {
-        char tag[8];
+        char tag[16]; /* "p" and an int */
         snprintf(tag, sizeof tag, "p%d", s);
         put_weight_decls(b, most_products(pg), C, E, tag, "    ", raw);
     }
@@ -695,7 +695,7 @@ static void put_preloads(mk_strbuf *b, const mk_launch *l, const mk_product_grou
                       o ? "else " : "", start + groups, start, C);
         put_column_pointers(b, l, pg, r, prods, np);
         for (int s = 0; s < pre; s++) {
-            char tag[8];
+            char tag[16]; /* "p" and an int */
             snprintf(tag, sizeof tag, "p%d", s);
             mk_strbuf_put(b, "        if (kfirst + %lldLL < %lldLL) {\n            const long long k = kfirst + %lldLL;\n",
                           s * step, K, s * step);
@@ -742,7 +742,7 @@ static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group 
     long long step = 32LL * E * W;
     bool raw = preload_raw(pg, C, E, W);
     for (int s = 0; s < pre; s++) { /* the steps whose weights were loaded before the wait */
-        char tag[8];
+        char tag[16]; /* "p" and an int */
         snprintf(tag, sizeof tag, "p%d", s);
         mk_strbuf_put(b, "        if (kfirst + %lldLL < %lldLL) {\n            const long long k = kfirst + %lldLL;\n",
                       s * step, K, s * step);
