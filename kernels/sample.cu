@@ -63,7 +63,8 @@
  * of 513 logits of 3 values where run.c's running sum at the cut was
  * 0.970000803 against topp 0.970000029 (0.9699993 exact), the cut a
  * candidate later and the draw with it; and one of 70,000 where run.c's sum
- * of the exponentials was 3.2e-4 off, the cut a hundred candidates apart.
+ * of the exponentials was off by 3.2e-4 of itself, the cut 151 candidates
+ * apart.
  *
  * Where the time goes: clock64 in the lead's thread 0 (a patch, not kept), on
  * the H200 at 67208a0, stories15M's random rows at -t 1 -p 0.9 (flat: about

@@ -160,15 +160,15 @@ end
 
 -- Whether CUDA's token may differ from the CPU's. run.c sums in float32, in
 -- order, and on long rows strays far from exact sums: on a row of 70,000
--- logits of three values its softmax's sum was 3.2e-4 off, which moved
--- top-p's cut by a hundred candidates. CUDA's fixed-point sums of its float32
--- p stay close to exact ones: a running sum of k terms within tol (each
--- term's rounding to 2^-31, and a relative 4e-6 for its p's float32 steps,
--- the exponential's argument and the row's sum among them). So CUDA's token
--- must be the exact sampler's, within tol: for a cut where the exact running
--- sums may cross topp (or all, without top-p's cut), the coin scaled by the
--- sum there falls within tol of the token's exact span. Returns whether it
--- does, its rank in run.c's order, and run.c's draw.
+-- logits of three values its softmax's sum was off by 3.2e-4 of itself,
+-- which moved top-p's cut by 151 candidates. CUDA's fixed-point sums of its
+-- float32 p stay close to exact ones: a running sum of k terms within tol
+-- (each term's rounding to 2^-31, and a relative 4e-6 for its p's float32
+-- steps, the exponential's argument and the row's sum among them). So CUDA's
+-- token must be the exact sampler's, within tol: for a cut where the exact
+-- running sums may cross topp (or all, without top-p's cut), the coin scaled
+-- by the sum there falls within tol of the token's exact span. Returns
+-- whether it does, its rank in run.c's order, and run.c's draw.
 local function as_exact(token, x, state, t, topp)
     local _, _, walk, coin, cut = reference(x, state, t, topp)
     local topped = topp > 0 and topp < 1
