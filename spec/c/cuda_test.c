@@ -250,6 +250,20 @@ static void both_i64(const char *label, const char *script, const arg *args, int
     free(gpu);
 }
 
+/* both_f32 for a float32 result, else both_i64 against ref's values as
+ * integers (the doubles of an int64 reference hold them exactly). */
+static void both_dtype(mk_dtype dt, const char *label, const char *script, const arg *args,
+                       int n, int64_t out_n, const double *ref, double tol) {
+    if (dt == F32) {
+        free(both_f32(label, script, args, n, out_n, ref, tol));
+        return;
+    }
+    int64_t *r64 = malloc((size_t)out_n * sizeof *r64);
+    for (int64_t i = 0; i < out_n; i++) r64[i] = (int64_t)ref[i];
+    both_i64(label, script, args, n, out_n, r64);
+    free(r64);
+}
+
 /* An evaluation that must fail with MK_ERR_EVAL naming `node` (e.g. "ReplaceSliceNode:"). */
 static void expect_eval_error(mk_model *m, const arg *args, int n, size_t bytes, const char *node,
                               const char *what) {
@@ -359,14 +373,7 @@ static void binary_case(const char *op_node, char op, mk_dtype dt, int rank, con
     snprintf(label, sizeof label, "%s %s %s %s", op_node, dtn(dt), shp(rank, shape),
              shp(rank, bshape));
     double *ref = ref_binary(op, &args[0], &args[1]);
-    if (dt == F32) {
-        free(both_f32(label, script, args, 2, args[0].n, ref, TOL));
-    } else {
-        int64_t *r64 = malloc((size_t)args[0].n * sizeof *r64);
-        for (int64_t i = 0; i < args[0].n; i++) r64[i] = (int64_t)ref[i];
-        both_i64(label, script, args, 2, args[0].n, r64);
-        free(r64);
-    }
+    both_dtype(dt, label, script, args, 2, args[0].n, ref, TOL);
     free(ref);
     args_free(args, 2);
 }
@@ -439,14 +446,7 @@ static void unary_case(const char *op_node, mk_dtype dt, int rank, const int64_t
     double *ref = malloc((size_t)x.n * sizeof *ref);
     double (*f)(double) = unary_ref(op_node);
     for (int64_t i = 0; i < x.n; i++) ref[i] = f(at(&x, i));
-    if (dt == F32) {
-        free(both_f32(label, script, &x, 1, x.n, ref, TOL));
-    } else {
-        int64_t *r64 = malloc((size_t)x.n * sizeof *r64);
-        for (int64_t i = 0; i < x.n; i++) r64[i] = (int64_t)ref[i];
-        both_i64(label, script, &x, 1, x.n, r64);
-        free(r64);
-    }
+    both_dtype(dt, label, script, &x, 1, x.n, ref, TOL);
     free(ref);
     free(x.data);
 }
@@ -562,14 +562,7 @@ static void strided_case(const char *op_node, char op, mk_dtype dt, const vspec 
         ref[i] = op == '+' ? x + y : op == '-' ? x - y : op == '*' ? x * y : x / y;
     }
     int nargs = vb ? 2 : 1;
-    if (dt == F32) {
-        free(both_f32(label, script, args, nargs, n, ref, TOL));
-    } else {
-        int64_t *r64 = malloc((size_t)n * sizeof *r64);
-        for (int64_t i = 0; i < n; i++) r64[i] = (int64_t)ref[i];
-        both_i64(label, script, args, nargs, n, r64);
-        free(r64);
-    }
+    both_dtype(dt, label, script, args, nargs, n, ref, TOL);
     free(ref);
     args_free(args, 2);
 }
@@ -1180,14 +1173,7 @@ static void permute_case(mk_dtype dt, int rank, const int64_t *shape, const int 
         }
         ref[i] = at(&x, off);
     }
-    if (dt == F32) {
-        free(both_f32(label, script, &x, 1, x.n, ref, 1e-12));
-    } else {
-        int64_t *r64 = malloc((size_t)x.n * sizeof *r64);
-        for (int64_t i = 0; i < x.n; i++) r64[i] = (int64_t)ref[i];
-        both_i64(label, script, &x, 1, x.n, r64);
-        free(r64);
-    }
+    both_dtype(dt, label, script, &x, 1, x.n, ref, 1e-12);
     free(ref);
     free(x.data);
 }
@@ -1229,14 +1215,7 @@ static void replace_case(mk_dtype dt, int rank, int64_t rows, int64_t d, int64_t
         char label[128];
         snprintf(label, sizeof label, "ReplaceSliceNode %s %s rows [%lld, %lld)", dtn(dt),
                  shp(rank, xs), (long long)b, (long long)(b + r_rows));
-        if (dt == F32) {
-            free(both_f32(label, script, args, 4, args[0].n, ref, 1e-12));
-        } else {
-            int64_t *r64 = malloc((size_t)args[0].n * sizeof *r64);
-            for (int64_t i = 0; i < args[0].n; i++) r64[i] = (int64_t)ref[i];
-            both_i64(label, script, args, 4, args[0].n, r64);
-            free(r64);
-        }
+        both_dtype(dt, label, script, args, 4, args[0].n, ref, 1e-12);
         free(ref);
     }
     /* run-time errors on one compiled model, then a good evaluation */
@@ -1378,14 +1357,7 @@ static void embedding_case(mk_dtype dt, int64_t V, int64_t D, int64_t n) {
     double *ref = malloc((size_t)(n * D) * sizeof *ref);
     for (int64_t i = 0; i < n; i++)
         for (int64_t j = 0; j < D; j++) ref[i * D + j] = at(&args[0], ids[i] * D + j);
-    if (dt == F32) {
-        free(both_f32(label, script, args, 2, n * D, ref, 1e-12));
-    } else {
-        int64_t *r64 = malloc((size_t)(n * D) * sizeof *r64);
-        for (int64_t i = 0; i < n * D; i++) r64[i] = (int64_t)ref[i];
-        both_i64(label, script, args, 2, n * D, r64);
-        free(r64);
-    }
+    both_dtype(dt, label, script, args, 2, n * D, ref, 1e-12);
     free(ref);
     mk_error *err = NULL;
     mk_model *m = compile_on(test_dev, script, args, 2, &err);
