@@ -49,6 +49,7 @@ CUDNN    := 0
 endif
 
 CORE_SRC := $(wildcard core/*.c)
+CORE_H   := $(wildcard core/*.h)
 CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/%.o)
 
 LUA_SRC  := $(wildcard lua/*.c)
@@ -97,7 +98,7 @@ ifeq ($(filter clean,$(MAKECMDGOALS)),)
 $(shell mkdir -p $(BUILD) && { [ "$$(cat $(STAMP) 2>/dev/null)" = '$(CONFIG)' ] || printf '%s\n' '$(CONFIG)' > $(STAMP); })
 endif
 
-$(BUILD)/core/%.o: core/%.c core/moonkaas.h core/internal.h $(STAMP)
+$(BUILD)/core/%.o: core/%.c core/moonkaas.h $(CORE_H) $(STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
@@ -146,12 +147,12 @@ $(BUILD)/kernels/skeletons.h: $(SKELETONS) kernels/skeletons/embed.sh
 	@mkdir -p $(dir $@)
 	sh kernels/skeletons/embed.sh $(SKELETONS) > $@.tmp && mv $@.tmp $@
 
-$(BUILD)/kernels/%.o: kernels/%.cu core/moonkaas.h core/internal.h $(wildcard kernels/*.h) \
+$(BUILD)/kernels/%.o: kernels/%.cu core/moonkaas.h $(CORE_H) $(wildcard kernels/*.h) \
                       $(BUILD)/kernels/skeletons.h $(STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -I$(BUILD)/kernels -c $< -o $@
 
-$(BUILD)/plugin/core/%.o: core/%.c core/moonkaas.h core/internal.h $(STAMP)
+$(BUILD)/plugin/core/%.o: core/%.c core/moonkaas.h $(CORE_H) $(STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 

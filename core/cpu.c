@@ -31,7 +31,7 @@
  * Tested through the public API against double-precision loops:
  *   make build/tests/ops_test && ./build/tests/ops_test
  */
-#include "internal.h"
+#include "device.h"
 
 #include <cblas.h>
 #include <dlfcn.h>
@@ -1384,7 +1384,7 @@ static const mk_kernel cpu_kernels[MK_KERNEL_COUNT];
  * result (the group's memory, or the memory a row write writes), a view of a
  * member, or a member's scratch. */
 static mk_tensor member_tensor(const mk_launch *l, const mk_node *x) {
-    const mk_product_group *pg = l->node->prod;
+    const mk_product_group *pg = mk_node_product(l->node);
     for (int k = 0; k < l->n_in; k++)
         if (l->node->in[k] == x) return l->in[k];
     mk_tensor t = {.dtype = x->dtype, .rank = x->rank};
@@ -1403,8 +1403,9 @@ static mk_tensor member_tensor(const mk_launch *l, const mk_node *x) {
             t.data = (float *)l->out.data + pg->out[o].offset;
             return t;
         }
-    for (int m = 0; m < pg->n_members; m++)
-        if (pg->members[m] == x) t.data = (char *)l->scratch + pg->scratch[m];
+    const mk_group *grp = l->node->group;
+    for (int m = 0; m < grp->n_members; m++)
+        if (grp->members[m] == x) t.data = (char *)l->scratch + pg->scratch[m];
     return t;
 }
 
@@ -1416,10 +1417,11 @@ static mk_tensor member_tensor(const mk_launch *l, const mk_node *x) {
  * the cost grows with p, not with the cache.
  */
 static int cpu_attention(const mk_launch *l, mk_error **err) {
-    const mk_product_group *pg = l->node->prod;
+    const mk_product_group *pg = mk_node_product(l->node);
     const mk_attention_info *at = &pg->att;
-    const mk_node *softmax = pg->members[1];
-    mk_tensor scores = member_tensor(l, pg->members[0]), out = member_tensor(l, pg->members[2]);
+    mk_node *const *members = l->node->group->members; /* the scores, the softmax, the sum */
+    const mk_node *softmax = members[1];
+    mk_tensor scores = member_tensor(l, members[0]), out = member_tensor(l, members[2]);
     const mk_tensor *q = &l->in[at->q], *kt = &l->in[at->kt], *v = &l->in[at->v];
     int64_t B = at->batch, m = at->m, d = at->d, n = at->n, p = read_i64(&l->in[at->p]);
     if (p < 0 || p > at->s) return mk_fault(err, softmax, MK_FAULT_PREFIX, p, at->s, 0);
@@ -1560,7 +1562,7 @@ static void mv_chunk(const cpu_mv_out *x, const float *a, const int8_t *aq, cons
 }
 
 static int cpu_matvec(const mk_launch *l, mk_error **err) {
-    const mk_product_group *pg = l->node->prod;
+    const mk_product_group *pg = mk_node_product(l->node);
     const mk_tensor *at = &l->in[pg->a];
     int64_t m = pg->m, k = pg->k, rs = at->stride[0], cs = at->stride[1];
     float *a = l->scratch;
@@ -1654,7 +1656,7 @@ static int cpu_matvec(const mk_launch *l, mk_error **err) {
  * (mk_product_gather): the error of the EmbeddingNode folded in where an id
  * is out of range. */
 static int cpu_product(const mk_launch *l, mk_error **err) {
-    const mk_product_group *pg = l->node->prod;
+    const mk_product_group *pg = mk_node_product(l->node);
     if (pg->kind == MK_PRODUCT_ATTENTION) return cpu_attention(l, err);
     if (!pg->n_gathers) return cpu_matvec(l, err);
     mk_launch at = *l;
@@ -1905,9 +1907,7 @@ static const mk_kernel cpu_kernels[MK_KERNEL_COUNT] = {
 const mk_device_ops mk_cpu_device = {
     .name = "cpu",
     .kernels = cpu_kernels,
-    .pointwise_operands = MK_X_IN,
-    .int8_products = INT64_MAX,
-    .row_products = true,
+    .target = {.pointwise_operands = MK_X_IN, .int8_products = INT64_MAX, .row_products = true},
     .open = cpu_open,
     .close = cpu_close,
     .alloc = cpu_alloc,

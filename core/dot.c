@@ -9,7 +9,7 @@
  * matrix-vector, attention) is a cluster holding the nodes it replaced,
  * labelled with what runs it.
  */
-#include "internal.h"
+#include "group.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,10 +64,10 @@ static void put_node(mk_strbuf *b, const mk_node *n, const char *id, const char 
     mk_strbuf_put(b, "\"];\n");
 }
 
-/* The nodes a group node replaced (pointwise or matrix-vector), or none. */
+/* The nodes a group node replaced, or none. */
 static mk_node *const *members_of(const mk_node *n, int *count) {
-    *count = n->pw ? n->pw->n_members : n->prod ? n->prod->n_members : 0;
-    return n->pw ? n->pw->members : n->prod ? n->prod->members : NULL;
+    *count = n->group ? n->group->n_members : 0;
+    return n->group ? n->group->members : NULL;
 }
 
 char *mk_graph_dot(const mk_graph *g) {
@@ -79,21 +79,16 @@ char *mk_graph_dot(const mk_graph *g) {
     for (int i = 0; i < g->n_nodes; i++) {
         const mk_node *n = g->nodes[i];
         snprintf(id, sizeof id, "n%d", n->index);
-        if (!n->pw && !n->prod) {
+        if (!n->group) {
             put_node(&b, n, id, n->op->name, true);
             continue;
         }
         /* a group: its members inside, the group node (the root's place) last */
         mk_strbuf_put(&b, "  subgraph cluster_%d {\n    style=rounded; color=\"#3366aa\";\n",
                       n->index);
-        if (n->pw)
-            mk_strbuf_put(&b, "    label=\"%s $%d: one kernel, %d instructions over %d operands\";\n",
-                          n->op->name, n->id, n->pw->program.n, n->n_in);
-        else
-            mk_strbuf_put(&b, "    label=\"%s $%d: one kernel, %s\";\n", n->op->name, n->id,
-                          n->prod->kind == MK_PRODUCT_ATTENTION
-                              ? "decode attention over the first p rows"
-                              : "matrix-vector products with their prologue and epilogues");
+        mk_strbuf_put(&b, "    label=\"%s $%d: one kernel, ", n->op->name, n->id);
+        n->group->cls->describe(n, true, &b);
+        mk_strbuf_put(&b, "\";\n");
         int n_members;
         mk_node *const *members = members_of(n, &n_members);
         for (int k = 0; k < n_members; k++) {
@@ -103,7 +98,7 @@ char *mk_graph_dot(const mk_graph *g) {
             put_node(&b, members[k], mid, members[k]->op->name, false);
         }
         mk_strbuf_put(&b, "  ");
-        put_node(&b, n, id, n->pw ? n->pw->root_op->name : n->op->name, true);
+        put_node(&b, n, id, n->group->root_op ? n->group->root_op->name : n->op->name, true);
         mk_strbuf_put(&b, "  }\n");
     }
     /* edges: operands to readers; inside a group, between its members */

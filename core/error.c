@@ -2,7 +2,7 @@
  * error.c — errors as values, and the small facts every stage asks for
  * (version, build, the string builder, clocks).
  */
-#include "internal.h"
+#include "graph.h"
 
 #include <stdio.h>
 #include <stdlib.h>

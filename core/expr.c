@@ -1,7 +1,7 @@
 /*
  * expr.c — a pointwise op's scalar expression (its row's `expr`, e.g.
  * "a * (1.0f / (1.0f + expf(-a)))") compiled to a straight-line program
- * (mk_expr in internal.h) that each device runs: the CPU over tiles of a row,
+ * (mk_expr in expr.h) that each device runs: the CPU over tiles of a row,
  * CUDA per element. Code generators may print the expression itself: it is
  * valid C and CUDA C.
  *
@@ -14,7 +14,7 @@
  *   primary = number | 'a' | 'b' | ('expf' | 'tanhf' | 'sqrtf') '(' expr ')' | '(' expr ')'
  * Numbers are C literals with an optional 'f' suffix.
  */
-#include "internal.h"
+#include "expr.h"
 
 #include <ctype.h>
 #include <stdlib.h>

@@ -27,7 +27,8 @@
  * Compiling here, before the planner, lets the plan's workspace size become
  * the node's scratch memory; device addresses are bound only at capture.
  */
-#include "internal.h"
+#include "passes.h"
+#include "device.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -56,19 +57,25 @@ static void group_free(mk_fused_group *grp) {
 void mk_fusion_free(mk_fusion *f) {
     if (!f) return;
     for (int i = 0; i < f->n_groups; i++) group_free(f->groups[i]);
-    for (int i = 0; i < f->n_dropped; i++) {
-        free(f->dropped[i]->name);
-        free(f->dropped[i]);
-    }
     free(f->groups);
-    free(f->dropped);
     free(f->report.s);
     free(f);
 }
 
-/* ---- the group node's row -------------------------------------------------------- */
+/* ---- the group record's class ------------------------------------------------------ */
 
-size_t mk_fusion_scratch(const mk_node *n) { return n->group ? n->group->workspace_bytes : 0; }
+static void describe_group(const mk_node *n, bool brief, mk_strbuf *b) {
+    const mk_fused_group *grp = mk_node_cudnn(n);
+    mk_strbuf_put(b, "one cuDNN graph of %d operations over %d operands%s", grp->n_ops, grp->n_in,
+                  grp->tf32 ? ", TF32" : "");
+    if (!brief) {
+        mk_strbuf_put(b, " for");
+        mk_group_put_members(n, b);
+    }
+}
+
+/* The fusion state owns the groups' bodies (the plugin's plans) and frees them. */
+static const mk_group_class cudnn_class = {MK_GROUP_CUDNN, "cuDNN", describe_group, NULL};
 
 /* ---- which nodes may join a group --------------------------------------------------- */
 
@@ -402,11 +409,15 @@ static int try_group(pass_state *st, const candidate *c, mk_error **err) {
         free(what);
         return rc;
     }
-    for (int i = 0; i + 1 < c->n; i++)
-        if (push((void ***)&f->dropped, &f->n_dropped, &f->cap_dropped, c->node[i])) {
-            free(what);
-            return mk_fail(err, MK_ERR_NOMEM, 0, 0, "fusing a cuDNN group");
-        }
+    mk_node *o = c->node[c->n - 1];
+    const mk_op *root_op = o->op;
+    if (mk_group_attach(o, &cudnn_class, grp, err)) {
+        free(what);
+        return -1;
+    }
+    o->group->root_op = root_op;
+    o->group->scratch_bytes = grp->workspace_bytes;
+    for (int i = 0; i + 1 < c->n; i++) o->group->members[o->group->n_members++] = c->node[i];
     report(f, "%s: %s: %s", grp->cache_hit ? "cache hit" : "fused", what, why);
     f->fused++;
     f->cache_hits += grp->cache_hit;
@@ -417,14 +428,12 @@ static int try_group(pass_state *st, const candidate *c, mk_error **err) {
     }
 
     /* The last member becomes the group: same id, storage and views. */
-    mk_node *o = c->node[c->n - 1];
     o->op = group_op;
     o->n_in = c->n_ext;
     for (int k = 0; k < MK_GROUP_MAX_INPUTS; k++) o->in[k] = k < c->n_ext ? c->ext[k] : NULL;
     o->n_attr = 0;
     free(o->name);
     o->name = what;
-    o->group = grp;
     return 0;
 }
 
@@ -509,7 +518,8 @@ static int fuse_chains(pass_state *st, mk_error **err) {
     return 0;
 }
 
-int mk_fusion_pass(mk_graph *g, const mk_compile_options *opts, mk_error **err) {
+int mk_fusion_pass(mk_graph *g, const mk_compile_options *opts, const mk_target *t,
+                    mk_error **err) {
     if (!opts->use_cudnn || opts->no_passes || !g->fusion) return 0;
     pass_state st = {.g = g, .f = g->fusion};
     size_t n = (size_t)(g->n_nodes ? g->n_nodes : 1);

@@ -18,7 +18,7 @@
  * epilogue's operand and a rotation may be gathered: those are read after the
  * wait; weights, scales, the norm's weight and row writes' operands are not.
  */
-#include "internal.h"
+#include "passes.h"
 
 /* Whether group pg reads operand k only where a gather may offset it. */
 static bool gatherable(const mk_product_group *pg, int k) {
@@ -58,13 +58,13 @@ static bool foldable(const mk_graph *g, const mk_node *e) {
         int reads = 0, fresh = 1;
         for (int k = 0; k < n->n_in; k++) {
             if (!of(n->in[k], e)) continue;
-            const mk_product_group *pg = n->prod;
+            const mk_product_group *pg = mk_node_product(n);
             if (!pg || pg->kind != MK_PRODUCT_MATVEC || !gatherable(pg, k)) return false;
             reads++;
         }
         if (!reads) continue;
         for (int k = 0; k < n->n_in; k++) fresh = fresh && n->in[k] != e->in[1];
-        if (n->prod->n_gathers + reads > MK_GATHERS_MAX || n->n_in + fresh > MK_MAX_INPUTS)
+        if (mk_node_product(n)->n_gathers + reads > MK_GATHERS_MAX || n->n_in + fresh > MK_MAX_INPUTS)
             return false;
         readers++;
     }
@@ -88,7 +88,8 @@ static void fold(mk_graph *g, mk_node *e) {
                 n->in[ids] = e->in[1];
                 e->in[1]->n_consumers++;
             }
-            n->prod->gather[n->prod->n_gathers++] = (mk_product_gather){
+            mk_product_group *pg = mk_node_product(n);
+            pg->gather[pg->n_gathers++] = (mk_product_gather){
                 .in = k, .ids = ids, .rows = t->shape[0],
                 .row_bytes = t->stride[0] * (int64_t)mk_dtype_size(t->dtype), .node = e};
         }
@@ -105,7 +106,8 @@ static void fold(mk_graph *g, mk_node *e) {
     e->stride[1] = t->stride[1];
 }
 
-int mk_gather_pass(mk_graph *g, const mk_compile_options *opts, mk_error **err) {
+int mk_gather_pass(mk_graph *g, const mk_compile_options *opts, const mk_target *t,
+                    mk_error **err) {
     (void)opts, (void)err;
     for (int i = 0; i < g->n_nodes; i++)
         if (foldable(g, g->nodes[i])) fold(g, g->nodes[i]);

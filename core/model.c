@@ -14,7 +14,8 @@
  * introspection); the stages themselves (passes, planner, devices) are in
  * their own files.
  */
-#include "internal.h"
+#include "passes.h"
+#include "device.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -491,10 +492,10 @@ static int check_dtypes(const mk_model *m, const mk_node *n, const mk_kernel *k,
 
 int mk_launch_operands(mk_launch *l, mk_error **err) {
     const mk_node *n = l->node;
-    if ((n->op->flags & MK_OP_BROADCAST) || n->pw) /* operands arrive broadcast to the result */
+    const mk_pointwise_group *pw = mk_node_pointwise(n);
+    if ((n->op->flags & MK_OP_BROADCAST) || pw) /* operands arrive broadcast to the result */
         for (int j = 1; j < n->n_in; j++) l->in[j] = mk_tensor_broadcast(&l->in[j], &l->out);
-    if (n->op->kernel == MK_KERNEL_POINTWISE &&
-        !(l->expr = n->pw ? &n->pw->program : mk_op_program(n->op)))
+    if (n->op->kernel == MK_KERNEL_POINTWISE && !(l->expr = pw ? &pw->program : mk_op_program(n->op)))
         return MK_INTERNAL(err, "a pointwise row's expression does not compile");
     return 0;
 }
@@ -575,14 +576,11 @@ static mk_model *compile(mk_context *ctx, const char *script,
     if (!(m->graph = mk_graph_parse(script, err))) goto fail;
     STAGE_DONE(1);
     mk_graph *g = m->graph;
-    g->pointwise_operands = dev->pointwise_operands;
-    g->int8_products = dev->int8_products;
-    g->row_products = dev->row_products;
     if (opts.use_cudnn) {
         if (!(m->fusion = mk_fusion_new(&ctx->cudnn))) goto nomem;
         g->fusion = m->fusion;
     }
-    if (mk_passes_run(g, &opts, err)) goto fail;
+    if (mk_passes_run(g, &opts, &dev->target, err)) goto fail;
     STAGE_DONE(2);
 
     int n = g->n_nodes;
@@ -639,8 +637,11 @@ static mk_model *compile(mk_context *ctx, const char *script,
 #undef STAGE_DONE
     if (!(m->script = mk_graph_print(g))) goto nomem;
     mk_strbuf report = {0};
-    m->stats.pointwise_groups = mk_group_report(g, &report);
-    m->stats.product_groups = mk_product_report(g, &report);
+    int groups[MK_GROUP_KINDS] = {0};
+    mk_group_report(g, &report, groups);
+    mk_product_report(g, &m->dev->target, &report);
+    m->stats.pointwise_groups = groups[MK_GROUP_POINTWISE];
+    m->stats.product_groups = groups[MK_GROUP_PRODUCT];
     if (m->fusion && m->fusion->report.s) mk_strbuf_put(&report, "%s", m->fusion->report.s);
     if (report.failed) {
         free(report.s);
@@ -927,9 +928,10 @@ int mk_model_check_generated(const mk_model *m, int arch, mk_error **err) {
     int checked = 0;
     for (int i = 0; i < m->n_launches; i++) {
         const mk_node *n = m->launches[i].node;
-        if (!n->pw && !n->prod) continue;
+        if (!mk_node_generated(n)) continue;
+        const mk_product_group *pg = mk_node_product(n);
         bool rows = false; /* a group CUDA does not form (it reads no weights by rows) */
-        for (int j = 0; n->prod && j < n->prod->n_products; j++) rows = rows || n->prod->b_rows[j];
+        for (int j = 0; pg && j < pg->n_products; j++) rows = rows || pg->b_rows[j];
         if (rows) continue;
         if (p->generate_check(&m->launches[i], arch, err)) return -1;
         checked++;
@@ -950,7 +952,7 @@ MK_API char *mk_model_kernel_source(const mk_model *m, int launch, mk_error **er
         return NULL;
     }
     const mk_launch *l = &m->launches[launch];
-    if (!l->node->pw && !l->node->prod) {
+    if (!mk_node_generated(l->node)) {
         mk_fail(err, MK_ERR_ARGUMENT, l->node->line, l->node->column,
                 "launch %d runs %s $%d with a library kernel: no generated source", launch,
                 l->node->op->name, l->node->id);

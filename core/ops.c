@@ -8,9 +8,9 @@
  * Adding a pointwise op is adding a row with its expression: every device runs
  * expressions (cpu.c over tiles, kernels/pointwise.cu per element) and the Lua
  * binding makes its method from the row. Other ops add a kernel family
- * (MK_KERNELS in internal.h) and a kernel per device.
+ * (MK_KERNELS in graph.h) and a kernel per device.
  */
-#include "internal.h"
+#include "group.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -528,14 +528,14 @@ static const mk_op ops[] = {
      * and epilogues as one node, and a view standing for each of its results */
     {ROW("ProductGroupNode", "s", MK_ROLE_GROUP, MK_OP_INTERNAL, NULL, NULL, NULL,
          "matrix-vector products with the nodes before and after them, as one"),
-     .infer = infer_internal, .takes_strided = any_strides, .scratch = mk_product_scratch,
+     .infer = infer_internal, .takes_strided = any_strides, .scratch = mk_group_scratch,
      .kernel = MK_KERNEL_PRODUCT},
     {ROW("GroupOutputNode", "s", MK_ROLE_VIEW, MK_OP_INTERNAL, NULL, NULL, NULL,
          "a result of a group: a view of the memory the group wrote"),
      .infer = infer_internal, .takes_strided = any_strides},
     {ROW("CudnnGroupNode", "s", MK_ROLE_GROUP, MK_OP_INTERNAL, NULL, NULL, NULL,
          "a cuDNN graph of several nodes"),
-     .infer = infer_internal, .takes_strided = any_strides, .scratch = mk_fusion_scratch,
+     .infer = infer_internal, .takes_strided = any_strides, .scratch = mk_group_scratch,
      .kernel = MK_KERNEL_CUDNN_GROUP},
 };
 #define N_OPS (sizeof ops / sizeof ops[0])

@@ -4,14 +4,15 @@
  * verifier runs last in every build: it is linear and cheap, and what it
  * checks (owners, order, dense inputs) is what the planner and binder rely on.
  */
-#include "internal.h"
+#include "passes.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 /* ---- consumers ----------------------------------------------------------- */
 
-static int count_consumers(mk_graph *g, const mk_compile_options *opts, mk_error **err) {
+static int count_consumers(mk_graph *g, const mk_compile_options *opts, const mk_target *t,
+                    mk_error **err) {
     for (int i = 0; i < g->n_nodes; i++) g->nodes[i]->n_consumers = 0;
     for (int i = 0; i < g->n_nodes; i++)
         for (int k = 0; k < g->nodes[i]->n_in; k++) g->nodes[i]->in[k]->n_consumers++;
@@ -45,7 +46,8 @@ static const mk_node *memory_leaf(const mk_node *n) {
  * the write. Leaves stay: they are the model's interface (its inputs and
  * constants are given by name either way).
  */
-static int drop_dead(mk_graph *g, const mk_compile_options *opts, mk_error **err) {
+static int drop_dead(mk_graph *g, const mk_compile_options *opts, const mk_target *t,
+                    mk_error **err) {
     if (opts->no_passes || g->n_nodes == 0) return 0;
     /* read_later[r]: the memory rooted at node r is read after the node looked at */
     bool *live = calloc((size_t)g->n_nodes * 2, sizeof *live);
@@ -80,7 +82,7 @@ static int drop_dead(mk_graph *g, const mk_compile_options *opts, mk_error **err
     }
     g->n_nodes = kept;
     free(live);
-    return count_consumers(g, opts, err);
+    return count_consumers(g, opts, t, err);
 }
 
 /* ---- storage and views ----------------------------------------------------- */
@@ -121,7 +123,8 @@ static void own(mk_node *n, mk_storage storage) {
 /* Owners for every node: leaves own their storage kind; views and in-place ops
  * share their first input's owner at the offset and strides their layout gives;
  * a copy that may be a view is one only where its readers take the strides. */
-static int assign_storage(mk_graph *g, const mk_compile_options *opts, mk_error **err) {
+static int assign_storage(mk_graph *g, const mk_compile_options *opts, const mk_target *t,
+                    mk_error **err) {
     for (int i = 0; i < g->n_nodes; i++) {
         mk_node *n = g->nodes[i];
         const mk_op *op = n->op;
@@ -153,7 +156,8 @@ static int assign_storage(mk_graph *g, const mk_compile_options *opts, mk_error 
 /* ---- verifier --------------------------------------------------------------- */
 
 /* Invariants the planner and binder rely on. */
-static int verify(mk_graph *g, const mk_compile_options *opts, mk_error **err) {
+static int verify(mk_graph *g, const mk_compile_options *opts, const mk_target *t,
+                    mk_error **err) {
     for (int i = 0; i < g->n_nodes; i++) {
         const mk_node *n = g->nodes[i];
         const mk_op *op = n->op;
@@ -179,21 +183,22 @@ static int verify(mk_graph *g, const mk_compile_options *opts, mk_error **err) {
 
 static const struct {
     const char *name;
-    int (*run)(mk_graph *, const mk_compile_options *, mk_error **);
+    int (*run)(mk_graph *, const mk_compile_options *, const mk_target *, mk_error **);
 } passes[] = {
     {"count-consumers", count_consumers},
     {"drop-dead", drop_dead},           /* what reaches neither the output nor a buffer */
     {"assign-storage", assign_storage}, /* views, in-place writes, copies that stay views */
     {"fuse-cudnn", mk_fusion_pass},     /* with use_cudnn: matmul/pointwise groups (fusion.c) */
-    {"group", mk_group_pass},           /* pointwise trees as one program each (group.c) */
+    {"group", mk_pointwise_pass},       /* pointwise trees as one program each (group_pointwise.c) */
     {"products", mk_product_pass},      /* matrix-vector products with what surrounds them
                                            (product.c) */
     {"gathers", mk_gather_pass},        /* one-id embeddings read by those groups (gather.c) */
     {"verify", verify},
 };
 
-int mk_passes_run(mk_graph *g, const mk_compile_options *opts, mk_error **err) {
+int mk_passes_run(mk_graph *g, const mk_compile_options *opts, const mk_target *t,
+                    mk_error **err) {
     for (size_t i = 0; i < sizeof passes / sizeof passes[0]; i++)
-        if (passes[i].run(g, opts, err)) return -1;
+        if (passes[i].run(g, opts, t, err)) return -1;
     return 0;
 }

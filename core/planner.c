@@ -21,7 +21,7 @@
  * anything, and returns -1, having changed nothing, when malloc fails; an alloc
  * that frees a node itself (an exact fit) needs no malloc at all.
  */
-#include "internal.h"
+#include "passes.h"
 
 #include <stdbool.h>
 #include <stdint.h>

@@ -21,7 +21,7 @@
  * looked; or broken, with the loader's message) and never a crash. A plugin
  * that loads is never closed: the CUDA runtime's threads outlive any caller.
  */
-#include "internal.h"
+#include "device.h"
 
 #include <dlfcn.h>
 #include <limits.h>
@@ -70,13 +70,13 @@ static const mk_cuda_plugin *plugin_check(void *h, const char *path) {
         broken(path, "%s returned no table", MK_CUDA_PLUGIN_ENTRY);
         return NULL;
     }
-    if (p->abi != MK_CUDA_PLUGIN_ABI || p->node_size != sizeof(mk_node) ||
-        p->launch_size != sizeof(mk_launch) || p->op_size != sizeof(mk_op)) {
+    mk_abi_sizes sizes = MK_ABI_SIZES;
+    if (p->abi != MK_CUDA_PLUGIN_ABI || memcmp(&p->sizes, &sizes, sizeof sizes)) {
         broken(path,
-               "it was built from another version of moonkaas (abi %d, node/launch/op sizes "
-               "%zu/%zu/%zu; this core: abi %d, %zu/%zu/%zu); rebuild it with this core",
-               p->abi, p->node_size, p->launch_size, p->op_size, MK_CUDA_PLUGIN_ABI,
-               sizeof(mk_node), sizeof(mk_launch), sizeof(mk_op));
+               "it was built from another version of moonkaas (abi %d%s; this core: abi %d); "
+               "rebuild it with this core",
+               p->abi, p->abi == MK_CUDA_PLUGIN_ABI ? ", with other struct sizes" : "",
+               MK_CUDA_PLUGIN_ABI);
         return NULL;
     }
     if (!p->device || !p->device->kernels || !p->probe) {

@@ -15,7 +15,7 @@
  *     and w3) join it, up to MK_PRODUCTS_MAX;
  *   - prologue: when A is an RmsNorm read by those products alone, the norm
  *     joins and the group reads its x; before it, where the device takes
- *     A on the int8 grid (mk_device_ops.int8_products), a FakeQuantizeNode
+ *     A on the int8 grid (mk_target.int8_products), a FakeQuantizeNode
  *     read by those products alone whose groups are the blocks of every
  *     product's int8 weights (a DequantizeNode folded in, below): the
  *     products are then runq.c's integer dot products per group (W8A8);
@@ -49,7 +49,7 @@
  * some 90 lines (with early_rows, which reads the finished groups' row
  * writes). Split attention out when a third kind of group arrives.
  */
-#include "internal.h"
+#include "passes.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -113,14 +113,14 @@ static const mk_node *weights_of(const mk_graph *g, const mk_node *p) {
 static bool by_rows(const mk_node *b) { return b->stride[0] != 1 && b->shape[0] > 1; }
 
 /* Why product p cannot start a matrix–vector group, or NULL when it can. */
-static const char *why_not(const mk_graph *g, const mk_node *p) {
+static const char *why_not(const mk_graph *g, const mk_target *t, const mk_node *p) {
     if (p->op->kernel != MK_KERNEL_MATMUL) return "not a product";
     const mk_node *a = p->in[0], *b = weights_of(g, p);
     if (p->dtype != MK_DTYPE_FLOAT32 || a->dtype != MK_DTYPE_FLOAT32) return "not float32";
     if (a->rank != 2 || b->rank != 2) return "not [m, k] @ [k, n]";
     if (a->shape[0] > MK_MATVEC_ROWS) return "more rows than a matrix-vector product";
-    if (by_rows(b) && !(g->row_products && b->stride[1] == 1 && b->dtype == MK_DTYPE_FLOAT32))
-        return g->row_products ? "B's columns are not contiguous, nor its rows float32 and "
+    if (by_rows(b) && !(t->row_products && b->stride[1] == 1 && b->dtype == MK_DTYPE_FLOAT32))
+        return t->row_products ? "B's columns are not contiguous, nor its rows float32 and "
                                  "contiguous"
                                : "B's columns are not contiguous";
     if (b->shape[1] % 2 && !by_rows(b)) /* by columns, CUDA takes them in pairs */
@@ -135,8 +135,8 @@ static const char *why_not(const mk_graph *g, const mk_node *p) {
  * columns instead when p then groups: strides (1, k), laid out so when the
  * model uploads them (model.c). A library product reads them transposed.
  */
-static void hold_by_columns(const mk_graph *g, const mk_node *p) {
-    if (g->row_products || p->op->kernel != MK_KERNEL_MATMUL) return;
+static void hold_by_columns(const mk_graph *g, const mk_target *t, const mk_node *p) {
+    if (t->row_products || p->op->kernel != MK_KERNEL_MATMUL) return;
     mk_node *w = p->in[1];
     if (w->op->leaf != MK_LEAF_CONSTANT || w->dtype != MK_DTYPE_FLOAT32 || w->rank != 2 ||
         !by_rows(w) || w->stride[1] != 1 || mk_is_output(g, w))
@@ -148,7 +148,7 @@ static void hold_by_columns(const mk_graph *g, const mk_node *p) {
     int64_t rows = w->stride[0];
     w->stride[0] = 1;
     w->stride[1] = w->shape[0];
-    if (why_not(g, p)) w->stride[0] = rows, w->stride[1] = 1; /* p would not group: as it was */
+    if (why_not(g, t, p)) w->stride[0] = rows, w->stride[1] = 1; /* p would not group: as it was */
 }
 
 /* n's only reader, or NULL where it has several, none, or is the output. */
@@ -162,11 +162,12 @@ static mk_node *only_reader(const mk_graph *g, const mk_node *n) {
 
 static bool is_pointwise(const mk_node *n) {
     return n->op->kernel == MK_KERNEL_POINTWISE && n->dtype == MK_DTYPE_FLOAT32 &&
-           (n->pw || mk_op_program(n->op));
+           (mk_node_pointwise(n) || mk_op_program(n->op));
 }
 
 static const mk_expr *program_of(const mk_node *n) {
-    return n->pw ? &n->pw->program : mk_op_program(n->op);
+    const mk_pointwise_group *pw = mk_node_pointwise(n);
+    return pw ? &pw->program : mk_op_program(n->op);
 }
 
 static void push(chain *c, mk_node *n) { c->nodes[c->n_nodes++] = n; }
@@ -435,11 +436,12 @@ static bool valid(cand *c, const mk_product_group *pg) {
  * MK_INT8_GROUP_MAX, on a device that takes that many elements so, every
  * product's weights int8 in blocks of as many rows as its groups.
  */
-static mk_node *folded_quantize(const mk_graph *g, mk_node *const *ps, int n_ps) {
+static mk_node *folded_quantize(const mk_graph *g, const mk_target *t, mk_node *const *ps,
+                                int n_ps) {
     mk_node *a = ps[0]->in[0];
     if (a->op->kernel != MK_KERNEL_FAKE_QUANTIZE || a->n_consumers != n_ps || mk_is_output(g, a) ||
         a->owner != a || a->rank != 2 || !dense(a->in[0]) || MK_INT8_GROUP_MAX % a->attr[0] ||
-        a->shape[0] * a->shape[1] > g->int8_products)
+        a->shape[0] * a->shape[1] > t->int8_products)
         return NULL;
     for (int j = 0; j < n_ps; j++) {
         const mk_node *d = folded_dequantize(g, ps[j]);
@@ -449,13 +451,14 @@ static mk_node *folded_quantize(const mk_graph *g, mk_node *const *ps, int n_ps)
 }
 
 /* Builds the candidate from products ps sharing A; NULL when it cannot be one. */
-static mk_product_group *build(cand *c, mk_graph *g, mk_node **ps, int n_ps, bool *moved) {
+static mk_product_group *build(cand *c, mk_graph *g, const mk_target *t, mk_node **ps, int n_ps,
+                               bool *moved) {
     *c = (cand){.g = g, .n_products = n_ps, .moved = moved};
     memset(moved, 0, sizeof *moved * (size_t)g->n_nodes);
     memcpy(c->products, ps, sizeof ps[0] * (size_t)n_ps);
     mk_node *a = ps[0]->in[0];
     int readers = n_ps; /* of the norm: the products, or the quantizer between */
-    if ((c->quant = folded_quantize(g, ps, n_ps))) a = c->quant->in[0], readers = 1;
+    if ((c->quant = folded_quantize(g, t, ps, n_ps))) a = c->quant->in[0], readers = 1;
     if (a->op->kernel == MK_KERNEL_RMS_NORM && a->n_consumers == readers && !mk_is_output(g, a) &&
         a->owner == a && a->storage == MK_STORAGE_ARENA && dense(a->in[0]) && dense(a->in[1]) &&
         a->in[0]->dtype == MK_DTYPE_FLOAT32 && a->in[1]->dtype == MK_DTYPE_FLOAT32)
@@ -505,6 +508,63 @@ static mk_product_group *build(cand *c, mk_graph *g, mk_node **ps, int n_ps, boo
     return pg;
 }
 
+/* ---- the group record's classes ----------------------------------------------------- */
+
+static void describe_attention(const mk_node *n, bool brief, mk_strbuf *b) {
+    const mk_attention_info *a = &mk_node_product(n)->att;
+    if (brief) {
+        mk_strbuf_put(b, "decode attention over the first p rows");
+        return;
+    }
+    mk_strbuf_put(b, "one launch, [%lld, %lld, %lld] queries over the first p of %lld cached rows "
+                     "(reads only those%s); members",
+                  (long long)a->batch, (long long)a->m, (long long)a->d, (long long)a->s,
+                  a->early ? "; no launch before writes those before p - 1: they may load before "
+                             "its wait"
+                           : "");
+    mk_group_put_members(n, b);
+}
+
+static void describe_matvec(const mk_node *n, bool brief, mk_strbuf *b) {
+    const mk_product_group *pg = mk_node_product(n);
+    if (brief) {
+        mk_strbuf_put(b, "matrix-vector products with their prologue and epilogues");
+        return;
+    }
+    mk_strbuf_put(b, "one launch, [%lld, %lld] @ %d product%s%s", (long long)pg->m, (long long)pg->k,
+                  pg->n_products, pg->n_products == 1 ? "" : "s",
+                  pg->norm_w >= 0 ? ", RmsNorm folded in" : "");
+    if (pg->a8_group)
+        mk_strbuf_put(b, "; A on the int8 grid in groups of %lld (FakeQuantize folded in): "
+                         "integer dot products",
+                      (long long)pg->a8_group);
+    for (int j = 0; j < pg->n_products; j++) {
+        const mk_node *w = n->in[pg->b[j]];
+        if (pg->b_scale[j] >= 0)
+            mk_strbuf_put(b, "; weights %d int8 in blocks of %lld, dequantized as read", j,
+                          (long long)pg->b_group[j]);
+        else if (w->dtype != MK_DTYPE_FLOAT32)
+            mk_strbuf_put(b, "; weights %d %s, widened as read", j, mk_dtype_name(w->dtype));
+        if (pg->b_rows[j]) mk_strbuf_put(b, "; weights %d read by rows", j);
+    }
+    for (int r = 0; r < pg->n_gathers; r++)
+        mk_strbuf_put(b, "; operand %d at the row of %s $%d (folded in, no launch)", pg->gather[r].in,
+                      pg->gather[r].node->op->name, pg->gather[r].node->id);
+    mk_strbuf_put(b, "; members");
+    mk_group_put_members(n, b);
+    mk_strbuf_put(b, "; results");
+    for (int o = 0; o < pg->n_outs; o++) {
+        const mk_product_out *r = &pg->out[o];
+        mk_strbuf_put(b, "%s $%d (%d instructions%s%s%s)", o ? "," : "", r->end->id, r->program.n,
+                      r->rotate >= 0 ? ", rotated" : "", r->row_x >= 0 ? ", written into rows" : "",
+                      r->argmax ? ", argmax of each row" : "");
+    }
+}
+
+static const mk_group_class matvec_class = {MK_GROUP_PRODUCT, "matrix-vector", describe_matvec, free};
+static const mk_group_class attention_class = {MK_GROUP_PRODUCT, "attention", describe_attention,
+                                               free};
+
 /* ---- the group node -------------------------------------------------------------- */
 
 static mk_node *new_node(const mk_node *like, const mk_op *op) {
@@ -527,8 +587,15 @@ static int make(mk_graph *g, cand *c, mk_product_group *pg, mk_error **err) {
     int first, last;
     span(c, &first, &last);
     /* members in graph order, with the CPU's scratch for all but the results */
+    mk_group *grp = calloc(1, sizeof *grp);
+    if (!grp) {
+        free(pg);
+        return mk_fail(err, MK_ERR_NOMEM, 0, 0, "grouping matrix-vector products");
+    }
+    grp->cls = pg->kind == MK_PRODUCT_ATTENTION ? &attention_class : &matvec_class;
+    grp->body = pg;
     for (int i = first; i <= last; i++)
-        if (is_member(c, g->nodes[i])) pg->members[pg->n_members++] = g->nodes[i];
+        if (is_member(c, g->nodes[i])) grp->members[grp->n_members++] = g->nodes[i];
     int64_t total = 0;
     for (int o = 0; o < pg->n_outs; o++) {
         if (pg->out[o].row_x >= 0) continue;
@@ -537,17 +604,21 @@ static int make(mk_graph *g, cand *c, mk_product_group *pg, mk_error **err) {
     }
     /* the CPU's scratch: a matrix-vector group's A (normalised, rows dense);
      * an attention group's members but its result */
-    for (int t = 0; t < pg->n_members; t++) {
-        const mk_node *m = pg->members[t];
+    pg->weight_bytes = 1;
+    for (int t = 0; t < grp->n_members; t++) {
+        const mk_node *m = grp->members[t], *w = m->in[1];
+        if (m->op->kernel == MK_KERNEL_MATMUL && w->op->kernel != MK_KERNEL_DEQUANTIZE &&
+            (int)mk_dtype_size(w->dtype) > pg->weight_bytes)
+            pg->weight_bytes = (int)mk_dtype_size(w->dtype);
         bool is_end = false;
         for (int o = 0; o < pg->n_outs; o++) is_end = is_end || pg->out[o].end == m;
         pg->scratch[t] = -1;
         if (pg->kind != MK_PRODUCT_ATTENTION || is_end || m->storage == MK_STORAGE_VIEW) continue;
-        pg->scratch[t] = (int64_t)pg->scratch_bytes;
-        pg->scratch_bytes += (mk_node_bytes(m) + 63) / 64 * 64;
+        pg->scratch[t] = (int64_t)grp->scratch_bytes;
+        grp->scratch_bytes += (mk_node_bytes(m) + 63) / 64 * 64;
     }
     if (pg->kind == MK_PRODUCT_MATVEC) /* A as floats; on the int8 grid, its scales and values */
-        pg->scratch_bytes = (size_t)(pg->m * pg->k) * sizeof(float) +
+        grp->scratch_bytes = (size_t)(pg->m * pg->k) * sizeof(float) +
                             (pg->a8_group ? (size_t)(pg->m * pg->k / pg->a8_group) * sizeof(float) +
                                                 (size_t)(pg->m * pg->k)
                                           : 0);
@@ -594,7 +665,7 @@ static int make(mk_graph *g, cand *c, mk_product_group *pg, mk_error **err) {
             }
     }
     /* the new order: members out, the group and its results at the last member */
-    int extra = 1 + pg->n_outs - pg->n_members;
+    int extra = 1 + pg->n_outs - grp->n_members;
     if (extra > 0 && g->n_nodes + extra > g->cap) {
         mk_node **grown = realloc(g->nodes, sizeof *grown * (size_t)(g->n_nodes + extra));
         if (!grown) goto nomem;
@@ -617,7 +688,7 @@ static int make(mk_graph *g, cand *c, mk_product_group *pg, mk_error **err) {
     free(old);
     g->n_nodes = kept;
     for (int i = 0; i < kept; i++) g->nodes[i]->index = i;
-    gn->prod = pg;
+    gn->group = grp;
     for (int i = 0; i < kept; i++) g->nodes[i]->n_consumers = 0;
     for (int i = 0; i < kept; i++)
         for (int k = 0; k < g->nodes[i]->n_in; k++) g->nodes[i]->in[k]->n_consumers++;
@@ -625,6 +696,7 @@ static int make(mk_graph *g, cand *c, mk_product_group *pg, mk_error **err) {
 nomem:
     free(gn);
     for (int o = 0; o < pg->n_outs; o++) free(outs[o]);
+    free(grp);
     free(pg);
     return mk_fail(err, MK_ERR_NOMEM, 0, 0, "grouping matrix-vector products");
 }
@@ -690,7 +762,7 @@ static mk_product_group *build_attention(cand *c, mk_graph *g, mk_node *x, bool 
  * early), and early loads read the evaluation before's rows.
  */
 static bool early_rows(const mk_graph *g, const mk_node *n) {
-    const mk_attention_info *a = &n->prod->att;
+    const mk_attention_info *a = &mk_node_product(n)->att;
     const mk_node *p = n->in[a->p];
     for (int k = 0; k < 2; k++) {
         const mk_node *mem = n->in[k ? a->v : a->kt]->owner;
@@ -700,8 +772,9 @@ static bool early_rows(const mk_graph *g, const mk_node *n) {
             if (w->op->role == MK_ROLE_INPLACE && w->owner == mem &&
                 (w->in[3] != p || w->in[1]->shape[0] != 1))
                 return false;
-            for (int o = 0; w->prod && o < w->prod->n_outs; o++) {
-                const mk_product_out *r = &w->prod->out[o];
+            const mk_product_group *wg = mk_node_product(w);
+            for (int o = 0; wg && o < wg->n_outs; o++) {
+                const mk_product_out *r = &wg->out[o];
                 if (r->row_x >= 0 && w->in[r->row_x]->owner == mem &&
                     (w->in[r->row_end] != p || r->row_count != 1))
                     return false;
@@ -712,16 +785,18 @@ static bool early_rows(const mk_graph *g, const mk_node *n) {
 }
 
 /* The products that may join p: p and the later ones reading its A, in order. */
-static int siblings(const mk_graph *g, mk_node *p, mk_node **ps) {
+static int siblings(const mk_graph *g, const mk_target *t, mk_node *p, mk_node **ps) {
     int n = 0;
     for (int i = p->index; i < g->n_nodes && n < MK_PRODUCTS_MAX; i++) {
         mk_node *q = g->nodes[i];
-        if (q->op->kernel == MK_KERNEL_MATMUL && q->in[0] == p->in[0] && !why_not(g, q)) ps[n++] = q;
+        if (q->op->kernel == MK_KERNEL_MATMUL && q->in[0] == p->in[0] && !why_not(g, t, q))
+            ps[n++] = q;
     }
     return n;
 }
 
-int mk_product_pass(mk_graph *g, const mk_compile_options *opts, mk_error **err) {
+int mk_product_pass(mk_graph *g, const mk_compile_options *opts, const mk_target *t,
+                    mk_error **err) {
     if (opts->no_passes || opts->no_fusion || g->n_nodes == 0) return 0;
     /* room for the nodes a group adds (its node and results beyond its members);
      * grown as groups add them (a lone product's group adds one) */
@@ -741,14 +816,14 @@ int mk_product_pass(mk_graph *g, const mk_compile_options *opts, mk_error **err)
         mk_node *p = g->nodes[i];
         cand c;
         mk_product_group *pg = NULL;
-        hold_by_columns(g, p);
+        hold_by_columns(g, t, p);
         if (p->op->kernel == MK_KERNEL_SLICED_SOFTMAX) {
             pg = build_attention(&c, g, p, moved);
-        } else if (!why_not(g, p)) {
+        } else if (!why_not(g, t, p)) {
             mk_node *ps[MK_PRODUCTS_MAX];
-            int n_ps = siblings(g, p, ps);
-            pg = build(&c, g, ps, n_ps, moved);
-            if (!pg && n_ps > 1) pg = build(&c, g, ps, 1, moved);
+            int n_ps = siblings(g, t, p, ps);
+            pg = build(&c, g, t, ps, n_ps, moved);
+            if (!pg && n_ps > 1) pg = build(&c, g, t, ps, 1, moved);
         }
         if (!pg) continue;
         int first, last;
@@ -761,95 +836,30 @@ int mk_product_pass(mk_graph *g, const mk_compile_options *opts, mk_error **err)
     }
     free(moved);
     bool int8_grid = false;
-    for (int i = 0; i < g->n_nodes; i++)
-        int8_grid |= g->nodes[i]->prod && g->nodes[i]->prod->a8_group;
-    for (int i = 0; i < g->n_nodes; i++)
-        if (g->nodes[i]->prod && g->nodes[i]->prod->kind == MK_PRODUCT_ATTENTION) {
-            g->nodes[i]->prod->att.early = early_rows(g, g->nodes[i]);
-            g->nodes[i]->prod->att.int8_grid = int8_grid;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const mk_product_group *pg = mk_node_product(g->nodes[i]);
+        int8_grid |= pg && pg->a8_group;
+    }
+    for (int i = 0; i < g->n_nodes; i++) {
+        mk_product_group *pg = mk_node_product(g->nodes[i]);
+        if (pg && pg->kind == MK_PRODUCT_ATTENTION) {
+            pg->att.early = early_rows(g, g->nodes[i]);
+            pg->att.int8_grid = int8_grid;
         }
+    }
     return 0;
 }
 
-void mk_product_group_free(mk_product_group *pg) {
-    if (!pg) return;
-    for (int t = 0; t < pg->n_members; t++) {
-        mk_pointwise_group_free(pg->members[t]->pw);
-        free(pg->members[t]->name);
-        free(pg->members[t]);
-    }
-    free(pg);
-}
-
-size_t mk_product_scratch(const mk_node *n) { return n->prod ? n->prod->scratch_bytes : 0; }
-
 /* ---- the report -------------------------------------------------------------------- */
 
-int mk_product_report(const mk_graph *g, mk_strbuf *b) {
-    int groups = 0;
+void mk_product_report(const mk_graph *g, const mk_target *t, mk_strbuf *b) {
     for (int i = 0; i < g->n_nodes; i++) {
         const mk_node *n = g->nodes[i];
-        const char *why = n->op->kernel == MK_KERNEL_MATMUL ? why_not(g, n) : NULL;
-        if (why) {
+        const char *why = n->op->kernel == MK_KERNEL_MATMUL ? why_not(g, t, n) : NULL;
+        if (why)
             mk_strbuf_put(b, "product $%d (line %d): the device's matrix kernel: %s\n", n->id,
                           n->line, why);
-            continue;
-        }
         const char *att = n->op->kernel == MK_KERNEL_SLICED_SOFTMAX ? attention_why_not(g, n) : NULL;
-        if (att) {
-            mk_strbuf_put(b, "softmax $%d (line %d): no attention group: %s\n", n->id, n->line, att);
-            continue;
-        }
-        const mk_product_group *pg = n->prod;
-        if (!pg) continue;
-        groups++;
-        if (pg->kind == MK_PRODUCT_ATTENTION) {
-            const mk_attention_info *a = &pg->att;
-            mk_strbuf_put(b, "attention group $%d (line %d): one launch, [%lld, %lld, %lld] "
-                             "queries over the first p of %lld cached rows (reads only those%s); "
-                             "members %s $%d, %s $%d, %s $%d\n",
-                          n->id, n->line, (long long)a->batch, (long long)a->m, (long long)a->d,
-                          (long long)a->s,
-                          a->early ? "; no launch before writes those before p - 1: they may "
-                                     "load before its wait"
-                                   : "",
-                          pg->members[0]->op->name, pg->members[0]->id, pg->members[1]->op->name,
-                          pg->members[1]->id, pg->members[2]->op->name, pg->members[2]->id);
-            continue;
-        }
-        mk_strbuf_put(b, "matrix-vector group $%d (line %d): one launch, [%lld, %lld] @ %d "
-                         "product%s%s",
-                      n->id, n->line, (long long)pg->m, (long long)pg->k, pg->n_products,
-                      pg->n_products == 1 ? "" : "s", pg->norm_w >= 0 ? ", RmsNorm folded in" : "");
-        if (pg->a8_group)
-            mk_strbuf_put(b, "; A on the int8 grid in groups of %lld (FakeQuantize folded in): "
-                             "integer dot products",
-                          (long long)pg->a8_group);
-        for (int j = 0; j < pg->n_products; j++) {
-            const mk_node *w = n->in[pg->b[j]];
-            if (pg->b_scale[j] >= 0)
-                mk_strbuf_put(b, "; weights %d int8 in blocks of %lld, dequantized as read", j,
-                              (long long)pg->b_group[j]);
-            else if (w->dtype != MK_DTYPE_FLOAT32)
-                mk_strbuf_put(b, "; weights %d %s, widened as read", j, mk_dtype_name(w->dtype));
-            if (pg->b_rows[j]) mk_strbuf_put(b, "; weights %d read by rows", j);
-        }
-        for (int r = 0; r < pg->n_gathers; r++)
-            mk_strbuf_put(b, "; operand %d at the row of %s $%d (folded in, no launch)", pg->gather[r].in,
-                          pg->gather[r].node->op->name, pg->gather[r].node->id);
-        mk_strbuf_put(b, "; members");
-        for (int t = 0; t < pg->n_members; t++)
-            mk_strbuf_put(b, "%s %s $%d", t ? "," : "", pg->members[t]->op->name,
-                          pg->members[t]->id);
-        mk_strbuf_put(b, "; results");
-        for (int o = 0; o < pg->n_outs; o++) {
-            const mk_product_out *r = &pg->out[o];
-            mk_strbuf_put(b, "%s $%d (%d instructions%s%s%s)", o ? "," : "", r->end->id,
-                          r->program.n, r->rotate >= 0 ? ", rotated" : "",
-                          r->row_x >= 0 ? ", written into rows" : "",
-                          r->argmax ? ", argmax of each row" : "");
-        }
-        mk_strbuf_put(b, "\n");
+        if (att) mk_strbuf_put(b, "softmax $%d (line %d): no attention group: %s\n", n->id, n->line, att);
     }
-    return groups;
 }

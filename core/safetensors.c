@@ -13,7 +13,7 @@
  * the shape needs, duplicate names. A reader is bounded by the buffer; it
  * never reads past it, whatever the bytes.
  */
-#include "internal.h"
+#include "graph.h"
 
 #include <errno.h>
 #include <fcntl.h>

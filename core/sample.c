@@ -25,7 +25,7 @@
  * reach, and sorting each exponent class on its own gives the same order as
  * sorting them all (a larger exponent is a larger probability).
  */
-#include "internal.h"
+#include "device.h"
 
 #include <math.h>
 #include <stdlib.h>

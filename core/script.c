@@ -16,7 +16,7 @@
  * '#' starts a comment to the end of the line. Every error carries the line and
  * column where it was found.
  */
-#include "internal.h"
+#include "group.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -179,8 +179,7 @@ static int id_put(id_map *m, mk_node *n) {
 void mk_graph_free(mk_graph *g) {
     if (!g) return;
     for (int i = 0; i < g->n_nodes; i++) {
-        mk_pointwise_group_free(g->nodes[i]->pw);
-        mk_product_group_free(g->nodes[i]->prod);
+        mk_group_free(g->nodes[i]->group);
         free(g->nodes[i]->name);
         free(g->nodes[i]);
     }
@@ -559,22 +558,12 @@ char *mk_graph_print(const mk_graph *g) {
     for (int i = 0; i < g->n_nodes; i++) {
         const mk_node *n = g->nodes[i];
         mk_strbuf_put(&b, "$%d = %s(", n->id, n->op->name);
-        if (n->pw) { /* a pointwise group: its operands, and what it computes */
-            for (int k = 0; k < n->n_in; k++) mk_strbuf_put(&b, "%s$%d", k ? ", " : "", n->in[k]->id);
-            mk_strbuf_put(&b, ");  # one program for");
-            for (int k = 0; k < n->pw->n_members; k++)
-                mk_strbuf_put(&b, " %s $%d,", n->pw->members[k]->op->name, n->pw->members[k]->id);
-            mk_strbuf_put(&b, " %s $%d\n", n->pw->root_op->name, n->id);
-            continue;
-        }
-        if (n->op->flags & MK_OP_INTERNAL) { /* a matrix–vector group or a result of one */
+        if (n->op->flags & MK_OP_INTERNAL) { /* a group node, or a result of a product group */
             for (int k = 0; k < n->n_in; k++) mk_strbuf_put(&b, "%s$%d", k ? ", " : "", n->in[k]->id);
             mk_strbuf_put(&b, ");");
-            if (n->prod) {
-                mk_strbuf_put(&b, "  # one launch for");
-                for (int k = 0; k < n->prod->n_members; k++)
-                    mk_strbuf_put(&b, "%s %s $%d", k ? "," : "", n->prod->members[k]->op->name,
-                                  n->prod->members[k]->id);
+            if (n->group) {
+                mk_strbuf_put(&b, "  # %s group, one launch for", n->group->cls->name);
+                mk_group_put_members(n, &b);
             } else {
                 mk_strbuf_put(&b, "  # a result of the group, view of $%d", n->owner->id);
             }

@@ -3,7 +3,7 @@
  * dtype table, sizes, strides, the strided walk the kernels iterate with, and
  * the messages of run-time faults (so the CPU and CUDA say the same thing).
  */
-#include "internal.h"
+#include "device.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -50,7 +50,7 @@ MK_API int mk_dtype_parse(const char *name, size_t len, mk_dtype *out) {
     return -1;
 }
 
-/* ---- conversions (the rule: internal.h, before mk_bf16_to_f32) ------------------ */
+/* ---- conversions (the rule: graph.h, before mk_bf16_to_f32) ------------------ */
 
 /* Element i of src as a double (exact for every dtype but int64 past 2^53). */
 static double load_f64(const void *src, mk_dtype d, int64_t i) {

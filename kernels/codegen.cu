@@ -320,7 +320,7 @@ void mk_cuda_put_head(mk_strbuf *b, long long threads, int min_blocks) {
 /* Whether a thread's scores take q and K as float4s (see above): rows of
  * contiguous, 16-byte aligned floats, and not on the int8 grid. */
 static bool att_float4(const mk_launch *l) {
-    const mk_attention_info *a = &l->node->prod->att;
+    const mk_attention_info *a = &mk_node_product(l->node)->att;
     const mk_tensor *q = &l->in[a->q], *kt = &l->in[a->kt];
     return !a->int8_grid && a->d % 4 == 0 && q->stride[2] == 1 && kt->stride[1] == 1 &&
            q->stride[1] % 4 == 0 && q->stride[0] % 4 == 0 && kt->stride[2] % 4 == 0 &&
@@ -348,7 +348,7 @@ static size_t att_part_floats(const mk_attention_info *a) {
 /* A decode attention group's kernel: skeletons/attention.cuh after what it
  * varies in (its shapes, strides, inputs and forms) as #defines. */
 static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
-    const mk_product_group *pg = l->node->prod;
+    const mk_product_group *pg = mk_node_product(l->node);
     const mk_attention_info *a = &pg->att;
     const mk_tensor *q = &l->in[a->q], *kt = &l->in[a->kt], *v = &l->in[a->v];
     const long long M = a->m, D = a->d, S = a->s, N = a->n, C = att_chunks(a), R = att_rows(a);
@@ -412,14 +412,15 @@ size_t mk_cuda_group_aux_bytes(const mk_product_group *pg) {
 
 /* The source of a group's launch, whichever kind. */
 void mk_cuda_group_source(mk_strbuf *b, const mk_launch *l) {
-    if (!l->node->prod) put_source(b, l);
-    else if (l->node->prod->kind == MK_PRODUCT_ATTENTION) put_attention_source(b, l);
+    const mk_product_group *pg = mk_node_product(l->node);
+    if (!pg) put_source(b, l);
+    else if (pg->kind == MK_PRODUCT_ATTENTION) put_attention_source(b, l);
     else mk_cuda_product_source(b, l);
 }
 
 /* The grid of a matrix-vector or attention group's launch. */
 void mk_cuda_group_grid(const mk_launch *l, unsigned int *blocks, unsigned int *threads) {
-    const mk_product_group *pg = l->node->prod;
+    const mk_product_group *pg = mk_node_product(l->node);
     if (pg->kind == MK_PRODUCT_ATTENTION) { /* att_blocks blocks per query */
         *blocks = mk_cuda_blocks(pg->att.batch * pg->att.m * att_blocks(&pg->att), 1);
         *threads = (unsigned int)(4 * att_rows(&pg->att));

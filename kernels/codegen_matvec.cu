@@ -97,19 +97,6 @@ static long long ldb_of(const mk_launch *l, const mk_product_group *pg, const mk
     return (long long)l->in[pg->b[r->src[s].product]].stride[1];
 }
 
-/* Bytes of the widest weight element a group's products read (int8: 1). */
-static long long weight_element_bytes(const mk_product_group *pg) {
-    long long es = 1;
-    for (int t = 0; t < pg->n_members; t++) {
-        const mk_node *m = pg->members[t];
-        if (m->op->kernel != MK_KERNEL_MATMUL) continue;
-        const mk_node *b = m->in[1];
-        long long s = b->op->kernel == MK_KERNEL_DEQUANTIZE ? 1 : (long long)mk_dtype_size(b->dtype);
-        if (s > es) es = s;
-    }
-    return es;
-}
-
 /*
  * Warps per column pair (1, 2, 4 or 8; per two pairs where a warp takes 4
  * columns, warp_columns, so that its launch has half the warps), splitting k:
@@ -156,11 +143,11 @@ static int warp_columns(const mk_launch *l, const mk_product_group *pg);
 static int product_slices(const mk_launch *l, const mk_product_group *pg) {
     long long pairs = 0;
     for (int o = 0; o < pg->n_outs; o++) pairs += pg->out[o].n / 2;
-    long long target = 3072 * weight_element_bytes(pg);
+    long long target = 3072 * pg->weight_bytes;
     if (target > 8192) target = 8192;
     int W = 1;
     while (W < 8 && pairs * W < target && pg->k >= 128LL * 2 * W) W *= 2;
-    if (W == 2 && weight_element_bytes(pg) == 1 && warp_columns(l, pg) == 4) W = 3;
+    if (W == 2 && pg->weight_bytes == 1 && warp_columns(l, pg) == 4) W = 3;
     return W;
 }
 
@@ -556,7 +543,7 @@ static long long copy_steps(const mk_product_group *pg, int E, int W) {
 #define MK_STAGE_WHOLE 8
 static bool whole_copy(const mk_product_group *pg, int E, int W) {
     return !pg->a8_group && pg->norm_w < 0 &&
-           (copy_steps(pg, E, W) > MK_STAGE_WHOLE || weight_element_bytes(pg) == 1);
+           (copy_steps(pg, E, W) > MK_STAGE_WHOLE || pg->weight_bytes == 1);
 }
 
 /* Steps of weights a lane loads before the wait: MK_PRELOAD_FLOATS'
@@ -815,8 +802,9 @@ static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group 
 static void put_epilogue(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int o,
                          int C, bool staged, const char *who) {
     const mk_product_out *r = &pg->out[o];
+    const mk_group *grp = l->node->group;
     int which = 1; /* the faulting member for the error: the row write */
-    while (which < pg->n_members && pg->members[which - 1] != r->end) which++;
+    while (which < grp->n_members && grp->members[which - 1] != r->end) which++;
     int M = (int)pg->m;
     long long K = (long long)pg->k, N = (long long)r->n;
     int prods[MK_X_IN], np = product_sources(r, prods);
@@ -957,7 +945,7 @@ static long long weight_bytes(const mk_launch *l, const mk_product_group *pg) {
 
 static int stage_batch(const mk_product_group *pg, int E, int W) {
     long long steps = copy_steps(pg, E, W);
-    long long U = whole_copy(pg, E, W) ? steps : weight_element_bytes(pg) == 2 ? MK_STAGE_BATCH : 1;
+    long long U = whole_copy(pg, E, W) ? steps : pg->weight_bytes == 2 ? MK_STAGE_BATCH : 1;
     return (int)(steps < U ? steps : U);
 }
 
@@ -1286,7 +1274,7 @@ static void put_tc_sums(mk_strbuf *b, const mk_launch *l, const mk_product_group
 
 /* The kernel of a group in the tensor-core form (tc_slices: W warps a tile). */
 static void put_tc_source(mk_strbuf *b, const mk_launch *l, int W) {
-    const mk_product_group *pg = l->node->prod;
+    const mk_product_group *pg = mk_node_product(l->node);
     long long K = (long long)pg->k;
     long long per = (K / 128 + W - 1) / W * 128; /* k a slice takes */
     mk_strbuf_put(b, "// moonkaas matrix-vector group $%d: [1, %lld] @ %d products, %d results%s, "
@@ -1426,8 +1414,8 @@ static int warp_columns(const mk_launch *l, const mk_product_group *pg) {
     if (pg->m != 1 || pg->a8_group || most_products(pg) != 1 || tc_slices(l, pg)) return 2;
     for (int o = 0; o < pg->n_outs; o++)
         if (pg->out[o].n % 4) return 2;
-    if (weight_element_bytes(pg) == 2) return pg->k <= 2048 ? 4 : 2;
-    if (weight_element_bytes(pg) != 1 || weights_per_load(l, pg) != 16 || !staged_a(l, pg))
+    if (pg->weight_bytes == 2) return pg->k <= 2048 ? 4 : 2;
+    if (pg->weight_bytes != 1 || weights_per_load(l, pg) != 16 || !staged_a(l, pg))
         return 2;
     for (int j = 0; j < pg->n_products; j++)
         if (pg->b_scale[j] < 0) return 2;
@@ -1441,7 +1429,7 @@ static int warp_columns(const mk_launch *l, const mk_product_group *pg) {
  * scales its dot products of w * x by 1 / rms at the end (no block-wide step
  * unless A is staged). */
 void mk_cuda_product_source(mk_strbuf *b, const mk_launch *l) {
-    const mk_product_group *pg = l->node->prod;
+    const mk_product_group *pg = mk_node_product(l->node);
     if (int W = tc_slices(l, pg)) {
         put_tc_source(b, l, W);
         return;
@@ -1525,7 +1513,7 @@ size_t mk_cuda_product_aux_bytes(const mk_product_group *pg) {
 /* The grid of a group's launch: block_warps(W) warps a block, W of them the
  * C columns of warp_columns (in the tensor-core form, a tile of 16 columns). */
 void mk_cuda_product_grid(const mk_launch *l, unsigned int *blocks, unsigned int *threads) {
-    const mk_product_group *pg = l->node->prod;
+    const mk_product_group *pg = mk_node_product(l->node);
     int tc = tc_slices(l, pg), W = tc ? tc : product_slices(l, pg);
     *blocks = mk_cuda_blocks(product_warps(pg, tc ? 16 : warp_columns(l, pg), W), block_warps(W));
     *threads = 32 * (unsigned int)block_warps(W);

@@ -8,7 +8,7 @@
  *                         the last axis (runq.c's activations: the CPU's q8_value)
  *
  * and the widening of a matrix product's low-precision weights into scratch
- * (mk_cuda_widen, for matmul.cu). The rule is the core's (internal.h, above
+ * (mk_cuda_widen, for matmul.cu). The rule is the core's (graph.h, above
  * mk_bf16_to_f32): floats round to nearest even, float16 overflows to ±inf,
  * floats become integers toward zero, saturated, NaN as 0.
  */

@@ -595,10 +595,11 @@ int mk_cuda_fault_error(const mk_cuda_fault *f, const mk_launch *launches, int n
         return mk_fail(err, MK_ERR_INTERNAL, 0, 0, "a CUDA kernel reported launch %d of %d",
                        f->launch, n);
     const mk_node *node = launches[f->launch].node; /* in a group: the member that faulted */
-    if (node->prod && f->which > 0 && f->which <= node->prod->n_members)
-        node = node->prod->members[f->which - 1];
-    else if (node->prod && f->which < 0 && -f->which <= node->prod->n_gathers) /* (gathers) */
-        node = node->prod->gather[-f->which - 1].node;
+    const mk_product_group *pg = mk_node_product(node);
+    if (node->group && f->which > 0 && f->which <= node->group->n_members)
+        node = node->group->members[f->which - 1];
+    else if (pg && f->which < 0 && -f->which <= pg->n_gathers) /* (gathers) */
+        node = pg->gather[-f->which - 1].node;
     return mk_fault(err, node, (mk_fault_kind)f->kind, f->value[0], f->value[1], f->value[2]);
 }
 
@@ -659,16 +660,14 @@ fail:
  * scales in static shared memory (codegen_matvec.cu's put_grid_copy); they read
  * weights by columns only (row_products false) */
 static const mk_device_ops cuda_device = {
-    "cuda",       cuda_kernels.k, MK_CUDA_POINTWISE_OPERANDS, 32768,     false,
-    cuda_open,    cuda_close,     cuda_alloc,                 cuda_free, cuda_upload,
-    cuda_zero,    cuda_prepare,   cuda_evaluate,              mk_cuda_run_steps,
+    "cuda",       cuda_kernels.k, {MK_CUDA_POINTWISE_OPERANDS, 32768, false},
+    cuda_open,    cuda_close,     cuda_alloc, cuda_free, cuda_upload,
+    cuda_zero,    cuda_prepare,   cuda_evaluate, mk_cuda_run_steps,
 };
 
 static const mk_cuda_plugin plugin = {
     MK_CUDA_PLUGIN_ABI,
-    sizeof(mk_node),
-    sizeof(mk_launch),
-    sizeof(mk_op),
+    MK_ABI_SIZES,
     &cuda_device,
     cuda_probe,
 #ifdef MK_WITH_CUDNN

@@ -20,7 +20,7 @@
 #define MK_CUDA_DEVICE_H
 
 extern "C" {
-#include "internal.h"
+#include "device.h"
 }
 
 #include <cublas_v2.h>
@@ -376,7 +376,7 @@ int mk_cuda_replace_slice(const mk_launch *l, mk_error **err);  /* gather.cu */
 
 #ifdef MK_WITH_CUDNN
 /* cudnn_fuser.cu (left out of CUDNN=0 builds): the plugin table's cuDNN hooks,
- * as core/internal.h describes them, and the group's kernel. */
+ * as core/group.h describes them, and the group's kernel. */
 void mk_cudnn_cache_free(struct mk_cudnn_cache *c);
 int mk_cudnn_compile_group(struct mk_cudnn_cache **cache, mk_fused_group *g, char *why,
                            size_t why_size, mk_error **err);

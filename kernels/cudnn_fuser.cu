@@ -574,7 +574,7 @@ void mk_cudnn_group_release(mk_fused_group *g) {
 
 int mk_cuda_cudnn_group(const mk_launch *l, mk_error **err) {
     mk_cuda_state *s = mk_cuda_state_of(l);
-    mk_fused_group *g = l->node->group;
+    mk_fused_group *g = mk_node_cudnn(l->node);
     if (!g || !g->plan || l->n_in != g->n_in)
         return MK_INTERNAL(err, "a cuDNN group launch without its compiled group");
     mk_cudnn_plan *p = g->plan;

@@ -1,7 +1,7 @@
 /*
  * cudnn_fuser.h — the cuDNN fuser's own types (kernels/cudnn_fuser.cu): the
  * per-context compile cache and the plans in it. The rest of moonkaas sees
- * only the plugin table's hooks (core/internal.h's mk_cuda_plugin:
+ * only the plugin table's hooks (core/device.h's mk_cuda_plugin:
  * cudnn_compile_group, cudnn_group_release, cudnn_cache_free) and the
  * device's MK_KERNEL_CUDNN_GROUP kernel, mk_cuda_cudnn_group (declared in
  * cuda_device.h). Built only with CUDNN=1.

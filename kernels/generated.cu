@@ -178,7 +178,7 @@ static char *nvrtc_cubin(const char *src, int arch, const mk_launch *l, size_t *
  */
 static cudaKernel_t compile(const char *src, int arch, const mk_launch *l, cudaLibrary_t *lib,
                             bool disk, bool *from_disk, mk_error **err) {
-    const char *symbol = l->node->prod ? "mk_product" : "mk_pointwise";
+    const char *symbol = mk_node_product(l->node) ? "mk_product" : "mk_pointwise";
     char dir[4000], path[4096];
     disk = disk && cache_dir(dir, sizeof dir) && cache_path(path, sizeof path, dir, src, arch);
     size_t size = 0;
@@ -220,7 +220,7 @@ static void dump(const char *src, unsigned long long hash, int arch) {
 /* The source of a group's launch (malloc'd), or NULL: stamped for the
  * timeline (stamp), at occupancy blocks an SM where > 0 (mk_cuda_put_head). */
 static char *group_source(const mk_launch *l, bool stamp, int occupancy, mk_error **err) {
-    if (!(l->node->pw && l->expr) && !l->node->prod) {
+    if (!(mk_node_pointwise(l->node) && l->expr) && !mk_node_product(l->node)) {
         MK_INTERNAL(err, "not a group's launch");
         return NULL;
     }
@@ -231,7 +231,7 @@ static char *group_source(const mk_launch *l, bool stamp, int occupancy, mk_erro
      * the first line, the comment naming the group (product kernels only) */
     const char *line = NULL, *no_mma = getenv("MK_CUDA_NO_MMA");
     bool plain = no_mma && !strcmp(no_mma, "1");
-    if (l->node->prod && (stamp || plain) && !src.failed && src.s) line = strchr(src.s, '\n');
+    if (mk_node_product(l->node) && (stamp || plain) && !src.failed && src.s) line = strchr(src.s, '\n');
     if (line) {
         char occ[64] = "";
         if (stamp && occupancy > 0) snprintf(occ, sizeof occ, "#define MK_TIMELINE_OCCUPANCY %d\n", occupancy);
@@ -293,7 +293,7 @@ static cudaKernel_t kernel_of(const mk_launch *l, char *src, int arch, bool disk
  * the blocks an SM of its unstamped build, which is compiled first. */
 static cudaKernel_t kernel_for(const mk_launch *l, int arch, bool disk, int *compiled,
                                int *from_disk, mk_error **err) {
-    bool stamp = mk_cuda_timeline_file() && l->node->prod;
+    bool stamp = mk_cuda_timeline_file() && mk_node_product(l->node);
     cudaKernel_t kernel = kernel_of(l, group_source(l, false, 0, err), arch, disk, compiled,
                                     from_disk, err);
     if (!kernel || !stamp) return kernel;
@@ -311,13 +311,13 @@ static cudaKernel_t kernel_for(const mk_launch *l, int arch, bool disk, int *com
 int mk_cuda_generate(mk_cuda_state *s, const mk_launch *launches, int n, const mk_host *host,
                      mk_error **err) {
     int arch = 0, total = 0, done = 0, compiled = 0, from_disk = 0;
-    for (int i = 0; i < n; i++) total += launches[i].node->pw || launches[i].node->prod;
+    for (int i = 0; i < n; i++) total += mk_node_generated(launches[i].node);
     const char *timeline = mk_cuda_timeline_file();
     if (timeline && total && mk_cuda_timeline_open(s, launches, n, timeline, err)) return -1;
     double t0 = mk_now_ms();
     for (int i = 0; i < n; i++) {
         const mk_launch *l = &launches[i];
-        if (!l->node->pw && !l->node->prod) continue;
+        if (!mk_node_generated(l->node)) continue;
         if (host->cancelled(host)) return mk_cancelled(err, "compile");
         if (!s->generated) {
             cudaDeviceProp prop;
@@ -331,7 +331,8 @@ int mk_cuda_generate(mk_cuda_state *s, const mk_launch *launches, int n, const m
         bool disk = !(host->opts && host->opts->no_kernel_cache);
         if (!(s->generated[i] = (void *)kernel_for(l, arch, disk, &compiled, &from_disk, err)))
             return -1;
-        size_t bytes = l->node->prod ? mk_cuda_group_aux_bytes(l->node->prod) : 0;
+        const mk_product_group *pg = mk_node_product(l->node);
+        size_t bytes = pg ? mk_cuda_group_aux_bytes(pg) : 0;
         if (bytes) { /* zero once: the kernels leave their counts and keys zero */
             if (!s->aux && !(s->aux = (void **)calloc((size_t)n, sizeof *s->aux)))
                 return mk_fail(err, MK_ERR_NOMEM, 0, 0, "a group's device scratch");
@@ -398,7 +399,7 @@ int mk_cuda_product(const mk_launch *l, mk_error **err) {
     }
     args[a++] = &fault;
     args[a++] = &index;
-    const mk_product_group *pg = l->node->prod;
+    const mk_product_group *pg = mk_node_product(l->node);
     unsigned int blocks, threads;
     mk_cuda_group_grid(l, &blocks, &threads);
     void *aux = s->aux ? s->aux[l->index] : NULL;

@@ -366,7 +366,7 @@ static void pointwise_dispatch(const mk_launch *l) {
 
 /* MK_KERNEL_POINTWISE: float32 and int64 (the device table says so; model.c checks). */
 int mk_cuda_pointwise(const mk_launch *l, mk_error **err) {
-    if (l->node->pw) return mk_cuda_pointwise_generated(l, err); /* a group: its own kernel */
+    if (mk_node_pointwise(l->node)) return mk_cuda_pointwise_generated(l, err); /* a group: its own kernel */
     if (!l->expr || l->expr->n_in > l->n_in || l->n_in > 2)
         return MK_INTERNAL(err, "a pointwise launch without its program or its operands");
     bool two = l->expr->n_in == 2;

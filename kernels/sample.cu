@@ -145,7 +145,7 @@
 typedef unsigned long long u64;
 namespace cg = cooperative_groups;
 
-/* A row's level-0 histogram in the scratch (core/internal.h), where the
+/* A row's level-0 histogram in the scratch (core/device.h), where the
  * radix selection reads it. */
 typedef struct {
     unsigned mass[BINS];  /* the candidates' mass per bin */

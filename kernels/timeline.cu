@@ -83,7 +83,7 @@ int mk_cuda_timeline_open(mk_cuda_state *s, const mk_launch *launches, int n, co
         return mk_fail(err, MK_ERR_NOMEM, 0, 0, "the CUDA timeline (MK_CUDA_TIMELINE)");
     }
     for (int i = 0; i < n; i++) {
-        const mk_product_group *pg = launches[i].node->prod;
+        const mk_product_group *pg = mk_node_product(launches[i].node);
         if (launches[i].node->op->kernel == MK_KERNEL_SAMPLE) {
             unsigned blocks = mk_cuda_sample_blocks(&launches[i]);
             t->blocks[i] = blocks < MK_TIMELINE_BLOCKS ? blocks : MK_TIMELINE_BLOCKS;

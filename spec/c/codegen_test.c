@@ -3,7 +3,7 @@
  * compile with NVRTC, on any machine with the plugin: NVRTC needs no GPU, so
  * CI (which has none) checks the generator too. Each graph is compiled on the
  * CPU (the grouping pass is the same for both devices) and every group's CUDA
- * source is written and compiled for sm_90 and sm_80 (internal.h's
+ * source is written and compiled for sm_90 and sm_80 (device.h's
  * mk_model_check_generated). On a GPU, spec/group_spec.lua runs them.
  *
  *   test_random_groups   random pointwise trees: every op with an expression,
@@ -27,7 +27,8 @@
  *
  * Without the plugin (CUDA=0, or none found) the test is skipped with the reason.
  */
-#include "internal.h"
+#include "passes.h"
+#include "device.h"
 #include "test.h"
 
 #include <dirent.h>

@@ -8,7 +8,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* setrlimit, for the out-of-memory test */
 #endif
-#include "internal.h"
+#include "passes.h"
 #include "test.h"
 
 #include <stdbool.h>

@@ -1,6 +1,6 @@
 /*
  * plugin_test.c — the CUDA plugin as the core sees it (core/plugin.c,
- * kernels/cuda_device.cu's table), through internal.h:
+ * kernels/cuda_device.cu's table), through device.h:
  *
  *   test_first_use_races   eight threads ask for the plugin at once: one load,
  *                          one answer (the same table, or the same reason)
@@ -15,7 +15,7 @@
  * Without a plugin (CUDA=0, or none found) the plugin's cases are skipped with
  * the reason. Run: make build/tests/plugin_test && build/tests/plugin_test
  */
-#include "internal.h"
+#include "device.h"
 #include "test.h"
 
 #include <dlfcn.h>
@@ -68,9 +68,8 @@ static void test_first_use_races(void) {
 static void test_table(void) {
     const mk_cuda_plugin *p = plugin;
     CHECK(p->abi == MK_CUDA_PLUGIN_ABI, "abi %d", p->abi);
-    CHECK(p->node_size == sizeof(mk_node) && p->launch_size == sizeof(mk_launch) &&
-              p->op_size == sizeof(mk_op),
-          "sizes %zu/%zu/%zu", p->node_size, p->launch_size, p->op_size);
+    mk_abi_sizes sizes = MK_ABI_SIZES;
+    CHECK(!memcmp(&p->sizes, &sizes, sizeof sizes), "the plugin's struct sizes differ from the core's");
     CHECK(p->device && !strcmp(p->device->name, "cuda"), "device %s",
           p->device ? p->device->name : "(none)");
     const mk_kernel *k = p->device->kernels;

@@ -56,7 +56,8 @@
  * so no GPU is needed. With the same seed before and after a change to a
  * generator, scripts/ptx_diff.sh then says whether any kernel's PTX changed.
  */
-#include "internal.h"
+#include "passes.h"
+#include "device.h"
 #include "test.h"
 
 #include <limits.h>

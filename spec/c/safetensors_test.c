@@ -8,7 +8,7 @@
  *                        bytes it was given (mk_safetensors_parse_buffer over an
  *                        exact-size copy, so ASan sees any overrun)
  */
-#include "internal.h"
+#include "graph.h"
 #include "test.h"
 
 #include <unistd.h>

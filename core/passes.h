@@ -1,0 +1,63 @@
+/*
+ * passes.h — the stages between parsing and binding: the ordered passes
+ * (passes.c) with the grouping passes, the cuDNN fusion state, and the
+ * planner. Passes read the graph and the compile options; they include no
+ * device header, but for fusion.c, which asks the CUDA plugin for cuDNN plans.
+ */
+#ifndef MK_PASSES_H
+#define MK_PASSES_H
+
+#include "group.h"
+
+/* passes.c: the ordered pass list, run between parsing and planning */
+int mk_passes_run(mk_graph *g, const mk_compile_options *opts, const mk_target *t,
+                    mk_error **err);
+/* group_pointwise.c: the grouping pass (pointwise trees) */
+int mk_pointwise_pass(mk_graph *g, const mk_compile_options *opts, const mk_target *t,
+                    mk_error **err);
+/* product.c: matrix–vector and attention groups, and the fusion report's line
+ * for each product or softmax left to the device's own kernel, saying why */
+int mk_product_pass(mk_graph *g, const mk_compile_options *opts, const mk_target *t,
+                    mk_error **err);
+void mk_product_report(const mk_graph *g, const mk_target *t, mk_strbuf *b);
+/* gather.c: single-id embeddings of constant tables read by matrix-vector
+ * groups become views, the groups reading their row (mk_product_gather) */
+int mk_gather_pass(mk_graph *g, const mk_compile_options *opts, const mk_target *t,
+                    mk_error **err);
+
+/* The fusion state of one compile, owned by the model. */
+typedef struct mk_fusion {
+    struct mk_cudnn_cache **cache; /* the context's cache (made on first use) */
+    int n_groups, cap_groups;
+    mk_fused_group **groups;       /* fused groups, owned */
+    int fused, cache_hits, rejected, tf32;
+    mk_strbuf report;              /* one line per group tried (report.s NULL: none yet) */
+} mk_fusion;
+
+mk_fusion *mk_fusion_new(struct mk_cudnn_cache **cache);
+void mk_fusion_free(mk_fusion *);
+/* The pass (passes.c runs it after assign-storage when opts->use_cudnn). */
+int mk_fusion_pass(mk_graph *g, const mk_compile_options *opts, const mk_target *t,
+                    mk_error **err);
+
+/* ---- planner (planner.c) ------------------------------------------------ */
+
+/*
+ * Offsets in one arena. Sizes are rounded up to MK_ALIGN; every offset is a
+ * multiple of MK_ALIGN. Free blocks are kept ordered by address (neighbours
+ * merge on release) and by (size, address) for best fit: O(log n) each.
+ * A request no free block fits takes the top of the arena (growing it, and
+ * absorbing a free block that touches the top).
+ */
+typedef struct mk_planner mk_planner;
+mk_planner *mk_planner_new(void);
+void mk_planner_free(mk_planner *);
+/* Offset of a new block, or -1 when host memory for bookkeeping runs out (or the
+ * size cannot be an arena offset: over INT64_MAX/2). */
+int64_t mk_planner_alloc(mk_planner *, size_t bytes);
+/* Gives back a block allocated with these offset and bytes. */
+void mk_planner_release(mk_planner *, int64_t offset, size_t bytes);
+size_t mk_planner_arena_bytes(const mk_planner *); /* high-water mark */
+size_t mk_planner_peak_live(const mk_planner *);   /* largest sum of live (rounded) sizes */
+
+#endif
