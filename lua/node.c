@@ -37,6 +37,7 @@ typedef struct {
     int64_t shape[MK_MAX_RANK];
     int n_in;
     int n_attr;
+    char where[LUA_IDSIZE + 24]; /* "file.lua:12": the Lua line that built it, or "" */
     int64_t attr[]; /* the 'i' and 'l' arguments in signature order; a leaf: its shape */
 } lmk_node;
 
@@ -53,6 +54,47 @@ static lmk_node *check_node(lua_State *L, int idx, const char *fn) {
 
 static const mk_op_desc *op_of(const lmk_node *n) { return mk_op_info(n->op); }
 
+/* ==== where a node was built ================================================= */
+
+/* Registry key of the source prefix of the moonkaas module's own Lua files
+ * ("@/.../moonkaas/"): their frames are skipped, so a node made inside
+ * mk.llama2 names the user's line that asked for it. */
+static const char *const MODULE_SOURCE = "moonkaas.module_source";
+
+/* "file.lua:12" of the innermost Lua frame outside the module, or "". */
+static void caller_where(lua_State *L, char *buf, size_t size) {
+    buf[0] = '\0';
+    lua_getfield(L, LUA_REGISTRYINDEX, MODULE_SOURCE);
+    size_t skip_len = 0;
+    const char *skip = lua_tolstring(L, -1, &skip_len);
+    lua_Debug ar;
+    for (int level = 1; lua_getstack(L, level, &ar); level++) {
+        if (!lua_getinfo(L, "Sl", &ar) || ar.currentline <= 0) continue; /* C, or no line info */
+        if (skip && skip_len && !strncmp(ar.source, skip, skip_len)) continue;
+        snprintf(buf, size, "%s:%d", ar.short_src, ar.currentline);
+        break;
+    }
+    lua_pop(L, 1);
+}
+
+/* core.set_module_source(prefix): the module's own files (init.lua, once). */
+static int l_set_module_source(lua_State *L) {
+    luaL_checkstring(L, 1);
+    lua_settop(L, 1);
+    lua_setfield(L, LUA_REGISTRYINDEX, MODULE_SOURCE);
+    return 0;
+}
+
+/* Raises a core error about a node built at `where`: "where: message". */
+static int raise_core_at(lua_State *L, const char *where, mk_error *err) {
+    char msg[1400];
+    snprintf(msg, sizeof msg, "%s%s%s", where, *where ? ": " : "",
+             err ? mk_error_message(err) : "internal error: no message");
+    mk_error_free(err);
+    lua_pushstring(L, msg);
+    return lua_error(L);
+}
+
 /* The row of a leaf kind; raises when the core's table has none. */
 static size_t leaf_row(lua_State *L, mk_leaf_kind kind, const char *fn) {
     for (size_t i = 0, count = mk_op_count(); i < count; i++)
@@ -67,6 +109,7 @@ static lmk_node *push_node(lua_State *L, size_t op, mk_dtype dtype, int rank,
     size_t size = sizeof(lmk_node) + sizeof(int64_t) * (size_t)n_attr;
     lmk_node *n = (lmk_node *)lua_newuserdatauv(L, size, UV_OPERANDS - 1 + n_in);
     *n = (lmk_node){.op = op, .dtype = dtype, .rank = rank, .n_in = n_in, .n_attr = n_attr};
+    caller_where(L, n->where, sizeof n->where);
     memcpy(n->shape, shape, sizeof(int64_t) * (size_t)rank);
     if (n_attr) memcpy(n->attr, attr, sizeof(int64_t) * (size_t)n_attr);
     luaL_setmetatable(L, LMK_NODE_MT);
@@ -267,6 +310,8 @@ static int build_op(lua_State *L) {
     if (mode == CALL_INFIX) snprintf(fn, sizeof fn, "%s (%s)", d->name, d->infix);
     else snprintf(fn, sizeof fn, "%s", d->method);
     op_call c = {.fn = fn};
+    char where[LUA_IDSIZE + 24];
+    caller_where(L, where, sizeof where);
     read_arguments(L, d, mode, &c);
     convert_numbers(L, d, &c);
 
@@ -280,7 +325,7 @@ static int build_op(lua_State *L) {
     if (mk_op_infer(d->name, in, (size_t)c.n_in, c.attr, (size_t)c.n_attr, &out, &err) != 0) {
         /* a op b == b op a: where only b op a broadcasts, build that */
         if (!commutes || mk_op_infer(d->name, swapped, 2, c.attr, (size_t)c.n_attr, &out, NULL))
-            return lmk_raise_core(L, err);
+            return raise_core_at(L, where, err);
         mk_error_free(err);
         int first = c.arg[0];
         c.arg[0] = c.arg[1], c.arg[1] = first;
@@ -372,7 +417,7 @@ static int node_tostring(lua_State *L) {
     return 1;
 }
 
-/* Fields (shape, dtype, op, name, rank), then methods (upvalue 1). */
+/* Fields (shape, dtype, op, name, rank, where), then methods (upvalue 1). */
 static int node_index(lua_State *L) {
     lmk_node *n = check_node(L, 1, "index");
     const char *k = lua_type(L, 2) == LUA_TSTRING ? lua_tostring(L, 2) : NULL;
@@ -382,6 +427,11 @@ static int node_index(lua_State *L) {
         if (!strcmp(k, "op")) return lua_pushstring(L, op_of(n)->name), 1;
         if (!strcmp(k, "rank")) return lua_pushinteger(L, n->rank), 1;
         if (!strcmp(k, "name")) return lua_getiuservalue(L, 1, UV_NAME), 1;
+        if (!strcmp(k, "where")) {
+            if (n->where[0]) lua_pushstring(L, n->where);
+            else lua_pushnil(L);
+            return 1;
+        }
     }
     lua_pushvalue(L, 2);
     lua_gettable(L, lua_upvalueindex(1));
@@ -396,8 +446,9 @@ static void set_string(lua_State *L, const char *key, const char *value) {
 
 /*
  * core.node_info(node) -> {op =, signature =, leaf =, dtype =, shape =,
- * inputs = {...}, attrs = {...}, name =, tensor =}: what the lowering in
- * init.lua prints, one argument per signature letter. `leaf` is "input",
+ * inputs = {...}, attrs = {...}, name =, tensor =, where =}: what the
+ * lowering in init.lua prints, one argument per signature letter; `where`
+ * ("file.lua:12", nil when unknown) is the Lua line that built the node. `leaf` is "input",
  * "constant", "buffer" or nil; a leaf's attrs are its shape.
  */
 static int l_node_info(lua_State *L) {
@@ -422,6 +473,7 @@ static int l_node_info(lua_State *L) {
     lua_setfield(L, -2, "name");
     lua_getiuservalue(L, 1, UV_TENSOR);
     lua_setfield(L, -2, "tensor");
+    set_string(L, "where", n->where[0] ? n->where : NULL);
     return 1;
 }
 
@@ -543,6 +595,10 @@ void lmk_open_node(lua_State *L) {
     lua_pop(L, 1);
 
     static const luaL_Reg functions[] = {
-        {"node_info", l_node_info}, {"is_node", l_is_node}, {"ops", l_ops}, {NULL, NULL}};
+        {"node_info", l_node_info},
+        {"is_node", l_is_node},
+        {"ops", l_ops},
+        {"set_module_source", l_set_module_source},
+        {NULL, NULL}};
     luaL_setfuncs(L, functions, 0);
 }

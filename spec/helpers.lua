@@ -756,12 +756,15 @@ function helpers.gpu(it, skip)
     end
 end
 
--- Asserts that f() raises an error whose message starts with `prefix` and
+-- Asserts that f() raises an error whose message starts with `prefix` (after
+-- the Lua position a node's error starts with, unless prefix has one) and
 -- contains each of the other strings (plain text, not patterns).
 function helpers.assert_error(f, prefix, ...)
     local ok, err = pcall(f)
     if ok then error("expected an error starting with '" .. prefix .. "', got none", 2) end
     err = tostring(err)
+    -- a node's error names the Lua line that built it first: "x_spec.lua:12: "
+    if not prefix:find("^.-%.lua:%d+: ") then err = err:gsub("^.-%.lua:%d+: ", "", 1) end
     if err:sub(1, #prefix) ~= prefix then
         error(string.format("error %q does not start with %q", err, prefix), 2)
     end

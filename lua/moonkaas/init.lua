@@ -45,12 +45,13 @@ t:argmax, t:totable) is 1-based, as Lua tables are.
            b, e and p are int64 [1] nodes, or Lua integers (constants whose
            range the core checks when the node is built); sample's t and p
            are float32 [1] nodes
-           n.shape n.dtype n.op n.name n.rank  mk.node_info(n)
+           n.shape n.dtype n.op n.name n.rank n.where  mk.node_info(n)
            All of these but the three leaves come from the core's op table:
            mk.ops() lists its rows {name, alias, signature, role, method,
            infix, expr, summary, broadcast, commutes, ...}, and a row the
            core adds appears here with its shape checks.
-  models   mk.compile(node | {nodes}[, opts])  mk.compile_script(text[, constants[, opts]])
+  models   mk.compile(node | {nodes}[, opts])
+           mk.compile_script(text[, constants[, opts[, sources]]])
            m:run(inputs[, out...]) -> the outputs  m:stats() m:script()
            m:inputs() m:output() m:outputs() m:recurrence()
            m:run_steps(n, inputs[, outs][, {stop = {output =, value =}}])
@@ -58,7 +59,8 @@ t:argmax, t:totable) is 1-based, as Lua tables are.
            (opts.next = {input = output node | integer} in mk.compile)
            m:reset() (buffers back to zero) m:fusion_report() (cuDNN groups)
            m:close() (also <close> and the collector)
-  misc     mk.script(output[, next])  mk.lower(output[, next])  mk.format_script(text)
+  misc     mk.script(output[, next])  mk.format_script(text)
+           mk.lower(output[, next]) -> text, constants, sources ({[line] = "file.lua:12"})
            mk.cuda_available()  mk.best_device()  mk.version  mk.build_info
            mk.clock() (monotonic wall-clock seconds, for timing)
            mk.is_terminal(file)
@@ -74,12 +76,24 @@ On the CPU a model uses its constants' memory in place (no copy): writing to
 a constant's tensor with t:set after compiling changes that model's weights.
 Errors are raised with a kind prefix: "shape error: ", "dtype error: ",
 "name error: ", "argument error: ", "input error: ", "file error: ",
-"evaluation error: ", "no CUDA device: ", "script:L:C: ...".
+"evaluation error: ", "no CUDA device: ", "script:L:C: ...". An error about
+a node built in Lua (its shape when built, a compile error, a run-time fault)
+names first the Lua line that built it, then the script line:
+"policy.lua:12: shape error: MatMulNode: ..." or "policy.lua:12: evaluation
+error: ... (script:7:1)"; n.where and mk.lower's third result hold those lines.
 ]==]
 local core = require "moonkaas.core"
 
+-- Nodes record the Lua line that built them, skipping this module's own
+-- files (this one's folder: init.lua, llama2.lua).
+do
+    local source = debug.getinfo(1, "S").source
+    core.set_module_source(source:match("^(@.*[/\\])init%.lua$") or source)
+end
+
 local mk = {}
 for k, v in pairs(core) do mk[k] = v end
+mk.set_module_source = nil
 mk.tensor_from_string = core.from_bytes
 
 local node_info = core.node_info
@@ -135,8 +149,10 @@ end
 
 --[[
 Lowers the DAG ending at `output` (a node, or a list of nodes: the model's
-outputs, in order) to script text. Returns the text and the constants table
-{name = tensor} that compiling it needs. Input and constant names are checked
+outputs, in order) to script text. Returns the text, the constants table
+{name = tensor} that compiling it needs, and the sources {[line] =
+"file.lua:12"}: the Lua line that built each statement's node, so errors
+about a line of the script name the user's line first. Input and constant names are checked
 for clashes; unnamed constants become constant_<k>. Each statement is printed
 from its op's signature (core.node_info), so no op is special here.
 
@@ -162,10 +178,11 @@ local function lower(output, next)
         end
     end
 
-    local k, constants, lines, id = 0, {}, {}, {}
+    local k, constants, lines, id, sources = 0, {}, {}, {}, {}
     for index, n in ipairs(order) do
         id[n] = index
         local i = info[n]
+        sources[index] = i.where
         local name = i.name
         if i.leaf == "constant" then
             if not name then
@@ -237,7 +254,7 @@ local function lower(output, next)
             end
         end
     end
-    return concat(lines, "\n") .. "\n", constants
+    return concat(lines, "\n") .. "\n", constants, sources
 end
 
 -- mk.script(output[, next]) -> the script text of the network ending at
@@ -246,7 +263,8 @@ function mk.script(output, next)
     return (lower(output, next))
 end
 
--- mk.lower(output[, next]) -> text, constants: what mk.compile hands to the core.
+-- mk.lower(output[, next]) -> text, constants, sources: what mk.compile hands
+-- to the core.
 mk.lower = lower
 
 --[[
@@ -271,11 +289,12 @@ function mk.compile(output, opts)
         next, rest.next = opts.next, nil
         opts = rest
     end
-    local text, constants = lower(output, next)
-    return core.compile_script(text, constants, opts)
+    local text, constants, sources = lower(output, next)
+    return core.compile_script(text, constants, opts, sources)
 end
 
--- mk.compile_script(text[, constants[, opts]]) -> model, for any script.
+-- mk.compile_script(text[, constants[, opts[, sources]]]) -> model, for any
+-- script; sources (mk.lower's) put Lua lines in front of its errors.
 mk.compile_script = core.compile_script
 
 -- The best device this process can use, and why when it is the CPU.
