@@ -36,6 +36,11 @@ t:argmax, t:totable) is 1-based, as Lua tables are.
            broadcast. A number becomes a constant of the other operand's
            dtype: [1, ..., 1] on the right, the other's shape on the left of
            - and / (1 - x, 2 / x). A host tensor becomes an unnamed constant.
+           -x (x * -1)  x ^ 2, x ^ 1, x ^ -1 (x * x, x, 1 / x; other powers,
+           % and // wait for the op set's rows and are errors until then, as
+           are < <= > >=: comparisons will be x:lt(y) x:le(y) x:gt(y) x:ge(y))
+           x:T() (axes reversed)  x:transpose(a, b) (two axes swapped; from
+           the end where negative): permutes
            x:add(y) x:sub(y) x:mul(y) x:div(y)  x:relu() x:silu() x:exp()
            x:tanh() x:sigmoid() x:gelu() (tanh form)  x:matmul(w)
            x:slice(b, e) x:reshape{...} x:permute{...} (or the integers as
@@ -296,6 +301,98 @@ end
 -- mk.compile_script(text[, constants[, opts[, sources]]]) -> model, for any
 -- script; sources (mk.lower's) put Lua lines in front of its errors.
 mk.compile_script = core.compile_script
+
+-- ---- operators and methods made of rows the core has ---------------------
+-- Each is set only where the core's table gave none, so a row that arrives
+-- with its own operator (a pow op's "^") takes its place.
+
+local node_mt = getmetatable(core.input("x", { 1 }))
+local methods = core.node_methods
+
+-- Raises "kind: fn: message" at the line that used the operator or method
+-- (level 3: the caller of the function that calls this).
+local function raise(kind, fn, message, ...)
+    error(format("%s: %s: " .. message, kind, fn, ...), 3)
+end
+
+local function describe(v)
+    return is_node(v) and tostring(v) or type(v) == "number" and tostring(v) or type(v)
+end
+
+-- -x is x * -1: a product by -1 only flips the sign bit, as negation does.
+node_mt.__unm = node_mt.__unm or function(x)
+    return x * -1
+end
+
+-- x ^ e for the exponents whose result an exact pow (rounded once) would
+-- give with a row the core has: x * x and 1 / x round once, as pow rounds.
+node_mt.__pow = node_mt.__pow or function(x, e)
+    if is_node(x) and type(e) == "number" then
+        if e == 1 then return x end
+        if e == 2 then return x * x end
+        if e == -1 then return 1 / x end
+    end
+    raise("argument error", "^ (__pow)",
+        "%s ^ %s needs a pow op, which arrives with the op set (a node to the powers 2, 1 " ..
+        "and -1 are x * x, x and 1 / x)", describe(x), describe(e))
+end
+
+node_mt.__mod = node_mt.__mod or function(x, y)
+    raise("argument error", "% (__mod)",
+        "%s %% %s needs a remainder op, which arrives with the op set", describe(x), describe(y))
+end
+
+node_mt.__idiv = node_mt.__idiv or function(x, y)
+    raise("argument error", "// (__idiv)",
+        "%s // %s needs a floor op, which arrives with the op set (x / y divides)", describe(x),
+        describe(y))
+end
+
+-- Lua's < and <= must return a boolean, not a node: comparisons will be
+-- methods with bool results.
+local function comparison(op, event)
+    return function(x, y)
+        raise("argument error", format("%s (%s)", op, event),
+            "%s %s %s cannot be a node (Lua makes it a boolean); comparisons arrive with the " ..
+            "op set as x:lt(y), x:le(y), x:gt(y), x:ge(y) (bool results)", describe(x), op,
+            describe(y))
+    end
+end
+node_mt.__lt = node_mt.__lt or comparison("<", "__lt")
+node_mt.__le = node_mt.__le or comparison("<=", "__le")
+
+-- x:T(): the axes reversed (NumPy's .T); a vector as it is.
+methods.T = methods.T or function(x)
+    if not is_node(x) then raise("argument error", "T", "argument #1 must be a node, got %s", type(x)) end
+    if x.rank == 1 then return x end
+    local perm = {}
+    for i = 1, x.rank do perm[i] = x.rank - i end
+    return x:permute(perm)
+end
+
+-- x:transpose(a, b): axes a and b (0-based; negative from the end) swapped.
+methods.transpose = methods.transpose or function(x, a, b)
+    if not is_node(x) then
+        raise("argument error", "transpose", "argument #1 must be a node, got %s", type(x))
+    end
+    local rank, axes = x.rank, { a, b }
+    for k = 1, 2 do
+        local v = axes[k]
+        if math.type(v) ~= "integer" then
+            raise("argument error", "transpose", "argument #%d must be an integer axis, got %s",
+                k + 1, describe(v))
+        end
+        if v < -rank or v >= rank then
+            raise("shape error", "transpose", "axis %d is outside [%d, %d) for %s", v, -rank, rank,
+                list(x.shape))
+        end
+        axes[k] = v % rank
+    end
+    local perm = {}
+    for i = 1, rank do perm[i] = i - 1 end
+    perm[axes[1] + 1], perm[axes[2] + 1] = axes[2], axes[1]
+    return x:permute(perm)
+end
 
 -- The best device this process can use, and why when it is the CPU.
 function mk.best_device()
