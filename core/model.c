@@ -492,7 +492,7 @@ static int check_dtypes(const mk_model *m, const mk_node *n, const mk_kernel *k,
 int mk_launch_operands(mk_launch *l, mk_error **err) {
     const mk_node *n = l->node;
     if ((n->op->flags & MK_OP_BROADCAST) || n->pw) /* operands arrive broadcast to the result */
-        for (int j = 1; j < n->n_in; j++) l->in[j] = mk_tensor_broadcast(&l->in[j], &l->out);
+        for (int j = 0; j < n->n_in; j++) l->in[j] = mk_tensor_broadcast(&l->in[j], &l->out);
     if (n->op->kernel == MK_KERNEL_POINTWISE &&
         !(l->expr = n->pw ? &n->pw->program : mk_op_program(n->op)))
         return MK_INTERNAL(err, "a pointwise row's expression does not compile");

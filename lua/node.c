@@ -266,8 +266,7 @@ static void read_arguments(lua_State *L, const mk_op_desc *d, int mode, op_call 
 /*
  * Numbers given for 'n' operands (rows with MK_OP_BROADCAST only) become
  * constants of the other operand's dtype: [1, ..., 1] of its rank, so they
- * broadcast; on the left of an op that does not commute, of its full shape,
- * since only the second operand broadcasts onto the first (1 - x, 2 / x).
+ * broadcast on either side (1 - x, 2 / x).
  */
 static void convert_numbers(lua_State *L, const mk_op_desc *d, op_call *c) {
     const lmk_node *other = NULL;
@@ -280,13 +279,9 @@ static void convert_numbers(lua_State *L, const mk_op_desc *d, op_call *c) {
             LMK_ARG_ERROR(L, c->fn, "needs a node operand, got %s and %s",
                           luaL_typename(L, c->arg[0]),
                           luaL_typename(L, c->arg[c->n_in > 1 ? 1 : 0]));
-        if (k == 0 && !(d->flags & MK_OP_COMMUTES)) {
-            number_to_constant(L, a, other->dtype, other->rank, other->shape, c->fn);
-        } else {
-            int64_t ones[MK_MAX_RANK];
-            for (int i = 0; i < MK_MAX_RANK; i++) ones[i] = 1;
-            number_to_constant(L, a, other->dtype, other->rank, ones, c->fn);
-        }
+        int64_t ones[MK_MAX_RANK];
+        for (int i = 0; i < MK_MAX_RANK; i++) ones[i] = 1;
+        number_to_constant(L, a, other->dtype, other->rank, ones, c->fn);
     }
 }
 
@@ -315,21 +310,13 @@ static int build_op(lua_State *L) {
     read_arguments(L, d, mode, &c);
     convert_numbers(L, d, &c);
 
-    /* Both orders are ready before the core is asked: between a failed call
-     * and its raise nothing touches the Lua API, so the error cannot leak. */
-    mk_tensor_info in[MAX_OPERANDS], swapped[MAX_OPERANDS], out = {.dtype = c.dtype};
+    /* Between a failed call and its raise nothing touches the Lua API, so
+     * the error cannot leak. */
+    mk_tensor_info in[MAX_OPERANDS], out = {.dtype = c.dtype};
     operand_infos(L, &c, in);
-    bool commutes = (d->flags & MK_OP_COMMUTES) && c.n_in == 2 && !c.bound[0] && !c.bound[1];
-    if (commutes) swapped[0] = in[1], swapped[1] = in[0];
     mk_error *err = NULL;
-    if (mk_op_infer(d->name, in, (size_t)c.n_in, c.attr, (size_t)c.n_attr, &out, &err) != 0) {
-        /* a op b == b op a: where only b op a broadcasts, build that */
-        if (!commutes || mk_op_infer(d->name, swapped, 2, c.attr, (size_t)c.n_attr, &out, NULL))
-            return raise_core_at(L, where, err);
-        mk_error_free(err);
-        int first = c.arg[0];
-        c.arg[0] = c.arg[1], c.arg[1] = first;
-    }
+    if (mk_op_infer(d->name, in, (size_t)c.n_in, c.attr, (size_t)c.n_attr, &out, &err) != 0)
+        return raise_core_at(L, where, err);
     push_node(L, row, out.dtype, out.rank, out.shape, c.n_in, c.attr, c.n_attr);
     for (int k = 0; k < c.n_in; k++) {
         lua_pushvalue(L, c.arg[k]);

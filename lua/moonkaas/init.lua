@@ -31,11 +31,11 @@ t:argmax, t:totable) is 1-based, as Lua tables are.
            nearest even on the way in, int8 takes integers in [-128, 127])
   nodes    mk.input(name, dtype, shape) | mk.input(name, shape) (float32)
            mk.constant(tensor[, name])  mk.buffer(dtype, shape)
-           a + b  a - b  a * b (elementwise)  a / b; b broadcasts onto a (same
-           rank, each dim equal or 1); + and * commute, so either side may
-           broadcast. A number becomes a constant of the other operand's
-           dtype: [1, ..., 1] on the right, the other's shape on the left of
-           - and / (1 - x, 2 / x). A host tensor becomes an unnamed constant.
+           a + b  a - b  a * b (elementwise)  a / b; the operands broadcast
+           as NumPy's: dims aligned from the last, each pair equal or 1
+           ([n] + [m, n], [m, 1] + [1, n] -> [m, n]). A number on either side
+           becomes a [1, ..., 1] constant of the other operand's dtype (1 - x,
+           2 / x). A host tensor becomes an unnamed constant.
            -x (x * -1)  x ^ 2, x ^ 1, x ^ -1 (x * x, x, 1 / x; other powers,
            % and // wait for the op set's rows and are errors until then, as
            are < <= > >=: comparisons will be x:lt(y) x:le(y) x:gt(y) x:ge(y))
@@ -43,8 +43,8 @@ t:argmax, t:totable) is 1-based, as Lua tables are.
            the end where negative): permutes
            x:add(y) x:sub(y) x:mul(y) x:div(y)  x:relu() x:silu() x:exp()
            x:tanh() x:sigmoid() x:gelu() (tanh form)  x:matmul(w)
-           x:slice(b, e) x:reshape{...} x:permute{...} (or the integers as
-           arguments)  x:replace(r, b, e) x:rms_norm(w) x:complex_mul(f)
+           x:slice(b, e) x:reshape{...} (one dim may be -1: what the count
+           leaves) x:permute{...} (or the integers as arguments)  x:replace(r, b, e) x:rms_norm(w) x:complex_mul(f)
            x:sliced_softmax(p) x:argmax()  mk.embedding(table, ids)
            x:sample(state, t, p) (run.c's sampler: int64 (token, state))
            b, e and p are int64 [1] nodes, or Lua integers (constants whose
