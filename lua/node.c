@@ -17,6 +17,11 @@
  * shape and dtype errors are the core's and are raised when a node is built.
  * The three leaves keep their own Lua forms (mk.input, mk.constant,
  * mk.buffer) and are found by their `leaf` kind.
+ *
+ * A node keeps the Lua line that built it ("policy.lua:12", the innermost
+ * frame outside the module's own files), which lowering passes on so that
+ * compile and run errors name it; every builder runs inside with_where, so
+ * its own errors start with that line too.
  */
 #include "lmk.h"
 
@@ -85,15 +90,25 @@ static int l_set_module_source(lua_State *L) {
     return 0;
 }
 
-/* Raises a core error about a node built at `where`: "where: message". */
-static int raise_core_at(lua_State *L, const char *where, mk_error *err) {
-    char msg[1400];
-    snprintf(msg, sizeof msg, "%s%s%s", where, *where ? ": " : "",
-             err ? mk_error_message(err) : "internal error: no message");
-    mk_error_free(err);
-    lua_pushstring(L, msg);
+/*
+ * Every node builder is reached through this (upvalue 1: the builder), so
+ * each of its errors (arguments, shapes, dtypes) starts with the user's line:
+ * "policy.lua:12: shape error: ...". The builder runs protected; on an error
+ * the stack is back at this frame, so the caller is found as the node's
+ * position is.
+ */
+static int with_where(lua_State *L) {
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    if (lua_pcall(L, lua_gettop(L) - 1, LUA_MULTRET, 0) == LUA_OK) return lua_gettop(L);
+    char where[LUA_IDSIZE + 24];
+    caller_where(L, where, sizeof where);
+    if (where[0] && lua_type(L, -1) == LUA_TSTRING) lua_pushfstring(L, "%s: %s", where, lua_tostring(L, -1));
     return lua_error(L);
 }
+
+/* Replaces the function on top by with_where around it. */
+static void wrap_where(lua_State *L) { lua_pushcclosure(L, with_where, 1); }
 
 /* The row of a leaf kind; raises when the core's table has none. */
 static size_t leaf_row(lua_State *L, mk_leaf_kind kind, const char *fn) {
@@ -305,8 +320,6 @@ static int build_op(lua_State *L) {
     if (mode == CALL_INFIX) snprintf(fn, sizeof fn, "%s (%s)", d->name, d->infix);
     else snprintf(fn, sizeof fn, "%s", d->method);
     op_call c = {.fn = fn};
-    char where[LUA_IDSIZE + 24];
-    caller_where(L, where, sizeof where);
     read_arguments(L, d, mode, &c);
     convert_numbers(L, d, &c);
 
@@ -316,7 +329,7 @@ static int build_op(lua_State *L) {
     operand_infos(L, &c, in);
     mk_error *err = NULL;
     if (mk_op_infer(d->name, in, (size_t)c.n_in, c.attr, (size_t)c.n_attr, &out, &err) != 0)
-        return raise_core_at(L, where, err);
+        return lmk_raise_core(L, err);
     push_node(L, row, out.dtype, out.rank, out.shape, c.n_in, c.attr, c.n_attr);
     for (int k = 0; k < c.n_in; k++) {
         lua_pushvalue(L, c.arg[k]);
@@ -561,6 +574,7 @@ void lmk_open_node(lua_State *L) {
         if (d->leaf != MK_LEAF_NONE) {
             if (d->method && mk_leaf_kind_name(d->leaf)) {
                 lua_pushcfunction(L, leaf_builders[d->leaf]);
+                wrap_where(L);
                 lua_setfield(L, module, d->method);
             }
             continue;
@@ -569,12 +583,14 @@ void lmk_open_node(lua_State *L) {
             /* a method's receiver is its first operand */
             bool function = (d->flags & MK_OP_FUNCTION) || d->signature[0] != 'n';
             push_builder(L, i, function ? CALL_FUNCTION : CALL_METHOD);
+            wrap_where(L);
             lua_setfield(L, function ? module : methods, d->method);
         }
         const char *event = d->infix ? infix_event(d->infix, count_operands(d->signature)) : NULL;
         if (event) {
             push_builder(L, i, CALL_INFIX);
             if (count_operands(d->signature) == 1) lua_pushcclosure(L, build_unary_infix, 1);
+            wrap_where(L);
             lua_setfield(L, mt, event);
         }
     }
