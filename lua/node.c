@@ -281,7 +281,8 @@ static void read_arguments(lua_State *L, const mk_op_desc *d, int mode, op_call 
 /*
  * Numbers given for 'n' operands (rows with MK_OP_BROADCAST only) become
  * constants of the other operand's dtype: [1, ..., 1] of its rank, so they
- * broadcast on either side (1 - x, 2 / x).
+ * broadcast on either side (1 - x, 2 / x). Where the op commutes the number
+ * goes second (2 + x is built as x + 2): the form cuDNN's fusion takes.
  */
 static void convert_numbers(lua_State *L, const mk_op_desc *d, op_call *c) {
     const lmk_node *other = NULL;
@@ -297,6 +298,8 @@ static void convert_numbers(lua_State *L, const mk_op_desc *d, op_call *c) {
         int64_t ones[MK_MAX_RANK];
         for (int i = 0; i < MK_MAX_RANK; i++) ones[i] = 1;
         number_to_constant(L, a, other->dtype, other->rank, ones, c->fn);
+        if (k == 0 && c->n_in == 2 && (d->flags & MK_OP_COMMUTES))
+            c->arg[0] = c->arg[1], c->arg[1] = a;
     }
 }
 
