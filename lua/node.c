@@ -93,9 +93,8 @@ static int l_set_module_source(lua_State *L) {
 /*
  * Every node builder is reached through this (upvalue 1: the builder), so
  * each of its errors (arguments, shapes, dtypes) starts with the user's line:
- * "policy.lua:12: shape error: ...". The builder runs protected; on an error
- * the stack is back at this frame, so the caller is found as the node's
- * position is.
+ * "policy.lua:12: shape error: ...". The builder runs protected; after an
+ * error the stack is back at this frame, whose caller is the node's line.
  */
 static int with_where(lua_State *L) {
     lua_pushvalue(L, lua_upvalueindex(1));
@@ -103,7 +102,8 @@ static int with_where(lua_State *L) {
     if (lua_pcall(L, lua_gettop(L) - 1, LUA_MULTRET, 0) == LUA_OK) return lua_gettop(L);
     char where[LUA_IDSIZE + 24];
     caller_where(L, where, sizeof where);
-    if (where[0] && lua_type(L, -1) == LUA_TSTRING) lua_pushfstring(L, "%s: %s", where, lua_tostring(L, -1));
+    if (where[0] && lua_type(L, -1) == LUA_TSTRING)
+        lua_pushfstring(L, "%s: %s", where, lua_tostring(L, -1));
     return lua_error(L);
 }
 

@@ -363,7 +363,9 @@ node_mt.__le = node_mt.__le or comparison("<=", "__le")
 
 -- x:T(): the axes reversed (NumPy's .T); a vector as it is.
 methods.T = methods.T or function(x)
-    if not is_node(x) then raise("argument error", "T", "argument #1 must be a node, got %s", type(x)) end
+    if not is_node(x) then
+        raise("argument error", "T", "argument #1 must be a node, got %s", type(x))
+    end
     if x.rank == 1 then return x end
     local perm = {}
     for i = 1, x.rank do perm[i] = x.rank - i end
