@@ -61,7 +61,8 @@ typedef struct mk_launch {
 typedef int (*mk_kernel_fn)(const mk_launch *l, mk_error **err);
 
 /* model.c: what a launch's operands need once bound to the node's tensors:
- * broadcast onto the result where the op broadcasts, a pointwise program. */
+ * each broadcast onto the result where the op broadcasts (either operand, any
+ * rank: mk_tensor_broadcast), a pointwise program. */
 int mk_launch_operands(mk_launch *l, mk_error **err);
 
 /* A device's kernel for one family, and the dtypes it takes: model.c checks

@@ -119,8 +119,15 @@ static const struct {
     {"a * (1.0f / (1.0f + expf(-a)))", MK_GOP_SILU}, /* cuDNN's swish with beta 1 */
 };
 
+static bool same_shape(const mk_node *a, const mk_node *b);
+
 static int kind_of(const mk_node *n) {
     if (n->dtype != MK_DTYPE_FLOAT32) return -1;
+    /* HamKaas's broadcast only (a of the result's shape, b of its rank), the
+     * form the descriptors are built for; NumPy's wider one runs unfused */
+    if (n->op->role == MK_ROLE_POINTWISE && n->n_in == 2 &&
+        (!same_shape(n->in[0], n) || n->in[1]->rank != n->rank))
+        return -1;
     if (n->op->kernel == MK_KERNEL_MATMUL) /* float32 weights only: cuDNN reads them as such */
         return n->in[1]->dtype == MK_DTYPE_FLOAT32 ? MK_GOP_MATMUL : -1;
     if (n->op->role != MK_ROLE_POINTWISE || !n->op->expr) return -1;

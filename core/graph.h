@@ -338,8 +338,9 @@ typedef struct {
     int64_t stride[MK_MAX_RANK]; /* elements; 0 where broadcast */
 } mk_tensor;
 
-/* `b` with stride 0 on its dims of size 1 where `like` is larger (the second
- * operand of an MK_OP_BROADCAST op). */
+/* `b` read as `like`'s shape, NumPy's way: dims aligned from the last, b's
+ * missing leading dims and its dims of size 1 where `like` is larger repeat
+ * (stride 0). Any operand of an MK_OP_BROADCAST op or a pointwise group. */
 mk_tensor mk_tensor_broadcast(const mk_tensor *b, const mk_tensor *like);
 int64_t mk_tensor_numel(const mk_tensor *t);
 bool mk_tensor_is_contiguous(const mk_tensor *t);

@@ -494,7 +494,7 @@ int mk_launch_operands(mk_launch *l, mk_error **err) {
     const mk_node *n = l->node;
     const mk_pointwise_group *pw = mk_node_pointwise(n);
     if ((n->op->flags & MK_OP_BROADCAST) || pw) /* operands arrive broadcast to the result */
-        for (int j = 1; j < n->n_in; j++) l->in[j] = mk_tensor_broadcast(&l->in[j], &l->out);
+        for (int j = 0; j < n->n_in; j++) l->in[j] = mk_tensor_broadcast(&l->in[j], &l->out);
     if (n->op->kernel == MK_KERNEL_POINTWISE && !(l->expr = pw ? &pw->program : mk_op_program(n->op)))
         return MK_INTERNAL(err, "a pointwise row's expression does not compile");
     return 0;

@@ -444,9 +444,10 @@ typedef enum {
 typedef enum { MK_LEAF_NONE, MK_LEAF_INPUT, MK_LEAF_CONSTANT, MK_LEAF_BUFFER } mk_leaf_kind;
 
 enum {
-    MK_OP_BROADCAST = 1 << 0, /* the second operand broadcasts onto the first (same rank,
-                                 each dim equal or 1) */
-    MK_OP_COMMUTES = 1 << 1,  /* a op b == b op a: front ends may swap to broadcast */
+    MK_OP_BROADCAST = 1 << 0, /* the operands broadcast as NumPy's do: dims aligned from
+                                 the last, each pair equal or one of them 1 (a missing
+                                 leading dim is 1); the result takes the larger */
+    MK_OP_COMMUTES = 1 << 1,  /* a op b == b op a */
     MK_OP_INTERNAL = 1 << 2,  /* made by passes: scripts and front ends cannot build it */
     MK_OP_FUNCTION = 1 << 3,  /* front ends offer it as a function (mk.embedding(t, ids)),
                                  not as a method of its first operand */

@@ -76,26 +76,34 @@ static int infer_leaf(mk_node *n, mk_error **err) {
     return 0;
 }
 
-/* b broadcasts onto a: same rank, each dim equal or 1 (HamKaas's rule). */
+/* NumPy's rule: dims aligned from the last, each pair equal or one of them 1
+ * (a missing leading dim counts as 1); the result takes the larger of each.
+ * HamKaas's rule (same rank, b's dims equal to a's or 1) is the case where
+ * the result is a's shape. */
 static int infer_broadcast(mk_node *n, unsigned dtypes, mk_error **err) {
     const mk_node *a = n->in[0], *b = n->in[1];
     if (need_dtype(n, 0, dtypes, err)) return -1;
     if (a->dtype != b->dtype)
         return FAIL(err, n, MK_ERR_DTYPE, "%s: operands differ in dtype (%s and %s)",
                     n->op->name, mk_dtype_name(a->dtype), mk_dtype_name(b->dtype));
-    bool ok = a->rank == b->rank;
-    for (int i = 0; ok && i < a->rank; i++)
-        ok = b->shape[i] == a->shape[i] || b->shape[i] == 1;
-    if (!ok)
-        return FAIL(err, n, MK_ERR_SHAPE,
-                    "%s: %s does not broadcast to %s (same rank, each dim equal or 1)",
-                    n->op->name, SHAPE(b), SHAPE(a));
-    set_shape(n, a->dtype, a->rank, a->shape);
+    int rank = a->rank > b->rank ? a->rank : b->rank;
+    int64_t shape[MK_MAX_RANK];
+    for (int i = 0; i < rank; i++) {
+        int ia = i - (rank - a->rank), ib = i - (rank - b->rank);
+        int64_t da = ia < 0 ? 1 : a->shape[ia], db = ib < 0 ? 1 : b->shape[ib];
+        if (da != db && da != 1 && db != 1)
+            return FAIL(err, n, MK_ERR_SHAPE,
+                        "%s: %s does not broadcast with %s (dims aligned from the last must be "
+                        "equal or 1; axis %d of the result: %lld and %lld)",
+                        n->op->name, SHAPE(a), SHAPE(b), i, (long long)da, (long long)db);
+        shape[i] = da == 1 ? db : da;
+    }
+    set_shape(n, a->dtype, rank, shape);
     return 0;
 }
 
 /* Ops with an expression: any dtype its program can be evaluated in (integers
- * only without / and functions); one operand, or b broadcast onto a. */
+ * only without / and functions); one operand, or two broadcast together. */
 static int infer_pointwise(mk_node *n, mk_error **err) {
     const mk_expr *e = mk_op_program(n->op);
     if (!e) return MK_INTERNAL(err, "a pointwise row's expression does not compile");
@@ -107,8 +115,9 @@ static int infer_pointwise(mk_node *n, mk_error **err) {
 }
 
 static int infer_complex_mul(mk_node *n, mk_error **err) {
+    const mk_node *a = n->in[0], *b = n->in[1];
     if (infer_broadcast(n, MK_DTYPES_FLOAT, err)) return -1;
-    if (n->shape[n->rank - 1] != 2 || n->in[1]->shape[n->rank - 1] != 2)
+    if (a->shape[a->rank - 1] != 2 || b->shape[b->rank - 1] != 2)
         return FAIL(err, n, MK_ERR_SHAPE,
                     "%s: the last axis holds (re, im) and must be 2 in both, got %s and %s",
                     n->op->name, SHAPE(n->in[0]), SHAPE(n->in[1]));
@@ -165,14 +174,32 @@ static int infer_slice(mk_node *n, mk_error **err) {
     return 0;
 }
 
+/* The new shape may hold one -1: the dim that keeps the count (NumPy's). */
 static int infer_reshape(mk_node *n, mk_error **err) {
-    if (check_dims(n, n->n_attr, n->attr, err)) return -1; /* so the count cannot overflow */
-    int64_t k = mk_shape_numel(n->n_attr, n->attr);
-    if (k != mk_node_numel(n->in[0]))
+    int64_t shape[MK_MAX_RANK], total = mk_node_numel(n->in[0]);
+    int free_dim = -1;
+    const char *asked = mk_shape_str(n->n_attr, n->attr, (char[96]){0}, 96);
+    for (int i = 0; i < n->n_attr; i++) {
+        shape[i] = n->attr[i];
+        if (n->attr[i] != -1) continue;
+        if (free_dim >= 0)
+            return FAIL(err, n, MK_ERR_SHAPE, "%s: %s has more than one -1", n->op->name, asked);
+        free_dim = i;
+        shape[i] = 1;
+    }
+    if (check_dims(n, n->n_attr, shape, err)) return -1; /* so the count cannot overflow */
+    int64_t k = mk_shape_numel(n->n_attr, shape);
+    if (free_dim >= 0) {
+        if (total % k)
+            return FAIL(err, n, MK_ERR_SHAPE, "%s: %s's %lld elements do not fill %s",
+                        n->op->name, SHAPE(n->in[0]), (long long)total, asked);
+        shape[free_dim] = total / k;
+        k = total;
+    }
+    if (k != total)
         return FAIL(err, n, MK_ERR_SHAPE, "%s: %s has %lld elements, %s would need %lld",
-                    n->op->name, SHAPE(n->in[0]), (long long)mk_node_numel(n->in[0]),
-                    mk_shape_str(n->n_attr, n->attr, (char[96]){0}, 96), (long long)k);
-    set_shape(n, n->in[0]->dtype, n->n_attr, n->attr);
+                    n->op->name, SHAPE(n->in[0]), (long long)total, asked, (long long)k);
+    set_shape(n, n->in[0]->dtype, n->n_attr, shape);
     return 0;
 }
 
@@ -441,11 +468,11 @@ static const mk_op ops[] = {
          "model share it"),
      .leaf = MK_LEAF_BUFFER, .infer = infer_leaf},
 
-    POINTWISE("SumNode", "nn", COMMUTING, "add", "+", "a + b", "a + b, b broadcast onto a"),
-    POINTWISE("SubNode", "nn", BINARY, "sub", "-", "a - b", "a - b, b broadcast onto a"),
+    POINTWISE("SumNode", "nn", COMMUTING, "add", "+", "a + b", "a + b, broadcast as NumPy's"),
+    POINTWISE("SubNode", "nn", BINARY, "sub", "-", "a - b", "a - b, broadcast as NumPy's"),
     POINTWISE("HadamardProductNode", "nn", COMMUTING, "mul", "*", "a * b",
-              "a * b elementwise, b broadcast onto a"),
-    POINTWISE("DivNode", "nn", BINARY, "div", "/", "a / b", "a / b, b broadcast onto a"),
+              "a * b elementwise, broadcast as NumPy's"),
+    POINTWISE("DivNode", "nn", BINARY, "div", "/", "a / b", "a / b, broadcast as NumPy's"),
     POINTWISE("ReLUNode", "n", 0, "relu", NULL, "a > 0 ? a : 0", "max(x, 0)"),
     /* as run.c's SwiGLU writes it, so llama2 outputs match run.c bit for bit */
     POINTWISE("SiLUNode", "n", 0, "silu", NULL, "a * (1.0f / (1.0f + expf(-a)))",
@@ -458,7 +485,7 @@ static const mk_op ops[] = {
               "0.5f * a * (1.0f + tanhf(0.7978845608f * (a + 0.044715f * a * a * a)))",
               "GELU, tanh form: x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))"),
     {ROW("ComplexHadamardProductNode", "nn", MK_ROLE_POINTWISE, COMMUTING, "complex_mul", NULL,
-         NULL, "a * b as complex numbers (re, im) along a last axis of 2, b broadcast onto a"),
+         NULL, "a * b as complex numbers (re, im) along a last axis of 2, broadcast as NumPy's"),
      .infer = infer_complex_mul, .kernel = MK_KERNEL_COMPLEX_MUL},
 
     {ROW("MatMulNode", "nn", MK_ROLE_MATMUL, 0, "matmul", NULL, NULL,

@@ -150,8 +150,12 @@ const char *mk_shape_str(int rank, const int64_t *shape, char *buf, size_t size)
 
 mk_tensor mk_tensor_broadcast(const mk_tensor *b, const mk_tensor *like) {
     mk_tensor t = *b;
-    for (int i = 0; i < t.rank; i++) {
-        if (t.shape[i] == 1 && like->shape[i] != 1) t.stride[i] = 0;
+    int lead = like->rank - b->rank; /* b's dims are like's last b->rank */
+    t.rank = like->rank;
+    for (int i = 0; i < like->rank; i++) {
+        int j = i - lead;
+        bool repeats = j < 0 || (b->shape[j] == 1 && like->shape[i] != 1);
+        t.stride[i] = repeats ? 0 : b->stride[j];
         t.shape[i] = like->shape[i];
     }
     return t;

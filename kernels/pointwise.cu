@@ -7,9 +7,9 @@
  *   MK_KERNEL_COMPLEX_MUL  out [..., 2] = a * b as complex (re, im)
  *   MK_KERNEL_PERMUTE      out = x viewed with permuted strides, made contiguous
  *
- * `out` is contiguous; `a` has out's shape with its own strides, `b` (and
- * complex_mul's b) arrives broadcast to out's shape with stride 0 on broadcast
- * dims; permute's x arrives as a strided view with out's shape. Every kernel
+ * `out` is contiguous; `a` and `b` (complex_mul's too) arrive broadcast to
+ * out's shape (NumPy's rule), with stride 0 on the dims they repeat; permute's
+ * x arrives as a strided view with out's shape. Every kernel
  * is memory-bound: the plain cases load 16 bytes per thread, broadcasts walk
  * strides (mk_walk: one or two divisions once size-1 dims are dropped and
  * linear dims merged), and transposing permutes go through 32×32

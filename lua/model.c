@@ -85,17 +85,43 @@ static void read_declared(lua_State *L, mk_dtype *dtype, int *rank, int64_t *sha
     lua_pop(L, 2);
 }
 
+/* User values of a model: the constants it borrows, the sources of its lines. */
+enum { UV_CONSTANTS = 1, UV_SOURCES = 2 };
+
+/*
+ * Raises err, a core error about the model whose sources table ({[line] =
+ * "file.lua:12"}, or nil) is at idx. A message about a script line that a
+ * Lua line built names that line first: "file.lua:12: shape error: ...
+ * (script:7:1)"; any other is raised as it is.
+ */
+static int raise_at_source(lua_State *L, int sources, mk_error *err) {
+    int line = mk_error_line(err);
+    if (line <= 0 || lua_type(L, sources) != LUA_TTABLE ||
+        lua_rawgeti(L, sources, line) != LUA_TSTRING)
+        return lmk_raise_core(L, err);
+    char msg[1400], at[48];
+    snprintf(at, sizeof at, "script:%d:%d: ", line, mk_error_column(err));
+    const char *text = mk_error_message(err);
+    size_t skip = strncmp(text, at, strlen(at)) ? 0 : strlen(at);
+    at[strlen(at) - 2] = '\0'; /* "script:L:C" */
+    snprintf(msg, sizeof msg, "%s: %s (%s)", lua_tostring(L, -1), text + skip, at);
+    mk_error_free(err);
+    lua_pushstring(L, msg);
+    return lua_error(L);
+}
+
 /*
  * Checks the constants table (name -> tensor) against the constant
  * declarations of the script: each given, with the script's dtype and shape
- * (the core reads exactly that many bytes), and no extra names.
+ * (the core reads exactly that many bytes), and no extra names. A script that
+ * does not parse raises here, at the Lua line of sources_idx's table.
  */
-static void check_constants(lua_State *L, int script_idx, int consts_idx) {
+static void check_constants(lua_State *L, int script_idx, int consts_idx, int sources_idx) {
     const char *fn = "compile";
     mk_error *err = NULL;
     size_t count = 0;
     mk_tensor_info *infos = mk_script_constants(lua_tostring(L, script_idx), &count, &err);
-    if (!infos) lmk_raise_core(L, err);
+    if (!infos) raise_at_source(L, sources_idx, err);
     lua_pushcfunction(L, push_declared);
     lua_pushlightuserdata(L, infos);
     lua_pushinteger(L, (lua_Integer)count);
@@ -200,20 +226,25 @@ static mk_compile_options check_options(lua_State *L, int idx) {
 }
 
 /*
- * core.compile_script(text, constants, opts) -> model. constants maps the name
- * of each constant the script declares to a tensor (its data is handed over,
- * not copied in Lua).
+ * core.compile_script(text, constants, opts[, sources]) -> model. constants
+ * maps the name of each constant the script declares to a tensor (its data is
+ * handed over, not copied in Lua). sources ({[line] = "file.lua:12"}, from
+ * mk.lower) names the Lua line that built each line of the script, for the
+ * model's errors.
  */
 static int l_compile_script(lua_State *L) {
     const char *fn = "compile";
-    lua_settop(L, 3);
+    lua_settop(L, 4);
+    if (!lua_isnil(L, 4) && lua_type(L, 4) != LUA_TTABLE)
+        LMK_ARG_ERROR(L, fn, "sources must be a table {[line] = \"file:line\"}, got %s",
+                      luaL_typename(L, 4));
     if (lua_type(L, 1) != LUA_TSTRING)
         LMK_ARG_ERROR(L, fn, "the script must be a string, got %s", luaL_typename(L, 1));
     if (!lua_isnil(L, 2) && lua_type(L, 2) != LUA_TTABLE)
         LMK_ARG_ERROR(L, fn, "constants must be a table {name = tensor}, got %s",
                       luaL_typename(L, 2));
     mk_compile_options opts = check_options(L, 3);
-    check_constants(L, 1, 2);
+    check_constants(L, 1, 2, 4);
 
     /* A private copy of the constants: the CPU model borrows their memory. */
     lua_newtable(L);
@@ -242,18 +273,20 @@ static int l_compile_script(lua_State *L) {
     opts.borrow_constants = opts.device == MK_DEVICE_CPU;
 
     mk_context *ctx = lmk_context(L);
-    lmk_model *m = (lmk_model *)lua_newuserdatauv(L, sizeof *m, 1);
+    lmk_model *m = (lmk_model *)lua_newuserdatauv(L, sizeof *m, 2);
     *m = (lmk_model){.model = NULL, .device = opts.device};
     luaL_setmetatable(L, LMK_MODEL_MT);
     mk_error *err = NULL;
     lmk_host_begin(L);
     m->model = mk_compile(ctx, lua_tostring(L, 1), named, n, &opts, &err);
     lmk_host_end(L, err);
-    if (!m->model) lmk_raise_core(L, err);
+    if (!m->model) raise_at_source(L, 4, err);
     if (opts.borrow_constants) {
         lua_pushvalue(L, keep);
-        lua_setiuservalue(L, -2, 1);
+        lua_setiuservalue(L, -2, UV_CONSTANTS);
     }
+    lua_pushvalue(L, 4);
+    lua_setiuservalue(L, -2, UV_SOURCES);
     return 1;
 }
 
@@ -428,7 +461,10 @@ static int model_run(lua_State *L) {
     lmk_host_begin(L);
     int rc = mk_evaluate_outputs(m->model, named, count, outs, (size_t)n_out, &err);
     lmk_host_end(L, rc ? err : NULL);
-    if (rc != 0) lmk_raise_core(L, err);
+    if (rc != 0) {
+        lua_getiuservalue(L, 1, UV_SOURCES);
+        raise_at_source(L, lua_gettop(L), err);
+    }
     return n_out;
 }
 
@@ -503,7 +539,10 @@ static int model_run_steps(lua_State *L) {
     int64_t steps = mk_model_run_steps(m->model, (int64_t)n, named, count, outs, (size_t)n_out,
                                        &stop, &err);
     lmk_host_end(L, steps < 0 ? err : NULL);
-    if (steps < 0) lmk_raise_core(L, err);
+    if (steps < 0) {
+        lua_getiuservalue(L, 1, UV_SOURCES);
+        raise_at_source(L, lua_gettop(L), err);
+    }
     lua_settop(L, list);
     lua_pushinteger(L, (lua_Integer)steps);
     return 2;

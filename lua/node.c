@@ -17,6 +17,11 @@
  * shape and dtype errors are the core's and are raised when a node is built.
  * The three leaves keep their own Lua forms (mk.input, mk.constant,
  * mk.buffer) and are found by their `leaf` kind.
+ *
+ * A node keeps the Lua line that built it ("policy.lua:12", the innermost
+ * frame outside the module's own files), which lowering passes on so that
+ * compile and run errors name it; every builder runs inside with_where, so
+ * its own errors start with that line too.
  */
 #include "lmk.h"
 
@@ -37,6 +42,7 @@ typedef struct {
     int64_t shape[MK_MAX_RANK];
     int n_in;
     int n_attr;
+    char where[LUA_IDSIZE + 24]; /* "file.lua:12": the Lua line that built it, or "" */
     int64_t attr[]; /* the 'i' and 'l' arguments in signature order; a leaf: its shape */
 } lmk_node;
 
@@ -53,6 +59,57 @@ static lmk_node *check_node(lua_State *L, int idx, const char *fn) {
 
 static const mk_op_desc *op_of(const lmk_node *n) { return mk_op_info(n->op); }
 
+/* ==== where a node was built ================================================= */
+
+/* Registry key of the source prefix of the moonkaas module's own Lua files
+ * ("@/.../moonkaas/"): their frames are skipped, so a node made inside
+ * mk.llama2 names the user's line that asked for it. */
+static const char *const MODULE_SOURCE = "moonkaas.module_source";
+
+/* "file.lua:12" of the innermost Lua frame outside the module, or "". */
+static void caller_where(lua_State *L, char *buf, size_t size) {
+    buf[0] = '\0';
+    lua_getfield(L, LUA_REGISTRYINDEX, MODULE_SOURCE);
+    size_t skip_len = 0;
+    const char *skip = lua_tolstring(L, -1, &skip_len);
+    lua_Debug ar;
+    for (int level = 1; lua_getstack(L, level, &ar); level++) {
+        if (!lua_getinfo(L, "Sl", &ar) || ar.currentline <= 0) continue; /* C, or no line info */
+        if (skip && skip_len && !strncmp(ar.source, skip, skip_len)) continue;
+        snprintf(buf, size, "%s:%d", ar.short_src, ar.currentline);
+        break;
+    }
+    lua_pop(L, 1);
+}
+
+/* core.set_module_source(prefix): the module's own files (init.lua, once). */
+static int l_set_module_source(lua_State *L) {
+    luaL_checkstring(L, 1);
+    lua_settop(L, 1);
+    lua_setfield(L, LUA_REGISTRYINDEX, MODULE_SOURCE);
+    return 0;
+}
+
+/*
+ * Every node builder is reached through this (upvalue 1: the builder), so
+ * each of its errors (arguments, shapes, dtypes) starts with the user's line:
+ * "policy.lua:12: shape error: ...". The builder runs protected; after an
+ * error the stack is back at this frame, whose caller is the node's line.
+ */
+static int with_where(lua_State *L) {
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    if (lua_pcall(L, lua_gettop(L) - 1, LUA_MULTRET, 0) == LUA_OK) return lua_gettop(L);
+    char where[LUA_IDSIZE + 24];
+    caller_where(L, where, sizeof where);
+    if (where[0] && lua_type(L, -1) == LUA_TSTRING)
+        lua_pushfstring(L, "%s: %s", where, lua_tostring(L, -1));
+    return lua_error(L);
+}
+
+/* Replaces the function on top by with_where around it. */
+static void wrap_where(lua_State *L) { lua_pushcclosure(L, with_where, 1); }
+
 /* The row of a leaf kind; raises when the core's table has none. */
 static size_t leaf_row(lua_State *L, mk_leaf_kind kind, const char *fn) {
     for (size_t i = 0, count = mk_op_count(); i < count; i++)
@@ -67,6 +124,7 @@ static lmk_node *push_node(lua_State *L, size_t op, mk_dtype dtype, int rank,
     size_t size = sizeof(lmk_node) + sizeof(int64_t) * (size_t)n_attr;
     lmk_node *n = (lmk_node *)lua_newuserdatauv(L, size, UV_OPERANDS - 1 + n_in);
     *n = (lmk_node){.op = op, .dtype = dtype, .rank = rank, .n_in = n_in, .n_attr = n_attr};
+    caller_where(L, n->where, sizeof n->where);
     memcpy(n->shape, shape, sizeof(int64_t) * (size_t)rank);
     if (n_attr) memcpy(n->attr, attr, sizeof(int64_t) * (size_t)n_attr);
     luaL_setmetatable(L, LMK_NODE_MT);
@@ -223,8 +281,8 @@ static void read_arguments(lua_State *L, const mk_op_desc *d, int mode, op_call 
 /*
  * Numbers given for 'n' operands (rows with MK_OP_BROADCAST only) become
  * constants of the other operand's dtype: [1, ..., 1] of its rank, so they
- * broadcast; on the left of an op that does not commute, of its full shape,
- * since only the second operand broadcasts onto the first (1 - x, 2 / x).
+ * broadcast on either side (1 - x, 2 / x). Where the op commutes the number
+ * goes second (2 + x is built as x + 2): the form cuDNN's fusion takes.
  */
 static void convert_numbers(lua_State *L, const mk_op_desc *d, op_call *c) {
     const lmk_node *other = NULL;
@@ -237,13 +295,11 @@ static void convert_numbers(lua_State *L, const mk_op_desc *d, op_call *c) {
             LMK_ARG_ERROR(L, c->fn, "needs a node operand, got %s and %s",
                           luaL_typename(L, c->arg[0]),
                           luaL_typename(L, c->arg[c->n_in > 1 ? 1 : 0]));
-        if (k == 0 && !(d->flags & MK_OP_COMMUTES)) {
-            number_to_constant(L, a, other->dtype, other->rank, other->shape, c->fn);
-        } else {
-            int64_t ones[MK_MAX_RANK];
-            for (int i = 0; i < MK_MAX_RANK; i++) ones[i] = 1;
-            number_to_constant(L, a, other->dtype, other->rank, ones, c->fn);
-        }
+        int64_t ones[MK_MAX_RANK];
+        for (int i = 0; i < MK_MAX_RANK; i++) ones[i] = 1;
+        number_to_constant(L, a, other->dtype, other->rank, ones, c->fn);
+        if (k == 0 && c->n_in == 2 && (d->flags & MK_OP_COMMUTES))
+            c->arg[0] = c->arg[1], c->arg[1] = a;
     }
 }
 
@@ -270,21 +326,13 @@ static int build_op(lua_State *L) {
     read_arguments(L, d, mode, &c);
     convert_numbers(L, d, &c);
 
-    /* Both orders are ready before the core is asked: between a failed call
-     * and its raise nothing touches the Lua API, so the error cannot leak. */
-    mk_tensor_info in[MAX_OPERANDS], swapped[MAX_OPERANDS], out = {.dtype = c.dtype};
+    /* Between a failed call and its raise nothing touches the Lua API, so
+     * the error cannot leak. */
+    mk_tensor_info in[MAX_OPERANDS], out = {.dtype = c.dtype};
     operand_infos(L, &c, in);
-    bool commutes = (d->flags & MK_OP_COMMUTES) && c.n_in == 2 && !c.bound[0] && !c.bound[1];
-    if (commutes) swapped[0] = in[1], swapped[1] = in[0];
     mk_error *err = NULL;
-    if (mk_op_infer(d->name, in, (size_t)c.n_in, c.attr, (size_t)c.n_attr, &out, &err) != 0) {
-        /* a op b == b op a: where only b op a broadcasts, build that */
-        if (!commutes || mk_op_infer(d->name, swapped, 2, c.attr, (size_t)c.n_attr, &out, NULL))
-            return lmk_raise_core(L, err);
-        mk_error_free(err);
-        int first = c.arg[0];
-        c.arg[0] = c.arg[1], c.arg[1] = first;
-    }
+    if (mk_op_infer(d->name, in, (size_t)c.n_in, c.attr, (size_t)c.n_attr, &out, &err) != 0)
+        return lmk_raise_core(L, err);
     push_node(L, row, out.dtype, out.rank, out.shape, c.n_in, c.attr, c.n_attr);
     for (int k = 0; k < c.n_in; k++) {
         lua_pushvalue(L, c.arg[k]);
@@ -372,7 +420,7 @@ static int node_tostring(lua_State *L) {
     return 1;
 }
 
-/* Fields (shape, dtype, op, name, rank), then methods (upvalue 1). */
+/* Fields (shape, dtype, op, name, rank, where), then methods (upvalue 1). */
 static int node_index(lua_State *L) {
     lmk_node *n = check_node(L, 1, "index");
     const char *k = lua_type(L, 2) == LUA_TSTRING ? lua_tostring(L, 2) : NULL;
@@ -382,6 +430,11 @@ static int node_index(lua_State *L) {
         if (!strcmp(k, "op")) return lua_pushstring(L, op_of(n)->name), 1;
         if (!strcmp(k, "rank")) return lua_pushinteger(L, n->rank), 1;
         if (!strcmp(k, "name")) return lua_getiuservalue(L, 1, UV_NAME), 1;
+        if (!strcmp(k, "where")) {
+            if (n->where[0]) lua_pushstring(L, n->where);
+            else lua_pushnil(L);
+            return 1;
+        }
     }
     lua_pushvalue(L, 2);
     lua_gettable(L, lua_upvalueindex(1));
@@ -396,8 +449,9 @@ static void set_string(lua_State *L, const char *key, const char *value) {
 
 /*
  * core.node_info(node) -> {op =, signature =, leaf =, dtype =, shape =,
- * inputs = {...}, attrs = {...}, name =, tensor =}: what the lowering in
- * init.lua prints, one argument per signature letter. `leaf` is "input",
+ * inputs = {...}, attrs = {...}, name =, tensor =, where =}: what the
+ * lowering in init.lua prints, one argument per signature letter; `where`
+ * ("file.lua:12", nil when unknown) is the Lua line that built the node. `leaf` is "input",
  * "constant", "buffer" or nil; a leaf's attrs are its shape.
  */
 static int l_node_info(lua_State *L) {
@@ -422,6 +476,7 @@ static int l_node_info(lua_State *L) {
     lua_setfield(L, -2, "name");
     lua_getiuservalue(L, 1, UV_TENSOR);
     lua_setfield(L, -2, "tensor");
+    set_string(L, "where", n->where[0] ? n->where : NULL);
     return 1;
 }
 
@@ -522,6 +577,7 @@ void lmk_open_node(lua_State *L) {
         if (d->leaf != MK_LEAF_NONE) {
             if (d->method && mk_leaf_kind_name(d->leaf)) {
                 lua_pushcfunction(L, leaf_builders[d->leaf]);
+                wrap_where(L);
                 lua_setfield(L, module, d->method);
             }
             continue;
@@ -530,12 +586,14 @@ void lmk_open_node(lua_State *L) {
             /* a method's receiver is its first operand */
             bool function = (d->flags & MK_OP_FUNCTION) || d->signature[0] != 'n';
             push_builder(L, i, function ? CALL_FUNCTION : CALL_METHOD);
+            wrap_where(L);
             lua_setfield(L, function ? module : methods, d->method);
         }
         const char *event = d->infix ? infix_event(d->infix, count_operands(d->signature)) : NULL;
         if (event) {
             push_builder(L, i, CALL_INFIX);
             if (count_operands(d->signature) == 1) lua_pushcclosure(L, build_unary_infix, 1);
+            wrap_where(L);
             lua_setfield(L, mt, event);
         }
     }
@@ -543,6 +601,10 @@ void lmk_open_node(lua_State *L) {
     lua_pop(L, 1);
 
     static const luaL_Reg functions[] = {
-        {"node_info", l_node_info}, {"is_node", l_is_node}, {"ops", l_ops}, {NULL, NULL}};
+        {"node_info", l_node_info},
+        {"is_node", l_is_node},
+        {"ops", l_ops},
+        {"set_module_source", l_set_module_source},
+        {NULL, NULL}};
     luaL_setfuncs(L, functions, 0);
 }

@@ -177,9 +177,9 @@ describe("embeddings of one id read by matrix-vector groups", function()
         local z, want = embedded(8, 5)
         local fused <close> = mk.compile(z)
         H.assert_error(function() fused:run(ids(5, 0)) end,
-            "script:", "evaluation error: EmbeddingNode: id 5 at position 0 of 'id' is outside [0, 5)")
+            "evaluation error: EmbeddingNode: id 5 at position 0 of 'id' is outside [0, 5)", "(script:")
         H.assert_error(function() fused:run(ids(1, -1)) end,
-            "script:", "evaluation error: EmbeddingNode: id -1 at position 0 of 'pos' is outside [0, 5)")
+            "evaluation error: EmbeddingNode: id -1 at position 0 of 'pos' is outside [0, 5)", "(script:")
         H.assert_close(fused:run(ids(4, 2)), want(4, 2), 1e-5, 1e-4)
     end)
 
@@ -196,9 +196,9 @@ describe("embeddings of one id read by matrix-vector groups", function()
             H.assert_close(got, H.ref(cpu:run(ids(i, p))), 1e-5, 1e-4)
         end
         H.assert_error(function() cuda:run(ids(9, 0)) end,
-            "script:", "evaluation error: EmbeddingNode: id 9 at position 0 of 'id' is outside [0, 9)")
+            "evaluation error: EmbeddingNode: id 9 at position 0 of 'id' is outside [0, 9)", "(script:")
         H.assert_error(function() cuda:run(ids(0, 12)) end,
-            "script:", "evaluation error: EmbeddingNode: id 12 at position 0 of 'pos' is outside [0, 9)")
+            "evaluation error: EmbeddingNode: id 12 at position 0 of 'pos' is outside [0, 9)", "(script:")
         H.assert_close(cuda:run(ids(3, 8)), want(3, 8), 1e-5, 1e-4)
     end)
 end)

@@ -174,13 +174,27 @@ local function new(shape, dtype)
     return { shape = copy(shape), data = {}, dtype = dtype or "float32" }
 end
 
--- b broadcasts onto a: same rank, b's dims equal or 1.
+-- NumPy's broadcast of a and b: dims aligned from the last, each pair equal
+-- or 1 (a missing leading dim is 1); element p of the result reads each
+-- operand at its index with the broadcast dims at 0.
 local function broadcast(a, b, f)
-    local out = new(a.shape, a.dtype)
-    for p = 0, numel(a.shape) - 1 do
-        local idx = unflatten(p, a.shape)
-        for i = 1, #idx do if b.shape[i] == 1 then idx[i] = 0 end end
-        out.data[p + 1] = f(a.data[p + 1], b.data[flatten(idx, b.shape) + 1])
+    local rank = math.max(#a.shape, #b.shape)
+    local shape = {}
+    for i = 1, rank do
+        local da = a.shape[i - (rank - #a.shape)] or 1
+        local db = b.shape[i - (rank - #b.shape)] or 1
+        assert(da == db or da == 1 or db == 1, "reference: shapes do not broadcast")
+        shape[i] = da == 1 and db or da
+    end
+    local function at(x, idx)
+        local lead, xi = rank - #x.shape, {}
+        for i = 1, #x.shape do xi[i] = x.shape[i] == 1 and 0 or idx[i + lead] end
+        return x.data[flatten(xi, x.shape) + 1]
+    end
+    local out = new(shape, a.dtype)
+    for p = 0, numel(shape) - 1 do
+        local idx = unflatten(p, shape)
+        out.data[p + 1] = f(at(a, idx), at(b, idx))
     end
     return out
 end
@@ -455,6 +469,67 @@ function helpers.op_cases()
             R.mul(ar, cr))
         add("ReLUNode rank " .. rank, a:relu(), { a = at }, R.relu(ar))
         add("SiLUNode rank " .. rank, a:silu(), { a = at }, R.silu(ar))
+    end
+
+    for _, op in ipairs({ "add", "sub", "mul", "div" }) do -- NumPy's broadcasting, both sides
+        local rank = math.random(1, 4)
+        local shape = rand_shape(rank, 2, 5)
+        -- each operand: the last few of shape's dims, some of them 1
+        local function part()
+            local r, s = math.random(1, rank), {}
+            for i = 1, r do
+                s[i] = math.random() < 0.4 and 1 or shape[rank - r + i]
+            end
+            return s
+        end
+        local sa, sb = part(), part()
+        local a, at, ar = input("a", sa)
+        local b, bt, br = input("b", sb)
+        if op == "div" then bt, br = helpers.rand_away(sb, 0.5, 2) end -- no zeros to divide by
+        local out = ({ add = a + b, sub = a - b, mul = a * b, div = a / b })[op]
+        add(string.format("%s broadcast %s with %s", op, helpers.shape_str(sa), helpers.shape_str(sb)),
+            out, { a = at, b = bt }, R[op](ar, br))
+        -- a chain whose operands broadcast differently (one pointwise group)
+        local c, ct, cr = input("c", part())
+        add(string.format("(a - c) * b + a with a %s, b %s, c %s", helpers.shape_str(sa),
+                helpers.shape_str(sb), helpers.shape_str(c.shape)),
+            (a - c) * b + a, { a = at, b = bt, c = ct }, R.add(R.mul(R.sub(ar, cr), br), ar))
+    end
+
+    do -- [2, 1] + [1, 3], and a bias [n] on either side of a matrix-vector product
+        local m, n, k = math.random(2, 6), math.random(2, 6), math.random(2, 30)
+        local col, colt, colr = input("col", { m, 1 })
+        local row, rowt, rowr = input("row", { 1, n })
+        add("[m, 1] + [1, n]", col + row, { col = colt, row = rowt }, R.add(colr, rowr))
+        add("[1, n] - [m, 1]", row - col, { col = colt, row = rowt }, R.sub(rowr, colr))
+        local x, xt, xr = input("x", { 1, k })
+        local w, wt, wr = input("w", { k, n })
+        local bias, biast, biasr = input("bias", { n })
+        local xw = R.matmul(xr, wr)
+        add("x @ w + bias [n]", x:matmul(w) + bias, { x = xt, w = wt, bias = biast },
+            R.add(xw, biasr), 1e-5 * k, 1e-4)
+        add("bias [n] - x @ w, then * bias", (bias - x:matmul(w)) * bias,
+            { x = xt, w = wt, bias = biast }, R.mul(R.sub(biasr, xw), biasr), 1e-5 * k, 1e-4)
+        -- constant weights: matrix-vector groups, reading the biases broadcast
+        local wct, wcr = helpers.rand({ k, n })
+        add("bias [n] - x @ constant, then * bias (a matrix-vector group)",
+            (bias - x:matmul(mk.constant(wct, "wc"))) * bias, { x = xt, bias = biast },
+            R.mul(R.sub(biasr, R.matmul(xr, wcr)), biasr), 1e-5 * k, 1e-4)
+        add("x @ constant + bias [1, n] + bias [n] (a matrix-vector group)",
+            (x:matmul(mk.constant(wct, "wc")) + row) + bias, { x = xt, row = rowt, bias = biast },
+            R.add(R.add(R.matmul(xr, wcr), rowr), biasr), 1e-5 * k, 1e-4)
+    end
+
+    for rank = 1, 4 do -- reshape with one -1
+        local shape = rand_shape(rank, 1, 5)
+        local x, xt, xr = input("x", shape)
+        local n = numel(shape)
+        local d = ({ 1, 2, 3, 4, 6 })[math.random(1, 5)]
+        while n % d ~= 0 do d = d - 1 end
+        local to = math.random() < 0.5 and { -1, d } or { d, -1 }
+        local want = to[1] == -1 and { n // d, d } or { d, n // d }
+        add(string.format("ReshapeNode %s to %s", helpers.shape_str(shape), helpers.shape_str(to)),
+            x:reshape(to) * 2, { x = xt }, R.mul(R.reshape(xr, want), { shape = { 1 }, data = { 2 } }))
     end
 
     do -- numbers become constants
@@ -756,12 +831,15 @@ function helpers.gpu(it, skip)
     end
 end
 
--- Asserts that f() raises an error whose message starts with `prefix` and
+-- Asserts that f() raises an error whose message starts with `prefix` (after
+-- the Lua position a node's error starts with, unless prefix has one) and
 -- contains each of the other strings (plain text, not patterns).
 function helpers.assert_error(f, prefix, ...)
     local ok, err = pcall(f)
     if ok then error("expected an error starting with '" .. prefix .. "', got none", 2) end
     err = tostring(err)
+    -- a node's error names the Lua line that built it first: "x_spec.lua:12: "
+    if not prefix:find("^.-%.lua:%d+: ") then err = err:gsub("^.-%.lua:%d+: ", "", 1) end
     if err:sub(1, #prefix) ~= prefix then
         error(string.format("error %q does not start with %q", err, prefix), 2)
     end

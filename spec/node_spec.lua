@@ -72,7 +72,7 @@ describe("elementwise nodes", function()
         assert.are.equal("SumNode", (a + b).op)
         assert.are.equal("HadamardProductNode", (a * b).op)
         assert.are.same({ 2, 3 }, (a + b).shape)
-        -- the broadcasting operand may be on either side: + and * commute
+        -- the broadcasting operand may be on either side
         assert.are.same({ 2, 3 }, (b + a).shape)
         assert.are.same({ 2, 3 }, (b * a).shape)
         assert.are.same({ 2, 3 }, (a + f32("c", { 2, 1 })).shape)
@@ -89,9 +89,20 @@ describe("elementwise nodes", function()
         E(function() return n + 1.5 end, "dtype error:", "1.5", "int64")
     end)
 
+    it("broadcasts as NumPy does: dims aligned from the last, each pair equal or 1", function()
+        local a = f32("a", { 2, 3 })
+        assert.are.same({ 2, 3 }, (a + f32("b", { 3 })).shape)
+        assert.are.same({ 2, 3 }, (f32("b", { 3 }) + a).shape)
+        assert.are.same({ 2, 3 }, (f32("c", { 2, 1 }) * f32("r", { 1, 3 })).shape)
+        assert.are.same({ 4, 2, 3 }, (f32("b", { 4, 1, 1 }) - a).shape)
+        assert.are.same({ 5, 2, 3 }, (f32("d", { 5, 1, 3 }) / f32("e", { 2, 1 })).shape)
+        assert.are.same({ 1, 3 }, (f32("r", { 1, 3 }) + 1).shape)
+    end)
+
     it("refuses shapes that do not broadcast and mixed dtypes", function()
         local a = f32("a", { 2, 3 })
-        E(function() return a + f32("b", { 3 }) end, "shape error: SumNode:", "[3]", "[2, 3]")
+        E(function() return a + f32("b", { 2 }) end, "shape error: SumNode:", "[2, 3] does not broadcast with [2]",
+            "axis 1 of the result: 3 and 2")
         E(function() return a * f32("b", { 2, 2 }) end, "shape error: HadamardProductNode:",
             "[2, 2]", "[2, 3]")
         E(function() return a + f32("b", { 2, 3, 1 }) end, "shape error: SumNode:")

@@ -26,20 +26,22 @@ describe("numbers as operands", function()
         end
     end)
 
-    it("on the left of - and /: a constant of the other's full shape", function()
-        -- broadcasting only goes from the second operand onto the first
+    it("on the left: a [1, ..., 1] constant that broadcasts", function()
+        -- either operand broadcasts, so a number needs no more than one element
         local shape = H.rand_shape(2, 2, 5)
         local x, n = f32("x", shape), i64("n", shape)
         for _, y in ipairs({ 1 - x, 2 / x, 3 - n }) do
             local c = operand(y, 1)
             assert.are.equal("constant", c.leaf)
-            assert.are.same(shape, c.shape)
+            assert.are.same({ 1, 1 }, c.shape)
             assert.are.equal(y.dtype, c.dtype)
             assert.are.same(shape, y.shape)
         end
-        -- + and * commute: the number stays small and the op is built as x op k
-        local s = 2 + x
-        assert.are.same({ 1, 1 }, operand(s, 2).shape)
+        -- + and * commute: built as x op k, the number second
+        for _, y in ipairs({ 2 + x, 4 * n }) do
+            assert.are.same({ 1, 1 }, operand(y, 2).shape)
+            assert.are_not.equal("constant", operand(y, 1).leaf)
+        end
     end)
 
     it("takes int64 integers and refuses fractions for int64", function()
@@ -65,13 +67,14 @@ describe("errors of the new ops", function()
         assert.are.equal("SubNode", (n - m).op)
     end)
 
-    it("refuse shapes that do not broadcast onto the first operand", function()
+    it("refuse shapes that do not broadcast, either side broadcasting", function()
         local a = f32("a", { 2, 3 })
-        E(function() return a - f32("b", { 3 }) end, "shape error: SubNode:", "[3]", "[2, 3]")
+        E(function() return a - f32("b", { 2 }) end, "shape error: SubNode:", "[2]", "[2, 3]")
         E(function() return a / f32("b", { 2, 2 }) end, "shape error: DivNode:", "[2, 2]", "[2, 3]")
-        -- - and / do not commute: [1, 3] - [2, 3] is not turned around
-        E(function() return f32("r", { 1, 3 }) - a end, "shape error: SubNode:", "[2, 3]", "[1, 3]")
-        E(function() return f32("r", { 2, 1 }) / a end, "shape error: DivNode:")
+        -- - and / broadcast their first operand too: [1, 3] - [2, 3] is [2, 3]
+        assert.are.same({ 2, 3 }, (f32("r", { 1, 3 }) - a).shape)
+        assert.are.same({ 2, 3 }, (f32("r", { 2, 1 }) / a).shape)
+        E(function() return f32("r", { 3, 1 }) / a end, "shape error: DivNode:")
         E(function() return a - i64("n", { 2, 3 }) end, "dtype error: SubNode:", "float32", "int64")
     end)
 

@@ -476,7 +476,7 @@ describe("run_steps with bad arguments", function()
         local rt, rr = H.rand({ 1, d })
         local outs = { mk.zeros("float32", { rows + 2, rows, d }) }
         local feeds = { row = rt, pos = mk.tensor({ 0 }, "int64") }
-        E(function() m:run_steps(rows + 2, feeds, outs) end, "script:", "evaluation error: ReplaceSliceNode",
+        E(function() m:run_steps(rows + 2, feeds, outs) end, "evaluation error: ReplaceSliceNode", "(script:",
             string.format("rows [%d, %d)", rows, rows + 1), "out of range")
         for s = 1, rows do -- step s has rows 1 .. s written
             local want = R.fill({ rows, d }, 0.0)

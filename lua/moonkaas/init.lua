@@ -31,26 +31,32 @@ t:argmax, t:totable) is 1-based, as Lua tables are.
            nearest even on the way in, int8 takes integers in [-128, 127])
   nodes    mk.input(name, dtype, shape) | mk.input(name, shape) (float32)
            mk.constant(tensor[, name])  mk.buffer(dtype, shape)
-           a + b  a - b  a * b (elementwise)  a / b; b broadcasts onto a (same
-           rank, each dim equal or 1); + and * commute, so either side may
-           broadcast. A number becomes a constant of the other operand's
-           dtype: [1, ..., 1] on the right, the other's shape on the left of
-           - and / (1 - x, 2 / x). A host tensor becomes an unnamed constant.
+           a + b  a - b  a * b (elementwise)  a / b; the operands broadcast
+           as NumPy's: dims aligned from the last, each pair equal or 1
+           ([n] + [m, n], [m, 1] + [1, n] -> [m, n]). A number on either side
+           becomes a [1, ..., 1] constant of the other operand's dtype (1 - x,
+           2 / x). A host tensor becomes an unnamed constant.
+           -x (x * -1)  x ^ 2, x ^ 1, x ^ -1 (x * x, x, 1 / x; other powers,
+           % and // wait for the op set's rows and are errors until then, as
+           are < <= > >=: comparisons will be x:lt(y) x:le(y) x:gt(y) x:ge(y))
+           x:T() (axes reversed)  x:transpose(a, b) (two axes swapped; from
+           the end where negative): permutes
            x:add(y) x:sub(y) x:mul(y) x:div(y)  x:relu() x:silu() x:exp()
            x:tanh() x:sigmoid() x:gelu() (tanh form)  x:matmul(w)
-           x:slice(b, e) x:reshape{...} x:permute{...} (or the integers as
-           arguments)  x:replace(r, b, e) x:rms_norm(w) x:complex_mul(f)
+           x:slice(b, e) x:reshape{...} (one dim may be -1: what the count
+           leaves) x:permute{...} (or the integers as arguments)  x:replace(r, b, e) x:rms_norm(w) x:complex_mul(f)
            x:sliced_softmax(p) x:argmax()  mk.embedding(table, ids)
            x:sample(state, t, p) (run.c's sampler: int64 (token, state))
            b, e and p are int64 [1] nodes, or Lua integers (constants whose
            range the core checks when the node is built); sample's t and p
            are float32 [1] nodes
-           n.shape n.dtype n.op n.name n.rank  mk.node_info(n)
+           n.shape n.dtype n.op n.name n.rank n.where  mk.node_info(n)
            All of these but the three leaves come from the core's op table:
            mk.ops() lists its rows {name, alias, signature, role, method,
            infix, expr, summary, broadcast, commutes, ...}, and a row the
            core adds appears here with its shape checks.
-  models   mk.compile(node | {nodes}[, opts])  mk.compile_script(text[, constants[, opts]])
+  models   mk.compile(node | {nodes}[, opts])
+           mk.compile_script(text[, constants[, opts[, sources]]])
            m:run(inputs[, out...]) -> the outputs  m:stats() m:script()
            m:inputs() m:output() m:outputs() m:recurrence()
            m:run_steps(n, inputs[, outs][, {stop = {output =, value =}}])
@@ -58,7 +64,8 @@ t:argmax, t:totable) is 1-based, as Lua tables are.
            (opts.next = {input = output node | integer} in mk.compile)
            m:reset() (buffers back to zero) m:fusion_report() (cuDNN groups)
            m:close() (also <close> and the collector)
-  misc     mk.script(output[, next])  mk.lower(output[, next])  mk.format_script(text)
+  misc     mk.script(output[, next])  mk.format_script(text)
+           mk.lower(output[, next]) -> text, constants, sources ({[line] = "file.lua:12"})
            mk.cuda_available()  mk.best_device()  mk.version  mk.build_info
            mk.clock() (monotonic wall-clock seconds, for timing)
            mk.is_terminal(file)
@@ -74,12 +81,24 @@ On the CPU a model uses its constants' memory in place (no copy): writing to
 a constant's tensor with t:set after compiling changes that model's weights.
 Errors are raised with a kind prefix: "shape error: ", "dtype error: ",
 "name error: ", "argument error: ", "input error: ", "file error: ",
-"evaluation error: ", "no CUDA device: ", "script:L:C: ...".
+"evaluation error: ", "no CUDA device: ", "script:L:C: ...". An error about
+a node built in Lua (its shape when built, a compile error, a run-time fault)
+names first the Lua line that built it, then the script line:
+"policy.lua:12: shape error: MatMulNode: ..." or "policy.lua:12: evaluation
+error: ... (script:7:1)"; n.where and mk.lower's third result hold those lines.
 ]==]
 local core = require "moonkaas.core"
 
+-- Nodes record the Lua line that built them, skipping this module's own
+-- files (this one's folder: init.lua, llama2.lua).
+do
+    local source = debug.getinfo(1, "S").source
+    core.set_module_source(source:match("^(@.*[/\\])init%.lua$") or source)
+end
+
 local mk = {}
 for k, v in pairs(core) do mk[k] = v end
+mk.set_module_source = nil
 mk.tensor_from_string = core.from_bytes
 
 local node_info = core.node_info
@@ -135,8 +154,10 @@ end
 
 --[[
 Lowers the DAG ending at `output` (a node, or a list of nodes: the model's
-outputs, in order) to script text. Returns the text and the constants table
-{name = tensor} that compiling it needs. Input and constant names are checked
+outputs, in order) to script text. Returns the text, the constants table
+{name = tensor} that compiling it needs, and the sources {[line] =
+"file.lua:12"}: the Lua line that built each statement's node, so errors
+about a line of the script name the user's line first. Input and constant names are checked
 for clashes; unnamed constants become constant_<k>. Each statement is printed
 from its op's signature (core.node_info), so no op is special here.
 
@@ -162,10 +183,11 @@ local function lower(output, next)
         end
     end
 
-    local k, constants, lines, id = 0, {}, {}, {}
+    local k, constants, lines, id, sources = 0, {}, {}, {}, {}
     for index, n in ipairs(order) do
         id[n] = index
         local i = info[n]
+        sources[index] = i.where
         local name = i.name
         if i.leaf == "constant" then
             if not name then
@@ -237,7 +259,7 @@ local function lower(output, next)
             end
         end
     end
-    return concat(lines, "\n") .. "\n", constants
+    return concat(lines, "\n") .. "\n", constants, sources
 end
 
 -- mk.script(output[, next]) -> the script text of the network ending at
@@ -246,7 +268,8 @@ function mk.script(output, next)
     return (lower(output, next))
 end
 
--- mk.lower(output[, next]) -> text, constants: what mk.compile hands to the core.
+-- mk.lower(output[, next]) -> text, constants, sources: what mk.compile hands
+-- to the core.
 mk.lower = lower
 
 --[[
@@ -271,12 +294,107 @@ function mk.compile(output, opts)
         next, rest.next = opts.next, nil
         opts = rest
     end
-    local text, constants = lower(output, next)
-    return core.compile_script(text, constants, opts)
+    local text, constants, sources = lower(output, next)
+    return core.compile_script(text, constants, opts, sources)
 end
 
--- mk.compile_script(text[, constants[, opts]]) -> model, for any script.
+-- mk.compile_script(text[, constants[, opts[, sources]]]) -> model, for any
+-- script; sources (mk.lower's) put Lua lines in front of its errors.
 mk.compile_script = core.compile_script
+
+-- ---- operators and methods made of rows the core has ---------------------
+-- Each is set only where the core's table gave none, so a row that arrives
+-- with its own operator (a pow op's "^") takes its place.
+
+local node_mt = getmetatable(core.input("x", { 1 }))
+local methods = core.node_methods
+
+-- Raises "kind: fn: message" at the line that used the operator or method
+-- (level 3: the caller of the function that calls this).
+local function raise(kind, fn, message, ...)
+    error(format("%s: %s: " .. message, kind, fn, ...), 3)
+end
+
+local function describe(v)
+    return is_node(v) and tostring(v) or type(v) == "number" and tostring(v) or type(v)
+end
+
+-- -x is x * -1: a product by -1 only flips the sign bit, as negation does.
+node_mt.__unm = node_mt.__unm or function(x)
+    return x * -1
+end
+
+-- x ^ e for the exponents whose result an exact pow (rounded once) would
+-- give with a row the core has: x * x and 1 / x round once, as pow rounds.
+node_mt.__pow = node_mt.__pow or function(x, e)
+    if is_node(x) and type(e) == "number" then
+        if e == 1 then return x end
+        if e == 2 then return x * x end
+        if e == -1 then return 1 / x end
+    end
+    raise("argument error", "^ (__pow)",
+        "%s ^ %s needs a pow op, which arrives with the op set (a node to the powers 2, 1 " ..
+        "and -1 are x * x, x and 1 / x)", describe(x), describe(e))
+end
+
+node_mt.__mod = node_mt.__mod or function(x, y)
+    raise("argument error", "% (__mod)",
+        "%s %% %s needs a remainder op, which arrives with the op set", describe(x), describe(y))
+end
+
+node_mt.__idiv = node_mt.__idiv or function(x, y)
+    raise("argument error", "// (__idiv)",
+        "%s // %s needs a floor op, which arrives with the op set (x / y divides)", describe(x),
+        describe(y))
+end
+
+-- Lua's < and <= must return a boolean, not a node: comparisons will be
+-- methods with bool results.
+local function comparison(op, event)
+    return function(x, y)
+        raise("argument error", format("%s (%s)", op, event),
+            "%s %s %s cannot be a node (Lua makes it a boolean); comparisons arrive with the " ..
+            "op set as x:lt(y), x:le(y), x:gt(y), x:ge(y) (bool results)", describe(x), op,
+            describe(y))
+    end
+end
+node_mt.__lt = node_mt.__lt or comparison("<", "__lt")
+node_mt.__le = node_mt.__le or comparison("<=", "__le")
+
+-- x:T(): the axes reversed (NumPy's .T); a vector as it is.
+methods.T = methods.T or function(x)
+    if not is_node(x) then
+        raise("argument error", "T", "argument #1 must be a node, got %s", type(x))
+    end
+    if x.rank == 1 then return x end
+    local perm = {}
+    for i = 1, x.rank do perm[i] = x.rank - i end
+    return x:permute(perm)
+end
+
+-- x:transpose(a, b): axes a and b (0-based; negative from the end) swapped.
+methods.transpose = methods.transpose or function(x, a, b)
+    if not is_node(x) then
+        raise("argument error", "transpose", "argument #1 must be a node, got %s", type(x))
+    end
+    local rank, axes = x.rank, { a, b }
+    for k = 1, 2 do
+        local v = axes[k]
+        if math.type(v) ~= "integer" then
+            raise("argument error", "transpose", "argument #%d must be an integer axis, got %s",
+                k + 1, describe(v))
+        end
+        if v < -rank or v >= rank then
+            raise("shape error", "transpose", "axis %d is outside [%d, %d) for %s", v, -rank, rank,
+                list(x.shape))
+        end
+        axes[k] = v % rank
+    end
+    local perm = {}
+    for i = 1, rank do perm[i] = i - 1 end
+    perm[axes[1] + 1], perm[axes[2] + 1] = axes[2], axes[1]
+    return x:permute(perm)
+end
 
 -- The best device this process can use, and why when it is the CPU.
 function mk.best_device()

@@ -1177,8 +1177,9 @@ static void test_new_ops_bad_scripts(void) {
         snprintf(text, sizeof text, "%s$2 = %s($1, $1, $1);\nresult = $2;\n", f23, op);
         expect_compile_error(text, MK_ERR_ARGUMENT, 2, 15 + len, "argument error", "takes 2 arguments");
         check_context_usable(op, 2, NULL, bins[k]->op);
-        /* b does not broadcast onto a: transposed, another rank, a itself the smaller */
-        const char *bshapes[3] = {"[3, 2]", "[3]", "[2, 3, 1]"};
+        /* a [2, 3] and b do not broadcast (NumPy's rule): transposed, another rank,
+         * a leading dim that meets a 2 */
+        const char *bshapes[3] = {"[3, 2]", "[2]", "[2, 3, 1]"};
         for (int j = 0; j < 3; j++) {
             snprintf(text, sizeof text,
                      "%s$2 = InputTensor(b, float32, %s);\n$3 = %s($1, $2);\nresult = $3;\n", f23,
@@ -1187,7 +1188,7 @@ static void test_new_ops_bad_scripts(void) {
             check_context_usable(op, 2, NULL, bins[k]->op);
         }
         snprintf(text, sizeof text,
-                 "%s$2 = InputTensor(b, float32, [2, 1]);\n$3 = %s($2, $1);\nresult = $3;\n", f23,
+                 "%s$2 = InputTensor(b, float32, [3, 1]);\n$3 = %s($2, $1);\nresult = $3;\n", f23,
                  op);
         expect_compile_error(text, MK_ERR_SHAPE, 3, 1, "shape error", "does not broadcast");
         /* mixed dtypes */

@@ -222,8 +222,8 @@ static const bad_case bad[] = {
     /* shape rules */
     {X1 "$2 = InputTensor(y, float32, [3, 2]);\n$3 = SumNode($1, $2);\nresult = $3;",
      MK_ERR_SHAPE, 3, 1, "does not broadcast"},
-    {X1 "$2 = InputTensor(y, float32, [3]);\n$3 = SumNode($1, $2);\nresult = $3;", MK_ERR_SHAPE,
-     3, 1, "does not broadcast"},
+    {X1 "$2 = InputTensor(y, float32, [2]);\n$3 = SumNode($1, $2);\nresult = $3;", MK_ERR_SHAPE,
+     3, 1, "[2, 3] does not broadcast with [2] (dims aligned from the last"},
     {X1 "$2 = MatMulNode($1, $1);\nresult = $2;", MK_ERR_SHAPE, 2, 1, "cannot multiply [2, 3] by [2, 3]"},
     {X1 "$2 = SliceNode($1, 1, 5);\nresult = $2;", MK_ERR_SHAPE, 2, 1, "rows [1, 5)"},
     {X1 "$2 = SliceNode($1, 1, 1);\nresult = $2;", MK_ERR_SHAPE, 2, 1, "rows [1, 1)"},
@@ -268,8 +268,8 @@ static const bad_case bad[] = {
      MK_ERR_SHAPE, 3, 1, "does not broadcast"},
     {X1 "$2 = InputTensor(y, float32, [2, 3, 1]);\n$3 = DivNode($1, $2);\nresult = $3;",
      MK_ERR_SHAPE, 3, 1, "does not broadcast"},
-    {X1 "$2 = InputTensor(y, float32, [2, 1]);\n   $3 = DivNode($2, $1);\nresult = $3;",
-     MK_ERR_SHAPE, 3, 4, "[2, 3] does not broadcast to [2, 1]"},
+    {X1 "$2 = InputTensor(y, float32, [3, 1]);\n   $3 = DivNode($2, $1);\nresult = $3;",
+     MK_ERR_SHAPE, 3, 4, "[3, 1] does not broadcast with [2, 3]"},
     /* storage dtypes: they parse; a kernel that does not take them fails the compile */
     {"$1 = InputTensor(x, float8, [2]);\nresult = $1;", MK_ERR_DTYPE, 1, 21,
      "unknown dtype 'float8'"},

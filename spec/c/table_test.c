@@ -331,11 +331,22 @@ static void test_op_table_pointwise_infer(void) {
             CHECK(mk_op_infer(d->name, in, 2, NULL, 0, &out, &err) == 0 && out.shape[0] == 3,
                   "%s: [3, 2] with [1, 2]: %s", d->name, mk_error_message(err));
             mk_error_free(err), err = NULL;
+            /* NumPy's rule: either side broadcasts, and ranks may differ */
             mk_tensor_info swapped[2] = {in[1], in[0]};
-            CHECK(mk_op_infer(d->name, swapped, 2, NULL, 0, &out, &err) == -1 && err &&
+            CHECK(mk_op_infer(d->name, swapped, 2, NULL, 0, &out, &err) == 0 && out.rank == 2 &&
+                      out.shape[0] == 3 && out.shape[1] == 2,
+                  "%s: [1, 2] with [3, 2]: %s", d->name, mk_error_message(err));
+            mk_error_free(err), err = NULL;
+            mk_tensor_info lower[2] = {info(F32, 1, (int64_t[]){2}), in[0]};
+            CHECK(mk_op_infer(d->name, lower, 2, NULL, 0, &out, &err) == 0 && out.rank == 2 &&
+                      out.shape[0] == 3 && out.shape[1] == 2,
+                  "%s: [2] with [3, 2]: %s", d->name, mk_error_message(err));
+            mk_error_free(err), err = NULL;
+            mk_tensor_info wrong[2] = {in[0], info(F32, 2, (int64_t[]){2, 2})};
+            CHECK(mk_op_infer(d->name, wrong, 2, NULL, 0, &out, &err) == -1 && err &&
                       mk_error_code_of(err) == MK_ERR_SHAPE &&
                       !strncmp(mk_error_message(err), "shape error: ", 13),
-                  "%s: [1, 2] with [3, 2]: %s", d->name, err ? mk_error_message(err) : "accepted");
+                  "%s: [3, 2] with [2, 2]: %s", d->name, err ? mk_error_message(err) : "accepted");
             mk_error_free(err), err = NULL;
         }
         /* one operand too many or too few */
@@ -373,11 +384,17 @@ static void test_op_infer_new_ops(void) {
           "DivNode i64: %s", err ? mk_error_message(err) : "accepted");
     mk_error_free(err), err = NULL;
     const char *sb[2] = {"SubNode", "DivNode"};
+    mk_tensor_info unaligned[2] = {a, info(F32, 2, (int64_t[]){4, 6})};
     for (int k = 0; k < 2; k++) {
-        CHECK(mk_op_infer(sb[k], ba, 2, NULL, 0, &out, &err) == -1 && err &&
+        /* the first operand broadcasts too (NumPy's rule) */
+        CHECK(mk_op_infer(sb[k], ba, 2, NULL, 0, &out, &err) == 0 && out.rank == 3 &&
+                  out.shape[0] == 4 && out.shape[1] == 5 && out.shape[2] == 6,
+              "%s [4,1,6] - [4,5,6]: %s", sb[k], mk_error_message(err));
+        mk_error_free(err), err = NULL;
+        CHECK(mk_op_infer(sb[k], unaligned, 2, NULL, 0, &out, &err) == -1 && err &&
                   mk_error_code_of(err) == MK_ERR_SHAPE && strstr(mk_error_message(err), sb[k]) &&
                   strstr(mk_error_message(err), "does not broadcast"),
-              "%s [4,1,6] - [4,5,6]: %s", sb[k], err ? mk_error_message(err) : "accepted");
+              "%s [4,5,6] - [4,6]: %s", sb[k], err ? mk_error_message(err) : "accepted");
         mk_error_free(err), err = NULL;
         CHECK(mk_op_infer(sb[k], mixed, 2, NULL, 0, &out, &err) == -1 && err &&
                   mk_error_code_of(err) == MK_ERR_DTYPE,
