@@ -10,7 +10,7 @@
  *              gather.c one-id embeddings folded into those groups
  *   planner.c  offsets in one arena (best fit, neighbour merging)
  *   model.c    compile (plan, allocate, bind launches) and evaluate
- *   cpu.c      the CPU device: kernels and device table
+ *   cpu/       the CPU device: kernels and device table (cpu/cpu.h says which file holds what)
  *   plugin.c   finds and opens the CUDA device plugin (dlopen) the first time CUDA is asked for
  *   kernels/   the CUDA device plugin (cuda_device.cu) and its kernels; cuDNN in cudnn_fuser.cu
  * Shared by all: ops.c (the op table: the only file that knows an op), tensor.c
