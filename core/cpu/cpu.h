@@ -49,9 +49,21 @@ static inline void my_share(int64_t n, int64_t *lo, int64_t *hi) {
     *hi = n * (t + 1) / threads;
 }
 
+/* The CPUs online: device.c's calibration sets it at the first compile, before
+ * any launch runs (1 until then). */
+extern int mk_cpu_online;
+
+/*
+ * The threads a parallel region asks for: OpenMP's count for the calling
+ * thread (OMP_NUM_THREADS, omp_set_num_threads), at most the CPUs online.
+ * libgomp ends the whole process when it cannot create a team's threads, so
+ * a count no machine holds (OMP_NUM_THREADS=60000) must never reach it: every
+ * region names this count (num_threads), and a table per thread is this long.
+ */
 static inline int max_threads(void) {
 #ifdef _OPENMP
-    return omp_get_max_threads();
+    int t = omp_get_max_threads();
+    return t < mk_cpu_online ? t : mk_cpu_online;
 #else
     return 1;
 #endif
@@ -90,7 +102,7 @@ static inline bool par(int64_t work) {
 #define CPU_FOR(COND, I, N, ...)                                                           \
     do {                                                                                   \
         if (COND) {                                                                        \
-            _Pragma("omp parallel for schedule(static)")                                   \
+            _Pragma("omp parallel for schedule(static) num_threads(max_threads())")        \
             for (int64_t I = 0; I < (N); I++) __VA_ARGS__                                  \
         } else {                                                                           \
             for (int64_t I = 0; I < (N); I++) __VA_ARGS__                                  \
@@ -99,7 +111,7 @@ static inline bool par(int64_t work) {
 #define CPU_REGION(COND, ...)                                                              \
     do {                                                                                   \
         if (COND) {                                                                        \
-            _Pragma("omp parallel") __VA_ARGS__                                            \
+            _Pragma("omp parallel num_threads(max_threads())") __VA_ARGS__                 \
         } else {                                                                           \
             __VA_ARGS__                                                                    \
         }                                                                                  \

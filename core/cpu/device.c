@@ -6,11 +6,14 @@
  */
 #include "cpu.h"
 
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+int mk_cpu_online = 1;
 
 /* cpu.h's par() reads it; cpu_evaluate sets it per launch. */
 _Thread_local bool mk_cpu_may_fork __attribute__((tls_model("local-dynamic"))) = true;
@@ -50,6 +53,8 @@ static int by_value(const void *x, const void *y) {
 }
 
 static void cpu_calibrate(void) {
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    mk_cpu_online = cpus > 1 ? (cpus < INT_MAX ? (int)cpus : INT_MAX) : 1;
     const char *rule = getenv("MK_CPU_FORK");
     cpu_cost.rule = !rule ? 0 : !strcmp(rule, "always") ? 1 : !strcmp(rule, "never") ? -1 : 0;
     long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
@@ -60,7 +65,7 @@ static void cpu_calibrate(void) {
     double t[15];
     for (int r = 0; r < 18; r++) {
         double t0 = mk_now_ms();
-#pragma omp parallel
+#pragma omp parallel num_threads(max_threads())
         {
             (void)thread_index();
         }
