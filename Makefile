@@ -29,7 +29,7 @@ OPENMP   ?= -fopenmp
 CFLAGS   += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fPIC $(OPENMP) \
             -fvisibility=hidden -DMK_BUILDING -Icore $(SAN)
 # -ldl -pthread: plugin.c opens the CUDA plugin once (dlopen, pthread_once), and
-# cpu.c OpenBLAS (at the compile of the first model with a lone product)
+# cpu/matmul.c OpenBLAS (at the compile of the first model with a lone product)
 LDLIBS   += -lm $(OPENMP) -ldl -pthread $(SAN)
 LUA      ?= lua5.4
 LUA_INCDIR ?= $(firstword $(wildcard /usr/include/lua5.4) /usr/include)
@@ -48,7 +48,8 @@ ifneq ($(CUDA),1)
 CUDNN    := 0
 endif
 
-CORE_SRC := $(wildcard core/*.c)
+# core/cpu/: the CPU device, its files sharing core/cpu/*.h.
+CORE_SRC := $(wildcard core/*.c core/cpu/*.c)
 CORE_H   := $(wildcard core/*.h)
 CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/%.o)
 
@@ -101,6 +102,7 @@ endif
 $(BUILD)/core/%.o: core/%.c core/moonkaas.h $(CORE_H) $(STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
+$(filter $(BUILD)/core/cpu/%,$(CORE_OBJ)): $(wildcard core/cpu/*.h)
 
 # The build directory is the plugin's last-but-one place to look (core/plugin.c).
 $(BUILD)/core/plugin.o: CFLAGS += -DMK_CUDA_PLUGIN_DIR='"$(abspath $(BUILD))"'

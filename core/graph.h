@@ -8,7 +8,7 @@
  *              (group_pointwise.c, product.c, gather.c, fusion.c), verify
  *   planner.c  offsets in one arena (passes.h)
  *   model.c    compile (plan, allocate, bind launches) and evaluate, on a device (device.h)
- *   cpu.c      the CPU device; kernels/ the CUDA device plugin, opened by plugin.c
+ *   cpu/       the CPU device; kernels/ the CUDA device plugin, opened by plugin.c
  * Shared by all: ops.c (the op table: the only file that knows an op), tensor.c
  * (dtypes, shapes, strides, the strided walk, fault messages), expr.c
  * (pointwise expressions, expr.h), group.c (the group record, group.h),

@@ -171,7 +171,15 @@ MK_API void mk_context_cancel(mk_context *);
  *   - Errors are per call: the thread that gets one owns it and may pass it on.
  *
  * CPU evaluation runs its own OpenMP and OpenBLAS threads inside each call;
- * several host threads evaluating at once share the machine's cores.
+ * several host threads evaluating at once share the machine's cores. Its
+ * parallel regions ask for OpenMP's thread count of the calling thread
+ * (OMP_NUM_THREADS, omp_set_num_threads) but never more than the CPUs online
+ * (sysconf(_SC_NPROCESSORS_ONLN)): libgomp ends the process when it cannot
+ * create a team's threads, so OMP_NUM_THREADS=60000 runs with one thread per
+ * CPU instead (OpenBLAS caps its own threads the same way). A system that
+ * refuses even those threads (a process or cgroup limit below the CPU count)
+ * still meets libgomp's exit: OpenMP has no way to report it; set
+ * OMP_NUM_THREADS within the limit there.
  */
 
 /* ---- compiling ---------------------------------------------------------- */

@@ -6,7 +6,7 @@
  * strided, scratch, and the kernel family each device looks up.
  *
  * Adding a pointwise op is adding a row with its expression: every device runs
- * expressions (cpu.c over tiles, kernels/pointwise.cu per element) and the Lua
+ * expressions (core/cpu/ops.c over tiles, kernels/pointwise.cu per element) and the Lua
  * binding makes its method from the row. Other ops add a kernel family
  * (MK_KERNELS in graph.h) and a kernel per device.
  */

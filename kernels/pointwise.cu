@@ -41,7 +41,7 @@
 
 /* ---- the expression program ---------------------------------------------- */
 
-/* What each operation means per dtype: the CPU's meaning (core/cpu.c). */
+/* What each operation means per dtype: the CPU's meaning (core/cpu/ops.c). */
 struct f32_ops {
     static __device__ __forceinline__ float neg(float x) { return -x; }
     static __device__ __forceinline__ float add(float x, float y) { return __fadd_rn(x, y); }

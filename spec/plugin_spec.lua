@@ -87,8 +87,8 @@ print("cuda_error=" .. (compiled and "" or tostring(err):gsub("\n", " ")))
 print("mapped_after_cuda=" .. mapped())
 print("cpu_error_after=" .. mlp_error())
 -- OpenBLAS: not mapped while every product runs in a group (the MLP above)
--- or has few rows (up to 64: cpu.c's CPU_FEW_ROWS, as a short prompt's); a product
--- of more rows needs it
+-- or has few rows (up to 64: CPU_FEW_ROWS in core/cpu/matmul.c, as a short
+-- prompt's); a product of more rows needs it
 local function blas_mapped()
     return assert(io.open("/proc/self/maps")):read("a"):find("libopenblas", 1, true) and "yes" or "no"
 end

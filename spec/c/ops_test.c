@@ -2,7 +2,7 @@
  * ops_test.c — every op on the CPU device, through the public API only: a
  * script is written, compiled with random constants and evaluated with random
  * inputs, and the output is compared with a plain double-precision loop
- * written here, independently of core/cpu.c.
+ * written here, independently of core/cpu/.
  *
  * Values are uniform and never zero; shapes are random; the seed is printed
  * (replay with MK_SEED=...). float32 results must satisfy
