@@ -16,15 +16,8 @@
  * weights' loads, A's staging and the RmsNorm's terms, the MMA, the ArgMax's
  * keys and last block) is real CUDA in kernels/skeletons/.
  *
- * Long because it is one skeleton whose parts all write into the same warp
- * layout (its C columns, slice, lane, step k) and its registers: the weight
- * loads per dtype, preloads, prefetch and staging before the sums, the two
- * step forms, the slices' reduction and the epilogues after. The int8 grid
- * (put_grid_copy, put_grid_step) and the tensor-core form, which shares the
- * staging, the epilogues and the ArgMax blocks, are the parts that could move
- * out if they grow. A third of its lines are comments, most of them the
- * measurements of forms tried and not kept, beside the code they concern; the
- * device code it pastes unchanged is already out, in kernels/skeletons/.
+ * Why each width, count and form was chosen, with the figures and the forms
+ * tried and not kept: doc/performance.md, "Matrix–vector groups".
  */
 #include "cuda_device.h"
 #include "skeletons.h"
@@ -58,11 +51,7 @@ static void put_offset(mk_strbuf *b, const char *var, const char *e, const mk_te
  *
  * Weights are read once a step, so they load evict-first (__ldcs, ld.global.cs):
  * streaming them through L2 then leaves there what is read again, the
- * kernels' code, the caches' rows and the activations. On the H200 at 5548bef
- * (tok/s, plain loads to evict-first): stories110M 4,475 / 4,485 to 4,555 /
- * 4,572, in bfloat16 5,151 to 5,309, in int8 4,907 to 5,026; stories15M
- * 12,150 to 13,035; MK_CUDA_TIMELINE put 110M's attention at 4.6 us after its
- * wait, against 5.3.
+ * kernels' code, the caches' rows and the activations.
  */
 static const char *weight_ctype(mk_dtype d) {
     switch (d) {
@@ -117,39 +106,12 @@ static long long weight_element_bytes(const mk_product_group *pg) {
  * to read the weights at full bandwidth when the columns are few (a layer's
  * [768, 768] has 384 pairs, 132 SMs want thousands of warps), none idle: a
  * launch aims for 3,072 warps per byte of weight element, at most 8,192.
- * Measured on the H200 with Llama-2-7B (tok/s at targets 3,072 / 4,096 /
- * 6,144 / 8,192 warps, whatever the dtype): int8 327 / 326 / 296 / 308,
- * bfloat16 - / 229 / 248 / 242; stories110M and 15M split alike at each.
- * Again at 67208a0 (H200, bfloat16, 2 runs each): targets of 1,536 / 2,048 /
- * 3,072 / 4,096 warps a byte gave 272.2 / 272.8 / 271.9 and 272.1 / 267.8.
- * A slice's step here is 128 float32 elements whatever the dtype, so where k
- * is short a narrower dtype's last slices may have no step at all (stories
- * 110M's q/k/v: k = 768 is 3 steps of 256 in bfloat16, 4 slices). Counting
- * the dtype's own step (16 bytes a lane) leaves none idle, but it was slower
- * on the H200 at eab74b9: stories110M bfloat16 5,107 / 5,127 to 4,925 tok/s,
- * int8 4,869 / 4,833 to 4,024; stories15M bfloat16 13,088 / 13,033 to 11,763.
- * Nor fewer warps, so that stories110M's q/k/v blocks (576, whose last 48
- * start about 2 us after their wait under MK_CUDA_TIMELINE) fit beside w2's:
- * targets of 2,048 / 1,536 warps (q/k/v and w1 / w3 at 2 slices) gave
- * 4,643 and 4,681 / 4,583 tok/s against 4,645 / 4,606, in bfloat16 5,231
- * against 5,420 (H200, 75f6300).
+ * A slice's step here is 128 float32 elements whatever the dtype (counting
+ * the dtype's own step was slower).
  *
  * An int8 launch of 4 columns a warp that would take 2 slices takes 3, in
- * blocks of 12 warps (block_warps): Llama-2-7B's wo and w2, whose 256 blocks
- * of 8 warps had left 16 warps an SM (2 blocks), now have 24 in as many
- * blocks, in one wave. MK_CUDA_TIMELINE had them stream at 2.6 and 3.2 TB/s
- * against q/k/v's 3.7 (24 warps an SM). On the H200 at 9c49fbd (one call,
- * alternating, bench_llama2 --7b --precision q8), Llama-2-7B went from 431.4
- * / 433.1 / 432.5 tok/s to 454.9 / 453.2 / 455.6; in blocks of 6 warps (512
- * blocks, 4 an SM) to 416.7 / 414.7 / 416.4. Not for 2-byte weights (in
- * the next call, against the same): 3 slices for every 4-column launch of 2
- * (stories15M's q/k/v and wo, k = 288) took stories15M in bfloat16 from
- * 14,090 / 13,871 to 13,958 / 13,803; 3 for stories110M's (k = 768, 3
- * bfloat16 steps, at 4 slices one idle) from 6,136 / 6,103 to 6,028 / 6,009.
- * Nor 3 slices for bfloat16's wo and w2 in Llama-2-7B (a pair a warp, 4
- * slices: 1,024 blocks, 2.6 waves; at 3, 512 blocks of 12 warps, 1.9): on
- * the H200 at 08c6696 (one call, alternating), 281.2 / 282.7 tok/s to 281.0
- * / 281.4.
+ * blocks of 12 warps (block_warps), so that Llama-2-7B's wo and w2 fill the
+ * SMs in one wave; not for 2-byte weights, where it lost.
  */
 static int warp_columns(const mk_launch *l, const mk_product_group *pg);
 
@@ -164,17 +126,7 @@ static int product_slices(const mk_launch *l, const mk_product_group *pg) {
     return W;
 }
 
-/* Warps of a block. On the H200 at eab74b9, 16 and 32 warps a block for the
- * groups with k >= 4,096 (A staged once a block, for twice or four times the
- * column pairs) took Llama-2-7B in bfloat16 from 270.4 to 254.6 and 264.5
- * tok/s, in int8 from 368.4 to 343.7 (16); 16 a block everywhere took
- * stories110M from 4,392 to 4,148. Fewer for w1 / w3 alone, so that its
- * 5,504 warps fill whole waves (7 a block: 787 blocks, 1.99 waves of 3 an SM,
- * against 688 in 1.74), on the H200 at ce3f9a3 (one call, alternating): int8
- * 419.8 / 419.8 against 416.4 / 417.6 / 417.0, 5 or 6 a block 411.7 / 410.9
- * and 410.9; bfloat16 283.0 / 282.4 against 281.9 / 282.9 / 282.0. Not kept:
- * 0.7 % in int8 alone, and a block fitted to whole waves needs the device's
- * SMs and the kernel's registers, which the source does not know. */
+/* Warps of a block: more (16, 32) or fewer lost (doc/performance.md). */
 #define MK_MV_WARPS 8
 
 /* Warps a block where W warps take a group of columns, a slice of k each
@@ -214,20 +166,7 @@ static void put_argmax_blocks(mk_strbuf *b, const mk_product_group *pg, long lon
  * (local to o), before the wait for the launches before: a 128-byte line per
  * lane, the first lines of each column, as many as MK_PREFETCH_BYTES spread
  * over all the launch's columns allow. What a launch sends ahead has to stay
- * in L2 until its warps read it: measured on the H200, sending every column
- * whole took Llama-2-7B from 315 to 275 tok/s in int8 and from 240 to 198 in
- * bfloat16 (the first wave's columns outgrow L2 and are read twice), and
- * stories110M in float32 from 3,008 (512 bytes a column) to 2,788. 4 MB in
- * place of 2 at 67208a0: Llama-2-7B bfloat16 272.1 against 271.9 / 272.1.
- * More at 6e22c9b (H200): 12 and 24 MB gave Llama-2-7B bfloat16 264.8 and
- * 257.4 against 269.5 / 268.6, int8 336.1 (24 MB) against 367.0; 16 MB gave
- * stories110M 4,409 against 4,402.
- * Nor 24 MB where A is an attention group's result (whose launch reads no
- * weights, so that memory idles while it runs; Llama-2-7B int8's wo whole,
- * 17 MB): on the H200 at fbee6b2 (one call, alternating), Llama-2-7B int8
- * went from 425.4 / 426.4 to 417.0 / 418.1 tok/s, stories15M from 13,531 /
- * 13,481 to 13,604 / 13,739, stories110M 5,058 to 5,067 (bfloat16 5,883 to
- * 5,878).
+ * in L2 until its warps read it: more than 2 MB lost.
  */
 #define MK_PREFETCH_BYTES (2LL << 20)
 
@@ -508,13 +447,7 @@ static int most_products(const mk_product_group *pg) {
  *
  * 16 bytes of a narrower dtype (E > 4) stay raw until the step's math
  * (preload_raw) unless the lane's steps all fit widened: widened at the load,
- * int8 took 4 times the registers (stories110M in int8 went from 4,326 to
- * 3,998 tok/s); raw, Llama-2-7B went from 258 to 265 tok/s in bfloat16 and
- * from 308 to 332 in int8, stories110M from 4,430 to 4,880 in int8, but 1 %
- * slower in bfloat16, whose steps fit widened.
- * Measured on the H200 (tok/s at 16 / 32 / 64 floats): Llama-2-7B bfloat16
- * 251 / 265 / 257, stories15M float32 about 10,000 / 10,200 / 10,200; at
- * 67208a0, 64 floats: Llama-2-7B bfloat16 264.0 against 271.9 / 272.1.
+ * int8 took 4 times the registers. 32 floats beat 16 and 64.
  */
 #define MK_PRELOAD_FLOATS 32
 
@@ -577,77 +510,8 @@ static int preload_steps(const mk_launch *l, const mk_product_group *pg, int C, 
  * before its own math, which is 3 instructions a weight (widen, less the
  * offset, multiply-add), so that a warp has loads in flight while it
  * computes; the loop is not unrolled (the registers of one step ahead are all
- * it holds). Measured on the H200, Llama-2-7B in int8: 332 tok/s as the
- * other dtypes (loads at the step, unrolled by 4, where the compiler loads
- * one step at a time), 361 a step ahead, 337 two steps ahead (97 registers),
- * 311 three, 357 two only where results read one product (q/k/v, wo, w2);
- * 346 a step ahead unrolled by 4. Not for bfloat16 (265 before,
- * 256 a step ahead: a third of int8's math a byte) nor on the int8 grid
- * (W8A8, whose DP4As are less math a byte still): on the H200 at 20fc405 (one
- * call, alternating), a step ahead there took Llama-2-7B -q q8a8 from 351.4 /
- * 351.5 tok/s to 353.1 / 351.9, stories110M from 3,576 to 3,584 and
- * stories15M from 8,910 to 8,785.
- * Nor helped, on an H100 (not yet measured on the H200): bfloat16's loop
- * loading 2 or 4 steps' raw weights together before their math, in place of
- * the loop unrolled by 4 (Llama-2-7B 201.4 / 201.6 tok/s before; 2 steps
- * where results read one product 201.8, 4 steps 201.4, 2 everywhere 201.7);
- * stories110M in float32 and bfloat16 alike, within noise.
- * A microbenchmark of Llama-2-7B's int8 q/k/v shape alone (H200, at eab74b9,
- * 4 copies of the weights past L2, x staged as here): a step ahead streams at
- * 2.13 TB/s (63 registers, 4 blocks an SM); a cp.async ring of 2 / 3 / 4
- * steps a warp in shared memory, 2.26 / 2.17 / 2.10; 2 steps ahead at 40
- * registers (6 blocks an SM), 2.69; the same loop without the widening math,
- * 3.2. So the int8 launch is held by its math and its warps an SM, not by
- * its bytes in flight; the generated q/k/v takes 78 registers (3 blocks).
- * Yet fewer registers through fewer preloads lost (H200, at 49997a7, int8):
- * MK_PRELOAD_FLOATS 10 / 20 for int8 (78 / 62 / 80 / 63 / 64 registers for
- * q/k/v, wo, w1 / w3, w2, the classifier became 64 / 48 / 80 / 48 / 56 at
- * 10) took Llama-2-7B from 369.6 / 369.1 to 333.1 / 345.0 tok/s, and with
- * __launch_bounds__(256, 4) (64 registers at most, no spills) to 357.1 /
- * 355.3; stories110M 4,834 to 4,838 (10) and 4,718 (20, 4 blocks). Nor on
- * w1 / w3 alone (80 registers, 688 blocks: 1.74 waves of 3 blocks an SM;
- * H200, d3b2779, one call): __launch_bounds__(256, 4) (64 registers, no
- * spills) took Llama-2-7B from 404.1 / 401.4 to 386.2 / 385.0 tok/s, k in 2
- * slices to 396.4, both to 400.8. Nor in
- * bfloat16 (H200, at 1fcc590; q/k/v and w1 / w3 at 70 and 76 registers, 3
- * blocks an SM): __launch_bounds__(256, 4) took Llama-2-7B from 275.4 /
- * 273.4 / 275.2 to 264.5 / 263.5 tok/s (222.3 at 5 blocks), stories110M from
- * 5,786 / 5,890 to 5,550 / 5,494. Nor __launch_bounds__(256, 3) on
- * bfloat16's w1 / w3 alone, now at 84 registers (2 blocks an SM; at 80, 3,
- * with 80 bytes spilled): on the H200 at 08c6696 (one call, alternating),
- * Llama-2-7B went from 281.2 / 282.7 to 277.1 / 277.2.
- * Nor, for bfloat16, feeding warps by bulk copies (cp.async.bulk into a ring
- * of S chunks of C rows a warp, mbarrier waits; persistent warps walking
- * their column pairs): a microbenchmark of Llama-2-7B's shapes alone on the
- * H200 (4 copies of the weights past L2, 40 launches) streamed q/k/v at 3.44
- * to 3.64 TB/s against 3.79 in this kernel's form, w1 / w3 3.65 to 3.93
- * against 3.99, w2 3.34 against 3.56 (C 256 to 2,048, S 3 to 16, 4 or 8
- * warps a block, 1 or 2 blocks an SM); only wo, at 4,096 columns, went from
- * 2.47 to 2.87 (the model's wo splits k in 4 slices). MK_CUDA_TIMELINE puts
- * the model's q/k/v at the same 3.8 TB/s: what Llama-2-7B loses to the
- * bandwidth is each launch's start and end, not its stream.
- * Nor, in int8, more bytes in flight without registers: each step sending
- * the lines of the step 2 or 4 ahead to L2 (prefetch.global.L2 from one lane
- * in 8) took Llama-2-7B from 405.8 / 405.0 to 394.2 / 382.9 tok/s (H200, at
- * 99c9460, one call).
- * Nor less math through DP4A: where A is one staged row (Llama-2-7B's wo,
- * w1 / w3 and w2), A staged as the tensor-core form's digits (put_digit_copy)
- * and a lane's 16 weights of a column taken in 16 DP4As, the digits' sums
- * weighed by 2^-8n (about 58 instructions per 32 weights a step against 107).
- * On the H200 at ce3f9a3 (one call, alternating), Llama-2-7B int8 went from
- * 420.4 / 420.2 / 420.3 to 361.5 / 360.5 tok/s (w1 / w3 at 80 registers and 56
- * bytes spilled under __launch_bounds__(256, 3)), 360.6 / 357.6 without the
- * bound (94 registers, 2 blocks an SM). With the digit copy replaced by a
- * plain copy of A's bits (wrong sums: a bound on the loop alone), 382.0 /
- * 383.3 against 415.4 / 415.0 / 416.7 in the next call: each block making the
- * digits of the whole A costs wo's and w2's short blocks much, and the DP4A
- * loop is slower than this one even without it (lowp_test passed; the patch
- * is not kept).
- * Nor two steps ahead where a warp takes 4 columns (warp_columns) and a lane
- * has more than 8 steps (w2's 11; 80 registers, 3 blocks an SM), though alone
- * w2 streamed at 13.4 us against 14.8 a step ahead (98 registers, 2 blocks an
- * SM): on the H200 at 2395c22 (one call, alternating), Llama-2-7B int8 went
- * from 427.2 / 427.9 to 424.6 / 426.3 tok/s (lowp_test passed).
+ * it holds). Not for bfloat16 (a third of int8's math a byte) nor on the int8
+ * grid (W8A8, less math still): it helps only where the math hides the loads.
  */
 static bool loads_ahead(const mk_product_group *pg, int E) { return E == 16 && !pg->a8_group; }
 
@@ -904,17 +768,8 @@ static int weights_per_load(const mk_launch *l, const mk_product_group *pg) {
 /* A block holds A in shared memory where A's bytes fit under the 48 KiB of
  * static shared memory (with room for the slices' sums and ArgMax keys;
  * Llama-2-7B's [1, 11008] fits) and the launch reads enough weights that
- * the copy's barrier is a small part of it: on the H200, stories110M's
- * launches (at most 2 MB of bfloat16 a layer) were 4 % slower staged,
- * Llama-2-7B's (16 MB and more) 5 % faster in bfloat16 and 10 % in int8.
- * Nor a larger shared-memory carveout (cudaFuncAttributePreferredShared-
- * MemoryCarveout 100, so that four of w2's blocks of 44 KB fit an SM beside
- * an L1 of 28 KB): on the H200 at 1b4afc7, Llama-2-7B in int8 went from
- * 393.5 to 359.5 tok/s with it on the kernels staging more than 32 KB (w2)
- * alone, 391.2 to 360.6 on every kernel; bfloat16 274.6 to 263.9 (w2 at 2
- * slices, 265.5), stories110M in bfloat16 5,908 to 5,709. The occupancy API
- * gives w2 (62 registers) 4 blocks an SM either way; MK_CUDA_TIMELINE's raw
- * stamps saw at most 396 of its 512 blocks at once (3 an SM) either way. */
+ * the copy's barrier is a small part of it (8 MB: stories110M's launches were
+ * slower staged, Llama-2-7B's faster). */
 #define MK_STAGE_BYTES (44 * 1024)
 #define MK_STAGE_MIN_WEIGHTS (8LL << 20)
 
@@ -936,22 +791,8 @@ static long long weight_bytes(const mk_launch *l, const mk_product_group *pg) {
  * than MK_STAGE_WHOLE steps, as w2's [1, 11008], or for 8-bit weights, as
  * int8's wo) loads them all at once (44 registers at most: MK_STAGE_BYTES),
  * its launch preloading one step of weights to make room (preload_steps);
- * else MK_STAGE_BATCH where the weights are 16-bit floats, else 1.
- * Measured on the H200 against 1b4afc7 (bench_llama2 --7b, one run each,
- * same call): bfloat16 at 4 a batch 278.5 / 278.2 / 278.3 tok/s against
- * 275.2 / 274.7 / 273.3, at 2 a batch 266.6 / 266.4. In int8, 2 a batch (the
- * tensor-core form's digit copy too) 395.1 / 393.6 against 393.8 / 393.6, 4
- * a batch 375.2: w2 went from 62 to 70 registers, 3 blocks an SM. At
- * a98edba, int8's w2 alone (P steps preloaded, U a batch): P 3 U 1 (then)
- * 394.6 / 394.4, P 1 U 11 (now) 401.1 / 400.7, P 2 U 4 397.4, P 2 U 6 397.6,
- * P 2 U 2 396.5; P 1 U 4 346.8 and U 6 350.2 at 48 registers, which let 5
- * blocks an SM take w2's 512, leaving 29 SMs idle. At 9ca5f6e, int8's wo
- * (4 steps) whole: 407.2 / 404.6 against 402.3 / 399.8 (2 a batch, 403.6;
- * 4 a batch with the preloads as they were, 65 registers, 3 blocks an SM).
- * At 260b377, int8's w1 / w3 (a norm, 4 steps) all at once, 80 registers as
- * before: 415.0 / 415.4 / 415.2 against 417.7 / 417.7 / 416.1. Not measured
- * in float32, where 4 a batch takes wo from 64 to 74 registers and w1 / w3
- * from 73 to 88 (ptxas, sm_90).
+ * else MK_STAGE_BATCH where the weights are 16-bit floats, else 1 (more a
+ * batch cost int8 and float32 registers, and blocks an SM).
  */
 #define MK_STAGE_BATCH 4
 
@@ -1099,66 +940,9 @@ static void put_staging(mk_strbuf *b, const mk_product_group *pg, int E, int W, 
  * then run the epilogue of a column pair each (put_epilogue). The first
  * step's weights are loaded before the wait where they are constants.
  *
- * Measured on the H200 against 0830b77 (bench_llama2 --precision q8, one
- * call each): Llama-2-7B 376.2 to 393.4 tok/s, then 376.5 to 391.7;
- * stories110M (its classifier alone takes this form) 5,442 to 5,479.
- * MK_CUDA_TIMELINE: a layer's q/k/v from 21.4 to 23.5 us to 18.1 to 19.6, the
- * classifier from 56.6 to 53.8. Not for results of two products (w1 / w3,
- * SiLU(x W1^T) * x W3^T; a warp a product's slice): 29.7 us against 28 in
- * the int8 form, Llama-2-7B 378.5 tok/s with them, 367.9 at 4 slices.
- * Measured alone (a microbenchmark of Llama-2-7B's int8 shapes, 4 copies of
- * the weights past L2, launches back to back): q/k/v (12,288 x 4,096) 27.0
- * us in the int8 form, 18.9 here (4 slices); 22,016 x 4,096 40.7 against
- * 29.8 (2 slices); but w2 (4,096 x 11,008) 20.6 against 24.7 at best and wo
- * (4,096 x 4,096) 9.3 against 11.5: 256 tiles of 16 columns are too few
- * warps (hence MK_TC_COLUMNS). Loading 16 bytes of a column a lane (64 of k
- * a step) gave 2.1 TB/s for q/k/v, 64 bytes 2.2; 8 columns a warp (the
- * weights as the MMA's B) 2.6.
- * Still the faster at 3f652ed (H200, one call), though the int8 form has
- * gained since: without this form Llama-2-7B went from 402.3 / 402.1 to
- * 383.2 / 384.2 tok/s (q/k/v alone 385.3, the classifier alone 401.7), and
- * MK_CUDA_TIMELINE put a layer's q/k/v at 23.6 us against 19.8, the
- * classifier at 58.9 against 51.4.
- * Nor, on the H200 at 99c9460 (Llama-2-7B int8, one call each, base 405.8
- * / 405.0 then 404.8 / 404.9 then 405.8 / 404.0 tok/s):
- *   - each load 64 contiguous bytes of a column (lane t the bytes 16 t ..
- *     and 64 + 16 t ..), so that an MMA's k lie in one 64 and each 8 bytes
- *     take one MMA, not two (half the MMAs; q/k/v at 78 registers without
- *     spills, against 80 with 8 bytes spilled): 396.6 / 394.0. A lane's 32
- *     contiguous bytes, each load touching all four sectors of its lines,
- *     stream faster;
- *   - sending later steps' lines to L2 (prefetch.global.L2, no registers):
- *     2 or 4 steps ahead in the loop, 402.3 / 394.3; steps 2 and 3 before
- *     the wait, 402.2;
- *   - the classifier at 4 blocks an SM (64 registers, no spills: its 500
- *     blocks in 0.95 waves, not 1.26): 407.1 / 405.2, within a call's
- *     noise, and the blocks an SM hold depend on the device, which the
- *     source does not know.
- * Nor, on the H200 at f2bb78f (base 416.6 / 416.8 tok/s in the same
- * call): each warp's steps through a ring of S slots in shared memory by
- * cp.async (the scales too; 52 KiB of dynamic shared memory a block, still
- * 3 blocks an SM, 70 registers), S - 1 steps in flight against one now. With a lane
- * copying the 32 bytes it reads, 333 tok/s (S = 2, 3, 4: 343, 333, 338);
- * with 8 lanes copying a column's 128 bytes (whole lines), 395.1 at S = 2,
- * 378.9 / 378.3 at S = 3, 382.8 at S = 4. More steps in flight made it
- * slower, so this form is not waiting on its loads' latency alone.
- * Still too few warps for wo and w2 (4,096 columns, 8 slices) after the
- * digit copy's batching: on the H200 at 3bf2fa8 (one call), MK_TC_COLUMNS
- * at 4,096 took Llama-2-7B int8 from 416.2 / 417.4 to 400.8 / 401.7 tok/s,
- * and w2 alone in this form to 402.6.
- * Nor slices interleaved by step (warp s of a tile taking steps s, s + W,
- * s + 2W, ..., so that a tile's W warps read W x 128 contiguous bytes of each
- * of their 16 rows at once, as the int8 form's slices do; same registers): on
- * the H200 at ce3f9a3 (one call, alternating), 419.2 / 421.1 tok/s against
- * 420.4 / 420.2 / 420.3, within the noise.
- * Since warps took 4 columns (warp_columns), that form is the faster where k
- * is a multiple of 512 (a warp's step: 32 lanes of 16 bytes, none idle): on
- * the H200 at 5d73ddd (one call, alternating), Llama-2-7B int8 with its
- * q/k/v and classifier (k = 4,096) in it went from 427.8 / 429.9 to 435.9 /
- * 435.1 tok/s. Not stories110M's classifier (k = 768, a warp's second step
- * half idle): with it in 4 columns, not here, stories110M int8 went from
- * 5,476 / 5,488 to 5,417 / 5,421 (next call; its other launches in 4 columns
- * too, in both). Hence k not a multiple of 512 here.
+ * Faster than the int8 form for Llama-2-7B's q/k/v and stories110M's
+ * classifier; too few warps below MK_TC_COLUMNS; where k is a multiple of 512
+ * the 4-column int8 form (warp_columns) is faster, hence not there.
  */
 #define MK_TC_COLUMNS 8192 /* the fewest columns a launch in this form has */
 #define MK_TC_WARPS 2048   /* warps a launch aims for, splitting k */
@@ -1188,14 +972,7 @@ static int tc_slices(const mk_launch *l, const mk_product_group *pg) {
  * sF (mk_digits4, skeletons/staging.cuh): half a warp a 64, a float4 a lane
  * (tc_slices: A and the norm's weight are 16-byte aligned), each digit's four
  * bytes stored as one word; a warp loads MK_DIGIT_BATCH 64s before it stores
- * any. A warp a 64 (two elements a lane, a byte a digit, one 64's loads at a
- * time: eight trips to L2 in a row for [1, 4096]) held up every launch in
- * this form: on the H200 against 279ef91 (one call, alternating), Llama-2-7B
- * in int8 went from 402.5 / 404.5 to 414.7 / 417.5 tok/s, stories110M (its
- * classifier) from 5,517 / 5,520 to 5,555 / 5,551; the digits are the same.
- * What is left of its cost is small: with the digits replaced by a plain copy
- * of A's bits (wrong sums, a bound), Llama-2-7B went from 415.4 / 415.0 /
- * 416.7 to 418.5 / 418.3 (H200, ce3f9a3, one call). */
+ * any, so that a warp does not wait on L2 once per 64. */
 #define MK_DIGIT_BATCH 4
 static void put_digit_copy(mk_strbuf *b, const mk_product_group *pg) {
     long long K = (long long)pg->k, Q = K / 64; /* Q is even: k is a multiple of 128 */
@@ -1387,40 +1164,8 @@ static bool staged_a(const mk_launch *l, const mk_product_group *pg) {
  * 4 columns' weights a lane and reads A's values once for 4 columns, not
  * 2; the launch has half the warps (W slices each as before: product_slices
  * counts pairs) and half the blocks, each staging A once.
- * Measured alone (a microbenchmark of Llama-2-7B's int8 shapes on the H200,
- * 4 copies of the weights past L2, launches back to back with PDL, a
- * hand-written kernel of this form against the generated one with a pair a
- * warp): wo (4,096 x 4,096) 6.65 against 7.64 us, w2 (4,096 x 11,008) 14.8
- * against 16.6; 8 columns a warp (127 registers) 7.45 and 17.8; w1 / w3 (two
- * products, 8 rows a warp at 4 columns, 128 registers) 26.8 against 25.9.
- * In the model (H200, bench_llama2 --7b --precision q8, one call, alternating
- * with the pair form; wo at 71 registers and w2 at 79, 3 blocks an SM):
- * Llama-2-7B 427.2 / 428.6 tok/s against 420.7 / 418.7. stories15M's int8
- * classifier takes it too (k = 288 keeps it off the tensor cores): in the
- * next call, 13,435 / 13,513 tok/s against 13,295 / 13,247.
- * Which launches gain, measured in the model (H200, against 5d73ddd, each
- * comparison alternating in one call, tok/s). With 4 columns wherever a
- * result reads one product, bfloat16 gains where k is short (stories110M
- * 5,861 / 5,938 to 6,040 / 6,114; stories15M 13,308 / 13,625 to 14,015 /
- * 13,979, its q/k/v spilling 72 bytes) and loses where it is long
- * (Llama-2-7B, k of 4,096 and 11,008: 284.3 / 285.3 to 281.3 / 282.2); int8
- * loses where A is not staged (stories110M 5,557 / 5,513 to 5,476 / 5,488,
- * stories15M 13,819 / 13,595 to 12,830 / 12,838), float32 too (stories110M
- * 5,037 to 4,997, stories15M 13,955 to 13,100). Chosen by staging, not k
- * (bfloat16 in 4 columns only where A is not staged, the classifiers in
- * pairs), stories15M lost (13,696 / 13,660 to 13,307 / 13,339) and
- * stories110M gained less (5,886 / 5,915 to 5,983 / 6,022). As landed (k at
- * most 2,048): stories110M 5,872 / 5,921 to 6,069 / 6,126, stories15M
- * 13,701 / 13,780 to 14,152 / 13,976, in float16 13,659 to 14,023.
- * Nor stories110M's w2 (k = 2,048, bfloat16: 192 blocks, 0.29 waves,
- * MK_CUDA_TIMELINE 2.52 us a layer, against float32's 1.8 to 2.3 in pairs)
- * in pairs (k below 2,048 for 4 columns: 384 blocks): on the H200 at
- * 9805f9d (one call, alternating), 6,130 / 6,081 / 6,130 tok/s to 6,046 /
- * 6,118 / 6,061, w2 2.69 us a layer.
- * Nor, to fill a wave, twice the slices where an int8 launch in this form
- * has 2 (Llama-2-7B's wo and w2 at 4: 512 blocks each, wo at 60 registers
- * and 4 blocks an SM, w2 at 79 and 3): on the H200 at b25fb43 (one call,
- * alternating), 433.1 / 432.7 to 422.1 / 422.2 tok/s.
+ * Where the weights are int8 with A unstaged, or 2 bytes with a long k, or
+ * float32, pairs were faster.
  */
 static int warp_columns(const mk_launch *l, const mk_product_group *pg) {
     if (pg->m != 1 || pg->a8_group || most_products(pg) != 1 || tc_slices(l, pg)) return 2;

@@ -43,78 +43,19 @@
  * p is never stored: a phase that needs it again recomputes it from the
  * logits (row_probs), since the stores would hold up the next barrier.
  *
- * Long because it is one op's whole kernel: the cluster's phases, the plan
- * and the ranked or sorted list, and the radix selection the list falls back
- * to, which share the row's shared-memory layout (pick_shared), its block
- * scans and the keys (key_frame); split the radix selection into its own file
- * if a second op comes to need it. About an eighth of it is the measurements
- * below and beside the kernel (what was tried and why it was not kept), and
- * its MK_CUDA_TIMELINE stamps (struct stamps), which mirror the generated
- * kernels' (kernels/skeletons/fault.cuh) but for a 2-D grid, switched by a
- * template parameter and given their words by the host.
+ * MK_CUDA_TIMELINE's stamps (struct stamps) mirror the generated kernels'
+ * (kernels/skeletons/fault.cuh) but for a 2-D grid, switched by a template
+ * parameter and given their words by the host.
  *
  * Masses are fixed point (round(p x 2^31), summed in 64 bits), not run.c's
  * float32 sums in its order: the same on every run, and within about 1e-7 a
- * term (and a relative few 1e-6, the row's sum's) of exact sums. run.c's
- * float32 sums stray further on long rows, so a token may differ from run.c's
- * (and the CPU's) where the coin, or top-p's running sum, falls within
- * run.c's rounding of the boundary between two tokens: CUDA's is then the
- * exact sums' token. sample_spec's GPU case checks that, and met both: a row
- * of 513 logits of 3 values where run.c's running sum at the cut was
- * 0.970000803 against topp 0.970000029 (0.9699993 exact), the cut a
- * candidate later and the draw with it; and one of 70,000 where run.c's sum
- * of the exponentials was off by 3.2e-4 of itself, the cut 151 candidates
- * apart.
+ * term of exact sums. A token may then differ from run.c's (and the CPU's)
+ * where the coin, or top-p's running sum, falls within run.c's rounding of
+ * the boundary between two tokens: CUDA's is the exact sums' token
+ * (sample_spec's GPU case checks that).
  *
- * Where the time goes: clock64 in the lead's thread 0 (a patch, not kept), on
- * the H200 at 67208a0, stories15M's random rows at -t 1 -p 0.9 (flat: about
- * 32,000 candidates, lists of 60 to 250), mean cycles of 16 draws: the wait
- * 220, the loads and the block's max 2,200, its exp-sum 1,270, barrier 1
- * 1,300, the merge 480, p and the histogram 1,540, the bins' merge and
- * barrier 2 2,200, reading them 360, the plan 3,330, the gather 1,550,
- * barrier 3 (the last block's gather) 1,620, select_ranked 4,230, the rest
- * 830: 21,100 in all, against about 8 us between greedy and sampled decoding.
- * Again at 71a4802, each phase's cost in whole steps: a patch (not kept)
- * ended the kernel after a phase with a wrong token, so that the step lost
- * the phases after it; stories15M -t 1 -p 0.9 on the H200, tok/s in three
- * rounds (greedy 13,831 / 13,564 / 13,825): the whole sampler 12,123 /
- * 12,077 / 11,967, ended before the selection 12,466 / 12,525 / 12,832,
- * before the gather 12,777 / 12,865 / 13,020, before the plan 12,999 /
- * 12,984 / 12,989; in two rounds, before the histogram 13,780 / 13,630,
- * before barrier 1 14,023 / 13,799, after the loads 14,223 / 13,941. In us a
- * token: the selection 3.6, the gather and barrier 3 1.7, the plan 0.6, p,
- * the histogram, its merge and barrier 2 4.0, barrier 1 and the merge 1.1,
- * the max and sum 0.9: 11.9 past the loads, where within 5 % of greedy
- * leaves 5.6.
- * The lists were 32 to 287 candidates (mostly 64 to 160), the radix way never
- * taken. Nor is it the flat rows' long lists that cost most: the same model
- * with its rms_final weights 4 and 8 times larger (logits as much larger,
- * peaked rows, short lists), in one call, two rounds, read greedy 13,663 /
- * 13,945 and 13,982 / 13,727 tok/s, sampled 12,550 / 12,680 and 12,533 /
- * 12,859: 8.6 and 8.4 % slower, against 12 % for the random rows in that
- * call.
- * Gathering with one atomic a block (a block scan) in place of one a warp
- * moved barrier 3 not at all (1,616 / 1,588) and the gather from 1,550 to
- * 2,160; not kept. Nor phase 1 made by the classifier: the matrix-vector
- * launch whose only result the sampler reads wrote, beside the logits, each
- * block's max and sum of expf(x / t - max / t) at the sampler's temperature
- * (a barrier at each block's end), and every block of the sampler merged
- * those (2,000 pairs for a 32,000-way row) in place of its own reductions and
- * barrier 1. On the H200 at b1be62d (-t 1 -p 0.9, 256 tokens, one call),
- * stories110M went from 4,844 / 4,848 to 4,802 / 4,777 tok/s and stories15M
- * from 12,487 / 12,490 to 12,217 / 12,180; with the sampler ignoring the
- * statistics, 4,809 / 4,755 and 12,269 / 11,999: the classifier's blocks
- * lost more than the sampler saved. Nor, with HBM idle while the sampler
- * runs, its blocks sending the next step's first weights to L2
- * (prefetch.global.L2 of the constant weights of the launches before it, in
- * order, up to a budget): on the H200 at fd767c1 (-t 1 -p 0.9, one call,
- * two rounds), stories15M went from 12,247 / 12,519 to 10,975 / 11,109
- * tok/s with 24 MB sent by the blocks other than the lead as they leave,
- * 10,681 / 10,731 by every block after phase 1, and 10,249 / 10,165 with
- * 40 MB as they leave; stories110M from 4,821 / 4,798 to 4,684 / 4,633,
- * 4,630 / 4,608 and 4,436 / 4,422. Likely because the launch ends only once
- * every block has issued its share, and the next step waits for that
- * (a patch, not kept).
+ * Where the time goes, and the variants tried and not kept:
+ * doc/performance.md, "Sampler".
  */
 #include "cuda_device.h"
 #include "reduce.h"
@@ -126,9 +67,7 @@
 
 #include <math.h>
 
-/* Threads a block. 256 (8 held a thread, 152 registers) lost on the H200 at
- * ebcf7c0: stories15M -t 1 -p 0.9 12,248 / 12,407 / 12,400 tok/s against
- * 12,517 / 12,530 / 12,435, stories110M 4,784 against 4,834, in one call. */
+/* Threads a block: 256 lost (doc/performance.md). */
 #define THREADS 512
 #define WARPS (THREADS / 32)
 #define PER_THREAD 4   /* elements a thread takes, at least */
@@ -383,18 +322,8 @@ struct stamps {
  * memory, which it may only do once that block runs.
  *
  * The other barriers (cluster.sync) order the blocks' writes into each
- * other's shared memory, and cost: on sm_90 the arrive's release compiles to
- * MEMBAR.ALL.GPU (then ERRBAR, CGAERRBAR, UCGABAR_ARV), the wait to
- * UCGABAR_WAIT and CCTL.IVALL; fence.acq_rel.cluster and fence.release.cluster
- * before a relaxed arrive compile to the same MEMBAR.ALL.GPU (cuobjdump, CUDA
- * 13.0). Under ncu memory barriers take 1.5 of the 11.8 cycles a warp spends
- * per instruction issued (stories15M's random rows). What would avoid them:
- * the async proxy, st.async / red.async into the receiver's shared memory
- * with mbarrier::complete_tx, each block waiting on its own mbarrier for the
- * bytes it expects (known for the max and sum and for a fixed histogram
- * slice; the gather would send its count first). Not tried here; in the
- * attention's cluster combine (codegen.cu) it moved the launch from 4.12 to
- * 4.08 us a layer, tok/s within noise. */
+ * other's shared memory; their release costs a MEMBAR.ALL.GPU each
+ * (doc/performance.md, "Cluster barriers"). */
 static __device__ __forceinline__ void cluster_arrive() {
     asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
 }
@@ -669,19 +598,15 @@ static __device__ long long select_mult(pick_shared *sh, const row_probs &p, lon
  * running mass C in (T, T + the largest mass a candidate of b1 may have] and
  * in (A1, A1 + M1], b1's span, so the draw's target lies between draw_target
  * of the ends of both (it rises with the cut's mass); the bins of that span
- * and b1 are the ones to gather. (With A1 and M1 alone, a flat row's span
- * often reached a second bin: lists of about 130 candidates on average,
- * against 110 with the candidate's bound, stories15M at -t 1 -p 0.9.) Where
+ * and b1 are the ones to gather (the candidate's bound keeps a flat row's
+ * span from often reaching a second bin). Where
  * the cut takes every candidate, the draw's target is known and one bin does.
  * ranges 0: more candidates than the list holds, or none with mass. A block
  * plans from the row's histogram in its sh (every block the same plan); each
  * thread holds BINS / THREADS of its bins, top down, and where they start
  * (mass and count from the top, one scan); the thread whose bins hold a
  * target says so, the cut's first, then both of the draw's: three barriers in
- * all. 3,330 cycles on the H200 (stories15M's random rows, 16 draws' mean);
- * planned by the first warp alone (64 bins a lane, the lane holding a target
- * scanning its bins; no barrier) it took 12,000, and decoding lost 5 %: not
- * kept.
+ * all (planned by one warp without barriers was slower).
  */
 static __device__ void plan_gather(pick_shared *sh, float topp, float coin) {
     const int per = BINS / THREADS;
@@ -786,27 +711,7 @@ static __device__ long long cut_then_draw(const pick_shared *sh, float topp, flo
  * radix way. Two barriers. The masses fit 32 bits: the list's sum to at most
  * one probability (2^31) and a rounding each.
  *
- * Measured on the H200 (stories15M -t 1 -p 0.9, lists of about 100): this
- * form (at 71a4802 and after) reads 12,260 / 12,255 / 12,285 tok/s against
- * 12,232 / 12,234 / 12,306 for the one before, which counted every lanes-th
- * key a thread and added a group's counts by shared atomics (four barriers):
- * no faster, but simpler. One key a thread without lanes was no faster
- * either; nor batches looped without unrolling. clock64 in the lead put the
- * pass at about 3,800 cycles in every form, far more than its loads and
- * compares: under ncu (--per-token, one launch) the kernel's warps issue an
- * instruction every 11.8 cycles, stalled on fixed-latency dependencies
- * (2.6), barriers (2.1), memory barriers (1.5, the cluster barriers'
- * release) and shared loads (1.4); instruction fetch only 0.4.
- * Earlier, on the H200, cycles a call for m 64 / 100 / 150 / 256: 3,000 /
- * 4,800 / 8,900 / 12,500 where a warp reduction over part of a warp added the
- * groups' counts (a slow path), 2,500 / 3,200 / 5,400 / 8,800 with the
- * atomics. Nor placing only the candidates of the level-0 bin a target falls
- * in (the mass above it from the histogram; the draw's bin found by a warp's
- * scan of the plan's range): the list is the few bins the targets may fall
- * in, so a bin held most of it, and a thread a candidate passing over its bin
- * took longer than the lane groups. On the H200 at d3b2779 (stories15M -t 1
- * -p 0.9, two rounds in one call, the same text) 12,492 / 12,479 and 12,179 /
- * 12,239 tok/s went to 11,863 / 11,875 and 12,039 / 12,113.
+ * The simplest of the forms measured, and no slower (doc/performance.md).
  */
 static __device__ long long select_ranked(pick_shared *sh, int m, float topp, float coin) {
     const gather_plan *pl = &sh->plan;
@@ -851,11 +756,8 @@ static __device__ long long select_ranked(pick_shared *sh, int m, float topp, fl
  * (i / THREADS)-th, its partner within the warp by a shuffle, in another warp
  * through the list's room, else in the thread's own registers), then a block
  * scan of their masses (each from its key's p, as list_put's) for the mass
- * before each. Measured alone on an H100, cycles a call for m 256 / 512 /
- * 1,000 / 2,000: 6,700 / 8,400 / 21,500 / 27,600, against select_ranked's
- * 7,600 / 26,000 / 130,000 / 258,000 (4 candidates a thread past 512); for m
- * 64 / 173 it took 4,200 / 6,800 against 2,100 / 4,900 (its 20 to 36 passes
- * cost about 200 cycles each), which is why it only takes the long lists.
+ * before each. Faster than select_ranked past RANKED candidates, slower
+ * below (its passes' fixed cost).
  */
 template <int E>
 static __device__ long long select_sorted(pick_shared *sh, int m, float topp, float coin) {
@@ -978,12 +880,8 @@ static __device__ long long select_listed(pick_shared *sh, float topp, float coi
  * may still read its shared memory. HOLD: each thread holds its logits, then
  * their p, in registers from one load to the gather (a 32,000-way row: 8 a
  * thread), so that the phases wait on memory once; else each phase reads
- * them again. Its 112 registers a thread leave no room beside a block of
- * the classifier before it; capped (__maxnreg__) at 104 / 96 / 80 / 64, so
- * that the cluster might start while the classifier's last blocks run, the
- * H200 at 1fcc590 read stories15M -t 1 -p 0.9 at 12,166 / 12,506, 12,356 /
- * 12,302, 12,248 / 12,405 and 12,040 / 12,043 tok/s against 12,217 / 12,463,
- * stories110M 4,841 / 4,800 to 4,738 / 4,790 against 4,828 / 4,818: no gain.
+ * them again. Its registers are not capped: a cap that lets the cluster
+ * start beside the classifier's last blocks gained nothing.
  * STAMPED: with MK_CUDA_TIMELINE's stamps (tl), a kernel of its own, so that
  * the sampler without them is as it was (the stamps took 2 registers).
  */
@@ -1200,13 +1098,7 @@ static cudaError_t launch(const mk_cuda_state *s, unsigned rows, unsigned g, voi
 /* The most blocks a row's cluster may take with kernel: MAX_CLUSTER where
  * the device schedules clusters that wide (a non-portable size, which sm_90
  * offers; a 32,000-way row then spreads over 16 SMs, so each does half the
- * work of 8), else PORTABLE. Fewer blocks a row (fewer to wait for at each
- * cluster barrier) lost on the H200 at e6ab33c, stories15M -t 1 -p 0.9 in one
- * call, tok/s: 16 blocks 12,297 / 12,183, 8 12,271 / 12,224, 4 (not holding
- * the row in registers) 11,093 / 10,915, 4 holding 16 a thread 11,529 /
- * 11,805, 2 9,828 / 9,735; MK_CUDA_TIMELINE put the sampler at 10.6 / 11.5 /
- * 15.9 us (16, 8, 4 holding); stories110M 4,831 / 4,825 / 4,681 (16, 8, 4
- * holding). */
+ * work of 8), else PORTABLE. Fewer blocks a row lost (doc/performance.md). */
 template <typename K>
 static long long widest_cluster(K kernel) {
     cudaLaunchConfig_t cfg = {};
