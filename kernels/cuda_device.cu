@@ -644,7 +644,7 @@ fail:
 /* ---- the device table and the plugin's entry ---------------------------------- */
 
 /* int8_products: the generated matrix-vector kernels make A's int8 values and
- * scales in static shared memory (codegen_matvec.cu's put_grid_copy); they read
+ * scales in static shared memory (codegen_matvec_step.cu's put_grid_copy); they read
  * weights by columns only (row_products false) */
 static const mk_device_ops cuda_device = {
     "cuda",       cuda_kernels.k, MK_CUDA_POINTWISE_OPERANDS, 32768,     false,

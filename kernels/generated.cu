@@ -224,7 +224,7 @@ static char *group_source(const mk_launch *l, bool stamp, int occupancy, mk_erro
     mk_strbuf src = {0};
     mk_cuda_group_source(&src, l);
     /* with MK_CUDA_NO_MMA=1, the tensor-core form's sums come from shuffles
-     * as before sm_80 (codegen_matvec.cu; for the tests): the defines go after
+     * as before sm_80 (codegen_matvec_tc.cu; for the tests): the defines go after
      * the first line, the comment naming the group (product kernels only) */
     const char *line = NULL, *no_mma = getenv("MK_CUDA_NO_MMA");
     bool plain = no_mma && !strcmp(no_mma, "1");
