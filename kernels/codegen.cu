@@ -121,8 +121,8 @@ void mk_cuda_put_entry(mk_strbuf *b, const mk_launch *l) {
 
 /* A stamped kernel (generated.cu) defines MK_TIMELINE_OCCUPANCY as the blocks
  * an SM of its unstamped build, so that the stamps' registers change neither
- * how many blocks share an SM nor, with it, the timeline (Llama-2-7B's int8
- * w2: 64 registers, 4 blocks an SM; stamped without it, 68 and 3: two waves). */
+ * how many blocks share an SM nor, with it, the timeline (doc/performance.md,
+ * "Timeline stamps"). */
 void mk_cuda_put_head(mk_strbuf *b, long long threads, int min_blocks) {
     mk_strbuf_put(b, "#ifdef MK_TIMELINE_OCCUPANCY\n"
                      "extern \"C\" __global__ void __launch_bounds__(%lld, MK_TIMELINE_OCCUPANCY)\n"
@@ -140,134 +140,39 @@ void mk_cuda_put_head(mk_strbuf *b, long long threads, int min_blocks) {
  * row i), block b taking chunks b, b + CB, ... in turn; chunks at or past p
  * do nothing. CB is the chunks' count, or fewer where the launch would then
  * pass MK_ATT_WAVE blocks (att_blocks): a block per chunk of a long cache is
- * mostly blocks with nothing to do, in several waves. Measured on the H200:
- * Llama-2-7B's 4,096-row caches (4,096 blocks a layer, 16 a query now) went
- * from 268 to 273 tok/s in bfloat16 and from 363 to 374 in int8 at 256
- * tokens; stories110M's 1,024 rows (384 blocks) at 16 a query lost 5 % over
- * 1,024 tokens, its blocks taking two chunks in turn. MK_ATT_WAVE 256 / 512 /
- * 1,024 gave Llama-2-7B 271.8 / 269.7 / 267.2 tok/s in bfloat16 (256 blocks
- * are 8 a query: exactly the 256 tokens' chunks, and twice the turns of 512
- * on a longer story). A block scores a chunk's rows (4 threads a row), takes
- * the chunk's max m and the sum l of exp(score - m), and its partial row
- * acc = sum of exp(score - m) V_j. One chunk's block combines every chunk's
- * (m, l, acc), as the softmax over all p scores: M = max m, out = sum acc
- * e^(m - M) / sum l e^(m - M). Rows past p add nothing.
+ * mostly blocks with nothing to do, in several waves. A block scores a
+ * chunk's rows (4 threads a row), takes the chunk's max m and the sum l of
+ * exp(score - m), and its partial row acc = sum of exp(score - m) V_j. One
+ * chunk's block combines every chunk's (m, l, acc), as the softmax over all p
+ * scores: M = max m, out = sum acc e^(m - M) / sum l e^(m - M). Rows past p
+ * add nothing.
  *
  * R is 64 where q's and V's rows are at most 64 wide (MK_ATT_NARROW), else 32
  * (MK_ATT_CHUNK): fewer chunks to combine for the same registers a thread.
- * Measured on the H200 against 32 rows everywhere (d0c2294): stories110M
- * 4,777 / 4,780 to 4,850 / 4,886 tok/s, stories15M 13,060 / 13,210 to 13,571
- * / 13,704, sampled at -t 1 -p 0.9 11,960 to 12,306; stories110M in bfloat16
- * 5,534 to 5,535. 128 rows (512 threads, 126 registers): stories110M 4,773 /
- * 4,787 against 4,764 / 4,736, stories15M 13,364; 256 (1,024 threads):
- * stories15M 12,746 against 13,028, stories110M spilling. Again at 9805f9d,
- * with the whole cache one chunk where its rows load early (at most 256
- * rows; 1,024 threads, 64 registers: no combine, no cluster), stories15M
- * 13,994 / 13,682 to 13,235 / 12,459 tok/s (MK_CUDA_TIMELINE 3.06 to 3.91 us
- * a layer, 32 bytes spilled), stories110M at 256 positions 4.08 to 6.55 us
- * (392 bytes spilled); with 128-row chunks where they load early (a cluster
- * of 2 at 256 rows), 13,950 / 13,922 and 2.99 us, 110M 4.17 us: no gain.
- * Llama-2-7B's
- * 128-wide heads lost with 64 or 128 rows (262.7 / 262.9 tok/s in bfloat16
- * against 272.9 at 32: 191 registers, or 512 threads a block). Where a
- * product takes A on the int8 grid (W8A8, mk_attention_info.int8_grid) R
- * stays 32: with 64 or 128 the sums' order changed the W8A8 fixture's text
- * (runq.c's) within 200 tokens.
+ * Where a product takes A on the int8 grid (W8A8, mk_attention_info.int8_grid)
+ * R stays 32: longer chunks sum in another order, which changed runq.c's text.
  *
  * Where a query has at most MK_ATT_CLUSTER chunks and the device has thread
  * block clusters (sm_90), its chunks are one cluster: each writes its part
  * into chunk 0's shared memory (distributed shared memory) and arrives at the
  * cluster barrier; only chunk 0 waits, then combines from its own memory.
  * Every block arrives once at its start, and waits on that before its first
- * write, so that chunk 0's memory is there. Measured on the H200, stories15M
- * (8 chunks a query) went from 10,716 / 10,928 to 11,170 / 11,175 tok/s
- * against every block keeping its part and chunk 0 reading them after a
- * barrier, with a second for the others to wait on. Nor, at 9805f9d, the
- * parts sent with st.async, each store counting its bytes on an mbarrier of
- * chunk 0's that it waits on, in place of the release arrive (MEMBAR.ALL.GPU)
- * and chunk 0's wait (a patch, not kept): MK_CUDA_TIMELINE put the launch at
- * 4.08 us a layer against 4.12 for stories110M in bfloat16, 2.95 against 3.06
- * for stories15M, and tok/s moved within noise (stories15M 13,685 / 13,957
- * to 14,199 / 14,031, stories110M in bfloat16 6,105 / 6,113 to 6,056 /
- * 6,131, in float32 5,073 / 5,090 to 5,008 / 5,099). Where the launch's time
- * goes (patches ending it early, wrong values; stories110M in bfloat16 at 256
- * tokens, what it adds to the step): 0.67 us ending at its wait (its early
- * rows read), 1.39 after one load of p, 2.4 / 2.5 after p's, q's and the
- * last row's loads, 2.35 after the scores and the chunk's softmax, 3.5 after
- * the parts and the barrier, 4.1 with the combine: a trip to L2 after the
- * wait costs about 0.7 us, the parts, barrier and combine about 1.7.
- * Otherwise each writes its
- * part to `part` in global memory and counts itself in `count` (mk_arrive);
- * the last to finish combines them and sets the count back to zero for the
- * next evaluation. That combine is about half of stories110M's attention:
- * without it (a measuring patch, wrong values) stories110M went from 4,522
- * to 5,109 / 5,148 tok/s on the H200 at 2bc6a91, Llama-2-7B in bfloat16 from
- * 270.4 to 274.9. Leaving it to the matrix-vector group that alone reads the
- * result (wo), each of whose blocks made A from the parts as it staged A,
- * lost: 4,578 to 4,229 loading 8 chunks' parts a query whatever p, 4,573 to
- * 4,496 loading those of a guessed p (the step before's, plus one). The
- * attention ended 1.9 us sooner, but wo 2.7 us later (MK_CUDA_TIMELINE: 0.8
- * to 3.5 us after its wait), and w1 / w3 0.6 us: every one of wo's 192
- * blocks loads every part (about 0.6 MB a chunk in all), then waits at two
- * barriers, for the factors and for A. Nor, at d0c2294, each part's words
- * stored with the evaluation's number in their high half (64-bit stores,
- * single-copy atomic) and polled by the combining block until all were this
- * evaluation's, with no fence: with every block counting itself in at its
- * start (the last in combining), stories110M 4,791 / 4,775 to 4,622 / 4,598
- * tok/s (384 atomics on one line, and the combining block polling from its
- * wait); with the blocks that have a chunk counting in once they know p,
- * 4,735 / 4,732 to 4,662 / 4,686 and Llama-2-7B 275.8 to 273.1 in bfloat16
- * (MK_CUDA_TIMELINE: the launch ended 0.5 us later). A poll that misses
- * costs a whole trip to L2 again, as much as the count's atomic it saves.
+ * write, so that chunk 0's memory is there. Otherwise each writes its part to
+ * `part` in global memory and counts itself in `count` (mk_arrive); the last
+ * to finish combines them and sets the count back to zero for the next
+ * evaluation.
  *
  * Early rows: where no launch before writes the rows before p - 1
  * (mk_attention_info.early: a decode step writes row p - 1 alone) and the
  * chunks are a cluster, a block loads its first chunk's rows before the
  * hint's last before the wait, and only the rest after it, past L1 (which may
- * hold that row's line as it was). Measured on the H200, stories15M went from
- * 11,339 / 11,240 to 11,692 / 11,708 tok/s. Measured again at 9805f9d
- * (without early rows, a cluster's loads are float4s after the wait), in two
- * calls: stories15M 13,554 / 13,684 to 13,781 / 13,951 tok/s, sampled 12,340
- * / 12,065 to 12,444 / 12,508, stories110M in float32 5,013 / 5,033 to 5,079
- * / 5,067, but in bfloat16 6,056 / 6,027 / 6,024 / 6,101 to 6,039 / 6,037 /
- * 5,980 / 6,006 (MK_CUDA_TIMELINE: 159.6 to 163.2 us a step); kept, as the
- * bfloat16 figure is the one issue 14 asks more of.
- * Not kept, for longer caches:
- *   - early rows with the global combine: stories110M -1 % at 256 tokens
- *     (+1 % over 1,024), Llama-2-7B -2.5 % (272.1 to 265.4 tok/s in
- *     bfloat16, 368.0 to 358.1 in int8);
- *   - a query's first 8 chunks a cluster, combining there where p falls
- *     within them: nothing at 256 tokens, 110M -3 % over 1,024; with early
- *     rows too, 110M -3 % (4,422 to 4,293; 4,012 to 3,824 over 1,024) and
- *     7B -2.6 %.
- * Nor the blocks in chunk-major order (every query's first chunk, then
- * every second, so that the blocks with rows to score all start in the
- * first wave of Llama-2-7B's 512, 3 an SM at 168 registers): on the H200,
- * stories110M 4,373 / 4,407 to 4,267 / 4,289 tok/s, Llama-2-7B in bfloat16
- * 269.5 / 269.4 to 265.5 / 266.9. (MK_CUDA_TIMELINE puts the 7B launch at
- * 11.7 us a layer, its blocks' work done at about 5.6 us after the wait and
- * its last block starting 3.5 us after it.)
- * Nor, for Llama-2-7B on the H200 at eab74b9: its blocks capped at 128
- * registers (__launch_bounds__(128, 4): 4 an SM, 16 bytes spilled), 271.2 /
- * 270.3 to 267.1 tok/s in bfloat16 and 367.5 to 362.0 in int8; MK_ATT_WAVE
- * 384 (one wave at 3 an SM), 272.1: within noise. Nor, at ed9e0bb, q staged
- * in shared memory instead of each thread's registers (Llama-2-7B 150 to 122
- * registers, no spills: 4 blocks an SM, all 512 resident): 272.3 / 272.1 to
- * 271.3 / 272.6 tok/s in bfloat16; stories110M 4,876 to 4,628.
+ * hold that row's line as it was).
+ *
  * Scores from float4 loads of q and K where their rows are 16-byte aligned
  * (att_float4): thread (r, u) takes the 16-byte chunks u, u + 4, ... of its
  * row, a quarter of the load instructions, and a warp's load reads 64
- * contiguous bytes of each of its 8 rows, not 16. Measured on the H200
- * against f2f51fe: stories110M 4,839 / 4,828 to 5,020 / 5,023 tok/s, in
- * bfloat16 5,525 to 5,805; Llama-2-7B in bfloat16 272.7 / 272.7 to 274.8 /
- * 274.1. Not where a cluster's chunks load early rows: stories15M went from
- * 13,669 / 13,463 to 13,130 / 13,491, sampled from 12,370 to 11,969. Nor
- * where a product takes A on the int8 grid (W8A8): summed in this order,
- * the W8A8 fixture's text (runq.c's) changed, as with longer chunks. Nor V
- * as float4s too (a slot of 4 columns; its loads were coalesced already):
- * at bbfa162, stories110M 5,039 / 5,082 to 4,962 / 4,961 tok/s (16 row
- * groups, 64 registers) and 5,022 (4 groups, 114 registers), Llama-2-7B in
- * bfloat16 275.1 to 272.7 (4 groups, 118 registers against 135).
+ * contiguous bytes of each of its 8 rows, not 16. Not with early rows, nor
+ * on the int8 grid (the order of the sums, as above).
  *
  * The kernel is bound by latency, not bytes (a chunk is a few KB), so it is
  * written as few dependent trips to memory. Before the wait for the launches
@@ -282,37 +187,14 @@ void mk_cuda_put_head(mk_strbuf *b, long long threads, int min_blocks) {
  * K and V rows below the hint to L2, before the wait (prefetches: L2 is
  * where every write lands, so a row the launch before writes is still read
  * as written; the loads after the wait then find the rest in L2, not DRAM).
- * On the H200 at eab74b9, two runs against the version before: stories110M
- * 4,411 / 4,390 to 4,426 / 4,464 tok/s, then 4,382 / 4,414 to 4,392;
- * Llama-2-7B in bfloat16 267.7 / 269.3 to 270.3 / 270.3, then 269.7 to
- * 270.4, in int8 366.6 to 368.4. Not for a cluster, whose early rows load
- * before the wait: stories15M went from 11,805 / 11,787 to 11,083 / 10,857.
- * Nor, on the H200 at 49997a7, with HBM idle while the attention runs (5 to
- * 8 us after its wait): each block sending the next launches' weights (wo,
- * w1 / w3, w2) to L2 after its own loads, 16 / 24 / 40 MB a launch:
- * stories110M 4,422 / 4,413 to 4,154 / 4,082 / 4,071 tok/s; Llama-2-7B in
- * bfloat16 269.3 / 270.3 to 264.8 (24 MB) and 263.0 (40 MB), int8 366.2 to
- * 359.5 (32 MB). Nor the launch before (which writes the cache's row p - 1)
- * sending the rows before it to L2 before its own wait, about 5 us ahead of
- * this launch's: from every block, stories110M 4,430 / 4,426 to 4,165 /
- * 4,125, in bfloat16 5,112 to 4,475, Llama-2-7B 272.4 to 269.9; from its
- * first 32 blocks, 4,441 / 4,440 to 4,407 / 4,399 and 5,104 to 4,889
- * (stories15M +2 to 3 % either way). MK_CUDA_TIMELINE put this launch's end
- * at 5.4 us after its wait with the rows in L2, against 5.6 / 5.2: the time
- * is not the cache's bytes. Part of it is fetching this long kernel's code
- * (about 40 KB for stories110M): with one kernel for every layer
- * (generated.cu's program_of) and the weights evict-first (codegen_matvec.cu),
- * which leave the code in L2, it went to 4.6 us; the rest is its chain of
- * dependent steps.
+ *
+ * Every choice here was measured, and the variants tried and not kept are
+ * listed: doc/performance.md, "Decode attention".
  */
 #define MK_ATT_CHUNK 32
 #define MK_ATT_NARROW 64 /* q's and V's rows at most this wide: chunks twice as long */
 #define MK_ATT_COMBINE 16 /* chunks whose parts the combining block loads at once */
-/* Not 16 (a non-portable cluster, as the sampler's): stories110M's 16 chunks a
- * query then made one cluster, and went from 5,021 / 5,091 to 4,850 / 4,813
- * tok/s on the H200 at 1b4afc7, in bfloat16 from 5,902 / 5,873 to 5,588 /
- * 5,549, sampled (-t 1 -p 0.9) from 4,770 to 4,648 (not analysed; at 256
- * tokens 12 of a query's 16 chunks have no rows). */
+/* Not 16, a non-portable cluster: slower (doc/performance.md). */
 #define MK_ATT_CLUSTER 8  /* the most chunks of a cluster: a portable cluster */
 #define MK_ATT_WAVE 512   /* blocks a launch aims for past the cluster's chunks: about one
                              wave (132 SMs, 4 of its blocks each) */

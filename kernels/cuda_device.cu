@@ -378,12 +378,8 @@ static constexpr cuda_kernel_table cuda_kernels;
  * before's (product.c's early_rows). Only a hint checked after the wait (the
  * attention's p) may be. At their start, not after their wait: so the
  * launches two ahead load their weights while the attention runs (its loads
- * after its wait, a trip to L2, cost it about 0.7 us), and letting the next
- * start only after the wait (a patch, not kept) lost on the H200 at 9805f9d,
- * stories110M in bfloat16 6,053 / 5,955 tok/s: every generated kernel so,
- * 5,680 / 5,594; the attention, 5,919 / 5,901; the launch after it (wo),
- * 5,717 / 5,741; both, 5,815 / 5,753; stories15M (13,773 / 13,612) and
- * stories110M in float32 (4,987 / 5,008) lost 1 to 8 % in each.
+ * after its wait, a trip to L2, cost it about 0.7 us); letting the next
+ * start only after the wait lost 1 to 8 % (doc/performance.md).
  * A library's launch (cuBLAS, cuDNN)
  * launches its kernels as it pleases: seen with cuDNN 9.14, engine 4 of a
  * batch of 2 read its operands before the stage kernel before it had copied
@@ -397,17 +393,9 @@ static constexpr cuda_kernel_table cuda_kernels;
  * microsecond a fenced launch; decoding has none (all its launches are ours).
  *
  * A launch per group, each waiting for the one before, rather than one
- * persistent kernel whose phases meet at grid barriers: a microbenchmark (not
- * kept; H200, one CUDA graph, 132 blocks of 256 threads) chained N dependent
- * phases, each block reading the 768 floats the phase before wrote, then its
- * share of a weight matrix's rows. A phase (the cost between 60 and 120
- * phases) took 1.27 us as a launch with PDL; 1.98 as a launch without; 1.58
- * in one persistent kernel with an atomic grid barrier, 1.65 with cooperative
- * groups' grid.sync(). With 1 MB of weights a phase: 1.41 (the weights of a
- * warp's first rows loaded before the wait), 2.60, 2.13 (the next phase's
- * loaded before the barrier) and 2.24; with 4 MB: 2.39, 4.01, 3.99 and 3.68.
- * So a dependent step costs at least about 1.3 us however it is made, and a
- * launch with PDL is the cheapest way.
+ * persistent kernel whose phases meet at grid barriers: a dependent step
+ * costs at least about 1.3 us however it is made, and a launch with PDL is
+ * the cheapest way (doc/performance.md, "Launches and dependencies").
  */
 static bool library_launch(const mk_launch *l) {
     mk_kernel_id id = l->node->op->kernel;
@@ -657,7 +645,7 @@ fail:
 /* ---- the device table and the plugin's entry ---------------------------------- */
 
 /* int8_products: the generated matrix-vector kernels make A's int8 values and
- * scales in static shared memory (codegen_matvec.cu's put_grid_copy); they read
+ * scales in static shared memory (codegen_matvec_step.cu's put_grid_copy); they read
  * weights by columns only (row_products false) */
 static const mk_device_ops cuda_device = {
     "cuda",       cuda_kernels.k, {MK_CUDA_POINTWISE_OPERANDS, 32768, false},

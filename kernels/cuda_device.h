@@ -300,15 +300,8 @@ void mk_cuda_product_grid(const mk_launch *l, unsigned int *blocks, unsigned int
  * before it finishes. Launched with the attribute only where the device has
  * them (mk_cuda_launch_generated); elsewhere the instructions are left out.
  *
- * The wait is cheap: a chain of 240 launches in one CUDA graph, each
- * preloading and reading as a matrix–vector kernel does, took 0.93 / 1.05 /
- * 1.22 / 1.86 us a launch at 24 / 132 / 512 / 1,024 blocks of 256 threads
- * and no weights (1.46 / 1.63 / 1.78 / 2.41 without the attribute), 3.98 us
- * at 512 blocks reading 8 MB (4.87 without); measured on an H100. Waiting
- * instead on a count in global memory, which each block of the launch before
- * raises (release) after its stores and the next polls (acquire), was slower
- * every time: 1.84 / 3.00 / 3.97 / 4.12 us, 7.01 at 8 MB (its blocks spin
- * where the wait parks them). Not kept.
+ * The wait is cheap, and cheaper than a count in global memory polled by
+ * the next launch (doc/performance.md, "The PDL wait").
  *
  * In the generated source: MK_PDL_START and MK_PDL_WAIT (skeletons/pdl.cuh),
  * or in a product kernel MK_GROUP_START and MK_GROUP_WAIT, which add the

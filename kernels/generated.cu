@@ -42,11 +42,8 @@ static unsigned long long fnv1a(const char *s) {
 
 /* What decides a kernel: its source past the first line, the comment naming
  * the group (and its node's id, which differs from layer to layer), so that
- * identical layers share one kernel. Measured on the H200 against the whole
- * source (every launch its own kernel), with the disk cache off: stories110M
- * compiled for CUDA in 694 ms against 2,048, Llama-2-7B in bfloat16 in 3.8 s
- * against 8.1; decoding the same or faster (stories15M 11,678 to 11,956
- * tok/s, 110M 4,410 / 4,456 to 4,468 / 4,463, 7B 268.2 to 270.2). */
+ * identical layers share one kernel: compiles take a third of the time and
+ * decoding is no slower (doc/performance.md, "Kernel cache key"). */
 static const char *program_of(const char *src) {
     const char *line = strncmp(src, "// ", 3) ? NULL : strchr(src, '\n');
     return line ? line + 1 : src;
@@ -227,7 +224,7 @@ static char *group_source(const mk_launch *l, bool stamp, int occupancy, mk_erro
     mk_strbuf src = {0};
     mk_cuda_group_source(&src, l);
     /* with MK_CUDA_NO_MMA=1, the tensor-core form's sums come from shuffles
-     * as before sm_80 (codegen_matvec.cu; for the tests): the defines go after
+     * as before sm_80 (codegen_matvec_tc.cu; for the tests): the defines go after
      * the first line, the comment naming the group (product kernels only) */
     const char *line = NULL, *no_mma = getenv("MK_CUDA_NO_MMA");
     bool plain = no_mma && !strcmp(no_mma, "1");

@@ -19,9 +19,7 @@
  * kernel is compiled to fit as many blocks an SM as its unstamped build
  * (generated.cu): the table is close to an unstamped step, and the
  * evaluations themselves are slower (the host copies and clears the stamps
- * after each). On the H200 at 3f652ed, Llama-2-7B int8's stamped step took
- * 2,472 us against 2,468 unstamped (405.1 tok/s); before the stamped kernels
- * kept the occupancy, 2,625 (its w2 at 68 registers, not 64: two waves).
+ * after each); doc/performance.md, "Timeline stamps", has the figures.
  */
 #include "cuda_device.h"
 

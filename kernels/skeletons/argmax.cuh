@@ -15,13 +15,7 @@
  * reduction); the last polls the count until every other is in, then writes
  * each row's column and clears the keys and the count for the next launch.
  * (The other blocks are all resident or done by then: only one block waits.)
- * Measured on the H200 against every block waiting for its count's return
- * (mk_arrive, the last to count in writing; MK_CUDA_TIMELINE put stories15M's
- * classifier with its ArgMax 3.8 us behind the sampling model's, which writes
- * the logits): greedy stories15M 13,431 / 13,500 to 13,723 / 13,672 tok/s,
- * stories110M 5,016 / 5,008 to 5,042 / 5,054; against 3cc7d88 in another
- * call, stories15M 13,453 / 13,693 / 13,531 to 13,926 / 13,765 / 13,620,
- * stories110M 5,060 / 5,008 / 5,005 to 5,066 / 5,064 / 5,034.
+ * (Faster than every block waiting for its count's return: doc/performance.md.)
  */
 static __device__ __forceinline__ unsigned long long mk_argmax_key(float v, unsigned int col) {
     const float x = __fadd_rn(v, 0.0f);

@@ -6,11 +6,7 @@
  * reads the full count has then seen every block's stores, and a barrier
  * passes that on to its block (the pattern of CUTLASS's semaphores). It
  * replaces a fence of every thread before the count and after it
- * (__threadfence, fence.sc): measured on the H200 against 2bc6a91,
- * stories110M went from 4,588 / 4,582 to 4,659 / 4,667 tok/s (then 4,556 to
- * 4,636), in bfloat16 from 5,306 to 5,425; stories15M (its ArgMax's count
- * alone) 12,794 / 12,691 / 12,890 to 12,979 / 12,766 / 12,928; Llama-2-7B in
- * bfloat16 273.8 to 274.0.
+ * (__threadfence, fence.sc), which was slower (doc/performance.md).
  */
 static __device__ __forceinline__ unsigned int mk_arrive(unsigned int *count) {
     unsigned int before;

@@ -49,7 +49,7 @@ typedef float mk_qk;
     float vv[MK_NS][MK_VR];
 /* rows [lo, hi) of the chunk at j0 from K and V (those from hi on zero);
  * early, by loads LD and those before lo as they are (else lo is 0: plain
- * loads, measured fewer registers: 64 against 96 on stories110M) */
+ * loads: fewer registers) */
 #define MK_ROWS(p) (int)((p) > j0 && (p) <= MK_SL ? ((p) - j0 < MK_RL ? (p) - j0 : MK_RL) : 0)
 #define MK_LOAD_ROWS(lo, hi, LD) \
     _Pragma("unroll") \
@@ -146,8 +146,7 @@ typedef float mk_qk;
     }
     __syncthreads();
     /* the chunk's max and sum: warp 0 */
-#if MK_R <= 32 /* a row a lane (the loop below at 32 rows: stories110M 4,628 tok/s on the
-                * H200, against this form's 4,764 / 4,736 in the same run) */
+#if MK_R <= 32 /* a row a lane (faster than the loop below at 32 rows) */
     if (tid < 32) {
         float m = tid < rows ? sc[tid] : __int_as_float(0xff800000); // -inf
         for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
