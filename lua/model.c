@@ -20,6 +20,7 @@
 typedef struct {
     mk_model *model; /* NULL while closed */
     mk_device device;
+    int calls;       /* runs of this model in the core: its host functions may not close it */
     const void *not_constant[MK_MAX_OUTPUTS]; /* output o's tensor last found not to be a
                                                  borrowed constant (those are anchored by
                                                  the model: no other tensor takes their
@@ -35,9 +36,13 @@ static lmk_model *check_model(lua_State *L, int idx, const char *fn, bool open) 
     return m;
 }
 
-/* __gc and __close: one idempotent release. */
+/* __gc and __close: one idempotent release. (A run holds its model on the stack:
+ * __gc never comes during one.) */
 static int model_release(lua_State *L) {
     lmk_model *m = check_model(L, 1, "close", false);
+    if (m->calls)
+        return lmk_raise(L, "busy", "close", "the model is running: a host function of its "
+                         "own run may not close it (close it after the run returns)");
     if (m->model) mk_model_free(m->model);
     m->model = NULL;
     lua_pushnil(L);
@@ -46,6 +51,21 @@ static int model_release(lua_State *L) {
 }
 
 static const char *device_name(mk_device d) { return d == MK_DEVICE_CUDA ? "cuda" : "cpu"; }
+
+/* t[k] without metamethods, pushed: what the binding hands the core must be
+ * held by the table itself, never made up by an __index function. */
+static int raw_field(lua_State *L, int t, const char *k) {
+    t = lua_absindex(L, t);
+    lua_pushstring(L, k);
+    return lua_rawget(L, t);
+}
+
+/* The model at the start of its call into the core, after the checks: open still
+ * (a finalizer run by the checks' allocations may have closed it). */
+static mk_model *model_for_call(lua_State *L, lmk_model *m, const char *fn) {
+    if (!m->model) LMK_ARG_ERROR(L, fn, "the model is closed");
+    return m->model;
+}
 
 /* ==== compiling =============================================================== */
 
@@ -117,7 +137,7 @@ static void check_constants(lua_State *L, int script_idx, int consts_idx) {
         lua_pushboolean(L, 1);
         lua_setfield(L, seen, nm);
         if (lua_isnil(L, consts_idx)) lua_pushnil(L);
-        else lua_getfield(L, consts_idx, nm);
+        else raw_field(L, consts_idx, nm);
         lmk_tensor *t = lmk_to_tensor(L, -1);
         if (lua_isnil(L, -1))
             lmk_raise(L, "input error", fn, "missing constant '%s' (%s %s)", nm,
@@ -152,8 +172,9 @@ static void check_constants(lua_State *L, int script_idx, int consts_idx) {
     lua_settop(L, declared - 1);
 }
 
-/* Reads compile options from the table at idx. */
-static mk_compile_options check_options(lua_State *L, int idx) {
+/* Reads compile options from the table at idx; a `share` model goes to stack
+ * slot share_slot (its pointer is read just before the compile: see there). */
+static mk_compile_options check_options(lua_State *L, int idx, int share_slot) {
     const char *fn = "compile";
     mk_compile_options o = {.device = MK_DEVICE_CPU};
     if (lua_isnoneornil(L, idx)) return o;
@@ -188,7 +209,8 @@ static mk_compile_options check_options(lua_State *L, int idx) {
             if (!other)
                 LMK_ARG_ERROR(L, fn, "share must be a model, got %s", luaL_typename(L, -1));
             if (!other->model) LMK_ARG_ERROR(L, fn, "share: the model is closed");
-            o.share = other->model; /* the core takes a reference */
+            lua_pushvalue(L, -1);
+            lua_replace(L, share_slot);
         } else {
             LMK_ARG_ERROR(L, fn, "unknown option %s (device, cudnn, fuse, passes, kernel_cache, "
                               "max_bytes, share)",
@@ -207,15 +229,17 @@ static mk_compile_options check_options(lua_State *L, int idx) {
 static int l_compile_script(lua_State *L) {
     const char *fn = "compile";
     lua_settop(L, 3);
+    lua_pushnil(L); /* 4: the share model, held for the call */
     if (lua_type(L, 1) != LUA_TSTRING)
         LMK_ARG_ERROR(L, fn, "the script must be a string, got %s", luaL_typename(L, 1));
     if (!lua_isnil(L, 2) && lua_type(L, 2) != LUA_TTABLE)
         LMK_ARG_ERROR(L, fn, "constants must be a table {name = tensor}, got %s",
                       luaL_typename(L, 2));
-    mk_compile_options opts = check_options(L, 3);
-    check_constants(L, 1, 2);
+    mk_compile_options opts = check_options(L, 3, 4);
 
-    /* A private copy of the constants: the CPU model borrows their memory. */
+    /* A private copy of the constants, checked: the CPU model borrows their
+     * memory, and the caller's table may change under the checks' allocations
+     * (a finalizer) or the compile's host functions. */
     lua_newtable(L);
     int keep = lua_gettop(L);
     size_t n = 0;
@@ -228,14 +252,15 @@ static int l_compile_script(lua_State *L) {
             n++;
         }
     }
+    check_constants(L, 1, keep);
     /* The name/data array lives in a userdata, so an error cannot leak it. */
     mk_named_tensor *named =
         (mk_named_tensor *)lua_newuserdatauv(L, (n ? n : 1) * sizeof *named, 0);
     size_t i = 0;
     lua_pushnil(L);
     while (lua_next(L, keep)) {
-        named[i].name = lua_tostring(L, -2); /* anchored by `keep` */
-        named[i].data = lmk_to_tensor(L, -1)->data;
+        named[i].name = lua_tostring(L, -2); /* anchored by `keep`; checked a string */
+        named[i].data = lmk_to_tensor(L, -1)->data; /* checked a tensor */
         i++;
         lua_pop(L, 1);
     }
@@ -245,10 +270,15 @@ static int l_compile_script(lua_State *L) {
     lmk_model *m = (lmk_model *)lua_newuserdatauv(L, sizeof *m, 1);
     *m = (lmk_model){.model = NULL, .device = opts.device};
     luaL_setmetatable(L, LMK_MODEL_MT);
+    if (!lua_isnil(L, 4)) { /* the core takes a reference: held until the compile returns */
+        lmk_model *other = (lmk_model *)lua_touserdata(L, 4);
+        if (!other->model) LMK_ARG_ERROR(L, fn, "share: the model is closed");
+        opts.share = other->model;
+    }
     mk_error *err = NULL;
-    lmk_host_begin(L);
+    lmk_host_scope scope = lmk_host_begin(L);
     m->model = mk_compile(ctx, lua_tostring(L, 1), named, n, &opts, &err);
-    lmk_host_end(L, err);
+    lmk_host_end(L, scope, err);
     if (!m->model) lmk_raise_core(L, err);
     if (opts.borrow_constants) {
         lua_pushvalue(L, keep);
@@ -292,8 +322,9 @@ static int raise_unknown_input(lua_State *L, const char *fn, const char *k,
  * The inputs table at idx, checked against the model (names, dtypes, shapes),
  * as an array of mk_named_tensor: `few` (the caller's, LMK_FEW_INPUTS long)
  * where it fits, else a userdata pushed on the stack (a host running a small
- * model every frame makes no garbage). The table anchors the tensors.
- * Returns the array; *count: its length.
+ * model every frame makes no garbage). Each tensor is read raw from the table
+ * and left on the stack: the call holds it, whatever a host function does to
+ * the table meanwhile. Returns the array; *count: its length.
  */
 #define LMK_FEW_INPUTS 8
 static mk_named_tensor *check_inputs(lua_State *L, lmk_model *m, int idx, const char *fn,
@@ -306,13 +337,15 @@ static mk_named_tensor *check_inputs(lua_State *L, lmk_model *m, int idx, const 
         LMK_ARG_ERROR(L, fn, "inputs must be a table {name = tensor}, got %s",
                       luaL_typename(L, idx));
     size_t count = mk_model_input_count(m->model);
+    if (!lua_checkstack(L, (int)count + LUA_MINSTACK))
+        lmk_raise(L, "out of memory", fn, "no stack room for %zu inputs", count);
     mk_named_tensor *named = count <= LMK_FEW_INPUTS ? few
         : (mk_named_tensor *)lua_newuserdatauv(L, count * sizeof *named, 0);
     for (size_t i = 0; i < count; i++) {
         mk_tensor_info info;
         if (mk_model_input_info(m->model, i, &info) != 0)
             lmk_raise(L, "internal error", fn, "no information on input %zu", i + 1);
-        lua_getfield(L, idx, info.name);
+        raw_field(L, idx, info.name);
         lmk_tensor *t = lmk_to_tensor(L, -1);
         if (lua_isnil(L, -1))
             lmk_raise(L, "input error", fn, "missing input '%s' (%s %s)", info.name,
@@ -328,8 +361,7 @@ static mk_named_tensor *check_inputs(lua_State *L, lmk_model *m, int idx, const 
             lmk_raise(L, "input error", fn, "input '%s' has shape %s, the model takes %s",
                       info.name, LMK_SHAPE_STR(t->rank, t->shape),
                       LMK_SHAPE_STR(info.rank, info.shape));
-        named[i] = (mk_named_tensor){info.name, t->data}; /* anchored by the inputs table */
-        lua_pop(L, 1);
+        named[i] = (mk_named_tensor){info.name, t->data}; /* t stays on the stack */
     }
     /* Every input was found by name above: the table holds no other key exactly
      * when it has `count` of them (linear; the search for the odd one is the
@@ -424,10 +456,13 @@ static int model_run(lua_State *L) {
         lmk_tensor *t = push_output(L, m, (size_t)o, 3 + o, 0, fn);
         outs[o] = (mk_buffer){t->data, t->bytes};
     }
+    mk_model *model = model_for_call(L, m, fn);
     mk_error *err = NULL;
-    lmk_host_begin(L);
-    int rc = mk_evaluate_outputs(m->model, named, count, outs, (size_t)n_out, &err);
-    lmk_host_end(L, rc ? err : NULL);
+    lmk_host_scope scope = lmk_host_begin(L);
+    m->calls++;
+    int rc = mk_evaluate_outputs(model, named, count, outs, (size_t)n_out, &err);
+    m->calls--;
+    lmk_host_end(L, scope, rc ? err : NULL);
     if (rc != 0) lmk_raise_core(L, err);
     return n_out;
 }
@@ -457,13 +492,14 @@ static int model_run_steps(lua_State *L) {
                       n_out == 1 ? "" : "s", (size_t)lua_rawlen(L, 4));
     mk_stop stop = {0};
     if (!lua_isnil(L, 5)) {
-        luaL_checktype(L, 5, LUA_TTABLE);
-        if (lua_getfield(L, 5, "stop") != LUA_TNIL) {
+        if (!lua_istable(L, 5))
+            LMK_ARG_ERROR(L, fn, "opts must be a table, got %s", luaL_typename(L, 5));
+        if (raw_field(L, 5, "stop") != LUA_TNIL) {
             if (!lua_istable(L, -1))
                 LMK_ARG_ERROR(L, fn, "opts.stop must be {output = i, value = v}, got %s",
                               luaL_typename(L, -1));
-            lua_getfield(L, -1, "output");
-            lua_getfield(L, -2, "value");
+            raw_field(L, -1, "output");
+            raw_field(L, -2, "value");
             if (!lua_isinteger(L, -2) || !lua_isinteger(L, -1))
                 LMK_ARG_ERROR(L, fn, "opts.stop needs integers output and value");
             lua_Integer o = lua_tointeger(L, -2);
@@ -498,11 +534,14 @@ static int model_run_steps(lua_State *L) {
         lua_rawseti(L, list, o + 1);
         if (given) lua_pop(L, 1);
     }
+    mk_model *model = model_for_call(L, m, fn);
     mk_error *err = NULL;
-    lmk_host_begin(L);
-    int64_t steps = mk_model_run_steps(m->model, (int64_t)n, named, count, outs, (size_t)n_out,
+    lmk_host_scope scope = lmk_host_begin(L);
+    m->calls++;
+    int64_t steps = mk_model_run_steps(model, (int64_t)n, named, count, outs, (size_t)n_out,
                                        &stop, &err);
-    lmk_host_end(L, steps < 0 ? err : NULL);
+    m->calls--;
+    lmk_host_end(L, scope, steps < 0 ? err : NULL);
     if (steps < 0) lmk_raise_core(L, err);
     lua_settop(L, list);
     lua_pushinteger(L, (lua_Integer)steps);

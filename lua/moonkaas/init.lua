@@ -68,13 +68,17 @@ t:argmax, t:totable) is 1-based, as Lua tables are.
            (bytes), "kernels", "run" (CPU launches; CUDA: 0 of 1 before its
            graph, 1 of 1 after)). mk.cancel() from one of
            them stops the compile or run in progress with "cancelled: ..."; a
-           function that raises stops it with its own error.
+           function that raises stops that call only, with its own error.
+           They may run other models; running, resetting or closing the
+           model whose call they report on is a "busy: ..." error (README,
+           "Threads and callbacks").
 
 On the CPU a model uses its constants' memory in place (no copy): writing to
 a constant's tensor with t:set after compiling changes that model's weights.
 Errors are raised with a kind prefix: "shape error: ", "dtype error: ",
 "name error: ", "argument error: ", "input error: ", "file error: ",
-"evaluation error: ", "no CUDA device: ", "script:L:C: ...".
+"evaluation error: ", "no CUDA device: ", "cancelled: ", "busy: ",
+"script:L:C: ...".
 ]==]
 local core = require "moonkaas.core"
 
