@@ -479,7 +479,7 @@ static int model_run_steps(lua_State *L) {
     const char *fn = "run_steps";
     lmk_model *m = check_model(L, 1, fn, true);
     lua_settop(L, 5);
-    lua_Integer n = luaL_checkinteger(L, 2);
+    lua_Integer n = lmk_check_int(L, 2, fn, "n");
     if (n < 1) LMK_ARG_ERROR(L, fn, "n must be at least 1, got %lld", (long long)n);
     int n_out = (int)mk_model_output_count(m->model);
     size_t count;

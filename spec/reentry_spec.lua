@@ -260,6 +260,10 @@ describe("the binding keeps what a call uses alive", function()
             r.shape = { 1, 16 }
             return r
         end)(), 1e-6, 1e-5)
+        local endless = setmetatable({}, { __len = function() return 1 << 40 end,
+            __index = function() return mk.input("x", "float32", { 16 }) end })
+        assert.has_error(function() mk.compile(endless) end,
+            "argument error: script: the output must be a node or a list of nodes, got table")
         local consts = setmetatable({}, { __index = function() return H.rand({ 4 }) end })
         assert.has_error(function()
             mk.compile_script("$1 = ConstantTensor(c, float32, [4]);\nresult = $1;\n", consts)

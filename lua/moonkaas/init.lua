@@ -122,19 +122,24 @@ local function topological(outputs)
     return order, info
 end
 
--- `output` as a list of nodes: a node alone, or a list of them.
+-- `output` as a list of nodes: a node alone, or a list of them, read raw (a
+-- __len or __index of the caller's table runs nothing here).
 local function output_list(output)
     if is_node(output) then return { output } end
-    if type(output) ~= "table" or #output == 0 then
+    local n = type(output) == "table" and rawlen(output) or 0
+    if n == 0 then
         error(format("argument error: script: the output must be a node or a list of nodes, got %s",
             type(output)), 0)
     end
-    for k, n in ipairs(output) do
-        if not is_node(n) then
-            error(format("argument error: script: output %d must be a node, got %s", k, type(n)), 0)
+    local list = {}
+    for k = 1, n do
+        local node = rawget(output, k)
+        if not is_node(node) then
+            error(format("argument error: script: output %d must be a node, got %s", k, type(node)), 0)
         end
+        list[k] = node
     end
-    return output
+    return list
 end
 
 --[[
