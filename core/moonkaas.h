@@ -189,7 +189,8 @@ MK_API void mk_context_cancel_call(mk_context *);
  *   - One model is used by one thread at a time: mk_evaluate and
  *     mk_model_reset write its memory and its input and output slots, so two
  *     of these calls on one model must not overlap (lock around them, or
- *     compile a model per thread). The read-only mk_model_* functions
+ *     compile a model per thread; the later of two that do fails with
+ *     MK_ERR_BUSY rather than racing). The read-only mk_model_* functions
  *     (input/output info, script, stats, fusion report) may run alongside any
  *     call on the model but mk_model_free. A model may change threads between
  *     calls (compiled on one, evaluated on another, freed on a third) after
