@@ -15,10 +15,14 @@
  *   test_shared_busy        a model sharing the running one's buffer: busy
  *   test_free_shared_mid_compile   the share model freed by a compile's progress
  *                           function: the new model has its cache and weight
+ *   test_threads_busy       two threads run one model (which the threads rules
+ *                           forbid): each call is right or busy, never wrong
+ *                           (also under ThreadSanitizer)
  */
 #include "moonkaas.h"
 #include "test.h"
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <string.h>
 
@@ -362,6 +366,61 @@ static void test_free_shared_mid_compile(void) {
     mk_context_free(h.ctx);
 }
 
+/* ---- two threads on one model ------------------------------------------------------ */
+
+typedef struct {
+    mk_model *m;
+    uint64_t seed;
+    int ok, busy, wrong;
+} racer;
+
+static void *race(void *arg) {
+    racer *r = arg;
+    uint64_t s = r->seed;
+    for (int k = 0; k < 300; k++) {
+        chain_io io;
+        for (int i = 0; i < N; i++) { /* the test's generator is not for two threads */
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            io.x[i] = (float)((double)(s >> 40) / (double)(1 << 24) * 2 - 1);
+            io.w[i] = (float)(0.5 + (double)((s >> 16) & 0xffffff) / (double)(1 << 24));
+        }
+        mk_error *err = NULL;
+        if (run_chain(r->m, &io, &err) != 0) {
+            if (is_busy(err)) r->busy++;
+            else r->wrong++;
+            mk_error_free(err);
+            continue;
+        }
+        bool right = true;
+        for (int i = 0; i < N; i++) {
+            double want = io.x[i];
+            for (int c = 0; c < CHAIN; c++) want = fmax(want * io.w[i], 0);
+            right = right && test_close(io.y[i], want, 1e-6, 1e-5);
+        }
+        if (right) r->ok++;
+        else r->wrong++;
+    }
+    return NULL;
+}
+
+static void test_threads_busy(void) {
+    mk_context *ctx = test_context();
+    mk_model *m = ctx ? compile_chain(ctx) : NULL;
+    if (!m) return;
+    racer r[2] = {{.m = m, .seed = test_rand_u64()}, {.m = m, .seed = test_rand_u64()}};
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++) pthread_create(&t[i], NULL, race, &r[i]);
+    for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+    CHECK(r[0].wrong + r[1].wrong == 0, "%d wrong results or errors other than busy",
+          r[0].wrong + r[1].wrong);
+    CHECK(r[0].ok + r[1].ok + r[0].busy + r[1].busy == 600 && r[0].ok + r[1].ok > 0,
+          "%d right, %d busy", r[0].ok + r[1].ok, r[0].busy + r[1].busy);
+    printf("# two threads on one model: %d right, %d busy\n", r[0].ok + r[1].ok,
+           r[0].busy + r[1].busy);
+    mk_model_free(m);
+    mk_context_free(ctx);
+}
+
 int main(void) {
     test_srand(test_seed());
     make_chain();
@@ -371,5 +430,6 @@ int main(void) {
     RUN(test_cancel_call);
     RUN(test_shared_busy);
     RUN(test_free_shared_mid_compile);
+    RUN(test_threads_busy);
     return test_summary("reentry");
 }
