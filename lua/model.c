@@ -60,9 +60,12 @@ static int raw_field(lua_State *L, int t, const char *k) {
     return lua_rawget(L, t);
 }
 
-/* The model at the start of its call into the core, after the checks: open still
- * (a finalizer run by the checks' allocations may have closed it). */
-static mk_model *model_for_call(lua_State *L, lmk_model *m, const char *fn) {
+/*
+ * The model, open still. Read again after anything that may allocate: a
+ * collection step there may run a finalizer that closes the model, so no
+ * pointer into it (a name, the model itself) is kept across an allocation.
+ */
+static mk_model *open_model(lua_State *L, lmk_model *m, const char *fn) {
     if (!m->model) LMK_ARG_ERROR(L, fn, "the model is closed");
     return m->model;
 }
@@ -290,32 +293,30 @@ static int l_compile_script(lua_State *L) {
 /* ==== running ================================================================== */
 
 static void push_info(lua_State *L, const mk_tensor_info *info) {
+    /* the name first: it lives in the model, which a finalizer may close in a
+     * collection step of what follows (see open_model) */
+    if (info->name) lua_pushstring(L, info->name);
+    else lua_pushnil(L);
     lua_createtable(L, 0, 3);
-    if (info->name) {
-        lua_pushstring(L, info->name);
-        lua_setfield(L, -2, "name");
-    }
+    lua_insert(L, -2);
+    lua_setfield(L, -2, "name");
     lua_pushstring(L, mk_dtype_name(info->dtype));
     lua_setfield(L, -2, "dtype");
     lmk_push_shape(L, info->rank, info->shape);
     lua_setfield(L, -2, "shape");
 }
 
-/* Raises "input error: fn: unknown input 'k' (the model takes a, b)". */
+/* Raises "input error: fn: unknown input 'k' (the model takes a, b)", the list
+ * written in C first (the names live in the model). */
 static int raise_unknown_input(lua_State *L, const char *fn, const char *k,
                                const mk_named_tensor *named, size_t count) {
-    luaL_Buffer b;
-    char line[160];
-    snprintf(line, sizeof line, "input error: %s: unknown input '%s' (the model takes ", fn, k);
-    luaL_buffinit(L, &b);
-    luaL_addstring(&b, line);
-    for (size_t i = 0; i < count; i++) {
-        if (i) luaL_addstring(&b, ", ");
-        luaL_addstring(&b, named[i].name);
-    }
-    luaL_addstring(&b, count ? ")" : "no inputs)");
-    luaL_pushresult(&b);
-    return lua_error(L);
+    char names[1024] = "";
+    size_t at = 0;
+    for (size_t i = 0; i < count && at < sizeof names; i++)
+        at += (size_t)snprintf(names + at, sizeof names - at, "%s%s", i ? ", " : "",
+                               named[i].name);
+    return lmk_raise(L, "input error", fn, "unknown input '%s' (the model takes %s)", k,
+                     count ? names : "no inputs");
 }
 
 /*
@@ -343,9 +344,11 @@ static mk_named_tensor *check_inputs(lua_State *L, lmk_model *m, int idx, const 
         : (mk_named_tensor *)lua_newuserdatauv(L, count * sizeof *named, 0);
     for (size_t i = 0; i < count; i++) {
         mk_tensor_info info;
-        if (mk_model_input_info(m->model, i, &info) != 0)
+        if (mk_model_input_info(open_model(L, m, fn), i, &info) != 0)
             lmk_raise(L, "internal error", fn, "no information on input %zu", i + 1);
-        raw_field(L, idx, info.name);
+        lua_pushstring(L, info.name); /* may collect */
+        mk_model_input_info(open_model(L, m, fn), i, &info);
+        lua_rawget(L, idx);
         lmk_tensor *t = lmk_to_tensor(L, -1);
         if (lua_isnil(L, -1))
             lmk_raise(L, "input error", fn, "missing input '%s' (%s %s)", info.name,
@@ -396,7 +399,7 @@ static mk_named_tensor *check_inputs(lua_State *L, lmk_model *m, int idx, const 
 static lmk_tensor *push_output(lua_State *L, lmk_model *m, size_t o, int idx, int64_t steps,
                                const char *fn) {
     mk_tensor_info info;
-    if (mk_model_output_info_at(m->model, o, &info) != 0)
+    if (mk_model_output_info_at(open_model(L, m, fn), o, &info) != 0)
         lmk_raise(L, "internal error", fn, "no information on output %zu", o + 1);
     int rank = info.rank;
     int64_t shape[MK_MAX_RANK];
@@ -456,7 +459,7 @@ static int model_run(lua_State *L) {
         lmk_tensor *t = push_output(L, m, (size_t)o, 3 + o, 0, fn);
         outs[o] = (mk_buffer){t->data, t->bytes};
     }
-    mk_model *model = model_for_call(L, m, fn);
+    mk_model *model = open_model(L, m, fn);
     mk_error *err = NULL;
     lmk_host_scope scope = lmk_host_begin(L);
     m->calls++;
@@ -507,7 +510,7 @@ static int model_run_steps(lua_State *L) {
                 LMK_ARG_ERROR(L, fn, "opts.stop.output is %lld; the model has %d output%s",
                               (long long)o, n_out, n_out == 1 ? "" : "s");
             mk_tensor_info info;
-            if (mk_model_output_info_at(m->model, (size_t)(o - 1), &info) != 0)
+            if (mk_model_output_info_at(open_model(L, m, fn), (size_t)(o - 1), &info) != 0)
                 lmk_raise(L, "internal error", fn, "no information on output %lld", (long long)o);
             int64_t numel = 1;
             for (int k = 0; k < info.rank; k++) numel *= info.shape[k];
@@ -534,7 +537,7 @@ static int model_run_steps(lua_State *L) {
         lua_rawseti(L, list, o + 1);
         if (given) lua_pop(L, 1);
     }
-    mk_model *model = model_for_call(L, m, fn);
+    mk_model *model = open_model(L, m, fn);
     mk_error *err = NULL;
     lmk_host_scope scope = lmk_host_begin(L);
     m->calls++;
@@ -632,12 +635,12 @@ static int model_memory_svg(lua_State *L) {
 }
 
 /* A list of the infos info_at gives for 0 .. count - 1. */
-static int push_infos(lua_State *L, const mk_model *model, size_t count,
+static int push_infos(lua_State *L, lmk_model *m, const char *fn, size_t count,
                       int (*info_at)(const mk_model *, size_t, mk_tensor_info *)) {
     lua_createtable(L, (int)count, 0);
     for (size_t i = 0; i < count; i++) {
         mk_tensor_info info;
-        if (info_at(model, i, &info) != 0) continue;
+        if (info_at(open_model(L, m, fn), i, &info) != 0) continue;
         push_info(L, &info);
         lua_rawseti(L, -2, (lua_Integer)i + 1);
     }
@@ -647,13 +650,13 @@ static int push_infos(lua_State *L, const mk_model *model, size_t count,
 /* model:inputs() -> {{name =, dtype =, shape =}, ...}; model:output() -> {dtype =, shape =} */
 static int model_inputs(lua_State *L) {
     lmk_model *m = check_model(L, 1, "inputs", true);
-    return push_infos(L, m->model, mk_model_input_count(m->model), mk_model_input_info);
+    return push_infos(L, m, "inputs", mk_model_input_count(m->model), mk_model_input_info);
 }
 
 /* model:outputs() -> {{dtype =, shape =}, ...}, one per output */
 static int model_outputs(lua_State *L) {
     lmk_model *m = check_model(L, 1, "outputs", true);
-    return push_infos(L, m->model, mk_model_output_count(m->model), mk_model_output_info_at);
+    return push_infos(L, m, "outputs", mk_model_output_count(m->model), mk_model_output_info_at);
 }
 
 /* model:recurrence() -> {name = {output = o} | {add = k}, ...}: the script's next lines */
@@ -666,10 +669,12 @@ static int model_recurrence(lua_State *L) {
         int output;
         int64_t add;
         mk_tensor_info info;
+        lua_createtable(L, 0, 1); /* before the info: its name lives in the model */
         if (mk_model_next_info(m->model, i, &input, &output, &add) != 0 ||
-            mk_model_input_info(m->model, input, &info) != 0)
+            mk_model_input_info(m->model, input, &info) != 0) {
+            lua_pop(L, 1);
             continue;
-        lua_createtable(L, 0, 1);
+        }
         lua_pushinteger(L, output >= 0 ? (lua_Integer)output + 1 : (lua_Integer)add);
         lua_setfield(L, -2, output >= 0 ? "output" : "add");
         lua_setfield(L, -2, info.name);

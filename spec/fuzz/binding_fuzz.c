@@ -2,14 +2,19 @@
  * binding_fuzz.c — the Lua binding's argument handling, driven by sequences of
  * calls: each byte picks a call (run, run_steps, reset, close, compile,
  * compile_script, the host functions, introspection, node and tensor
- * builders, a field or metatable of an argument table, a collection) and the
+ * builders, a field or metatable of an argument table, a collection, garbage
+ * with a finalizer) and the
  * following bytes its arguments from pools of models (one with a recurrence,
  * two sharing a buffer), tensors, nodes, tables, host functions and odd values
  * (NaN, huge numbers, NUL in names, the wrong types). Host functions and
  * metamethods (__index, __len, __pairs, __newindex) run further calls, three
  * deep: a model re-run, reset or closed from its own progress function, a
- * nested run, a cancel, an error (a string or a table), a table emptied and
- * collected under a call.
+ * nested run (also from a coroutine: another lua_State), a cancel, an error
+ * (a string or a table), a yield across the core, a table emptied and
+ * collected under a call. A top-level call may itself run in a coroutine.
+ * Garbage with a finalizer that closes a model or runs an op lands in some
+ * later collection step (generational mode: each young collection calls the
+ * finalizers due), inside the binding's own allocations as often as not.
  *
  * A finding is a crash or sanitizer report, an error that is not a string (or
  * the table a host function raised), an "internal error", or a module that no
@@ -47,6 +52,7 @@ static const char *const harness =
     "    end\n"
     "    mk.on_progress(nil)\n"
     "    mk.on_log(nil)\n"
+    "    collectgarbage('generational') -- a young collection calls the finalizers due\n"
     "    local x = mk.input('x', 'float32', { 4 })\n"
     "    local w = mk.input('w', 'float32', { 4 })\n"
     "    local h = mk.input('h', 'float32', { 4 })\n"
@@ -101,6 +107,8 @@ static const char *const harness =
     "        function() collectgarbage() end,\n"
     "        function() local t = tbl(); for k in pairs(t) do t[k] = nil end; collectgarbage() end,\n"
     "        function() return pick() end,\n"
+    "        function() coroutine.wrap(nested)() end, -- a call from another lua_State\n"
+    "        function() coroutine.yield() end,         -- across the core: an error\n"
     "    }\n"
     "    metas = {\n"
     "        { __index = function(_, k) return tensors[1] end },\n"
@@ -182,10 +190,25 @@ static const char *const harness =
     "            local t = try(mk.tensor, pick(), pick(), pick())\n"
     "            if t and #tensors < 12 then tensors[#tensors + 1] = t end\n"
     "        end,\n"
+    "        function() -- garbage whose finalizer closes a model or runs an op, in a later\n"
+    "            -- collection step: inside some binding call's allocations, maybe\n"
+    "            local m, op = model(), b(2)\n"
+    "            setmetatable({}, { __gc = function()\n"
+    "                if op == 0 then pcall(m.close, m) else nested() end\n"
+    "            end })\n"
+    "            collectgarbage('step', b(8))\n"
+    "        end,\n"
     "    }\n"
     "    while pos < #bytes do\n"
     "        local op = ops[b(#ops) + 1]\n"
-    "        local ok, e = pcall(op)\n"
+    "        local ok, e\n"
+    "        if b(4) == 0 then -- in a coroutine, which a host function may try to yield\n"
+    "            local co = coroutine.create(op)\n"
+    "            ok, e = coroutine.resume(co)\n"
+    "            while ok and coroutine.status(co) == 'suspended' do ok, e = coroutine.resume(co) end\n"
+    "        else\n"
+    "            ok, e = pcall(op)\n"
+    "        end\n"
     "        if not ok then own(e) end\n"
     "    end\n"
     "    -- the module still works: a fresh model gives relu(x * w) exactly\n"

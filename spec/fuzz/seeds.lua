@@ -228,9 +228,11 @@ for i = 1, 6 do
     write("graph_fuzz", string.format("choices_%d.bin", i), table.concat(bytes))
 end
 
--- ---- binding calls (binding_fuzz.c's ops: 0 run, 1 run_steps, 2 reset, 3 close,
--- 4 a table field, 5 a metatable, 6 a host function, 7 collect, 8 compile_script,
--- 9 compile, 10 introspection, 11 a node, 12 an input table, 13 a tensor) ----------
+-- ---- binding calls --------------------------------------------------------------
+-- binding_fuzz.c's ops: 0 run, 1 run_steps, 2 reset, 3 close, 4 a table field,
+-- 5 a metatable, 6 a host function, 7 collect, 8 compile_script, 9 compile,
+-- 10 introspection, 11 a node, 12 an input table, 13 a tensor, 14 garbage with a
+-- finalizer; a top-level op's next byte: 0 runs it in a coroutine.
 
 for i = 1, 6 do
     local bytes = {}
@@ -245,7 +247,7 @@ do
     end
     -- on_progress(callbacks[1]: one nested op), then models[1]:run(tables[1]); the
     -- nested ops: close, run, reset of models[1], models[2]:run_steps
-    local progress_nested, run_first = { 6, 0, 4, 0 }, { 0, 0, 3, 0, 0 }
+    local progress_nested, run_first = { 6, 1, 0, 4, 0 }, { 0, 1, 0, 3, 0, 0 }
     local function with(nested)
         local t = {}
         for _, part in ipairs({ progress_nested, run_first, nested }) do
@@ -258,7 +260,7 @@ do
     calls("reset_in_progress.bin", with({ 2, 0, 2, 0 }))
     calls("nested_steps.bin", with({ 1, 1, 0, 6, 5, 5, 3, 1, 6 }))
     -- on_progress(callbacks[6]: empty a table and collect), then models[2]:run_steps(3, tables[2])
-    calls("emptied_in_steps.bin", { 6, 0, 4, 5, 1, 1, 0, 6, 5, 5, 3, 1, 6, 1, 1, 1 })
+    calls("emptied_in_steps.bin", { 6, 1, 0, 4, 5, 1, 1, 1, 0, 6, 5, 5, 3, 1, 6, 1, 1, 1 })
 end
 
 -- ---- safetensors ----------------------------------------------------------------
