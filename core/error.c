@@ -25,6 +25,7 @@ static const char *kind_of(mk_error_code code) {
     case MK_ERR_NO_DEVICE: return "no CUDA device";
     case MK_ERR_FILE: return "file error";
     case MK_ERR_CANCELLED: return "cancelled";
+    case MK_ERR_BUSY: return "busy";
     }
     return "error";
 }

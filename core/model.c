@@ -65,6 +65,8 @@ struct mk_model {
     mk_fusion *fusion;   /* cuDNN groups and their report (use_cudnn only) */
     char *report;        /* mk_model_fusion_report: pointwise groups, then cuDNN's */
     mk_stats stats;
+    atomic_bool busy;    /* a call writes its memory (evaluate, run_steps, reset): another
+                            one, from a host function or a thread, is a busy error */
 };
 
 /* ---- one CUDA setup at a time ---------------------------------------------- */
@@ -168,18 +170,49 @@ static void host_progress(const mk_host *h, mk_phase phase, int64_t done, int64_
     if (ctx->progress) ctx->progress(ctx->progress_user, phase, done, total);
 }
 
+/* ---- calls in flight ------------------------------------------------------------ */
+
+/*
+ * A compile or evaluation in flight. Its host functions may start calls of
+ * their own on the same thread (another model's run): those nest, innermost
+ * first, so mk_context_cancel_call stops the one whose host function asked
+ * and no call around it.
+ */
+typedef struct call {
+    mk_host host;          /* first: the devices hand &host back to host_cancelled */
+    atomic_bool stopped;   /* mk_context_cancel_call; read by the device's threads too */
+    struct call *outer;    /* the call on this thread inside whose host function this began */
+} call;
+
+static _Thread_local call *innermost;
+
 static bool host_cancelled(const mk_host *h) {
+    const call *c = (const call *)h;
     mk_context *ctx = h->ctx;
-    return atomic_load(&ctx->cancels) != h->epoch;
+    return atomic_load(&c->stopped) || atomic_load(&ctx->cancels) != h->epoch;
 }
 
-/* A call's host view, taken as it begins: cancels after this moment stop it. */
-static mk_host host_of(mk_context *ctx) {
-    return (mk_host){.ctx = ctx,
-                     .epoch = atomic_load(&ctx->cancels),
-                     .log = host_log,
-                     .progress = host_progress,
-                     .cancelled = host_cancelled};
+/* Begins a call in ctx (may be NULL: the call fails on its arguments): cancels
+ * after this moment stop it. */
+static void call_begin(call *c, mk_context *ctx) {
+    c->host = (mk_host){.ctx = ctx,
+                        .epoch = ctx ? atomic_load(&ctx->cancels) : 0,
+                        .log = host_log,
+                        .progress = host_progress,
+                        .cancelled = host_cancelled};
+    atomic_init(&c->stopped, false);
+    c->outer = innermost;
+    innermost = c;
+}
+
+static void call_end(call *c) { innermost = c->outer; }
+
+MK_API void mk_context_cancel_call(mk_context *ctx) {
+    for (call *c = innermost; ctx && c; c = c->outer)
+        if (c->host.ctx == ctx) {
+            atomic_store(&c->stopped, true);
+            return;
+        }
 }
 
 /* ---- devices ----------------------------------------------------------------- */
@@ -534,7 +567,7 @@ static int bind(mk_model *m, const int64_t *scratch_offset, mk_error **err) {
 
 /* ---- compile ----------------------------------------------------------------------- */
 
-static mk_model *compile(mk_context *ctx, const char *script,
+static mk_model *compile(mk_host *host, mk_context *ctx, const char *script,
                          const mk_named_tensor *constants, size_t n_constants,
                          const mk_compile_options *options, mk_error **err) {
     double t0 = mk_now_ms();
@@ -546,13 +579,12 @@ static mk_model *compile(mk_context *ctx, const char *script,
     const mk_device_ops *dev = device_for(&opts, err);
     if (!dev) return NULL;
 
-    mk_host host = host_of(ctx);
-    host.opts = &opts;
+    host->opts = &opts;
     enum { STAGES = 6 }; /* parse, passes, plan, memory, bind, device */
 #define STAGE_DONE(k)                                                       \
     do {                                                                    \
-        host.progress(&host, MK_PHASE_COMPILE, (k), STAGES);                \
-        if (host.cancelled(&host)) {                                        \
+        host->progress(host, MK_PHASE_COMPILE, (k), STAGES);                \
+        if (host->cancelled(host)) {                                        \
             mk_cancelled(err, "compile");                                   \
             goto fail;                                                      \
         }                                                                   \
@@ -572,7 +604,7 @@ static mk_model *compile(mk_context *ctx, const char *script,
     m->dev = dev;
     m->borrowed = opts.borrow_constants && dev == &mk_cpu_device;
     m->stats.device = (int)opts.device;
-    host.progress(&host, MK_PHASE_COMPILE, 0, STAGES);
+    host->progress(host, MK_PHASE_COMPILE, 0, STAGES);
     if (!(m->graph = mk_graph_parse(script, err))) goto fail;
     STAGE_DONE(1);
     mk_graph *g = m->graph;
@@ -602,7 +634,7 @@ static mk_model *compile(mk_context *ctx, const char *script,
     STAGE_DONE(3);
 
     if (dev->open(&m->dev_state, err)) goto fail;
-    if (allocate(m, &host, err)) goto fail;
+    if (allocate(m, host, err)) goto fail;
     STAGE_DONE(4);
     if (bind(m, scratch_offset, err)) goto fail;
     STAGE_DONE(5);
@@ -631,7 +663,7 @@ static mk_model *compile(mk_context *ctx, const char *script,
         rules[i] = (mk_step_rule){.input = m->input_slot[g->next[i].input->index],
                                   .output = g->next[i].output, .add = g->next[i].add};
     if (dev->prepare(m->dev_state, m->launches, m->n_launches, m->in_copies, m->n_inputs,
-                     m->out_copies, m->n_outputs, rules, g->n_next, &host, err))
+                     m->out_copies, m->n_outputs, rules, g->n_next, host, err))
         goto fail;
     STAGE_DONE(6);
 #undef STAGE_DONE
@@ -658,13 +690,13 @@ static mk_model *compile(mk_context *ctx, const char *script,
         m->stats.cudnn_tf32_groups = m->fusion->tf32;
     }
     m->stats.compile_ms = mk_now_ms() - t0;
-    host.log(&host, MK_LOG_INFO,
+    host->log(host, MK_LOG_INFO,
              "compiled for %s in %.1f ms: %d nodes, %d launches (%d pointwise, %d matrix-vector "
              "groups), arena %zu bytes",
              dev->name, m->stats.compile_ms, n, m->n_launches, m->stats.pointwise_groups,
              m->stats.product_groups, m->stats.arena_bytes);
     if (m->fusion && m->fusion->rejected)
-        host.log(&host, MK_LOG_WARNING,
+        host->log(host, MK_LOG_WARNING,
                  "cuDNN rejected %d group%s: they run on the plain kernels (the fusion report "
                  "says why)", m->fusion->rejected, m->fusion->rejected == 1 ? "" : "s");
     free(scratch_offset);
@@ -681,9 +713,12 @@ MK_API mk_model *mk_compile(mk_context *ctx, const char *script,
                             const mk_named_tensor *constants, size_t n_constants,
                             const mk_compile_options *options, mk_error **err) {
     bool cuda = options && options->device == MK_DEVICE_CUDA;
+    call c;
+    call_begin(&c, ctx);
     cuda_enter(cuda);
-    mk_model *m = compile(ctx, script, constants, n_constants, options, err);
+    mk_model *m = compile(&c.host, ctx, script, constants, n_constants, options, err);
     cuda_leave(cuda);
+    call_end(&c);
     return m;
 }
 
@@ -720,15 +755,48 @@ MK_API void mk_model_free(mk_model *m) {
     cuda_leave(cuda);
 }
 
+/* ---- one call on a model at a time ------------------------------------------------------ */
+
+/*
+ * Claims m, and each model whose memory it uses in place (share), for one call
+ * that writes their memory. Another such call while it is in flight (a host
+ * function of this call running or resetting m, another thread) fails with
+ * MK_ERR_BUSY and changes nothing: it would rebind the input and output slots
+ * under the running launches. The call holds a reference too, so mk_model_free
+ * from one of its host functions frees the model when the call returns.
+ */
+static int model_claim(mk_model *m, const char *fn, mk_error **err) {
+    for (mk_model *x = m; x; x = x->shared) {
+        if (!atomic_exchange(&x->busy, true)) continue;
+        for (mk_model *y = m; y != x; y = y->shared) atomic_store(&y->busy, false);
+        return mk_fail(err, MK_ERR_BUSY, 0, 0,
+                       "%s: %s is running (a host function of that call, or another thread, "
+                       "may not run or reset it until the call returns)", fn,
+                       x == m ? "the model" : "a model whose memory it shares");
+    }
+    atomic_fetch_add(&m->refs, 1);
+    return 0;
+}
+
+static void model_unclaim(mk_model *m) {
+    for (mk_model *x = m; x; x = x->shared) atomic_store(&x->busy, false);
+    if (atomic_fetch_sub(&m->refs, 1) > 1) return;
+    atomic_store(&m->refs, 1); /* the host freed it during the call: the last reference */
+    mk_model_free(m);
+}
+
 MK_API int mk_model_reset(mk_model *m, mk_error **err) {
     if (!m) return mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "mk_model_reset: NULL model");
-    for (int i = 0; i < m->graph->n_nodes; i++) {
+    if (model_claim(m, "mk_model_reset", err)) return -1;
+    int rc = 0;
+    for (int i = 0; i < m->graph->n_nodes && !rc; i++) {
         const mk_node *n = m->graph->nodes[i];
         if (n->owner == n && n->storage == MK_STORAGE_BUFFER &&
             m->dev->zero(m->dev_state, m->base[i], mk_node_bytes(n), err))
-            return -1;
+            rc = -1;
     }
-    return 0;
+    model_unclaim(m);
+    return rc;
 }
 
 /* ---- evaluate ------------------------------------------------------------------------ */
@@ -784,17 +852,23 @@ static int bind_outputs(mk_model *m, const mk_buffer *outputs, size_t n_outputs,
 }
 
 static int evaluate_once(mk_model *m, mk_error **err) {
-    mk_host host = host_of(m->ctx);
-    return m->dev->evaluate(m->dev_state, m->launches, m->n_launches, m->in_copies, m->n_inputs,
-                            m->out_copies, m->n_outputs, &host, err);
+    call c;
+    call_begin(&c, m->ctx);
+    int rc = m->dev->evaluate(m->dev_state, m->launches, m->n_launches, m->in_copies,
+                              m->n_inputs, m->out_copies, m->n_outputs, &c.host, err);
+    call_end(&c);
+    return rc;
 }
 
 MK_API int mk_evaluate_outputs(mk_model *m, const mk_named_tensor *inputs, size_t n_inputs,
                                const mk_buffer *outputs, size_t n_outputs, mk_error **err) {
     if (!m) return mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "mk_evaluate_outputs: NULL model");
-    if (bind_outputs(m, outputs, n_outputs, 1, 0, err) || bind_inputs(m, inputs, n_inputs, err))
-        return -1;
-    return evaluate_once(m, err);
+    if (model_claim(m, "mk_evaluate", err)) return -1;
+    int rc = -1;
+    if (!bind_outputs(m, outputs, n_outputs, 1, 0, err) && !bind_inputs(m, inputs, n_inputs, err))
+        rc = evaluate_once(m, err);
+    model_unclaim(m);
+    return rc;
 }
 
 MK_API int mk_evaluate(mk_model *m, const mk_named_tensor *inputs, size_t n_inputs, void *output,
@@ -817,10 +891,9 @@ MK_API int mk_evaluate(mk_model *m, const mk_named_tensor *inputs, size_t n_inpu
  * m->counters (unsigned arithmetic: a counter wraps, as two's complement does,
  * never UB).
  */
-MK_API int64_t mk_model_run_steps(mk_model *m, int64_t n, const mk_named_tensor *inputs,
-                                  size_t n_inputs, const mk_buffer *outputs, size_t n_outputs,
-                                  const mk_stop *stop, mk_error **err) {
-    if (!m) return mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "mk_model_run_steps: NULL model");
+static int64_t run_steps(mk_model *m, int64_t n, const mk_named_tensor *inputs,
+                         size_t n_inputs, const mk_buffer *outputs, size_t n_outputs,
+                         const mk_stop *stop, mk_error **err) {
     if (n < 1)
         return mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "run_steps: n must be at least 1, got %lld",
                        (long long)n);
@@ -840,10 +913,12 @@ MK_API int64_t mk_model_run_steps(mk_model *m, int64_t n, const mk_named_tensor 
     if (bind_outputs(m, outputs, n_outputs, n, 0, err) || bind_inputs(m, inputs, n_inputs, err))
         return -1;
     if (m->dev->run_steps) {
-        mk_host host = host_of(m->ctx);
+        call c;
+        call_begin(&c, m->ctx);
         int64_t ran = m->dev->run_steps(m->dev_state, m->launches, m->n_launches, m->in_copies,
-                                        m->n_inputs, m->out_copies, m->n_outputs, n, stop, &host,
-                                        err);
+                                        m->n_inputs, m->out_copies, m->n_outputs, n, stop,
+                                        &c.host, err);
+        call_end(&c);
         if (ran != MK_STEPS_NO_LOOP) return ran;
     }
     char *slot = m->counters;
@@ -877,6 +952,16 @@ MK_API int64_t mk_model_run_steps(mk_model *m, int64_t n, const mk_named_tensor 
         }
     }
     return n;
+}
+
+MK_API int64_t mk_model_run_steps(mk_model *m, int64_t n, const mk_named_tensor *inputs,
+                                  size_t n_inputs, const mk_buffer *outputs, size_t n_outputs,
+                                  const mk_stop *stop, mk_error **err) {
+    if (!m) return mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "mk_model_run_steps: NULL model");
+    if (model_claim(m, "mk_model_run_steps", err)) return -1;
+    int64_t ran = run_steps(m, n, inputs, n_inputs, outputs, n_outputs, stop, err);
+    model_unclaim(m);
+    return ran;
 }
 
 /* ---- introspection --------------------------------------------------------------------- */

@@ -77,6 +77,7 @@ typedef enum {
     MK_ERR_NO_DEVICE,   /* compiled for CUDA where there is none ("no CUDA device: ...") */
     MK_ERR_FILE,        /* a file cannot be read or written, or its contents are malformed */
     MK_ERR_CANCELLED,   /* the host asked the context to stop (mk_context_cancel) */
+    MK_ERR_BUSY,        /* the model is in a call already ("busy: ..."; see "host functions") */
 } mk_error_code;
 
 /* The whole message, e.g. "script:3:14: syntax error: expected ')'". */
@@ -105,8 +106,33 @@ MK_API void mk_context_free(mk_context *);
  * the context's log function, if the host set one; how far a long call has
  * come goes to its progress function. Set them before the context's models
  * compile or run (not while calls run on other threads); NULL turns them off.
- * They are called on the thread making the call, and may call
- * mk_context_cancel.
+ * They are called on the thread making the call.
+ *
+ * What a host function may do, called for a call on model M in context C
+ * (a compile's M is the model it makes, which the host has not seen yet):
+ *
+ *   - Any model of C but M, and any other context: compile, run, reset,
+ *     free, as from the host's own code. A call made there nests: it reports
+ *     to the same host functions (phases interleave), and its errors and
+ *     cancels are its own; the outer call then goes on where it was and
+ *     loses nothing (its progress, its inputs and outputs, its result).
+ *   - M itself, and any model that shares memory with M (compile's `share`,
+ *     either way): mk_evaluate, mk_evaluate_outputs, mk_model_run_steps and
+ *     mk_model_reset fail with MK_ERR_BUSY ("busy: ...") and change nothing;
+ *     the outer call finishes correctly. mk_model_free(M) does not free it
+ *     under the call: M goes when the call returns (whose outputs are then
+ *     written as usual), and M may not be used after the free. The read-only
+ *     mk_model_* functions (info, script, stats, reports) work.
+ *   - C: mk_context_cancel stops every call in flight in C, the nested ones
+ *     and the one that called the host function; mk_context_cancel_call only
+ *     the innermost call of C on this thread (the one the function is called
+ *     for). mk_context_free only drops the host's reference: the models of C
+ *     keep it. mk_context_set_log and _set_progress take effect at the next
+ *     report.
+ *
+ * The same MK_ERR_BUSY answers a call on M from another thread while M is in
+ * a call (the "threads" rules forbid it; the check makes it an error, not a
+ * race).
  */
 typedef enum { MK_LOG_INFO, MK_LOG_WARNING } mk_log_level;
 typedef void (*mk_log_fn)(void *user, mk_log_level level, const char *message);
@@ -135,6 +161,10 @@ MK_API const char *mk_phase_name(mk_phase);
  * log and progress functions.
  */
 MK_API void mk_context_cancel(mk_context *);
+/* From a log or progress function: stops, as mk_context_cancel does, only the
+ * call that function is called for (the innermost call in the context on this
+ * thread), not the calls around it. Elsewhere it does nothing. */
+MK_API void mk_context_cancel_call(mk_context *);
 
 /* ---- threads ------------------------------------------------------------
  *
@@ -159,7 +189,8 @@ MK_API void mk_context_cancel(mk_context *);
  *   - One model is used by one thread at a time: mk_evaluate and
  *     mk_model_reset write its memory and its input and output slots, so two
  *     of these calls on one model must not overlap (lock around them, or
- *     compile a model per thread). The read-only mk_model_* functions
+ *     compile a model per thread; the later of two that do fails with
+ *     MK_ERR_BUSY rather than racing). The read-only mk_model_* functions
  *     (input/output info, script, stats, fusion report) may run alongside any
  *     call on the model but mk_model_free. A model may change threads between
  *     calls (compiled on one, evaluated on another, freed on a third) after
@@ -304,6 +335,8 @@ MK_API int64_t mk_model_run_steps(mk_model *, int64_t n, const mk_named_tensor *
  * generation). Costs a memset per buffer, no recompilation. */
 MK_API int mk_model_reset(mk_model *, mk_error **err);
 
+/* Frees the model (its memory goes with the last model that shares it). From a
+ * host function of a call on this model, the free waits for that call to return. */
 MK_API void mk_model_free(mk_model *);
 
 /* ---- introspection ------------------------------------------------------ */

@@ -72,12 +72,12 @@ int lmk_check_int_list(lua_State *L, int idx, const char *fn, const char *what, 
     if (lua_type(L, idx) != LUA_TTABLE)
         LMK_ARG_ERROR(L, fn, "%s must be a table of integers, got %s", what,
                       luaL_typename(L, idx));
-    lua_Integer n = luaL_len(L, idx);
+    lua_Integer n = (lua_Integer)lua_rawlen(L, idx); /* raw: no __len or __index runs here */
     if (n > max)
         lmk_raise(L, "shape error", fn, "%s has %lld entries (at most %d)", what, (long long)n,
                   max);
     for (lua_Integer i = 1; i <= n; i++) {
-        lua_geti(L, idx, i);
+        lua_rawgeti(L, idx, i);
         int ok = 0;
         lua_Integer v = lua_tointegerx(L, -1, &ok);
         if (!ok)

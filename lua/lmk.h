@@ -125,10 +125,16 @@ void lmk_fill_tensor(lua_State *L, lmk_tensor *t, int idx, const char *fn);
 /* The one context of this lua_State, created on first use (never at luaopen). */
 mk_context *lmk_context(lua_State *L);
 /* Around every call into the core that may call the host functions: begin
- * marks L as the state to call them on; end (before raising the core's error)
- * raises the error of a host function that failed, freeing err. */
-void lmk_host_begin(lua_State *L);
-void lmk_host_end(lua_State *L, mk_error *err);
+ * marks L as the state to call them on and returns what it replaces (a call
+ * made from a host function nests in the one that called it); end puts that
+ * back and (before raising the core's error) raises the error of a host
+ * function that failed, freeing err. */
+typedef struct {
+    lua_State *outer; /* the state of the call this one nests in, or NULL */
+    bool outer_failed;
+} lmk_host_scope;
+lmk_host_scope lmk_host_begin(lua_State *L);
+void lmk_host_end(lua_State *L, lmk_host_scope scope, mk_error *err);
 
 /* ---- the parts of the module: each fills the module table on top ------------ */
 

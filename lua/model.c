@@ -20,6 +20,7 @@
 typedef struct {
     mk_model *model; /* NULL while closed */
     mk_device device;
+    int calls;       /* runs of this model in the core: its host functions may not close it */
     const void *not_constant[MK_MAX_OUTPUTS]; /* output o's tensor last found not to be a
                                                  borrowed constant (those are anchored by
                                                  the model: no other tensor takes their
@@ -35,9 +36,13 @@ static lmk_model *check_model(lua_State *L, int idx, const char *fn, bool open) 
     return m;
 }
 
-/* __gc and __close: one idempotent release. */
+/* __gc and __close: one idempotent release. (A run holds its model on the stack:
+ * __gc never comes during one.) */
 static int model_release(lua_State *L) {
     lmk_model *m = check_model(L, 1, "close", false);
+    if (m->calls)
+        return lmk_raise(L, "busy", "close", "the model is running: a host function of its "
+                         "own run may not close it (close it after the run returns)");
     if (m->model) mk_model_free(m->model);
     m->model = NULL;
     lua_pushnil(L);
@@ -46,6 +51,24 @@ static int model_release(lua_State *L) {
 }
 
 static const char *device_name(mk_device d) { return d == MK_DEVICE_CUDA ? "cuda" : "cpu"; }
+
+/* t[k] without metamethods, pushed: what the binding hands the core must be
+ * held by the table itself, never made up by an __index function. */
+static int raw_field(lua_State *L, int t, const char *k) {
+    t = lua_absindex(L, t);
+    lua_pushstring(L, k);
+    return lua_rawget(L, t);
+}
+
+/*
+ * The model, open still. Read again after anything that may allocate: a
+ * collection step there may run a finalizer that closes the model, so no
+ * pointer into it (a name, the model itself) is kept across an allocation.
+ */
+static mk_model *open_model(lua_State *L, lmk_model *m, const char *fn) {
+    if (!m->model) LMK_ARG_ERROR(L, fn, "the model is closed");
+    return m->model;
+}
 
 /* ==== compiling =============================================================== */
 
@@ -143,7 +166,7 @@ static void check_constants(lua_State *L, int script_idx, int consts_idx, int so
         lua_pushboolean(L, 1);
         lua_setfield(L, seen, nm);
         if (lua_isnil(L, consts_idx)) lua_pushnil(L);
-        else lua_getfield(L, consts_idx, nm);
+        else raw_field(L, consts_idx, nm);
         lmk_tensor *t = lmk_to_tensor(L, -1);
         if (lua_isnil(L, -1))
             lmk_raise(L, "input error", fn, "missing constant '%s' (%s %s)", nm,
@@ -178,8 +201,9 @@ static void check_constants(lua_State *L, int script_idx, int consts_idx, int so
     lua_settop(L, declared - 1);
 }
 
-/* Reads compile options from the table at idx. */
-static mk_compile_options check_options(lua_State *L, int idx) {
+/* Reads compile options from the table at idx; a `share` model goes to stack
+ * slot share_slot (its pointer is read just before the compile: see there). */
+static mk_compile_options check_options(lua_State *L, int idx, int share_slot) {
     const char *fn = "compile";
     mk_compile_options o = {.device = MK_DEVICE_CPU};
     if (lua_isnoneornil(L, idx)) return o;
@@ -214,7 +238,8 @@ static mk_compile_options check_options(lua_State *L, int idx) {
             if (!other)
                 LMK_ARG_ERROR(L, fn, "share must be a model, got %s", luaL_typename(L, -1));
             if (!other->model) LMK_ARG_ERROR(L, fn, "share: the model is closed");
-            o.share = other->model; /* the core takes a reference */
+            lua_pushvalue(L, -1);
+            lua_replace(L, share_slot);
         } else {
             LMK_ARG_ERROR(L, fn, "unknown option %s (device, cudnn, fuse, passes, kernel_cache, "
                               "max_bytes, share)",
@@ -238,15 +263,17 @@ static int l_compile_script(lua_State *L) {
     if (!lua_isnil(L, 4) && lua_type(L, 4) != LUA_TTABLE)
         LMK_ARG_ERROR(L, fn, "sources must be a table {[line] = \"file:line\"}, got %s",
                       luaL_typename(L, 4));
+    lua_pushnil(L); /* 5: the share model, held for the call */
     if (lua_type(L, 1) != LUA_TSTRING)
         LMK_ARG_ERROR(L, fn, "the script must be a string, got %s", luaL_typename(L, 1));
     if (!lua_isnil(L, 2) && lua_type(L, 2) != LUA_TTABLE)
         LMK_ARG_ERROR(L, fn, "constants must be a table {name = tensor}, got %s",
                       luaL_typename(L, 2));
-    mk_compile_options opts = check_options(L, 3);
-    check_constants(L, 1, 2, 4);
+    mk_compile_options opts = check_options(L, 3, 5);
 
-    /* A private copy of the constants: the CPU model borrows their memory. */
+    /* A private copy of the constants, checked: the CPU model borrows their
+     * memory, and the caller's table may change under the checks' allocations
+     * (a finalizer) or the compile's host functions. */
     lua_newtable(L);
     int keep = lua_gettop(L);
     size_t n = 0;
@@ -259,14 +286,15 @@ static int l_compile_script(lua_State *L) {
             n++;
         }
     }
+    check_constants(L, 1, keep, 4);
     /* The name/data array lives in a userdata, so an error cannot leak it. */
     mk_named_tensor *named =
         (mk_named_tensor *)lua_newuserdatauv(L, (n ? n : 1) * sizeof *named, 0);
     size_t i = 0;
     lua_pushnil(L);
     while (lua_next(L, keep)) {
-        named[i].name = lua_tostring(L, -2); /* anchored by `keep` */
-        named[i].data = lmk_to_tensor(L, -1)->data;
+        named[i].name = lua_tostring(L, -2); /* anchored by `keep`; checked a string */
+        named[i].data = lmk_to_tensor(L, -1)->data; /* checked a tensor */
         i++;
         lua_pop(L, 1);
     }
@@ -276,10 +304,15 @@ static int l_compile_script(lua_State *L) {
     lmk_model *m = (lmk_model *)lua_newuserdatauv(L, sizeof *m, 2);
     *m = (lmk_model){.model = NULL, .device = opts.device};
     luaL_setmetatable(L, LMK_MODEL_MT);
+    if (!lua_isnil(L, 5)) { /* the core takes a reference: held until the compile returns */
+        lmk_model *other = (lmk_model *)lua_touserdata(L, 5);
+        if (!other->model) LMK_ARG_ERROR(L, fn, "share: the model is closed");
+        opts.share = other->model;
+    }
     mk_error *err = NULL;
-    lmk_host_begin(L);
+    lmk_host_scope scope = lmk_host_begin(L);
     m->model = mk_compile(ctx, lua_tostring(L, 1), named, n, &opts, &err);
-    lmk_host_end(L, err);
+    lmk_host_end(L, scope, err);
     if (!m->model) raise_at_source(L, 4, err);
     if (opts.borrow_constants) {
         lua_pushvalue(L, keep);
@@ -293,40 +326,39 @@ static int l_compile_script(lua_State *L) {
 /* ==== running ================================================================== */
 
 static void push_info(lua_State *L, const mk_tensor_info *info) {
+    /* the name first: it lives in the model, which a finalizer may close in a
+     * collection step of what follows (see open_model) */
+    if (info->name) lua_pushstring(L, info->name);
+    else lua_pushnil(L);
     lua_createtable(L, 0, 3);
-    if (info->name) {
-        lua_pushstring(L, info->name);
-        lua_setfield(L, -2, "name");
-    }
+    lua_insert(L, -2);
+    lua_setfield(L, -2, "name");
     lua_pushstring(L, mk_dtype_name(info->dtype));
     lua_setfield(L, -2, "dtype");
     lmk_push_shape(L, info->rank, info->shape);
     lua_setfield(L, -2, "shape");
 }
 
-/* Raises "input error: fn: unknown input 'k' (the model takes a, b)". */
+/* Raises "input error: fn: unknown input 'k' (the model takes a, b)", the list
+ * written in C first (the names live in the model). */
 static int raise_unknown_input(lua_State *L, const char *fn, const char *k,
                                const mk_named_tensor *named, size_t count) {
-    luaL_Buffer b;
-    char line[160];
-    snprintf(line, sizeof line, "input error: %s: unknown input '%s' (the model takes ", fn, k);
-    luaL_buffinit(L, &b);
-    luaL_addstring(&b, line);
-    for (size_t i = 0; i < count; i++) {
-        if (i) luaL_addstring(&b, ", ");
-        luaL_addstring(&b, named[i].name);
-    }
-    luaL_addstring(&b, count ? ")" : "no inputs)");
-    luaL_pushresult(&b);
-    return lua_error(L);
+    char names[1024] = "";
+    size_t at = 0;
+    for (size_t i = 0; i < count && at < sizeof names; i++)
+        at += (size_t)snprintf(names + at, sizeof names - at, "%s%s", i ? ", " : "",
+                               named[i].name);
+    return lmk_raise(L, "input error", fn, "unknown input '%s' (the model takes %s)", k,
+                     count ? names : "no inputs");
 }
 
 /*
  * The inputs table at idx, checked against the model (names, dtypes, shapes),
  * as an array of mk_named_tensor: `few` (the caller's, LMK_FEW_INPUTS long)
  * where it fits, else a userdata pushed on the stack (a host running a small
- * model every frame makes no garbage). The table anchors the tensors.
- * Returns the array; *count: its length.
+ * model every frame makes no garbage). Each tensor is read raw from the table
+ * and left on the stack: the call holds it, whatever a host function does to
+ * the table meanwhile. Returns the array; *count: its length.
  */
 #define LMK_FEW_INPUTS 8
 static mk_named_tensor *check_inputs(lua_State *L, lmk_model *m, int idx, const char *fn,
@@ -339,13 +371,17 @@ static mk_named_tensor *check_inputs(lua_State *L, lmk_model *m, int idx, const 
         LMK_ARG_ERROR(L, fn, "inputs must be a table {name = tensor}, got %s",
                       luaL_typename(L, idx));
     size_t count = mk_model_input_count(m->model);
+    if (!lua_checkstack(L, (int)count + LUA_MINSTACK))
+        lmk_raise(L, "out of memory", fn, "no stack room for %zu inputs", count);
     mk_named_tensor *named = count <= LMK_FEW_INPUTS ? few
         : (mk_named_tensor *)lua_newuserdatauv(L, count * sizeof *named, 0);
     for (size_t i = 0; i < count; i++) {
         mk_tensor_info info;
-        if (mk_model_input_info(m->model, i, &info) != 0)
+        if (mk_model_input_info(open_model(L, m, fn), i, &info) != 0)
             lmk_raise(L, "internal error", fn, "no information on input %zu", i + 1);
-        lua_getfield(L, idx, info.name);
+        lua_pushstring(L, info.name); /* may collect */
+        mk_model_input_info(open_model(L, m, fn), i, &info);
+        lua_rawget(L, idx);
         lmk_tensor *t = lmk_to_tensor(L, -1);
         if (lua_isnil(L, -1))
             lmk_raise(L, "input error", fn, "missing input '%s' (%s %s)", info.name,
@@ -361,8 +397,7 @@ static mk_named_tensor *check_inputs(lua_State *L, lmk_model *m, int idx, const 
             lmk_raise(L, "input error", fn, "input '%s' has shape %s, the model takes %s",
                       info.name, LMK_SHAPE_STR(t->rank, t->shape),
                       LMK_SHAPE_STR(info.rank, info.shape));
-        named[i] = (mk_named_tensor){info.name, t->data}; /* anchored by the inputs table */
-        lua_pop(L, 1);
+        named[i] = (mk_named_tensor){info.name, t->data}; /* t stays on the stack */
     }
     /* Every input was found by name above: the table holds no other key exactly
      * when it has `count` of them (linear; the search for the odd one is the
@@ -397,7 +432,7 @@ static mk_named_tensor *check_inputs(lua_State *L, lmk_model *m, int idx, const 
 static lmk_tensor *push_output(lua_State *L, lmk_model *m, size_t o, int idx, int64_t steps,
                                const char *fn) {
     mk_tensor_info info;
-    if (mk_model_output_info_at(m->model, o, &info) != 0)
+    if (mk_model_output_info_at(open_model(L, m, fn), o, &info) != 0)
         lmk_raise(L, "internal error", fn, "no information on output %zu", o + 1);
     int rank = info.rank;
     int64_t shape[MK_MAX_RANK];
@@ -457,10 +492,13 @@ static int model_run(lua_State *L) {
         lmk_tensor *t = push_output(L, m, (size_t)o, 3 + o, 0, fn);
         outs[o] = (mk_buffer){t->data, t->bytes};
     }
+    mk_model *model = open_model(L, m, fn);
     mk_error *err = NULL;
-    lmk_host_begin(L);
-    int rc = mk_evaluate_outputs(m->model, named, count, outs, (size_t)n_out, &err);
-    lmk_host_end(L, rc ? err : NULL);
+    lmk_host_scope scope = lmk_host_begin(L);
+    m->calls++;
+    int rc = mk_evaluate_outputs(model, named, count, outs, (size_t)n_out, &err);
+    m->calls--;
+    lmk_host_end(L, scope, rc ? err : NULL);
     if (rc != 0) {
         lua_getiuservalue(L, 1, UV_SOURCES);
         raise_at_source(L, lua_gettop(L), err);
@@ -480,7 +518,7 @@ static int model_run_steps(lua_State *L) {
     const char *fn = "run_steps";
     lmk_model *m = check_model(L, 1, fn, true);
     lua_settop(L, 5);
-    lua_Integer n = luaL_checkinteger(L, 2);
+    lua_Integer n = lmk_check_int(L, 2, fn, "n");
     if (n < 1) LMK_ARG_ERROR(L, fn, "n must be at least 1, got %lld", (long long)n);
     int n_out = (int)mk_model_output_count(m->model);
     size_t count;
@@ -493,13 +531,14 @@ static int model_run_steps(lua_State *L) {
                       n_out == 1 ? "" : "s", (size_t)lua_rawlen(L, 4));
     mk_stop stop = {0};
     if (!lua_isnil(L, 5)) {
-        luaL_checktype(L, 5, LUA_TTABLE);
-        if (lua_getfield(L, 5, "stop") != LUA_TNIL) {
+        if (!lua_istable(L, 5))
+            LMK_ARG_ERROR(L, fn, "opts must be a table, got %s", luaL_typename(L, 5));
+        if (raw_field(L, 5, "stop") != LUA_TNIL) {
             if (!lua_istable(L, -1))
                 LMK_ARG_ERROR(L, fn, "opts.stop must be {output = i, value = v}, got %s",
                               luaL_typename(L, -1));
-            lua_getfield(L, -1, "output");
-            lua_getfield(L, -2, "value");
+            raw_field(L, -1, "output");
+            raw_field(L, -2, "value");
             if (!lua_isinteger(L, -2) || !lua_isinteger(L, -1))
                 LMK_ARG_ERROR(L, fn, "opts.stop needs integers output and value");
             lua_Integer o = lua_tointeger(L, -2);
@@ -507,7 +546,7 @@ static int model_run_steps(lua_State *L) {
                 LMK_ARG_ERROR(L, fn, "opts.stop.output is %lld; the model has %d output%s",
                               (long long)o, n_out, n_out == 1 ? "" : "s");
             mk_tensor_info info;
-            if (mk_model_output_info_at(m->model, (size_t)(o - 1), &info) != 0)
+            if (mk_model_output_info_at(open_model(L, m, fn), (size_t)(o - 1), &info) != 0)
                 lmk_raise(L, "internal error", fn, "no information on output %lld", (long long)o);
             int64_t numel = 1;
             for (int k = 0; k < info.rank; k++) numel *= info.shape[k];
@@ -534,11 +573,14 @@ static int model_run_steps(lua_State *L) {
         lua_rawseti(L, list, o + 1);
         if (given) lua_pop(L, 1);
     }
+    mk_model *model = open_model(L, m, fn);
     mk_error *err = NULL;
-    lmk_host_begin(L);
-    int64_t steps = mk_model_run_steps(m->model, (int64_t)n, named, count, outs, (size_t)n_out,
+    lmk_host_scope scope = lmk_host_begin(L);
+    m->calls++;
+    int64_t steps = mk_model_run_steps(model, (int64_t)n, named, count, outs, (size_t)n_out,
                                        &stop, &err);
-    lmk_host_end(L, steps < 0 ? err : NULL);
+    m->calls--;
+    lmk_host_end(L, scope, steps < 0 ? err : NULL);
     if (steps < 0) {
         lua_getiuservalue(L, 1, UV_SOURCES);
         raise_at_source(L, lua_gettop(L), err);
@@ -632,12 +674,12 @@ static int model_memory_svg(lua_State *L) {
 }
 
 /* A list of the infos info_at gives for 0 .. count - 1. */
-static int push_infos(lua_State *L, const mk_model *model, size_t count,
+static int push_infos(lua_State *L, lmk_model *m, const char *fn, size_t count,
                       int (*info_at)(const mk_model *, size_t, mk_tensor_info *)) {
     lua_createtable(L, (int)count, 0);
     for (size_t i = 0; i < count; i++) {
         mk_tensor_info info;
-        if (info_at(model, i, &info) != 0) continue;
+        if (info_at(open_model(L, m, fn), i, &info) != 0) continue;
         push_info(L, &info);
         lua_rawseti(L, -2, (lua_Integer)i + 1);
     }
@@ -647,13 +689,13 @@ static int push_infos(lua_State *L, const mk_model *model, size_t count,
 /* model:inputs() -> {{name =, dtype =, shape =}, ...}; model:output() -> {dtype =, shape =} */
 static int model_inputs(lua_State *L) {
     lmk_model *m = check_model(L, 1, "inputs", true);
-    return push_infos(L, m->model, mk_model_input_count(m->model), mk_model_input_info);
+    return push_infos(L, m, "inputs", mk_model_input_count(m->model), mk_model_input_info);
 }
 
 /* model:outputs() -> {{dtype =, shape =}, ...}, one per output */
 static int model_outputs(lua_State *L) {
     lmk_model *m = check_model(L, 1, "outputs", true);
-    return push_infos(L, m->model, mk_model_output_count(m->model), mk_model_output_info_at);
+    return push_infos(L, m, "outputs", mk_model_output_count(m->model), mk_model_output_info_at);
 }
 
 /* model:recurrence() -> {name = {output = o} | {add = k}, ...}: the script's next lines */
@@ -666,10 +708,12 @@ static int model_recurrence(lua_State *L) {
         int output;
         int64_t add;
         mk_tensor_info info;
+        lua_createtable(L, 0, 1); /* before the info: its name lives in the model */
         if (mk_model_next_info(m->model, i, &input, &output, &add) != 0 ||
-            mk_model_input_info(m->model, input, &info) != 0)
+            mk_model_input_info(m->model, input, &info) != 0) {
+            lua_pop(L, 1);
             continue;
-        lua_createtable(L, 0, 1);
+        }
         lua_pushinteger(L, output >= 0 ? (lua_Integer)output + 1 : (lua_Integer)add);
         lua_setfield(L, -2, output >= 0 ? "output" : "add");
         lua_setfield(L, -2, info.name);

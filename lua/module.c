@@ -23,7 +23,8 @@
 /*
  * The host functions (mk.on_log, mk.on_progress) are Lua functions in the
  * registry, called by trampolines while a compile or run is in the core:
- * `current` is the state making that call (lmk_host_begin .. lmk_host_end).
+ * `current` is the state making the innermost such call (lmk_host_begin ..
+ * lmk_host_end; a host function's own runs nest, and restore it after).
  * A function that raises cancels the call, and lmk_host_end raises its error
  * once the core has returned (never a longjmp through the core's frames).
  */
@@ -66,17 +67,20 @@ static lmk_context_ud *context_ud(lua_State *L) {
 
 mk_context *lmk_context(lua_State *L) { return context_ud(L)->ctx; }
 
-void lmk_host_begin(lua_State *L) {
+lmk_host_scope lmk_host_begin(lua_State *L) {
     lmk_context_ud *c = context_ud(L);
+    lmk_host_scope scope = {c->current, c->failed};
     c->current = L;
     c->failed = false;
+    return scope;
 }
 
-void lmk_host_end(lua_State *L, mk_error *err) {
+void lmk_host_end(lua_State *L, lmk_host_scope scope, mk_error *err) {
     lmk_context_ud *c = context_ud(L);
-    c->current = NULL;
-    if (!c->failed) return;
-    c->failed = false;
+    bool failed = c->failed;
+    c->current = scope.outer;
+    c->failed = scope.outer_failed;
+    if (!failed) return;
     mk_error_free(err);
     lua_getfield(L, LUA_REGISTRYINDEX, CALLBACK_ERROR_KEY);
     lua_pushnil(L);
@@ -85,7 +89,9 @@ void lmk_host_end(lua_State *L, mk_error *err) {
 }
 
 /* Calls the function at registry `ref` with the n arguments on the stack of the
- * current state; an error cancels the call and is kept for lmk_host_end. */
+ * current state; an error cancels the call it reports on (only that one: a
+ * run from a host function that fails, caught there, leaves the run around it
+ * going) and is kept for lmk_host_end. */
 static void call_host(lmk_context_ud *c, int ref, int n) {
     lua_State *L = c->current;
     lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
@@ -94,7 +100,7 @@ static void call_host(lmk_context_ud *c, int ref, int n) {
     if (!c->failed) {
         c->failed = true;
         lua_setfield(L, LUA_REGISTRYINDEX, CALLBACK_ERROR_KEY);
-        mk_context_cancel(c->ctx);
+        mk_context_cancel_call(c->ctx);
     } else {
         lua_pop(L, 1);
     }

@@ -75,17 +75,21 @@ t:argmax, t:totable) is 1-based, as Lua tables are.
            (bytes), "kernels", "run" (CPU launches; CUDA: 0 of 1 before its
            graph, 1 of 1 after)). mk.cancel() from one of
            them stops the compile or run in progress with "cancelled: ..."; a
-           function that raises stops it with its own error.
+           function that raises stops that call only, with its own error.
+           They may run other models; running, resetting or closing the
+           model whose call they report on is a "busy: ..." error (README,
+           "Threads and callbacks").
 
 On the CPU a model uses its constants' memory in place (no copy): writing to
 a constant's tensor with t:set after compiling changes that model's weights.
 Errors are raised with a kind prefix: "shape error: ", "dtype error: ",
 "name error: ", "argument error: ", "input error: ", "file error: ",
-"evaluation error: ", "no CUDA device: ", "script:L:C: ...". An error about
-a node built in Lua (its shape when built, a compile error, a run-time fault)
-names first the Lua line that built it, then the script line:
-"policy.lua:12: shape error: MatMulNode: ..." or "policy.lua:12: evaluation
-error: ... (script:7:1)"; n.where and mk.lower's third result hold those lines.
+"evaluation error: ", "no CUDA device: ", "cancelled: ", "busy: ",
+"script:L:C: ...". An error about a node built in Lua (its shape when built,
+a compile error, a run-time fault) names first the Lua line that built it,
+then the script line: "policy.lua:12: shape error: MatMulNode: ..." or
+"policy.lua:12: evaluation error: ... (script:7:1)"; n.where and mk.lower's
+third result hold those lines.
 ]==]
 local core = require "moonkaas.core"
 
@@ -137,19 +141,24 @@ local function topological(outputs)
     return order, info
 end
 
--- `output` as a list of nodes: a node alone, or a list of them.
+-- `output` as a list of nodes: a node alone, or a list of them, read raw (a
+-- __len or __index of the caller's table runs nothing here).
 local function output_list(output)
     if is_node(output) then return { output } end
-    if type(output) ~= "table" or #output == 0 then
+    local n = type(output) == "table" and rawlen(output) or 0
+    if n == 0 then
         error(format("argument error: script: the output must be a node or a list of nodes, got %s",
             type(output)), 0)
     end
-    for k, n in ipairs(output) do
-        if not is_node(n) then
-            error(format("argument error: script: output %d must be a node, got %s", k, type(n)), 0)
+    local list = {}
+    for k = 1, n do
+        local node = rawget(output, k)
+        if not is_node(node) then
+            error(format("argument error: script: output %d must be a node, got %s", k, type(node)), 0)
         end
+        list[k] = node
     end
-    return output
+    return list
 end
 
 --[[

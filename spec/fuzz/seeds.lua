@@ -13,6 +13,9 @@
 -- tokenizer_fuzz   a tiny tokenizer, and the first whole records (under 4 KB)
 --                  of ../shared/models/tok512.bin when present
 -- graph_fuzz       a few fixed byte strings (graph_fuzz reads bytes as choices)
+-- binding_fuzz     byte strings of binding calls: random ones, and the host
+--                  functions that re-enter (a model closed, re-run and reset from
+--                  its own progress function, a nested run, a table emptied mid-call)
 -- safetensors_fuzz files mk.save_safetensors writes, and one written by hand
 --
 -- Weights and bytes come from a fixed-seed generator: the files are the same
@@ -223,6 +226,41 @@ for i = 1, 6 do
     local bytes = {}
     for k = 1, 16 * i do bytes[k] = string.char(math.floor(rand() * 256)) end
     write("graph_fuzz", string.format("choices_%d.bin", i), table.concat(bytes))
+end
+
+-- ---- binding calls --------------------------------------------------------------
+-- binding_fuzz.c's ops: 0 run, 1 run_steps, 2 reset, 3 close, 4 a table field,
+-- 5 a metatable, 6 a host function, 7 collect, 8 compile_script, 9 compile,
+-- 10 introspection, 11 a node, 12 an input table, 13 a tensor, 14 garbage with a
+-- finalizer; a top-level op's next byte: 0 runs it in a coroutine.
+
+for i = 1, 6 do
+    local bytes = {}
+    for k = 1, 24 * i do bytes[k] = string.char(math.floor(rand() * 256)) end
+    write("binding_fuzz", string.format("calls_%d.bin", i), table.concat(bytes))
+end
+do
+    local function calls(name, list)
+        local bytes = {}
+        for k, v in ipairs(list) do bytes[k] = string.char(v) end
+        write("binding_fuzz", name, table.concat(bytes))
+    end
+    -- on_progress(callbacks[1]: one nested op), then models[1]:run(tables[1]); the
+    -- nested ops: close, run, reset of models[1], models[2]:run_steps
+    local progress_nested, run_first = { 6, 1, 0, 4, 0 }, { 0, 1, 0, 3, 0, 0 }
+    local function with(nested)
+        local t = {}
+        for _, part in ipairs({ progress_nested, run_first, nested }) do
+            for _, v in ipairs(part) do t[#t + 1] = v end
+        end
+        return t
+    end
+    calls("close_in_progress.bin", with({ 3, 0, 3, 0 }))
+    calls("run_in_progress.bin", with({ 0, 0, 3, 0, 0 }))
+    calls("reset_in_progress.bin", with({ 2, 0, 2, 0 }))
+    calls("nested_steps.bin", with({ 1, 1, 0, 6, 5, 5, 3, 1, 6 }))
+    -- on_progress(callbacks[6]: empty a table and collect), then models[2]:run_steps(3, tables[2])
+    calls("emptied_in_steps.bin", { 6, 1, 0, 4, 5, 1, 1, 1, 0, 6, 5, 5, 3, 1, 6, 1, 1, 1 })
 end
 
 -- ---- safetensors ----------------------------------------------------------------
