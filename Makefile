@@ -82,7 +82,7 @@ NVFLAGS  += -std=c++17 -Xcompiler -fPIC,-fvisibility=hidden -DMK_BUILDING -DMK_W
 # references to its own copies; -z defs: everything it needs is in it or its libraries.
 PLUGIN_LDFLAGS := -shared -Wl,--version-script=kernels/plugin.map -Wl,-Bsymbolic -Wl,-z,defs \
             -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64
-PLUGIN_LIBS := -lcublas -lcudart -lnvrtc $(if $(filter 1,$(CUDNN)),-lcudnn) -lstdc++ -lm $(SAN)
+PLUGIN_LIBS := -lcublas -lcudart -lnvrtc $(if $(filter 1,$(CUDNN)),-lcudnn) -lstdc++ -lm -ldl $(SAN)
 endif
 
 all: $(LIB_SO) $(LIB_A) $(if $(LUA_SRC),$(LUA_MOD)) $(CTESTS) $(PLUGIN) $(PLUGIN_LUA)
@@ -101,8 +101,18 @@ $(BUILD)/core/%.o: core/%.c core/moonkaas.h core/internal.h $(STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-# The build directory is the plugin's last-but-one place to look (core/plugin.c).
-$(BUILD)/core/plugin.o: CFLAGS += -DMK_CUDA_PLUGIN_DIR='"$(abspath $(BUILD))"'
+# The build directory is baked into the library's plugin search, for programs that link
+# libmoonkaas.a (the C tests, the examples), where it belongs to root or this user;
+# core/plugin.c opens it only while it is still safe.
+BAKED_DIR := $(shell o=$$(stat -c %u $(BUILD) 2>/dev/null); \
+                     { [ "$$o" = 0 ] || [ "$$o" = "$$(id -u)" ]; } && echo '$(abspath $(BUILD))')
+$(BUILD)/core/plugin.o: CFLAGS += -DMK_CUDA_PLUGIN_DIR='"$(BAKED_DIR)"'
+
+# The Lua module looks beside itself only, with nothing baked in: luarocks builds it in
+# a temporary tree that is deleted (and may be made again, by anyone) after the install.
+$(BUILD)/module/plugin.o: core/plugin.c core/moonkaas.h core/internal.h $(STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DMK_CUDA_PLUGIN_BESIDE_ONLY=1 -c $< -o $@
 
 $(BUILD)/lua/%.o: lua/%.c $(wildcard lua/*.h) core/moonkaas.h $(STAMP)
 	@mkdir -p $(dir $@)
@@ -115,10 +125,11 @@ $(LIB_A): $(CORE_OBJ)
 $(LIB_SO): $(CORE_OBJ)
 	$(CC) -shared -o $@ $^ $(LDLIBS)
 
-# The Lua module links the static library: one self-contained core.so.
-$(LUA_MOD): $(LUA_OBJ) $(LIB_A)
+# The Lua module has the core in it (its own plugin search): one self-contained core.so.
+MODULE_CORE_OBJ := $(filter-out $(BUILD)/core/plugin.o,$(CORE_OBJ)) $(BUILD)/module/plugin.o
+$(LUA_MOD): $(LUA_OBJ) $(MODULE_CORE_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) -shared -o $@ $(LUA_OBJ) $(LIB_A) $(LDLIBS)
+	$(CC) -shared -o $@ $(LUA_OBJ) $(MODULE_CORE_OBJ) $(LDLIBS)
 
 $(BUILD)/tests/%: spec/c/%.c spec/c/test.h spec/c/mnist_script.h $(LIB_A)
 	@mkdir -p $(dir $@)

@@ -71,6 +71,9 @@ check_tree() {
             print("  CUDA: " .. (ok and "available" or why))
         '
     ) || fail "the module installed in $1 does not load from another directory"
+    # no build tree is baked into the module's plugin search: luarocks deletes it
+    ! grep -a -q -E "$tmp/src/moonkaas/build|/luarocks_moonkaas[^/]*/moonkaas/build" \
+        $(find "$1" -name core.so) || fail "a build path is baked into $1's core.so"
 }
 
 # ---- 1. luarocks make in the clean copy ------------------------------------------
