@@ -17,6 +17,8 @@
 #   make module     only the Lua module and the plugin beside it (what luarocks builds)
 #   make CUDA=1     force the CUDA plugin (default: built when nvcc is found); CUDA=0: no plugin
 #   make CUDNN=0    the plugin without cuDNN (default: with it when cudnn_graph.h is found)
+#   make CUDA_ARCH=sm_90   the plugin's machine code for one GPU generation (default: sm_80 sm_86
+#                   sm_89 sm_90, A100 to H100, and PTX of the newest for later GPUs to JIT)
 
 BUILD    ?= build
 CC       ?= gcc
@@ -41,7 +43,17 @@ CFLAGS   += -I$(BLAS_INC)
 NVCC     ?= $(firstword $(wildcard /usr/local/cuda/bin/nvcc) $(shell command -v nvcc 2>/dev/null))
 CUDA     ?= $(if $(NVCC),1,0)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
-CUDA_ARCH ?= sm_90
+# Machine code for each GPU generation in CUDA_ARCH (spaces or semicolons between):
+# sm_80 A100; sm_86 RTX 30, A10, A40 (and Jetson Orin's 8.7: machine code runs on later
+# minors of its major); sm_89 L4, L40S, RTX 40; sm_90 H100, H200. Plus PTX of the newest
+# (CUDA_PTX; empty for none), which the driver compiles at first use for any later GPU
+# (Blackwell). Each entry is one more ptxas pass over every file: CI builds one.
+CUDA_ARCH ?= sm_80 sm_86 sm_89 sm_90
+CUDA_ARCHS := $(subst ;, ,$(CUDA_ARCH))
+comma    := ,
+ifeq ($(origin CUDA_PTX),undefined)
+CUDA_PTX := $(if $(CUDA_ARCHS),compute_$(shell printf '%s\n' $(subst sm_,,$(CUDA_ARCHS)) | sort -n | tail -n 1))
+endif
 CUDNN_INC ?= $(firstword $(dir $(wildcard /usr/include/x86_64-linux-gnu/cudnn_graph.h $(CUDA_HOME)/include/cudnn_graph.h /usr/include/cudnn_graph.h)))
 CUDNN    ?= $(if $(CUDNN_INC),1,0)
 ifneq ($(CUDA),1)
@@ -77,7 +89,8 @@ CFLAGS   += -DMK_WITH_CUDA $(if $(filter 1,$(CUDNN)),-DMK_WITH_CUDNN)
 NVFLAGS  ?= -O3 -g -lineinfo
 NVFLAGS  += -std=c++17 -Xcompiler -fPIC,-fvisibility=hidden -DMK_BUILDING -DMK_WITH_CUDA -Icore \
             $(if $(filter 1,$(CUDNN)),-DMK_WITH_CUDNN $(if $(CUDNN_INC),-I$(CUDNN_INC))) \
-            $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(subst sm_,,$(a)),code=$(a))
+            $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(subst sm_,,$(a)),code=$(a)) \
+            $(if $(CUDA_PTX),-gencode arch=$(CUDA_PTX)$(comma)code=$(CUDA_PTX))
 # Only the entry is exported (kernels/plugin.map); -Bsymbolic binds the plugin's own
 # references to its own copies; -z defs: everything it needs is in it or its libraries.
 PLUGIN_LDFLAGS := -shared -Wl,--version-script=kernels/plugin.map -Wl,-Bsymbolic -Wl,-z,defs \
@@ -91,7 +104,7 @@ plugin: $(PLUGIN) $(PLUGIN_LUA)
 
 # Every object depends on what the build includes (CUDA, CUDNN): switching CUDA=0/1 or
 # CUDNN=0/1 in one build tree rebuilds what it changes, never a mix of both.
-CONFIG   := CUDA=$(CUDA) CUDNN=$(CUDNN)
+CONFIG   := CUDA=$(CUDA) CUDNN=$(CUDNN)$(if $(filter 1,$(CUDA)), CUDA_ARCH=$(CUDA_ARCHS) CUDA_PTX=$(CUDA_PTX))
 STAMP    := $(BUILD)/.config
 ifeq ($(filter clean,$(MAKECMDGOALS)),)
 $(shell mkdir -p $(BUILD) && { [ "$$(cat $(STAMP) 2>/dev/null)" = '$(CONFIG)' ] || printf '%s\n' '$(CONFIG)' > $(STAMP); })
