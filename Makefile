@@ -15,8 +15,14 @@
 #                   run); fails if any target crashes
 #   make plugin     only the CUDA plugin (and its copy beside core.so)
 #   make module     only the Lua module and the plugin beside it (what luarocks builds)
+#   make install    PREFIX=/usr/local (DESTDIR= for staging): the C library (lib/libmoonkaas.{so,a}),
+#                   include/moonkaas.h, lib/pkgconfig/moonkaas.pc, the CUDA plugin in
+#                   lib/moonkaas/, the Lua module (lib/lua/5.4, share/lua/5.4) and the scripts
+#                   (share/moonkaas/scripts); `make uninstall` (same PREFIX) removes them
 #   make CUDA=1     force the CUDA plugin (default: built when nvcc is found); CUDA=0: no plugin
 #   make CUDNN=0    the plugin without cuDNN (default: with it when cudnn_graph.h is found)
+#   make CUDA_ARCH=sm_90   the plugin's machine code for one GPU generation (default: sm_80 sm_86
+#                   sm_89 sm_90, A100 to H100, and PTX of the newest for later GPUs to JIT)
 
 BUILD    ?= build
 CC       ?= gcc
@@ -31,18 +37,39 @@ CFLAGS   += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fPIC $(O
 # -ldl -pthread: plugin.c opens the CUDA plugin once (dlopen, pthread_once), and
 # cpu/matmul.c OpenBLAS (at the compile of the first model with a lone product)
 LDLIBS   += -lm $(OPENMP) -ldl -pthread $(SAN)
+
+# ---- where the headers and libraries are: pkg-config first, then the compiler's
+# multiarch directory (Debian: /usr/include/<triplet>), never a fixed machine's path
+PKG_CONFIG ?= pkg-config
+MULTIARCH := $(shell $(CC) -print-multiarch 2>/dev/null)
+pc_cflags = $(shell $(PKG_CONFIG) --cflags-only-I $(1) 2>/dev/null)
 LUA      ?= lua5.4
-LUA_INCDIR ?= $(firstword $(wildcard /usr/include/lua5.4) /usr/include)
-LUA_LIBDIR ?= $(LUA_INCDIR)/../../lib/x86_64-linux-gnu
-BLAS_INC ?= $(firstword $(wildcard /usr/include/x86_64-linux-gnu/openblas-pthread) /usr/include/x86_64-linux-gnu)
+LUA_PC   ?= $(LUA)
+LUA_CFLAGS_PC := $(call pc_cflags,$(LUA_PC))
+LUA_INCDIR ?= $(or $(patsubst -I%,%,$(firstword $(LUA_CFLAGS_PC))),$(firstword $(wildcard /usr/include/$(LUA)) /usr/include))
+LUA_LIBS_PC := $(shell $(PKG_CONFIG) --libs $(LUA_PC) 2>/dev/null)
+LUA_LIBS ?= $(or $(LUA_LIBS_PC),-l$(LUA))
+LUA_CFLAGS ?= -I$(LUA_INCDIR)
+BLAS_CFLAGS_PC := $(call pc_cflags,openblas)
+BLAS_INC ?= $(or $(patsubst -I%,%,$(firstword $(BLAS_CFLAGS_PC))),$(firstword $(wildcard /usr/include/$(MULTIARCH)/openblas-pthread /usr/include/openblas) /usr/include))
 CFLAGS   += -I$(BLAS_INC)
 
 # ---- the CUDA plugin's toolchain ------------------------------------------------
 NVCC     ?= $(firstword $(wildcard /usr/local/cuda/bin/nvcc) $(shell command -v nvcc 2>/dev/null))
 CUDA     ?= $(if $(NVCC),1,0)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
-CUDA_ARCH ?= sm_90
-CUDNN_INC ?= $(firstword $(dir $(wildcard /usr/include/x86_64-linux-gnu/cudnn_graph.h $(CUDA_HOME)/include/cudnn_graph.h /usr/include/cudnn_graph.h)))
+# Machine code for each GPU generation in CUDA_ARCH (spaces or semicolons between):
+# sm_80 A100; sm_86 RTX 30, A10, A40 (and Jetson Orin's 8.7: machine code runs on later
+# minors of its major); sm_89 L4, L40S, RTX 40; sm_90 H100, H200. Plus PTX of the newest
+# (CUDA_PTX; empty for none), which the driver compiles at first use for any later GPU
+# (Blackwell). Each entry is one more ptxas pass over every file: CI builds one.
+CUDA_ARCH ?= sm_80 sm_86 sm_89 sm_90
+CUDA_ARCHS := $(subst ;, ,$(CUDA_ARCH))
+comma    := ,
+ifeq ($(origin CUDA_PTX),undefined)
+CUDA_PTX := $(if $(CUDA_ARCHS),compute_$(shell printf '%s\n' $(subst sm_,,$(CUDA_ARCHS)) | sort -n | tail -n 1))
+endif
+CUDNN_INC ?= $(firstword $(dir $(wildcard /usr/include/$(MULTIARCH)/cudnn_graph.h $(CUDA_HOME)/include/cudnn_graph.h /usr/include/cudnn_graph.h)))
 CUDNN    ?= $(if $(CUDNN_INC),1,0)
 ifneq ($(CUDA),1)
 CUDNN    := 0
@@ -79,12 +106,13 @@ CFLAGS   += -DMK_WITH_CUDA $(if $(filter 1,$(CUDNN)),-DMK_WITH_CUDNN)
 NVFLAGS  ?= -O3 -g -lineinfo
 NVFLAGS  += -std=c++17 -Xcompiler -fPIC,-fvisibility=hidden -DMK_BUILDING -DMK_WITH_CUDA -Icore \
             $(if $(filter 1,$(CUDNN)),-DMK_WITH_CUDNN $(if $(CUDNN_INC),-I$(CUDNN_INC))) \
-            $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(subst sm_,,$(a)),code=$(a))
+            $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(subst sm_,,$(a)),code=$(a)) \
+            $(if $(CUDA_PTX),-gencode arch=$(CUDA_PTX)$(comma)code=$(CUDA_PTX))
 # Only the entry is exported (kernels/plugin.map); -Bsymbolic binds the plugin's own
 # references to its own copies; -z defs: everything it needs is in it or its libraries.
 PLUGIN_LDFLAGS := -shared -Wl,--version-script=kernels/plugin.map -Wl,-Bsymbolic -Wl,-z,defs \
             -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64
-PLUGIN_LIBS := -lcublas -lcudart -lnvrtc $(if $(filter 1,$(CUDNN)),-lcudnn) -lstdc++ -lm $(SAN)
+PLUGIN_LIBS := -lcublas -lcudart -lnvrtc $(if $(filter 1,$(CUDNN)),-lcudnn) -lstdc++ -lm -ldl $(SAN)
 endif
 
 all: $(LIB_SO) $(LIB_A) $(if $(LUA_SRC),$(LUA_MOD)) $(CTESTS) $(PLUGIN) $(PLUGIN_LUA)
@@ -93,7 +121,7 @@ plugin: $(PLUGIN) $(PLUGIN_LUA)
 
 # Every object depends on what the build includes (CUDA, CUDNN): switching CUDA=0/1 or
 # CUDNN=0/1 in one build tree rebuilds what it changes, never a mix of both.
-CONFIG   := CUDA=$(CUDA) CUDNN=$(CUDNN)
+CONFIG   := CUDA=$(CUDA) CUDNN=$(CUDNN)$(if $(filter 1,$(CUDA)), CUDA_ARCH=$(CUDA_ARCHS) CUDA_PTX=$(CUDA_PTX))
 STAMP    := $(BUILD)/.config
 ifeq ($(filter clean,$(MAKECMDGOALS)),)
 $(shell mkdir -p $(BUILD) && { [ "$$(cat $(STAMP) 2>/dev/null)" = '$(CONFIG)' ] || printf '%s\n' '$(CONFIG)' > $(STAMP); })
@@ -104,12 +132,22 @@ $(BUILD)/core/%.o: core/%.c core/moonkaas.h $(CORE_H) $(STAMP)
 	$(CC) $(CFLAGS) -c $< -o $@
 $(filter $(BUILD)/core/cpu/%,$(CORE_OBJ)): $(wildcard core/cpu/*.h)
 
-# The build directory is the plugin's last-but-one place to look (core/plugin.c).
-$(BUILD)/core/plugin.o: CFLAGS += -DMK_CUDA_PLUGIN_DIR='"$(abspath $(BUILD))"'
+# The build directory is baked into the library's plugin search, for programs that link
+# libmoonkaas.a (the C tests, the examples), where it belongs to root or this user;
+# core/plugin.c opens it only while it is still safe.
+BAKED_DIR := $(shell o=$$(stat -c %u $(BUILD) 2>/dev/null); \
+                     { [ "$$o" = 0 ] || [ "$$o" = "$$(id -u)" ]; } && echo '$(abspath $(BUILD))')
+$(BUILD)/core/plugin.o: CFLAGS += -DMK_CUDA_PLUGIN_DIR='"$(BAKED_DIR)"'
+
+# The Lua module looks beside itself only, with nothing baked in: luarocks builds it in
+# a temporary tree that is deleted (and may be made again, by anyone) after the install.
+$(BUILD)/module/plugin.o: core/plugin.c core/moonkaas.h core/internal.h $(STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DMK_CUDA_PLUGIN_BESIDE_ONLY=1 -c $< -o $@
 
 $(BUILD)/lua/%.o: lua/%.c $(wildcard lua/*.h) core/moonkaas.h $(STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -I$(LUA_INCDIR) -I$(LUA_INCDIR)/../x86_64-linux-gnu -c $< -o $@
+	$(CC) $(CFLAGS) $(LUA_CFLAGS) -c $< -o $@
 
 $(LIB_A): $(CORE_OBJ)
 	@rm -f $@
@@ -118,10 +156,11 @@ $(LIB_A): $(CORE_OBJ)
 $(LIB_SO): $(CORE_OBJ)
 	$(CC) -shared -o $@ $^ $(LDLIBS)
 
-# The Lua module links the static library: one self-contained core.so.
-$(LUA_MOD): $(LUA_OBJ) $(LIB_A)
+# The Lua module has the core in it (its own plugin search): one self-contained core.so.
+MODULE_CORE_OBJ := $(filter-out $(BUILD)/core/plugin.o,$(CORE_OBJ)) $(BUILD)/module/plugin.o
+$(LUA_MOD): $(LUA_OBJ) $(MODULE_CORE_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) -shared -o $@ $(LUA_OBJ) $(LIB_A) $(LDLIBS)
+	$(CC) -shared -o $@ $(LUA_OBJ) $(MODULE_CORE_OBJ) $(LDLIBS)
 
 $(BUILD)/tests/%: spec/c/%.c spec/c/test.h spec/c/mnist_script.h $(LIB_A)
 	@mkdir -p $(dir $@)
@@ -130,14 +169,14 @@ $(BUILD)/tests/%: spec/c/%.c spec/c/test.h spec/c/mnist_script.h $(LIB_A)
 # The embedding example: a C host with its own lua_State and the module linked in.
 $(BUILD)/tests/lua_host_test: spec/c/lua_host_test.c spec/c/test.h $(LUA_OBJ) $(LIB_A)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -I$(LUA_INCDIR) -I$(LUA_INCDIR)/../x86_64-linux-gnu -Ispec/c -Ilua -o $@ $< $(LUA_OBJ) $(LIB_A) -L$(LUA_LIBDIR) -l$(LUA) $(LDLIBS)
+	$(CC) $(CFLAGS) $(LUA_CFLAGS) -Ispec/c -Ilua -o $@ $< $(LUA_OBJ) $(LIB_A) $(LUA_LIBS) $(LDLIBS)
 
 # The game-loop host (scripts/game_loop.c): Lua and the module linked in, like lua_host_test.
 EXAMPLES := $(BUILD)/examples/game_loop
 examples: $(EXAMPLES) $(PLUGIN)
 $(BUILD)/examples/game_loop: scripts/game_loop.c $(LUA_OBJ) $(LIB_A)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -I$(LUA_INCDIR) -I$(LUA_INCDIR)/../x86_64-linux-gnu -o $@ $< $(LUA_OBJ) $(LIB_A) -L$(LUA_LIBDIR) -l$(LUA) $(LDLIBS)
+	$(CC) $(CFLAGS) $(LUA_CFLAGS) -o $@ $< $(LUA_OBJ) $(LIB_A) $(LUA_LIBS) $(LDLIBS)
 
 # ---- the CUDA plugin ------------------------------------------------------------------
 ifeq ($(CUDA),1)
@@ -170,15 +209,71 @@ $(PLUGIN_LUA): $(PLUGIN)
 	cp -f $< $@.tmp && mv -f $@.tmp $@
 endif
 
-# luarocks (build type make) calls `make module` then `make install` with these set.
+# ---- install ------------------------------------------------------------------------
+# The version comes from core/moonkaas.h (MK_VERSION_*); the rockspec, the CHANGELOG and
+# moonkaas.pc follow it (spec/install_spec.lua checks). 0.x: each minor may change the ABI.
+VERSION_PARTS := $(shell sed -n 's/^\#define MK_VERSION_[A-Z]* *\([0-9][0-9]*\).*/\1/p' core/moonkaas.h)
+VERSION  := $(subst $(eval) ,.,$(strip $(VERSION_PARTS)))
+SONAME   := libmoonkaas.so.$(word 1,$(VERSION_PARTS)).$(word 2,$(VERSION_PARTS))
 PREFIX      ?= /usr/local
-INST_LIBDIR ?= $(PREFIX)/lib/lua/5.4
-INST_LUADIR ?= $(PREFIX)/share/lua/5.4
-install: module
-	install -d $(INST_LIBDIR)/moonkaas $(INST_LUADIR)/moonkaas
-	install -m 755 $(LUA_MOD) $(INST_LIBDIR)/moonkaas/core.so
-	$(if $(PLUGIN_LUA),install -m 755 $(PLUGIN_LUA) $(INST_LIBDIR)/moonkaas/$(PLUGIN_NAME))
-	cd lua && find moonkaas -name '*.lua' -exec install -D -m 644 {} $(INST_LUADIR)/{} \;
+LIBDIR      ?= $(PREFIX)/lib
+INCLUDEDIR  ?= $(PREFIX)/include
+DATADIR     ?= $(PREFIX)/share
+PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+PLUGINDIR   ?= $(LIBDIR)/moonkaas
+SCRIPTDIR   ?= $(DATADIR)/moonkaas/scripts
+LUA_VERSION ?= 5.4
+INST_LIBDIR ?= $(LIBDIR)/lua/$(LUA_VERSION)
+INST_LUADIR ?= $(DATADIR)/lua/$(LUA_VERSION)
+INST     := $(BUILD)/install
+
+install: install-lib install-module install-scripts
+	$(if $(PLUGIN),ln -sf $(PLUGINDIR)/$(PLUGIN_NAME) $(DESTDIR)$(INST_LIBDIR)/moonkaas/$(PLUGIN_NAME))
+
+# The installed libraries bake PLUGINDIR into their plugin search (for programs that link
+# libmoonkaas.a; libmoonkaas.so finds lib/moonkaas/ beside itself) where it belongs to root
+# or this user now; core/plugin.c checks again at each load.
+install-lib: $(CORE_OBJ) $(PLUGIN) moonkaas.pc.in
+	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(PKGCONFIGDIR) $(INST)
+	$(if $(PLUGIN),install -d $(DESTDIR)$(PLUGINDIR) && install -m 755 $(PLUGIN) $(DESTDIR)$(PLUGINDIR)/$(PLUGIN_NAME))
+	@o=$$(stat -c %u '$(DESTDIR)$(PLUGINDIR)' 2>/dev/null); dir=; \
+	if [ -z '$(PLUGIN)' ]; then :; elif [ "$$o" = 0 ] || [ "$$o" = "$$(id -u)" ]; then dir='$(PLUGINDIR)'; \
+	else echo "make install: $(DESTDIR)$(PLUGINDIR) belongs to user $$o: not baked in" >&2; fi; \
+	echo "$(CC) ... -DMK_CUDA_PLUGIN_DIR='\"$$dir\"' -c core/plugin.c -o $(INST)/plugin.o"; \
+	$(CC) $(CFLAGS) -DMK_CUDA_PLUGIN_DIR="\"$$dir\"" -c core/plugin.c -o $(INST)/plugin.o
+	rm -f $(INST)/libmoonkaas.a
+	ar rcs $(INST)/libmoonkaas.a $(filter-out $(BUILD)/core/plugin.o,$(CORE_OBJ)) $(INST)/plugin.o
+	$(CC) -shared -Wl,-soname,$(SONAME) -o $(INST)/libmoonkaas.so.$(VERSION) \
+	    $(filter-out $(BUILD)/core/plugin.o,$(CORE_OBJ)) $(INST)/plugin.o $(LDLIBS)
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(LIBDIR)|' -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|' \
+	    -e 's|@PLUGINDIR@|$(PLUGINDIR)|' -e 's|@VERSION@|$(VERSION)|' \
+	    -e 's|@LIBS_PRIVATE@|$(strip -lm $(OPENMP) -ldl -pthread)|' moonkaas.pc.in > $(INST)/moonkaas.pc
+	install -m 755 $(INST)/libmoonkaas.so.$(VERSION) $(DESTDIR)$(LIBDIR)/
+	ln -sf libmoonkaas.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libmoonkaas.so
+	install -m 644 $(INST)/libmoonkaas.a $(DESTDIR)$(LIBDIR)/
+	install -m 644 core/moonkaas.h $(DESTDIR)$(INCLUDEDIR)/
+	install -m 644 $(INST)/moonkaas.pc $(DESTDIR)$(PKGCONFIGDIR)/
+
+# What luarocks installs (build type make: `make module`, then this with INST_LIBDIR and
+# INST_LUADIR set): the Lua module, and the plugin beside core.so, where it looks.
+install-module: module
+	install -d $(DESTDIR)$(INST_LIBDIR)/moonkaas $(DESTDIR)$(INST_LUADIR)/moonkaas
+	install -m 755 $(LUA_MOD) $(DESTDIR)$(INST_LIBDIR)/moonkaas/core.so
+	$(if $(PLUGIN_LUA),install -m 755 $(PLUGIN_LUA) $(DESTDIR)$(INST_LIBDIR)/moonkaas/$(PLUGIN_NAME))
+	cd lua && find moonkaas -name '*.lua' -exec install -D -m 644 {} $(DESTDIR)$(INST_LUADIR)/{} \;
+
+install-scripts:
+	install -d $(DESTDIR)$(SCRIPTDIR)
+	install -m 644 scripts/*.lua $(DESTDIR)$(SCRIPTDIR)/
+
+uninstall:
+	rm -f $(DESTDIR)$(LIBDIR)/libmoonkaas.so $(DESTDIR)$(LIBDIR)/$(SONAME) \
+	    $(DESTDIR)$(LIBDIR)/libmoonkaas.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libmoonkaas.a \
+	    $(DESTDIR)$(INCLUDEDIR)/moonkaas.h $(DESTDIR)$(PKGCONFIGDIR)/moonkaas.pc \
+	    $(DESTDIR)$(PLUGINDIR)/$(PLUGIN_NAME)
+	rm -rf $(DESTDIR)$(INST_LIBDIR)/moonkaas $(DESTDIR)$(INST_LUADIR)/moonkaas $(DESTDIR)$(DATADIR)/moonkaas
+	rmdir $(DESTDIR)$(PLUGINDIR) 2> /dev/null || true
 
 test: all examples
 	@sh spec/run_tests.sh $(BUILD)
@@ -225,10 +320,11 @@ fuzz-targets: $(FUZZ_BINS)
 
 $(BUILD)/fuzz/%: spec/fuzz/%.c spec/fuzz/fuzz.h $(LUA_OBJ) $(LIB_A)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -fsanitize=fuzzer -I$(LUA_INCDIR) -I$(LUA_INCDIR)/../x86_64-linux-gnu \
-	    -DMK_FUZZ_ROOT='"$(abspath .)"' -o $@ $< $(LUA_OBJ) $(LIB_A) -L$(LUA_LIBDIR) -l$(LUA) $(LDLIBS)
+	$(CC) $(CFLAGS) -fsanitize=fuzzer $(LUA_CFLAGS) \
+	    -DMK_FUZZ_ROOT='"$(abspath .)"' -o $@ $< $(LUA_OBJ) $(LIB_A) $(LUA_LIBS) $(LDLIBS)
 
 clean:
 	rm -rf build build-asan build-valgrind build-tsan build-nocudnn build-fuzz
 
-.PHONY: all module plugin test examples asan valgrind tsan fuzz fuzz-targets clean install
+.PHONY: all module plugin test examples asan valgrind tsan fuzz fuzz-targets clean install \
+        install-lib install-module install-scripts uninstall

@@ -8,11 +8,19 @@
  *
  *   1. $MK_CUDA_PLUGIN, when set: that file and nothing else;
  *   2. the directory of the file holding this core (dladdr): build/ beside
- *      libmoonkaas.so, build/moonkaas/ beside the Lua module core.so (and its
- *      installed copy: `make install` puts the plugin beside core.so), or the
+ *      libmoonkaas.so, build/moonkaas/ beside the Lua module core.so (and a
+ *      rock's or `make install`'s copy beside the installed core.so), or the
  *      directory of a program that linked libmoonkaas.a;
- *   3. the build directory baked in at compile time (MK_CUDA_PLUGIN_DIR);
- *   4. the plain file name, through the dynamic linker's own search.
+ *   3. its moonkaas/ subdirectory: PREFIX/lib/moonkaas/ for an installed
+ *      PREFIX/lib/libmoonkaas.so (the Lua module skips this: beside it only);
+ *   4. the directory baked in at build time (MK_CUDA_PLUGIN_DIR: the build
+ *      tree, or PREFIX/lib/moonkaas for `make install`'s libraries; the Lua
+ *      module bakes none), and only while it is safe: it and every directory
+ *      above it belong to root or to this process's user and no one else can
+ *      write to them (a sticky /tmp excepted), and so does the plugin file.
+ *      A build tree in /tmp that was deleted and made again by another user
+ *      is skipped, its file never opened;
+ *   5. the plain file name, through the dynamic linker's own search.
  *
  * The first file that exists is the answer: it is opened with RTLD_NOW |
  * RTLD_LOCAL (its symbols never serve anyone else), its one export
@@ -29,10 +37,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #ifndef MK_CUDA_PLUGIN_DIR
 #define MK_CUDA_PLUGIN_DIR ""
+#endif
+/* 1 for a core that looks beside itself only (the Lua module): no moonkaas/
+ * subdirectory (step 3 above). */
+#ifndef MK_CUDA_PLUGIN_BESIDE_ONLY
+#define MK_CUDA_PLUGIN_BESIDE_ONLY 0
 #endif
 
 static pthread_once_t plugin_once = PTHREAD_ONCE_INIT;
@@ -109,20 +123,63 @@ static int plugin_try(const char *path) {
     return 1;
 }
 
-/* Appends the plugin's path in directory dir[0 .. len) to the list, once (the
- * same directory reached two ways is searched once). */
-static void add_dir(char (*paths)[PATH_MAX], int *n, const char *dir, size_t len) {
+/* Appends the plugin's path in directory dir[0 .. len) (and `sub`, a
+ * subdirectory, when not NULL) to the list, once (the same directory reached
+ * two ways is searched once). */
+static void add_dir(char (*paths)[PATH_MAX], int *n, const char *dir, size_t len, const char *sub) {
     char raw[PATH_MAX], real[PATH_MAX];
     if (!len || len >= sizeof raw) return;
     memcpy(raw, dir, len);
     raw[len] = 0;
     const char *d = realpath(raw, real) ? real : raw;
     char path[PATH_MAX];
-    if ((size_t)snprintf(path, sizeof path, "%s/%s", d, MK_CUDA_PLUGIN_FILE) >= sizeof path)
+    if ((size_t)snprintf(path, sizeof path, "%s/%s%s%s", d, sub ? sub : "", sub ? "/" : "",
+                         MK_CUDA_PLUGIN_FILE) >= sizeof path)
         return;
     for (int i = 0; i < *n; i++)
         if (!strcmp(paths[i], path)) return;
     memcpy(paths[(*n)++], path, strlen(path) + 1);
+}
+
+/* Whether one file or directory is safe to load from: it belongs to root or to
+ * this process's user, and no one else may write to it, or it is a sticky
+ * directory (/tmp: others' names in it cannot replace ours). */
+static int safe_entry(const char *path, const struct stat *st, char *why, size_t size) {
+    uid_t me = geteuid();
+    if (st->st_uid != 0 && st->st_uid != me) {
+        snprintf(why, size, "%s belongs to user %ld, not to root or to this user", path,
+                 (long)st->st_uid);
+        return 0;
+    }
+    if ((st->st_mode & (S_IWGRP | S_IWOTH)) && !(S_ISDIR(st->st_mode) && (st->st_mode & S_ISVTX))) {
+        snprintf(why, size, "%s is writable by %s", path,
+                 st->st_mode & S_IWOTH ? "anyone" : "its group");
+        return 0;
+    }
+    return 1;
+}
+
+/*
+ * Whether the plugin file `path` in a baked directory may be opened: the file
+ * and every directory from its own up to / pass safe_entry (symbolic links
+ * resolved first). 1: safe, or absent (the search goes on); 0: unsafe, and
+ * why, into why[size].
+ */
+static int safe_path(const char *path, char *why, size_t size) {
+    char real[PATH_MAX];
+    if (!realpath(path, real)) return 1; /* no such file: plugin_try says so */
+    struct stat st;
+    if (stat(real, &st) != 0 || !safe_entry(real, &st, why, size)) return 0;
+    if (!S_ISREG(st.st_mode)) {
+        snprintf(why, size, "%s is not a regular file", real);
+        return 0;
+    }
+    for (char *slash = strrchr(real, '/'); slash; slash = strrchr(real, '/')) {
+        if (slash == real) slash[1] = 0; else *slash = 0;
+        if (stat(real, &st) != 0 || !safe_entry(real, &st, why, size)) return 0;
+        if (slash == real) break;
+    }
+    return 1;
 }
 
 static void plugin_load(void) {
@@ -134,16 +191,24 @@ static void plugin_load(void) {
                      MK_CUDA_PLUGIN_FILE, env);
         return;
     }
-    static char paths[2][PATH_MAX]; /* under the once: never two loads at a time */
+    static char paths[3][PATH_MAX]; /* under the once: never two loads at a time */
     int n = 0;
     Dl_info info;
     if (dladdr((void *)mk_cuda_plugin_get, &info) && info.dli_fname) {
         const char *slash = strrchr(info.dli_fname, '/');
-        if (slash) add_dir(paths, &n, info.dli_fname, (size_t)(slash - info.dli_fname));
+        if (slash) {
+            size_t len = (size_t)(slash - info.dli_fname);
+            add_dir(paths, &n, info.dli_fname, len, NULL);
+            if (!MK_CUDA_PLUGIN_BESIDE_ONLY) add_dir(paths, &n, info.dli_fname, len, "moonkaas");
+        }
     }
-    add_dir(paths, &n, MK_CUDA_PLUGIN_DIR, strlen(MK_CUDA_PLUGIN_DIR));
-    for (int i = 0; i < n; i++)
+    int baked = n; /* paths[baked ..): the baked directory, opened only where safe */
+    add_dir(paths, &n, MK_CUDA_PLUGIN_DIR, strlen(MK_CUDA_PLUGIN_DIR), NULL);
+    char skipped[PATH_MAX + 64] = "";
+    for (int i = 0; i < n; i++) {
+        if (i >= baked && !safe_path(paths[i], skipped, sizeof skipped)) continue;
         if (plugin_try(paths[i])) return;
+    }
     if (plugin_try(MK_CUDA_PLUGIN_FILE)) return;
     mk_strbuf looked = {0};
     for (int i = 0; i < n; i++) {
@@ -152,8 +217,9 @@ static void plugin_load(void) {
     }
     snprintf(plugin_why, sizeof plugin_why,
              "moonkaas's CUDA plugin (%s) was not found (looked in: %sthe dynamic linker's "
-             "path; set MK_CUDA_PLUGIN to its path)",
-             MK_CUDA_PLUGIN_FILE, looked.s && !looked.failed ? looked.s : "");
+             "path; set MK_CUDA_PLUGIN to its path)%s%s",
+             MK_CUDA_PLUGIN_FILE, looked.s && !looked.failed ? looked.s : "",
+             skipped[0] ? "; skipped as unsafe: " : "", skipped);
     free(looked.s);
 }
 #endif

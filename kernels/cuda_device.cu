@@ -30,6 +30,7 @@
  */
 #include "cuda_device.h"
 
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -156,16 +157,39 @@ static void put_reason(char *reason, size_t size, const char *fmt, ...) {
     va_end(ap);
 }
 
+/*
+ * Whether CUDA can run here, and if not, which of four reasons: no driver at
+ * all (libcuda.so.1 cannot be opened: the runtime calls that "driver version is
+ * insufficient" too), a driver older than this build's runtime, no device, or a
+ * device this build has no code for. A missing plugin is the core's reason
+ * (core/plugin.c).
+ */
 static int cuda_probe(char *reason, size_t size) {
     int count = 0;
     cudaError_t status = cudaGetDeviceCount(&count);
+    if (status == cudaErrorInsufficientDriver) {
+        cudaGetLastError();
+        void *libcuda = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+        int driver = 0, runtime = 0;
+        cudaDriverGetVersion(&driver);
+        cudaRuntimeGetVersion(&runtime);
+        if (!libcuda || driver == 0)
+            put_reason(reason, size, "no NVIDIA driver found (libcuda.so.1 not loadable)");
+        else
+            put_reason(reason, size, "the NVIDIA driver is too old: it runs CUDA %d.%d, this "
+                       "build's runtime needs CUDA %d.%d (update the driver)", driver / 1000,
+                       driver % 1000 / 10, runtime / 1000, runtime % 1000 / 10);
+        if (libcuda) dlclose(libcuda);
+        return 0;
+    }
+    if (status == cudaErrorNoDevice || (status == cudaSuccess && count < 1)) {
+        cudaGetLastError();
+        put_reason(reason, size, "the NVIDIA driver found no CUDA-capable device");
+        return 0;
+    }
     if (status != cudaSuccess) {
         cudaGetLastError();
         put_reason(reason, size, "cudaGetDeviceCount: %s", cudaGetErrorString(status));
-        return 0;
-    }
-    if (count < 1) {
-        put_reason(reason, size, "cudaGetDeviceCount: no CUDA-capable device is detected");
         return 0;
     }
     cudaDeviceProp prop;

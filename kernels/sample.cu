@@ -176,6 +176,11 @@ template <bool HOLD, bool STAMPED>
 static __global__ void __launch_bounds__(THREADS, 1)
 sample_rows(long long *out, const float *logits, const long long *state, const float *temp,
             const float *topp_in, long long n, char *scratch, unsigned long long *tl) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+    /* No clusters before sm_90: the plugin's machine code for older GPUs (make's
+     * CUDA_ARCH) has an empty sampler, which mk_cuda_sample never launches there. */
+}
+#else
     __shared__ pick_shared sh;
     stamps<STAMPED> st(tl);
     pdl_enter();
@@ -361,6 +366,7 @@ sample_rows(long long *out, const float *logits, const long long *state, const f
     }
     if (threadIdx.x == 0) out[2 * row] = token, out[2 * row + 1] = (long long)next;
 }
+#endif
 
 /* Launches the kernel over rows clusters of g blocks, with programmatic
  * dependent launch where the model's generated kernels have it (s->pdl:
@@ -448,6 +454,13 @@ int mk_cuda_sample(const mk_launch *l, mk_error **err) {
         return mk_fail(err, MK_ERR_SHAPE, l->node->line, l->node->column,
                        "SampleNode: rows of %lld logits are more than CUDA's sampler takes "
                        "(2^31 - 1)", n);
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, s->device) == cudaSuccess &&
+        major < 9)
+        return mk_fail(err, MK_ERR_DEVICE, l->node->line, l->node->column,
+                       "SampleNode: CUDA's sampler runs each row as a thread block cluster, "
+                       "which needs compute capability 9.0 or later (this device's is %d.x); "
+                       "sample on the CPU", major);
     char *scratch = (char *)l->scratch;
     bool hold = (n + g - 1) / g <= HELD * THREADS; /* share's longest range */
     unsigned long long *tl = mk_cuda_timeline_stamps(s, l->index);

@@ -14,6 +14,20 @@ do
     package.cpath = build .. "/?.so;" .. package.cpath
 end
 
+local USAGE = "usage: lua scripts/bench_compile.lua [chain_nodes]   (default 100000)"
+if arg[1] == "-h" or arg[1] == "--help" then
+    print(USAGE)
+    os.exit(0)
+end
+local chain = 100000
+if arg[1] then
+    chain = math.tointeger(tonumber(arg[1]))
+    if not chain or chain < 2 or arg[2] then
+        io.stderr:write(USAGE, "\n")
+        os.exit(1)
+    end
+end
+
 local mk = require "moonkaas"
 local llama2 = require "moonkaas.llama2"
 
@@ -43,6 +57,7 @@ do
     local z = function(shape) return mk.zeros("float32", shape) end
     local D, H, kv = c.dim, c.hidden_dim, c.kv_dim
     local w = { token_embedding = z({ c.vocab_size, D }), rms_final = z({ D }), layers = {} }
+    w.wcls = w.token_embedding -- the classifier shares the embedding, as in stories15M
     for l = 1, c.n_layers do
         w.layers[l] = { rms_att = z({ D }), wq = z({ D, D }), wk = z({ kv, D }), wv = z({ kv, D }),
             wo = z({ D, D }), rms_ffn = z({ D }), w1 = z({ H, D }), w2 = z({ D, H }), w3 = z({ H, D }) }
@@ -52,7 +67,7 @@ end
 
 -- A chain of n pointwise nodes, as a script.
 do
-    local n = tonumber(arg[1]) or 100000
+    local n = chain
     local lines = { "$1 = InputTensor(x, float32, [64, 64]);" }
     for i = 2, n do
         lines[i] = string.format("$%d = %s($%d);", i, i % 2 == 0 and "ReLUNode" or "SiLUNode", i - 1)

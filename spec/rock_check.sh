@@ -17,6 +17,7 @@ ROOT=$(pwd)
 LUAROCKS=${LUAROCKS:-luarocks}
 LUA=${LUA:-lua5.4}
 LR="$LUAROCKS --lua-version=5.4"
+ROCKSPEC=$(ls moonkaas-*.rockspec | head -n 1) # moonkaas-<version>-<revision>.rockspec
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/mk-rock.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT INT TERM
 export HOME="$tmp/home" # luarocks' cache and config stay in the temporary tree
@@ -71,11 +72,14 @@ check_tree() {
             print("  CUDA: " .. (ok and "available" or why))
         '
     ) || fail "the module installed in $1 does not load from another directory"
+    # no build tree is baked into the module's plugin search: luarocks deletes it
+    ! grep -a -q -E "$tmp/src/moonkaas/build|/luarocks_moonkaas[^/]*/moonkaas/build" \
+        $(find "$1" -name core.so) || fail "a build path is baked into $1's core.so"
 }
 
 # ---- 1. luarocks make in the clean copy ------------------------------------------
 echo "rock check: luarocks make in a clean copy"
-(cd "$tmp/src/moonkaas" && $LR make --tree "$tmp/tree-make" moonkaas-scm-1.rockspec) \
+(cd "$tmp/src/moonkaas" && $LR make --tree "$tmp/tree-make" "$ROCKSPEC") \
     > "$tmp/make.log" 2>&1 || { cat "$tmp/make.log"; fail "luarocks make"; }
 # the build made the plugin (nvcc found, CUDA not 0): each tree must have it beside core.so
 plugin=0
@@ -84,12 +88,13 @@ check_tree "$tmp/tree-make"
 
 # ---- 2. luarocks pack, then install of the source rock ------------------------------
 echo "rock check: luarocks pack + luarocks install of the source rock"
-sed "s|^\([[:space:]]*\)url = .*|\1url = \"file://$tmp/moonkaas-scm.tar.gz\", dir = \"moonkaas\",|" \
-    moonkaas-scm-1.rockspec > "$tmp/pack/moonkaas-scm-1.rockspec"
-(cd "$tmp/pack" && $LR pack moonkaas-scm-1.rockspec) > "$tmp/pack.log" 2>&1 ||
+sed -e "s|^\([[:space:]]*\)url = .*|\1url = \"file://$tmp/moonkaas-scm.tar.gz\", dir = \"moonkaas\",|" \
+    -e '/^[[:space:]]*tag = /d' "$ROCKSPEC" > "$tmp/pack/$ROCKSPEC"
+(cd "$tmp/pack" && $LR pack "$ROCKSPEC") > "$tmp/pack.log" 2>&1 ||
     { cat "$tmp/pack.log"; fail "luarocks pack"; }
-[ -f "$tmp/pack/moonkaas-scm-1.src.rock" ] || { cat "$tmp/pack.log"; fail "no moonkaas-scm-1.src.rock"; }
-(cd "$tmp/elsewhere" && $LR install --tree "$tmp/tree-rock" "$tmp/pack/moonkaas-scm-1.src.rock") \
+SRC_ROCK=${ROCKSPEC%.rockspec}.src.rock
+[ -f "$tmp/pack/$SRC_ROCK" ] || { cat "$tmp/pack.log"; fail "no $SRC_ROCK"; }
+(cd "$tmp/elsewhere" && $LR install --tree "$tmp/tree-rock" "$tmp/pack/$SRC_ROCK") \
     > "$tmp/install.log" 2>&1 || { cat "$tmp/install.log"; fail "luarocks install of the source rock"; }
 check_tree "$tmp/tree-rock"
 

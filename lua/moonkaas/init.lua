@@ -63,7 +63,9 @@ t:argmax, t:totable) is 1-based, as Lua tables are.
            -> outs (each output's n steps stacked: [n, ...]), steps run
            (opts.next = {input = output node | integer} in mk.compile)
            m:reset() (buffers back to zero) m:fusion_report() (cuDNN groups)
-           m:close() (also <close> and the collector)
+           m:kernel_source(i) (the CUDA C of launch i, 1-based in evaluation
+           order like every Lua index here; C's mk_model_kernel_source counts
+           from 0) m:close() (also <close> and the collector)
   misc     mk.script(output[, next])  mk.format_script(text)
            mk.lower(output[, next]) -> text, constants, sources ({[line] = "file.lua:12"})
            mk.cuda_available()  mk.best_device()  mk.version  mk.build_info

@@ -292,7 +292,8 @@ function M.parse_args(argv)
             o.per_token = true
             i = i + 1
         else
-            if flag:sub(1, 1) ~= "-" or #flag ~= 2 then
+            -- the letters that take a value: anything else is unknown before its value is asked for
+            if flag:sub(1, 1) ~= "-" or #flag ~= 2 or not ("tpsnizmyqd"):find(flag:sub(2, 2), 1, true) then
                 return nil, "unknown option: " .. flag, 1
             end
             local value = argv[i + 1]

@@ -1,11 +1,13 @@
--- luarocks --lua-version=5.4 make          (in a checkout: builds and installs offline)
--- luarocks pack moonkaas-scm-1.rockspec    (a source rock; spec/rock_check.sh proves both)
+-- luarocks --lua-version=5.4 make            (in a checkout: builds and installs offline)
+-- luarocks pack moonkaas-0.1.0-1.rockspec    (a source rock; spec/rock_check.sh proves both)
+-- The version is core/moonkaas.h's MK_VERSION_* (spec/version_spec.lua checks this file,
+-- the tag and CHANGELOG.md against it); a release renames this file and its tag.
 rockspec_format = "3.0"
 package = "moonkaas"
-version = "scm-1"
+version = "0.1.0-1"
 source = {
-    -- a checkout of this repository; spec/rock_check.sh packs from a local tarball instead
-    url = "git+file:///work/main",
+    url = "git+https://github.com/moonkaas/moonkaas.git",
+    tag = "v0.1.0",
 }
 description = {
     summary = "A small tensor compiler in C that Lua 5.4 programs embed",
@@ -15,6 +17,7 @@ HamKaas-compatible text IR, compiled by a C core (passes, one-arena memory
 planner) and evaluated on the CPU (OpenMP, OpenBLAS) or an NVIDIA GPU (CUDA
 kernels, cuBLAS, cuDNN, CUDA graphs).
 ]],
+    homepage = "https://github.com/moonkaas/moonkaas",
     license = "MIT",
 }
 dependencies = {
@@ -25,8 +28,8 @@ external_dependencies = {
 }
 build = {
     type = "make",
-    -- the module and, where nvcc is found, the CUDA plugin beside it (core/plugin.c
-    -- looks in the module's directory first); the C tests are not installed
+    -- the module and, where nvcc is found, the CUDA plugin beside it (the module looks
+    -- for it there only: no build path is baked in); the C tests are not installed
     build_target = "module",
     build_variables = {
         LUA_INCDIR = "$(LUA_INCDIR)",
@@ -34,7 +37,8 @@ build = {
         -- flags to CFLAGS, which a command-line CFLAGS would replace
         OPT = "$(CFLAGS)",
     },
-    install_target = "install",
+    -- the Lua module and its plugin only (`make install` would add the C library)
+    install_target = "install-module",
     install_variables = {
         INST_LIBDIR = "$(LIBDIR)",
         INST_LUADIR = "$(LUADIR)",

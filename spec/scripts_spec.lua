@@ -1,0 +1,126 @@
+-- Every program in scripts/ runs: each with --help or a tiny input (the
+-- stories260K checkpoint from ../shared/models where it needs one: pending
+-- where that is absent), from the repository root as the README shows,
+-- exiting as it should with what it should print. A new script without a
+-- case here fails the first test.
+local H = require "spec.llama2_helpers"
+local mk = H.mk()
+local seed = H.seed("scripts_spec")
+
+local M = H.models
+local with_plugin = mk.build_info:find("cuda plugin", 1, true) ~= nil
+local BUILD = os.getenv("MK_BUILD")
+if BUILD == nil or BUILD == "" then BUILD = "build" end
+
+local tmp = assert(io.popen("mktemp -d /tmp/mk-scripts.XXXXXX")):read("l")
+
+local function q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+
+-- A weights file as scripts/bench_mlp.lua writes it for mlp_peer.py: 3 -> 2, random.
+local function mlp_weights()
+    local path = tmp .. "/weights.txt"
+    local lines = { "3 2" }
+    local w, b = {}, {}
+    for i = 1, 6 do w[i] = string.format("%.6f", math.random() * 2 - 1) end
+    for i = 1, 2 do b[i] = string.format("%.6f", math.random() * 2 - 1) end
+    lines[2], lines[3] = table.concat(w, " "), table.concat(b, " ")
+    H.write_file(path, table.concat(lines, "\n") .. "\n")
+    return path
+end
+
+-- {program, args, exit code, text expected in stdout + stderr, models = needs a checkpoint,
+--  run = the interpreter (lua5.4 unless given), env = "NAME=value" for the child}
+local CASES = {
+    { "bench_compile.lua", { "--help" }, 0, "usage:" },
+    -- the llama-shaped graph crashed (model.lua:131, no classifier weight)
+    { "bench_compile.lua", { "50" }, 0, "chain of 50 nodes" },
+    { "bench_compile.lua", { "many" }, 1, "usage:" },
+    -- without a CUDA device it says so and stops: MK_CUDA_PLUGIN makes sure of that here
+    { "bench_cudnn.lua", {}, 0, "bench_cudnn: no CUDA device:",
+      env = "MK_CUDA_PLUGIN=/nonexistent/libmoonkaas_cuda.so" },
+    { "bench_llama2.lua", { "--help" }, 0, "usage:" },
+    { "bench_mlp.lua", { "--help" }, 0, "usage:" },
+    -- it has no --help: an unknown flag prints the usage and exits 2
+    { "bench_ops.lua", { "--help" }, 2, "usage:" },
+    { "demo.lua", { "cpu" }, 0, "result = " },
+    { "export.lua", { "--help" }, 0, "usage:" },
+    { "export.lua", { M .. "/stories260K.bin", tmp .. "/v1.bin", "--version", "1" }, 0,
+      "(version 1, ", models = true },
+    { "graph.lua", { "--help" }, 0, "usage:" },
+    { "graph.lua", { M .. "/stories260K.bin", "-o", tmp .. "/graph.dot" }, 0, "wrote " .. tmp .. "/graph.dot",
+      models = true },
+    { "kernels.lua", { "--help" }, 0, "usage:" },
+    -- NVRTC writes and compiles the generated kernels without a GPU, where the plugin is built
+    { "kernels.lua", { "16,48,1,2,2,32,8", "-o", tmp .. "/kernels" }, with_plugin and 0 or 1,
+      with_plugin and "" or "no CUDA device" },
+    { "llama2.lua", { "-h" }, 0, "Usage:" },
+    -- a flag it does not know is unknown, not "needs a value"
+    { "llama2.lua", { "m.bin", "-x" }, 1, "unknown option: -x" },
+    { "llama2.lua", { M .. "/stories260K.bin", "-z", M .. "/tok512.bin", "-t", "0", "-n", "12", "-d", "cpu" },
+      0, "", models = true },
+    { "precision_report.lua", { M .. "/stories260K.bin", "--steps", "2", "--device", "cpu" }, 0,
+      "fp16 max |logit", models = true },
+    -- the ONNX Runtime peer: runs, or says what it cannot import
+    { "mlp_peer.py", { "WEIGHTS", "3" }, nil, nil, run = "python3" },
+    { "ptx_diff.sh", {}, 2, "usage:", run = "sh" },
+    { "ptx_diff.sh", { tmp, tmp }, 0, "0 identical, 0 differ or fail", run = "sh" },
+    -- installs Debian packages: only its syntax is checked here
+    { "setup.sh", {}, 0, "", run = "sh -n" },
+    -- built by make examples; make test runs it longer
+    { "game_loop.c", { "--frames", "20" }, 0, "", run = "binary" },
+}
+
+describe("scripts/", function()
+    teardown(function() os.execute("rm -rf " .. q(tmp)) end)
+
+    it("has a case here for every program", function()
+        local p = assert(io.popen("ls scripts"))
+        local covered = {}
+        for _, c in ipairs(CASES) do covered[c[1]] = true end
+        for name in p:lines() do
+            assert.is_true(covered[name] ~= nil, "scripts/" .. name .. " has no case in spec/scripts_spec.lua")
+        end
+        p:close()
+    end)
+
+    for i, c in ipairs(CASES) do
+        local name, args, code, expect = c[1], c[2], c[3], c[4]
+        local shown = table.concat(args, " ")
+        local at = shown:find(tmp, 1, true)
+        while at do
+            shown = shown:sub(1, at - 1) .. "$TMP" .. shown:sub(at + #tmp)
+            at = shown:find(tmp, 1, true)
+        end
+        it(name .. " " .. shown, function()
+            if c.models and not H.models_present() then pending(M .. " is absent") return end
+            local argv = {}
+            for j, a in ipairs(args) do argv[j] = q(a == "WEIGHTS" and mlp_weights() or a) end
+            local cmd
+            if c.run == "binary" then
+                local bin = BUILD .. "/examples/" .. name:gsub("%.c$", "")
+                if not io.open(bin) then pending("not built: " .. bin .. " (make examples)") return end
+                cmd = bin
+            else
+                cmd = (c.run or "lua5.4") .. " scripts/" .. name
+            end
+            local out = tmp .. "/out." .. i
+            local full = string.format("cd . && env %s %s %s > %s 2>&1 < /dev/null", c.env or "", cmd,
+                table.concat(argv, " "), q(out))
+            local _, _, got = os.execute(full)
+            local text = H.read_file(out) or ""
+            if name == "mlp_peer.py" then
+                -- where numpy, onnx and onnxruntime are installed it times the peer
+                if text:find("^cannot run: ") then
+                    assert.are.equal(1, got, text)
+                else
+                    assert.are.equal(0, got, text)
+                    assert.truthy(text:find("^p50 [%d.]+ p99 [%d.]+ max [%d.]+ first "), text)
+                end
+                return
+            end
+            assert.are.equal(code, got, full .. "\n" .. text)
+            assert.truthy(text:find(expect, 1, true), "no '" .. expect .. "' in:\n" .. text)
+            assert.is_nil(text:find("stack traceback", 1, true), text)
+        end)
+    end
+end)
