@@ -141,7 +141,7 @@ $(BUILD)/core/plugin.o: CFLAGS += -DMK_CUDA_PLUGIN_DIR='"$(BAKED_DIR)"'
 
 # The Lua module looks beside itself only, with nothing baked in: luarocks builds it in
 # a temporary tree that is deleted (and may be made again, by anyone) after the install.
-$(BUILD)/module/plugin.o: core/plugin.c core/moonkaas.h core/internal.h $(STAMP)
+$(BUILD)/module/plugin.o: core/plugin.c core/moonkaas.h $(CORE_H) $(STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DMK_CUDA_PLUGIN_BESIDE_ONLY=1 -c $< -o $@
 
