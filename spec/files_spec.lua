@@ -43,12 +43,13 @@ local function pid()
     return tonumber(slurp("/proc/self/stat"):match("^(%d+)"))
 end
 
--- Runs Lua code in a child lua5.4 with this build's module: its exit status and output.
-local function child(code)
+-- Runs Lua code in a child lua5.4 with this build's module (env: a prefix such
+-- as "MK_KERNEL_CACHE=/x "): its exit status and output.
+local function child(code, env)
     local script = os.tmpname()
     spit(script, "package.cpath = " .. string.format("%q", package.cpath) .. "\n" ..
                  "package.path = " .. string.format("%q", package.path) .. "\n" .. code)
-    local p = io.popen("lua5.4 " .. script .. " 2>&1; echo \"exit=$?\"")
+    local p = io.popen((env or "") .. "lua5.4 " .. script .. " 2>&1; echo \"exit=$?\"")
     local out = p:read("a")
     p:close()
     os.remove(script)
@@ -246,5 +247,63 @@ describe("a file truncated after loading", function()
         local ok, e = pcall(mk.load_safetensors, "x", { cpy = true })
         assert.is_false(ok)
         assert.matches("unknown option cpy", tostring(e))
+    end)
+end)
+
+-- The kernel cache's loading path (the compile-only path is
+-- spec/c/kernel_cache_test.c): a corrupt entry is a log line and a compile,
+-- the kernel then computing what the CPU does; a good entry is loaded; a
+-- directory others can write is refused with a log line.
+local gpu_it = H.gpu(it, function(why) pending(why) end)
+describe("the kernel cache", function()
+    -- in a child with the cache in dir: compiles a fresh group on CUDA, checks
+    -- it against the CPU, prints every log line
+    local function run(dir, rows)
+        return child(([[
+            local mk = require "moonkaas"
+            mk.on_log(function(level, message) print("log: " .. level .. ": " .. message) end)
+            local x = mk.input("x", "float32", { %d, 3 })
+            local y = (x:tanh() + x) * x
+            local feed = {}
+            for i = 1, %d * 3 do feed[i] = math.sin(i * 0.37) end
+            local xs = mk.tensor(feed, "float32", { %d, 3 })
+            local want = mk.compile(y):run({ x = xs })
+            local got = mk.compile(y, { device = "cuda" }):run({ x = xs })
+            for i = 1, %d do for j = 1, 3 do
+                assert(math.abs(got:get(i, j) - want:get(i, j)) <= 1e-5 + 1e-5 * math.abs(want:get(i, j)))
+            end end
+            print("same as the CPU")
+        ]]):format(rows, rows, rows, rows), "MK_KERNEL_CACHE=" .. dir .. " ")
+    end
+
+    gpu_it("replaces a corrupt entry and loads a good one", function()
+        local dir = tmpdir()
+        local rows = math.random(1000, 100000)
+        local rc, out = run(dir, rows)
+        assert.are.equal(0, rc, out)
+        assert.matches("1 compiled with NVRTC, 0 from the disk cache", out)
+        local entries = listing(dir)
+        assert.are.equal(1, #entries, table.concat(entries, " "))
+        local path = dir .. "/" .. entries[1]
+        local bytes = slurp(path)
+        local at = math.random(100, #bytes)
+        spit(path, bytes:sub(1, at - 1) .. string.char((bytes:byte(at) + 1) % 256) .. bytes:sub(at + 1))
+        rc, out = run(dir, rows)
+        assert.are.equal(0, rc, out)
+        assert.matches("kernel cache: [^\n]*its cubin does not match its digest; compiled again", out)
+        assert.matches("same as the CPU", out)
+        rc, out = run(dir, rows)
+        assert.are.equal(0, rc, out)
+        assert.matches("0 compiled with NVRTC, 1 from the disk cache", out)
+        assert.matches("same as the CPU", out)
+    end)
+
+    gpu_it("refuses a directory others can write, with a log line", function()
+        local dir = tmpdir()
+        assert(os.execute("chmod 777 " .. dir))
+        local rc, out = run(dir, math.random(1000, 100000))
+        assert.are.equal(0, rc, out)
+        assert.matches("kernel cache: [^\n]*writable by others %(mode 777%): no disk cache", out)
+        assert.are.same({}, listing(dir))
     end)
 end)
