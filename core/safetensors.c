@@ -473,7 +473,7 @@ static mk_safetensors *open_file(const char *path, bool copy, mk_error **err) {
         mk_fail(err, MK_ERR_NOMEM, 0, 0, "opening %s", path);
         return NULL;
     }
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* a FIFO does not hang the open */
     struct stat info;
     if (fd < 0 || fstat(fd, &info) != 0) {
         mk_fail(err, MK_ERR_FILE, 0, 0, "%s: %s", path, strerror(errno));
