@@ -320,6 +320,25 @@ static void entries_free(mk_safetensors *st) {
     st->n = st->cap = 0;
 }
 
+static int by_name(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* No name twice: sorted, so a header of a million names is not a trillion
+ * comparisons. */
+static int unique(mk_safetensors *st, reader *r) {
+    const char **names = malloc(sizeof *names * (st->n ? st->n : 1));
+    if (!names) return mk_fail(r->err, MK_ERR_NOMEM, 0, 0, "reading %s", st->path);
+    for (size_t i = 0; i < st->n; i++) names[i] = st->entries[i].name;
+    qsort(names, st->n, sizeof *names, by_name);
+    const char *twice = NULL;
+    for (size_t i = 1; i < st->n && !twice; i++)
+        if (!strcmp(names[i - 1], names[i])) twice = names[i];
+    r->tensor = twice;
+    free(names);
+    return twice ? bad(r, "the name is used twice") : 0;
+}
+
 typedef struct {
     uint64_t begin, end;
     const char *name;
@@ -427,14 +446,12 @@ static int parse(mk_safetensors *st, const unsigned char *file, size_t size, mk_
                      (unsigned long long)(e->end - e->begin), (unsigned long long)bytes);
             return bad(&r, what);
         }
-        for (size_t i = 0; i + 1 < st->n; i++)
-            if (!strcmp(st->entries[i].name, name)) return bad(&r, "the name is used twice");
         r.tensor = NULL;
     } while (take(&r, ','));
     if (!empty && !take(&r, '}')) return bad(&r, "expected ',' or '}'");
     space(&r);
     if (r.p != r.end) return bad(&r, "text after the JSON object");
-    return tiled(st, data_size, &r);
+    return unique(st, &r) || tiled(st, data_size, &r) ? -1 : 0;
 }
 
 /* ---- the C API ------------------------------------------------------------------- */
