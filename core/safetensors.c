@@ -588,12 +588,6 @@ MK_API int mk_safetensors_save(const char *path, const mk_tensor_info *infos,
                            "safetensors can hold here (a name, a dtype the format names, a "
                            "shape, data)", path, i, t->name ? t->name : "");
         }
-        for (size_t j = 0; j < i; j++)
-            if (!strcmp(infos[j].name, t->name)) {
-                free(b.s);
-                return mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "%s: the name '%s' is used twice",
-                               path, t->name);
-            }
         uint64_t bytes = (uint64_t)numel * mk_dtype_size(t->dtype);
         mk_strbuf_put(&b, "%s", i ? "," : "");
         put_json_string(&b, t->name);
@@ -604,6 +598,23 @@ MK_API int mk_safetensors_save(const char *path, const mk_tensor_info *infos,
                       (unsigned long long)(offset + bytes));
         offset += bytes;
     }
+    /* no name twice (sorted: n log n, where pairs were n^2) */
+    const char **names = malloc(sizeof *names * (n ? n : 1));
+    if (!names) {
+        free(b.s);
+        return mk_fail(err, MK_ERR_NOMEM, 0, 0, "writing %s", path);
+    }
+    for (size_t i = 0; i < n; i++) names[i] = infos[i].name;
+    qsort(names, n, sizeof *names, by_name);
+    for (size_t i = 1; i < n; i++)
+        if (!strcmp(names[i - 1], names[i])) {
+            int rc = mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "%s: the name '%s' is used twice", path,
+                             names[i]);
+            free(names);
+            free(b.s);
+            return rc;
+        }
+    free(names);
     mk_strbuf_put(&b, "}");
     while (!b.failed && b.len % 8) mk_strbuf_put(&b, " "); /* data 8-byte aligned */
     if (b.failed) {

@@ -251,6 +251,7 @@ static void test_directory(void) {
 }
 
 int main(void) {
+    test_srand(test_seed());
     char why[512];
     if (!mk_cuda_plugin_get(why, sizeof why)) {
         SKIP(test_corrupt_entry, why);
