@@ -90,7 +90,8 @@ LIB_A    := $(BUILD)/libmoonkaas.a
 LUA_MOD  := $(BUILD)/moonkaas/core.so
 
 # The plugin: kernels/*.cu (cudnn_fuser.cu only with CUDNN=1) and its own copies of the
-# core's error.c and tensor.c (mk_fail, the string builder, dtypes, mk_walk, mk_fault).
+# core's error.c, tensor.c (mk_fail, the string builder, dtypes, mk_walk, mk_fault) and
+# file.c (the kernel cache's safe writes and digests).
 PLUGIN_NAME := libmoonkaas_cuda.so
 PLUGIN   :=
 PLUGIN_LUA :=
@@ -100,7 +101,8 @@ PLUGIN   := $(BUILD)/$(PLUGIN_NAME)
 PLUGIN_LUA := $(BUILD)/moonkaas/$(PLUGIN_NAME)
 CU_SRC   := $(filter-out $(if $(filter 1,$(CUDNN)),,kernels/cudnn_fuser.cu),$(wildcard kernels/*.cu))
 CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/%.o)
-PLUGIN_CORE_OBJ := $(BUILD)/plugin/core/error.o $(BUILD)/plugin/core/tensor.o
+PLUGIN_CORE_OBJ := $(BUILD)/plugin/core/error.o $(BUILD)/plugin/core/tensor.o \
+                   $(BUILD)/plugin/core/file.o
 # The core knows only that a plugin was built (mk_build_info), never a CUDA header.
 CFLAGS   += -DMK_WITH_CUDA $(if $(filter 1,$(CUDNN)),-DMK_WITH_CUDNN)
 NVFLAGS  ?= -O3 -g -lineinfo

@@ -65,6 +65,9 @@ typedef struct {
 void mk_strbuf_put(mk_strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void mk_strbuf_putv(mk_strbuf *b, const char *fmt, va_list ap);
 
+/* file.c: the SHA-256 digest of n bytes (the kernel cache checks entries with it) */
+void mk_sha256(const void *data, size_t n, unsigned char out[32]);
+
 /* ---- the dtype table (tensor.c) ------------------------------------------- */
 
 typedef struct {

@@ -420,6 +420,11 @@ MK_API char *mk_model_memory_svg(const mk_model *);
 /* The script as the compiler prints it after parsing and checking, without
  * compiling; for tools and tests. Free with mk_string_free. */
 MK_API char *mk_script_format(const char *script, mk_error **err);
+/* A script ends at its first NUL. A host that holds the script's length (a
+ * Lua string, a file read whole) checks it with this first: 0, or -1 with a
+ * syntax error at the line and column of a NUL before len (the text after it
+ * would otherwise vanish unseen). */
+MK_API int mk_script_check_bytes(const char *script, size_t len, mk_error **err);
 MK_API void mk_string_free(char *);
 
 /*
@@ -442,20 +447,47 @@ MK_API int mk_op_infer(const char *op, const mk_tensor_info *inputs, size_t n_in
 MK_API mk_tensor_info *mk_script_constants(const char *script, size_t *count, mk_error **err);
 MK_API void mk_tensor_infos_free(mk_tensor_info *);
 
+/* ---- files written whole ------------------------------------------------
+ *
+ * Every file moonkaas writes goes through a writer, and a host may use one
+ * too: mk_file_begin creates a temporary file with mkstemp beside path (an
+ * unpredictable name made with O_EXCL: a link planted there is never
+ * followed), mk_file_put appends, mk_file_commit fsyncs it and renames it over
+ * path (a link at path is replaced, not followed), mk_file_abort removes it.
+ * Readers of path see the old file or the new one, never part of one. Commit
+ * and abort free the writer (commit also when it fails). The file gets mode
+ * (0666, 0600) less the umask.
+ */
+typedef struct mk_file_writer mk_file_writer;
+MK_API mk_file_writer *mk_file_begin(const char *path, int mode, mk_error **err);
+MK_API int mk_file_put(mk_file_writer *w, const void *data, size_t n, mk_error **err);
+MK_API int mk_file_commit(mk_file_writer *w, mk_error **err);
+MK_API void mk_file_abort(mk_file_writer *w);
+/* begin, one put, commit */
+MK_API int mk_file_write_atomic(const char *path, const void *data, size_t n, int mode,
+                                mk_error **err);
+
 /* ---- safetensors files ---------------------------------------------------
  *
  * The format most weights are kept in: an 8-byte length, a JSON header naming
  * each tensor's dtype (F32, F16, BF16, I64, I8 here), shape and byte range,
  * then the data. Opening maps the file read-only and checks the whole header
  * (malformed JSON, unknown dtypes, offsets outside the file or not matching
- * the shape, duplicate names are MK_ERR_FILE errors naming the file and the
- * tensor); tensors are read in place, valid until mk_safetensors_close. A
+ * the shape, duplicate names, byte ranges that overlap, repeat, leave a gap
+ * or leave bytes after the last tensor are MK_ERR_FILE errors naming the file
+ * and the tensors); tensors are read in place, valid until mk_safetensors_close.
+ * A file up to 64 MiB is read into memory; a larger one is mapped, and a
+ * mapping reads the file as it is when a page is touched: a file truncated
+ * by another process while open ends the host with SIGBUS at the next read of
+ * a page past its new end. mk_safetensors_open_copy reads any file into
+ * memory (the cost: its size in memory, once), for files that may change. A
  * scalar (shape []) reads as [1]. The format does not promise alignment: a
  * tensor's data is aligned to its element size only where the writer put it so
  * (mk_safetensors_save does); copy it before reading elements where it is not.
  */
 typedef struct mk_safetensors mk_safetensors;
 MK_API mk_safetensors *mk_safetensors_open(const char *path, mk_error **err);
+MK_API mk_safetensors *mk_safetensors_open_copy(const char *path, mk_error **err);
 MK_API size_t mk_safetensors_count(const mk_safetensors *);
 /* Tensor i, in the header's order: its name, dtype and shape in *info (the
  * name lives as long as the file is open), its bytes at *data. Any out
@@ -464,7 +496,8 @@ MK_API int mk_safetensors_tensor(const mk_safetensors *, size_t i, mk_tensor_inf
                                  const void **data, size_t *bytes);
 MK_API void mk_safetensors_close(mk_safetensors *);
 /* Writes n tensors (infos[i] names and describes data[i]) to path, whole or
- * not at all (a temporary file renamed over it). */
+ * not at all (a temporary file of an unpredictable name beside it, fsync'd
+ * and renamed over it; a link planted anywhere is replaced, never followed). */
 MK_API int mk_safetensors_save(const char *path, const mk_tensor_info *infos,
                                const void *const *data, size_t n, mk_error **err);
 

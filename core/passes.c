@@ -21,19 +21,19 @@ static int count_consumers(mk_graph *g, const mk_compile_options *opts, const mk
 
 /* ---- dead nodes ------------------------------------------------------------- */
 
-/* The node at the end of n's chain of first operands through views, copies
- * that may be views, and in-place writes: every node sharing memory with n
- * has the same root (the converse need not hold). */
-static const mk_node *memory_root(const mk_node *n) {
-    while (n->op->layout && n->n_in > 0) n = n->in[0];
-    return n;
-}
-
-/* The leaf whose memory n's first operand chain ends in, or NULL for a node
- * that owns its memory. */
-static const mk_node *memory_leaf(const mk_node *n) {
-    n = memory_root(n);
-    return n->op->role == MK_ROLE_LEAF ? n : NULL;
+/* root[i]: the index of the node at the end of node i's chain of first
+ * operands through views, copies that may be views, and in-place writes:
+ * every node sharing memory with node i has the same root (the converse need
+ * not hold). One sweep in graph order, each node taking its first operand's
+ * root, so a chain of views costs its length once, not once per node. NULL
+ * when out of memory. */
+static int *memory_roots(const mk_graph *g) {
+    int *root = malloc(sizeof *root * (size_t)(g->n_nodes ? g->n_nodes : 1));
+    for (int i = 0; root && i < g->n_nodes; i++) {
+        const mk_node *n = g->nodes[i];
+        root[i] = n->op->layout && n->n_in > 0 ? root[n->in[0]->index] : i;
+    }
+    return root;
 }
 
 /*
@@ -51,24 +51,32 @@ static int drop_dead(mk_graph *g, const mk_compile_options *opts, const mk_targe
     if (opts->no_passes || g->n_nodes == 0) return 0;
     /* read_later[r]: the memory rooted at node r is read after the node looked at */
     bool *live = calloc((size_t)g->n_nodes * 2, sizeof *live);
-    if (!live) return mk_fail(err, MK_ERR_NOMEM, 0, 0, "dropping dead nodes");
+    int *root = memory_roots(g);
+    if (!live || !root) {
+        free(live);
+        free(root);
+        return mk_fail(err, MK_ERR_NOMEM, 0, 0, "dropping dead nodes");
+    }
     bool *read_later = live + g->n_nodes;
     for (int o = 0; o < g->n_outputs; o++) {
         live[g->outputs[o]->index] = true;
-        read_later[memory_root(g->outputs[o])->index] = true;
+        read_later[root[g->outputs[o]->index]] = true;
     }
     for (int i = g->n_nodes - 1; i >= 0; i--) {
         const mk_node *n = g->nodes[i];
-        const mk_node *leaf = n->op->role == MK_ROLE_INPLACE ? memory_leaf(n) : NULL;
+        /* an in-place write's leaf: the leaf its memory is, if any */
+        const mk_node *leaf = n->op->role == MK_ROLE_INPLACE ? g->nodes[root[i]] : NULL;
+        if (leaf && leaf->op->role != MK_ROLE_LEAF) leaf = NULL;
         if (n->op->role == MK_ROLE_LEAF || (leaf && leaf->op->leaf == MK_LEAF_BUFFER) ||
-            (n->op->role == MK_ROLE_INPLACE && read_later[memory_root(n)->index]))
+            (n->op->role == MK_ROLE_INPLACE && read_later[root[i]]))
             live[i] = true;
         if (live[i])
             for (int k = 0; k < n->n_in; k++) {
                 live[n->in[k]->index] = true;
-                read_later[memory_root(n->in[k])->index] = true;
+                read_later[root[n->in[k]->index]] = true;
             }
     }
+    free(root);
     int kept = 0;
     for (int i = 0; i < g->n_nodes; i++) {
         mk_node *n = g->nodes[i];
@@ -95,9 +103,10 @@ static int drop_dead(mk_graph *g, const mk_compile_options *opts, const mk_targe
  * input's values at its place), and a view read after such a write would see
  * the write.
  */
-static bool may_stay_view(const mk_graph *g, const mk_node *p, const int64_t *stride) {
+static bool may_stay_view(const mk_graph *g, const int *root_of, const mk_node *p,
+                          const int64_t *stride) {
     if (mk_is_output(g, p) || p->n_consumers == 0) return false;
-    const mk_node *root = memory_root(p->in[0]);
+    int root = root_of[p->in[0]->index];
     bool written = false;
     for (int i = p->index + 1, readers = p->n_consumers; readers > 0; i++) {
         const mk_node *c = g->nodes[i];
@@ -108,7 +117,7 @@ static bool may_stay_view(const mk_graph *g, const mk_node *p, const int64_t *st
                 return false;
             readers--;
         }
-        written = written || (c->op->role == MK_ROLE_INPLACE && memory_root(c) == root);
+        written = written || (c->op->role == MK_ROLE_INPLACE && root_of[c->index] == root);
     }
     return true;
 }
@@ -124,8 +133,11 @@ static void own(mk_node *n, mk_storage storage) {
  * share their first input's owner at the offset and strides their layout gives;
  * a copy that may be a view is one only where its readers take the strides. */
 static int assign_storage(mk_graph *g, const mk_compile_options *opts, const mk_target *t,
-                    mk_error **err) {
-    for (int i = 0; i < g->n_nodes; i++) {
+                          mk_error **err) {
+    int *root = memory_roots(g);
+    if (!root) return mk_fail(err, MK_ERR_NOMEM, 0, 0, "assigning storage");
+    int rc = 0;
+    for (int i = 0; i < g->n_nodes && !rc; i++) {
         mk_node *n = g->nodes[i];
         const mk_op *op = n->op;
         if (op->role == MK_ROLE_LEAF) {
@@ -135,22 +147,24 @@ static int assign_storage(mk_graph *g, const mk_compile_options *opts, const mk_
         int64_t stride[MK_MAX_RANK];
         int64_t offset = op->layout ? op->layout(n, stride) : 0;
         bool is_view = op->layout && (op->role == MK_ROLE_VIEW || op->role == MK_ROLE_INPLACE ||
-                                      (!opts->no_passes && may_stay_view(g, n, stride)));
+                                      (!opts->no_passes && may_stay_view(g, root, n, stride)));
         if (!is_view) {
             own(n, MK_STORAGE_ARENA);
             continue;
         }
         const mk_node *x = n->in[0];
-        if (op->role == MK_ROLE_INPLACE && x->owner->storage == MK_STORAGE_CONSTANT)
-            return mk_fail(err, MK_ERR_ARGUMENT, n->line, n->column,
-                           "%s cannot write into the constant '%s'", op->name,
-                           x->owner->name);
+        if (op->role == MK_ROLE_INPLACE && x->owner->storage == MK_STORAGE_CONSTANT) {
+            rc = mk_fail(err, MK_ERR_ARGUMENT, n->line, n->column,
+                         "%s cannot write into the constant '%s'", op->name, x->owner->name);
+            break;
+        }
         n->storage = MK_STORAGE_VIEW;
         n->owner = x->owner;
         n->view_offset = x->view_offset + offset;
         memcpy(n->stride, stride, sizeof n->stride);
     }
-    return 0;
+    free(root);
+    return rc;
 }
 
 /* ---- verifier --------------------------------------------------------------- */

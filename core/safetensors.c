@@ -1,6 +1,6 @@
 /*
- * safetensors.c — tensors in the safetensors format: read (mapped, no copy)
- * and written.
+ * safetensors.c — tensors in the safetensors format: read (small files into
+ * memory, large ones mapped) and written (through file.c's writer).
  *
  * A file is an 8-byte little-endian header length N, N bytes of JSON, then
  * the data. The JSON is one object: "__metadata__" (string to string, kept
@@ -10,8 +10,8 @@
  * header's length and JSON, dtypes the dtype table has (F32, F16, BF16, I64,
  * I8), shapes (rank 1 to MK_MAX_RANK once a scalar [] reads as [1]; element
  * counts within MK_MAX_NUMEL), offsets inside the file and matching the bytes
- * the shape needs, duplicate names. A reader is bounded by the buffer; it
- * never reads past it, whatever the bytes.
+ * the shape needs, duplicate names, ranges that do not tile the data. A
+ * reader is bounded by the buffer; it never reads past it, whatever the bytes.
  */
 #include "graph.h"
 
@@ -26,6 +26,8 @@
 
 #define MAX_HEADER (100u << 20) /* the format's own limit on the JSON header */
 #define MAX_DEPTH 16
+/* Files up to this size are read into memory, larger ones mapped (moonkaas.h says why). */
+#define MK_SAFETENSORS_READ_BYTES ((size_t)64 << 20)
 
 static const struct {
     const char *name;
@@ -42,8 +44,9 @@ typedef struct {
 } entry;
 
 struct mk_safetensors {
-    void *map; /* the whole file, read-only */
+    void *map; /* the whole file: mapped read-only, or (copied) read into memory */
     size_t size;
+    bool copied;
     const unsigned char *data; /* after the header */
     size_t n, cap;
     entry *entries;
@@ -317,6 +320,73 @@ static void entries_free(mk_safetensors *st) {
     st->n = st->cap = 0;
 }
 
+static int by_name(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* No name twice: sorted, so a header of a million names is not a trillion
+ * comparisons. */
+static int unique(mk_safetensors *st, reader *r) {
+    const char **names = malloc(sizeof *names * (st->n ? st->n : 1));
+    if (!names) return mk_fail(r->err, MK_ERR_NOMEM, 0, 0, "reading %s", st->path);
+    for (size_t i = 0; i < st->n; i++) names[i] = st->entries[i].name;
+    qsort(names, st->n, sizeof *names, by_name);
+    const char *twice = NULL;
+    for (size_t i = 1; i < st->n && !twice; i++)
+        if (!strcmp(names[i - 1], names[i])) twice = names[i];
+    r->tensor = twice;
+    free(names);
+    return twice ? bad(r, "the name is used twice") : 0;
+}
+
+typedef struct {
+    uint64_t begin, end;
+    const char *name;
+} range;
+
+static int by_begin(const void *a, const void *b) {
+    const range *x = a, *y = b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : x->end < y->end ? -1 : x->end > y->end;
+}
+
+/* The tensors' byte ranges tile the data, as the format requires: no two
+ * overlap, none repeats another, no byte between them or after the last one
+ * belongs to no tensor (a reader of one tensor could otherwise be handed bytes
+ * a writer meant as another's, or hidden data). */
+static int tiled(mk_safetensors *st, uint64_t data_size, reader *r) {
+    range *rs = malloc(sizeof *rs * (st->n ? st->n : 1));
+    if (!rs) return mk_fail(r->err, MK_ERR_NOMEM, 0, 0, "reading %s", st->path);
+    for (size_t i = 0; i < st->n; i++)
+        rs[i] = (range){st->entries[i].begin, st->entries[i].end, st->entries[i].name};
+    qsort(rs, st->n, sizeof *rs, by_begin);
+    char what[400];
+    what[0] = '\0';
+    uint64_t at = 0; /* where the bytes read so far end */
+    for (size_t i = 0; i < st->n && !what[0]; i++) {
+        if (rs[i].begin < at)
+            snprintf(what, sizeof what, "tensors '%.100s' [%llu, %llu) and '%.100s' [%llu, %llu) "
+                     "%s", rs[i - 1].name, (unsigned long long)rs[i - 1].begin,
+                     (unsigned long long)rs[i - 1].end, rs[i].name,
+                     (unsigned long long)rs[i].begin, (unsigned long long)rs[i].end,
+                     rs[i].begin == rs[i - 1].begin && rs[i].end == rs[i - 1].end
+                         ? "share the same bytes" : "overlap");
+        else if (rs[i].begin > at)
+            snprintf(what, sizeof what, "bytes [%llu, %llu) %s%.100s%s tensor '%.100s' belong to "
+                     "no tensor", (unsigned long long)at, (unsigned long long)rs[i].begin,
+                     i ? "between tensor '" : "before the first", i ? rs[i - 1].name : "",
+                     i ? "' and" : "", rs[i].name);
+        at = rs[i].end;
+    }
+    if (!what[0] && at != data_size)
+        snprintf(what, sizeof what, "%llu bytes after %s%.100s%s belong to no tensor",
+                 (unsigned long long)(data_size - at), st->n ? "the last tensor '" : "the header",
+                 st->n ? rs[st->n - 1].name : "", st->n ? "'" : "");
+    free(rs);
+    if (!what[0]) return 0;
+    r->tensor = NULL;
+    return bad(r, what);
+}
+
 /* Reads the header of the file's bytes into st's entries, checking each against the data. */
 static int parse(mk_safetensors *st, const unsigned char *file, size_t size, mk_error **err) {
     reader r = {.path = st->path, .err = err};
@@ -376,14 +446,12 @@ static int parse(mk_safetensors *st, const unsigned char *file, size_t size, mk_
                      (unsigned long long)(e->end - e->begin), (unsigned long long)bytes);
             return bad(&r, what);
         }
-        for (size_t i = 0; i + 1 < st->n; i++)
-            if (!strcmp(st->entries[i].name, name)) return bad(&r, "the name is used twice");
         r.tensor = NULL;
     } while (take(&r, ','));
     if (!empty && !take(&r, '}')) return bad(&r, "expected ',' or '}'");
     space(&r);
     if (r.p != r.end) return bad(&r, "text after the JSON object");
-    return 0;
+    return unique(st, &r) || tiled(st, data_size, &r) ? -1 : 0;
 }
 
 /* ---- the C API ------------------------------------------------------------------- */
@@ -396,7 +464,22 @@ int mk_safetensors_parse_buffer(const void *file, size_t size, size_t *count, mk
     return rc;
 }
 
-MK_API mk_safetensors *mk_safetensors_open(const char *path, mk_error **err) {
+/* The whole file into memory, as much of it as a read gets (a file truncated
+ * meanwhile reads shorter, and its header then no longer fits). */
+static void *read_whole(int fd, size_t size, size_t *got) {
+    char *buf = malloc(size ? size : 1);
+    *got = 0;
+    if (!buf) return NULL;
+    while (*got < size) {
+        ssize_t k = read(fd, buf + *got, size - *got);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) break;
+        *got += (size_t)k;
+    }
+    return buf;
+}
+
+static mk_safetensors *open_file(const char *path, bool copy, mk_error **err) {
     if (!path) {
         mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "mk_safetensors_open: NULL path");
         return NULL;
@@ -407,7 +490,7 @@ MK_API mk_safetensors *mk_safetensors_open(const char *path, mk_error **err) {
         mk_fail(err, MK_ERR_NOMEM, 0, 0, "opening %s", path);
         return NULL;
     }
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* a FIFO does not hang the open */
     struct stat info;
     if (fd < 0 || fstat(fd, &info) != 0) {
         mk_fail(err, MK_ERR_FILE, 0, 0, "%s: %s", path, strerror(errno));
@@ -417,14 +500,21 @@ MK_API mk_safetensors *mk_safetensors_open(const char *path, mk_error **err) {
         mk_fail(err, MK_ERR_FILE, 0, 0, "%s: not a regular file", path);
         goto fail;
     }
-    st->size = (size_t)info.st_size;
-    if (st->size) {
-        void *map = mmap(NULL, st->size, PROT_READ, MAP_PRIVATE, fd, 0);
+    size_t size = (size_t)info.st_size;
+    if (copy || size <= MK_SAFETENSORS_READ_BYTES) {
+        if (!(st->map = read_whole(fd, size, &st->size))) {
+            mk_fail(err, MK_ERR_NOMEM, 0, 0, "reading %s (%zu bytes)", path, size);
+            goto fail;
+        }
+        st->copied = true;
+    } else {
+        void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (map == MAP_FAILED) {
             mk_fail(err, MK_ERR_FILE, 0, 0, "%s: mmap: %s", path, strerror(errno));
             goto fail;
         }
         st->map = map;
+        st->size = size;
     }
     close(fd);
     fd = -1;
@@ -434,6 +524,14 @@ fail:
     if (fd >= 0) close(fd);
     mk_safetensors_close(st);
     return NULL;
+}
+
+MK_API mk_safetensors *mk_safetensors_open(const char *path, mk_error **err) {
+    return open_file(path, false, err);
+}
+
+MK_API mk_safetensors *mk_safetensors_open_copy(const char *path, mk_error **err) {
+    return open_file(path, true, err);
 }
 
 MK_API size_t mk_safetensors_count(const mk_safetensors *st) { return st ? st->n : 0; }
@@ -453,7 +551,8 @@ MK_API int mk_safetensors_tensor(const mk_safetensors *st, size_t i, mk_tensor_i
 
 MK_API void mk_safetensors_close(mk_safetensors *st) {
     if (!st) return;
-    if (st->map) munmap(st->map, st->size);
+    if (st->copied) free(st->map);
+    else if (st->map) munmap(st->map, st->size);
     entries_free(st);
     free(st->path);
     free(st);
@@ -489,12 +588,6 @@ MK_API int mk_safetensors_save(const char *path, const mk_tensor_info *infos,
                            "safetensors can hold here (a name, a dtype the format names, a "
                            "shape, data)", path, i, t->name ? t->name : "");
         }
-        for (size_t j = 0; j < i; j++)
-            if (!strcmp(infos[j].name, t->name)) {
-                free(b.s);
-                return mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "%s: the name '%s' is used twice",
-                               path, t->name);
-            }
         uint64_t bytes = (uint64_t)numel * mk_dtype_size(t->dtype);
         mk_strbuf_put(&b, "%s", i ? "," : "");
         put_json_string(&b, t->name);
@@ -505,34 +598,46 @@ MK_API int mk_safetensors_save(const char *path, const mk_tensor_info *infos,
                       (unsigned long long)(offset + bytes));
         offset += bytes;
     }
+    /* no name twice (sorted: n log n, where pairs were n^2) */
+    const char **names = malloc(sizeof *names * (n ? n : 1));
+    if (!names) {
+        free(b.s);
+        return mk_fail(err, MK_ERR_NOMEM, 0, 0, "writing %s", path);
+    }
+    for (size_t i = 0; i < n; i++) names[i] = infos[i].name;
+    qsort(names, n, sizeof *names, by_name);
+    for (size_t i = 1; i < n; i++)
+        if (!strcmp(names[i - 1], names[i])) {
+            int rc = mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "%s: the name '%s' is used twice", path,
+                             names[i]);
+            free(names);
+            free(b.s);
+            return rc;
+        }
+    free(names);
     mk_strbuf_put(&b, "}");
     while (!b.failed && b.len % 8) mk_strbuf_put(&b, " "); /* data 8-byte aligned */
     if (b.failed) {
         free(b.s);
         return mk_fail(err, MK_ERR_NOMEM, 0, 0, "writing %s", path);
     }
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (!f) {
+    mk_file_writer *w = mk_file_begin(path, 0666, err);
+    if (!w) {
         free(b.s);
-        return mk_fail(err, MK_ERR_FILE, 0, 0, "%s: %s", tmp, strerror(errno));
+        return -1;
     }
     unsigned char len[8];
     for (int k = 0; k < 8; k++) len[k] = (unsigned char)((uint64_t)b.len >> (8 * k));
-    bool ok = fwrite(len, 1, 8, f) == 8 && fwrite(b.s, 1, b.len, f) == b.len;
-    for (size_t i = 0; ok && i < n; i++) {
+    int rc = mk_file_put(w, len, 8, err) || mk_file_put(w, b.s, b.len, err) ? -1 : 0;
+    for (size_t i = 0; !rc && i < n; i++) {
         size_t bytes = (size_t)mk_shape_numel(infos[i].rank, infos[i].shape) *
                        mk_dtype_size(infos[i].dtype);
-        ok = fwrite(data[i], 1, bytes, f) == bytes;
+        rc = mk_file_put(w, data[i], bytes, err);
     }
-    int saved = errno;
-    ok = fclose(f) == 0 && ok;
     free(b.s);
-    if (!ok || rename(tmp, path) != 0) {
-        if (ok) saved = errno;
-        remove(tmp);
-        return mk_fail(err, MK_ERR_FILE, 0, 0, "%s: %s", path, strerror(saved));
+    if (rc) {
+        mk_file_abort(w);
+        return -1;
     }
-    return 0;
+    return mk_file_commit(w, err);
 }

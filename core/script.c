@@ -464,13 +464,16 @@ static int parse_next(lexer *lx, next_line *lines, int *n_lines) {
 
 /* The checks of a next line against the script it ends, into g->next. */
 static int resolve_next(mk_graph *g, const next_line *l, mk_error **err) {
-    char name[128] = "";
     const token *t = &l->input;
-    if (t->len < sizeof name) memcpy(name, t->start, t->len);
-    mk_node *in = t->len < sizeof name ? mk_graph_find_name(g, name) : NULL;
+    /* a name is as long as memory allows, here as in every other position */
+    char *key = strndup(t->start, t->len);
+    if (!key) return mk_fail(err, MK_ERR_NOMEM, 0, 0, "parsing a name");
+    mk_node *in = mk_graph_find_name(g, key);
+    free(key);
     if (!in || in->op->leaf != MK_LEAF_INPUT)
         return mk_fail(err, MK_ERR_NAME, t->line, t->column,
                        "next: '%.*s' is not an input of the script", (int)t->len, t->start);
+    const char *name = in->name;
     for (int i = 0; i < g->n_next; i++)
         if (g->next[i].input == in)
             return mk_fail(err, MK_ERR_NAME, t->line, t->column,
@@ -614,6 +617,18 @@ char *mk_graph_print(const mk_graph *g) {
         return NULL;
     }
     return b.s;
+}
+
+MK_API int mk_script_check_bytes(const char *script, size_t len, mk_error **err) {
+    if (!script) return mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "the script is NULL");
+    const char *nul = memchr(script, '\0', len);
+    if (!nul) return 0;
+    int line = 1, column = 1;
+    for (const char *p = script; p < nul; p++) {
+        if (*p == '\n') line++, column = 1;
+        else column++;
+    }
+    return mk_fail(err, MK_ERR_SYNTAX, line, column, "a NUL byte in the script");
 }
 
 MK_API char *mk_script_format(const char *script, mk_error **err) {

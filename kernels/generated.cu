@@ -13,8 +13,10 @@
 #include "cuda_device.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <nvrtc.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,13 +71,53 @@ static int nvrtc_fail(mk_error **err, nvrtcProgram prog, nvrtcResult r, const mk
 /*
  * Compiled kernels (cubins) are kept on disk so that a second process skips
  * NVRTC: in $MK_KERNEL_CACHE when set ("off" or "0": no disk cache), else
- * $XDG_CACHE_HOME/moonkaas, else $HOME/.cache/moonkaas. A file is named by
- * what decides its contents: the program's hash and length, the architecture
- * and NVRTC's version. It is written whole under a temporary name and renamed,
- * so readers never see half a file; one that is not an ELF file is compiled
- * again and replaced. Any trouble with the disk just means compiling.
+ * $XDG_CACHE_HOME/moonkaas, else $HOME/.cache/moonkaas. What is trusted and
+ * checked (README "Files"):
+ *   - the directory is made 0700; one that another user owns or can write is
+ *     refused (a log line, then no disk cache for the call);
+ *   - an entry is named by the SHA-256 of everything that decides its code (the
+ *     program, the architecture, NVRTC's version and options) and holds a
+ *     header: a magic, that key, the cubin's size and its SHA-256. It is
+ *     loaded only when all of them match and it is a regular file of this
+ *     user, opened without following a link; any mismatch is a log line and a
+ *     compile, whose entry replaces it;
+ *   - entries are written through mk_file_write_atomic (mkstemp beside the
+ *     entry, fsync, rename): readers never see half a file, and no link
+ *     planted at a temporary name is followed.
+ * Any trouble with the disk just means compiling.
  */
-static bool cache_dir(char *dir, size_t size) {
+#define CACHE_MAGIC "MKKC0001"
+enum { CACHE_HEADER = 8 + 32 + 8 + 32 }; /* magic, key, cubin size (LE), cubin digest */
+
+static const char *const nvrtc_options[] = {"--std=c++17"};
+
+static void cache_log(const mk_host *host, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void cache_log(const mk_host *host, const char *fmt, ...) {
+    if (!host || !host->log) return;
+    char msg[600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    host->log(host, MK_LOG_WARNING, "kernel cache: %s", msg);
+}
+
+/* mkdir -p, new directories 0700 (a parent that exists keeps its mode). */
+static bool make_dirs(const char *dir) {
+    char p[4096];
+    if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p) return false;
+    for (char *c = p + 1; *c; c++) {
+        if (*c != '/') continue;
+        *c = '\0';
+        if (mkdir(p, 0700) != 0 && errno != EEXIST) return false;
+        *c = '/';
+    }
+    return mkdir(p, 0700) == 0 || errno == EEXIST;
+}
+
+/* The cache directory in dir, made and checked: false (logged where it is
+ * refused) when there is none to use. */
+static bool cache_dir(char *dir, size_t size, const mk_host *host) {
     const char *env = getenv("MK_KERNEL_CACHE"), *xdg = getenv("XDG_CACHE_HOME"),
                *home = getenv("HOME");
     int n;
@@ -84,58 +126,108 @@ static bool cache_dir(char *dir, size_t size) {
     else if (xdg && *xdg) n = snprintf(dir, size, "%s/moonkaas", xdg);
     else if (home && *home) n = snprintf(dir, size, "%s/.cache/moonkaas", home);
     else return false;
-    return n > 0 && (size_t)n < size;
+    if (n <= 0 || (size_t)n >= size) return false;
+    if (!make_dirs(dir)) {
+        cache_log(host, "cannot make %s (%s): no disk cache", dir, strerror(errno));
+        return false;
+    }
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        cache_log(host, "%s is not a directory: no disk cache", dir);
+        return false;
+    }
+    if (st.st_uid != geteuid() || (st.st_mode & 022)) {
+        cache_log(host, "%s is %s (mode %03o): no disk cache; make it the user's own, mode 0700",
+                  dir, st.st_uid != geteuid() ? "another user's" : "writable by others",
+                  (unsigned)(st.st_mode & 0777));
+        return false;
+    }
+    return true;
 }
 
-static bool cache_path(char *path, size_t size, const char *dir, const char *src, int arch) {
+/* The entry's key: the SHA-256 of everything that decides the cubin. */
+static void cache_key(const char *src, int arch, unsigned char key[32]) {
     int major = 0, minor = 0;
     nvrtcVersion(&major, &minor);
-    const char *program = program_of(src);
-    int n = snprintf(path, size, "%s/%016llx-%zx-sm%d-nvrtc%d.%d.cubin", dir, fnv1a(program),
-                     strlen(program), arch, major, minor);
+    mk_strbuf b = {0};
+    mk_strbuf_put(&b, "moonkaas kernel cache 1\nsm_%d\nnvrtc %d.%d\n", arch, major, minor);
+    for (size_t i = 0; i < sizeof nvrtc_options / sizeof nvrtc_options[0]; i++)
+        mk_strbuf_put(&b, "%s\n", nvrtc_options[i]);
+    mk_strbuf_put(&b, "%s", program_of(src));
+    if (b.failed) memset(key, 0, 32); /* out of memory: a key no entry has */
+    else mk_sha256(b.s, b.len, key);
+    free(b.s);
+}
+
+static bool cache_path(char *path, size_t size, const char *dir, const unsigned char key[32],
+                       int arch) {
+    char hex[65];
+    for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", key[i]);
+    int n = snprintf(path, size, "%s/%s-sm%d.cubin", dir, hex, arch);
     return n > 0 && (size_t)n < size;
 }
 
-/* The cubin at path (malloc'd) if it is one, else NULL. */
-static char *cache_read(const char *path, size_t *size) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
+/* The cubin of the entry at path (malloc'd) if it is one for key, else NULL:
+ * nothing there is silent, anything else there is logged. */
+static char *cache_read(const char *path, const unsigned char key[32], size_t *size,
+                        const mk_host *host) {
+    /* no link followed; O_NONBLOCK: a FIFO planted there does not hang the open */
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno != ENOENT) cache_log(host, "%s: %s; compiled again", path, strerror(errno));
+        return NULL;
+    }
+    struct stat st;
+    const char *why = NULL;
     char *data = NULL;
-    long n = -1;
-    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) > 4 && fseek(f, 0, SEEK_SET) == 0 &&
-        (data = (char *)malloc((size_t)n)) && fread(data, 1, (size_t)n, f) == (size_t)n &&
-        !memcmp(data, "\x7f" "ELF", 4)) {
-        fclose(f);
-        *size = (size_t)n;
-        return data;
+    size_t n = 0;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) why = "not a regular file";
+    else if (st.st_uid != geteuid()) why = "another user's file";
+    else if (st.st_size < CACHE_HEADER + 4 || st.st_size > (1 << 30)) why = "not an entry (its size)";
+    else if (!(data = (char *)malloc((size_t)st.st_size))) why = "out of memory";
+    while (!why && n < (size_t)st.st_size) {
+        ssize_t k = read(fd, data + n, (size_t)st.st_size - n);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) why = "cut short while read";
+        else n += (size_t)k;
     }
-    fclose(f);
-    free(data);
-    return NULL;
+    close(fd);
+    if (!why) {
+        const unsigned char *h = (const unsigned char *)data;
+        uint64_t bytes = 0;
+        for (int i = 7; i >= 0; i--) bytes = bytes << 8 | h[8 + 32 + i];
+        unsigned char digest[32];
+        if (memcmp(h, CACHE_MAGIC, 8)) why = "not an entry (its magic)";
+        else if (memcmp(h + 8, key, 32)) why = "an entry for another program";
+        else if (bytes != n - CACHE_HEADER) why = "its size does not match its header";
+        else if (mk_sha256(data + CACHE_HEADER, bytes, digest), memcmp(digest, h + 48, 32))
+            why = "its cubin does not match its digest";
+        else if (memcmp(data + CACHE_HEADER, "\x7f" "ELF", 4)) why = "its cubin is not an ELF file";
+    }
+    if (why) {
+        cache_log(host, "%s: %s; compiled again", path, why);
+        free(data);
+        return NULL;
+    }
+    memmove(data, data + CACHE_HEADER, n - CACHE_HEADER);
+    *size = n - CACHE_HEADER;
+    return data;
 }
 
-/* mkdir -p, for the cache directory. */
-static bool make_dirs(const char *dir) {
-    char p[4096];
-    if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p) return false;
-    for (char *c = p + 1; *c; c++) {
-        if (*c != '/') continue;
-        *c = '\0';
-        if (mkdir(p, 0755) != 0 && errno != EEXIST) return false;
-        *c = '/';
-    }
-    return mkdir(p, 0755) == 0 || errno == EEXIST;
-}
-
-static void cache_write(const char *dir, const char *path, const char *cubin, size_t size) {
-    if (!make_dirs(dir)) return;
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return;
-    bool ok = fwrite(cubin, 1, size, f) == size;
-    ok = fclose(f) == 0 && ok;
-    if (!ok || rename(tmp, path) != 0) remove(tmp);
+static void cache_write(const char *path, const unsigned char key[32], const char *cubin,
+                        size_t size, const mk_host *host) {
+    char *entry = (char *)malloc(CACHE_HEADER + size);
+    if (!entry) return;
+    memcpy(entry, CACHE_MAGIC, 8);
+    memcpy(entry + 8, key, 32);
+    for (int i = 0; i < 8; i++) entry[40 + i] = (char)((uint64_t)size >> (8 * i));
+    mk_sha256(cubin, size, (unsigned char *)entry + 48);
+    memcpy(entry + CACHE_HEADER, cubin, size);
+    mk_error *err = NULL;
+    if (mk_file_write_atomic(path, entry, CACHE_HEADER + size, 0600, &err))
+        cache_log(host, "%s", mk_error_message(err));
+    mk_error_free(err);
+    free(entry);
 }
 
 /* ---- compiling ------------------------------------------------------------------------ */
@@ -153,7 +245,7 @@ static char *nvrtc_cubin(const char *src, int arch, const mk_launch *l, size_t *
     snprintf(gpu, sizeof gpu, "--gpu-architecture=sm_%d", arch);
     /* nvcc's defaults (the interpreter's expf and tanhf are built so); the
      * group's own arithmetic is __fadd_rn and friends, never contracted */
-    const char *opts[] = {gpu, "--std=c++17"};
+    const char *opts[] = {gpu, nvrtc_options[0]};
     r = nvrtcCompileProgram(prog, 2, opts);
     char *cubin = NULL;
     if (r == NVRTC_SUCCESS) r = nvrtcGetCUBINSize(prog, size);
@@ -171,19 +263,22 @@ static char *nvrtc_cubin(const char *src, int arch, const mk_launch *l, size_t *
 /*
  * Compiles src for sm_<arch> (or takes the cubin from the disk cache, unless
  * disk is false; *from_disk says which) and, with lib, loads it: the kernel
- * (without lib: any non-NULL value), or NULL with *err set.
+ * (without lib: any non-NULL value), or NULL with *err set. host (may be
+ * NULL) hears why the disk cache was passed over.
  */
 static cudaKernel_t compile(const char *src, int arch, const mk_launch *l, cudaLibrary_t *lib,
-                            bool disk, bool *from_disk, mk_error **err) {
+                            bool disk, bool *from_disk, const mk_host *host, mk_error **err) {
     const char *symbol = mk_node_product(l->node) ? "mk_product" : "mk_pointwise";
     char dir[4000], path[4096];
-    disk = disk && cache_dir(dir, sizeof dir) && cache_path(path, sizeof path, dir, src, arch);
+    unsigned char key[32];
+    if (disk) cache_key(src, arch, key);
+    disk = disk && cache_dir(dir, sizeof dir, host) && cache_path(path, sizeof path, dir, key, arch);
     size_t size = 0;
-    char *cubin = disk ? cache_read(path, &size) : NULL;
+    char *cubin = disk ? cache_read(path, key, &size, host) : NULL;
     *from_disk = cubin != NULL;
     if (!cubin) {
         if (!(cubin = nvrtc_cubin(src, arch, l, &size, err))) return NULL;
-        if (disk) cache_write(dir, path, cubin, size);
+        if (disk) cache_write(path, key, cubin, size, host);
     }
     if (!lib) {
         free(cubin);
@@ -201,17 +296,16 @@ static cudaKernel_t compile(const char *src, int arch, const mk_launch *l, cudaL
 }
 
 /* With MK_CUDA_DUMP=DIR, each program's source is written to DIR/<hash>_sm<arch>.cu
- * (layers that share it: the last one's) for people reading what runs (a file
- * that cannot be written is skipped). */
+ * (layers that share it: the last one's) for people reading what runs,
+ * through mk_file_write_atomic (a file that cannot be written is skipped). */
 static void dump(const char *src, unsigned long long hash, int arch) {
     const char *dir = getenv("MK_CUDA_DUMP");
     if (!dir || !*dir) return;
     char path[4096];
     snprintf(path, sizeof path, "%s/%016llx_sm%d.cu", dir, hash, arch);
-    FILE *f = fopen(path, "w");
-    if (!f) return;
-    fputs(src, f);
-    fclose(f);
+    mk_error *err = NULL;
+    mk_file_write_atomic(path, src, strlen(src), 0666, &err);
+    mk_error_free(err);
 }
 
 /* The source of a group's launch (malloc'd), or NULL: stamped for the
@@ -255,7 +349,7 @@ char *mk_cuda_generate_source(const mk_launch *l, mk_error **err) {
 
 /* The kernel of src for launch l: from the cache, else compiled. */
 static cudaKernel_t kernel_of(const mk_launch *l, char *src, int arch, bool disk, int *compiled,
-                              int *from_disk, mk_error **err) {
+                              int *from_disk, const mk_host *host, mk_error **err) {
     if (!src) return NULL;
     unsigned long long hash = fnv1a(program_of(src));
     dump(src, hash, arch);
@@ -276,7 +370,8 @@ static cudaKernel_t kernel_of(const mk_launch *l, char *src, int arch, bool disk
             }
         }
         bool disk_hit = false;
-        if (n_cache < cap_cache && (kernel = compile(src, arch, l, &lib, disk, &disk_hit, err))) {
+        if (n_cache < cap_cache &&
+            (kernel = compile(src, arch, l, &lib, disk, &disk_hit, host, err))) {
             cache[n_cache++] = (cached_kernel){hash, arch, lib, kernel};
             ++*(disk_hit ? from_disk : compiled);
         }
@@ -289,10 +384,10 @@ static cudaKernel_t kernel_of(const mk_launch *l, char *src, int arch, bool disk
 /* The kernel of launch l. Stamped for the timeline, a product kernel keeps
  * the blocks an SM of its unstamped build, which is compiled first. */
 static cudaKernel_t kernel_for(const mk_launch *l, int arch, bool disk, int *compiled,
-                               int *from_disk, mk_error **err) {
+                               int *from_disk, const mk_host *host, mk_error **err) {
     bool stamp = mk_cuda_timeline_file() && mk_node_product(l->node);
     cudaKernel_t kernel = kernel_of(l, group_source(l, false, 0, err), arch, disk, compiled,
-                                    from_disk, err);
+                                    from_disk, host, err);
     if (!kernel || !stamp) return kernel;
     unsigned int blocks, threads;
     mk_cuda_group_grid(l, &blocks, &threads);
@@ -302,7 +397,8 @@ static cudaKernel_t kernel_for(const mk_launch *l, int arch, bool disk, int *com
         cudaGetLastError(); /* stamped as before, at whatever occupancy */
         occupancy = 0;
     }
-    return kernel_of(l, group_source(l, true, occupancy, err), arch, disk, compiled, from_disk, err);
+    return kernel_of(l, group_source(l, true, occupancy, err), arch, disk, compiled, from_disk,
+                     host, err);
 }
 
 int mk_cuda_generate(mk_cuda_state *s, const mk_launch *launches, int n, const mk_host *host,
@@ -326,7 +422,7 @@ int mk_cuda_generate(mk_cuda_state *s, const mk_launch *launches, int n, const m
             if (!s->generated) return mk_fail(err, MK_ERR_NOMEM, 0, 0, "generated kernels");
         }
         bool disk = !(host->opts && host->opts->no_kernel_cache);
-        if (!(s->generated[i] = (void *)kernel_for(l, arch, disk, &compiled, &from_disk, err)))
+        if (!(s->generated[i] = (void *)kernel_for(l, arch, disk, &compiled, &from_disk, host, err)))
             return -1;
         const mk_product_group *pg = mk_node_product(l->node);
         size_t bytes = pg ? mk_cuda_group_aux_bytes(pg) : 0;
@@ -411,7 +507,7 @@ int mk_cuda_generate_check(const mk_launch *l, int arch, mk_error **err) {
     if (!src) return -1;
     dump(src, fnv1a(program_of(src)), arch);
     bool from_disk = false;
-    int rc = compile(src, arch, l, NULL, true, &from_disk, err) ? 0 : -1;
+    int rc = compile(src, arch, l, NULL, true, &from_disk, NULL, err) ? 0 : -1;
     free(src);
     return rc;
 }

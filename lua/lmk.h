@@ -119,6 +119,10 @@ lmk_tensor *lmk_push_tensor(lua_State *L, const char *fn, mk_dtype dtype, int ra
 /* Stores the Lua number at idx into every element of t: float32 and int64 (for
  * another dtype, or a fraction into an integer dtype, a dtype error). */
 void lmk_fill_tensor(lua_State *L, lmk_tensor *t, int idx, const char *fn);
+/* Element count (in *numel_out, may be NULL) and bytes of a shape; a shape
+ * error for sizes that overflow. */
+size_t lmk_shape_bytes(lua_State *L, const char *fn, mk_dtype dtype, int rank,
+                       const int64_t *shape, int64_t *numel_out);
 
 /* ---- context (module.c) ----------------------------------------------------- */
 
@@ -139,6 +143,7 @@ void lmk_host_end(lua_State *L, lmk_host_scope scope, mk_error *err);
 /* ---- the parts of the module: each fills the module table on top ------------ */
 
 void lmk_open_tensor(lua_State *L);
+void lmk_open_file(lua_State *L); /* file.c; called by lmk_open_tensor */
 void lmk_open_node(lua_State *L);
 void lmk_open_model(lua_State *L);
 

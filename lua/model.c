@@ -270,6 +270,10 @@ static int l_compile_script(lua_State *L) {
         LMK_ARG_ERROR(L, fn, "constants must be a table {name = tensor}, got %s",
                       luaL_typename(L, 2));
     mk_compile_options opts = check_options(L, 3, 5);
+    size_t len;
+    const char *text = lua_tolstring(L, 1, &len);
+    mk_error *nul = NULL;
+    if (mk_script_check_bytes(text, len, &nul)) raise_at_source(L, 4, nul);
 
     /* A private copy of the constants, checked: the CPU model borrows their
      * memory, and the caller's table may change under the checks' allocations

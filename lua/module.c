@@ -180,7 +180,10 @@ static int l_format_script(lua_State *L) {
         LMK_ARG_ERROR(L, "format_script", "the script must be a string, got %s",
                       luaL_typename(L, 1));
     mk_error *err = NULL;
-    char *s = mk_script_format(lua_tostring(L, 1), &err);
+    size_t len;
+    const char *text = lua_tolstring(L, 1, &len);
+    if (mk_script_check_bytes(text, len, &err)) lmk_raise_core(L, err);
+    char *s = mk_script_format(text, &err);
     if (!s) lmk_raise_core(L, err);
     lmk_push_core_string(L, s);
     return 1;

@@ -1,11 +1,10 @@
 /*
- * tensor.c — host tensors and file mappings.
+ * tensor.c — host tensors.
  *
  *   tensor  (moonkaas.tensor) a dense row-major host array of any dtype of the
  *           core's table, rank 1 to 4, that owns its bytes (just after its
- *           header), or a read-only window into a file mapping
- *   mapping (moonkaas.mapping) one mmap of a file, shared by every tensor made
- *           from that file and kept alive by them (user value 1 of each tensor)
+ *           header), or a read-only window into a file's bytes (file.c: a
+ *           mapping, user value 1 of each such tensor)
  *
  * Any dtype can be made (mk.zeros, mk.from_bytes, mk.from_file: sizes from
  * mk_dtype_size) and handed to models. Elements are read and written as Lua
@@ -17,23 +16,15 @@
  * mk.quantize(t, group) (llama2.c's int8 groups, mk_quantize_q8),
  * q:dequantize(scale) (the DequantizeNode's blocks), t:reshape(shape).
  *
- * Long because it is the whole of one userdata: the tensor's methods, its
- * element views per dtype and the file mappings its windows keep alive. The
- * host conversions (to, quantize, dequantize) could move to their own file
- * if they grow.
+ * Long because it is the whole of one userdata: the tensor's methods and its
+ * element views per dtype. The host conversions (to, quantize, dequantize)
+ * could move to their own file if they grow.
  */
 #include "lmk.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#define MAPPINGS_KEY "moonkaas.mappings" /* weak table: file identity -> mapping */
 
 /* ==== elements as Lua numbers ================================================ */
 
@@ -212,9 +203,8 @@ void lmk_fill_tensor(lua_State *L, lmk_tensor *t, int idx, const char *fn) {
 
 /* ==== making tensors ========================================================= */
 
-/* Element count and bytes of a shape, refusing sizes that overflow. */
-static size_t shape_bytes(lua_State *L, const char *fn, mk_dtype dtype, int rank,
-                          const int64_t *shape, int64_t *numel_out) {
+size_t lmk_shape_bytes(lua_State *L, const char *fn, mk_dtype dtype, int rank,
+                       const int64_t *shape, int64_t *numel_out) {
     uint64_t numel = 1;
     for (int i = 0; i < rank; i++)
         if (__builtin_mul_overflow(numel, (uint64_t)shape[i], &numel) || numel > (uint64_t)MK_MAX_NUMEL)
@@ -252,7 +242,7 @@ static int new_tensor_userdata(lua_State *L) {
 lmk_tensor *lmk_push_tensor(lua_State *L, const char *fn, mk_dtype dtype, int rank,
                             const int64_t *shape) {
     int64_t numel;
-    size_t bytes = shape_bytes(L, fn, dtype, rank, shape, &numel),
+    size_t bytes = lmk_shape_bytes(L, fn, dtype, rank, shape, &numel),
            size = TENSOR_HEADER + TENSOR_ALIGN + bytes;
     lua_pushcfunction(L, new_tensor_userdata);
     lua_pushlightuserdata(L, &size);
@@ -371,214 +361,13 @@ static int l_from_bytes(lua_State *L) {
     const char *s = lua_tolstring(L, 1, &len);
     mk_dtype dtype = lmk_check_dtype(L, 2, fn, false);
     int rank = lmk_check_shape(L, 3, fn, shape);
-    size_t bytes = shape_bytes(L, fn, dtype, rank, shape, NULL);
+    size_t bytes = lmk_shape_bytes(L, fn, dtype, rank, shape, NULL);
     if (len != bytes)
         LMK_ARG_ERROR(L, fn, "%zu bytes for %s %s (%zu expected)", len, mk_dtype_name(dtype),
                       LMK_SHAPE_STR(rank, shape), bytes);
     lmk_tensor *t = lmk_push_tensor(L, fn, dtype, rank, shape);
     memcpy(t->data, s, bytes);
     return 1;
-}
-
-/* ==== file mappings ========================================================== */
-
-typedef struct {
-    void *addr; /* NULL while closed */
-    size_t size;
-} lmk_mapping;
-
-static int mapping_gc(lua_State *L) {
-    lmk_mapping *m = (lmk_mapping *)luaL_checkudata(L, 1, LMK_MAPPING_MT);
-    if (m->addr) munmap(m->addr, m->size);
-    m->addr = NULL;
-    return 0;
-}
-
-/*
- * Pushes the mapping of the whole file `path` (size from st), sharing one per
- * file identity through a weak table so that every tensor of a checkpoint holds
- * the same mapping. Errors name the file.
- */
-static lmk_mapping *push_mapping(lua_State *L, const char *path, const struct stat *st) {
-    char key[128];
-    snprintf(key, sizeof key, "%llu:%llu:%lld:%lld.%09ld", (unsigned long long)st->st_dev,
-             (unsigned long long)st->st_ino, (long long)st->st_size,
-             (long long)st->st_mtim.tv_sec, (long)st->st_mtim.tv_nsec);
-    lua_getfield(L, LUA_REGISTRYINDEX, MAPPINGS_KEY);
-    int cache = lua_gettop(L);
-    if (lua_getfield(L, cache, key) == LUA_TUSERDATA) {
-        lua_remove(L, cache);
-        return (lmk_mapping *)lua_touserdata(L, -1);
-    }
-    lua_pop(L, 1);
-    /* Closed first: if anything below fails, nothing is left to release. */
-    lmk_mapping *m = (lmk_mapping *)lua_newuserdatauv(L, sizeof *m, 0);
-    m->addr = NULL;
-    m->size = 0;
-    luaL_setmetatable(L, LMK_MAPPING_MT);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return (void)lmk_raise(L, "file error", path, "%s", strerror(errno)), NULL;
-    void *addr = mmap(NULL, (size_t)st->st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-    int map_errno = errno;
-    close(fd);
-    if (addr == MAP_FAILED)
-        return (void)lmk_raise(L, "file error", path, "mmap: %s", strerror(map_errno)), NULL;
-    m->addr = addr;
-    m->size = (size_t)st->st_size;
-    lua_pushvalue(L, -1);
-    lua_setfield(L, cache, key);
-    lua_remove(L, cache);
-    return m;
-}
-
-/* mk.from_file(path, {offset =, dtype =, shape =}): a read-only window, no copy. */
-static int l_from_file(lua_State *L) {
-    const char *fn = "from_file";
-    int64_t shape[MK_MAX_RANK];
-    if (lua_type(L, 1) != LUA_TSTRING)
-        LMK_ARG_ERROR(L, fn, "argument #1 must be a path, got %s", luaL_typename(L, 1));
-    const char *path = lua_tostring(L, 1);
-    if (lua_type(L, 2) != LUA_TTABLE)
-        LMK_ARG_ERROR(L, fn, "argument #2 must be a table {offset =, dtype =, shape =}, got %s",
-                      luaL_typename(L, 2));
-    lua_pushnil(L);
-    while (lua_next(L, 2)) {
-        const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
-        if (strcmp(k, "offset") && strcmp(k, "dtype") && strcmp(k, "shape"))
-            LMK_ARG_ERROR(L, fn, "unknown option %s (offset, dtype, shape)", k);
-        lua_pop(L, 1);
-    }
-    lua_getfield(L, 2, "offset");
-    int64_t offset = lua_isnil(L, -1) ? 0 : lmk_check_int(L, -1, fn, "offset");
-    lua_getfield(L, 2, "dtype");
-    mk_dtype dtype = lmk_check_dtype(L, -1, fn, true);
-    lua_getfield(L, 2, "shape");
-    if (lua_isnil(L, -1)) LMK_ARG_ERROR(L, fn, "the options need a shape");
-    int rank = lmk_check_shape(L, lua_gettop(L), fn, shape);
-    lua_pop(L, 3);
-    int64_t numel;
-    size_t bytes = shape_bytes(L, fn, dtype, rank, shape, &numel);
-    if (offset < 0)
-        lmk_raise(L, "file error", path, "offset %lld is negative", (long long)offset);
-    /* Elements are read in place (and borrowed by CPU models): keep them aligned. */
-    if (offset % (int64_t)mk_dtype_size(dtype))
-        lmk_raise(L, "file error", path, "offset %lld is not a multiple of %zu (%s)",
-                  (long long)offset, mk_dtype_size(dtype), mk_dtype_name(dtype));
-    struct stat st;
-    if (stat(path, &st) != 0) lmk_raise(L, "file error", path, "%s", strerror(errno));
-    if (!S_ISREG(st.st_mode)) lmk_raise(L, "file error", path, "not a regular file");
-    if ((uint64_t)offset > (uint64_t)st.st_size ||
-        bytes > (uint64_t)st.st_size - (uint64_t)offset)
-        lmk_raise(L, "file error", path,
-                  "offset %lld + %zu bytes (%s %s) runs past the end of the file (%lld bytes)",
-                  (long long)offset, bytes, mk_dtype_name(dtype), LMK_SHAPE_STR(rank, shape),
-                  (long long)st.st_size);
-    lmk_mapping *m = push_mapping(L, path, &st);
-    lmk_tensor *t = (lmk_tensor *)lua_newuserdatauv(L, sizeof *t, 1);
-    *t = (lmk_tensor){.dtype = dtype, .rank = rank, .numel = numel, .bytes = bytes,
-                      .data = (char *)m->addr + offset, .readonly = true};
-    memcpy(t->shape, shape, sizeof(int64_t) * (size_t)rank);
-    luaL_setmetatable(L, LMK_TENSOR_MT);
-    lua_pushvalue(L, -2);
-    lua_setiuservalue(L, -2, 1); /* the tensor keeps its mapping alive */
-    return 1;
-}
-
-/* ==== safetensors files ====================================================== */
-
-#define LMK_SAFETENSORS_MT "moonkaas.safetensors"
-
-static int safetensors_gc(lua_State *L) {
-    mk_safetensors **h = (mk_safetensors **)luaL_checkudata(L, 1, LMK_SAFETENSORS_MT);
-    mk_safetensors_close(*h);
-    *h = NULL;
-    return 0;
-}
-
-/* mk.load_safetensors(path) -> {name = tensor}: read-only windows into the
- * mapped file, which stays mapped while any of them lives (a tensor the file
- * does not align to its element size is a copy). */
-static int l_load_safetensors(lua_State *L) {
-    const char *fn = "load_safetensors";
-    if (lua_type(L, 1) != LUA_TSTRING)
-        LMK_ARG_ERROR(L, fn, "argument #1 must be a path, got %s", luaL_typename(L, 1));
-    /* the handle first, closed: a raise below leaves nothing open */
-    mk_safetensors **h = (mk_safetensors **)lua_newuserdatauv(L, sizeof *h, 0);
-    *h = NULL;
-    luaL_setmetatable(L, LMK_SAFETENSORS_MT);
-    int handle = lua_gettop(L);
-    mk_error *err = NULL;
-    if (!(*h = mk_safetensors_open(lua_tostring(L, 1), &err))) return lmk_raise_core(L, err);
-    size_t n = mk_safetensors_count(*h);
-    lua_createtable(L, 0, n > INT32_MAX ? 0 : (int)n);
-    for (size_t i = 0; i < n; i++) {
-        mk_tensor_info info;
-        const void *data;
-        size_t bytes;
-        mk_safetensors_tensor(*h, i, &info, &data, &bytes);
-        if ((uintptr_t)data % mk_dtype_size(info.dtype)) {
-            /* a writer that did not align it: elements are read whole, so a copy */
-            lmk_tensor *t = lmk_push_tensor(L, fn, info.dtype, info.rank, info.shape);
-            memcpy(t->data, data, bytes);
-            lua_setfield(L, -2, info.name);
-            continue;
-        }
-        lmk_tensor *t = (lmk_tensor *)lua_newuserdatauv(L, sizeof *t, 1);
-        *t = (lmk_tensor){.dtype = info.dtype, .rank = info.rank,
-                          .numel = (int64_t)(bytes / mk_dtype_size(info.dtype)), .bytes = bytes,
-                          .data = (void *)data, .readonly = true};
-        memcpy(t->shape, info.shape, sizeof(int64_t) * (size_t)info.rank);
-        luaL_setmetatable(L, LMK_TENSOR_MT);
-        lua_pushvalue(L, handle);
-        lua_setiuservalue(L, -2, 1); /* the tensor keeps the file mapped */
-        lua_setfield(L, -2, info.name);
-    }
-    return 1;
-}
-
-/* mk.save_safetensors(path, {name = tensor}): every tensor, in name order. */
-static int l_save_safetensors(lua_State *L) {
-    const char *fn = "save_safetensors";
-    if (lua_type(L, 1) != LUA_TSTRING)
-        LMK_ARG_ERROR(L, fn, "argument #1 must be a path, got %s", luaL_typename(L, 1));
-    if (lua_type(L, 2) != LUA_TTABLE)
-        LMK_ARG_ERROR(L, fn, "argument #2 must be a table {name = tensor}, got %s",
-                      luaL_typename(L, 2));
-    /* the names, sorted (table.sort through the API: a plain array of strings) */
-    lua_settop(L, 2);
-    lua_newtable(L);
-    lua_Integer n = 0;
-    lua_pushnil(L);
-    while (lua_next(L, 2)) {
-        if (lua_type(L, -2) != LUA_TSTRING || !lmk_to_tensor(L, -1))
-            LMK_ARG_ERROR(L, fn, "the table must map names to tensors (a %s maps to a %s)",
-                          luaL_typename(L, -2), luaL_typename(L, -1));
-        lua_pop(L, 1);
-        lua_pushvalue(L, -1);
-        lua_rawseti(L, 3, ++n);
-    }
-    lua_getglobal(L, "table");
-    lua_getfield(L, -1, "sort");
-    lua_pushvalue(L, 3);
-    lua_call(L, 1, 0);
-    lua_pop(L, 1);
-    /* arrays of n infos and pointers, as userdata the collector frees */
-    mk_tensor_info *infos = (mk_tensor_info *)lua_newuserdatauv(L, sizeof *infos * (size_t)(n ? n : 1), 0);
-    const void **data = (const void **)lua_newuserdatauv(L, sizeof *data * (size_t)(n ? n : 1), 0);
-    for (lua_Integer i = 1; i <= n; i++) {
-        lua_rawgeti(L, 3, i);
-        const char *name = lua_tostring(L, -1); /* anchored in table 3 */
-        lua_gettable(L, 2);
-        lmk_tensor *t = lmk_to_tensor(L, -1); /* anchored in table 2 */
-        lua_pop(L, 1);
-        infos[i - 1] = (mk_tensor_info){.name = name, .dtype = t->dtype, .rank = t->rank};
-        memcpy(infos[i - 1].shape, t->shape, sizeof(int64_t) * (size_t)t->rank);
-        data[i - 1] = t->data;
-    }
-    mk_error *err = NULL;
-    if (mk_safetensors_save(lua_tostring(L, 1), infos, data, (size_t)n, &err))
-        return lmk_raise_core(L, err);
-    return 0;
 }
 
 /* ==== tensor methods ========================================================= */
@@ -839,7 +628,7 @@ static int tensor_reshape(lua_State *L) {
     int64_t shape[MK_MAX_RANK], numel;
     lmk_tensor *t = lmk_check_tensor(L, 1, fn);
     int rank = lmk_check_shape(L, 2, fn, shape);
-    shape_bytes(L, fn, t->dtype, rank, shape, &numel);
+    lmk_shape_bytes(L, fn, t->dtype, rank, shape, &numel);
     if (numel != t->numel)
         lmk_raise(L, "shape error", fn, "%s has %lld elements, %s has %lld",
                   LMK_SHAPE_STR(rank, shape), (long long)numel, LMK_SHAPE_STR(t->rank, t->shape),
@@ -874,27 +663,9 @@ void lmk_open_tensor(lua_State *L) {
     lua_setfield(L, -3, "tensor_methods");
     lua_pop(L, 1);
 
-    static const luaL_Reg mapping_meta[] = {{"__gc", mapping_gc}, {NULL, NULL}};
-    lmk_define_type(L, LMK_MAPPING_MT, mapping_meta, NULL, NULL);
-    lua_pop(L, 1);
-    static const luaL_Reg safetensors_meta[] = {{"__gc", safetensors_gc}, {NULL, NULL}};
-    lmk_define_type(L, LMK_SAFETENSORS_MT, safetensors_meta, NULL, NULL);
-    lua_pop(L, 1);
-
-    if (lua_getfield(L, LUA_REGISTRYINDEX, MAPPINGS_KEY) != LUA_TTABLE) {
-        lua_newtable(L);
-        lua_newtable(L);
-        lua_pushstring(L, "v");
-        lua_setfield(L, -2, "__mode");
-        lua_setmetatable(L, -2);
-        lua_setfield(L, LUA_REGISTRYINDEX, MAPPINGS_KEY);
-    }
-    lua_pop(L, 1);
-
     static const luaL_Reg functions[] = {
         {"tensor", lmk_tensor_new}, {"zeros", l_zeros}, {"from_bytes", l_from_bytes},
-        {"from_file", l_from_file}, {"is_tensor", l_is_tensor},
-        {"load_safetensors", l_load_safetensors}, {"save_safetensors", l_save_safetensors},
-        {"quantize", l_quantize}, {NULL, NULL}};
+        {"is_tensor", l_is_tensor}, {"quantize", l_quantize}, {NULL, NULL}};
     luaL_setfuncs(L, functions, 0);
+    lmk_open_file(L); /* tensors from files (file.c) */
 }

@@ -59,11 +59,14 @@ local function parse(argv)
     return o
 end
 
+-- through mk.file_writer: whole or not at all, never through a planted link
 local function write(path, text)
-    local f, err = io.open(path, "wb")
-    if not f then fail("cannot write " .. path .. ": " .. tostring(err)) end
-    f:write(text)
-    f:close()
+    local ok, err = pcall(function()
+        local f = require("moonkaas").file_writer(path)
+        f:write(text)
+        f:commit()
+    end)
+    if not ok then fail("cannot write " .. path .. ": " .. tostring(err)) end
 end
 
 local function has_dot()

@@ -194,9 +194,9 @@ local function main(argv)
         if not got and not tostring(src):find("library kernel", 1, true) then fail(tostring(src)) end
         if got then
             local file = string.format("%s/launch%03d.cu", dir, i)
-            local f = assert(io.open(file, "w"))
+            local f = mk.file_writer(file) -- never through a planted link
             f:write(src)
-            f:close()
+            f:commit()
             written = written + 1
             local what = (src:match("^// moonkaas ([^\n]*)") or "?"):sub(1, 78)
             local r, err = nil, nil

@@ -18,9 +18,10 @@ t:argmax, t:totable) is 1-based, as Lua tables are.
 
   tensors  mk.tensor(nested[, dtype]) | mk.tensor(flat, dtype, shape)
            mk.zeros(dtype, shape)  mk.from_bytes(s, dtype, shape)
-           mk.from_file(path, {offset =, dtype =, shape =})  (mmap, read-only)
-           mk.load_safetensors(path) -> {name = tensor} (mmap, read-only)
-           mk.save_safetensors(path, {name = tensor})
+           mk.from_file(path, {offset =, dtype =, shape =, copy =})  (read-only;
+           files up to 64 MiB or with copy read, larger ones mapped)
+           mk.load_safetensors(path[, {copy =}]) -> {name = tensor} (read-only,
+           as from_file)  mk.save_safetensors(path, {name = tensor})
            mk.tensor_from_string(s, dtype, shape) (the same as mk.from_bytes)
            t.dtype t.shape t.rank t.numel t.readonly #t tostring(t)
            t:totable() t:bytes([i[, j]]) t:get(i...) t:set(i..., v) t:argmax()
@@ -29,6 +30,8 @@ t:argmax, t:totable) is 1-based, as Lua tables are.
            dtypes: float32, int64, float16, bfloat16, int8 (the core's table);
            elements are Lua numbers in each (float16 and bfloat16 round to
            nearest even on the way in, int8 takes integers in [-128, 127])
+  files    mk.file_writer(path[, mode]) -> w: w:write(s...) w:commit() w:abort()
+           (written whole or not at all, never through a planted link)
   nodes    mk.input(name, dtype, shape) | mk.input(name, shape) (float32)
            mk.constant(tensor[, name])  mk.buffer(dtype, shape)
            a + b  a - b  a * b (elementwise)  a / b; the operands broadcast

@@ -45,12 +45,14 @@ M.sampler = sampler.new
 --         "sample": run.c's sampler inside the model; "logits", the default;
 --         greedy = true stands for "argmax"),
 --         steps (positions to hold, default seq_len), precision (fp32 | bf16 |
---         fp16 | q8 | q8a8, default the file's), log (function(msg), progress)
+--         fp16 | q8 | q8a8, default the file's), log (function(msg), progress),
+--         copy (read the weights into memory whatever the file's size:
+--         checkpoint.map)
 function M.build(mk, c, opts)
     opts = opts or {}
     local log = opts.log or function() end
     local t0 = model.clock()
-    local w = checkpoint.map(mk, c)
+    local w = checkpoint.map(mk, c, { copy = opts.copy })
     log(string.format("mapped %s (%.1f MB) in %.0f ms", c.path, c.file_bytes / 1e6, (model.clock() - t0) * 1000))
     return model.build(mk, c, w, opts)
 end

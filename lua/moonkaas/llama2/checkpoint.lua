@@ -339,10 +339,13 @@ end
 -- The one copy: a scale block that does not start on a 4-byte boundary (a
 -- model whose matrices' element counts are not multiples of 4, possible only
 -- where dim is not) cannot be a float32 window; its bytes are read and copied.
-function M.map(mk, c)
-    local path = c.path
+-- A checkpoint up to 64 MiB is read into memory, a larger one mapped (a mapped
+-- file truncated by another process ends the host at the next read of a lost
+-- page); with opts.copy any checkpoint is read (mk.from_file's copy).
+function M.map(mk, c, opts)
+    local path, copy = c.path, opts and opts.copy or nil
     local function tensor(offset, dtype, shape)
-        local ok, t = pcall(mk.from_file, path, { offset = offset, dtype = dtype, shape = shape })
+        local ok, t = pcall(mk.from_file, path, { offset = offset, dtype = dtype, shape = shape, copy = copy })
         if not ok then error(string.format("%s: cannot map weights: %s", path, tostring(t)), 0) end
         return t
     end
@@ -433,9 +436,9 @@ end
 
 local CHUNK = 1 << 20 -- elements per write
 
-local function write_tensor(f, t)
+local function write_tensor(put, t)
     for i = 1, t.numel, CHUNK do
-        assert(f:write(t:bytes(i, math.min(t.numel, i + CHUNK - 1))))
+        put(t:bytes(i, math.min(t.numel, i + CHUNK - 1)))
     end
 end
 
@@ -449,8 +452,8 @@ end
 -- float32) for versions 0 and 1, and copied as they are for version 2 with
 -- the same group size; a legacy output's freq_cis block is copied from a
 -- legacy input, else computed (M.freq_cis_bytes). Reads through mk.from_file,
--- writes out_path .. ".partial" and renames it over out_path (the file whole
--- or not at all). Returns the output config (with file_bytes), or nil and a
+-- writes through mk.file_writer (the file whole or not at all, never through
+-- a planted link). Returns the output config (with file_bytes), or nil and a
 -- message.
 function M.export(mk, c, out_path, version, opts)
     opts = opts or {}
@@ -495,44 +498,42 @@ function M.export(mk, c, out_path, version, opts)
     src.wcls = src.wcls or src.token_embedding
     local function float_of(s) return s.t or s.q:dequantize(s.scale) end
 
-    local tmp = out_path .. ".partial"
-    local f, err = io.open(tmp, "wb")
-    if not f then return nil, string.format("cannot write %s: %s", tmp, tostring(err)) end
+    -- mk.file_writer: a temporary file of an unpredictable name beside out_path
+    -- (never through a link planted there), fsync'd and renamed over it
+    local okw, f = pcall(mk.file_writer, out_path)
+    if not okw then return nil, string.format("cannot write %s: %s", out_path, tostring(f)) end
+    local size = 0
+    local function put(s)
+        f:write(s)
+        size = size + #s
+    end
     local ok, werr = pcall(function()
-        assert(f:write(M.header(oc)))
+        put(M.header(oc))
         for _, b in ipairs(blocks) do
             local s = src[b.name .. (b.layer or "")]
             if b.name == "freq_cis" then
-                if s then write_tensor(f, s.t) else assert(f:write(M.freq_cis_bytes(oc))) end
+                if s then write_tensor(put, s.t) else put(M.freq_cis_bytes(oc)) end
             elseif b.quantized and s.q and s.group == oc.group_size then
-                write_tensor(f, s.q)
-                write_tensor(f, s.scale)
+                write_tensor(put, s.q)
+                write_tensor(put, s.scale)
             elseif b.quantized then
                 local q, scale = mk.quantize(float_of(s), oc.group_size)
-                write_tensor(f, q)
-                write_tensor(f, scale)
+                write_tensor(put, q)
+                write_tensor(put, scale)
             else
-                write_tensor(f, float_of(s))
+                write_tensor(put, float_of(s))
             end
         end
-        assert(f:close())
+        if size ~= bytes then
+            error(string.format("internal error: wrote %d bytes to %s, the layout needs %d", size,
+                                out_path, bytes), 0)
+        end
+        f:commit()
     end)
     if not ok then
-        pcall(f.close, f)
-        os.remove(tmp)
+        f:abort()
+        if tostring(werr):find("^internal error") then return nil, werr end
         return nil, string.format("cannot write %s: %s", out_path, tostring(werr))
-    end
-    local fh = assert(io.open(tmp, "rb"))
-    local size = fh:seek("end")
-    fh:close()
-    if size ~= bytes then
-        os.remove(tmp)
-        return nil, string.format("internal error: wrote %d bytes to %s, the layout needs %d", size, out_path, bytes)
-    end
-    local rok, rerr = os.rename(tmp, out_path)
-    if not rok then
-        os.remove(tmp)
-        return nil, string.format("cannot write %s: %s", out_path, tostring(rerr))
     end
     oc.file_bytes = size
     return oc
