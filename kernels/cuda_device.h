@@ -315,7 +315,6 @@ int mk_cuda_fake_quantize(const mk_launch *l, mk_error **err);
 /* b (float16 or bfloat16) widened to float32, dense, into l's scratch: *wide. */
 int mk_cuda_widen(const mk_launch *l, const mk_tensor *b, mk_tensor *wide, mk_error **err);
 int mk_cuda_generate_check(const mk_launch *l, int arch, mk_error **err);
-char *mk_cuda_generate_source(const mk_launch *l, mk_error **err);
 int mk_cuda_permute(const mk_launch *l, mk_error **err);        /* pointwise.cu */
 int mk_cuda_complex_mul(const mk_launch *l, mk_error **err);    /* pointwise.cu */
 int mk_cuda_matmul(const mk_launch *l, mk_error **err);         /* matmul.cu */

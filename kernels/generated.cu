@@ -216,7 +216,7 @@ static void dump(const char *src, unsigned long long hash, int arch) {
 
 /* The source of a group's launch, as it is compiled (malloc'd), or NULL:
  * with MK_CUDA_TIMELINE, product kernels stamp their blocks (timeline.cu). */
-char *mk_cuda_generate_source(const mk_launch *l, mk_error **err) {
+static char *generate_source(const mk_launch *l, mk_error **err) {
     return mk_codegen_source(l, mk_cuda_timeline_file(), 0, err);
 }
 
@@ -374,7 +374,7 @@ int mk_cuda_product(const mk_launch *l, mk_error **err) {
 
 /* Writes and compiles (or finds on disk) a group's kernel, loading nothing. */
 int mk_cuda_generate_check(const mk_launch *l, int arch, mk_error **err) {
-    char *src = mk_cuda_generate_source(l, err);
+    char *src = generate_source(l, err);
     if (!src) return -1;
     dump(src, fnv1a(program_of(src)), arch);
     bool from_disk = false;
