@@ -31,7 +31,9 @@
 static void test_no_plugin(void) {
     char why[512];
     CHECK(mk_cuda_plugin_get(why, sizeof why) == NULL, "a plugin was loaded");
-    CHECK(strstr(why, "not found") != NULL, "why: %s", why);
+    /* a CUDA=0 build says it was built without CUDA; any other, not found */
+    CHECK(strstr(why, "not found") || strstr(why, "built without CUDA"), "why: %s", why);
+    printf("#   no plugin: %s\n", why);
 }
 
 /* The source of launch i of the model of text, compiled on the CPU; NULL
