@@ -75,8 +75,10 @@ ifneq ($(CUDA),1)
 CUDNN    := 0
 endif
 
-# core/cpu/: the CPU device, its files sharing core/cpu/*.h.
-CORE_SRC := $(wildcard core/*.c core/cpu/*.c)
+# core/cpu/: the CPU device, its files sharing core/cpu/*.h; core/codegen/: the
+# generators of the CUDA kernels (plain C, built into the core and the plugin).
+CODEGEN_SRC := $(wildcard core/codegen/*.c)
+CORE_SRC := $(wildcard core/*.c core/cpu/*.c) $(CODEGEN_SRC)
 CORE_H   := $(wildcard core/*.h)
 CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/%.o)
 
@@ -90,8 +92,9 @@ LIB_A    := $(BUILD)/libmoonkaas.a
 LUA_MOD  := $(BUILD)/moonkaas/core.so
 
 # The plugin: kernels/*.cu (cudnn_fuser.cu only with CUDNN=1) and its own copies of the
-# core's error.c, tensor.c (mk_fail, the string builder, dtypes, mk_walk, mk_fault) and
-# file.c (the kernel cache's safe writes and digests).
+# core's error.c, tensor.c (mk_fail, the string builder, dtypes, mk_walk, mk_fault),
+# file.c (the kernel cache's safe writes and digests) and of the generators
+# (core/codegen/*.c).
 PLUGIN_NAME := libmoonkaas_cuda.so
 PLUGIN   :=
 PLUGIN_LUA :=
@@ -102,7 +105,7 @@ PLUGIN_LUA := $(BUILD)/moonkaas/$(PLUGIN_NAME)
 CU_SRC   := $(filter-out $(if $(filter 1,$(CUDNN)),,kernels/cudnn_fuser.cu),$(wildcard kernels/*.cu))
 CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/%.o)
 PLUGIN_CORE_OBJ := $(BUILD)/plugin/core/error.o $(BUILD)/plugin/core/tensor.o \
-                   $(BUILD)/plugin/core/file.o
+                   $(BUILD)/plugin/core/file.o $(CODEGEN_SRC:%.c=$(BUILD)/plugin/%.o)
 # The core knows only that a plugin was built (mk_build_info), never a CUDA header.
 CFLAGS   += -DMK_WITH_CUDA $(if $(filter 1,$(CUDNN)),-DMK_WITH_CUDNN)
 NVFLAGS  ?= -O3 -g -lineinfo
@@ -133,6 +136,20 @@ $(BUILD)/core/%.o: core/%.c core/moonkaas.h $(CORE_H) $(STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 $(filter $(BUILD)/core/cpu/%,$(CORE_OBJ)): $(wildcard core/cpu/*.h)
+
+# The device code that generated kernels take as it is (helpers, and the attention
+# kernel's body), kept as real CUDA files (kernels/skeletons/*.cuh) and embedded as
+# C strings (mk_skeleton_NAME) for the generators, in every build (CUDA=0 too:
+# model:kernel_source needs no plugin). embed.sh needs only sh, awk and sed.
+SKELETONS := $(wildcard kernels/skeletons/*.cuh)
+SKELETONS_H := $(BUILD)/core/codegen/skeletons.h
+$(SKELETONS_H): $(SKELETONS) kernels/skeletons/embed.sh
+	@mkdir -p $(dir $@)
+	sh kernels/skeletons/embed.sh $(SKELETONS) > $@.tmp && mv $@.tmp $@
+$(CODEGEN_SRC:%.c=$(BUILD)/%.o) $(CODEGEN_SRC:%.c=$(BUILD)/plugin/%.o): \
+    $(wildcard core/codegen/*.h) $(SKELETONS_H)
+$(CODEGEN_SRC:%.c=$(BUILD)/%.o) $(CODEGEN_SRC:%.c=$(BUILD)/plugin/%.o): \
+    CFLAGS += -I$(dir $(SKELETONS_H))
 
 # The build directory is baked into the library's plugin search, for programs that link
 # libmoonkaas.a (the C tests, the examples), where it belongs to root or this user;
@@ -182,18 +199,10 @@ $(BUILD)/examples/game_loop: scripts/game_loop.c $(LUA_OBJ) $(LIB_A)
 
 # ---- the CUDA plugin ------------------------------------------------------------------
 ifeq ($(CUDA),1)
-# The device code that generated kernels take as it is (helpers, and the attention
-# kernel's body), kept as real CUDA files (kernels/skeletons/*.cuh) and embedded as
-# C strings (mk_skeleton_NAME) for the generators.
-SKELETONS := $(wildcard kernels/skeletons/*.cuh)
-$(BUILD)/kernels/skeletons.h: $(SKELETONS) kernels/skeletons/embed.sh
+$(BUILD)/kernels/%.o: kernels/%.cu core/moonkaas.h $(CORE_H) $(wildcard core/codegen/*.h) \
+                      $(wildcard kernels/*.h) $(STAMP)
 	@mkdir -p $(dir $@)
-	sh kernels/skeletons/embed.sh $(SKELETONS) > $@.tmp && mv $@.tmp $@
-
-$(BUILD)/kernels/%.o: kernels/%.cu core/moonkaas.h $(CORE_H) $(wildcard kernels/*.h) \
-                      $(BUILD)/kernels/skeletons.h $(STAMP)
-	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -I$(BUILD)/kernels -c $< -o $@
+	$(NVCC) $(NVFLAGS) -c $< -o $@
 
 $(BUILD)/plugin/core/%.o: core/%.c core/moonkaas.h $(CORE_H) $(STAMP)
 	@mkdir -p $(dir $@)

@@ -160,7 +160,7 @@ int64_t mk_argmax_row(const float *x, int64_t n);
  * returning this table. The plugin is built from the same tree as the core:
  * abi and the struct sizes guard against mixing builds.
  */
-#define MK_CUDA_PLUGIN_ABI 12
+#define MK_CUDA_PLUGIN_ABI 13
 #define MK_CUDA_PLUGIN_ENTRY "mk_cuda_plugin_entry"
 #define MK_CUDA_PLUGIN_FILE "libmoonkaas_cuda.so"
 struct mk_fused_group;
@@ -191,8 +191,6 @@ typedef struct {
      * compiles it with NVRTC for sm_<arch> (or takes it from the disk cache),
      * loading nothing: needs no device (CI checks the generator). */
     int (*generate_check)(const mk_launch *l, int arch, mk_error **err);
-    /* The CUDA C of a group's launch, as generate_check compiles it (malloc'd). */
-    char *(*generate_source)(const mk_launch *l, mk_error **err);
 } mk_cuda_plugin;
 typedef const mk_cuda_plugin *(*mk_cuda_plugin_entry_fn)(void);
 

@@ -16,6 +16,7 @@
  */
 #include "passes.h"
 #include "device.h"
+#include "codegen/codegen.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -1043,13 +1044,10 @@ MK_API char *mk_model_kernel_source(const mk_model *m, int launch, mk_error **er
                 l->node->op->name, l->node->id);
         return NULL;
     }
-    char why[256];
-    const mk_cuda_plugin *p = mk_cuda_plugin_get(why, sizeof why);
-    if (!p) {
-        mk_fail(err, MK_ERR_NO_DEVICE, 0, 0, "%s", why);
-        return NULL;
-    }
-    return p->generate_source(l, err);
+    /* written by the core's generator, as the CUDA plugin compiles it (stamped
+     * where MK_CUDA_TIMELINE is set): no plugin, no GPU needed */
+    const char *timeline = getenv("MK_CUDA_TIMELINE");
+    return mk_codegen_source(l, timeline && *timeline, 0, err);
 }
 
 MK_API char *mk_model_memory_svg(const mk_model *m) {

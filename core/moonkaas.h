@@ -407,9 +407,9 @@ MK_API char *mk_model_dot(const mk_model *);
  * where it is a generated kernel (a pointwise, matrix-vector or attention
  * group), to read; free with mk_string_free. Works for a model compiled for
  * any device (the groups are the same; a CPU model's source is written for its
- * addresses, which may change a 16-byte load into four). NULL with an error
- * where i is out of range, the launch runs a library kernel, or there is no
- * CUDA plugin to write it.
+ * addresses, which may change a 16-byte load into four), and needs no CUDA
+ * plugin: the core writes it (a CUDA=0 build too). NULL with an error where i
+ * is out of range or the launch runs a library kernel.
  */
 MK_API char *mk_model_kernel_source(const mk_model *, int launch, mk_error **err);
 /* The arena as an SVG picture: x the evaluation order, y the offset, a box per

@@ -669,7 +669,7 @@ fail:
 /* ---- the device table and the plugin's entry ---------------------------------- */
 
 /* int8_products: the generated matrix-vector kernels make A's int8 values and
- * scales in static shared memory (codegen_matvec_step.cu's put_grid_copy); they read
+ * scales in static shared memory (core/codegen/matvec_step.c's put_grid_copy); they read
  * weights by columns only (row_products false) */
 static const mk_device_ops cuda_device = {
     "cuda",       cuda_kernels.k, {MK_CUDA_POINTWISE_OPERANDS, 32768, false},
@@ -692,7 +692,6 @@ static const mk_cuda_plugin plugin = {
     NULL,
 #endif
     mk_cuda_generate_check,
-    mk_cuda_generate_source,
 };
 
 /* The plugin's only exported symbol (kernels/plugin.map), MK_CUDA_PLUGIN_ENTRY. */

@@ -19,8 +19,10 @@
 #ifndef MK_CUDA_DEVICE_H
 #define MK_CUDA_DEVICE_H
 
+/* what the generators (core/codegen/) and the kernels share: the pointwise
+ * block, mk_cuda_blocks, mk_aligned16, mk_cuda_walk1, the timeline's layout */
 extern "C" {
-#include "device.h"
+#include "codegen/codegen.h"
 }
 
 #include <cublas_v2.h>
@@ -201,22 +203,9 @@ static inline mk_cuda_state *mk_cuda_state_of(const mk_launch *l) {
     return (mk_cuda_state *)l->dev;
 }
 
-/* Threads per block for the elementwise and copy kernels. */
-#define MK_CUDA_BLOCK 256
 /* Pointwise groups (core/group.c) run generated kernels (generated.cu): as
  * many operands as a program reads. */
 #define MK_CUDA_POINTWISE_OPERANDS MK_X_IN
-
-/* Blocks for n items at `per_block` each, within the grid's x limit. */
-static inline unsigned int mk_cuda_blocks(long long n, long long per_block) {
-    long long b = (n + per_block - 1) / per_block;
-    if (b < 1) b = 1;
-    if (b > 0x7fffffffLL) b = 0x7fffffffLL;
-    return (unsigned int)b;
-}
-
-/* Whether a device pointer takes 16-byte (float4) loads and stores. */
-static inline bool mk_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 /*
  * The strided walk on the device. mk_walk (core/tensor.c) drops size-1 dims
@@ -224,14 +213,6 @@ static inline bool mk_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 
  * index of the contiguous result into each operand's element offset, with one
  * division per remaining dim (the common cases: none or one or two).
  */
-
-/* A walk of operand `stride` alone (n = 1) over `shape`. */
-static inline mk_walk mk_cuda_walk1(int rank, const int64_t *shape, const int64_t *stride) {
-    mk_walk w;
-    const int64_t *strides[1] = {stride};
-    mk_walk_init(&w, rank, shape, 1, strides);
-    return w;
-}
 
 /* Is operand k a plain contiguous run (offset == index)? */
 static inline bool mk_cuda_walk_linear(const mk_walk *w, int k) {
@@ -268,29 +249,9 @@ static __device__ __forceinline__ long long mk_cuda_walk_offset(const mk_walk &w
 /* ---- the plugin's kernels (one file per family) and its table -------------- */
 
 int mk_cuda_pointwise(const mk_launch *l, mk_error **err);      /* pointwise.cu */
-/* generated.cu: writes and compiles (NVRTC) the kernel of every group (pointwise
- * or matrix–vector) among the launches, into s->generated, before the capture;
- * then runs one. */
-/* codegen.cu: the CUDA C of a group's launch, its device scratch (bytes, zero
- * between launches) and its grid. */
-void mk_cuda_group_source(mk_strbuf *b, const mk_launch *l);
-size_t mk_cuda_group_aux_bytes(const mk_product_group *pg);
-void mk_cuda_group_grid(const mk_launch *l, unsigned int *blocks, unsigned int *threads);
-/* codegen.cu: helpers of every generated kernel's source: instruction j of e
- * as CUDA C, and the fault record with how a kernel raises one. */
-void mk_cuda_put_insn(mk_strbuf *b, const mk_expr *e, int j, bool f32);
-void mk_cuda_put_fault(mk_strbuf *b);
-/* codegen.cu: a product kernel's head up to its name: extern "C" __global__
- * with its launch bounds (threads, and at least min_blocks an SM where > 0),
- * or MK_TIMELINE_OCCUPANCY blocks an SM where the source defines it. */
-void mk_cuda_put_head(mk_strbuf *b, long long threads, int min_blocks);
-/* codegen.cu: what follows the head: the kernel's name and parameters (the
- * arguments mk_cuda_product passes), its opening brace and MK_GROUP_START. */
-void mk_cuda_put_entry(mk_strbuf *b, const mk_launch *l);
-/* codegen_matvec.cu: the same three for a matrix–vector group. */
-void mk_cuda_product_source(mk_strbuf *b, const mk_launch *l);
-size_t mk_cuda_product_aux_bytes(const mk_product_group *pg);
-void mk_cuda_product_grid(const mk_launch *l, unsigned int *blocks, unsigned int *threads);
+/* generated.cu: compiles (NVRTC) the kernel that core/codegen/ writes for
+ * every group (pointwise or matrix–vector) among the launches, into
+ * s->generated, before the capture; then runs one. */
 /*
  * Programmatic dependent launch (sm_90 and later): every generated kernel
  * lets the next launch be scheduled as soon as its own blocks have started
@@ -313,7 +274,7 @@ void mk_cuda_product_grid(const mk_launch *l, unsigned int *blocks, unsigned int
  * time goes: with MK_CUDA_TIMELINE=FILE set when a model is compiled, its
  * generated product kernels (matrix-vector and attention groups) are
  * compiled with MK_TIMELINE defined, and MK_TIMELINE_OCCUPANCY as the blocks
- * an SM of their unstamped build (mk_cuda_put_head). Each of a launch's first
+ * an SM of their unstamped build (mk_codegen_put_head). Each of a launch's first
  * MK_TIMELINE_BLOCKS blocks then writes three globaltimer stamps (ns, 64-bit
  * words) after the fault record, from byte MK_TIMELINE_AT on: launch l's
  * block b from word 3 * (l * MK_TIMELINE_BLOCKS + b): its start, the end of
@@ -324,8 +285,7 @@ void mk_cuda_product_grid(const mk_launch *l, unsigned int *blocks, unsigned int
  * is freed it appends the table to FILE. Other launches (cuBLAS, gathers,
  * pointwise groups) are not stamped.
  */
-#define MK_TIMELINE_AT 256
-#define MK_TIMELINE_BLOCKS 8192
+/* MK_TIMELINE_AT and MK_TIMELINE_BLOCKS: core/codegen/codegen.h */
 struct mk_cuda_timeline;
 /* timeline.cu: opens the timeline of s's n launches (allocating the fault
  * record anew with the stamps' room after it: before capture), folds in the
@@ -355,7 +315,6 @@ int mk_cuda_fake_quantize(const mk_launch *l, mk_error **err);
 /* b (float16 or bfloat16) widened to float32, dense, into l's scratch: *wide. */
 int mk_cuda_widen(const mk_launch *l, const mk_tensor *b, mk_tensor *wide, mk_error **err);
 int mk_cuda_generate_check(const mk_launch *l, int arch, mk_error **err);
-char *mk_cuda_generate_source(const mk_launch *l, mk_error **err);
 int mk_cuda_permute(const mk_launch *l, mk_error **err);        /* pointwise.cu */
 int mk_cuda_complex_mul(const mk_launch *l, mk_error **err);    /* pointwise.cu */
 int mk_cuda_matmul(const mk_launch *l, mk_error **err);         /* matmul.cu */

@@ -1,5 +1,5 @@
 /*
- * generated.cu — the kernels codegen.cu writes for each group: compiled with
+ * generated.cu — the kernels core/codegen/ writes for each group: compiled with
  * NVRTC when the model is compiled, loaded with the runtime's library API and
  * launched like any kernel (so each is a node of the model's CUDA graph).
  *
@@ -308,43 +308,10 @@ static void dump(const char *src, unsigned long long hash, int arch) {
     mk_error_free(err);
 }
 
-/* The source of a group's launch (malloc'd), or NULL: stamped for the
- * timeline (stamp), at occupancy blocks an SM where > 0 (mk_cuda_put_head). */
-static char *group_source(const mk_launch *l, bool stamp, int occupancy, mk_error **err) {
-    if (!(mk_node_pointwise(l->node) && l->expr) && !mk_node_product(l->node)) {
-        MK_INTERNAL(err, "not a group's launch");
-        return NULL;
-    }
-    mk_strbuf src = {0};
-    mk_cuda_group_source(&src, l);
-    /* with MK_CUDA_NO_MMA=1, the tensor-core form's sums come from shuffles
-     * as before sm_80 (codegen_matvec_tc.cu; for the tests): the defines go after
-     * the first line, the comment naming the group (product kernels only) */
-    const char *line = NULL, *no_mma = getenv("MK_CUDA_NO_MMA");
-    bool plain = no_mma && !strcmp(no_mma, "1");
-    if (mk_node_product(l->node) && (stamp || plain) && !src.failed && src.s) line = strchr(src.s, '\n');
-    if (line) {
-        char occ[64] = "";
-        if (stamp && occupancy > 0) snprintf(occ, sizeof occ, "#define MK_TIMELINE_OCCUPANCY %d\n", occupancy);
-        mk_strbuf stamped = {0};
-        mk_strbuf_put(&stamped, "%.*s%s%s%s%s", (int)(line + 1 - src.s), src.s,
-                      stamp ? "#define MK_TIMELINE\n" : "", occ, plain ? "#define MK_NO_MMA\n" : "",
-                      line + 1);
-        free(src.s);
-        src = stamped;
-    }
-    if (src.failed) {
-        free(src.s);
-        mk_fail(err, MK_ERR_NOMEM, 0, 0, "writing a group's kernel");
-        return NULL;
-    }
-    return src.s;
-}
-
 /* The source of a group's launch, as it is compiled (malloc'd), or NULL:
  * with MK_CUDA_TIMELINE, product kernels stamp their blocks (timeline.cu). */
-char *mk_cuda_generate_source(const mk_launch *l, mk_error **err) {
-    return group_source(l, mk_cuda_timeline_file(), 0, err);
+static char *generate_source(const mk_launch *l, mk_error **err) {
+    return mk_codegen_source(l, mk_cuda_timeline_file(), 0, err);
 }
 
 /* The kernel of src for launch l: from the cache, else compiled. */
@@ -386,18 +353,18 @@ static cudaKernel_t kernel_of(const mk_launch *l, char *src, int arch, bool disk
 static cudaKernel_t kernel_for(const mk_launch *l, int arch, bool disk, int *compiled,
                                int *from_disk, const mk_host *host, mk_error **err) {
     bool stamp = mk_cuda_timeline_file() && mk_node_product(l->node);
-    cudaKernel_t kernel = kernel_of(l, group_source(l, false, 0, err), arch, disk, compiled,
+    cudaKernel_t kernel = kernel_of(l, mk_codegen_source(l, false, 0, err), arch, disk, compiled,
                                     from_disk, host, err);
     if (!kernel || !stamp) return kernel;
     unsigned int blocks, threads;
-    mk_cuda_group_grid(l, &blocks, &threads);
+    mk_codegen_group_grid(l, &blocks, &threads);
     int occupancy = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occupancy, (const void *)kernel, (int)threads,
                                                       0) != cudaSuccess) {
         cudaGetLastError(); /* stamped as before, at whatever occupancy */
         occupancy = 0;
     }
-    return kernel_of(l, group_source(l, true, occupancy, err), arch, disk, compiled, from_disk,
+    return kernel_of(l, mk_codegen_source(l, true, occupancy, err), arch, disk, compiled, from_disk,
                      host, err);
 }
 
@@ -425,7 +392,7 @@ int mk_cuda_generate(mk_cuda_state *s, const mk_launch *launches, int n, const m
         if (!(s->generated[i] = (void *)kernel_for(l, arch, disk, &compiled, &from_disk, host, err)))
             return -1;
         const mk_product_group *pg = mk_node_product(l->node);
-        size_t bytes = pg ? mk_cuda_group_aux_bytes(pg) : 0;
+        size_t bytes = pg ? mk_codegen_group_aux_bytes(pg) : 0;
         if (bytes) { /* zero once: the kernels leave their counts and keys zero */
             if (!s->aux && !(s->aux = (void **)calloc((size_t)n, sizeof *s->aux)))
                 return mk_fail(err, MK_ERR_NOMEM, 0, 0, "a group's device scratch");
@@ -494,16 +461,16 @@ int mk_cuda_product(const mk_launch *l, mk_error **err) {
     args[a++] = &index;
     const mk_product_group *pg = mk_node_product(l->node);
     unsigned int blocks, threads;
-    mk_cuda_group_grid(l, &blocks, &threads);
+    mk_codegen_group_grid(l, &blocks, &threads);
     void *aux = s->aux ? s->aux[l->index] : NULL;
-    if (mk_cuda_group_aux_bytes(pg) && !aux) return MK_INTERNAL(err, "a group without its device scratch");
+    if (mk_codegen_group_aux_bytes(pg) && !aux) return MK_INTERNAL(err, "a group without its device scratch");
     args[a++] = &aux;
     return launch_generated(l, blocks, threads, args, "generated matrix-vector group", err);
 }
 
 /* Writes and compiles (or finds on disk) a group's kernel, loading nothing. */
 int mk_cuda_generate_check(const mk_launch *l, int arch, mk_error **err) {
-    char *src = mk_cuda_generate_source(l, err);
+    char *src = generate_source(l, err);
     if (!src) return -1;
     dump(src, fnv1a(program_of(src)), arch);
     bool from_disk = false;

@@ -90,12 +90,12 @@ int mk_cuda_timeline_open(mk_cuda_state *s, const mk_launch *launches, int n, co
         }
         if (!pg) continue;
         unsigned blocks, threads;
-        mk_cuda_group_grid(&launches[i], &blocks, &threads);
+        mk_codegen_group_grid(&launches[i], &blocks, &threads);
         t->blocks[i] = blocks < MK_TIMELINE_BLOCKS ? blocks : MK_TIMELINE_BLOCKS;
         t->grid[i] = blocks, t->threads[i] = threads;
         /* the source's first line names the group: "// moonkaas <group>" */
         mk_strbuf src = {0};
-        mk_cuda_group_source(&src, &launches[i]);
+        mk_codegen_group_source(&src, &launches[i]);
         if (src.s) {
             const char *from = strncmp(src.s, "// moonkaas ", 12) ? src.s : src.s + 12;
             t->label[i] = strndup(from, strcspn(from, "\n"));

@@ -25,7 +25,7 @@
 -- shared memory and threads allow; a launch of more blocks than the SMs
 -- hold runs in waves, MK_CUDA_TIMELINE's column). It is what the occupancy
 -- API says; the driver's split of L1 and shared memory may hold fewer of a
--- launch with much shared memory (codegen_matvec.cu's MK_STAGE_BYTES: w2's
+-- launch with much shared memory (core/codegen/matvec.c's MK_STAGE_BYTES: w2's
 -- 44 KB blocks were seen 3 an SM, not 4).
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 local build = os.getenv("MK_BUILD") or "build"

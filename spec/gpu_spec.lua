@@ -244,7 +244,7 @@ describe("CUDA large and odd shapes #gpu", function()
     end)
 
     -- weights of 8 MB and more: the block holds the normalised x in shared
-    -- memory (kernels/codegen_matvec.cu, put_staging); float32, int8 in groups
+    -- memory (core/codegen/matvec.c, put_staging); float32, int8 in groups
     -- and bfloat16, their first steps loaded before the wait (raw where narrower)
     gpu_it("large matrix-vector groups with the RmsNorm folded in agree with the CPU and the reference", function()
         local k, n, G = 2048, 4096, 64

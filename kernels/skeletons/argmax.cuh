@@ -1,5 +1,5 @@
 /*
- * argmax.cuh: the ArgMax of a matrix–vector launch's result (codegen_matvec.cu),
+ * argmax.cuh: the ArgMax of a matrix–vector launch's result (core/codegen/matvec.c),
  * one per row of its [m, n] result, in two steps.
  *
  * In the epilogue each lane turns its values into keys and keeps the largest

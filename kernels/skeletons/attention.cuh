@@ -1,6 +1,7 @@
 /* attention.cuh: the body of decode attention's kernel, flash-decoding over the
- * first p cached rows (codegen.cu says how and why), after the head and entry
- * that codegen.cu writes (MK_GROUP_START done). codegen.cu defines before it:
+ * first p cached rows (core/codegen/codegen.c says how and why), after the
+ * head and entry that codegen.c writes (MK_GROUP_START done). codegen.c
+ * defines before it:
  *   MK_T threads a block (4 a row of the chunk), MK_C chunks a query (MK_CL as
  *   long long), MK_CBL blocks a query, MK_ML queries a batch row, MK_SL cached
  *   rows, MK_R (MK_RL, MK_RM1L = R - 1) rows a chunk;

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Writes, on stdout, the C header that holds each skeleton given (a real CUDA
 # file, kernels/skeletons/NAME.cuh) as the string mk_skeleton_NAME, which the
-# generators (codegen.cu, codegen_matvec*.cu) paste into a kernel's source.
+# generators (core/codegen/*.c) paste into a kernel's source.
 # Comments are stripped first (a line left blank by that goes too), so that
 # editing one changes neither the generated source nor the kernel cache's key.
 set -eu

@@ -19,7 +19,7 @@ static __device__ __forceinline__ void mk_mma_s8(int *d, unsigned a0, unsigned a
 #endif
 }
 
-/* A step (128 of k) of the tensor-core form (codegen_matvec_tc.cu's put_tc_sums)
+/* A step (128 of k) of the tensor-core form (core/codegen/matvec_tc.c's put_tc_sums)
  * for lane (g, t) of a warp's 16 columns: its 32 bytes of columns g and g + 8
  * (c0, c1: k = 32 t ..) into the MMA against A's digits at k (sD), two MMAs
  * for each 8 bytes (the lanes t = 0, 1 and t = 2, 3 hold different 64s, the

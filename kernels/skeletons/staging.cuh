@@ -1,5 +1,5 @@
 /*
- * staging.cuh: what a matrix–vector kernel (codegen_matvec_step.cu) does to A
+ * staging.cuh: what a matrix–vector kernel (core/codegen/matvec_step.c) does to A
  * before its sums. An RmsNorm folded in multiplies x by the norm's weight as
  * it is read and sums x's squares (1 / rms scales the dot products at the
  * end). A block that stages A copies it into shared memory in one of three

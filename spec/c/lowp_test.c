@@ -307,7 +307,7 @@ static void product_on(mk_device dev, const char *kind, int64_t m, int64_t k, in
         if (fuse && dev == MK_DEVICE_CUDA && staged) {
             /* staged, A loaded in batches of steps, all of them at once for
              * int8 weights or where a row of more than 8,192 takes more than 8
-             * (codegen_matvec.cu's stage_batch); a float4 a thread a step, 8
+             * (core/codegen/matvec.c's stage_batch); a float4 a thread a step, 8
              * warps a block or 12 where k is in 3 slices (block_warps) */
             char *src = mk_model_kernel_source(mod, 0, NULL);
             long long step = 128LL * (src && strstr(src, "k in 3 slices") ? 12 : 8);
@@ -318,7 +318,7 @@ static void product_on(mk_device dev, const char *kind, int64_t m, int64_t k, in
             mk_string_free(src);
         }
         if (fuse && dev == MK_DEVICE_CUDA && m == 1) {
-            /* 4 columns a warp (codegen_matvec.cu's warp_columns) where they
+            /* 4 columns a warp (core/codegen/matvec.c's warp_columns) where they
              * are in 4s, int8 weights with A staged, 2-byte ones where k <= 2,048 */
             bool quad = n % 4 == 0 && (q8 ? staged : k <= 2048);
             char *src = mk_model_kernel_source(mod, 0, NULL);
@@ -397,7 +397,7 @@ typedef enum {
     TC_TWO,      /* SiLU(x' W^T) * x' W3^T: two products a result, the other form */
 } tc_tail;
 
-/* The form a large int8 launch takes (codegen_matvec.cu), as its source names it. */
+/* The form a large int8 launch takes (core/codegen/matvec.c), as its source names it. */
 typedef enum {
     FORM_PAIR,  /* a column pair a warp */
     FORM_QUAD,  /* 4 columns a warp (warp_columns) */

@@ -721,7 +721,7 @@ static void test_argmax_cuda(void) {
 
 /*
  * A group big enough that CUDA's blocks hold A in shared memory (8 MiB of
- * weights, kernels/codegen_matvec.cu's MK_STAGE_MIN_WEIGHTS), its RmsNorm's
+ * weights, core/codegen/matvec.c's MK_STAGE_MIN_WEIGHTS), its RmsNorm's
  * squares summed by the block: two rows of x, against double-precision
  * loops. The random graphs' weights are far smaller.
  */

@@ -1,18 +1,18 @@
 /*
- * codegen_matvec.cu — the CUDA C of a matrix–vector group's kernel
+ * matvec.c — the CUDA C of a matrix–vector group's kernel
  * (core/product.c): a warp per column pair of each result (or two pairs:
  * warp_columns), W warps (slices) splitting k, with its prologue (the RmsNorm
  * folded in, A staged in shared memory) and its epilogues (the result's
  * program, rotation, row writes, ArgMax). A lane's step comes in two forms,
- * in codegen_matvec_step.cu with the weights' loads and A's staging: float32
- * A (put_weight_loads and put_float_math, the weights of the first steps
- * loaded before the PDL wait: put_preloads; int8 a step ahead: loads_ahead)
- * and A on the int8 grid (put_grid_copy and put_grid_step). Large int8
- * launches instead take the tensor-core form (codegen_matvec_tc.cu: a warp
+ * in matvec_step.c with the weights' loads and A's staging: float32
+ * A (mk_mv_put_weight_loads and mk_mv_put_float_math, the weights of the first steps
+ * loaded before the PDL wait: mk_mv_put_preloads; int8 a step ahead: mk_mv_loads_ahead)
+ * and A on the int8 grid (put_grid_copy and mk_mv_put_grid_step). Large int8
+ * launches instead take the tensor-core form (matvec_tc.c: a warp
  * per 16 columns, the integer MMA, A as fixed-point digits). What the three
- * files share is declared in codegen_matvec.h.
- * What it shares with the other generated kernels is in codegen.cu (the
- * instructions of a program, the head and entry, mk_cuda_put_fault's PDL,
+ * files share is declared in matvec.h.
+ * What it shares with the other generated kernels is in codegen.c (the
+ * instructions of a program, the head and entry, mk_codegen_put_fault's PDL,
  * fault record and stamps); the device code pasted as it is (those, the
  * weights' loads, A's staging and the RmsNorm's terms, the MMA, the ArgMax's
  * keys and last block) is real CUDA in kernels/skeletons/.
@@ -20,7 +20,7 @@
  * Why each width, count and form was chosen, with the figures and the forms
  * tried and not kept: doc/performance.md, "Matrix–vector groups".
  */
-#include "codegen_matvec.h"
+#include "matvec.h"
 #include "skeletons.h"
 
 #include <stdint.h>
@@ -63,7 +63,7 @@ static const char *weight_ctype(mk_dtype d) {
     }
 }
 
-const char *weight_suffix(mk_dtype d) {
+const char *mk_mv_weight_suffix(mk_dtype d) {
     switch (d) {
     case MK_DTYPE_FLOAT16: return "f16";
     case MK_DTYPE_BFLOAT16: return "bf16";
@@ -82,7 +82,7 @@ static long long argmax_aux_offset(const mk_product_group *pg, int o) {
 }
 
 /* The column stride of the weight that source s of result r reads. */
-long long ldb_of(const mk_launch *l, const mk_product_group *pg, const mk_product_out *r,
+long long mk_mv_ldb_of(const mk_launch *l, const mk_product_group *pg, const mk_product_out *r,
                         int s) {
     return (long long)l->in[pg->b[r->src[s].product]].stride[1];
 }
@@ -98,7 +98,7 @@ long long ldb_of(const mk_launch *l, const mk_product_group *pg, const mk_produc
  * the dtype's own step was slower).
  *
  * An int8 launch of 4 columns a warp that would take 2 slices takes 3, in
- * blocks of 12 warps (block_warps), so that Llama-2-7B's wo and w2 fill the
+ * blocks of 12 warps (mk_mv_block_warps), so that Llama-2-7B's wo and w2 fill the
  * SMs in one wave; not for 2-byte weights, where it lost.
  */
 static int warp_columns(const mk_launch *l, const mk_product_group *pg);
@@ -115,12 +115,12 @@ static int product_slices(const mk_launch *l, const mk_product_group *pg) {
 }
 
 /* Warps a block where W warps take a group of columns, a slice of k each
- * (product_slices; tc_slices, never 3): MK_MV_WARPS, or for W = 3, 12 (4
+ * (product_slices; mk_mv_tc_slices, never 3): MK_MV_WARPS, or for W = 3, 12 (4
  * groups), so that a block holds whole groups. */
-int block_warps(int W) { return W == 3 ? 12 : MK_MV_WARPS; }
+int mk_mv_block_warps(int W) { return W == 3 ? 12 : MK_MV_WARPS; }
 
 /* Result o's index among the group's ArgMax results. */
-int argmax_slot(const mk_product_group *pg, int o) {
+int mk_mv_argmax_slot(const mk_product_group *pg, int o) {
     int slot = 0;
     for (int k = 0; k < o; k++) slot += pg->out[k].argmax;
     return slot;
@@ -129,7 +129,7 @@ int argmax_slot(const mk_product_group *pg, int o) {
 /* The end of a kernel with ArgMax results: thread 0 of each block holding
  * warps of such a result calls mk_argmax_finish (kernels/skeletons/argmax.cuh,
  * which says how the blocks meet). */
-void put_argmax_blocks(mk_strbuf *b, const mk_product_group *pg, long long per) {
+void mk_mv_put_argmax_blocks(mk_strbuf *b, const mk_product_group *pg, long long per) {
     int M = (int)pg->m;
     mk_strbuf_put(b, "    __syncthreads();\n    if (threadIdx.x != 0) return;\n");
     long long start = 0;
@@ -141,13 +141,13 @@ void put_argmax_blocks(mk_strbuf *b, const mk_product_group *pg, long long per) 
         mk_strbuf_put(b, "    if (blockIdx.x >= %lldu && blockIdx.x <= %lldu)\n"
                          "        mk_argmax_finish((unsigned long long *)((char *)aux + %lldLL), %d, "
                          "sbest + %d, %lldu, %lldu, (long long *)(o + %lldLL));\n",
-                      first, last, argmax_aux_offset(pg, o), M, argmax_slot(pg, o) * M, first,
+                      first, last, argmax_aux_offset(pg, o), M, mk_mv_argmax_slot(pg, o) * M, first,
                       last, (long long)r->offset);
     }
 }
 
 /* A result's sources that are not products (operands its program reads). */
-int plain_sources(const mk_product_out *r) {
+int mk_mv_plain_sources(const mk_product_out *r) {
     int n = 0;
     for (int s = 0; s < r->n_src; s++) n += r->src[s].product < 0;
     return n;
@@ -161,17 +161,17 @@ int plain_sources(const mk_product_out *r) {
  * column n0 + c), rot[m] and wbegin, wend. Its loads then overlap the
  * products' instead of following their sums, one trip to memory less.
  */
-void put_epilogue_loads(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int o,
+void mk_mv_put_epilogue_loads(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int o,
                                int C, const char *who) {
     const mk_product_out *r = &pg->out[o];
     int M = (int)pg->m;
     long long N = (long long)r->n;
-    if (r->row_x < 0 && r->rotate < 0 && !plain_sources(r)) return;
+    if (r->row_x < 0 && r->rotate < 0 && !mk_mv_plain_sources(r)) return;
     mk_strbuf_put(b, "        if (%s) {\n", who);
     if (r->row_x >= 0)
         mk_strbuf_put(b, "            wbegin = *(const long long *)i%d; wend = *(const long long *)i%d;\n",
                       r->row_begin, r->row_end);
-    if (plain_sources(r)) {
+    if (mk_mv_plain_sources(r)) {
         mk_strbuf_put(b, "#pragma unroll\n            for (int m = 0; m < %d; m++)\n"
                          "#pragma unroll\n            for (int c = 0; c < %d; c++) {\n"
                          "            const long long e = m * %lldLL + n0 + c;\n", M, C, N);
@@ -199,7 +199,7 @@ void put_epilogue_loads(mk_strbuf *b, const mk_launch *l, const mk_product_group
 
 /* B{j}: the first of column n0's weights of each product result r reads (and
  * S{j}, its int8 scales). */
-void put_column_pointers(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg,
+void mk_mv_put_column_pointers(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg,
                                 const mk_product_out *r, const int *prods, int np) {
     for (int j = 0; j < np; j++) {
         int pj = r->src[prods[j]].product, bk = pg->b[pj];
@@ -213,7 +213,7 @@ void put_column_pointers(mk_strbuf *b, const mk_launch *l, const mk_product_grou
 }
 
 /* The sources of result o that are products, and their count. */
-int product_sources(const mk_product_out *r, int *prods) {
+int mk_mv_product_sources(const mk_product_out *r, int *prods) {
     int np = 0;
     for (int s = 0; s < r->n_src; s++)
         if (r->src[s].product >= 0) prods[np++] = s;
@@ -221,10 +221,10 @@ int product_sources(const mk_product_out *r, int *prods) {
 }
 
 /* The most products one result of the group reads (at least 1). */
-int most_products(const mk_product_group *pg) {
+int mk_mv_most_products(const mk_product_group *pg) {
     int most = 1;
     for (int o = 0; o < pg->n_outs; o++) {
-        int prods[MK_X_IN], n = product_sources(&pg->out[o], prods);
+        int prods[MK_X_IN], n = mk_mv_product_sources(&pg->out[o], prods);
         if (n > most) most = n;
     }
     return most;
@@ -236,7 +236,7 @@ static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group 
     const mk_product_out *r = &pg->out[o];
     int M = (int)pg->m;
     long long K = (long long)pg->k;
-    int prods[MK_X_IN], np = product_sources(r, prods); /* the products it reads, as sources */
+    int prods[MK_X_IN], np = mk_mv_product_sources(r, prods); /* the products it reads, as sources */
     mk_strbuf_put(b, "        const long long n0 = %d * p;\n", C);
     mk_strbuf_put(b, "        float acc[%d][%d][%d];\n", M, C, np);
     if (phase == 2) { /* the slices' sums: this warp's and the next W - 1's */
@@ -253,52 +253,52 @@ static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group 
                           M, W, M * C * np);
     } else {
     mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) for (int c = 0; c < %d; c++) for (int j = 0; j < %d; j++) acc[m][c][j] = 0.0f;\n", M, C, np);
-    put_column_pointers(b, l, pg, r, prods, np);
-    put_epilogue_loads(b, l, pg, o, C, "lane == 0 && slice == 0");
+    mk_mv_put_column_pointers(b, l, pg, r, prods, np);
+    mk_mv_put_epilogue_loads(b, l, pg, o, C, "lane == 0 && slice == 0");
     if (pg->norm_w >= 0 && !staged) mk_strbuf_put(b, "        float ss[%d] = {0.0f};\n", M);
     long long step = 32LL * E * W;
-    bool raw = preload_raw(pg, C, E, W);
+    bool raw = mk_mv_preload_raw(pg, C, E, W);
     for (int s = 0; s < pre; s++) { /* the steps whose weights were loaded before the wait */
         char tag[16]; /* "p" and an int */
         snprintf(tag, sizeof tag, "p%d", s);
         mk_strbuf_put(b, "        if (kfirst + %lldLL < %lldLL) {\n            const long long k = kfirst + %lldLL;\n",
                       s * step, K, s * step);
         if (pg->a8_group) {
-            put_grid_step(b, l, pg, r, prods, np, C, E, tag);
+            mk_mv_put_grid_step(b, l, pg, r, prods, np, C, E, tag);
         } else {
-            if (raw) put_weight_widen(b, l, pg, r, prods, np, C, E, tag);
-            put_float_math(b, pg, r, prods, np, C, E, staged, tag);
+            if (raw) mk_mv_put_weight_widen(b, l, pg, r, prods, np, C, E, tag);
+            mk_mv_put_float_math(b, pg, r, prods, np, C, E, staged, tag);
         }
         mk_strbuf_put(b, "        }\n");
     }
-    bool ahead = loads_ahead(pg, E);
+    bool ahead = mk_mv_loads_ahead(pg, E);
     if (ahead) { /* the loop's first step, its raw weights and scales in b{j}_{c}nr, s{j}_{c}n */
         mk_strbuf_put(b, "        {\n");
-        put_weight_decls(b, np, C, E, "n", "        ", true);
+        mk_mv_put_weight_decls(b, np, C, E, "n", "        ", true);
         mk_strbuf_put(b, "        if (kfirst + %lldLL < %lldLL) {\n            const long long k = kfirst + %lldLL;\n",
                       pre * step, K, pre * step);
-        put_weight_loads(b, l, pg, r, prods, np, C, E, "n", "            ", true);
+        mk_mv_put_weight_loads(b, l, pg, r, prods, np, C, E, "n", "            ", true);
         mk_strbuf_put(b, "        }\n");
     }
     mk_strbuf_put(b, "#pragma unroll %d\n        for (long long k = kfirst + %lldLL; k < %lldLL; k += %lldLL) {\n",
                   ahead ? 1 : 4, pre * step, K, step);
     if (pg->a8_group) {
-        put_grid_step(b, l, pg, r, prods, np, C, E, "");
+        mk_mv_put_grid_step(b, l, pg, r, prods, np, C, E, "");
     } else if (ahead) { /* this step's from the registers, the next step's loads out, then the math */
-        put_weight_decls(b, np, C, E, "", "            ", true);
+        mk_mv_put_weight_decls(b, np, C, E, "", "            ", true);
         for (int j = 0; j < np; j++)
             for (int c = 0; c < C; c++)
                 mk_strbuf_put(b, "            b%d_%dr = b%d_%dnr; s%d_%d = s%d_%dn;\n", j, c, j, c, j, c, j, c);
         mk_strbuf_put(b, "            if (k + %lldLL < %lldLL) { const long long next = k + %lldLL; {\n"
                          "            const long long k = next;\n", step, K, step);
-        put_weight_loads(b, l, pg, r, prods, np, C, E, "n", "            ", true);
+        mk_mv_put_weight_loads(b, l, pg, r, prods, np, C, E, "n", "            ", true);
         mk_strbuf_put(b, "            } }\n");
-        put_weight_widen(b, l, pg, r, prods, np, C, E, "");
-        put_float_math(b, pg, r, prods, np, C, E, staged, "");
+        mk_mv_put_weight_widen(b, l, pg, r, prods, np, C, E, "");
+        mk_mv_put_float_math(b, pg, r, prods, np, C, E, staged, "");
     } else {
-        put_weight_decls(b, np, C, E, "", "            ", false);
-        put_weight_loads(b, l, pg, r, prods, np, C, E, "", "            ", false);
-        put_float_math(b, pg, r, prods, np, C, E, staged, "");
+        mk_mv_put_weight_decls(b, np, C, E, "", "            ", false);
+        mk_mv_put_weight_loads(b, l, pg, r, prods, np, C, E, "", "            ", false);
+        mk_mv_put_float_math(b, pg, r, prods, np, C, E, staged, "");
     }
     mk_strbuf_put(b, ahead ? "        }\n        }\n" : "        }\n");
     mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) for (int c = 0; c < %d; c++) for (int j = 0; j < %d; j++)\n"
@@ -320,7 +320,7 @@ static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group 
         return;
     }
     }
-    put_epilogue(b, l, pg, o, C, staged, phase == 2 ? "" : "if (lane == 0) ");
+    mk_mv_put_epilogue(b, l, pg, o, C, staged, phase == 2 ? "" : "if (lane == 0) ");
 }
 
 /*
@@ -329,7 +329,7 @@ static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group 
  * acc[m][c][j]: the RmsNorm's 1 / rms, the result's program, its rotation, and
  * its row write or ArgMax.
  */
-void put_epilogue(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int o,
+void mk_mv_put_epilogue(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int o,
                          int C, bool staged, const char *who) {
     const mk_product_out *r = &pg->out[o];
     const mk_group *grp = l->node->group;
@@ -337,7 +337,7 @@ void put_epilogue(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, 
     while (which < grp->n_members && grp->members[which - 1] != r->end) which++;
     int M = (int)pg->m;
     long long K = (long long)pg->k, N = (long long)r->n;
-    int prods[MK_X_IN], np = product_sources(r, prods);
+    int prods[MK_X_IN], np = mk_mv_product_sources(r, prods);
     if (pg->norm_w >= 0) /* the RmsNorm: the sum of x's squares, the block's or the warp's */
         mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) {\n"
                          "            const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(%s[m], (float)%lldLL), 1e-5f)));\n"
@@ -375,7 +375,7 @@ void put_epilogue(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, 
         }
     }
     const mk_expr *e = &r->program;
-    for (int j = 0; j < e->n; j++) mk_cuda_put_insn(b, e, j, true);
+    for (int j = 0; j < e->n; j++) mk_codegen_put_insn(b, e, j, true);
     mk_strbuf_put(b, "            v[c] = r%d;\n            }\n", e->n ? MK_X_IN + e->n - 1 : 0);
     mk_strbuf_put(b, "            const long long e0 = m * %lldLL + n0 + 2 * h;\n", N);
     if (r->rotate >= 0) /* (re, im) * (cr, ci), rounded as the complex product's kernel */
@@ -393,14 +393,14 @@ void put_epilogue(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, 
                      "                atomicMax(&sbest[%d + m], mk_argmax_key(v[c], (unsigned int)(n0 + 2 * h + c)));\n"
                      "        }\n"
                      "        } while (0);\n",
-                  argmax_slot(pg, o) * M);
+                  mk_mv_argmax_slot(pg, o) * M);
 }
 
 /* Elements of k a lane takes per step: 16 bytes of weights a load (4 float32,
  * 8 float16/bfloat16, 16 int8) where every product's weights have one size and
  * A, the norm's weight and each column are 16-byte aligned; else 4 (when the
  * weights align to 4 elements), else 1. */
-int weights_per_load(const mk_launch *l, const mk_product_group *pg) {
+int mk_mv_weights_per_load(const mk_launch *l, const mk_product_group *pg) {
     long long K = (long long)pg->k;
     if (!mk_aligned16(l->in[pg->a].data) ||
         (pg->norm_w >= 0 && !mk_aligned16(l->in[pg->norm_w].data)))
@@ -424,7 +424,7 @@ int weights_per_load(const mk_launch *l, const mk_product_group *pg) {
  * MK_STAGE_MIN_WEIGHTS. */
 static bool staged_a(const mk_launch *l, const mk_product_group *pg) {
     return pg->a8_group || ((long long)pg->m * pg->k * (long long)sizeof(float) <= MK_STAGE_BYTES &&
-                            weight_bytes(l, pg) >= MK_STAGE_MIN_WEIGHTS);
+                            mk_mv_weight_bytes(l, pg) >= MK_STAGE_MIN_WEIGHTS);
 }
 
 /*
@@ -440,11 +440,11 @@ static bool staged_a(const mk_launch *l, const mk_product_group *pg) {
  * float32, pairs were faster.
  */
 static int warp_columns(const mk_launch *l, const mk_product_group *pg) {
-    if (pg->m != 1 || pg->a8_group || most_products(pg) != 1 || tc_slices(l, pg)) return 2;
+    if (pg->m != 1 || pg->a8_group || mk_mv_most_products(pg) != 1 || mk_mv_tc_slices(l, pg)) return 2;
     for (int o = 0; o < pg->n_outs; o++)
         if (pg->out[o].n % 4) return 2;
     if (pg->weight_bytes == 2) return pg->k <= 2048 ? 4 : 2;
-    if (pg->weight_bytes != 1 || weights_per_load(l, pg) != 16 || !staged_a(l, pg))
+    if (pg->weight_bytes != 1 || mk_mv_weights_per_load(l, pg) != 16 || !staged_a(l, pg))
         return 2;
     for (int j = 0; j < pg->n_products; j++)
         if (pg->b_scale[j] < 0) return 2;
@@ -453,37 +453,38 @@ static int warp_columns(const mk_launch *l, const mk_product_group *pg) {
 
 /* The kernel of a matrix–vector group's launch: one warp per C columns of a
  * result (every row of A; warp_columns) and slice of k (W of them,
- * product_slices), block_warps(W) warps a block, each on its own: a warp
+ * product_slices), mk_mv_block_warps(W) warps a block, each on its own: a warp
  * reads all of A, so it sums the RmsNorm's squares of x in the same loop and
  * scales its dot products of w * x by 1 / rms at the end (no block-wide step
  * unless A is staged). */
-void mk_cuda_product_source(mk_strbuf *b, const mk_launch *l) {
+void mk_codegen_product_source(mk_strbuf *b, const mk_launch *l) {
     const mk_product_group *pg = mk_node_product(l->node);
-    if (int W = tc_slices(l, pg)) {
-        put_tc_source(b, l, W);
+    int tc = mk_mv_tc_slices(l, pg);
+    if (tc) {
+        mk_mv_put_tc_source(b, l, tc);
         return;
     }
     int M = (int)pg->m;
     long long K = (long long)pg->k;
     /* float4 loads where every row of A, the weight and each B column is 16-byte aligned */
-    int E = weights_per_load(l, pg);
+    int E = mk_mv_weights_per_load(l, pg);
     bool staged = staged_a(l, pg);
-    int C = warp_columns(l, pg), W = product_slices(l, pg), BW = block_warps(W);
+    int C = warp_columns(l, pg), W = product_slices(l, pg), BW = mk_mv_block_warps(W);
     mk_strbuf_put(b, "// moonkaas matrix-vector group $%d: [%d, %lld] @ %d products, %d results%s%s%s\n",
                   l->node->id, M, K, pg->n_products, pg->n_outs,
                   pg->norm_w >= 0 ? ", RmsNorm folded in" : "", C == 4 ? ", 4 columns a warp" : "",
                   W == 3 ? ", k in 3 slices" : "");
-    mk_cuda_put_fault(b);
+    mk_codegen_put_fault(b);
     mk_strbuf_put(b, "%s%s%s", mk_skeleton_weights,
                   staged || pg->norm_w >= 0 ? mk_skeleton_staging : "",
-                  argmax_slot(pg, pg->n_outs) ? mk_skeleton_argmax : "");
-    mk_cuda_put_head(b, 32 * BW, 0);
-    mk_cuda_put_entry(b, l);
+                  mk_mv_argmax_slot(pg, pg->n_outs) ? mk_skeleton_argmax : "");
+    mk_codegen_put_head(b, 32 * BW, 0);
+    mk_codegen_put_entry(b, l);
     mk_strbuf_put(b, "    const int lane = threadIdx.x & 31;\n"
                      "    const long long warp = (long long)blockIdx.x * %d + (threadIdx.x >> 5);\n", BW);
     mk_strbuf_put(b, "    const float *A = (const float *)i%d;\n", pg->a);
     if (pg->norm_w >= 0) mk_strbuf_put(b, "    const float *W = (const float *)i%d;\n", pg->norm_w);
-    int slots = argmax_slot(pg, pg->n_outs);
+    int slots = mk_mv_argmax_slot(pg, pg->n_outs);
     if (slots) /* each ArgMax result's best key per row, for this block */
         mk_strbuf_put(b, "    __shared__ unsigned long long sbest[%d];\n"
                          "    if (threadIdx.x < %d) sbest[threadIdx.x] = 0ull;\n"
@@ -502,14 +503,14 @@ void mk_cuda_product_source(mk_strbuf *b, const mk_launch *l) {
         if (need > R) R = need;
     }
     if (W > 1) mk_strbuf_put(b, "    __shared__ float red[%d][%d];\n", BW, R);
-    int PS = 1; /* registers of the epilogues' loads (put_epilogue_loads) */
+    int PS = 1; /* registers of the epilogues' loads (mk_mv_put_epilogue_loads) */
     for (int o = 0; o < pg->n_outs; o++)
-        if (plain_sources(&pg->out[o]) > PS) PS = plain_sources(&pg->out[o]);
+        if (mk_mv_plain_sources(&pg->out[o]) > PS) PS = mk_mv_plain_sources(&pg->out[o]);
     mk_strbuf_put(b, "    float pre[%d][%d][%d], rot[%d][%d][2];\n    long long wbegin = 0, wend = 0;\n"
                      "    (void)pre; (void)rot; (void)wbegin; (void)wend;\n", M, C, PS, M, C / 2);
-    int pre = preload_steps(l, pg, C, E, W, staged);
-    put_preloads(b, l, pg, C, E, W, pre);
-    if (staged) put_staging(b, pg, E, W, false);
+    int pre = mk_mv_preload_steps(l, pg, C, E, W, staged);
+    mk_mv_put_preloads(b, l, pg, C, E, W, pre);
+    if (staged) mk_mv_put_staging(b, pg, E, W, false);
     for (int phase = W > 1 ? 1 : 0; phase <= (W > 1 ? 2 : 0); phase++) {
         if (phase == 2) mk_strbuf_put(b, "    __syncthreads();\n");
         long long start = 0;
@@ -522,7 +523,7 @@ void mk_cuda_product_source(mk_strbuf *b, const mk_launch *l) {
             start += groups;
         }
     }
-    if (slots) put_argmax_blocks(b, pg, C / 2 * (BW / W));
+    if (slots) mk_mv_put_argmax_blocks(b, pg, C / 2 * (BW / W));
     mk_strbuf_put(b, "}\n");
 }
 
@@ -535,15 +536,15 @@ static long long product_warps(const mk_product_group *pg, int C, int W) {
 
 /* Device scratch of a group's launch: per ArgMax result, the best key of each
  * row and a count (zero between launches); 0 without one. */
-size_t mk_cuda_product_aux_bytes(const mk_product_group *pg) {
+size_t mk_codegen_product_aux_bytes(const mk_product_group *pg) {
     return (size_t)argmax_aux_offset(pg, pg->n_outs);
 }
 
-/* The grid of a group's launch: block_warps(W) warps a block, W of them the
+/* The grid of a group's launch: mk_mv_block_warps(W) warps a block, W of them the
  * C columns of warp_columns (in the tensor-core form, a tile of 16 columns). */
-void mk_cuda_product_grid(const mk_launch *l, unsigned int *blocks, unsigned int *threads) {
+void mk_codegen_product_grid(const mk_launch *l, unsigned int *blocks, unsigned int *threads) {
     const mk_product_group *pg = mk_node_product(l->node);
-    int tc = tc_slices(l, pg), W = tc ? tc : product_slices(l, pg);
-    *blocks = mk_cuda_blocks(product_warps(pg, tc ? 16 : warp_columns(l, pg), W), block_warps(W));
-    *threads = 32 * (unsigned int)block_warps(W);
+    int tc = mk_mv_tc_slices(l, pg), W = tc ? tc : product_slices(l, pg);
+    *blocks = mk_cuda_blocks(product_warps(pg, tc ? 16 : warp_columns(l, pg), W), mk_mv_block_warps(W));
+    *threads = 32 * (unsigned int)mk_mv_block_warps(W);
 }

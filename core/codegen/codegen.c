@@ -1,10 +1,10 @@
 /*
- * codegen.cu — the CUDA C of each group's kernel, written from the group: a
+ * codegen.c — the CUDA C of each group's kernel, written from the group: a
  * pointwise group's program (core/group.c) as straight-line code over its
  * operands' walks; decode attention as flash-decoding over the first p cached
  * rows; a matrix–vector group (core/product.c) in its own file,
- * codegen_matvec.cu. Shapes, strides and constants are baked in, so identical
- * layers give identical source (compiled once: generated.cu). Also what a
+ * matvec.c. Shapes, strides and constants are baked in, so identical
+ * layers give identical source (compiled once: kernels/generated.cu). Also what a
  * launch needs beside its source: its grid and its device scratch. The
  * device code that kernels take as it is (PDL, the fault record and the
  * timeline's stamps, the attention kernel's body with its cluster barriers
@@ -15,21 +15,22 @@
  * shapes, strides and forms).
  *
  * Arithmetic in the pointwise parts is what the interpreter does
- * (pointwise.cu): __fadd_rn and friends, one rounding per operation, never
+ * (kernels/pointwise.cu): __fadd_rn and friends, one rounding per operation, never
  * contracted; expf and tanhf are CUDA's. So a pointwise group gives the bits
  * of one launch per node, on this device and the CPU alike.
  */
-#include "cuda_device.h"
+#include "codegen.h"
 #include "skeletons.h"
 
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---- source ----------------------------------------------------------------- */
 
 /* Instruction j of e as CUDA C: "const T rK = ...;". */
-void mk_cuda_put_insn(mk_strbuf *b, const mk_expr *e, int j, bool f32) {
+void mk_codegen_put_insn(mk_strbuf *b, const mk_expr *e, int j, bool f32) {
     const mk_xinsn *in = &e->insn[j];
     char x[8], y[8], z[8];
     snprintf(x, sizeof x, "r%d", in->x);
@@ -98,14 +99,14 @@ static void put_source(mk_strbuf *b, const mk_launch *l) {
     mk_strbuf_put(b, "        (void)q; (void)rest;\n");
     for (int k = 0; k < e->n_in; k++)
         mk_strbuf_put(b, "        const %s r%d = i%d[p%d];\n", T, k, k, k);
-    for (int j = 0; j < e->n; j++) mk_cuda_put_insn(b, e, j, f32);
+    for (int j = 0; j < e->n; j++) mk_codegen_put_insn(b, e, j, f32);
     mk_strbuf_put(b, "        o[e] = r%d;\n    }\n}\n", MK_X_IN + e->n - 1);
 }
 
 /* The fault record (mk_cuda_fault) and how a generated kernel raises one; the
  * timeline's stamps after it (MK_GROUP_START and MK_GROUP_WAIT use them):
  * skeletons/fault.cuh, after the two constants of the stamps' layout. */
-void mk_cuda_put_fault(mk_strbuf *b) {
+void mk_codegen_put_fault(mk_strbuf *b) {
     mk_strbuf_put(b, "%s#define MK_TIMELINE_BLOCKS %du\n#define MK_TIMELINE_AT %d\n%s", mk_skeleton_pdl,
                   MK_TIMELINE_BLOCKS, MK_TIMELINE_AT, mk_skeleton_fault);
 }
@@ -113,17 +114,17 @@ void mk_cuda_put_fault(mk_strbuf *b) {
 /* A product kernel's name and parameters (the launch's output, its inputs,
  * the fault record, the launch's index and its device scratch: the arguments
  * mk_cuda_product passes), its opening brace and MK_GROUP_START. */
-void mk_cuda_put_entry(mk_strbuf *b, const mk_launch *l) {
+void mk_codegen_put_entry(mk_strbuf *b, const mk_launch *l) {
     mk_strbuf_put(b, "mk_product(float *__restrict__ o");
     for (int k = 0; k < l->n_in; k++) mk_strbuf_put(b, ", void *i%d", k);
     mk_strbuf_put(b, ", mk_fault_rec *fault, int launch, void *aux) {\n    MK_GROUP_START;\n");
 }
 
-/* A stamped kernel (generated.cu) defines MK_TIMELINE_OCCUPANCY as the blocks
+/* A stamped kernel (kernels/generated.cu) defines MK_TIMELINE_OCCUPANCY as the blocks
  * an SM of its unstamped build, so that the stamps' registers change neither
  * how many blocks share an SM nor, with it, the timeline (doc/performance.md,
  * "Timeline stamps"). */
-void mk_cuda_put_head(mk_strbuf *b, long long threads, int min_blocks) {
+void mk_codegen_put_head(mk_strbuf *b, long long threads, int min_blocks) {
     mk_strbuf_put(b, "#ifdef MK_TIMELINE_OCCUPANCY\n"
                      "extern \"C\" __global__ void __launch_bounds__(%lld, MK_TIMELINE_OCCUPANCY)\n"
                      "#else\n", threads);
@@ -256,7 +257,7 @@ static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
                   l->node->id, (long long)a->batch, M, D, S, R, N);
     if (cluster) /* a query's chunks are a cluster where the device has them */
         mk_strbuf_put(b, "#if __CUDA_ARCH__ >= 900\n#define MK_CLUSTER\n#endif\n");
-    mk_cuda_put_fault(b);
+    mk_codegen_put_fault(b);
     mk_strbuf_put(b, "%s%s", mk_skeleton_cluster, mk_skeleton_arrive);
     /* attention.cuh's shapes (long long where the name ends in L) */
     const long long KL = (D * 4 + 127) / 128, VL = (N * 4 + 127) / 128; /* lines a row */
@@ -277,35 +278,66 @@ static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
                   (long long)q->stride[0], (long long)q->stride[1], qs, (long long)kt->stride[0], kr, ks,
                   (long long)v->stride[0], vr, vn, a->q, a->kt, a->v, a->p, (long long)att_part_floats(a),
                   (int)MK_FAULT_PREFIX, early, f4, !cluster && ks == 1 && vn == 1);
-    mk_cuda_put_head(b, T, 0);
+    mk_codegen_put_head(b, T, 0);
     if (cluster) mk_strbuf_put(b, "#ifdef MK_CLUSTER\n__cluster_dims__(%lld, 1, 1)\n#endif\n", C);
-    mk_cuda_put_entry(b, l);
+    mk_codegen_put_entry(b, l);
     mk_strbuf_put(b, "%s", mk_skeleton_attention);
 }
 
 /* Device scratch of a group's launch: the attention's partial results and
  * counts, or the ArgMax results' keys and counts; 0 for none. */
-size_t mk_cuda_group_aux_bytes(const mk_product_group *pg) {
+size_t mk_codegen_group_aux_bytes(const mk_product_group *pg) {
     if (pg->kind == MK_PRODUCT_ATTENTION)
         return att_part_floats(&pg->att) * sizeof(float) +
                (size_t)(pg->att.batch * pg->att.m) * sizeof(unsigned int);
-    return mk_cuda_product_aux_bytes(pg);
+    return mk_codegen_product_aux_bytes(pg);
 }
 
 /* The source of a group's launch, whichever kind. */
-void mk_cuda_group_source(mk_strbuf *b, const mk_launch *l) {
+void mk_codegen_group_source(mk_strbuf *b, const mk_launch *l) {
     const mk_product_group *pg = mk_node_product(l->node);
     if (!pg) put_source(b, l);
     else if (pg->kind == MK_PRODUCT_ATTENTION) put_attention_source(b, l);
-    else mk_cuda_product_source(b, l);
+    else mk_codegen_product_source(b, l);
 }
 
 /* The grid of a matrix-vector or attention group's launch. */
-void mk_cuda_group_grid(const mk_launch *l, unsigned int *blocks, unsigned int *threads) {
+void mk_codegen_group_grid(const mk_launch *l, unsigned int *blocks, unsigned int *threads) {
     const mk_product_group *pg = mk_node_product(l->node);
     if (pg->kind == MK_PRODUCT_ATTENTION) { /* att_blocks blocks per query */
         *blocks = mk_cuda_blocks(pg->att.batch * pg->att.m * att_blocks(&pg->att), 1);
         *threads = (unsigned int)(4 * att_rows(&pg->att));
     } else
-        mk_cuda_product_grid(l, blocks, threads);
+        mk_codegen_product_grid(l, blocks, threads);
+}
+
+/* The source of a group's launch as the plugin compiles it (see codegen.h):
+ * the timeline's and MK_NO_MMA's defines go after the first line, the comment
+ * naming the group (product kernels only), which the kernel cache's key skips. */
+char *mk_codegen_source(const mk_launch *l, bool stamp, int occupancy, mk_error **err) {
+    if (!(mk_node_pointwise(l->node) && l->expr) && !mk_node_product(l->node)) {
+        MK_INTERNAL(err, "not a group's launch");
+        return NULL;
+    }
+    mk_strbuf src = {0};
+    mk_codegen_group_source(&src, l);
+    const char *line = NULL, *no_mma = getenv("MK_CUDA_NO_MMA");
+    bool plain = no_mma && !strcmp(no_mma, "1");
+    if (mk_node_product(l->node) && (stamp || plain) && !src.failed && src.s) line = strchr(src.s, '\n');
+    if (line) {
+        char occ[64] = "";
+        if (stamp && occupancy > 0) snprintf(occ, sizeof occ, "#define MK_TIMELINE_OCCUPANCY %d\n", occupancy);
+        mk_strbuf stamped = {0};
+        mk_strbuf_put(&stamped, "%.*s%s%s%s%s", (int)(line + 1 - src.s), src.s,
+                      stamp ? "#define MK_TIMELINE\n" : "", occ, plain ? "#define MK_NO_MMA\n" : "",
+                      line + 1);
+        free(src.s);
+        src = stamped;
+    }
+    if (src.failed) {
+        free(src.s);
+        mk_fail(err, MK_ERR_NOMEM, 0, 0, "writing a group's kernel");
+        return NULL;
+    }
+    return src.s;
 }

@@ -1,11 +1,11 @@
 /*
- * codegen_matvec_tc.cu — the tensor-core form of a matrix–vector kernel:
+ * matvec_tc.c — the tensor-core form of a matrix–vector kernel:
  * large int8 launches take their weights through the integer MMA
  * (mma.m16n8k32.s8, kernels/skeletons/mma_s8.cuh), A staged as fixed-point
  * digits; the staging's other parts, the epilogues and the ArgMax blocks are
- * codegen_matvec.cu's and codegen_matvec_step.cu's.
+ * matvec.c's and matvec_step.c's.
  */
-#include "codegen_matvec.h"
+#include "matvec.h"
 #include "skeletons.h"
 
 #include <stdint.h>
@@ -17,11 +17,11 @@
  * integer MMA (mma.m16n8k32.s8), where every product's weights are int8 in
  * groups of a multiple of 64, A is one row, k a multiple of 128 but not of
  * 512, each result reads one product and the launch has at least
- * MK_TC_COLUMNS columns in results of multiples of 16 (tc_slices). The int8
+ * MK_TC_COLUMNS columns in results of multiples of 16 (mk_mv_tc_slices). The int8
  * form above spends 3 instructions a weight widening and multiplying; here
  * the weights go into the MMA as they are loaded.
  *
- * A becomes fixed point as the block stages it (put_digit_copy): per 64 of k,
+ * A becomes fixed point as the block stages it (mk_mv_put_digit_copy): per 64 of k,
  * x times 2^e (e from the 64's largest |x|, so that |x 2^e| < 2^30) rounded
  * to an integer, held as four signed base-256 digits (the MMA's n = 0..3), a
  * relative error of 2^-31 of the 64's largest |x|; a non-finite x makes its
@@ -38,7 +38,7 @@
  * the tests) mk_mma_s8 makes the same integer sums by shuffles and DP4A.
  *
  * The slices' sums meet in shared memory; lanes 0..7 of a tile's first warp
- * then run the epilogue of a column pair each (put_epilogue). The first
+ * then run the epilogue of a column pair each (mk_mv_put_epilogue). The first
  * step's weights are loaded before the wait where they are constants.
  *
  * Faster than the int8 form for Llama-2-7B's q/k/v and stories110M's
@@ -49,17 +49,17 @@
 #define MK_TC_WARPS 2048   /* warps a launch aims for, splitting k */
 
 /* The warps that split k in the tensor-core form, or 0 where the group does not take it. */
-int tc_slices(const mk_launch *l, const mk_product_group *pg) {
+int mk_mv_tc_slices(const mk_launch *l, const mk_product_group *pg) {
     if (pg->m != 1 || pg->a8_group || pg->k % 128 || pg->k % 512 == 0 ||
-        weights_per_load(l, pg) != 16 || (long long)pg->k * 4 > MK_STAGE_BYTES ||
-        weight_bytes(l, pg) < MK_STAGE_MIN_WEIGHTS)
+        mk_mv_weights_per_load(l, pg) != 16 || (long long)pg->k * 4 > MK_STAGE_BYTES ||
+        mk_mv_weight_bytes(l, pg) < MK_STAGE_MIN_WEIGHTS)
         return 0;
     for (int j = 0; j < pg->n_products; j++)
         if (pg->b_scale[j] < 0 || pg->b_group[j] % 64) return 0;
     long long columns = 0;
     for (int o = 0; o < pg->n_outs; o++) {
         int prods[MK_X_IN];
-        if (pg->out[o].n % 16 || product_sources(&pg->out[o], prods) != 1) return 0;
+        if (pg->out[o].n % 16 || mk_mv_product_sources(&pg->out[o], prods) != 1) return 0;
         columns += pg->out[o].n;
     }
     if (columns < MK_TC_COLUMNS) return 0;
@@ -71,11 +71,11 @@ int tc_slices(const mk_launch *l, const mk_product_group *pg) {
 /* A (times the norm's weight, its squares into part[0]) as four digits per
  * element in sD ([k / 8][digit][8] bytes) and each 64's factor of digit 0 in
  * sF (mk_digits4, skeletons/staging.cuh): half a warp a 64, a float4 a lane
- * (tc_slices: A and the norm's weight are 16-byte aligned), each digit's four
+ * (mk_mv_tc_slices: A and the norm's weight are 16-byte aligned), each digit's four
  * bytes stored as one word; a warp loads MK_DIGIT_BATCH 64s before it stores
  * any, so that a warp does not wait on L2 once per 64. */
 #define MK_DIGIT_BATCH 4
-void put_digit_copy(mk_strbuf *b, const mk_product_group *pg) {
+void mk_mv_put_digit_copy(mk_strbuf *b, const mk_product_group *pg) {
     long long K = (long long)pg->k, Q = K / 64; /* Q is even: k is a multiple of 128 */
     bool norm = pg->norm_w >= 0;
     int U = (int)((Q / 2 + MK_MV_WARPS - 1) / MK_MV_WARPS);
@@ -137,7 +137,7 @@ static void put_tc_sums(mk_strbuf *b, const mk_launch *l, const mk_product_group
                         bool loaded) {
     const mk_product_out *r = &pg->out[o];
     int prods[MK_X_IN];
-    product_sources(r, prods);
+    mk_mv_product_sources(r, prods);
     int pj = r->src[prods[0]].product;
     mk_strbuf_put(b, "        float acc[2][2] = {};\n");
     if (!loaded) {
@@ -162,8 +162,8 @@ static void put_tc_sums(mk_strbuf *b, const mk_launch *l, const mk_product_group
                      "        }\n");
 }
 
-/* The kernel of a group in the tensor-core form (tc_slices: W warps a tile). */
-void put_tc_source(mk_strbuf *b, const mk_launch *l, int W) {
+/* The kernel of a group in the tensor-core form (mk_mv_tc_slices: W warps a tile). */
+void mk_mv_put_tc_source(mk_strbuf *b, const mk_launch *l, int W) {
     const mk_product_group *pg = mk_node_product(l->node);
     long long K = (long long)pg->k;
     long long per = (K / 128 + W - 1) / W * 128; /* k a slice takes */
@@ -171,24 +171,24 @@ void put_tc_source(mk_strbuf *b, const mk_launch *l, int W) {
                      "int8 on the tensor cores\n",
                   l->node->id, K, pg->n_products, pg->n_outs,
                   pg->norm_w >= 0 ? ", RmsNorm folded in" : "");
-    mk_cuda_put_fault(b);
+    mk_codegen_put_fault(b);
     mk_strbuf_put(b, "%s%s%s", mk_skeleton_mma_s8, mk_skeleton_staging,
-                  argmax_slot(pg, pg->n_outs) ? mk_skeleton_argmax : "");
+                  mk_mv_argmax_slot(pg, pg->n_outs) ? mk_skeleton_argmax : "");
     /* three blocks an SM (85 registers at most) */
-    mk_cuda_put_head(b, 32 * MK_MV_WARPS, 3);
-    mk_cuda_put_entry(b, l);
+    mk_codegen_put_head(b, 32 * MK_MV_WARPS, 3);
+    mk_codegen_put_entry(b, l);
     mk_strbuf_put(b, "    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;\n"
                      "    const long long warp = (long long)blockIdx.x * %d + (threadIdx.x >> 5);\n"
                      "    const float *A = (const float *)i%d;\n", MK_MV_WARPS, pg->a);
     if (pg->norm_w >= 0) mk_strbuf_put(b, "    const float *W = (const float *)i%d;\n", pg->norm_w);
-    int slots = argmax_slot(pg, pg->n_outs);
+    int slots = mk_mv_argmax_slot(pg, pg->n_outs);
     if (slots)
         mk_strbuf_put(b, "    __shared__ unsigned long long sbest[%d];\n"
                          "    if (threadIdx.x < %d) sbest[threadIdx.x] = 0ull;\n"
                          "    __syncthreads();\n", slots, slots);
     int PS = 1;
     for (int o = 0; o < pg->n_outs; o++)
-        if (plain_sources(&pg->out[o]) > PS) PS = plain_sources(&pg->out[o]);
+        if (mk_mv_plain_sources(&pg->out[o]) > PS) PS = mk_mv_plain_sources(&pg->out[o]);
     mk_strbuf_put(b, "    const long long tile = warp / %d;\n"
                      "    const int slice = (int)(warp %% %d), wib = (int)(threadIdx.x >> 5) - slice;\n"
                      "    const int kb = slice * %lld, ke = min(%lld, kb + %lld); /* the warp's k */\n"
@@ -200,12 +200,12 @@ void put_tc_source(mk_strbuf *b, const mk_launch *l, int W) {
                      "    const signed char *B0, *B1;\n    const float *S0, *S1;\n",
                   W, W, per, K, per, MK_MV_WARPS, PS);
     /* the warp's first step before the wait, where the weights are constants */
-    bool early = constant_weights(l, pg);
+    bool early = mk_mv_constant_weights(l, pg);
     long long start = 0;
     for (int o = 0; early && o < pg->n_outs; o++) {
         const mk_product_out *r = &pg->out[o];
         int prods[MK_X_IN];
-        product_sources(r, prods);
+        mk_mv_product_sources(r, prods);
         long long tiles = r->n / 16;
         mk_strbuf_put(b, "    %sif (tile < %lldLL) {\n        const long long p = tile - %lldLL;\n",
                       o ? "else " : "", start + tiles, start);
@@ -216,8 +216,8 @@ void put_tc_source(mk_strbuf *b, const mk_launch *l, int W) {
         start += tiles;
     }
     mk_strbuf_put(b, "    MK_GROUP_WAIT;\n");
-    put_gathers(b, pg);
-    put_staging(b, pg, 16, W, true);
+    mk_mv_put_gathers(b, pg);
+    mk_mv_put_staging(b, pg, 16, W, true);
     for (int phase = 1; phase <= 2; phase++) {
         if (phase == 2) mk_strbuf_put(b, "    __syncthreads();\n");
         start = 0;
@@ -227,7 +227,7 @@ void put_tc_source(mk_strbuf *b, const mk_launch *l, int W) {
                           o ? "else " : "", start + tiles, start);
             if (phase == 1) {
                 mk_strbuf_put(b, "        const long long n0 = 16 * p + 2 * (lane & 7);\n");
-                put_epilogue_loads(b, l, pg, o, 2, "slice == 0 && lane < 8");
+                mk_mv_put_epilogue_loads(b, l, pg, o, 2, "slice == 0 && lane < 8");
                 put_tc_sums(b, l, pg, o, early);
             } else { /* lane q < 8 of the tile's first warp: its column pair 2q, 2q + 1 */
                 mk_strbuf_put(b, "        if (slice != 0 || lane >= 8) break;\n"
@@ -238,12 +238,12 @@ void put_tc_source(mk_strbuf *b, const mk_launch *l, int W) {
                                  "            for (int w = 0; w < %d; w++) s += red[wib + w][2 * lane + c];\n"
                                  "            acc[0][c][0] = s;\n"
                                  "        }\n", W);
-                put_epilogue(b, l, pg, o, 2, true, "");
+                mk_mv_put_epilogue(b, l, pg, o, 2, true, "");
             }
             mk_strbuf_put(b, "    } while (0);\n");
             start += tiles;
         }
     }
-    if (slots) put_argmax_blocks(b, pg, 8LL * (MK_MV_WARPS / W));
+    if (slots) mk_mv_put_argmax_blocks(b, pg, 8LL * (MK_MV_WARPS / W));
     mk_strbuf_put(b, "}\n");
 }

@@ -1,12 +1,12 @@
 /*
- * codegen_matvec_step.cu — a matrix–vector kernel's lane step, in the CUDA C
- * that codegen_matvec.cu's kernel calls for: the weights' loads per dtype
+ * matvec_step.c — a matrix–vector kernel's lane step, in the CUDA C
+ * that matvec.c's kernel calls for: the weights' loads per dtype
  * (into registers, raw or widened; preloaded before the PDL wait, sent to L2,
  * or a step ahead), the step's math on float32 A or on the int8 grid, and A
  * staged in the block's shared memory (as floats, on the int8 grid, or as the
  * tensor-core form's digits) with the RmsNorm's sum of squares.
  */
-#include "codegen_matvec.h"
+#include "matvec.h"
 #include "skeletons.h"
 
 #include <stdint.h>
@@ -37,7 +37,7 @@ static void put_prefetch(mk_strbuf *b, const mk_launch *l, const mk_product_grou
         int pj = r->src[s].product;
         if (pj < 0) continue;
         int bk = pg->b[pj];
-        long long ldb = ldb_of(l, pg, r, s);
+        long long ldb = mk_mv_ldb_of(l, pg, r, s);
         long long es = (long long)mk_dtype_size(l->in[bk].dtype);
         long long from = first * es, bytes = (long long)pg->k * es - from;
         if (bytes > 128 * lines) bytes = 128 * lines;
@@ -53,16 +53,16 @@ static void put_prefetch(mk_strbuf *b, const mk_launch *l, const mk_product_grou
  * A lane's step on float32 A: E elements of k from k, its weights in one load
  * (16 bytes where E > 4) widened to float, A and the norm's weight as Q
  * float4s (E == 1: floats); int8 weights' dot products summed apart, then
- * times their block's scale. The weights come first (put_weight_loads: into
+ * times their block's scale. The weights come first (mk_mv_put_weight_loads: into
  * b{j}_{c}{tag}, with int8's scales in s{j}_{c}{tag}), so that a step's may
- * be loaded early (put_preloads); put_float_math does the rest.
+ * be loaded early (mk_mv_put_preloads); mk_mv_put_float_math does the rest.
  *
  * Loaded early, 16 bytes of bfloat16, float16 or int8 (E > 4) may stay as
- * they are (`raw`: b{j}_{c}{tag}r, a uint4, preload_raw) until the step's
- * math, which widens them first (put_weight_widen): half or a quarter of the
+ * they are (`raw`: b{j}_{c}{tag}r, a uint4, mk_mv_preload_raw) until the step's
+ * math, which widens them first (mk_mv_put_weight_widen): half or a quarter of the
  * registers.
  */
-void put_weight_decls(mk_strbuf *b, int np, int C, int E, const char *tag,
+void mk_mv_put_weight_decls(mk_strbuf *b, int np, int C, int E, const char *tag,
                              const char *indent, bool raw) {
     for (int j = 0; j < np; j++)
         for (int c = 0; c < C; c++) {
@@ -73,13 +73,13 @@ void put_weight_decls(mk_strbuf *b, int np, int C, int E, const char *tag,
         }
 }
 
-void put_weight_loads(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg,
+void mk_mv_put_weight_loads(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg,
                              const mk_product_out *r, const int *prods, int np, int C, int E,
                              const char *tag, const char *indent, bool raw) {
     for (int j = 0; j < np; j++) {
         int pj = r->src[prods[j]].product, bk = pg->b[pj];
         long long ldb = l->in[bk].stride[1];
-        const char *w = weight_suffix(l->in[bk].dtype);
+        const char *w = mk_mv_weight_suffix(l->in[bk].dtype);
         for (int c = 0; c < C; c++) {
             if (raw)
                 mk_strbuf_put(b, "%sb%d_%d%sr = __ldcs((const uint4 *)(B%d + %lldLL + k));\n", indent, j, c, tag,
@@ -99,19 +99,19 @@ void put_weight_loads(mk_strbuf *b, const mk_launch *l, const mk_product_group *
     }
 }
 
-/* The float4s of a step's raw weights (put_weight_decls), before its math. */
-void put_weight_widen(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg,
+/* The float4s of a step's raw weights (mk_mv_put_weight_decls), before its math. */
+void mk_mv_put_weight_widen(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg,
                              const mk_product_out *r, const int *prods, int np, int C, int E,
                              const char *tag) {
     for (int j = 0; j < np; j++) {
-        const char *w = weight_suffix(l->in[pg->b[r->src[prods[j]].product]].dtype);
+        const char *w = mk_mv_weight_suffix(l->in[pg->b[r->src[prods[j]].product]].dtype);
         for (int c = 0; c < C; c++)
             mk_strbuf_put(b, "            float4 b%d_%d%s[%d]; mk_x%d_%s(b%d_%d%sr, b%d_%d%s);\n", j, c, tag,
                           E / 4, E, w, j, c, tag, j, c, tag);
     }
 }
 
-void put_float_math(mk_strbuf *b, const mk_product_group *pg, const mk_product_out *r,
+void mk_mv_put_float_math(mk_strbuf *b, const mk_product_group *pg, const mk_product_out *r,
                            const int *prods, int np, int C, int E, bool staged, const char *tag) {
     int M = (int)pg->m;
     long long K = (long long)pg->k;
@@ -156,10 +156,10 @@ void put_float_math(mk_strbuf *b, const mk_product_group *pg, const mk_product_o
  * their exact dot product (DP4A, four at a time), then, as runq.c's matmul
  * scales a group's, acc += (float)dot * w_scale * x_scale (the lane's E
  * values lie in one group: groups are multiples of 16). A step whose weights
- * were loaded before the wait (E == 16, `tag` names them: put_preloads) takes
+ * were loaded before the wait (E == 16, `tag` names them: mk_mv_put_preloads) takes
  * their raw 16 bytes (b{j}_{c}{tag}r) and scales from there.
  */
-void put_grid_step(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg,
+void mk_mv_put_grid_step(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg,
                           const mk_product_out *r, const int *prods, int np, int C, int E,
                           const char *tag) {
     int M = (int)pg->m;
@@ -214,7 +214,7 @@ void put_grid_step(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg,
  * 16), which stay raw until the step's DP4As.
  *
  * 16 bytes of a narrower dtype (E > 4) stay raw until the step's math
- * (preload_raw) unless the lane's steps all fit widened: widened at the load,
+ * (mk_mv_preload_raw) unless the lane's steps all fit widened: widened at the load,
  * int8 took 4 times the registers. 32 floats beat 16 and 64.
  */
 #define MK_PRELOAD_FLOATS 32
@@ -227,17 +227,17 @@ static long long lane_steps(const mk_product_group *pg, int E, int W) {
 static int step_registers(const mk_product_group *pg, int C, int E, bool raw) {
     bool scaled = false;
     for (int j = 0; j < pg->n_products; j++) scaled |= pg->b_scale[j] >= 0;
-    return most_products(pg) * C * ((raw ? 4 : E >= 4 ? E : 1) + scaled);
+    return mk_mv_most_products(pg) * C * ((raw ? 4 : E >= 4 ? E : 1) + scaled);
 }
 
-bool preload_raw(const mk_product_group *pg, int C, int E, int W) {
+bool mk_mv_preload_raw(const mk_product_group *pg, int C, int E, int W) {
     return E > 4 &&
            (pg->a8_group || step_registers(pg, C, E, false) * lane_steps(pg, E, W) > MK_PRELOAD_FLOATS);
 }
 
 /* Whether every weight and int8 scale of the group is a constant (no launch
  * writes it), so that a kernel may load them before its wait. */
-bool constant_weights(const mk_launch *l, const mk_product_group *pg) {
+bool mk_mv_constant_weights(const mk_launch *l, const mk_product_group *pg) {
     for (int j = 0; j < pg->n_products; j++)
         if (l->node->in[pg->b[j]]->owner->storage != MK_STORAGE_CONSTANT ||
             (pg->b_scale[j] >= 0 && l->node->in[pg->b_scale[j]]->owner->storage != MK_STORAGE_CONSTANT))
@@ -246,9 +246,9 @@ bool constant_weights(const mk_launch *l, const mk_product_group *pg) {
 }
 
 /* Steps of the staging copy (put_float_copy) in a block of W slices' groups
- * (block_warps): a float4 (E >= 4) or a float a thread a step. */
+ * (mk_mv_block_warps): a float4 (E >= 4) or a float a thread a step. */
 static long long copy_steps(const mk_product_group *pg, int E, int W) {
-    long long step = 32LL * block_warps(W) * (E >= 4 ? 4 : 1);
+    long long step = 32LL * mk_mv_block_warps(W) * (E >= 4 ? 4 : 1);
     return ((long long)pg->k + step - 1) / step;
 }
 
@@ -263,11 +263,11 @@ static bool whole_copy(const mk_product_group *pg, int E, int W) {
 /* Steps of weights a lane loads before the wait: MK_PRELOAD_FLOATS'
  * registers, one where A is staged (staged) by a whole copy, whose loads take
  * the room. */
-int preload_steps(const mk_launch *l, const mk_product_group *pg, int C, int E, int W,
+int mk_mv_preload_steps(const mk_launch *l, const mk_product_group *pg, int C, int E, int W,
                          bool staged) {
-    if ((pg->a8_group && E != 16) || !constant_weights(l, pg)) return 0;
+    if ((pg->a8_group && E != 16) || !mk_mv_constant_weights(l, pg)) return 0;
     long long steps = lane_steps(pg, E, W);
-    long long pre = MK_PRELOAD_FLOATS / step_registers(pg, C, E, preload_raw(pg, C, E, W));
+    long long pre = MK_PRELOAD_FLOATS / step_registers(pg, C, E, mk_mv_preload_raw(pg, C, E, W));
     if (pre < 1 || (staged && whole_copy(pg, E, W))) pre = 1;
     return (int)(pre < steps ? pre : steps);
 }
@@ -281,14 +281,14 @@ int preload_steps(const mk_launch *l, const mk_product_group *pg, int C, int E, 
  * it holds). Not for bfloat16 (a third of int8's math a byte) nor on the int8
  * grid (W8A8, less math still): it helps only where the math hides the loads.
  */
-bool loads_ahead(const mk_product_group *pg, int E) { return E == 16 && !pg->a8_group; }
+bool mk_mv_loads_ahead(const mk_product_group *pg, int E) { return E == 16 && !pg->a8_group; }
 
 /*
  * Gathered operands (mk_product_gather), after the wait: each moves to the
  * row its id picks, or where the id is out of range stays at row 0 and the
  * fault names the EmbeddingNode folded in (which -1 - r).
  */
-void put_gathers(mk_strbuf *b, const mk_product_group *pg) {
+void mk_mv_put_gathers(mk_strbuf *b, const mk_product_group *pg) {
     for (int r = 0; r < pg->n_gathers; r++) {
         const mk_product_gather *ga = &pg->gather[r];
         mk_strbuf_put(b, "    {\n"
@@ -305,33 +305,33 @@ void put_gathers(mk_strbuf *b, const mk_product_group *pg) {
 /*
  * The start of every matrix-vector kernel, before the wait for the launches
  * before: each warp loads the weights of its first `pre` steps into registers
- * (b{j}_{c}p{s}, put_weight_loads) and sends the rest of its first columns'
+ * (b{j}_{c}p{s}, mk_mv_put_weight_loads) and sends the rest of its first columns'
  * lines to L2 (put_prefetch); then it waits.
  */
-void put_preloads(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int C, int E,
+void mk_mv_put_preloads(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int C, int E,
                          int W, int pre) {
     long long K = (long long)pg->k, step = 32LL * E * W;
-    bool raw = preload_raw(pg, C, E, W);
+    bool raw = mk_mv_preload_raw(pg, C, E, W);
     mk_strbuf_put(b, "    const long long kfirst = %d * (lane + 32 * slice);\n", E);
     for (int s = 0; s < pre; s++) {
         char tag[16]; /* "p" and an int */
         snprintf(tag, sizeof tag, "p%d", s);
-        put_weight_decls(b, most_products(pg), C, E, tag, "    ", raw);
+        mk_mv_put_weight_decls(b, mk_mv_most_products(pg), C, E, tag, "    ", raw);
     }
     long long start = 0;
     for (int o = 0; o < pg->n_outs; o++) {
         const mk_product_out *r = &pg->out[o];
-        int prods[MK_X_IN], np = product_sources(r, prods);
+        int prods[MK_X_IN], np = mk_mv_product_sources(r, prods);
         long long groups = r->n / C; /* of C columns, a warp (and its slices) each */
         mk_strbuf_put(b, "    %sif (pair < %lldLL) {\n        const long long p = pair - %lldLL, n0 = %d * p;\n",
                       o ? "else " : "", start + groups, start, C);
-        put_column_pointers(b, l, pg, r, prods, np);
+        mk_mv_put_column_pointers(b, l, pg, r, prods, np);
         for (int s = 0; s < pre; s++) {
             char tag[16]; /* "p" and an int */
             snprintf(tag, sizeof tag, "p%d", s);
             mk_strbuf_put(b, "        if (kfirst + %lldLL < %lldLL) {\n            const long long k = kfirst + %lldLL;\n",
                           s * step, K, s * step);
-            put_weight_loads(b, l, pg, r, prods, np, C, E, tag, "            ", raw);
+            mk_mv_put_weight_loads(b, l, pg, r, prods, np, C, E, tag, "            ", raw);
             mk_strbuf_put(b, "        }\n");
         }
         put_prefetch(b, l, pg, o, W, C, pre * step);
@@ -339,11 +339,11 @@ void put_preloads(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, 
         start += groups;
     }
     mk_strbuf_put(b, "    MK_GROUP_WAIT;\n");
-    put_gathers(b, pg);
+    mk_mv_put_gathers(b, pg);
 }
 
 /* The bytes of weights (and int8 scales) a matrix-vector launch reads. */
-long long weight_bytes(const mk_launch *l, const mk_product_group *pg) {
+long long mk_mv_weight_bytes(const mk_launch *l, const mk_product_group *pg) {
     long long n = 0;
     for (int j = 0; j < pg->n_products; j++) {
         const mk_tensor *w = &l->in[pg->b[j]];
@@ -359,7 +359,7 @@ long long weight_bytes(const mk_launch *l, const mk_product_group *pg) {
  * Llama-2-7B's [1, 11008]. A whole copy (whole_copy: without a norm, of more
  * than MK_STAGE_WHOLE steps, as w2's [1, 11008], or for 8-bit weights, as
  * int8's wo) loads them all at once (44 registers at most: MK_STAGE_BYTES),
- * its launch preloading one step of weights to make room (preload_steps);
+ * its launch preloading one step of weights to make room (mk_mv_preload_steps);
  * else MK_STAGE_BATCH where the weights are 16-bit floats, else 1 (more a
  * batch cost int8 and float32 registers, and blocks an SM).
  */
@@ -388,7 +388,7 @@ static void put_float_copy(mk_strbuf *b, const mk_product_group *pg, int E, int 
     long long K = (long long)pg->k;
     bool norm = pg->norm_w >= 0;
     mk_strbuf_put(b, "    __shared__ __align__(16) float sA[%lld];\n", (long long)M * K);
-    int V = E >= 4 ? 4 : 1, step = 32 * block_warps(W) * V, U = stage_batch(pg, E, W);
+    int V = E >= 4 ? 4 : 1, step = 32 * mk_mv_block_warps(W) * V, U = stage_batch(pg, E, W);
     const char *T = V == 4 ? "float4" : "float";
     char from[96];
     if (U == 1) { /* a step at a time */
@@ -442,7 +442,7 @@ static void put_grid_copy(mk_strbuf *b, const mk_product_group *pg, bool vec, in
                   (long long)M * K, (long long)M * K / G);
     mk_strbuf_put(b, "    for (long long k0 = 0; k0 < %lldLL; k0 += %d) {\n"
                      "        const long long k = k0 + 16 * threadIdx.x;\n"
-                     "        const bool on = k < %lldLL;\n", K, 16 * 32 * block_warps(W), K);
+                     "        const bool on = k < %lldLL;\n", K, 16 * 32 * mk_mv_block_warps(W), K);
     if (norm) mk_strbuf_put(b, "        float w[16];\n        if (on) mk_load16<%s>(W + k, w);\n", V);
     for (int m = 0; m < M; m++) {
         long long at = (long long)m * K;
@@ -458,20 +458,20 @@ static void put_grid_copy(mk_strbuf *b, const mk_product_group *pg, bool vec, in
 
 /*
  * The start of a kernel that holds A in shared memory, after its preloads
- * and the wait (put_preloads): the block copies A into sA (or, in the
+ * and the wait (mk_mv_put_preloads): the block copies A into sA (or, in the
  * tensor-core form, its digits into sD: `digits`), times the RmsNorm's weight
  * where one is folded in, and sums x's squares per row into sss. Every warp
  * then reads A there, not from L2: the warps of a launch would otherwise read
  * A once per column pair, as many bytes as the weights in float32 and 4 times
  * as many in int8.
  */
-void put_staging(mk_strbuf *b, const mk_product_group *pg, int E, int W, bool digits) {
+void mk_mv_put_staging(mk_strbuf *b, const mk_product_group *pg, int E, int W, bool digits) {
     int M = (int)pg->m;
     bool norm = pg->norm_w >= 0;
     if (norm)
         mk_strbuf_put(b, "    __shared__ float sss[%d], sred[%d][%d];\n    float part[%d] = {0.0f};\n", M,
-                      block_warps(W), M, M);
-    if (digits) put_digit_copy(b, pg);
+                      mk_mv_block_warps(W), M, M);
+    if (digits) mk_mv_put_digit_copy(b, pg);
     else if (pg->a8_group) put_grid_copy(b, pg, E >= 4, W);
     else put_float_copy(b, pg, E, W);
     if (norm) mk_strbuf_put(b, "    mk_norm_sums(part, sred, sss);\n");
