@@ -1,255 +1,19 @@
 /*
- * model.c — compile and evaluate: the stages after parsing, in order.
+ * model.c — compile: the stages after parsing, in order.
  *
  *   parse → passes → plan (arena offsets) → allocate on the device → bind
  *   launches to final addresses → device prepare (CUDA: capture one graph,
  *   and the step loop's where the script has next lines)
  *
- * Evaluation then only copies inputs in, runs the bound launches and copies
- * the outputs out; it allocates nothing. mk_model_run_steps runs a
- * recurrence's steps: the device's own loop, or evaluations in a C loop.
- *
- * Long because every public function on a model lives here, around the one
- * private struct mk_model (context, compile stages, evaluation, steps,
- * introspection); the stages themselves (passes, planner, devices) are in
- * their own files.
+ * Then freeing, and what a compiled model says of itself (introspection).
+ * Evaluation is run.c's; contexts and calls are context.c's.
  */
-#include "passes.h"
-#include "device.h"
+#include "model.h"
 #include "codegen/codegen.h"
 
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-struct mk_context {
-    atomic_int refs; /* the context and each of its models hold one; models may be freed
-                        on any thread */
-    struct mk_cudnn_cache *cudnn; /* cuDNN handle and compiled plans, made on first use */
-    mk_log_fn log;                /* the host's functions (mk_context_set_log, _progress) */
-    void *log_user;
-    mk_progress_fn progress;
-    void *progress_user;
-    atomic_uint cancels;          /* mk_context_cancel calls so far */
-};
-
-struct mk_model {
-    atomic_int refs;     /* the host's, and one per model compiled with share = this one */
-    mk_model *shared;    /* the model whose memory this one uses in place (share), or NULL */
-    mk_context *ctx;
-    const mk_device_ops *dev;
-    void *dev_state;
-    mk_graph *graph;
-
-    void *arena;         /* arena_bytes of device memory: every arena owner at its offset */
-    void **base;         /* [n_nodes] device address of each owner's memory, else NULL */
-    bool *owns_alloc;    /* [n_nodes] base[i] was allocated for node i (constants, buffers) */
-    const void **given;  /* [n_nodes] the host data given for each constant (compared by a
-                            later model's share, never read after compile) */
-    bool borrowed;       /* the constants are the host's memory (borrow_constants, CPU) */
-
-    int n_launches;
-    mk_launch *launches; /* [n_launches] in evaluation order */
-
-    int n_inputs;
-    mk_node **inputs;    /* [n_inputs] input leaves, script order */
-    int *input_slot;     /* [n_nodes] k where node i is inputs[k], else -1 */
-    mk_copy *in_copies;  /* [n_inputs] host field filled per evaluation */
-    int n_outputs;
-    mk_copy *out_copies; /* [n_outputs] host field filled per evaluation */
-    void *counters;      /* the next lines' counters between steps (run_steps): each
-                            counted input's bytes, in the order of graph->next */
-
-    char *script;        /* after passes */
-    mk_fusion *fusion;   /* cuDNN groups and their report (use_cudnn only) */
-    char *report;        /* mk_model_fusion_report: pointwise groups, then cuDNN's */
-    mk_stats stats;
-    atomic_bool busy;    /* a call writes its memory (evaluate, run_steps, reset): another
-                            one, from a host function or a thread, is a busy error */
-};
-
-/* ---- one CUDA setup at a time ---------------------------------------------- */
-
-/*
- * Compiling for CUDA captures a graph on the model's stream, and another thread
- * that synchronizes the device meanwhile (cudaFree, cudaHostAlloc, cublasCreate
- * and cublasDestroy do) breaks that capture. So compiling and freeing CUDA
- * models, freeing a context's cuDNN cache and probing the device take one
- * process-wide lock; evaluations (each on its model's own stream) and the CPU
- * never do. Recursive: a failed compile frees its model, and a model's free its
- * context, under the lock they hold.
- */
-static pthread_once_t cuda_lock_once = PTHREAD_ONCE_INIT;
-static pthread_mutex_t cuda_lock;
-
-static void cuda_lock_init(void) {
-    pthread_mutexattr_t a;
-    pthread_mutexattr_init(&a);
-    pthread_mutexattr_settype(&a, PTHREAD_MUTEX_RECURSIVE);
-    pthread_mutex_init(&cuda_lock, &a);
-    pthread_mutexattr_destroy(&a);
-}
-
-static void cuda_enter(bool cuda) {
-    if (!cuda) return;
-    pthread_once(&cuda_lock_once, cuda_lock_init);
-    pthread_mutex_lock(&cuda_lock);
-}
-
-static void cuda_leave(bool cuda) {
-    if (cuda) pthread_mutex_unlock(&cuda_lock);
-}
-
-/* ---- context --------------------------------------------------------------- */
-
-MK_API mk_context *mk_context_new(mk_error **err) {
-    mk_context *ctx = calloc(1, sizeof *ctx);
-    if (!ctx) {
-        mk_fail(err, MK_ERR_NOMEM, 0, 0, "creating a context");
-        return NULL;
-    }
-    atomic_init(&ctx->refs, 1);
-    return ctx;
-}
-
-static void context_release(mk_context *ctx) {
-    if (!ctx || atomic_fetch_sub(&ctx->refs, 1) > 1) return;
-    if (ctx->cudnn) { /* made only through the plugin, so it is loaded */
-        const mk_cuda_plugin *p = mk_cuda_plugin_get(NULL, 0);
-        cuda_enter(true);
-        if (p && p->cudnn_cache_free) p->cudnn_cache_free(ctx->cudnn);
-        cuda_leave(true);
-    }
-    free(ctx);
-}
-
-MK_API void mk_context_free(mk_context *ctx) { context_release(ctx); }
-
-/* ---- the host's functions ------------------------------------------------------- */
-
-MK_API void mk_context_set_log(mk_context *ctx, mk_log_fn fn, void *user) {
-    if (!ctx) return;
-    ctx->log = fn;
-    ctx->log_user = user;
-}
-
-MK_API void mk_context_set_progress(mk_context *ctx, mk_progress_fn fn, void *user) {
-    if (!ctx) return;
-    ctx->progress = fn;
-    ctx->progress_user = user;
-}
-
-MK_API void mk_context_cancel(mk_context *ctx) {
-    if (ctx) atomic_fetch_add(&ctx->cancels, 1u);
-}
-
-MK_API const char *mk_phase_name(mk_phase phase) {
-    switch (phase) {
-    case MK_PHASE_COMPILE: return "compile";
-    case MK_PHASE_UPLOAD: return "upload";
-    case MK_PHASE_KERNELS: return "kernels";
-    case MK_PHASE_RUN: return "run";
-    }
-    return "?";
-}
-
-static void host_log(const mk_host *h, mk_log_level level, const char *fmt, ...) {
-    const mk_context *ctx = h->ctx;
-    if (!ctx->log) return;
-    char message[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(message, sizeof message, fmt, ap);
-    va_end(ap);
-    ctx->log(ctx->log_user, level, message);
-}
-
-static void host_progress(const mk_host *h, mk_phase phase, int64_t done, int64_t total) {
-    const mk_context *ctx = h->ctx;
-    if (ctx->progress) ctx->progress(ctx->progress_user, phase, done, total);
-}
-
-/* ---- calls in flight ------------------------------------------------------------ */
-
-/*
- * A compile or evaluation in flight. Its host functions may start calls of
- * their own on the same thread (another model's run): those nest, innermost
- * first, so mk_context_cancel_call stops the one whose host function asked
- * and no call around it.
- */
-typedef struct call {
-    mk_host host;          /* first: the devices hand &host back to host_cancelled */
-    atomic_bool stopped;   /* mk_context_cancel_call; read by the device's threads too */
-    struct call *outer;    /* the call on this thread inside whose host function this began */
-} call;
-
-static _Thread_local call *innermost;
-
-static bool host_cancelled(const mk_host *h) {
-    const call *c = (const call *)h;
-    mk_context *ctx = h->ctx;
-    return atomic_load(&c->stopped) || atomic_load(&ctx->cancels) != h->epoch;
-}
-
-/* Begins a call in ctx (may be NULL: the call fails on its arguments): cancels
- * after this moment stop it. */
-static void call_begin(call *c, mk_context *ctx) {
-    c->host = (mk_host){.ctx = ctx,
-                        .epoch = ctx ? atomic_load(&ctx->cancels) : 0,
-                        .log = host_log,
-                        .progress = host_progress,
-                        .cancelled = host_cancelled};
-    atomic_init(&c->stopped, false);
-    c->outer = innermost;
-    innermost = c;
-}
-
-static void call_end(call *c) { innermost = c->outer; }
-
-MK_API void mk_context_cancel_call(mk_context *ctx) {
-    for (call *c = innermost; ctx && c; c = c->outer)
-        if (c->host.ctx == ctx) {
-            atomic_store(&c->stopped, true);
-            return;
-        }
-}
-
-/* ---- devices ----------------------------------------------------------------- */
-
-MK_API int mk_cuda_available(char *reason, size_t size) {
-    const mk_cuda_plugin *p = mk_cuda_plugin_get(reason, size);
-    if (!p) return 0;
-    cuda_enter(true);
-    int ok = p->probe(reason, size);
-    cuda_leave(true);
-    return ok;
-}
-
-static const mk_device_ops *device_for(const mk_compile_options *opts, mk_error **err) {
-    if (opts->device == MK_DEVICE_CPU) {
-        if (opts->use_cudnn)
-            mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "use_cudnn needs the CUDA device");
-        return opts->use_cudnn ? NULL : &mk_cpu_device;
-    }
-    if (opts->device != MK_DEVICE_CUDA) {
-        mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "unknown device %d", (int)opts->device);
-        return NULL;
-    }
-    char reason[512];
-    const mk_cuda_plugin *p = mk_cuda_plugin_get(reason, sizeof reason);
-    if (!p || !p->probe(reason, sizeof reason)) {
-        mk_fail(err, MK_ERR_NO_DEVICE, 0, 0, "%s", reason);
-        return NULL;
-    }
-    if (opts->use_cudnn && !p->cudnn_compile_group) {
-        mk_fail(err, MK_ERR_NO_DEVICE, 0, 0,
-                "use_cudnn: this build's CUDA device was made without cuDNN (make CUDNN=1)");
-        return NULL;
-    }
-    return p->device;
-}
 
 /* ---- constants ----------------------------------------------------------------- */
 
@@ -577,7 +341,7 @@ static mk_model *compile(mk_host *host, mk_context *ctx, const char *script,
         mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "mk_compile: NULL context, script or constants");
         return NULL;
     }
-    const mk_device_ops *dev = device_for(&opts, err);
+    const mk_device_ops *dev = mk_device_for(&opts, err);
     if (!dev) return NULL;
 
     host->opts = &opts;
@@ -714,12 +478,12 @@ MK_API mk_model *mk_compile(mk_context *ctx, const char *script,
                             const mk_named_tensor *constants, size_t n_constants,
                             const mk_compile_options *options, mk_error **err) {
     bool cuda = options && options->device == MK_DEVICE_CUDA;
-    call c;
-    call_begin(&c, ctx);
-    cuda_enter(cuda);
+    mk_call c;
+    mk_call_begin(&c, ctx);
+    mk_cuda_setup_lock(cuda);
     mk_model *m = compile(&c.host, ctx, script, constants, n_constants, options, err);
-    cuda_leave(cuda);
-    call_end(&c);
+    mk_cuda_setup_unlock(cuda);
+    mk_call_end(&c);
     return m;
 }
 
@@ -743,7 +507,7 @@ static void model_free(mk_model *m) {
     free(m->given);
     free(m->script);
     free(m->report);
-    context_release(m->ctx);
+    mk_context_release(m->ctx);
     mk_model *shared = m->shared;
     free(m);
     model_free(shared); /* under the lock mk_model_free took: both are on one device */
@@ -751,218 +515,9 @@ static void model_free(mk_model *m) {
 
 MK_API void mk_model_free(mk_model *m) {
     bool cuda = m && m->dev && m->dev != &mk_cpu_device;
-    cuda_enter(cuda);
+    mk_cuda_setup_lock(cuda);
     model_free(m);
-    cuda_leave(cuda);
-}
-
-/* ---- one call on a model at a time ------------------------------------------------------ */
-
-/*
- * Claims m, and each model whose memory it uses in place (share), for one call
- * that writes their memory. Another such call while it is in flight (a host
- * function of this call running or resetting m, another thread) fails with
- * MK_ERR_BUSY and changes nothing: it would rebind the input and output slots
- * under the running launches. The call holds a reference too, so mk_model_free
- * from one of its host functions frees the model when the call returns.
- */
-static int model_claim(mk_model *m, const char *fn, mk_error **err) {
-    for (mk_model *x = m; x; x = x->shared) {
-        if (!atomic_exchange(&x->busy, true)) continue;
-        for (mk_model *y = m; y != x; y = y->shared) atomic_store(&y->busy, false);
-        return mk_fail(err, MK_ERR_BUSY, 0, 0,
-                       "%s: %s is running (a host function of that call, or another thread, "
-                       "may not run or reset it until the call returns)", fn,
-                       x == m ? "the model" : "a model whose memory it shares");
-    }
-    atomic_fetch_add(&m->refs, 1);
-    return 0;
-}
-
-static void model_unclaim(mk_model *m) {
-    for (mk_model *x = m; x; x = x->shared) atomic_store(&x->busy, false);
-    if (atomic_fetch_sub(&m->refs, 1) > 1) return;
-    atomic_store(&m->refs, 1); /* the host freed it during the call: the last reference */
-    mk_model_free(m);
-}
-
-MK_API int mk_model_reset(mk_model *m, mk_error **err) {
-    if (!m) return mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "mk_model_reset: NULL model");
-    if (model_claim(m, "mk_model_reset", err)) return -1;
-    int rc = 0;
-    for (int i = 0; i < m->graph->n_nodes && !rc; i++) {
-        const mk_node *n = m->graph->nodes[i];
-        if (n->owner == n && n->storage == MK_STORAGE_BUFFER &&
-            m->dev->zero(m->dev_state, m->base[i], mk_node_bytes(n), err))
-            rc = -1;
-    }
-    model_unclaim(m);
-    return rc;
-}
-
-/* ---- evaluate ------------------------------------------------------------------------ */
-
-/* Points the input copies at the caller's data, each input given once by name. */
-static int bind_inputs(mk_model *m, const mk_named_tensor *inputs, size_t n_inputs,
-                       mk_error **err) {
-    if (n_inputs && !inputs)
-        return mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "the inputs are NULL");
-    for (int k = 0; k < m->n_inputs; k++) m->in_copies[k].host = NULL;
-    for (size_t j = 0; j < n_inputs; j++) {
-        const mk_named_tensor *t = &inputs[j];
-        if (!t->name || !t->data)
-            return mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "input %zu has a NULL name or data", j);
-        /* callers mostly give the inputs in the model's order; else a lookup by name */
-        int k = (size_t)m->n_inputs > j && !strcmp(m->inputs[j]->name, t->name) ? (int)j : -1;
-        if (k < 0) {
-            const mk_node *x = mk_graph_find_name(m->graph, t->name);
-            k = x ? m->input_slot[x->index] : -1;
-        }
-        if (k < 0)
-            return mk_fail(err, MK_ERR_INPUT, 0, 0, "'%s' is not an input of this model", t->name);
-        if (m->in_copies[k].host)
-            return mk_fail(err, MK_ERR_INPUT, 0, 0, "input '%s' is given twice", t->name);
-        m->in_copies[k].host = (void *)t->data; /* only read */
-    }
-    for (int k = 0; k < m->n_inputs; k++)
-        if (!m->in_copies[k].host)
-            return mk_fail(err, MK_ERR_INPUT, 0, 0, "input '%s' is missing", m->inputs[k]->name);
-    return 0;
-}
-
-/* Points the output copies at the buffers, step `step` of each. */
-static int bind_outputs(mk_model *m, const mk_buffer *outputs, size_t n_outputs, int64_t steps,
-                        int64_t step, mk_error **err) {
-    if (!outputs || n_outputs != (size_t)m->n_outputs)
-        return mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "the model has %d output%s, %zu %s given",
-                       m->n_outputs, m->n_outputs == 1 ? "" : "s", outputs ? n_outputs : 0,
-                       n_outputs == 1 && outputs ? "was" : "were");
-    for (int o = 0; o < m->n_outputs; o++) {
-        size_t bytes = m->out_copies[o].bytes;
-        if (!outputs[o].data)
-            return mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "output %d's buffer is NULL", o);
-        if ((size_t)steps > SIZE_MAX / bytes || outputs[o].bytes != bytes * (size_t)steps)
-            return mk_fail(err, MK_ERR_ARGUMENT, 0, 0,
-                           steps == 1 ? "output %d takes %zu bytes, the buffer given has %zu"
-                                      : "output %d takes %zu bytes a step, the buffer given "
-                                        "has %zu for %lld steps",
-                           o, bytes, outputs[o].bytes, (long long)steps);
-        m->out_copies[o].host = (char *)outputs[o].data + (size_t)step * bytes;
-    }
-    return 0;
-}
-
-static int evaluate_once(mk_model *m, mk_error **err) {
-    call c;
-    call_begin(&c, m->ctx);
-    int rc = m->dev->evaluate(m->dev_state, m->launches, m->n_launches, m->in_copies,
-                              m->n_inputs, m->out_copies, m->n_outputs, &c.host, err);
-    call_end(&c);
-    return rc;
-}
-
-MK_API int mk_evaluate_outputs(mk_model *m, const mk_named_tensor *inputs, size_t n_inputs,
-                               const mk_buffer *outputs, size_t n_outputs, mk_error **err) {
-    if (!m) return mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "mk_evaluate_outputs: NULL model");
-    if (model_claim(m, "mk_evaluate", err)) return -1;
-    int rc = -1;
-    if (!bind_outputs(m, outputs, n_outputs, 1, 0, err) && !bind_inputs(m, inputs, n_inputs, err))
-        rc = evaluate_once(m, err);
-    model_unclaim(m);
-    return rc;
-}
-
-MK_API int mk_evaluate(mk_model *m, const mk_named_tensor *inputs, size_t n_inputs, void *output,
-                       size_t output_bytes, mk_error **err) {
-    if (!m || !output)
-        return mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "mk_evaluate: NULL model or output");
-    if (m->n_outputs != 1)
-        return mk_fail(err, MK_ERR_ARGUMENT, 0, 0,
-                       "the model has %d outputs: run it with mk_evaluate_outputs",
-                       m->n_outputs);
-    return mk_evaluate_outputs(m, inputs, n_inputs, &(mk_buffer){output, output_bytes}, 1, err);
-}
-
-/* ---- steps ----------------------------------------------------------------------------- */
-
-/*
- * n steps: the device's own loop where it has one (CUDA: a graph that loops on
- * the device), else each step one evaluation: a fed input reads the previous
- * step's output where the caller's buffer holds it, a counter its slot in
- * m->counters (unsigned arithmetic: a counter wraps, as two's complement does,
- * never UB).
- */
-static int64_t run_steps(mk_model *m, int64_t n, const mk_named_tensor *inputs,
-                         size_t n_inputs, const mk_buffer *outputs, size_t n_outputs,
-                         const mk_stop *stop, mk_error **err) {
-    if (n < 1)
-        return mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "run_steps: n must be at least 1, got %lld",
-                       (long long)n);
-    const mk_graph *g = m->graph;
-    if (stop && stop->enabled) {
-        if (stop->output >= (size_t)m->n_outputs)
-            return mk_fail(err, MK_ERR_ARGUMENT, 0, 0,
-                           "run_steps: the stop names output %zu; the model has %d", stop->output,
-                           m->n_outputs);
-        const mk_node *o = g->outputs[stop->output];
-        if (o->dtype != MK_DTYPE_INT64 || mk_node_numel(o) != 1)
-            return mk_fail(err, MK_ERR_DTYPE, 0, 0,
-                           "run_steps: a stop value needs an int64 output of one element; "
-                           "output %zu is %s %s", stop->output, mk_dtype_name(o->dtype),
-                           mk_shape_str(o->rank, o->shape, (char[96]){0}, 96));
-    }
-    if (bind_outputs(m, outputs, n_outputs, n, 0, err) || bind_inputs(m, inputs, n_inputs, err))
-        return -1;
-    if (m->dev->run_steps) {
-        call c;
-        call_begin(&c, m->ctx);
-        int64_t ran = m->dev->run_steps(m->dev_state, m->launches, m->n_launches, m->in_copies,
-                                        m->n_inputs, m->out_copies, m->n_outputs, n, stop,
-                                        &c.host, err);
-        call_end(&c);
-        if (ran != MK_STEPS_NO_LOOP) return ran;
-    }
-    char *slot = m->counters;
-    for (int i = 0; i < g->n_next; i++) {
-        const mk_recurrence *r = &g->next[i];
-        mk_copy *c = &m->in_copies[m->input_slot[r->input->index]];
-        if (r->output >= 0) continue;
-        memcpy(slot, c->host, c->bytes);
-        c->host = slot;
-        slot += c->bytes;
-    }
-    for (int64_t s = 0; s < n; s++) {
-        if (s > 0) {
-            bind_outputs(m, outputs, n_outputs, n, s, err); /* checked above: cannot fail */
-            for (int i = 0; i < g->n_next; i++) {
-                const mk_recurrence *r = &g->next[i];
-                mk_copy *c = &m->in_copies[m->input_slot[r->input->index]];
-                if (r->output >= 0) {
-                    c->host = (char *)outputs[r->output].data + (size_t)(s - 1) * c->bytes;
-                    continue;
-                }
-                uint64_t *v = c->host; /* counters are int64 */
-                for (size_t e = 0; e < c->bytes / sizeof *v; e++) v[e] += (uint64_t)r->add;
-            }
-        }
-        if (evaluate_once(m, err)) return -1;
-        if (stop && stop->enabled) {
-            int64_t got;
-            memcpy(&got, m->out_copies[stop->output].host, sizeof got);
-            if (got == stop->value) return s + 1;
-        }
-    }
-    return n;
-}
-
-MK_API int64_t mk_model_run_steps(mk_model *m, int64_t n, const mk_named_tensor *inputs,
-                                  size_t n_inputs, const mk_buffer *outputs, size_t n_outputs,
-                                  const mk_stop *stop, mk_error **err) {
-    if (!m) return mk_fail(err, MK_ERR_ARGUMENT, 0, 0, "mk_model_run_steps: NULL model");
-    if (model_claim(m, "mk_model_run_steps", err)) return -1;
-    int64_t ran = run_steps(m, n, inputs, n_inputs, outputs, n_outputs, stop, err);
-    model_unclaim(m);
-    return ran;
+    mk_cuda_setup_unlock(cuda);
 }
 
 /* ---- introspection --------------------------------------------------------------------- */
