@@ -13,14 +13,6 @@ local function tmpdir()
     return p
 end
 
-local function slurp(path)
-    local f = io.open(path, "rb")
-    if not f then return nil end
-    local s = f:read("a")
-    f:close()
-    return s
-end
-
 local function spit(path, s)
     local f = assert(io.open(path, "wb"))
     f:write(s)
@@ -40,7 +32,7 @@ end
 
 -- this process's id (the old writers' temporary names held it)
 local function pid()
-    return tonumber(slurp("/proc/self/stat"):match("^(%d+)"))
+    return tonumber(H.read_file("/proc/self/stat"):match("^(%d+)"))
 end
 
 -- Runs Lua code in a child lua5.4 with this build's module (env: a prefix such
@@ -144,7 +136,7 @@ describe("writing files", function()
         ]]):format(dir .. "/s.safetensors", dir .. "/s.safetensors"))
         assert.are.equal(0, rc, out)
         assert.matches("saved", out)
-        local raw = slurp(dir .. "/s.safetensors")
+        local raw = H.read_file(dir .. "/s.safetensors")
         assert.truthy(raw:find('"a".*"b"'), "names in sorted order")
     end)
 
@@ -167,13 +159,13 @@ describe("writing files", function()
         end
         local t = random_tensor(math.random(3, 40))
         mk.save_safetensors(path, { w = t })
-        assert.are.equal(secret, slurp(victim))
+        assert.are.equal(secret, H.read_file(victim))
         assert.are.equal(t:bytes(), mk.load_safetensors(path).w:bytes())
         -- a link at the path itself is replaced by the file, its target untouched
         os.remove(path)
         assert(os.execute(("ln -s %s %s"):format(victim, path)))
         mk.save_safetensors(path, { w = t })
-        assert.are.equal(secret, slurp(victim))
+        assert.are.equal(secret, H.read_file(victim))
         assert.is_false(is_link(path))
         -- nothing left beside it but the file, the links planted and the victim
         assert.are.equal(7, #listing(dir), table.concat(listing(dir), " "))
@@ -186,10 +178,10 @@ describe("writing files", function()
         local w = mk.file_writer(path)
         local chunk = string.rep(string.char(math.random(0, 255)), math.random(1, 5000))
         w:write(chunk, "tail")
-        assert.are.equal("old", slurp(path))
+        assert.are.equal("old", H.read_file(path))
         assert.are.equal(2, #listing(dir))
         w:commit()
-        assert.are.equal(chunk .. "tail", slurp(path))
+        assert.are.equal(chunk .. "tail", H.read_file(path))
         assert.are.same({ "f.bin" }, listing(dir))
         local ok, e = pcall(w.write, w, "x")
         assert.is_false(ok)
@@ -197,7 +189,7 @@ describe("writing files", function()
         w = mk.file_writer(path)
         w:write("never")
         w:abort()
-        assert.are.equal(chunk .. "tail", slurp(path))
+        assert.are.equal(chunk .. "tail", H.read_file(path))
         assert.are.same({ "f.bin" }, listing(dir))
         do
             local closing <close> = mk.file_writer(path)
@@ -309,7 +301,7 @@ describe("the kernel cache", function()
         local entries = listing(dir)
         assert.are.equal(1, #entries, table.concat(entries, " "))
         local path = dir .. "/" .. entries[1]
-        local bytes = slurp(path)
+        local bytes = H.read_file(path)
         local at = math.random(100, #bytes)
         spit(path, bytes:sub(1, at - 1) .. string.char((bytes:byte(at) + 1) % 256) .. bytes:sub(at + 1))
         rc, out = run(dir, rows)

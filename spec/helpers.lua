@@ -19,6 +19,7 @@ spec/helpers.lua — what the busted specs share:
   helpers.round_even(x)        x rounded to an integer, ties to even (x a double)
   helpers.requires_cuda()      nil when a CUDA device is usable, else the reason
                                (specs call pending(reason) with it)
+  helpers.read_file(path)      a file's bytes, or nil where it cannot be opened
   helpers.gpu(it, skip)        a gpu_it(name, body): it(name .. " #gpu", body),
                                skip(reason) where no CUDA device is usable; pass
                                function(why) pending(why) end (busted binds the
@@ -818,6 +819,14 @@ end
 
 -- gpu_it(name, body) for a spec file: runs body where CUDA is usable, else
 -- reports the spec skipped with the reason.
+function helpers.read_file(path)
+    local f = io.open(path, "rb")
+    if not f then return nil end
+    local s = f:read("a")
+    f:close()
+    return s
+end
+
 function helpers.gpu(it, skip)
     local no_cuda = helpers.requires_cuda()
     return function(name, body)

@@ -29,18 +29,10 @@ local function sh(cmd)
     return ok == true, out
 end
 
-local function read(path)
-    local f = io.open(path, "rb")
-    if not f then return nil end
-    local s = f:read("a")
-    f:close()
-    return s
-end
-
 -- The variables build/ was made with (its .config), so that `make install` finds
 -- every object up to date; a make that sees other ones would rebuild the tree.
 local function build_vars()
-    local line = assert(read(BUILD .. "/.config"), "no " .. BUILD .. "/.config"):match("[^\n]*")
+    local line = assert(H.read_file(BUILD .. "/.config"), "no " .. BUILD .. "/.config"):match("[^\n]*")
     local cuda, cudnn = line:match("^CUDA=(%d) CUDNN=(%d)")
     local vars = { "BUILD=" .. q(BUILD), "CUDA=" .. cuda, "CUDNN=" .. cudnn }
     local arch, ptx = line:match(" CUDA_ARCH=(.-) CUDA_PTX=(.*)$")
@@ -103,7 +95,7 @@ describe("make install", function()
             files[#files + 1] = "lib/lua/5.4/moonkaas/libmoonkaas_cuda.so"
         end
         for _, f in ipairs(files) do
-            assert.truthy(read(prefix .. "/" .. f), "not installed: " .. f .. "\n" .. out)
+            assert.truthy(H.read_file(prefix .. "/" .. f), "not installed: " .. f .. "\n" .. out)
         end
         ok, out = sh(pc_env .. " pkg-config --modversion moonkaas")
         assert.is_true(ok, out)
@@ -187,9 +179,9 @@ describe("the plugin search", function()
     it("bakes no build path into the Lua module (a rock's), where the library has the build tree's", function()
         if not with_plugin then pending("no CUDA plugin: nothing is baked in") return end
         local dir = assert(io.popen("cd " .. q(BUILD) .. " && pwd -P")):read("l")
-        local module = assert(read(BUILD .. "/moonkaas/core.so"))
+        local module = assert(H.read_file(BUILD .. "/moonkaas/core.so"))
         assert.is_nil(module:find(dir, 1, true), "core.so names " .. dir)
-        local lib = assert(read(BUILD .. "/libmoonkaas.a"))
+        local lib = assert(H.read_file(BUILD .. "/libmoonkaas.a"))
         assert.truthy(lib:find(dir, 1, true), "libmoonkaas.a does not name " .. dir)
     end)
 end)
