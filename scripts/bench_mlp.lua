@@ -104,9 +104,11 @@ local function bench_device(layers, device, runs)
     local clock = mk.clock
     local first
     for _, v in ipairs(variants) do
+        mk.on_log(function(_, message) if message:find("^cpu: ") then v.log = message end end)
         local t0 = clock()
         local ok, model = pcall(mk.compile, h, v.opts)
         v.compile_ms = (clock() - t0) * 1e3
+        mk.on_log(nil)
         first = first or v.compile_ms
         if ok then v.model = model else v.why = tostring(model) end
     end
@@ -120,7 +122,7 @@ local function bench_device(layers, device, runs)
             for _ = 1, 1000 do v.model:run(inputs, out) end
             v.t = {}
         else
-            io.stderr:write(v.who .. ": " .. v.why .. "\n")
+            print(v.who .. ": " .. v.why)
         end
     end
     local BLOCK = 500
@@ -140,6 +142,7 @@ local function bench_device(layers, device, runs)
         if v.model then
             v.model:run(inputs, out)
             local p50, p99, p999, max = percentiles(v.t)
+            if v.log then print(v.who .. ": " .. v.log) end
             rows_out[#rows_out + 1] = { who = v.who, p50 = p50, p99 = p99, p999 = p999, max = max,
                 launches = v.model:stats().launches, first = out:get(1, 1),
                 compile = v.compile_ms }
