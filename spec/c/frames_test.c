@@ -107,7 +107,7 @@ static void negative_threads_is_an_argument_error(void) {
 }
 
 int main(void) {
-    setenv("MK_CPU_FORK", "always", 0);
+    setenv("MK_CPU_FORK", "always", 1);
     test_srand(test_seed());
     for (int i = 0; i < K; i++) x[i] = (float)test_uniform(-1, 1);
     for (int i = 0; i < K * N; i++) w[i] = (float)test_uniform(-1, 1) / 16;
