@@ -211,6 +211,28 @@ MK_API void mk_context_cancel_call(mk_context *);
  * refuses even those threads (a process or cgroup limit below the CPU count)
  * still meets libgomp's exit: OpenMP has no way to report it; set
  * OMP_NUM_THREADS within the limit there.
+ *
+ * Which launches use threads is decided per model at compile by a cost rule
+ * (core/cpu/device.c, doc/devices.md): a parallel region is taken to cost a
+ * fixed 50 us fork, not measured, so the first compile in a process runs no
+ * parallel region; a launch forks only where its weights stream from memory
+ * (the model's constants exceed its threads' L2 caches) or where its reads
+ * alone take longer than two forks. A small model (a game's policy MLP, 64 ->
+ * 256 -> 256 -> 8) therefore runs on the calling thread, and no OpenMP
+ * worker is ever started for it. mk_compile_options.threads caps one model:
+ * `threads = 1` opens no parallel region for any of its launches (the
+ * compile's log says "0 of N launches may use threads"), `threads = n` at
+ * most n threads; the results are the same bit for bit whatever the count.
+ * OpenBLAS (only the products of many rows that no group takes) keeps its own
+ * process-wide count (OPENBLAS_NUM_THREADS).
+ *
+ * Idle OpenMP workers spin after each parallel region before they sleep
+ * (libgomp: up to GOMP_SPINCOUNT iterations, 300,000 by default, about a
+ * millisecond), taking a core from the host's own threads. libgomp reads
+ * OMP_WAIT_POLICY and GOMP_SPINCOUNT once, when it is loaded, before any of
+ * moonkaas's code runs, so the library cannot set them: a host whose frames
+ * matter and whose models do fork sets OMP_WAIT_POLICY=passive in the
+ * environment it starts with (doc/devices.md).
  */
 
 /* ---- compiling ---------------------------------------------------------- */
@@ -253,6 +275,10 @@ typedef struct {
                               is allocated: more is an MK_ERR_NOMEM error saying how much */
     mk_model *share;       /* NULL, or a compiled model on the same device whose state and
                               weights this one uses in place (see "sharing" below) */
+    int threads;           /* CPU: 0, the default (the cost rule in "threads" above); n > 0,
+                              at most n threads for any of this model's launches; 1, none of
+                              its launches opens an OpenMP region. Negative: MK_ERR_ARGUMENT.
+                              The CUDA device ignores it */
 } mk_compile_options;
 
 /*

@@ -233,6 +233,12 @@ static mk_compile_options check_options(lua_State *L, int idx, int share_slot) {
                 LMK_ARG_ERROR(L, fn, "max_bytes must be a non-negative integer, got %s",
                               luaL_tolstring(L, -1, NULL));
             o.max_bytes = (size_t)lua_tointeger(L, -1);
+        } else if (k && !strcmp(k, "threads")) {
+            if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < 0 ||
+                lua_tointeger(L, -1) > INT_MAX)
+                LMK_ARG_ERROR(L, fn, "threads must be 0 (the default) or a positive integer, "
+                              "got %s", luaL_tolstring(L, -1, NULL));
+            o.threads = (int)lua_tointeger(L, -1);
         } else if (k && !strcmp(k, "share")) {
             lmk_model *other = (lmk_model *)luaL_testudata(L, -1, LMK_MODEL_MT);
             if (!other)
@@ -242,7 +248,7 @@ static mk_compile_options check_options(lua_State *L, int idx, int share_slot) {
             lua_replace(L, share_slot);
         } else {
             LMK_ARG_ERROR(L, fn, "unknown option %s (device, cudnn, fuse, passes, kernel_cache, "
-                              "max_bytes, share)",
+                              "max_bytes, share, threads)",
                           k ? k : luaL_typename(L, -2));
         }
         lua_pop(L, 1);

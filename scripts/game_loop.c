@@ -16,7 +16,7 @@
  *     would (mk.cancel from the progress function): that frame reports
  *     "cancelled" and the next ones run.
  *
- * It prints the per-frame latency (p50, p99, max) of the whole call, on the
+ * It prints the per-frame latency (p50, p99, p99.9, max) of the whole call, on the
  * CPU and, where there is a GPU, on CUDA (else the reason), and exits
  * non-zero if any frame failed but the cancelled one or an action was wrong.
  *
@@ -113,6 +113,13 @@ static int by_value(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* The index of quantile q among n sorted values: the smallest value with at
+ * least q * n values at or below it. */
+static int quantile(int n, double q) {
+    int i = (int)ceil(q * n) - 1;
+    return i < 0 ? 0 : i >= n ? n - 1 : i;
+}
+
 /* Pushes an observation table for frame f (a smooth, changing signal). */
 static void push_observation(lua_State *L, int f) {
     lua_createtable(L, 64, 0);
@@ -202,10 +209,12 @@ static int play(const char *device, int frames) {
     }
     if (lat) {
         qsort(lat, (size_t)frames, sizeof *lat, by_value);
-        printf("%-5s %6d frames  p50 %7.1f us  p99 %7.1f us  max %8.1f us  (built and compiled "
-               "in %.0f ms; %d actions checked, %d wrong; %d frame cancelled on purpose)\n",
-               device, frames, lat[frames / 2], lat[(int)(frames * 0.99)], lat[frames - 1],
-               build_ms, checked, wrong, cancelled);
+        printf("%-5s %6d frames  p50 %7.1f us  p99 %7.1f us  p99.9 %8.1f us  max %8.1f us  "
+               "(built and compiled in %.0f ms; %d actions checked, %d wrong; %d frame "
+               "cancelled on purpose)\n",
+               device, frames, lat[quantile(frames, 0.5)], lat[quantile(frames, 0.99)],
+               lat[quantile(frames, 0.999)], lat[frames - 1], build_ms, checked, wrong,
+               cancelled);
     }
     if (!lat || wrong || failed || cancelled != 1) rc = 1;
     free(lat);

@@ -54,16 +54,28 @@ static inline void my_share(int64_t n, int64_t *lo, int64_t *hi) {
 extern int mk_cpu_online;
 
 /*
+ * The launch running on this thread: the most threads its parallel regions
+ * may take (device.c's cpu_evaluate sets it per launch from the model's cost
+ * rule and its `threads` option; 1: the launch opens no region; 0 outside a
+ * launch: no cap). Local-dynamic, as a static variable's access is: it is
+ * the library's own.
+ */
+extern _Thread_local int mk_cpu_launch_threads __attribute__((tls_model("local-dynamic")));
+
+/*
  * The threads a parallel region asks for: OpenMP's count for the calling
- * thread (OMP_NUM_THREADS, omp_set_num_threads), at most the CPUs online.
- * libgomp ends the whole process when it cannot create a team's threads, so
- * a count no machine holds (OMP_NUM_THREADS=60000) must never reach it: every
- * region names this count (num_threads), and a table per thread is this long.
+ * thread (OMP_NUM_THREADS, omp_set_num_threads), at most the CPUs online and
+ * at most the launch's cap. libgomp ends the whole process when it cannot
+ * create a team's threads, so a count no machine holds (OMP_NUM_THREADS=60000)
+ * must never reach it: every region names this count (num_threads), and a
+ * table per thread is this long.
  */
 static inline int max_threads(void) {
 #ifdef _OPENMP
     int t = omp_get_max_threads();
-    return t < mk_cpu_online ? t : mk_cpu_online;
+    if (t > mk_cpu_online) t = mk_cpu_online;
+    if (mk_cpu_launch_threads > 0 && t > mk_cpu_launch_threads) t = mk_cpu_launch_threads;
+    return t;
 #else
     return 1;
 #endif
@@ -77,18 +89,11 @@ static inline int thread_index(void) {
 #endif
 }
 
-/* Whether the launch running on this thread may use threads at all: the
- * model's cost rule (device.c's cpu_prepare) decides per launch, its
- * cpu_evaluate sets it. Local-dynamic, as a static variable's access is: it
- * is the library's own. */
-extern _Thread_local bool mk_cpu_may_fork __attribute__((tls_model("local-dynamic")));
-
 /* Whether `work` (elements, or multiply-adds) is worth a parallel region: the
- * launch may fork, the work is at least CPU_PAR_MIN, and there is another
- * thread to share it (a region of one thread still pays libgomp's fork and
- * join). */
+ * work is at least CPU_PAR_MIN and the launch may use another thread to share
+ * it (a region of one thread still pays libgomp's fork and join). */
 static inline bool par(int64_t work) {
-    return mk_cpu_may_fork && work >= CPU_PAR_MIN && max_threads() > 1;
+    return work >= CPU_PAR_MIN && max_threads() > 1;
 }
 
 /*

@@ -15,19 +15,25 @@
 
 int mk_cpu_online = 1;
 
-/* cpu.h's par() reads it; cpu_evaluate sets it per launch. */
-_Thread_local bool mk_cpu_may_fork __attribute__((tls_model("local-dynamic"))) = true;
+/* cpu.h's max_threads() reads it; cpu_evaluate sets it per launch. */
+_Thread_local int mk_cpu_launch_threads __attribute__((tls_model("local-dynamic"))) = 0;
 
 /* ---- the cost rule for threads ------------------------------------------ */
 
 /*
- * The cost rule for threads. A parallel region costs a fork and a join
- * (measured once per process: the median of empty regions); splitting a
- * launch over T threads saves at most (1 - 1/T) of its time, so it pays only
- * when the launch alone takes longer than twice the fork. How long a launch
- * takes is estimated from the bytes it reads and writes: at the rate a
- * thread reads a hot matrix (measured once, mk_cpu_mv_columns over 128 KiB) when
- * the model's constants fit in the threads' own caches (L2 times threads),
+ * The cost rule for threads. A parallel region costs a fork and a join;
+ * splitting a launch over T threads saves at most (1 - 1/T) of its time, so
+ * it pays only when the launch alone takes longer than twice the fork. The
+ * fork is taken to cost CPU_FORK_NS, not measured: what a fork costs is what
+ * waking a sleeping worker costs when the frame needs it, which on a busy
+ * machine is a scheduler's time slice (milliseconds), and measuring it cost
+ * every process's first compile hundreds of milliseconds of empty regions
+ * there. 50 us is what a wake costs on an idle machine plus margin; launches
+ * shorter than twice that gain little from a second thread even when it comes
+ * at once. How long a launch takes is estimated from the bytes it reads and
+ * writes: at the rate a thread reads a hot matrix (measured once per process,
+ * the best of six mk_cpu_mv_columns over 128 KiB: tens of microseconds) when
+ * the model's constants fit in its threads' own caches (L2 times threads),
  * so that they stay hot between evaluations (a game's policy net: one
  * thread); otherwise its weights stream from the shared cache or memory,
  * which more threads read faster, and the launch may fork whenever its work
@@ -35,22 +41,20 @@ _Thread_local bool mk_cpu_may_fork __attribute__((tls_model("local-dynamic"))) =
  * with every other core and process, and what a VM reports for it can be
  * the whole host's.
  *
- * MK_CPU_FORK=always lets every launch fork (the C tests set it, so that their
- * small graphs run the threaded paths); MK_CPU_FORK=never keeps every launch
- * on the calling thread.
+ * A model compiled with `threads = n` (mk_compile_options) caps every launch
+ * at n threads; 1 opens no parallel region at all. MK_CPU_FORK=always lets
+ * every launch fork up to that cap (the C tests set it, so that their small
+ * graphs run the threaded paths); MK_CPU_FORK=never keeps every launch on the
+ * calling thread.
  */
+#define CPU_FORK_NS 50e3
+
 static struct {
-    double fork_ns;      /* an empty parallel region of all threads */
     double hot_bytes_ns; /* one thread reading a matrix held in cache */
-    double cache_bytes;  /* the threads' own caches: L2 times threads */
+    double l2_bytes;     /* one thread's own cache */
     int rule;            /* MK_CPU_FORK: 0 auto (the rule), 1 always, -1 never */
 } cpu_cost;
 static pthread_once_t cpu_cost_once = PTHREAD_ONCE_INIT;
-
-static int by_value(const void *x, const void *y) {
-    double a = *(const double *)x, b = *(const double *)y;
-    return (a > b) - (a < b);
-}
 
 static void cpu_calibrate(void) {
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
@@ -58,21 +62,8 @@ static void cpu_calibrate(void) {
     const char *rule = getenv("MK_CPU_FORK");
     cpu_cost.rule = !rule ? 0 : !strcmp(rule, "always") ? 1 : !strcmp(rule, "never") ? -1 : 0;
     long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
-    cpu_cost.cache_bytes = (l2 > 0 ? (double)l2 : 1024.0 * 1024) * max_threads();
-    cpu_cost.fork_ns = 0.0;
+    cpu_cost.l2_bytes = l2 > 0 ? (double)l2 : 1024.0 * 1024;
     cpu_cost.hot_bytes_ns = 1.0;
-    if (max_threads() < 2) return; /* nothing forks */
-    double t[15];
-    for (int r = 0; r < 18; r++) {
-        double t0 = mk_now_ms();
-#pragma omp parallel num_threads(max_threads())
-        {
-            (void)thread_index();
-        }
-        if (r >= 3) t[r - 3] = (mk_now_ms() - t0) * 1e6;
-    }
-    qsort(t, 15, sizeof t[0], by_value);
-    cpu_cost.fork_ns = t[7];
     enum { K = 256, N = 128 };
     float *b = malloc((size_t)(K * N + K + N) * sizeof(float));
     if (!b) return;
@@ -92,9 +83,10 @@ static void cpu_calibrate(void) {
 
 /* ---- the device's functions -------------------------------------------- */
 
-/* A model's launches that may fork (cpu_prepare), or NULL: all may. */
+/* The most threads each of a model's launches may use (cpu_prepare; 1: no
+ * parallel region), or NULL: no cap. */
 typedef struct {
-    bool *may_fork;
+    int *threads;
 } cpu_state;
 
 static int cpu_open(void **state, mk_error **err) {
@@ -106,7 +98,7 @@ static int cpu_open(void **state, mk_error **err) {
 
 static void cpu_close(void *state) {
     cpu_state *s = state;
-    if (s) free(s->may_fork);
+    if (s) free(s->threads);
     free(s);
 }
 
@@ -155,7 +147,18 @@ static int cpu_prepare(void *state, const mk_launch *launches, int n, const mk_c
                        int n_rules, const mk_host *host, mk_error **err) {
     (void)in, (void)n_in, (void)out, (void)n_out, (void)rules, (void)n_rules;
     cpu_state *s = state;
+    int asked = host->opts ? host->opts->threads : 0;
+    if (asked < 0)
+        return mk_fail(err, MK_ERR_ARGUMENT, 0, 0,
+                       "threads must be 0 (the default) or a positive count, got %d", asked);
     pthread_once(&cpu_cost_once, cpu_calibrate);
+    /* the process's count, whatever launch this thread may be inside of (a
+     * compile from a host function of an evaluation) */
+    int outer = mk_cpu_launch_threads;
+    mk_cpu_launch_threads = 0;
+    int cap = max_threads();
+    mk_cpu_launch_threads = outer;
+    if (asked > 0 && asked < cap) cap = asked;
     for (int i = 0; i < n; i++) {
         int kernel = launches[i].node->op->kernel;
         if ((kernel != MK_KERNEL_MATMUL && kernel != MK_KERNEL_PREFIX_MATMUL) ||
@@ -172,8 +175,8 @@ static int cpu_prepare(void *state, const mk_launch *launches, int n, const mk_c
     /* the constants' bytes, each counted once (by its owner) */
     double constants = 0.0;
     const mk_node **seen = calloc((size_t)n * MK_MAX_INPUTS + 1, sizeof *seen);
-    free(s->may_fork);
-    if (!seen || !(s->may_fork = calloc((size_t)n + 1, sizeof *s->may_fork))) {
+    free(s->threads);
+    if (!seen || !(s->threads = calloc((size_t)n + 1, sizeof *s->threads))) {
         free(seen);
         return mk_fail(err, MK_ERR_NOMEM, 0, 0, "the CPU device's launch plan");
     }
@@ -188,23 +191,30 @@ static int cpu_prepare(void *state, const mk_launch *launches, int n, const mk_c
             if (!known) seen[n_seen++] = o, constants += (double)mk_node_bytes(o);
         }
     free(seen);
-    bool hot = constants <= cpu_cost.cache_bytes;
+    double cache_bytes = cpu_cost.l2_bytes * cap;
+    bool hot = constants <= cache_bytes;
     int forks = 0;
     for (int i = 0; i < n; i++) {
         const mk_launch *l = &launches[i];
         double bytes = (double)tensor_bytes(&l->out);
         for (int k = 0; k < l->n_in; k++) bytes += (double)tensor_bytes(&l->in[k]);
-        s->may_fork[i] = cpu_cost.rule > 0 ||
-                         (cpu_cost.rule == 0 && cpu_cost.fork_ns > 0 &&
-                          (!hot || bytes / cpu_cost.hot_bytes_ns > 2 * cpu_cost.fork_ns));
-        forks += s->may_fork[i];
+        bool fork = cap > 1 && (cpu_cost.rule > 0 ||
+                                (cpu_cost.rule == 0 &&
+                                 (!hot || bytes / cpu_cost.hot_bytes_ns > 2 * CPU_FORK_NS)));
+        s->threads[i] = fork ? cap : 1;
+        forks += fork;
     }
-    if (cpu_cost.fork_ns > 0)
+    if (asked == 1)
+        host->log(host, MK_LOG_INFO,
+                  "cpu: 0 of %d launches may use threads (the model's threads = 1: no parallel "
+                  "region)", n);
+    else if (cap > 1)
         host->log(host, MK_LOG_INFO,
                   "cpu: %d of %d launches may use %d threads (constants %.1f MB, %s the threads' "
-                  "%.1f MB of L2; a fork costs %.1f us, a hot matrix reads at %.0f GB/s)",
-                  forks, n, max_threads(), constants / 1e6, hot ? "within" : "beyond",
-                  cpu_cost.cache_bytes / 1e6, cpu_cost.fork_ns / 1e3, cpu_cost.hot_bytes_ns);
+                  "%.1f MB of L2; a fork is taken to cost %.0f us, a hot matrix reads at %.0f "
+                  "GB/s)",
+                  forks, n, cap, constants / 1e6, hot ? "within" : "beyond", cache_bytes / 1e6,
+                  CPU_FORK_NS / 1e3, cpu_cost.hot_bytes_ns);
     return 0;
 }
 
@@ -221,12 +231,13 @@ static int cpu_evaluate(void *state, const mk_launch *launches, int n, const mk_
         const mk_launch *l = &launches[i];
         if (host->cancelled(host))
             return mk_cancelled(err, "evaluation");
-        mk_cpu_may_fork = !s->may_fork || s->may_fork[i];
-        if (mk_cpu_device.kernels[l->node->op->kernel].fn(l, err) != 0)
+        mk_cpu_launch_threads = s->threads ? s->threads[i] : 0;
+        int rc = mk_cpu_device.kernels[l->node->op->kernel].fn(l, err);
+        mk_cpu_launch_threads = 0;
+        if (rc != 0)
             return -1;
         host->progress(host, MK_PHASE_RUN, i + 1, n);
     }
-    mk_cpu_may_fork = true;
     for (int o = 0; o < n_out; o++)
         if (out[o].bytes && out[o].device != out[o].host)
             memcpy(out[o].host, out[o].device, out[o].bytes);

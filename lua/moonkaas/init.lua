@@ -296,7 +296,11 @@ error before anything is allocated), next = {input = node | integer} (a
 recurrence for m:run_steps; see mk.lower), share = model (use that model's
 memory for each named buffer it also has, one KV cache for two models, and
 each constant of the same name and tensor; see "sharing" in moonkaas.h: the
-two must not run at the same time). The constants' memory is handed to
+two must not run at the same time), threads = integer (CPU: 0, the default,
+lets the cost rule choose per launch, which keeps a small model such as a
+policy MLP on the calling thread; n caps every launch at n threads; 1 opens
+no OpenMP region at all, the same results bit for bit; see "threads" in
+moonkaas.h). The constants' memory is handed to
 the core as it is: copied to the device on CUDA, borrowed in place on the CPU
 (the model keeps the tensors alive).
 ]]
