@@ -6,10 +6,11 @@
 #                   library: it opens the plugin (core/plugin.c) the first time CUDA is asked for.
 #   make test       every C test, busted spec and example; ends with "N passed, N failed, N skipped"
 #   make examples   build/examples/game_loop (a game host embedding Lua and moonkaas)
-#   make asan       the same under AddressSanitizer + UBSan (build-asan/)
-#   make valgrind   the C tests and CPU specs under valgrind (build-valgrind/)
+#   make asan       the same under AddressSanitizer + UBSan (build-asan/; the plugin's
+#                   kernels are build/'s objects: nvcc runs for build/ only)
+#   make valgrind   the C tests and CPU specs under valgrind (build-valgrind/, CUDA=0)
 #   make tsan       every C test (threads_test's threads among them) under ThreadSanitizer
-#                   (build-tsan/, without OpenMP); any race report fails
+#                   (build-tsan/, CUDA=0, without OpenMP); any race report fails
 #   make fuzz       each libFuzzer target in spec/fuzz/ for FUZZ_SECONDS (default 60) under
 #                   ASan + UBSan, built with clang in build-fuzz/ (no OpenMP: one thread per
 #                   run); fails if any target crashes
@@ -103,7 +104,10 @@ ifeq ($(CUDA),1)
 PLUGIN   := $(BUILD)/$(PLUGIN_NAME)
 PLUGIN_LUA := $(BUILD)/moonkaas/$(PLUGIN_NAME)
 CU_SRC   := $(filter-out $(if $(filter 1,$(CUDNN)),,kernels/cudnn_fuser.cu),$(wildcard kernels/*.cu))
-CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/%.o)
+# CU_BUILD: where nvcc's objects go. The sanitizer trees take the plain tree's
+# (their host C is rebuilt, the kernels' objects are the same): nvcc runs once.
+CU_BUILD ?= $(BUILD)
+CU_OBJ   := $(CU_SRC:%.cu=$(CU_BUILD)/%.o)
 PLUGIN_CORE_OBJ := $(BUILD)/plugin/core/error.o $(BUILD)/plugin/core/tensor.o \
                    $(BUILD)/plugin/core/file.o $(CODEGEN_SRC:%.c=$(BUILD)/plugin/%.o)
 # The core knows only that a plugin was built (mk_build_info), never a CUDA header.
@@ -130,6 +134,14 @@ CONFIG   := CUDA=$(CUDA) CUDNN=$(CUDNN)$(if $(filter 1,$(CUDA)), CUDA_ARCH=$(CUD
 STAMP    := $(BUILD)/.config
 ifeq ($(filter clean,$(MAKECMDGOALS)),)
 $(shell mkdir -p $(BUILD) && { [ "$$(cat $(STAMP) 2>/dev/null)" = '$(CONFIG)' ] || printf '%s\n' '$(CONFIG)' > $(STAMP); })
+# kernels' objects taken from another tree must be of this configuration
+ifneq ($(CU_BUILD),$(BUILD))
+ifneq ($(CUDA),0)
+ifneq ($(shell cat $(CU_BUILD)/.config 2>/dev/null),$(CONFIG))
+$(error CU_BUILD=$(CU_BUILD) has no kernels built with $(CONFIG): make BUILD=$(CU_BUILD) plugin first)
+endif
+endif
+endif
 endif
 
 $(BUILD)/core/%.o: core/%.c core/moonkaas.h $(CORE_H) $(STAMP)
@@ -199,8 +211,8 @@ $(BUILD)/examples/game_loop: scripts/game_loop.c $(LUA_OBJ) $(LIB_A)
 
 # ---- the CUDA plugin ------------------------------------------------------------------
 ifeq ($(CUDA),1)
-$(BUILD)/kernels/%.o: kernels/%.cu core/moonkaas.h $(CORE_H) $(wildcard core/codegen/*.h) \
-                      $(wildcard kernels/*.h) $(STAMP)
+$(CU_BUILD)/kernels/%.o: kernels/%.cu core/moonkaas.h $(CORE_H) $(wildcard core/codegen/*.h) \
+                         $(wildcard kernels/*.h) $(CU_BUILD)/.config
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
@@ -289,26 +301,32 @@ uninstall:
 test: all examples
 	@sh spec/run_tests.sh $(BUILD)
 
-# The whole suite under AddressSanitizer + UBSan (a separate build tree, its own plugin).
+# The whole suite under AddressSanitizer + UBSan, in a separate build tree. Its
+# plugin links its own sanitized copies of the core's C with the kernels' objects
+# of $(BUILD) (nvcc compiles them once; host code compiled by nvcc is not
+# instrumented either way).
 asan:
-	$(MAKE) BUILD=build-asan OPT="-O1 -fno-omit-frame-pointer" \
+	$(MAKE) plugin
+	$(MAKE) BUILD=build-asan CU_BUILD=$(BUILD) OPT="-O1 -fno-omit-frame-pointer" \
 	    SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined" all examples
 	ASAN=1 sh spec/run_tests.sh build-asan
 
-# The C tests and the CPU specs under valgrind (leaks are errors), in a build
-# without -march=native: valgrind does not decode every extension (AVX-512).
+# The C tests and the CPU specs under valgrind (leaks are errors), in a CPU-only
+# build (CUDA=0: valgrind would only walk NVRTC and the CUDA libraries, for
+# minutes) without -march=native: valgrind does not decode every extension (AVX-512).
 valgrind:
-	$(MAKE) BUILD=build-valgrind ARCH= all examples
+	$(MAKE) BUILD=build-valgrind CUDA=0 ARCH= all examples
 	sh spec/valgrind.sh build-valgrind
 
-# The C tests under ThreadSanitizer. libgomp and OpenBLAS are not built with TSan: it
+# The C tests under ThreadSanitizer, in a CPU-only build (CUDA=0: without a GPU the
+# plugin runs no thread of ours). libgomp and OpenBLAS are not built with TSan: it
 # cannot see how they hand work to their own threads and would report races in their
 # frames. So this tree is built without OpenMP (-fopenmp-simd: each `#pragma omp
 # parallel` loop runs on its calling thread) and spec/tsan.sh runs OpenBLAS on the
 # calling thread (OPENBLAS_NUM_THREADS=1); nothing is suppressed. The first report
 # fails its test (halt_on_error, exit code 66) and the target.
 tsan:
-	$(MAKE) BUILD=build-tsan OPENMP=-fopenmp-simd OPT="-O1 -fno-omit-frame-pointer" \
+	$(MAKE) BUILD=build-tsan CUDA=0 OPENMP=-fopenmp-simd OPT="-O1 -fno-omit-frame-pointer" \
 	    SAN="-fsanitize=thread" all
 	sh spec/tsan.sh build-tsan
 

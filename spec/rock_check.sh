@@ -11,6 +11,10 @@
 # Prints "rock check: ok" and exits 0, or says what failed and exits 1.
 #
 #   sh spec/rock_check.sh          (CUDA=0 in the environment skips the CUDA build)
+#
+# CU_BUILD=DIR in the environment (an absolute path to a tree that `make` built,
+# as CI does): both builds link the kernels' objects of DIR instead of running
+# nvcc again (the Makefile's CU_BUILD); the rest is built in the copy.
 set -eu
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -18,6 +22,10 @@ LUAROCKS=${LUAROCKS:-luarocks}
 LUA=${LUA:-lua5.4}
 LR="$LUAROCKS --lua-version=5.4"
 ROCKSPEC=$(ls moonkaas-*.rockspec | head -n 1) # moonkaas-<version>-<revision>.rockspec
+case "${CU_BUILD:-/}" in
+/*) ;;
+*) echo "rock check: FAILED: CU_BUILD=$CU_BUILD is not an absolute path"; exit 1 ;;
+esac
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/mk-rock.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT INT TERM
 export HOME="$tmp/home" # luarocks' cache and config stay in the temporary tree

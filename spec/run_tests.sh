@@ -12,8 +12,11 @@ BUSTED=${BUSTED:-$(command -v busted || echo /usr/bin/busted)}
 cd "$(dirname "$0")/.." || exit 2
 log=$(mktemp -d)
 passed=0 failed=0 skipped=0
-# generated kernels compiled here are cached here, not in the user's cache
-export MK_KERNEL_CACHE="${MK_KERNEL_CACHE:-$log/kernels}"
+# generated kernels compiled here are cached in build/kernel-cache, not in the
+# user's cache; every tree of the checkout shares it (a cubin depends only on its
+# source, the architecture and NVRTC), so a second run, or the ASan run before
+# `make test` in CI, reads the tests' fixed corpora of kernels from it
+export MK_KERNEL_CACHE="${MK_KERNEL_CACHE:-$(pwd)/build/kernel-cache}"
 
 [ -n "$ASAN" ] && export ASAN_OPTIONS=protect_shadow_gap=0:allocator_may_return_null=1:${ASAN_OPTIONS:-}
 for t in "$BUILD"/tests/*; do
