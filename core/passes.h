@@ -20,6 +20,8 @@ int mk_pointwise_pass(mk_graph *g, const mk_compile_options *opts, const mk_targ
 int mk_product_pass(mk_graph *g, const mk_compile_options *opts, const mk_target *t,
                     mk_error **err);
 void mk_product_report(const mk_graph *g, const mk_target *t, mk_strbuf *b);
+/* product_describe.c: the classes of product.c's groups */
+extern const mk_group_class mk_matvec_class, mk_attention_class;
 /* gather.c: single-id embeddings of constant tables read by matrix-vector
  * groups become views, the groups reading their row (mk_product_gather) */
 int mk_gather_pass(mk_graph *g, const mk_compile_options *opts, const mk_target *t,

@@ -43,11 +43,9 @@
  * Products that stay alone (more rows, a B read by rows, other dtypes) keep the
  * device's matrix kernel (BLAS, cuBLAS); the report says which and why.
  *
- * Long because one pass makes both kinds of group, matrix-vector and decode
- * attention, and they share its candidate building, the span and hazard
- * checks and the node making (cand, span, make); attention's own part is
- * some 90 lines (with early_rows, which reads the finished groups' row
- * writes). Split attention out when a third kind of group arrives.
+ * Both kinds of group share the candidate building, the span and hazard
+ * checks and the node making (cand, span, make); their classes, which say
+ * what a group computes, are product_describe.c's.
  */
 #include "passes.h"
 
@@ -508,63 +506,6 @@ static mk_product_group *build(cand *c, mk_graph *g, const mk_target *t, mk_node
     return pg;
 }
 
-/* ---- the group record's classes ----------------------------------------------------- */
-
-static void describe_attention(const mk_node *n, bool brief, mk_strbuf *b) {
-    const mk_attention_info *a = &mk_node_product(n)->att;
-    if (brief) {
-        mk_strbuf_put(b, "decode attention over the first p rows");
-        return;
-    }
-    mk_strbuf_put(b, "one launch, [%lld, %lld, %lld] queries over the first p of %lld cached rows "
-                     "(reads only those%s); members",
-                  (long long)a->batch, (long long)a->m, (long long)a->d, (long long)a->s,
-                  a->early ? "; no launch before writes those before p - 1: they may load before "
-                             "its wait"
-                           : "");
-    mk_group_put_members(n, b);
-}
-
-static void describe_matvec(const mk_node *n, bool brief, mk_strbuf *b) {
-    const mk_product_group *pg = mk_node_product(n);
-    if (brief) {
-        mk_strbuf_put(b, "matrix-vector products with their prologue and epilogues");
-        return;
-    }
-    mk_strbuf_put(b, "one launch, [%lld, %lld] @ %d product%s%s", (long long)pg->m, (long long)pg->k,
-                  pg->n_products, pg->n_products == 1 ? "" : "s",
-                  pg->norm_w >= 0 ? ", RmsNorm folded in" : "");
-    if (pg->a8_group)
-        mk_strbuf_put(b, "; A on the int8 grid in groups of %lld (FakeQuantize folded in): "
-                         "integer dot products",
-                      (long long)pg->a8_group);
-    for (int j = 0; j < pg->n_products; j++) {
-        const mk_node *w = n->in[pg->b[j]];
-        if (pg->b_scale[j] >= 0)
-            mk_strbuf_put(b, "; weights %d int8 in blocks of %lld, dequantized as read", j,
-                          (long long)pg->b_group[j]);
-        else if (w->dtype != MK_DTYPE_FLOAT32)
-            mk_strbuf_put(b, "; weights %d %s, widened as read", j, mk_dtype_name(w->dtype));
-        if (pg->b_rows[j]) mk_strbuf_put(b, "; weights %d read by rows", j);
-    }
-    for (int r = 0; r < pg->n_gathers; r++)
-        mk_strbuf_put(b, "; operand %d at the row of %s $%d (folded in, no launch)", pg->gather[r].in,
-                      pg->gather[r].node->op->name, pg->gather[r].node->id);
-    mk_strbuf_put(b, "; members");
-    mk_group_put_members(n, b);
-    mk_strbuf_put(b, "; results");
-    for (int o = 0; o < pg->n_outs; o++) {
-        const mk_product_out *r = &pg->out[o];
-        mk_strbuf_put(b, "%s $%d (%d instructions%s%s%s)", o ? "," : "", r->end->id, r->program.n,
-                      r->rotate >= 0 ? ", rotated" : "", r->row_x >= 0 ? ", written into rows" : "",
-                      r->argmax ? ", argmax of each row" : "");
-    }
-}
-
-static const mk_group_class matvec_class = {MK_GROUP_PRODUCT, "matrix-vector", describe_matvec, free};
-static const mk_group_class attention_class = {MK_GROUP_PRODUCT, "attention", describe_attention,
-                                               free};
-
 /* ---- the group node -------------------------------------------------------------- */
 
 static mk_node *new_node(const mk_node *like, const mk_op *op) {
@@ -592,7 +533,7 @@ static int make(mk_graph *g, cand *c, mk_product_group *pg, mk_error **err) {
         free(pg);
         return mk_fail(err, MK_ERR_NOMEM, 0, 0, "grouping matrix-vector products");
     }
-    grp->cls = pg->kind == MK_PRODUCT_ATTENTION ? &attention_class : &matvec_class;
+    grp->cls = pg->kind == MK_PRODUCT_ATTENTION ? &mk_attention_class : &mk_matvec_class;
     grp->body = pg;
     for (int i = first; i <= last; i++)
         if (is_member(c, g->nodes[i])) grp->members[grp->n_members++] = g->nodes[i];

@@ -15,10 +15,6 @@
  * Conversions (the core's rules, on the host): t:to(dtype) (mk_convert),
  * mk.quantize(t, group) (llama2.c's int8 groups, mk_quantize_q8),
  * q:dequantize(scale) (the DequantizeNode's blocks), t:reshape(shape).
- *
- * Long because it is the whole of one userdata: the tensor's methods and its
- * element views per dtype. The host conversions (to, quantize, dequantize)
- * could move to their own file if they grow.
  */
 #include "lmk.h"
 
