@@ -24,7 +24,10 @@
 #   make CUDA_ARCH=sm_90   the plugin's machine code for one GPU generation (default: sm_80 sm_86
 #                   sm_89 sm_90, A100 to H100, and PTX of the newest for later GPUs to JIT)
 
-BUILD    ?= build
+# LUA=luajit or LUA=lua5.1 builds the module for that host (lua/compat.h), each in
+# its own tree so it never mixes with the 5.4 one: build-luajit/, build-lua51/.
+LUA      ?= lua5.4
+BUILD    ?= $(or $(if $(filter luajit,$(LUA)),build-luajit),$(if $(filter lua5.1,$(LUA)),build-lua51),build)
 CC       ?= gcc
 OPT      ?= -O2
 # Built where it runs (make, luarocks): use the machine's vector units; ARCH= for a portable build.
@@ -43,7 +46,6 @@ LDLIBS   += -lm $(OPENMP) -ldl -pthread $(SAN)
 PKG_CONFIG ?= pkg-config
 MULTIARCH := $(shell $(CC) -print-multiarch 2>/dev/null)
 pc_cflags = $(shell $(PKG_CONFIG) --cflags-only-I $(1) 2>/dev/null)
-LUA      ?= lua5.4
 LUA_PC   ?= $(LUA)
 LUA_CFLAGS_PC := $(call pc_cflags,$(LUA_PC))
 LUA_INCDIR ?= $(or $(patsubst -I%,%,$(firstword $(LUA_CFLAGS_PC))),$(firstword $(wildcard /usr/include/$(LUA)) /usr/include))
