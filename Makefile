@@ -5,6 +5,8 @@
 #                   a copy in build/moonkaas/, beside core.so). The core links no CUDA
 #                   library: it opens the plugin (core/plugin.c) the first time CUDA is asked for.
 #   make test       every C test, busted spec and example; ends with "N passed, N failed, N skipped"
+#   make LUA=luajit / LUA=lua5.1   the Lua module for LuaJIT or Lua 5.1 (build-luajit/,
+#                   build-lua51/); make test-luajit / test-lua51 run the CPU specs there
 #   make examples   build/examples/game_loop (a game host embedding Lua and moonkaas)
 #   make asan       the same under AddressSanitizer + UBSan (build-asan/)
 #   make valgrind   the C tests and CPU specs under valgrind (build-valgrind/)
@@ -291,6 +293,15 @@ uninstall:
 test: all examples
 	@sh spec/run_tests.sh $(BUILD)
 
+# The CPU specs of spec/hosts51.sh's list on Lua 5.1 and LuaJIT, each against the
+# module built for it in its own tree (build-lua51/, build-luajit/; no CUDA plugin).
+test-lua51:
+	$(MAKE) LUA=lua5.1 BUILD=build-lua51 CUDA=0 module
+	sh spec/hosts51.sh lua5.1 build-lua51
+test-luajit:
+	$(MAKE) LUA=luajit BUILD=build-luajit CUDA=0 module
+	sh spec/hosts51.sh luajit build-luajit
+
 # The whole suite under AddressSanitizer + UBSan (a separate build tree, its own plugin).
 asan:
 	$(MAKE) BUILD=build-asan OPT="-O1 -fno-omit-frame-pointer" \
@@ -337,7 +348,7 @@ $(BUILD)/fuzz/%: spec/fuzz/%.c spec/fuzz/fuzz.h $(LUA_OBJ) $(LIB_A)
 	    -DMK_FUZZ_ROOT='"$(abspath .)"' -o $@ $< $(LUA_OBJ) $(LIB_A) $(LUA_LIBS) $(LDLIBS)
 
 clean:
-	rm -rf build build-asan build-valgrind build-tsan build-nocudnn build-fuzz
+	rm -rf build build-asan build-valgrind build-tsan build-nocudnn build-fuzz build-lua51 build-luajit
 
-.PHONY: all module plugin test examples asan valgrind tsan fuzz fuzz-targets clean install \
+.PHONY: all module plugin test test-lua51 test-luajit examples asan valgrind tsan fuzz fuzz-targets clean install \
         install-lib install-module install-scripts uninstall
