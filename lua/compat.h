@@ -40,6 +40,10 @@
 #define LUA_OK 0
 #endif
 
+/* LuaJIT refuses a userdata over this many bytes with a run-time error
+ * ("userdata length overflow"): for a tensor, memory that cannot be had. */
+#define LMK_MAX_USERDATA ((size_t)0x7fffff00)
+
 #ifndef LUA_FILEHANDLE /* lualib.h's in 5.1 */
 #define LUA_FILEHANDLE "FILE*"
 #endif
@@ -224,6 +228,8 @@ static inline const char *lmk_compat_tolstring(lua_State *L, int idx, size_t *le
 #define luaL_tolstring lmk_compat_tolstring
 
 #else /* 5.3, 5.4 */
+
+#define LMK_MAX_USERDATA SIZE_MAX
 
 #define LMK_FILE_OF(p) (((luaL_Stream *)(p))->closef ? ((luaL_Stream *)(p))->f : NULL)
 
