@@ -90,6 +90,12 @@ LUA_SRC  := $(wildcard lua/*.c)
 LUA_OBJ  := $(LUA_SRC:%.c=$(BUILD)/%.o)
 CTEST_SRC := $(wildcard spec/c/*_test.c)
 CTESTS   := $(CTEST_SRC:spec/c/%.c=$(BUILD)/tests/%)
+# For a Lua 5.1 host (LUA=luajit, LUA=lua5.1) the module and the C tests, less the
+# programs that embed a Lua 5.4 of their own (lua_host_test, the examples).
+LUA51_HOST := $(filter luajit lua5.1,$(LUA))
+ifneq ($(LUA51_HOST),)
+CTESTS   := $(filter-out $(BUILD)/tests/lua_host_test,$(CTESTS))
+endif
 
 LIB_SO   := $(BUILD)/libmoonkaas.so
 LIB_A    := $(BUILD)/libmoonkaas.a
@@ -195,7 +201,7 @@ $(BUILD)/tests/lua_host_test: spec/c/lua_host_test.c spec/c/test.h $(LUA_OBJ) $(
 	$(CC) $(CFLAGS) $(LUA_CFLAGS) -Ispec/c -Ilua -o $@ $< $(LUA_OBJ) $(LIB_A) $(LUA_LIBS) $(LDLIBS)
 
 # The game-loop host (scripts/game_loop.c): Lua and the module linked in, like lua_host_test.
-EXAMPLES := $(BUILD)/examples/game_loop
+EXAMPLES := $(if $(LUA51_HOST),,$(BUILD)/examples/game_loop)
 examples: $(EXAMPLES) $(PLUGIN)
 $(BUILD)/examples/game_loop: scripts/game_loop.c $(LUA_OBJ) $(LIB_A)
 	@mkdir -p $(dir $@)
