@@ -36,8 +36,7 @@ local function parse(argv)
             elseif a == "-m" then o.memory = v
             elseif a == "-d" then o.device = v
             else
-                o.steps = tonumber(v)
-                if o.steps and o.steps % 1 ~= 0 then o.steps = nil end -- an integer (Lua 5.1 too)
+                o.steps = require("moonkaas.compat").tointeger(tonumber(v)) -- Lua 5.1 too
                 if not o.steps or o.steps < 1 then fail("-n needs a positive integer, got " .. v) end
             end
             i = i + 2

@@ -17,7 +17,8 @@ BUILD=${2:?usage: hosts51.sh LUA BUILD}
 BUSTED=${BUSTED:-$(command -v busted || echo /usr/bin/busted)}
 cd "$(dirname "$0")/.." || exit 2
 
-SPECS="ops node model steps script graph version llama2 llama2_tokenizer llama2_errors llama2_sampler compat51
+SPECS="ops node model steps script graph version llama2 llama2_tokenizer llama2_errors llama2_sampler
+llama2_formats compat51
 lua_hosts"
 
 log=$(mktemp -d)
