@@ -20,7 +20,7 @@ local function child(env, code)
     f:write(string.format("package.path = %q\npackage.cpath = %q\n", package.path, package.cpath), code)
     f:close()
     local p = assert(io.popen(string.format("env -u MK_CUDA_PLUGIN %s %s %s 2>&1", env, LUA, q(path))))
-    local out = p:read("*a")
+    local out = p:read("a")
     p:close()
     os.remove(path)
     return out
@@ -66,7 +66,7 @@ describe("CUDA's reasons", function()
             if io.open(s) then stub = s break end
         end
         if not stub then pending("no stub libcuda.so in the toolkit") return end
-        local dir = assert(io.popen("mktemp -d /tmp/mk-driver.XXXXXX")):read("*l")
+        local dir = assert(io.popen("mktemp -d /tmp/mk-driver.XXXXXX")):read("l")
         os.execute("ln -s " .. q(stub) .. " " .. q(dir .. "/libcuda.so.1"))
         local r = fields(child("LD_LIBRARY_PATH=" .. q(dir), REASON))
         os.execute("rm -rf " .. q(dir))
