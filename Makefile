@@ -5,6 +5,8 @@
 #                   a copy in build/moonkaas/, beside core.so). The core links no CUDA
 #                   library: it opens the plugin (core/plugin.c) the first time CUDA is asked for.
 #   make test       every C test, busted spec and example; ends with "N passed, N failed, N skipped"
+#   make LUA=luajit / LUA=lua5.1   the Lua module for LuaJIT or Lua 5.1 (build-luajit/,
+#                   build-lua51/); make test-luajit / test-lua51 run the CPU specs there
 #   make examples   build/examples/game_loop (a game host embedding Lua and moonkaas)
 #   make asan       the same under AddressSanitizer + UBSan (build-asan/; the plugin's
 #                   kernels are build/'s objects: nvcc runs for build/ only)
@@ -25,7 +27,10 @@
 #   make CUDA_ARCH=sm_90   the plugin's machine code for one GPU generation (default: sm_80 sm_86
 #                   sm_89 sm_90, A100 to H100, and PTX of the newest for later GPUs to JIT)
 
-BUILD    ?= build
+# LUA=luajit or LUA=lua5.1 builds the module for that host (lua/compat.h), each in
+# its own tree so it never mixes with the 5.4 one: build-luajit/, build-lua51/.
+LUA      ?= lua5.4
+BUILD    ?= $(or $(if $(filter luajit,$(LUA)),build-luajit),$(if $(filter lua5.1,$(LUA)),build-lua51),build)
 CC       ?= gcc
 OPT      ?= -O2
 # Built where it runs (make, luarocks): use the machine's vector units; ARCH= for a portable build.
@@ -44,7 +49,6 @@ LDLIBS   += -lm $(OPENMP) -ldl -pthread $(SAN)
 PKG_CONFIG ?= pkg-config
 MULTIARCH := $(shell $(CC) -print-multiarch 2>/dev/null)
 pc_cflags = $(shell $(PKG_CONFIG) --cflags-only-I $(1) 2>/dev/null)
-LUA      ?= lua5.4
 LUA_PC   ?= $(LUA)
 LUA_CFLAGS_PC := $(call pc_cflags,$(LUA_PC))
 LUA_INCDIR ?= $(or $(patsubst -I%,%,$(firstword $(LUA_CFLAGS_PC))),$(firstword $(wildcard /usr/include/$(LUA)) /usr/include))
@@ -87,6 +91,12 @@ LUA_SRC  := $(wildcard lua/*.c)
 LUA_OBJ  := $(LUA_SRC:%.c=$(BUILD)/%.o)
 CTEST_SRC := $(wildcard spec/c/*_test.c)
 CTESTS   := $(CTEST_SRC:spec/c/%.c=$(BUILD)/tests/%)
+# For a Lua 5.1 host (LUA=luajit, LUA=lua5.1) the module and the C tests, less the
+# programs that embed a Lua 5.4 of their own (lua_host_test, the examples).
+LUA51_HOST := $(filter luajit lua5.1,$(LUA))
+ifneq ($(LUA51_HOST),)
+CTESTS   := $(filter-out $(BUILD)/tests/lua_host_test,$(CTESTS))
+endif
 
 LIB_SO   := $(BUILD)/libmoonkaas.so
 LIB_A    := $(BUILD)/libmoonkaas.a
@@ -203,7 +213,7 @@ $(BUILD)/tests/lua_host_test: spec/c/lua_host_test.c spec/c/test.h $(LUA_OBJ) $(
 	$(CC) $(CFLAGS) $(LUA_CFLAGS) -Ispec/c -Ilua -o $@ $< $(LUA_OBJ) $(LIB_A) $(LUA_LIBS) $(LDLIBS)
 
 # The game-loop host (scripts/game_loop.c): Lua and the module linked in, like lua_host_test.
-EXAMPLES := $(BUILD)/examples/game_loop
+EXAMPLES := $(if $(LUA51_HOST),,$(BUILD)/examples/game_loop)
 examples: $(EXAMPLES) $(PLUGIN)
 $(BUILD)/examples/game_loop: scripts/game_loop.c $(LUA_OBJ) $(LIB_A)
 	@mkdir -p $(dir $@)
@@ -301,6 +311,15 @@ uninstall:
 test: all examples
 	@sh spec/run_tests.sh $(BUILD)
 
+# The CPU specs of spec/hosts51.sh's list on Lua 5.1 and LuaJIT, each against the
+# module built for it in its own tree (build-lua51/, build-luajit/; no CUDA plugin).
+test-lua51:
+	$(MAKE) LUA=lua5.1 BUILD=build-lua51 CUDA=0 module
+	sh spec/hosts51.sh lua5.1 build-lua51
+test-luajit:
+	$(MAKE) LUA=luajit BUILD=build-luajit CUDA=0 module
+	sh spec/hosts51.sh luajit build-luajit
+
 # The whole suite under AddressSanitizer + UBSan, in a separate build tree. Its
 # plugin links its own sanitized copies of the core's C with the kernels' objects
 # of $(BUILD) (nvcc compiles them once; host code compiled by nvcc is not
@@ -353,7 +372,7 @@ $(BUILD)/fuzz/%: spec/fuzz/%.c spec/fuzz/fuzz.h $(LUA_OBJ) $(LIB_A)
 	    -DMK_FUZZ_ROOT='"$(abspath .)"' -o $@ $< $(LUA_OBJ) $(LIB_A) $(LUA_LIBS) $(LDLIBS)
 
 clean:
-	rm -rf build build-asan build-valgrind build-tsan build-nocudnn build-fuzz
+	rm -rf build build-asan build-valgrind build-tsan build-nocudnn build-fuzz build-lua51 build-luajit
 
-.PHONY: all module plugin test examples asan valgrind tsan fuzz fuzz-targets clean install \
+.PHONY: all module plugin test test-lua51 test-luajit examples asan valgrind tsan fuzz fuzz-targets clean install \
         install-lib install-module install-scripts uninstall

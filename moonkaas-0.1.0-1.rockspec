@@ -10,7 +10,7 @@ source = {
     tag = "v0.1.0",
 }
 description = {
-    summary = "A small tensor compiler in C that Lua 5.4 programs embed",
+    summary = "A small tensor compiler in C that Lua programs (5.4, 5.1, LuaJIT) embed",
     detailed = [[
 Networks defined in Lua (tensor and node userdata) are lowered to a small
 HamKaas-compatible text IR, compiled by a C core (passes, one-arena memory
@@ -21,7 +21,9 @@ kernels, cuBLAS, cuDNN, CUDA graphs).
     license = "MIT",
 }
 dependencies = {
-    "lua >= 5.4, < 5.5",
+    -- 5.4, 5.1 and LuaJIT (lua/compat.h picks the API from the headers luarocks
+    -- passes in LUA_INCDIR; README "Lua versions")
+    "lua >= 5.1, < 5.5",
 }
 external_dependencies = {
     OPENBLAS = { library = "openblas" },

@@ -33,6 +33,8 @@
 #include <lauxlib.h>
 #include <lua.h>
 
+#include "compat.h" /* the 5.4 API on Lua 5.1 and LuaJIT */
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>

@@ -199,9 +199,10 @@ static int l_clock(lua_State *L) {
 
 /* mk.is_terminal(file) -> whether the Lua file (io.stderr, ...) is a terminal */
 static int l_is_terminal(lua_State *L) {
-    luaL_Stream *f = (luaL_Stream *)luaL_testudata(L, 1, LUA_FILEHANDLE);
-    if (!f) LMK_ARG_ERROR(L, "is_terminal", "expects a Lua file, got %s", luaL_typename(L, 1));
-    lua_pushboolean(L, f->closef && f->f && isatty(fileno(f->f)));
+    void *ud = luaL_testudata(L, 1, LUA_FILEHANDLE);
+    if (!ud) LMK_ARG_ERROR(L, "is_terminal", "expects a Lua file, got %s", luaL_typename(L, 1));
+    FILE *f = LMK_FILE_OF(ud); /* NULL once closed */
+    lua_pushboolean(L, f && isatty(fileno(f)));
     return 1;
 }
 

@@ -243,6 +243,7 @@ lmk_tensor *lmk_push_tensor(lua_State *L, const char *fn, mk_dtype dtype, int ra
     lua_pushcfunction(L, new_tensor_userdata);
     lua_pushlightuserdata(L, &size);
     int status = lua_pcall(L, 1, 1, 0);
+    if (status == LUA_ERRRUN && size > LMK_MAX_USERDATA) status = LUA_ERRMEM;
     if (status != LUA_OK) {
         if (status != LUA_ERRMEM) lua_error(L);
         lua_pop(L, 1);

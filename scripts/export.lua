@@ -42,7 +42,7 @@ local function parse(argv)
         elseif a == "--version" or a == "--group-size" then
             local v = argv[i + 1]
             if not v then fail(a .. " needs a value\n" .. USAGE) end
-            local n = math.tointeger(tonumber(v))
+            local n = require("moonkaas.compat").tointeger(tonumber(v)) -- Lua 5.1 too
             if a == "--version" then
                 if n ~= 0 and n ~= 1 and n ~= 2 then fail("--version takes 0, 1 or 2, got " .. v) end
                 o.version = n

@@ -36,7 +36,7 @@ local function parse(argv)
             elseif a == "-m" then o.memory = v
             elseif a == "-d" then o.device = v
             else
-                o.steps = math.tointeger(tonumber(v))
+                o.steps = require("moonkaas.compat").tointeger(tonumber(v)) -- Lua 5.1 too
                 if not o.steps or o.steps < 1 then fail("-n needs a positive integer, got " .. v) end
             end
             i = i + 2

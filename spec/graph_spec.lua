@@ -6,9 +6,9 @@ local build = os.getenv("MK_BUILD") or "build"
 local models = H.models
 
 local function run(args)
-    local p = io.popen(string.format("MK_BUILD=%s lua5.4 scripts/graph.lua %s 2>&1; echo \"rc=$?\"",
-                                     build, args))
-    local out = p:read("a")
+    local p = io.popen(string.format("MK_BUILD=%s %s scripts/graph.lua %s 2>&1; echo \"rc=$?\"",
+                                     build, os.getenv("LUA") or "lua5.4", args))
+    local out = p:read("*a")
     p:close()
     return out, tonumber(out:match("rc=(%d+)%s*$"))
 end
@@ -23,7 +23,7 @@ end
 local function read(path)
     local f = io.open(path, "rb")
     if not f then return nil end
-    local s = f:read("a")
+    local s = f:read("*a")
     f:close()
     return s
 end
@@ -56,7 +56,8 @@ describe("scripts/graph.lua", function()
         local svg = tmp(".svg")
         local out, rc = run(string.format("%s/stories260K.bin -o %s -n 16", models, svg))
         assert.are.equal(0, rc, out)
-        local has_dot = os.execute("command -v dot > /dev/null 2>&1")
+        local found = os.execute("command -v dot > /dev/null 2>&1")
+        local has_dot = found == true or found == 0 -- 5.4: true; 5.1: the status
         if has_dot then
             assert.truthy(assert(read(svg)):find("<svg", 1, true))
             assert.is_nil(read(svg:gsub("%.svg$", ".dot")), "the .dot is removed")

@@ -27,6 +27,10 @@ spec/helpers.lua — what the busted specs share:
 ]]
 local helpers = {}
 
+-- Lua 5.1 and LuaJIT run these specs too (make test-lua51, test-luajit).
+local compat = require("moonkaas.compat")
+local idiv = compat.idiv
+
 local build = os.getenv("MK_BUILD")
 if build and build ~= "" and not package.cpath:find(build, 1, true) then
     package.cpath = build .. "/?.so;" .. package.cpath
@@ -37,7 +41,7 @@ function helpers.mk()
 end
 
 function helpers.f32(x)
-    return (string.unpack("<f", string.pack("<f", x)))
+    return compat.f32(x)
 end
 
 function helpers.round_even(x)
@@ -50,7 +54,7 @@ end
 function helpers.seed(label)
     local seed = tonumber(os.getenv("MK_SEED"))
     if not seed then
-        seed = (os.time() * 7919 + math.floor(os.clock() * 1e6) + math.random(1, 1 << 20)) % 2147483647
+        seed = (os.time() * 7919 + math.floor(os.clock() * 1e6) + math.random(1, 1048576)) % 2147483647
     end
     math.randomseed(seed)
     print(string.format("# %s seed %d (replay with MK_SEED=%d)", label or "spec", seed, seed))
@@ -88,7 +92,7 @@ local function unflatten(p, shape)
     local idx = {}
     for i = #shape, 1, -1 do
         idx[i] = p % shape[i]
-        p = p // shape[i]
+        p = idiv(p, shape[i])
     end
     return idx
 end
@@ -240,7 +244,7 @@ end
 function R.matmul_prefix(a, b, p)
     local r = #a.shape
     local k, n = a.shape[r], b.shape[#b.shape]
-    local rows = numel(a.shape) // k
+    local rows = idiv(numel(a.shape), k)
     local an = { shape = {}, data = {} }
     for d = 1, r do an.shape[d] = a.shape[d] end
     an.shape[r] = p
@@ -250,7 +254,7 @@ function R.matmul_prefix(a, b, p)
     local bn = { shape = {}, data = {} }
     for d = 1, #b.shape do bn.shape[d] = b.shape[d] end
     bn.shape[#b.shape - 1] = p
-    for z = 0, numel(b.shape) // (k * n) - 1 do
+    for z = 0, idiv(numel(b.shape), (k * n)) - 1 do
         for l = 0, p - 1 do
             for j = 0, n - 1 do bn.data[#bn.data + 1] = b.data[z * k * n + l * n + j + 1] end
         end
@@ -288,7 +292,7 @@ end
 function R.slice(x, b, e)
     local shape = copy(x.shape)
     shape[1] = e - b
-    local inner = numel(x.shape) // x.shape[1]
+    local inner = idiv(numel(x.shape), x.shape[1])
     local out = new(shape, x.dtype)
     for i = 1, (e - b) * inner do out.data[i] = x.data[b * inner + i] end
     return out
@@ -317,7 +321,7 @@ end
 function R.replace(x, r, b, e)
     local out = new(x.shape, x.dtype)
     out.data = copy(x.data)
-    local inner = numel(x.shape) // x.shape[1]
+    local inner = idiv(numel(x.shape), x.shape[1])
     assert(#r.data == (e - b) * inner)
     for i = 1, #r.data do out.data[b * inner + i] = r.data[i] end
     return out
@@ -327,7 +331,7 @@ end
 function R.rms_norm(x, w)
     local n = x.shape[#x.shape]
     local out = new(x.shape)
-    for row = 0, numel(x.shape) // n - 1 do
+    for row = 0, idiv(numel(x.shape), n) - 1 do
         local ss = 0.0
         for j = 1, n do ss = ss + x.data[row * n + j] ^ 2 end
         local scale = 1 / math.sqrt(ss / n + 1e-5)
@@ -356,7 +360,7 @@ function R.sliced_softmax(x, p)
     local n = x.shape[#x.shape]
     local out = new(x.shape)
     out.data = copy(x.data)
-    for row = 0, numel(x.shape) // n - 1 do
+    for row = 0, idiv(numel(x.shape), n) - 1 do
         if p > 0 then
             local max = -math.huge
             for j = 1, p do max = math.max(max, x.data[row * n + j]) end
@@ -373,7 +377,7 @@ end
 function R.causal_softmax(x, e)
     local n, t = x.shape[#x.shape], x.shape[#x.shape - 1]
     local out = new(x.shape)
-    for row = 0, numel(x.shape) // n - 1 do
+    for row = 0, idiv(numel(x.shape), n) - 1 do
         local p = e - t + 1 + row % t
         local max = -math.huge
         for j = 1, p do max = math.max(max, x.data[row * n + j]) end
@@ -400,7 +404,7 @@ function R.argmax(x)
     local shape = copy(x.shape)
     shape[#shape] = 1
     local out = new(shape, "int64")
-    for row = 0, numel(x.shape) // n - 1 do
+    for row = 0, idiv(numel(x.shape), n) - 1 do
         local best = 1
         for j = 2, n do
             if x.data[row * n + j] > x.data[row * n + best] then best = j end
@@ -528,7 +532,7 @@ function helpers.op_cases()
         local d = ({ 1, 2, 3, 4, 6 })[math.random(1, 5)]
         while n % d ~= 0 do d = d - 1 end
         local to = math.random() < 0.5 and { -1, d } or { d, -1 }
-        local want = to[1] == -1 and { n // d, d } or { d, n // d }
+        local want = to[1] == -1 and { idiv(n, d), d } or { d, idiv(n, d) }
         add(string.format("ReshapeNode %s to %s", helpers.shape_str(shape), helpers.shape_str(to)),
             x:reshape(to) * 2, { x = xt }, R.mul(R.reshape(xr, want), { shape = { 1 }, data = { 2 } }))
     end
@@ -694,7 +698,7 @@ end
 
 -- v rounded to float32, as a number becomes when it is made a float32 constant.
 function helpers.f32(v)
-    return (string.unpack("<f", string.pack("<f", v)))
+    return compat.f32(v)
 end
 
 -- A float32 tensor whose values have magnitudes in [lo, hi] and either sign
@@ -774,8 +778,9 @@ function helpers.pointwise_cases()
         local lo, hi = {}, {}
         for i = 1, rows * cols do
             if math.random() < 0.5 then
-                lo[i] = math.mininteger + math.random(0, 1000) -- minus a positive: wraps
-                hi[i] = math.random(1001, 1 << 40)
+                -- minus a positive: wraps (5.1 hosts: numbers stop at 2^53, no wrap)
+                lo[i] = (math.mininteger or -2 ^ 52) + math.random(0, 1000)
+                hi[i] = 1001 + math.floor(math.random() * 2 ^ 40) -- 5.1: random takes ints
             else
                 lo[i] = math.random(-1000000, 1000000)
                 hi[i] = math.random(-1000000, 1000000)

@@ -50,13 +50,14 @@ local MAGIC = 0x616b3432
 local function need_core() return H.need_core(pending, mk, why) end
 local function need_models() return H.need_models(pending) end
 local f32, round_even = H.f32, require("spec.helpers").round_even
+local P = require("moonkaas.compat") -- Lua 5.1 and LuaJIT run this spec too
 
 -- float32 values as bytes, in pieces (string.pack takes a bounded number of arguments)
 local function pack_floats(values)
     local parts = {}
     for i = 1, #values, 1000 do
         local j = math.min(#values, i + 999)
-        parts[#parts + 1] = string.pack("<" .. string.rep("f", j - i + 1), table.unpack(values, i, j))
+        parts[#parts + 1] = P.pack_array("f", values, i, j)
     end
     return table.concat(parts)
 end
@@ -75,7 +76,7 @@ end
 local function ref_freq_cis(hs, S)
     local cosv, sinv = {}, {}
     for pos = 0, S - 1 do
-        for i = 0, hs // 2 - 1 do
+        for i = 0, P.idiv(hs, 2) - 1 do
             local freq = f32(1.0 / f32(10000.0 ^ f32(f32(2 * i) / hs)))
             local val = f32(pos * freq)
             cosv[#cosv + 1] = f32(math.cos(val))
@@ -102,9 +103,10 @@ local function weights_in_order(cfg, W)
 end
 
 local function header_v(cfg, version, group)
-    local h = string.pack("<I4i4i4i4i4i4i4i4i4B", MAGIC, version, cfg.dim, cfg.hidden_dim, cfg.n_layers,
-                          cfg.n_heads, cfg.n_kv_heads, cfg.vocab_size, cfg.seq_len, cfg.shared and 1 or 0)
-    if version == 2 then h = h .. string.pack("<i4", group) end
+    local h = P.pack_array("i4", { MAGIC, version, cfg.dim, cfg.hidden_dim, cfg.n_layers,
+                                   cfg.n_heads, cfg.n_kv_heads, cfg.vocab_size, cfg.seq_len }, 1, 9)
+        .. string.char(cfg.shared and 1 or 0)
+    if version == 2 then h = h .. P.pack_i32(group) end
     return h .. string.rep("\0", 256 - #h)
 end
 
@@ -119,21 +121,23 @@ end
 -- and the dequantized values (q * scale in float32)
 local function ref_q80(values, group)
     local q, s, deq = {}, {}, {}
-    for g = 0, #values // group - 1 do
+    for g = 0, P.idiv(#values, group) - 1 do
         local wmax = 0.0
         for i = 1, group do wmax = math.max(wmax, math.abs(values[g * group + i])) end
         local scale = f32(wmax / 127)
         s[#s + 1] = scale
         for i = 1, group do
             local k = g * group + i
-            q[k] = scale > 0 and math.tointeger(round_even(f32(values[k] / scale))) or 0
+            q[k] = scale > 0 and P.tointeger(round_even(f32(values[k] / scale))) or 0
             deq[k] = f32(q[k] * scale)
         end
     end
     local qb = {}
     for i = 1, #q, 1000 do
         local j = math.min(#q, i + 999)
-        qb[#qb + 1] = string.pack("<" .. string.rep("i1", j - i + 1), table.unpack(q, i, j))
+        local bytes = {}
+        for k = i, j do bytes[#bytes + 1] = string.char(q[k] % 256) end -- int8, two's complement
+        qb[#qb + 1] = table.concat(bytes)
     end
     return table.concat(qb), pack_floats(s), deq
 end
@@ -170,7 +174,7 @@ end
 local function write_legacy(path, cfg)
     local W = H.write_checkpoint(path, cfg)
     local bytes = H.read_file(path)
-    local hs = cfg.dim // cfg.n_heads
+    local hs = P.idiv(cfg.dim, cfg.n_heads)
     local tail = cfg.shared and 0 or 4 * cfg.vocab_size * cfg.dim
     local at = #bytes - tail - 4 * cfg.seq_len * hs
     bytes = bytes:sub(1, at) .. ref_freq_cis(hs, cfg.seq_len) .. bytes:sub(#bytes - tail + 1)
@@ -239,7 +243,7 @@ describe("llama2.c checkpoint versions 1 and 2", function()
             local legacy, v2, v2b, back = tmp(), tmp(), tmp(), tmp()
             local W = write_legacy(legacy, cfg)
             local group = 64
-            while cfg.dim % group ~= 0 do group = group // 2 end
+            while cfg.dim % group ~= 0 do group = P.idiv(group, 2) end
             local oc = export(legacy, v2, 2)
             assert.are.equal(group, oc.group_size)
             local want, deq = ref_v2(cfg, W, group)
@@ -269,7 +273,7 @@ describe("llama2.c checkpoint versions 1 and 2", function()
             end
             local bytes = H.read_file(back)
             local tail = cfg.shared and 0 or 4 * cfg.vocab_size * cfg.dim
-            local hs = cfg.dim // cfg.n_heads
+            local hs = P.idiv(cfg.dim, cfg.n_heads)
             assert.is_true(bytes:sub(#bytes - tail - 4 * cfg.seq_len * hs + 1, #bytes - tail)
                            == ref_freq_cis(hs, cfg.seq_len))
         end)
@@ -327,11 +331,11 @@ describe("llama2.c checkpoint versions 1 and 2", function()
                 local out, inn = want.shape[1], want.shape[2]
                 if inn % G == 0 then
                     assert.are.same({ out, inn }, t.q.shape, what)
-                    assert.are.same({ out, inn // G }, t.scale.shape, what)
+                    assert.are.same({ out, P.idiv(inn, G) }, t.scale.shape, what)
                     eq(t.q:dequantize(t.scale), want, what)
                 else
-                    assert.are.same({ out * inn // G, G }, t.q.shape, what)
-                    assert.are.same({ out * inn // G, 1 }, t.scale.shape, what)
+                    assert.are.same({ P.idiv(out * inn, G), G }, t.q.shape, what)
+                    assert.are.same({ P.idiv(out * inn, G), 1 }, t.scale.shape, what)
                     eq(t.q:dequantize(t.scale):reshape({ out, inn }), want, what)
                 end
                 assert.is_true(t.q.readonly, what .. " is mapped")
@@ -377,10 +381,10 @@ describe("llama2.c checkpoint versions on stories260K", function()
         assert.is_true(b:sub(at + 1) == ref_freq_cis(8, 512))
         local differ = 0
         for i = at + 1, #a, 4 do
-            local x, y = string.unpack("<f", a, i), string.unpack("<f", b, i)
+            local x, y = P.f32_at(a, i), P.f32_at(b, i)
             if x ~= y then
                 differ = differ + 1
-                local ulp = 2.0 ^ (math.floor(math.log(math.abs(x), 2)) - 23)
+                local ulp = 2.0 ^ (math.floor(math.log(math.abs(x)) / math.log(2)) - 23)
                 assert.is_true(math.abs(x - y) <= ulp * 1.0001, string.format("%.9g vs %.9g", x, y))
             end
         end
@@ -392,7 +396,7 @@ describe("llama2.c checkpoint versions on stories260K", function()
 
     local function story(path, args)
         local argv = { path, "-z", H.models .. "/tok512.bin", "-d", "cpu" }
-        table.move(args, 1, #args, #argv + 1, argv)
+        for _, a in ipairs(args) do argv[#argv + 1] = a end
         local out, err = {}, {}
         local code = llama2.main(argv, { mk = mk, stdout = function(s) out[#out + 1] = s end,
                                          stderr = function(s) err[#err + 1] = s end })
@@ -487,17 +491,18 @@ describe("bad version 1 and 2 files", function()
     -- the size a header implies: norms, then matrices (v1 float32; v2 int8 + scales)
     local function body_bytes(cfg, version, group)
         local D, Hd, L, V = cfg.dim, cfg.hidden_dim, cfg.n_layers, cfg.vocab_size
-        local kv = D // cfg.n_heads * cfg.n_kv_heads
+        local kv = P.idiv(D, cfg.n_heads) * cfg.n_kv_heads
         local norms = (2 * L + 1) * D
         local mats = V * D + L * (2 * D * D + 2 * kv * D + 3 * Hd * D) + (cfg.shared and 0 or V * D)
         if version == 1 then return 4 * (norms + mats) end
-        return 4 * norms + mats + 4 * (mats // group)
+        return 4 * norms + mats + 4 * (P.idiv(mats, group))
     end
 
     local function header(cfg, version, group, flag)
-        local h = string.pack("<I4i4i4i4i4i4i4i4i4B", MAGIC, version, cfg.dim, cfg.hidden_dim, cfg.n_layers,
-                              cfg.n_heads, cfg.n_kv_heads, cfg.vocab_size, cfg.seq_len, flag or (cfg.shared and 1 or 0))
-        if version == 2 then h = h .. string.pack("<i4", group) end
+        local h = P.pack_array("i4", { MAGIC, version, cfg.dim, cfg.hidden_dim, cfg.n_layers,
+                                       cfg.n_heads, cfg.n_kv_heads, cfg.vocab_size, cfg.seq_len }, 1, 9)
+            .. string.char(flag or (cfg.shared and 1 or 0))
+        if version == 2 then h = h .. P.pack_i32(group) end
         return h .. string.rep("\0", 256 - #h)
     end
 
@@ -531,8 +536,8 @@ describe("bad version 1 and 2 files", function()
 
     it("reads a wrong magic as a legacy header, which then fails", function()
         local bytes = header(GOOD, 1) .. string.rep("\0", body_bytes(GOOD, 1))
-        fails(string.pack("<I4", MAGIC + 1) .. bytes:sub(5), "bad checkpoint header")
-        fails(string.pack("<I4", 0x616b3431) .. bytes:sub(5), "bad checkpoint header")
+        fails(P.pack_u32(MAGIC + 1) .. bytes:sub(5), "bad checkpoint header")
+        fails(P.pack_u32(0x616b3431) .. bytes:sub(5), "bad checkpoint header")
     end)
 
     it("refuses unknown versions", function()
@@ -590,8 +595,9 @@ describe("scripts/export.lua", function()
         local out, err = os.tmpname(), os.tmpname()
         local quoted = {}
         for i, a in ipairs(args) do quoted[i] = "'" .. a:gsub("'", "'\\''") .. "'" end
-        local _, _, code = os.execute(string.format("lua5.4 scripts/export.lua %s >%s 2>%s </dev/null",
-            table.concat(quoted, " "), out, err))
+        local status, _, code = os.execute(string.format("%s scripts/export.lua %s >%s 2>%s </dev/null",
+            os.getenv("LUA") or "lua5.4", table.concat(quoted, " "), out, err))
+        if code == nil then code = math.floor(status / 256) end -- 5.1: the wait status
         local o, e = H.read_file(out), H.read_file(err)
         os.remove(out); os.remove(err)
         return code, o, e

@@ -4,6 +4,7 @@
 -- description, sharing no code with lua/moonkaas/llama2/.
 
 local H = {}
+local C = require("moonkaas.compat") -- Lua 5.1 and LuaJIT run these specs too
 
 if os.getenv("MK_BUILD") then
     package.cpath = os.getenv("MK_BUILD") .. "/?.so;" .. package.cpath
@@ -23,7 +24,7 @@ end
 
 function H.read_file(path)
     local f = assert(io.open(path, "rb"))
-    local s = f:read("a")
+    local s = f:read("*a")
     f:close()
     return s
 end
@@ -37,7 +38,7 @@ end
 -- Seeds math.random from the clock and prints the seed, so a failure can be
 -- replayed with LLAMA2_SPEC_SEED=<seed>.
 function H.seed(what)
-    local seed = tonumber(os.getenv("LLAMA2_SPEC_SEED") or "") or (os.time() ~ math.floor(os.clock() * 1e6))
+    local seed = tonumber(os.getenv("LLAMA2_SPEC_SEED") or "") or ((os.time() * 7919 + math.floor(os.clock() * 1e6)) % 2147483647)
     math.randomseed(seed)
     print(string.format("%s: seed %d (LLAMA2_SPEC_SEED=%d replays it)", what, seed, seed))
     return seed
@@ -80,7 +81,7 @@ function H.need_gpu(pending, mk, why)
 end
 
 function H.f32(x)
-    return (string.unpack("<f", string.pack("<f", x)))
+    return C.f32(x)
 end
 
 function H.tmpname()
@@ -93,14 +94,26 @@ end
 
 -- run.c's xorshift generator (random_u32, random_f32) from `seed`: a
 -- function returning floats in [0, 1), the same on every machine and Lua.
-function H.xorshift(seed)
-    local state = seed
-    return function()
-        state = state ~ (state >> 12)
-        state = state ~ (state << 25)
-        state = state ~ (state >> 27)
-        local u32 = ((state * 0x2545F4914F6CDD1D) >> 32) & 0xffffffff
-        return (u32 >> 8) / 16777216.0
+-- Written with 5.3's integer operators (a string: Lua 5.1 cannot parse them);
+-- on 5.1 hosts the module's own generator stands in.
+if math.type then
+    H.xorshift = load([[
+        local state = ...
+        return function()
+            state = state ~ (state >> 12)
+            state = state ~ (state << 25)
+            state = state ~ (state >> 27)
+            local u32 = ((state * 0x2545F4914F6CDD1D) >> 32) & 0xffffffff
+            return (u32 >> 8) / 16777216.0
+        end]])
+else
+    function H.xorshift(seed)
+        local random_f32, state = require("moonkaas.llama2.sampler").random_f32, seed
+        return function()
+            local u
+            state, u = random_f32(state)
+            return u
+        end
     end
 end
 
@@ -113,7 +126,7 @@ end
 function H.write_checkpoint(path, cfg)
     local random = cfg.random or math.random
     local D, Hd, L = cfg.dim, cfg.hidden_dim, cfg.n_layers
-    local hs = D // cfg.n_heads
+    local hs = C.idiv(D, cfg.n_heads)
     local kv = hs * cfg.n_kv_heads
     local V, S = cfg.vocab_size, cfg.seq_len
     local parts = {}
@@ -122,7 +135,7 @@ function H.write_checkpoint(path, cfg)
         local i = 1
         while i <= n do
             local j = math.min(n, i + 999)
-            parts[#parts + 1] = string.pack("<" .. string.rep("f", j - i + 1), table.unpack(values, i, j))
+            parts[#parts + 1] = C.pack_array("f", values, i, j)
             i = j + 1
         end
     end
@@ -139,8 +152,8 @@ function H.write_checkpoint(path, cfg)
         end
         return m, flat
     end
-    parts[1] = string.pack("<i4i4i4i4i4i4i4", D, Hd, L, cfg.n_heads, cfg.n_kv_heads,
-                           cfg.shared and V or -V, S)
+    parts[1] = C.pack_array("i4", { D, Hd, L, cfg.n_heads, cfg.n_kv_heads, cfg.shared and V or -V, S },
+                            1, 7)
     local W = { layers = {} }
     for l = 1, L do W.layers[l] = {} end
     local flat
@@ -224,8 +237,8 @@ end
 function H.reference(cfg, W)
     local D, L = cfg.dim, cfg.n_layers
     local heads, kvh = cfg.n_heads, cfg.n_kv_heads
-    local hs = D // heads
-    local kv_mul = heads // kvh
+    local hs = C.idiv(D, heads)
+    local kv_mul = C.idiv(heads, kvh)
     local K, Vc = {}, {}
     for l = 1, L do K[l], Vc[l] = {}, {} end
     local ref = {}
@@ -251,7 +264,7 @@ function H.reference(cfg, W)
             K[l][pos], Vc[l][pos] = k, v
             local att_out = {}
             for h = 0, heads - 1 do
-                local g = h // kv_mul
+                local g = C.idiv(h, kv_mul)
                 local scores, max = {}, -math.huge
                 for t = 0, pos do
                     local s = 0.0
@@ -343,9 +356,9 @@ end
 -- tokenizer writer: entries = {{piece, score}, ...} in id order
 
 function H.tokenizer_bytes(entries, max_len)
-    local parts = { string.pack("<i4", max_len or 16) }
+    local parts = { C.pack_i32(max_len or 16) }
     for _, e in ipairs(entries) do
-        parts[#parts + 1] = string.pack("<fi4", e[2], #e[1]) .. e[1]
+        parts[#parts + 1] = C.pack_f32(e[2]) .. C.pack_i32(#e[1]) .. e[1]
     end
     return table.concat(parts)
 end
@@ -367,9 +380,10 @@ function H.run_script(script, args)
     local out, err = os.tmpname(), os.tmpname()
     local quoted = {}
     for i, a in ipairs(args) do quoted[i] = "'" .. a:gsub("'", "'\\''") .. "'" end
-    local cmd = string.format("lua5.4 %s %s >%s 2>%s </dev/null", script,
+    local cmd = string.format("%s %s %s >%s 2>%s </dev/null", os.getenv("LUA") or "lua5.4", script,
                               table.concat(quoted, " "), out, err)
-    local _, _, code = os.execute(cmd)
+    local status, _, code = os.execute(cmd)
+    if code == nil then code = math.floor(status / 256) end -- 5.1: the wait status
     local o, e = H.read_file(out), H.read_file(err)
     os.remove(out); os.remove(err)
     return code, o, e
@@ -383,7 +397,7 @@ function H.run_cli(args) return H.run_script("scripts/llama2.lua", args) end
 -- default would print it. Returns the exit code, stdout, stderr.
 function H.chat(mk, llama2, argv, lines)
     local out, err = {}, {}
-    lines = { table.unpack(lines) }
+    lines = { C.unpack(lines) }
     local code = llama2.main(argv, {
         mk = mk, stdout = function(s) out[#out + 1] = s end, stderr = function(s) err[#err + 1] = s end,
         read_line = function(guide)

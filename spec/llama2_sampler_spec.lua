@@ -25,10 +25,12 @@ describe("xorshift64* generator", function()
     it("does the first step of seed 1 by hand", function()
         -- state 1: ^= >>12 → 1; ^= <<25 → 0x2000001; ^= >>27 → 0x2000001.
         -- 0x2000001 * 0x2545F4914F6CDD1D mod 2^64, then >> 32.
+        -- 64-bit integer arithmetic (a string: Lua 5.1 parses no >> or &)
+        if not math.type then return pending("Lua 5.1 hosts: no 64-bit integers to check by hand") end
         local state, u = S.random_u32(1)
         assert.are.equal(0x2000001, state)
-        local product = 0x2000001 * 0x2545F4914F6CDD1D   -- wraps like unsigned long long
-        assert.are.equal((product >> 32) & 0xFFFFFFFF, u)
+        -- the product wraps like unsigned long long
+        assert.are.equal(load("return (0x2000001 * 0x2545F4914F6CDD1D >> 32) & 0xFFFFFFFF")(), u)
         assert.is_true(u >= 0 and u < 2 ^ 32)
     end)
 
@@ -37,7 +39,7 @@ describe("xorshift64* generator", function()
         for _, u in ipairs({ 1456360119, 3359763283, 3393612768 }) do
             local coin
             state, coin = S.random_f32(state)
-            assert.are.equal((u >> 8) / 16777216, coin)
+            assert.are.equal(math.floor(u / 256) / 16777216, coin)
             assert.is_true(coin >= 0 and coin < 1)
         end
     end)
@@ -170,7 +172,7 @@ describe("sampler against run.c's sample()", function()
             for i = 0, 999 do logits[i + 1] = F.f32(5 * math.sin(i * 0.37) + 0.001 * i) end
             local smp = S.new(1000, case[2], case[3], case[1])
             local got = {}
-            for k = 1, 20 do got[k] = smp:sample(table.move(logits, 1, 1000, 1, {})) end
+            for k = 1, 20 do got[k] = smp:sample({ (table.unpack or unpack)(logits, 1, 1000) }) end
             assert.are.equal(case[4], table.concat(got, " "))
         end)
     end

@@ -16,7 +16,7 @@ end
 
 describe("model:run", function()
     it("checks missing, extra, misshaped and mistyped inputs, naming them", function()
-        local model <close> = two_input_model()
+        local model = two_input_model()
         local x = H.rand({ 2, 3 })
         local ids = mk.tensor({ 1, 4 }, "int64")
         assert.are.same({ 2, 4 }, model:run({ x = x, ids = ids }).shape)
@@ -41,7 +41,7 @@ describe("model:run", function()
 
     it("returns a new tensor per run, or fills the one given", function()
         local x = mk.input("x", "float32", { 3 })
-        local model <close> = mk.compile(x * 2)
+        local model = mk.compile(x * 2)
         local a = model:run({ x = mk.tensor({ 1, 2, 3 }) })
         local b = model:run({ x = mk.tensor({ 4, 5, 6 }) })
         assert.are.same({ 2, 4, 6 }, a:totable())
@@ -54,7 +54,7 @@ describe("model:run", function()
     end)
 
     it("describes its inputs and output", function()
-        local model <close> = two_input_model()
+        local model = two_input_model()
         local inputs = model:inputs()
         table.sort(inputs, function(p, q) return p.name < q.name end)
         assert.are.same({ { name = "ids", dtype = "int64", shape = { 2 } },
@@ -69,7 +69,7 @@ describe("model:run", function()
         local x = mk.input("x", "float32", { 4, 8 })
         local kv = mk.buffer("float32", { 16, 8 })
         local w = mk.constant(H.rand({ 8, 8 }), "w")
-        local model <close> = mk.compile(kv:replace(x:matmul(w):relu(), 0, 4))
+        local model = mk.compile(kv:replace(x:matmul(w):relu(), 0, 4))
         local s = model:stats()
         assert.are.equal("cpu", s.device)
         assert.is_true(s.arena_bytes >= s.lower_bound_bytes)
@@ -91,7 +91,7 @@ describe("names and outputs that would go wrong in C", function()
         local text = "$1 = InputTensor(x, float32, [2]);\nresult = $1;\n"
         E(function() mk.compile_script(text, { ["x\0"] = mk.tensor { 1, 2 } }) end,
             "argument error: compile:", "NUL")
-        local m <close> = mk.compile(mk.input("x", "float32", { 2 }):relu())
+        local m = mk.compile(mk.input("x", "float32", { 2 }):relu())
         E(function() m:run { x = mk.tensor { 1, 2 }, ["x\0y"] = mk.tensor { 1, 2 } } end,
             "input error: run: unknown input")
     end)
@@ -99,7 +99,7 @@ describe("names and outputs that would go wrong in C", function()
     it("refuses a borrowed constant as the output tensor (the weights would change)", function()
         local w = mk.tensor { 1.5, -2 }
         local x = mk.input("x", "float32", { 2 })
-        local m <close> = mk.compile(x + mk.constant(w, "w"))
+        local m = mk.compile(x + mk.constant(w, "w"))
         E(function() m:run({ x = mk.tensor { 1, 1 } }, w) end, "argument error: run:", "constant 'w'")
         assert.are.same({ 1.5, -2 }, w:totable())
         assert.are.same({ 2.5, -1 }, m:run({ x = mk.tensor { 1, 1 } }):totable())
@@ -112,7 +112,7 @@ describe("max_bytes", function()
         local y = (x + mk.buffer("float32", { 256 })):relu()
         E(function() mk.compile(y, { max_bytes = 1000 }) end, "out of memory: ",
             "more than max_bytes 1000")
-        local m <close> = mk.compile(y, { max_bytes = 1 << 20 })
+        local m = mk.compile(y, { max_bytes = 1048576 })
         assert.are.equal(256, #m:run { x = H.rand({ 256 }) })
         E(function() mk.compile(y, { max_bytes = -1 }) end, "argument error: compile:", "max_bytes")
         E(function() mk.compile(y, { max_bytes = "1k" }) end, "argument error: compile:", "max_bytes")
@@ -124,7 +124,7 @@ describe("compile options", function()
         local x = mk.input("x", "float32", { 4 })
         local y = (x * 2):relu()
         for _, k in ipairs({ "fuse", "passes", "kernel_cache" }) do
-            local m <close> = mk.compile(y, { [k] = false })
+            local m = mk.compile(y, { [k] = false })
             assert.are.same({ 2, 0, 4, 0 }, m:run({ x = mk.tensor { 1, -1, 2, -3 } }):totable())
             E(function() mk.compile(y, { [k] = 1 }) end, "argument error: compile:",
                 "option " .. k .. " must be a boolean")
@@ -136,7 +136,7 @@ end)
 
 describe("memory that cannot be had", function()
     -- 2^49 bytes: more than any x86-64 process can map, whatever the overcommit policy
-    local huge = { 1 << 23, 1 << 24 }
+    local huge = { 8388608, 16777216 } -- 2^23, 2^24
     it("is an error naming what needed it, and nothing is lost", function()
         E(function() mk.zeros("float32", huge) end, "out of memory: zeros: ",
             "a float32 [8388608, 16777216] tensor needs 562949953421312 bytes")
@@ -150,7 +150,7 @@ describe("memory that cannot be had", function()
             "out of memory: BufferTensor float32 [8388608, 16777216]: cannot allocate", "(script:1:1)")
         -- the context and the module go on
         local y = mk.input("y", "float32", { 3 })
-        local m <close> = mk.compile(y:relu())
+        local m = mk.compile(y:relu())
         assert.are.same({ 1, 0, 2 }, m:run({ y = mk.tensor { 1, -1, 2 } }):totable())
     end)
 end)
@@ -161,7 +161,7 @@ describe("model:dot()", function()
         local w = mk.constant(H.rand({ 8, 8 }), "w")
         local buf = mk.buffer("float32", { 4, 8 })
         local y = ((a:matmul(w:permute({ 1, 0 })):silu() * b) + a):relu() + buf:replace(b, 0, 1)
-        local m <close> = mk.compile(y)
+        local m = mk.compile(y)
         local dot = m:dot()
         assert.truthy(dot:find("^digraph moonkaas {"))
         assert.truthy(dot:find("}\n$"))
@@ -183,14 +183,14 @@ describe("model:dot()", function()
         assert.truthy(dot:find("arena @", 1, true))
         assert.truthy(dot:find("style=dashed", 1, true))
         -- without groups, no cluster
-        local plain <close> = mk.compile(y, { fuse = false })
+        local plain = mk.compile(y, { fuse = false })
         assert.falsy(plain:dot():find("cluster", 1, true))
     end)
 
     it("memory_svg draws a box per tensor in the arena and the lower bound", function()
         local x = mk.input("x", "float32", { 16, 16 })
         local y = x:relu():matmul(x):tanh():matmul(x:exp())
-        local m <close> = mk.compile(y, { fuse = false })
+        local m = mk.compile(y, { fuse = false })
         local svg = m:memory_svg()
         assert.truthy(svg:find("^<svg xmlns="))
         assert.truthy(svg:find("</svg>\n$"))
@@ -207,10 +207,16 @@ describe("model release", function()
     it("closes once, idempotently, with <close>, :close() and the collector", function()
         local x = mk.input("x", "float32", { 2 })
         local kept
-        do
-            local m <close> = mk.compile(x:relu())
-            kept = m
-            assert.are.same({ 1, 0 }, m:run({ x = mk.tensor({ 1, -1 }) }):totable())
+        if _VERSION == "Lua 5.4" then -- a string: Lua 5.1 cannot parse <close>
+            kept = assert(load([[
+                local mk, x = ...
+                local m <close> = mk.compile(x:relu())
+                assert(m:run({ x = mk.tensor({ 1, -1 }) }):get(2) == 0)
+                return m]]))(mk, x)
+        else -- no to-be-closed variables before 5.4: close() is the way
+            kept = mk.compile(x:relu())
+            assert.are.same({ 1, 0 }, kept:run({ x = mk.tensor({ 1, -1 }) }):totable())
+            kept:close()
         end
         assert.are.equal("model (closed)", tostring(kept))
         E(function() kept:run({ x = mk.tensor({ 1, 2 }) }) end, "argument error: run:", "closed")
@@ -225,7 +231,7 @@ describe("model release", function()
     it("keeps borrowed constants alive on the CPU", function()
         local t, ref = H.rand({ 3, 3 })
         local x = mk.input("x", "float32", { 3 })
-        local model <close> = mk.compile(x:matmul(mk.constant(t)))
+        local model = mk.compile(x:matmul(mk.constant(t)))
         t = nil
         for _ = 1, 3 do collectgarbage() end
         local xt, xr = H.rand({ 3 })
@@ -251,7 +257,7 @@ describe("buffers", function()
         local kv = mk.buffer("float32", { rows, dim })
         local row = mk.input("row", "float32", { 1, dim })
         local pos = mk.input("pos", "int64", { 1 })
-        local model <close> = mk.compile(kv:replace(row, pos, pos + 1))
+        local model = mk.compile(kv:replace(row, pos, pos + 1))
         local want = { shape = { rows, dim }, data = {} }
         for i = 1, rows * dim do want.data[i] = 0 end
         for p = 0, rows - 1 do
@@ -261,7 +267,7 @@ describe("buffers", function()
             H.assert_close(out, want, 0, 0)
         end
         -- a second model over an equal graph starts from zeros again
-        local other <close> = mk.compile(kv:replace(row, pos, pos + 1))
+        local other = mk.compile(kv:replace(row, pos, pos + 1))
         local rt, rr = H.rand({ 1, dim })
         local out = other:run({ row = rt, pos = mk.tensor({ rows - 1 }, "int64") })
         for j = 1, dim do assert.are.equal(0, out:get(1, j)) end
@@ -271,7 +277,7 @@ describe("buffers", function()
     it("go back to zero on model:reset(), and nothing else does", function()
         local acc = mk.buffer("float32", { 2, 3 })
         local x = mk.input("x", "float32", { 2, 3 })
-        local model <close> = mk.compile(acc:replace(acc + x, 0, 2))
+        local model = mk.compile(acc:replace(acc + x, 0, 2))
         local xt, xr = H.rand({ 2, 3 })
         model:run({ x = xt })
         local twice = model:run({ x = xt })
@@ -290,7 +296,7 @@ describe("buffers", function()
         local s = mk.buffer("float32", { 2 })
         local kick = mk.input("kick", "float32", { 2 })
         local step = mk.constant(mk.tensor({ { 0, 1 }, { 1, 1 } }), "step")
-        local model <close> = mk.compile(s:replace(s:matmul(step) + kick, 0, 2))
+        local model = mk.compile(s:replace(s:matmul(step) + kick, 0, 2))
         local a0, b0 = math.random(0, 9), math.random(1, 9)
         local out = model:run({ kick = mk.tensor({ a0, b0 }) })
         assert.are.same({ a0, b0 }, out:totable())
@@ -306,7 +312,7 @@ describe("buffers", function()
     it("accumulate a running sum in int64", function()
         local acc = mk.buffer("int64", { 3 })
         local x = mk.input("x", "int64", { 3 })
-        local model <close> = mk.compile(acc:replace(acc + x, 0, 3))
+        local model = mk.compile(acc:replace(acc + x, 0, 3))
         local want = { 0, 0, 0 }
         for _ = 1, 10 do
             local t, r = H.randint({ 3 }, -1000000, 1000000)
@@ -385,8 +391,8 @@ describe("sharing (compile's share)", function()
         end
         local at, ar = H.rand({ 2 })
         local bt, br = H.rand({ 2 })
-        local a <close> = mk.compile(graph(at))
-        local b <close> = mk.compile(graph(bt), { share = a })
+        local a = mk.compile(graph(at))
+        local b = mk.compile(graph(bt), { share = a })
         local xt, xr = H.rand({ 2 })
         H.assert_close(b:run({ x = xt }), R.mul(xr, br))
         H.assert_close(a:run({ x = xt }), R.mul(xr, ar))
@@ -396,7 +402,7 @@ describe("sharing (compile's share)", function()
 
     it("refuses a buffer of the same name and another type, a closed model and a non-model", function()
         local kv = mk.buffer("float32", { 4, 3 }, "kv")
-        local a <close> = mk.compile(kv:replace(mk.input("r", "float32", { 1, 3 }), 0, 1))
+        local a = mk.compile(kv:replace(mk.input("r", "float32", { 1, 3 }), 0, 1))
         E(function() mk.compile(mk.buffer("float32", { 5, 3 }, "kv") * 1, { share = a }) end, "input error: share: buffer 'kv' is float32 [5, 3] here, but the shared model's 'kv' is a buffer float32 [4, 3]",
             "(script:")
         E(function() mk.compile(mk.buffer("int64", { 4, 3 }, "kv") * 1, { share = a }) end, "input error: share: buffer 'kv' is int64 [4, 3]",
@@ -415,7 +421,7 @@ describe("sharing (compile's share)", function()
 
     gpu_it("refuses a model of another device", function()
         local kv = mk.buffer("float32", { 4, 3 }, "kv")
-        local a <close> = mk.compile(kv * 1)
+        local a = mk.compile(kv * 1)
         E(function() mk.compile(kv * 2, { device = "cuda", share = a }) end,
             "argument error: share: the model to share is compiled for cpu, this one for cuda")
     end)
@@ -443,7 +449,7 @@ describe("MLPs", function()
     it("matmul + bias + ReLU chains on a batch", function()
         local sizes = { math.random(2, 40), math.random(2, 40), math.random(2, 40), math.random(2, 10) }
         local y, feeds, want = mlp_case(math.random(1, 16), sizes)
-        local model <close> = mk.compile(y)
+        local model = mk.compile(y)
         H.assert_close(model:run(feeds), want, 1e-4, 1e-4)
         local s = mk.script(y)
         local _, matmuls = s:gsub("MatMulNode", "")
@@ -452,7 +458,7 @@ describe("MLPs", function()
 
     it("on a single vector", function()
         local y, feeds, want = mlp_case(nil, { math.random(2, 30), math.random(2, 30), math.random(2, 30) })
-        local model <close> = mk.compile(y)
+        local model = mk.compile(y)
         H.assert_close(model:run(feeds), want, 1e-4, 1e-4)
     end)
 
@@ -464,12 +470,12 @@ describe("MLPs", function()
         local w2, w2r = H.rand({ 30, 10 }, -0.3, 0.3)
         local y = (x:reshape({ 4, 49 }):matmul(mk.constant(w1, "w1")) + mk.constant(b1, "b1"))
             :relu():matmul(mk.constant(w2, "w2"))
-        local model <close> = mk.compile(y:argmax())
+        local model = mk.compile(y:argmax())
         local logits = R.matmul(R.relu(R.add(R.matmul(R.reshape(xr, { 4, 49 }), w1r), b1r)), w2r)
         local got = model:run({ input = xt })
         -- near-ties could legitimately differ in float32: compare values at the picked index
         for i = 1, 4 do
-            local want_best = R.argmax({ shape = { 1, 10 }, data = { table.unpack(logits.data, (i - 1) * 10 + 1, i * 10) } }).data[1]
+            local want_best = R.argmax({ shape = { 1, 10 }, data = { (table.unpack or unpack)(logits.data, (i - 1) * 10 + 1, i * 10) } }).data[1]
             local g = got:get(i, 1)
             local gv, wv = logits.data[(i - 1) * 10 + g + 1], logits.data[(i - 1) * 10 + want_best + 1]
             assert.is_true(g == want_best or math.abs(gv - wv) < 1e-4, ("row %d: %d vs %d"):format(i, g, want_best))

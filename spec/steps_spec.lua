@@ -58,7 +58,7 @@ end
 
 -- Step s (1-based) of a stacked output [steps, ...], as a reference.
 local function step_of(t, s)
-    local shape = { table.unpack(t.shape, 2) }
+    local shape = { (table.unpack or unpack)(t.shape, 2) }
     local size, data = H.numel(shape), {}
     for i = 1, size do data[i] = t:get((s - 1) * size + i) end
     return { shape = shape, data = data }
@@ -118,12 +118,12 @@ describe("model:run_steps", function()
             on_devices(string.format("runs %d step(s) of an RNN of width %d as the reference does",
                 steps, n), function(device)
                 local c = rnn(n)
-                local m <close> = compile_rnn(c, device)
+                local m = compile_rnn(c, device)
                 local outs, ran = m:run_steps(steps, c.feeds)
                 assert.are.equal(steps, ran)
                 check_rnn(c, outs, steps)
                 if device ~= "cpu" then
-                    local cpu <close> = compile_rnn(c, "cpu")
+                    local cpu = compile_rnn(c, "cpu")
                     local want = cpu:run_steps(steps, c.feeds)
                     H.assert_close(outs[1], H.ref(want[1]), ATOL, RTOL)
                 end
@@ -133,7 +133,7 @@ describe("model:run_steps", function()
 
     on_devices("gives what m:run gives when its outputs are fed back by hand", function(device)
         local c = rnn(math.random(2, 48))
-        local m <close> = compile_rnn(c, device)
+        local m = compile_rnn(c, device)
         local steps = math.random(2, 9)
         local outs = m:run_steps(steps, c.feeds)
         local h = c.feeds.h
@@ -147,7 +147,7 @@ describe("model:run_steps", function()
 
     on_devices("fills the output tensors given, and makes those not given", function(device)
         local c = rnn(math.random(2, 20))
-        local m <close> = compile_rnn(c, device)
+        local m = compile_rnn(c, device)
         local steps = math.random(2, 6)
         local oh = filled("float32", { steps, c.n }, 7)
         local outs, ran = m:run_steps(steps, c.feeds, { oh })
@@ -166,7 +166,7 @@ describe("model:run_steps", function()
         local tok = mk.input("tok", "int64", { 1 })
         local logits = mk.embedding(mk.constant(et, "E"), tok):matmul(mk.constant(wt, "W"))
         local next_tok = logits:argmax():reshape({ 1 })
-        local m <close> = mk.compile({ next_tok, logits }, { next = { tok = next_tok }, device = device })
+        local m = mk.compile({ next_tok, logits }, { next = { tok = next_tok }, device = device })
         local t0, steps = math.random(0, V - 1), math.random(3, 12)
         local outs, ran = m:run_steps(steps, { tok = mk.tensor({ t0 }, "int64") })
         assert.are.equal(steps, ran)
@@ -185,7 +185,7 @@ describe("model:run_steps", function()
         local x = mk.input("x", "float32", { 2 })
         local add = math.random(-5, 5)
         if add == 0 then add = 3 end
-        local m <close> = mk.compile({ ids + 0, x * 1 }, { next = { ids = add }, device = device })
+        local m = mk.compile({ ids + 0, x * 1 }, { next = { ids = add }, device = device })
         local it_, ir = H.randint({ 3 }, -1000, 1000)
         local xt, xr = H.rand({ 2 })
         local steps = math.random(2, 8)
@@ -201,7 +201,7 @@ describe("model:run_steps", function()
         local n = math.random(1, 8)
         local a, b = mk.input("a", "float32", { n }), mk.input("b", "float32", { n })
         local twice_b = b * 2
-        local m <close> = mk.compile({ twice_b, a }, { next = { a = twice_b, b = a }, device = device })
+        local m = mk.compile({ twice_b, a }, { next = { a = twice_b, b = a }, device = device })
         local at, ar = H.rand({ n })
         local bt, br = H.rand({ n })
         local steps = math.random(3, 8)
@@ -224,7 +224,7 @@ describe("model:run_steps", function()
             feeds["x" .. i] = t
             total, sum_r = total + mk.input("x" .. i, "float32", { n }), R.add(sum_r, r)
         end
-        local m <close> = mk.compile({ total }, { next = { acc = total }, device = device })
+        local m = mk.compile({ total }, { next = { acc = total }, device = device })
         local steps = math.random(2, 6)
         local outs = m:run_steps(steps, feeds)
         for s = 1, steps do
@@ -236,7 +236,7 @@ describe("model:run_steps", function()
     on_devices("runs thousands of steps a call, each from the one before", function(device)
         -- more steps than one launch of a device loop holds, and a stop past the first
         local c = rnn(8)
-        local m <close> = compile_rnn(c, device)
+        local m = compile_rnn(c, device)
         local n = 2500
         local outs, ran = m:run_steps(n, c.feeds)
         assert.are.equal(n, ran)
@@ -262,7 +262,7 @@ describe("model:run_steps", function()
         local x = mk.input("x", "float32", { width })
         local pos = mk.input("pos", "int64", { 1 })
         local flip = x * -1
-        local m <close> = mk.compile({ flip, pos + 0 }, { next = { x = flip, pos = 1 }, device = device })
+        local m = mk.compile({ flip, pos + 0 }, { next = { x = flip, pos = 1 }, device = device })
         local xt, xr = H.rand({ width })
         local p0 = math.random(1, 1000)
         local outs, ran = m:run_steps(n, { x = xt, pos = mk.tensor({ p0 }, "int64") })
@@ -278,7 +278,7 @@ describe("model:run_steps", function()
     on_devices("keeps buffers from one step to the next", function(device)
         local acc = mk.buffer("int64", { 3 })
         local x = mk.input("x", "int64", { 3 })
-        local m <close> = mk.compile(acc:replace(acc + x, 0, 3), { device = device })
+        local m = mk.compile(acc:replace(acc + x, 0, 3), { device = device })
         assert.are.same({}, m:recurrence())
         local xt, xr = H.randint({ 3 }, 1, 1000)
         local steps = math.random(2, 9)
@@ -294,7 +294,7 @@ end)
 
 describe("run_steps' stop", function()
     on_devices("ends after the first step whose int64 output equals the value", function(device)
-        local m <close> = halving(device)
+        local m = halving(device)
         local n = 9
         local xt, xr = H.rand({ 3 })
         local p0 = math.random(-100, 100)
@@ -311,7 +311,7 @@ describe("run_steps' stop", function()
     end)
 
     on_devices("counting from 0, a stop at 3 ends after step 4", function(device)
-        local m <close> = halving(device)
+        local m = halving(device)
         local outs, ran = m:run_steps(10, { x = H.rand({ 3 }), pos = mk.tensor({ 0 }, "int64") }, nil,
             { stop = { output = 2, value = 3 } })
         assert.are.equal(4, ran)
@@ -319,7 +319,7 @@ describe("run_steps' stop", function()
     end)
 
     on_devices("never reached, runs all n steps", function(device)
-        local m <close> = halving(device, -1)
+        local m = halving(device, -1)
         local n, p0 = math.random(1, 8), math.random(1, 100)
         local outs, ran = m:run_steps(n, { x = H.rand({ 3 }), pos = mk.tensor({ p0 }, "int64") }, nil,
             { stop = { output = 2, value = p0 + 1 } }) -- counting down: passed at once
@@ -333,7 +333,7 @@ end)
 describe("a model of several outputs", function()
     on_devices("m:run returns every output, in order, into the tensors given", function(device)
         local c = rnn(math.random(2, 40))
-        local m <close> = compile_rnn(c, device)
+        local m = compile_rnn(c, device)
         local want, best = rnn_step(c, c.h0)
         local h1, token = m:run(c.feeds)
         H.assert_close(h1, want, ATOL, RTOL)
@@ -358,7 +358,7 @@ describe("a model of several outputs", function()
         local x = mk.input("x", "float32", { rows, n })
         local pre = x:matmul(mk.constant(wt, "W")) + mk.constant(bt, "b")
         local a = pre:tanh()
-        local m <close> = mk.compile({ (a * a):relu(), pre, a }, { device = device })
+        local m = mk.compile({ (a * a):relu(), pre, a }, { device = device })
         local pre_r = R.add(R.matmul(xr, wr), br)
         local a_r = R.tanh(pre_r)
         local got = { m:run({ x = xt }) }
@@ -369,7 +369,7 @@ describe("a model of several outputs", function()
 
     it("m:run refuses output tensors of the wrong shape or dtype, and stays usable", function()
         local c = rnn(math.random(2, 20))
-        local m <close> = compile_rnn(c, "cpu")
+        local m = compile_rnn(c, "cpu")
         local oh, ot = mk.zeros("float32", { c.n }), mk.zeros("int64", { 1 })
         local S = H.shape_str
         E(function() m:run(c.feeds, mk.zeros("float32", { c.n + 1 }), ot) end, "argument error: run:",
@@ -384,7 +384,7 @@ describe("a model of several outputs", function()
 
     it("m:run and run_steps refuse more output tensors than the model has outputs", function()
         local c = rnn(3)
-        local m <close> = compile_rnn(c, "cpu")
+        local m = compile_rnn(c, "cpu")
         local extra = mk.zeros("int64", { 1 })
         E(function() m:run(c.feeds, mk.zeros("float32", { 3 }), mk.zeros("int64", { 1 }), extra) end,
             "argument error: run:")
@@ -395,13 +395,13 @@ describe("a model of several outputs", function()
 
     it("describes its outputs and recurrence", function()
         local c = rnn(math.random(2, 20))
-        local m <close> = compile_rnn(c, "cpu")
+        local m = compile_rnn(c, "cpu")
         assert.are.same({ { dtype = "float32", shape = { c.n } }, { dtype = "int64", shape = { 1 } } },
             m:outputs())
         assert.are.same({ h = { output = 1 }, pos = { add = 1 } }, m:recurrence())
         assert.truthy(tostring(m):find(string.format("-> float32 [%d], int64 [1]", c.n), 1, true),
             tostring(m))
-        local single <close> = mk.compile(c.h1)
+        local single = mk.compile(c.h1)
         assert.are.same({ { dtype = "float32", shape = { c.n } } }, single:outputs())
         assert.are.same({}, single:recurrence())
     end)
@@ -412,7 +412,7 @@ end)
 describe("run_steps and the caller's inputs", function()
     on_devices("leaves them as they were: counters and feeds live in the model", function(device)
         local c = rnn(math.random(2, 30))
-        local m <close> = compile_rnn(c, device)
+        local m = compile_rnn(c, device)
         local steps = math.random(2, 8)
         local first = m:run_steps(steps, c.feeds)
         H.assert_close(c.feeds.h, c.h0, 0, 0)
@@ -432,7 +432,7 @@ end)
 describe("run_steps with bad arguments", function()
     on_devices("refuses each with a clear error, and the model runs after each", function(device)
         local c = rnn(math.random(2, 20))
-        local m <close> = compile_rnn(c, device)
+        local m = compile_rnn(c, device)
         local n = c.n
         local S = H.shape_str
         local cases = {
@@ -459,7 +459,7 @@ describe("run_steps with bad arguments", function()
                 "outs must be a list of tensors" },
         }
         for i, case in ipairs(cases) do
-            E(case[1], table.unpack(case, 2))
+            E(case[1], (table.unpack or unpack)(case, 2))
             local outs, ran = m:run_steps(2, c.feeds)
             assert.are.equal(2, ran, "after case " .. i)
             check_rnn(c, outs, 2)
@@ -472,7 +472,7 @@ describe("run_steps with bad arguments", function()
         local row = mk.input("row", "float32", { 1, d })
         local pos = mk.input("pos", "int64", { 1 })
         local kv = mk.buffer("float32", { rows, d })
-        local m <close> = mk.compile({ kv:replace(row, pos, pos + 1) }, { next = { pos = 1 }, device = device })
+        local m = mk.compile({ kv:replace(row, pos, pos + 1) }, { next = { pos = 1 }, device = device })
         local rt, rr = H.rand({ 1, d })
         local outs = { mk.zeros("float32", { rows + 2, rows, d }) }
         local feeds = { row = rt, pos = mk.tensor({ 0 }, "int64") }
@@ -493,7 +493,7 @@ describe("run_steps with bad arguments", function()
 
     it("names run_steps and counts outputs from 1 in its messages", function()
         local c = rnn(3)
-        local m <close> = compile_rnn(c, "cpu")
+        local m = compile_rnn(c, "cpu")
         E(function() m:run_steps(2, { h = c.feeds.h, pos = c.feeds.pos, y = c.feeds.h }) end,
             "input error: run_steps: unknown input 'y'")
         E(function() m:run_steps(2, c.feeds, nil, { stop = { output = 1, value = 3 } }) end,
@@ -502,7 +502,7 @@ describe("run_steps with bad arguments", function()
 
     it("refuses an output whose steps would need rank 5", function()
         local x = mk.input("x", "float32", { 1, 2, 1, 2 })
-        local m <close> = mk.compile(x * 2)
+        local m = mk.compile(x * 2)
         E(function() m:run_steps(2, { x = H.rand({ 1, 2, 1, 2 }) }) end, "argument error: run_steps:",
             "rank 5")
         assert.are.same({ 1, 2, 1, 2 }, m:run({ x = H.rand({ 1, 2, 1, 2 }) }).shape)
@@ -527,10 +527,10 @@ describe("mk.compile's next", function()
             { c.outputs, { h = c.pre }, "next h", 10, "name error: next: $", "is not an output" },
         }
         for _, case in ipairs(cases) do
-            local outputs, next, start, column = table.unpack(case, 1, 4)
+            local outputs, next, start, column = (table.unpack or unpack)(case, 1, 4)
             local where = string.format("script:%d:%d: ", line_of(mk.script(outputs, next), start), column)
-            E(function() mk.compile(outputs, { next = next }) end, where .. case[5], table.unpack(case, 6))
-            local m <close> = compile_rnn(c, "cpu") -- the module goes on
+            E(function() mk.compile(outputs, { next = next }) end, where .. case[5], (table.unpack or unpack)(case, 6))
+            local m = compile_rnn(c, "cpu") -- the module goes on
             check_rnn(c, m:run_steps(3, c.feeds), 3)
         end
     end)
@@ -547,7 +547,7 @@ describe("mk.compile's next", function()
         E(function() mk.compile(c.outputs, { next = 5 }) end, "argument error: script:",
             "next must be a table")
         E(function() mk.compile({ c.h1, "x" }) end, "argument error: script:", "output 2 must be a node")
-        local m <close> = compile_rnn(c, "cpu")
+        local m = compile_rnn(c, "cpu")
         check_rnn(c, m:run_steps(2, c.feeds), 2)
     end)
 end)
@@ -579,7 +579,7 @@ describe("scripts of recurrences", function()
 
     it("m:script() keeps them after compiling", function()
         local c = rnn(6)
-        local m <close> = compile_rnn(c, "cpu")
+        local m = compile_rnn(c, "cpu")
         local a, b, fed, add = tail_of(m:script())
         assert.truthy(a and b, m:script())
         assert.are.equal(a, fed)
@@ -607,7 +607,7 @@ result = $7, $9;
 next pos = pos + %d;   # a counter
 next h = $7;
 ]], n, n, n, n, add)
-        local m <close> = mk.compile_script(text, { W = H.tensor(c.W), b = H.tensor(c.b) })
+        local m = mk.compile_script(text, { W = H.tensor(c.W), b = H.tensor(c.b) })
         assert.are.same({ h = { output = 1 }, pos = { add = add } }, m:recurrence())
         local steps = math.random(2, 7)
         local outs, ran = m:run_steps(steps, c.feeds)

@@ -7,7 +7,7 @@ local mk = H.mk()
 
 local function read(path)
     local f = assert(io.open(path, "rb"))
-    local s = f:read("a")
+    local s = f:read("*a")
     f:close()
     return s
 end
@@ -26,7 +26,14 @@ local function rockspec()
     p:close()
     assert.are.equal(1, #names, "rockspecs: " .. table.concat(names, ", "))
     local env = {}
-    assert(load(read(names[1]), "=" .. names[1], "t", env))()
+    local chunk
+    if setfenv then -- Lua 5.1, LuaJIT
+        chunk = assert(loadstring(read(names[1]), "=" .. names[1]))
+        setfenv(chunk, env)
+    else
+        chunk = assert(load(read(names[1]), "=" .. names[1], "t", env))
+    end
+    chunk()
     return names[1], env
 end
 

@@ -97,6 +97,8 @@ then the script line: "policy.lua:12: shape error: MatMulNode: ..." or
 third result hold those lines.
 ]==]
 local core = require "moonkaas.core"
+local compat = require("moonkaas.compat")
+local isinteger, rawlen = compat.isinteger, compat.rawlen
 
 -- Nodes record the Lua line that built them, skipping this module's own
 -- files (this one's folder: init.lua, llama2.lua).
@@ -263,7 +265,7 @@ local function lower(output, next)
         table.sort(names)
         for _, name in ipairs(names) do
             local v = next[name]
-            if math.type(v) == "integer" then
+            if isinteger(v) then
                 lines[#lines + 1] = format("next %s = %s + %d;", name, name, v)
             elseif is_node(v) and id[v] then
                 lines[#lines + 1] = format("next %s = $%d;", name, id[v])
@@ -398,7 +400,7 @@ methods.transpose = methods.transpose or function(x, a, b)
     local rank, axes = x.rank, { a, b }
     for k = 1, 2 do
         local v = axes[k]
-        if math.type(v) ~= "integer" then
+        if not isinteger(v) then
             raise("argument error", "transpose", "argument #%d must be an integer axis, got %s",
                 k + 1, describe(v))
         end

@@ -18,6 +18,7 @@
 -- emulation), model (the graph). This file adds run.c's generate and chat
 -- loops and its command line; scripts/llama2.lua is the thin CLI over main().
 
+local C = require("moonkaas.compat")
 local checkpoint = require("moonkaas.llama2.checkpoint")
 local tokenizer = require("moonkaas.llama2.tokenizer")
 local sampler = require("moonkaas.llama2.sampler")
@@ -111,7 +112,7 @@ function M.generate(net, tok, smp, prompt, steps, opts)
     local going = true
     if not opts.per_token and #prompt_tokens > 1 and #prompt_tokens <= steps then
         -- the prompt in one evaluation (prefill): its tokens, then the one after
-        local made = { table.unpack(prompt_tokens, 2) }
+        local made = { C.unpack(prompt_tokens, 2) }
         made[#made + 1] = net:prefill(prompt_tokens, 0, smp)
         for _, nxt in ipairs(made) do
             going = emit(nxt)
@@ -151,7 +152,7 @@ end
 local function default_read_line(guide)
     io.stdout:write(guide)
     io.stdout:flush()
-    return io.stdin:read("l")
+    return io.stdin:read("*l")
 end
 
 -- run.c's chat loop: Llama 2 chat template, the assistant's turn ends on EOS
@@ -176,6 +177,7 @@ function M.chat(net, tok, smp, user_prompt, system_prompt, steps, opts)
     local nxt, token
     local pos = 0
     while pos < steps do
+        local prefilled = false -- the whole prompt ran in one evaluation
         if user_turn then
             if pos == 0 then
                 if system_prompt == nil then
@@ -212,24 +214,25 @@ function M.chat(net, tok, smp, user_prompt, system_prompt, steps, opts)
                 else
                     write(tokenizer.printable(tok:decode(token, nxt)))
                 end
-                goto next_position
+                prefilled = true
             end
         end
-        if user_idx <= #prompt_tokens then
-            token = prompt_tokens[user_idx]
-            user_idx = user_idx + 1
-        else
-            token = nxt
+        if not prefilled then
+            if user_idx <= #prompt_tokens then
+                token = prompt_tokens[user_idx]
+                user_idx = user_idx + 1
+            else
+                token = nxt
+            end
+            -- EOS (2) ends the assistant's turn.
+            if token == tokenizer.EOS then user_turn = true end
+            nxt = net:next_token(token, pos, smp)
+            pos = pos + 1
+            if user_idx > #prompt_tokens and nxt ~= tokenizer.EOS then
+                write(tokenizer.printable(tok:decode(token, nxt)))
+            end
+            if nxt == tokenizer.EOS then write("\n") end
         end
-        -- EOS (2) ends the assistant's turn.
-        if token == tokenizer.EOS then user_turn = true end
-        nxt = net:next_token(token, pos, smp)
-        pos = pos + 1
-        if user_idx > #prompt_tokens and nxt ~= tokenizer.EOS then
-            write(tokenizer.printable(tok:decode(token, nxt)))
-        end
-        if nxt == tokenizer.EOS then write("\n") end
-        ::next_position::
     end
     write("\n")
 end
@@ -263,9 +266,9 @@ Options:
 
 -- C's atoi on a 32-bit int: the leading integer, wrapped to int32.
 local function parse_int(s)
-    local v = math.tointeger(tonumber(s))
+    local v = C.tointeger(tonumber(s))
     if not v then return nil end
-    return ((v + 0x80000000) & 0xFFFFFFFF) - 0x80000000
+    return (v + 0x80000000) % 0x100000000 - 0x80000000
 end
 
 -- Parses argv (a 1-based array, argv[1] the checkpoint). Returns an options
@@ -350,7 +353,7 @@ function M.parse_args(argv)
     if o.temperature < 0 then o.temperature = 0.0 end
     if o.topp < 0 or o.topp > 1 then o.topp = 0.9 end
     if o.steps < 0 then o.steps = 0 end
-    if o.seed == 0 then o.seed = os.time() & 0xFFFFFFFF end
+    if o.seed == 0 then o.seed = os.time() % 0x100000000 end
     return o
 end
 
@@ -437,8 +440,12 @@ function M.main(argv, env)
     if mk.on_log then -- the core's warnings; its info repeats what is printed below
         mk.on_log(function(level, m) if level == "warning" then log("warning: " .. m) end end)
     end
+    -- The sampler node's state is a 64-bit integer, which a Lua 5.1 number
+    -- cannot carry between runs: there the model gives the logits and the Lua
+    -- sampler (the same draws) picks the token.
+    local sampled = C.lua51 and "logits" or "sample"
     local ok, net = pcall(M.build, mk, c, {
-        device = device, cudnn = o.cudnn, output = smp:greedy() and "argmax" or "sample",
+        device = device, cudnn = o.cudnn, output = smp:greedy() and "argmax" or sampled,
         steps = o.steps, log = log,
         precision = o.precision })
     if mk.on_progress then mk.on_progress(nil) end -- runs report nothing

@@ -48,6 +48,9 @@
 -- each weight as an mmap-backed tensor through mk.from_file, so the weights
 -- are never read into Lua strings (the one exception: see map()).
 
+local C = require("moonkaas.compat")
+local idiv = C.idiv
+
 local M = {}
 
 M.HEADER_BYTES = 28        -- legacy header
@@ -144,7 +147,7 @@ function M.blocks(c)
                 if version == 2 and shape[2] then -- a matrix
                     b.quantized = true
                     b.scale_offset = offset + count
-                    offset = b.scale_offset + FLOAT * (count // c.group_size)
+                    offset = b.scale_offset + FLOAT * idiv(count, c.group_size)
                 else
                     offset = offset + FLOAT * count
                 end
@@ -165,7 +168,7 @@ function M.file_size(c)
         if name ~= "wcls" or not c.shared_classifier then
             local shape = M.shape_of(c, name)
             local count = numel(shape)
-            local each = (version == 2 and shape[2]) and count + FLOAT * (count // c.group_size) or FLOAT * count
+            local each = (version == 2 and shape[2]) and count + FLOAT * idiv(count, c.group_size) or FLOAT * count
             bytes = bytes + each * (spec:sub(-1) == "*" and c.n_layers or 1)
         end
     end
@@ -181,7 +184,7 @@ function M.config_from_header(h)
     local version = h.version or 0
     for _, k in ipairs(FIELDS) do
         local v = h[k]
-        if math.type(v) ~= "integer" then return nil, k .. " is missing" end
+        if not C.isinteger(v) then return nil, k .. " is missing" end
         if k == "vocab_size" then
             if v == 0 then return nil, "vocab_size is 0" end
             if v < 0 and version > 0 then
@@ -216,15 +219,15 @@ function M.config_from_header(h)
     if approx > 2.0 ^ 48 then
         return nil, string.format("the header implies about %.3g floats of weights; not a checkpoint", approx)
     end
-    c.head_size = c.dim // c.n_heads
+    c.head_size = idiv(c.dim, c.n_heads)
     if c.head_size % 2 ~= 0 then
         return nil, string.format("head size %d (dim / n_heads) is odd; RoPE rotates pairs", c.head_size)
     end
     c.kv_dim = c.head_size * c.n_kv_heads
-    c.kv_mul = c.n_heads // c.n_kv_heads
+    c.kv_mul = idiv(c.n_heads, c.n_kv_heads)
     if version == 2 then
         local gs = h.group_size
-        if math.type(gs) ~= "integer" then return nil, "group_size is missing" end
+        if not C.isinteger(gs) then return nil, "group_size is missing" end
         if gs <= 0 then return nil, string.format("group size %d must be positive", gs) end
         -- export.py's guarantee (it halves 64 until it divides dim): every
         -- matrix, having dim as one side, then splits into whole groups
@@ -254,12 +257,12 @@ M.describe = describe
 -- the problem (without the file name).
 function M.parse_header(head, size)
     local h = {}
-    if #head >= 4 and string.unpack("<I4", head) == M.MAGIC then
+    if #head >= 4 and C.u32(head, 1) == M.MAGIC then
         if #head < 8 then
             return nil, string.format("truncated checkpoint: %d bytes, shorter than the %d-byte header " ..
                                       "(magic 'ak42', no version)", size, M.VERSION_HEADER_BYTES)
         end
-        h.version = string.unpack("<i4", head, 5)
+        h.version = C.i32(head, 5)
         if h.version ~= 1 and h.version ~= 2 then
             return nil, string.format("unknown checkpoint version %d (magic 'ak42'; versions 1 and 2 " ..
                                       "are known)", h.version)
@@ -269,16 +272,16 @@ function M.parse_header(head, size)
                                       "of version %d", size, M.VERSION_HEADER_BYTES, h.version)
         end
         local pos = 9
-        for _, k in ipairs(FIELDS) do h[k], pos = string.unpack("<i4", head, pos) end
-        h.shared_classifier, pos = string.unpack("B", head, pos)
-        if h.version == 2 then h.group_size = string.unpack("<i4", head, pos) end
+        for _, k in ipairs(FIELDS) do h[k], pos = C.i32(head, pos), pos + 4 end
+        h.shared_classifier, pos = head:byte(pos), pos + 1
+        if h.version == 2 then h.group_size = C.i32(head, pos) end
     else
         if #head < M.HEADER_BYTES then
             return nil, string.format("truncated checkpoint: %d bytes, shorter than the %d-byte header",
                                       size, M.HEADER_BYTES)
         end
         local pos = 1
-        for _, k in ipairs(FIELDS) do h[k], pos = string.unpack("<i4", head, pos) end
+        for _, k in ipairs(FIELDS) do h[k], pos = C.i32(head, pos), pos + 4 end
     end
     return h
 end
@@ -358,8 +361,8 @@ function M.map(mk, c, opts)
     end
     local function quantized(b)
         local out, inn, g = b.shape[1], b.shape[2], c.group_size
-        local qshape, sshape = { out, inn }, { out, inn // g }
-        if inn % g ~= 0 then qshape, sshape = { b.count // g, g }, { b.count // g, 1 } end
+        local qshape, sshape = { out, inn }, { out, idiv(inn, g) }
+        if inn % g ~= 0 then qshape, sshape = { idiv(b.count, g), g }, { idiv(b.count, g), 1 } end
         local scale = b.scale_offset % FLOAT == 0 and tensor(b.scale_offset, "float32", sshape)
                       or unaligned_floats(b.scale_offset, sshape)
         return { q = tensor(b.offset, "int8", qshape), scale = scale, shape = { out, inn }, group = g }
@@ -389,10 +392,10 @@ end
 -- divides dim. nil and the problem for a start that is not a positive integer.
 function M.backoff_group_size(dim, start)
     local g = start or 64
-    if math.type(g) ~= "integer" or g <= 0 then
+    if not C.isinteger(g) or g <= 0 then
         return nil, string.format("the group size must be a positive integer, got %s", tostring(start))
     end
-    while dim % g ~= 0 do g = g // 2 end
+    while dim % g ~= 0 do g = idiv(g, 2) end
     return g
 end
 
@@ -400,12 +403,13 @@ end
 function M.header(c)
     local v = c.vocab_size
     if c.version == 0 then
-        return string.pack("<i4i4i4i4i4i4i4", c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads,
-                           c.shared_classifier and v or -v, c.seq_len)
+        return C.pack_array("i4", { c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads,
+                                    c.shared_classifier and v or -v, c.seq_len }, 1, 7)
     end
-    local h = string.pack("<I4i4i4i4i4i4i4i4i4B", M.MAGIC, c.version, c.dim, c.hidden_dim, c.n_layers,
-                          c.n_heads, c.n_kv_heads, v, c.seq_len, c.shared_classifier and 1 or 0)
-    if c.version == 2 then h = h .. string.pack("<i4", c.group_size) end
+    local h = C.pack_array("i4", { M.MAGIC, c.version, c.dim, c.hidden_dim, c.n_layers,
+                                   c.n_heads, c.n_kv_heads, v, c.seq_len }, 1, 9)
+        .. string.char(c.shared_classifier and 1 or 0)
+    if c.version == 2 then h = h .. C.pack_i32(c.group_size) end
     return h .. string.rep("\0", M.VERSION_HEADER_BYTES - #h)
 end
 
@@ -417,10 +421,10 @@ end
 -- float32 cos/sin are within an ulp of them (stories260K's own block differs
 -- from this in 199 of its 4,096 values, by one ulp: run.c never reads it).
 function M.freq_cis_bytes(c)
-    local function f32(x) return (string.unpack("<f", string.pack("<f", x))) end
+    local f32 = C.f32
     local hs, S = c.head_size, c.seq_len
     local freqs = {}
-    for i = 0, hs // 2 - 1 do
+    for i = 0, idiv(hs, 2) - 1 do
         freqs[i + 1] = f32(1.0 / f32(10000.0 ^ f32(f32(2 * i) / hs)))
     end
     local parts = {}
@@ -428,13 +432,13 @@ function M.freq_cis_bytes(c)
         local row = {}
         for pos = 0, S - 1 do
             for i, freq in ipairs(freqs) do row[i] = fn(f32(pos * freq)) end
-            parts[#parts + 1] = string.pack("<" .. string.rep("f", #row), table.unpack(row))
+            parts[#parts + 1] = C.pack_array("f", row, 1, #row)
         end
     end
     return table.concat(parts)
 end
 
-local CHUNK = 1 << 20 -- elements per write
+local CHUNK = 1048576 -- elements per write
 
 local function write_tensor(put, t)
     for i = 1, t.numel, CHUNK do
@@ -490,7 +494,7 @@ function M.export(mk, c, out_path, version, opts)
         local key = b.name .. (b.layer or "")
         if b.quantized then
             src[key] = { q = map(b.offset, "int8", b.count), group = c.group_size,
-                         scale = map(b.scale_offset, "float32", b.count // c.group_size) }
+                         scale = map(b.scale_offset, "float32", idiv(b.count, c.group_size)) }
         else
             src[key] = { t = map(b.offset, "float32", b.count) }
         end

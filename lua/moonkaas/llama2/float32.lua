@@ -8,39 +8,43 @@
 -- pow) are rounded correctly here, where glibc's float versions may be off by
 -- one unit in the last place on rare arguments.
 --
--- Pure Lua; no moonkaas core needed.
+-- Pure Lua (moonkaas.compat for 5.1 hosts); no moonkaas core needed.
 
+local C = require("moonkaas.compat")
 local pack, unpack = string.pack, string.unpack
 local rep = string.rep
-local table_unpack = table.unpack
+local table_unpack, move = C.unpack, C.move
 
 local M = {}
 
 -- Rounds a double to the nearest float32 (ties to even; overflow to ±inf).
-local function f32(x)
-    return (unpack("<f", pack("<f", x)))
-end
+local f32 = C.f32
 M.f32 = f32
 
 -- Vectors are rounded through string.pack in chunks: one C call per chunk is
--- four times faster than one per element.
+-- four times faster than one per element. Without string.pack (Lua 5.1,
+-- LuaJIT), element by element.
 local CHUNK = 4096
 local chunk_fmt = "<" .. rep("f", CHUNK)
 
 -- Rounds t[1..n] to float32 in place; returns t.
 function M.round_array(t, n)
     n = n or #t
+    if not pack then
+        for i = 1, n do t[i] = f32(t[i]) end
+        return t
+    end
     local i = 1
     while i <= n do
         local m = n - i + 1
         if m >= CHUNK then
             local s = pack(chunk_fmt, table_unpack(t, i, i + CHUNK - 1))
-            table.move({ unpack(chunk_fmt, s) }, 1, CHUNK, i, t)
+            move({ unpack(chunk_fmt, s) }, 1, CHUNK, i, t)
             i = i + CHUNK
         else
             local fmt = "<" .. rep("f", m)
             local s = pack(fmt, table_unpack(t, i, n))
-            table.move({ unpack(fmt, s) }, 1, m, i, t)
+            move({ unpack(fmt, s) }, 1, m, i, t)
             i = n + 1
         end
     end

@@ -38,6 +38,8 @@
 -- table is pre-scaled by 1/sqrt(head_size), which folds run.c's division of
 -- the scores into the rotation (one node less per layer).
 
+local C = require("moonkaas.compat")
+local idiv = C.idiv
 local F = require("moonkaas.llama2.float32")
 local f32 = F.f32
 
@@ -102,7 +104,7 @@ function M.graph(mk, c, w, opts)
     local rope_k = mk.constant(mk.tensor(k_table), "rope_k")     -- [seq, hs]
     local rope_q = mk.constant(mk.tensor(q_table), "rope_q")     -- [seq, hs], scaled
     -- n heads' (cos, sin) pairs: [n, hs/2, 2] for a step, [T, n, hs/2, 2] for T tokens
-    local function pairs_of(n) return T == 1 and { n, hs // 2, 2 } or { T, n, hs // 2, 2 } end
+    local function pairs_of(n) return T == 1 and { n, idiv(hs, 2), 2 } or { T, n, idiv(hs, 2), 2 } end
     local at = T == 1 and pos or mk.input("positions", "int64", { T })
     local fk = mk.embedding(rope_k, at):reshape(pairs_of(1))
     local fq = mk.embedding(rope_q, at):reshape(pairs_of(1))
@@ -207,7 +209,7 @@ end
 -- llama2.c's group size: 64, halved until it divides dim (export.py's backoff).
 function M.group_size(c)
     local g = 64
-    while c.dim % g ~= 0 do g = g // 2 end
+    while c.dim % g ~= 0 do g = idiv(g, 2) end
     return g
 end
 
@@ -219,7 +221,7 @@ local function quantized(mk, t, g)
         local q, sc = mk.quantize(t, g)
         return { q = q, scale = sc, shape = { out, inn }, group = g }
     end
-    local flat = mk.from_bytes(t:bytes(), "float32", { out * inn // g, g })
+    local flat = mk.from_bytes(t:bytes(), "float32", { idiv(out * inn, g), g })
     local q, sc = mk.quantize(flat, g)
     return { q = q, scale = sc, shape = { out, inn }, group = g }
 end
@@ -303,7 +305,7 @@ M.Transformer = Transformer
 function M.build(mk, c, w, opts)
     opts = opts or {}
     local steps = opts.steps or c.seq_len
-    if math.type(steps) ~= "integer" or steps < 1 then
+    if not C.isinteger(steps) or steps < 1 then
         error(string.format("llama2: steps must be a positive integer (got %s)", tostring(steps)), 2)
     end
     local output = opts.output or (opts.greedy and "argmax" or "logits")
@@ -380,10 +382,10 @@ end
 -- in the per-step input tensors.
 function Transformer:set_inputs(fn, token, pos)
     local c = self.config
-    if math.type(token) ~= "integer" or token < 0 or token >= c.vocab_size then
+    if not C.isinteger(token) or token < 0 or token >= c.vocab_size then
         error(string.format("%s: token %s out of range [0, %d)", fn, tostring(token), c.vocab_size), 3)
     end
-    if math.type(pos) ~= "integer" or pos < 0 or pos >= self.positions then
+    if not C.isinteger(pos) or pos < 0 or pos >= self.positions then
         error(string.format("%s: position %s out of range [0, %d)", fn, tostring(pos), self.positions), 3)
     end
     self.token_t:set(1, token)
@@ -395,7 +397,7 @@ end
 -- moonkaas.llama2.sampler) as inputs.
 function Transformer:set_sampler(fn, smp)
     if self.output_kind ~= "sample" then return end
-    if type(smp) ~= "table" or math.type(smp.state) ~= "integer" then
+    if type(smp) ~= "table" or not C.isinteger(smp.state) then
         error(fn .. ": a sampling model needs the sampler (llama2.sampler)", 3)
     end
     self.rng_t:set(1, smp.state)
@@ -410,9 +412,9 @@ function Transformer:evaluate(model, inputs, outs)
     if not outs[1] then
         for i, info in ipairs(model:outputs()) do outs[i] = self.mk.zeros(info.dtype, info.shape) end
     end
-    local out, state = model:run(inputs, table.unpack(outs))
+    local out, state = model:run(inputs, C.unpack(outs))
     if self.output_kind == "logits" then return out:totable() end
-    return math.tointeger(out:get(1)), state and math.tointeger(state:get(1))
+    return C.tointeger(out:get(1)), state and C.tointeger(state:get(1))
 end
 
 -- Evaluates one step (see evaluate for what it returns; smp is left as it was).
@@ -513,8 +515,8 @@ function Transformer:steps(token, pos, n, stop, smp)
     local got, k = self.model:run_steps(n, self.inputs, outs, opts)
     self.step_outs[n] = got
     local ids = {}
-    for i = 1, k do ids[i] = math.tointeger(got[1]:get(i, 1)) end
-    if got[2] and k > 0 then smp.state = math.tointeger(got[2]:get(k, 1)) end
+    for i = 1, k do ids[i] = C.tointeger(got[1]:get(i, 1)) end
+    if got[2] and k > 0 then smp.state = C.tointeger(got[2]:get(k, 1)) end
     return ids
 end
 

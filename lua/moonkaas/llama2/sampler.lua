@@ -7,31 +7,70 @@
 --   otherwise:             logits / temperature, softmax, one coin, then
 --                          top-p when 0 < topp < 1, else multinomial.
 --
--- Lua integers are 64-bit two's complement with logical >>, so the generator
--- is exact. Every float operation is rounded to float32 (see float32.lua), so
+-- The generator works on the state's two 32-bit halves with arithmetic that
+-- is exact in doubles (xor from moonkaas.compat), so it is run.c's on every
+-- host: on Lua 5.3+ the state is one 64-bit integer (negative integers stand
+-- for the same bits); on 5.1 and LuaJIT, where a number cannot hold 64 bits,
+-- it is the pair {hi, lo} after the first step. Every float operation is rounded to float32 (see float32.lua), so
 -- the same seed and the same logits pick the same token as run.c.
 --
 -- Pure Lua; no moonkaas core needed.
 
+local C = require("moonkaas.compat")
 local F = require("moonkaas.llama2.float32")
 local f32, round_array = F.f32, F.round_array
 local exp = math.exp
 
 local M = {}
 
+local floor, bxor, toint = math.floor, C.bxor, C.tointeger
+local TWO32 = 0x100000000
+
+-- The state's halves (hi, lo), each in [0, 2^32), and back.
+local function split(state)
+    if type(state) == "table" then return state[1], state[2] end
+    local lo = state % TWO32
+    return ((state - lo) / TWO32) % TWO32, lo
+end
+local function join(hi, lo)
+    if C.lua51 then return { hi, lo } end
+    return toint(hi) * TWO32 + toint(lo) -- wraps to the signed 64-bit value
+end
+
+-- bits 32..63 of (hi, lo) * 0x2545F4914F6CDD1D: by 16-bit limbs, each
+-- partial sum below 2^35
+local K0, K1, K2, K3 = 0xDD1D, 0x4F6C, 0xF491, 0x2545
+local function mul_high(hi, lo)
+    local s0, s1 = lo % 65536, floor(lo / 65536)
+    local s2, s3 = hi % 65536, floor(hi / 65536)
+    local r = s0 * K0
+    r = floor(r / 65536) + s0 * K1 + s1 * K0
+    r = floor(r / 65536) + s0 * K2 + s1 * K1 + s2 * K0
+    local d2 = r % 65536
+    r = floor(r / 65536) + s0 * K3 + s1 * K2 + s2 * K1 + s3 * K0
+    return (r % 65536) * 65536 + d2
+end
+
 -- One xorshift64* step: returns the new state and the 32-bit output.
 function M.random_u32(state)
-    state = state ~ (state >> 12)
-    state = state ~ (state << 25)
-    state = state ~ (state >> 27)
-    return state, (state * 0x2545F4914F6CDD1D) >> 32
+    local hi, lo = split(state)
+    -- state ^= state >> 12
+    lo = bxor(lo, floor(lo / 4096) + (hi % 4096) * 1048576)
+    hi = bxor(hi, floor(hi / 4096))
+    -- state ^= state << 25
+    hi = bxor(hi, (hi % 128) * 33554432 + floor(lo / 128))
+    lo = bxor(lo, (lo % 128) * 33554432)
+    -- state ^= state >> 27
+    lo = bxor(lo, floor(lo / 134217728) + (hi % 134217728) * 32)
+    hi = bxor(hi, floor(hi / 134217728))
+    return join(hi, lo), toint(mul_high(hi, lo))
 end
 
 -- One step of the generator: returns the new state and a float32 in [0, 1).
 function M.random_f32(state)
     local u
     state, u = M.random_u32(state)
-    return state, (u >> 8) / 16777216.0
+    return state, floor(u / 256) / 16777216.0
 end
 
 -- The first index of the largest value in p[first..last].
@@ -84,28 +123,44 @@ end
 local CHUNK = 4096
 local function float_bits(vals, n)
     local bits, k = {}, 1
+    if not string.pack then
+        for j = 1, n do bits[j] = C.f32_bits(vals[j]) end
+        return bits
+    end
     while k <= n do
         local m = math.min(CHUNK, n - k + 1)
-        table.move({ string.unpack("<" .. string.rep("I4", m),
-                                   string.pack("<" .. string.rep("f", m), table.unpack(vals, k, k + m - 1))) },
+        C.move({ string.unpack("<" .. string.rep("I4", m),
+                                   string.pack("<" .. string.rep("f", m), C.unpack(vals, k, k + m - 1))) },
                    1, m, k, bits)
         k = k + m
     end
     return bits
 end
 
+-- key = (0x7FFFFFFF - bits) * 2^22 + index: below 2^53, exact in a double,
+-- for indices below 2^22; a larger vocabulary sorts with a comparison function.
+local INDEX_RANGE = 4194304
 local function sorted_prefix(idx, bits, n0, min_exponent)
     local keys, m = {}, 0
+    local large = n0 > 0 and idx[n0] >= INDEX_RANGE -- idx ascends
     for j = 1, n0 do
         local b = bits[j]
-        if (b >> 23) >= min_exponent then
+        if floor(b / 8388608) >= min_exponent then
             m = m + 1
-            keys[m] = ((0x7FFFFFFF - b) << 32) | idx[j]
+            keys[m] = large and j or (0x7FFFFFFF - b) * INDEX_RANGE + idx[j]
         end
     end
-    table.sort(keys)
     local order = {}
-    for j = 1, m do order[j] = keys[j] & 0xFFFFFFFF end
+    if large then
+        table.sort(keys, function(a, b)
+            if bits[a] ~= bits[b] then return bits[a] > bits[b] end
+            return idx[a] < idx[b]
+        end)
+        for j = 1, m do order[j] = idx[keys[j]] end
+    else
+        table.sort(keys)
+        for j = 1, m do order[j] = keys[j] % INDEX_RANGE end
+    end
     return order, m
 end
 
@@ -127,7 +182,7 @@ function M.sample_topp(probs, n, topp, coin)
     -- candidates pass topp by a margin
     local by_exponent = {}
     for j = 1, n0 do
-        local e = bits[j] >> 23
+        local e = floor(bits[j] / 8388608)
         by_exponent[e] = (by_exponent[e] or 0.0) + vals[j]
     end
     local bound, total = 0, 0.0
@@ -170,10 +225,10 @@ M.Sampler = Sampler
 -- stand for the same bits). temperature and topp are rounded to float32 as
 -- run.c stores them.
 function M.new(vocab_size, temperature, topp, seed)
-    if math.type(vocab_size) ~= "integer" or vocab_size < 1 then
+    if not C.isinteger(vocab_size) or vocab_size < 1 then
         error("sampler: vocab_size must be a positive integer, got " .. tostring(vocab_size), 2)
     end
-    if math.type(seed) ~= "integer" then
+    if not C.isinteger(seed) then
         error("sampler: seed must be an integer, got " .. tostring(seed), 2)
     end
     if type(temperature) ~= "number" or type(topp) ~= "number" then

@@ -22,23 +22,16 @@
 
 local f32 = require("moonkaas.llama2.float32").f32
 
-local pack, unpack, find, sub, byte, rep = string.pack, string.unpack, string.find, string.sub,
-    string.byte, string.rep
+local C = require("moonkaas.compat")
+local u32, i32, f32_at = C.u32, C.i32, C.f32_at
+local find, sub, byte, rep = string.find, string.sub, string.byte, string.rep
 
 local M = {}
 
 -- t[first..last] (integers in [0, 2^32)) as one string of little-endian
 -- uint32, packed 2,048 at a time.
-local CHUNK = 2048
-local CHUNK_FMT = "<" .. rep("I4", CHUNK)
 local function pack_ints(t, first, last)
-    local parts = {}
-    for i = first, last, CHUNK do
-        local j = math.min(i + CHUNK - 1, last)
-        parts[#parts + 1] = pack(j - i + 1 == CHUNK and CHUNK_FMT or "<" .. rep("I4", j - i + 1),
-                                 table.unpack(t, i, j))
-    end
-    return table.concat(parts)
+    return C.pack_array("I4", t, first, last)
 end
 
 local Tokenizer = {}
@@ -57,14 +50,14 @@ end
 -- Tokenizer, or nil and a one-line message naming the file and the problem.
 function M.parse(bytes, vocab_size, name)
     name = name or "tokenizer"
-    if math.type(vocab_size) ~= "integer" or vocab_size < 1 then
+    if not C.isinteger(vocab_size) or vocab_size < 1 then
         return nil, string.format("%s: vocabulary size must be a positive integer (got %s)",
                                   name, tostring(vocab_size))
     end
     if #bytes < 4 then
         return nil, string.format("%s: truncated: %d bytes, no room for the 4-byte header", name, #bytes)
     end
-    local max_token_length, pos = unpack("<i4", bytes)
+    local max_token_length, pos = i32(bytes, 1), 5
     if max_token_length < 1 then
         return nil, string.format("%s: corrupt header: max_token_length %d is not positive",
                                   name, max_token_length)
@@ -81,7 +74,7 @@ function M.parse(bytes, vocab_size, name)
                                       name, id, vocab_size)
         end
         local score, len
-        score, len, pos = unpack("<fi4", bytes, pos)
+        score, len, pos = f32_at(bytes, pos), i32(bytes, pos + 4), pos + 8
         if len < 0 then
             return nil, string.format("%s: corrupt token %d: negative length %d", name, id, len)
         end
@@ -139,7 +132,7 @@ function M.load(path, vocab_size)
     if not f then
         return nil, string.format("%s: cannot open tokenizer: %s", path, M.strip_path(err, path))
     end
-    local bytes = f:read("a")
+    local bytes = f:read("*a")
     f:close()
     if not bytes then
         return nil, string.format("%s: cannot read tokenizer", path)
@@ -149,20 +142,20 @@ end
 
 -- The piece of token id (0-based, in range), and its float32 merge score.
 function Tokenizer:piece(id)
-    local at, len = unpack("<I4I4", self.index, 8 * id + 1)
+    local at, len = u32(self.index, 8 * id + 1), u32(self.index, 8 * id + 5)
     return sub(self.bytes, at, at + len - 1)
 end
 
 function Tokenizer:score(id)
-    return (unpack("<f", self.bytes, (unpack("<I4", self.index, 8 * id + 1)) - 8))
+    return f32_at(self.bytes, u32(self.index, 8 * id + 1) - 8)
 end
 
 -- The bucket (0-based) among n, n a power of two, of the piece s[i..j]: a
 -- hash of its bytes.
 local function bucket_of(s, i, j, n)
     local h = j - i + 1
-    for k = i, j do h = (h * 31 + byte(s, k)) & 0xFFFFFF end
-    return h & (n - 1)
+    for k = i, j do h = (h * 31 + byte(s, k)) % 0x1000000 end
+    return h % n
 end
 
 -- The id of `piece`, or nil. run.c finds pieces by binary search over the
@@ -176,7 +169,7 @@ function Tokenizer:find(piece)
         while n * 2 <= self.vocab_size do n = n * 2 end
         local bytes, index = self.bytes, self.index
         local function bucket(id)
-            local at, len = unpack("<I4I4", index, 8 * id + 1)
+            local at, len = u32(index, 8 * id + 1), u32(index, 8 * id + 5)
             return bucket_of(bytes, at, at + len - 1, n)
         end
         local first, fill, order = {}, {}, {}
@@ -196,9 +189,9 @@ function Tokenizer:find(piece)
         self.n_buckets = n
     end
     local b = bucket_of(piece, 1, #piece, self.n_buckets)
-    local lo, hi = unpack("<I4I4", self.buckets, 4 * b + 1)
+    local lo, hi = u32(self.buckets, 4 * b + 1), u32(self.buckets, 4 * b + 5)
     for k = lo, hi - 1 do
-        local id = unpack("<I4", self.bucket_ids, 4 * k + 1)
+        local id = u32(self.bucket_ids, 4 * k + 1)
         if self:piece(id) == piece then return id end
     end
     return nil
@@ -227,7 +220,7 @@ function Tokenizer:encode(text, bos, eos)
     local i, len = 1, #text
     while i <= len do
         local j = i
-        while j < len and j - i + 1 < 4 and (text:byte(j + 1) & 0xC0) == 0x80 do j = j + 1 end
+        while j < len and j - i + 1 < 4 and text:byte(j + 1) >= 0x80 and text:byte(j + 1) < 0xC0 do j = j + 1 end
         local piece = text:sub(i, j)
         local id = self:find(piece)
         if id then
@@ -266,7 +259,7 @@ end
 
 -- The bytes run.c's decode returns for `token` following `prev`.
 function Tokenizer:decode(prev, token)
-    local id = math.type(token) and math.tointeger(token)
+    local id = C.tointeger(token)
     if not id or id < 0 or id >= self.vocab_size then
         error(string.format("tokenizer: token id %s out of range [0, %d)", tostring(token), self.vocab_size), 0)
     end
