@@ -215,11 +215,13 @@ static void plugin_load(void) {
         const char *slash = strrchr(paths[i], '/');
         mk_strbuf_put(&looked, "%.*s, ", (int)(slash - paths[i]), paths[i]);
     }
-    snprintf(plugin_why, sizeof plugin_why,
-             "moonkaas's CUDA plugin (%s) was not found (looked in: %sthe dynamic linker's "
-             "path; set MK_CUDA_PLUGIN to its path)%s%s",
-             MK_CUDA_PLUGIN_FILE, looked.s && !looked.failed ? looked.s : "",
-             skipped[0] ? "; skipped as unsafe: " : "", skipped);
+    int len = snprintf(plugin_why, sizeof plugin_why,
+                       "moonkaas's CUDA plugin (%s) was not found (looked in: %sthe dynamic "
+                       "linker's path; set MK_CUDA_PLUGIN to its path)%s%s",
+                       MK_CUDA_PLUGIN_FILE, looked.s && !looked.failed ? looked.s : "",
+                       skipped[0] ? "; skipped as unsafe: " : "", skipped);
+    if (len >= (int)sizeof plugin_why) /* cut: say so rather than end mid-path */
+        memcpy(plugin_why + sizeof plugin_why - 4, "...", 4);
     free(looked.s);
 }
 #endif

@@ -123,7 +123,8 @@ static void test_corrupt_entry(void) {
     ino_t again = inode(path);
     CHECK(check(m) && inode(path) == again, "the replacing entry was not loaded");
     /* an ELF magic and garbage */
-    spit(path, "\x7f" "ELF garbage that no loader should see", 40);
+    static const char garbage_bytes[] = "\x7f" "ELF garbage that no loader should see";
+    spit(path, garbage_bytes, sizeof garbage_bytes - 1);
     ino_t garbage = inode(path);
     CHECK(check(m) && inode(path) != garbage, "\\x7fELF and garbage was loaded");
     free(good);
