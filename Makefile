@@ -55,7 +55,8 @@ LUA_INCDIR ?= $(or $(patsubst -I%,%,$(firstword $(LUA_CFLAGS_PC))),$(firstword $
 LUA_LIBS_PC := $(shell $(PKG_CONFIG) --libs $(LUA_PC) 2>/dev/null)
 # without a .pc: the library beside the headers' prefix (a Lua unpacked under a prefix)
 LUA_LIBS ?= $(or $(LUA_LIBS_PC),-L$(abspath $(LUA_INCDIR)/../../lib/$(MULTIARCH)) -l$(LUA))
-LUA_CFLAGS ?= -I$(LUA_INCDIR)
+# Debian's luaconf.h includes lua5.x-deb-multiarch.h from the multiarch folder beside
+LUA_CFLAGS ?= -I$(LUA_INCDIR) -I$(abspath $(LUA_INCDIR)/../$(MULTIARCH))
 BLAS_CFLAGS_PC := $(call pc_cflags,openblas)
 BLAS_INC ?= $(or $(patsubst -I%,%,$(firstword $(BLAS_CFLAGS_PC))),$(firstword $(wildcard /usr/include/$(MULTIARCH)/openblas-pthread /usr/include/openblas) /usr/include))
 CFLAGS   += -I$(BLAS_INC)
