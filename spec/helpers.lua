@@ -9,7 +9,7 @@ spec/helpers.lua — what the busted specs share:
   helpers.ref(tensor)          reference value {shape =, data = flat row-major, 1-based}
   helpers.assert_close(got, want[, atol, rtol])   |got - want| <= atol + rtol |want|
   helpers.ref_ops.*            the nodes' semantics as plain Lua loops in double
-                               precision, written from DESIGN.md, not from the core
+                               precision, written from the ops' definitions, not from the core
   helpers.op_cases()           fresh random {name, output, feeds, want, atol, rtol}
                                cases, one or more per node kind
   helpers.pointwise_cases()    the same for SubNode, DivNode, ExpNode, TanhNode,
@@ -170,7 +170,7 @@ function helpers.assert_equal_ref(got, want)
     return helpers.assert_close(got, want, 0, 0)
 end
 
--- ---- reference semantics (DESIGN.md's node table), double precision ---------
+-- ---- reference semantics (each op's definition), double precision -----------
 
 local R = {}
 helpers.ref_ops = R
