@@ -44,10 +44,11 @@
  * device's matrix kernel (BLAS, cuBLAS); the report says which and why.
  *
  * Both kinds of group share the candidate building, the span and hazard
- * checks and the node making (cand, span, make); their classes, which say
- * what a group computes, are product_describe.c's.
+ * checks and the node making (cand, span, make). Which products may start
+ * one, and the report's lines for those that do not, are product_rules.c's;
+ * the groups' classes (what a group computes) are product_describe.c's.
  */
-#include "passes.h"
+#include "product.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -86,78 +87,6 @@ static bool same_shape(const mk_node *a, const mk_node *b) {
     return a->rank == b->rank && !memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->rank);
 }
 
-/*
- * The DequantizeNode product p's B is, where the group can read its int8
- * weights and scales instead (folding it in): read by p alone, scale blocks
- * along k only, of a multiple of 16 rows. Else NULL.
- */
-static mk_node *folded_dequantize(const mk_graph *g, const mk_node *p) {
-    mk_node *d = p->in[1];
-    if (d->op->kernel != MK_KERNEL_DEQUANTIZE || d->n_consumers != 1 || mk_is_output(g, d) ||
-        d->owner != d || d->rank != 2)
-        return NULL;
-    const mk_node *q = d->in[0], *sc = d->in[1];
-    int64_t group = q->shape[0] / sc->shape[0];
-    return sc->shape[1] == q->shape[1] && group % 16 == 0 ? d : NULL;
-}
-
-/* What the group reads as p's B: the int8 of a folded dequantization, or B. */
-static const mk_node *weights_of(const mk_graph *g, const mk_node *p) {
-    const mk_node *d = folded_dequantize(g, p);
-    return d ? d->in[0] : p->in[1];
-}
-
-/* Whether weights b are read by rows: its columns are not contiguous. */
-static bool by_rows(const mk_node *b) { return b->stride[0] != 1 && b->shape[0] > 1; }
-
-/* Why product p cannot start a matrix–vector group, or NULL when it can. */
-static const char *why_not(const mk_graph *g, const mk_target *t, const mk_node *p) {
-    if (p->op->kernel != MK_KERNEL_MATMUL) return "not a product";
-    const mk_node *a = p->in[0], *b = weights_of(g, p);
-    if (p->dtype != MK_DTYPE_FLOAT32 || a->dtype != MK_DTYPE_FLOAT32) return "not float32";
-    if (a->rank != 2 || b->rank != 2) return "not [m, k] @ [k, n]";
-    if (a->shape[0] > MK_MATVEC_ROWS) return "more rows than a matrix-vector product";
-    if (by_rows(b) && !(t->row_products && b->stride[1] == 1 && b->dtype == MK_DTYPE_FLOAT32))
-        return t->row_products ? "B's columns are not contiguous, nor its rows float32 and "
-                                 "contiguous"
-                               : "B's columns are not contiguous";
-    if (b->shape[1] % 2 && !by_rows(b)) /* by columns, CUDA takes them in pairs */
-        return "an odd number of columns";
-    return NULL;
-}
-
-/*
- * On a device whose groups read weights by columns only (row_products false:
- * CUDA), product p's float32 constant weights [k, n] held by rows (an MLP's
- * [in, out]), where only products read them as their weights, are held by
- * columns instead when p then groups: strides (1, k), laid out so when the
- * model uploads them (model.c). A library product reads them transposed.
- */
-static void hold_by_columns(const mk_graph *g, const mk_target *t, const mk_node *p) {
-    if (t->row_products || p->op->kernel != MK_KERNEL_MATMUL) return;
-    mk_node *w = p->in[1];
-    if (w->op->leaf != MK_LEAF_CONSTANT || w->dtype != MK_DTYPE_FLOAT32 || w->rank != 2 ||
-        !by_rows(w) || w->stride[1] != 1 || mk_is_output(g, w))
-        return;
-    for (int j = w->index + 1; j < g->n_nodes; j++)
-        for (int k = 0; k < g->nodes[j]->n_in; k++)
-            if (g->nodes[j]->in[k] == w && (g->nodes[j]->op->kernel != MK_KERNEL_MATMUL || k != 1))
-                return;
-    int64_t rows = w->stride[0];
-    w->stride[0] = 1;
-    w->stride[1] = w->shape[0];
-    if (why_not(g, t, p)) w->stride[0] = rows, w->stride[1] = 1; /* p would not group: as it was */
-}
-
-/* n's only reader, or NULL where it has several, none, or is the output. */
-static mk_node *only_reader(const mk_graph *g, const mk_node *n) {
-    if (n->n_consumers != 1 || mk_is_output(g, n)) return NULL;
-    for (int i = n->index + 1; i < g->n_nodes; i++)
-        for (int k = 0; k < g->nodes[i]->n_in; k++)
-            if (g->nodes[i]->in[k] == n) return g->nodes[i];
-    return NULL;
-}
-
 static bool is_pointwise(const mk_node *n) {
     return n->op->kernel == MK_KERNEL_POINTWISE && n->dtype == MK_DTYPE_FLOAT32 &&
            (mk_node_pointwise(n) || mk_op_program(n->op));
@@ -187,7 +116,7 @@ static int chain_of(const cand *c, const mk_node *x) {
 /* Extends chain i by its value's reader where that may join; true if it grew. */
 static bool extend(cand *c, int i) {
     chain *ch = &c->chains[i];
-    mk_node *v = ch->value, *r = only_reader(c->g, v);
+    mk_node *v = ch->value, *r = mk_product_only_reader(c->g, v);
     if (!r || ch->stage == 3 || members(c) >= MK_PRODUCT_MEMBERS) return false;
     if (r->op->role == MK_ROLE_VIEW && r->op->layout && r->in[0] == v &&
         mk_node_numel(r) == mk_node_numel(v) && dense(r) && dense(v) &&
@@ -203,7 +132,7 @@ static bool extend(cand *c, int i) {
             int j = chain_of(c, r->in[k]);
             if (j < 0 || j == i) continue;
             const chain *o = &c->chains[j];
-            if (o->stage > 1 || !same_shape(o->value, r) || only_reader(c->g, o->value) != r)
+            if (o->stage > 1 || !same_shape(o->value, r) || mk_product_only_reader(c->g, o->value) != r)
                 return false;
             bool seen = false;
             for (int q = 0; q < n_merge; q++) seen = seen || merge[q] == j;
@@ -442,7 +371,7 @@ static mk_node *folded_quantize(const mk_graph *g, const mk_target *t, mk_node *
         a->shape[0] * a->shape[1] > t->int8_products)
         return NULL;
     for (int j = 0; j < n_ps; j++) {
-        const mk_node *d = folded_dequantize(g, ps[j]);
+        const mk_node *d = mk_product_folded_dequantize(g, ps[j]);
         if (!d || d->in[0]->shape[0] / d->in[1]->shape[0] != a->attr[0]) return NULL;
     }
     return a;
@@ -487,9 +416,9 @@ static mk_product_group *build(cand *c, mk_graph *g, const mk_target *t, mk_node
     pg->a8_group = c->quant ? c->quant->attr[0] : 0;
     pg->n_products = n_ps;
     for (int j = 0; j < n_ps && ok; j++) {
-        mk_node *d = c->folded[j] = folded_dequantize(g, ps[j]);
+        mk_node *d = c->folded[j] = mk_product_folded_dequantize(g, ps[j]);
         pg->b_scale[j] = -1;
-        pg->b_rows[j] = by_rows(weights_of(g, ps[j]));
+        pg->b_rows[j] = mk_product_by_rows(mk_product_weights_of(g, ps[j]));
         if (!d) {
             ok = (pg->b[j] = operand(c, ps[j]->in[1])) >= 0;
             continue;
@@ -644,26 +573,10 @@ nomem:
 
 /* ---- decode attention ------------------------------------------------------------ */
 
-/* Why the softmax x cannot be the middle of an attention group, or NULL. */
-static const char *attention_why_not(const mk_graph *g, const mk_node *x) {
-    const mk_node *s = x->in[0], *y = only_reader(g, x);
-    if (!y || y->op->kernel != MK_KERNEL_PREFIX_MATMUL || y->in[0] != x || y->in[2] != x->in[1])
-        return "not read by one prefix product over its own prefix";
-    if (s->op->kernel != MK_KERNEL_MATMUL || only_reader(g, s) != x || s->owner != s)
-        return "its scores are not one product's, read by it alone";
-    if (s->rank != 3 || y->rank != 3) return "not [B, m, d] @ [B, d, S]";
-    if (s->dtype != MK_DTYPE_FLOAT32 || y->dtype != MK_DTYPE_FLOAT32 ||
-        y->in[1]->dtype != MK_DTYPE_FLOAT32)
-        return "not float32";
-    if (s->shape[1] > MK_ATTENTION_ROWS) return "more query rows than decoding has";
-    if (s->shape[2] > MK_ATTENTION_ROWS_MAX) return "a cache too long for one block's shared memory";
-    return NULL;
-}
-
 /* The attention group around softmax x, or NULL. */
 static mk_product_group *build_attention(cand *c, mk_graph *g, mk_node *x, bool *moved) {
-    if (attention_why_not(g, x)) return NULL;
-    mk_node *s = x->in[0], *y = only_reader(g, x);
+    if (mk_attention_why_not(g, x)) return NULL;
+    mk_node *s = x->in[0], *y = mk_product_only_reader(g, x);
     *c = (cand){.g = g, .n_products = 1, .products = {s}, .moved = moved};
     memset(moved, 0, sizeof *moved * (size_t)g->n_nodes);
     chain *ch = &c->chains[c->n_chains++];
@@ -730,7 +643,7 @@ static int siblings(const mk_graph *g, const mk_target *t, mk_node *p, mk_node *
     int n = 0;
     for (int i = p->index; i < g->n_nodes && n < MK_PRODUCTS_MAX; i++) {
         mk_node *q = g->nodes[i];
-        if (q->op->kernel == MK_KERNEL_MATMUL && q->in[0] == p->in[0] && !why_not(g, t, q))
+        if (q->op->kernel == MK_KERNEL_MATMUL && q->in[0] == p->in[0] && !mk_product_why_not(g, t, q))
             ps[n++] = q;
     }
     return n;
@@ -757,10 +670,10 @@ int mk_product_pass(mk_graph *g, const mk_compile_options *opts, const mk_target
         mk_node *p = g->nodes[i];
         cand c;
         mk_product_group *pg = NULL;
-        hold_by_columns(g, t, p);
+        mk_product_hold_by_columns(g, t, p);
         if (p->op->kernel == MK_KERNEL_SLICED_SOFTMAX) {
             pg = build_attention(&c, g, p, moved);
-        } else if (!why_not(g, t, p)) {
+        } else if (!mk_product_why_not(g, t, p)) {
             mk_node *ps[MK_PRODUCTS_MAX];
             int n_ps = siblings(g, t, p, ps);
             pg = build(&c, g, t, ps, n_ps, moved);
@@ -789,18 +702,4 @@ int mk_product_pass(mk_graph *g, const mk_compile_options *opts, const mk_target
         }
     }
     return 0;
-}
-
-/* ---- the report -------------------------------------------------------------------- */
-
-void mk_product_report(const mk_graph *g, const mk_target *t, mk_strbuf *b) {
-    for (int i = 0; i < g->n_nodes; i++) {
-        const mk_node *n = g->nodes[i];
-        const char *why = n->op->kernel == MK_KERNEL_MATMUL ? why_not(g, t, n) : NULL;
-        if (why)
-            mk_strbuf_put(b, "product $%d (line %d): the device's matrix kernel: %s\n", n->id,
-                          n->line, why);
-        const char *att = n->op->kernel == MK_KERNEL_SLICED_SOFTMAX ? attention_why_not(g, n) : NULL;
-        if (att) mk_strbuf_put(b, "softmax $%d (line %d): no attention group: %s\n", n->id, n->line, att);
-    }
 }
