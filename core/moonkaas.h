@@ -214,7 +214,7 @@ MK_API void mk_context_cancel_call(mk_context *);
  *
  * Which launches use threads is decided per model at compile by a cost rule
  * (core/cpu/device.c, doc/devices.md): a parallel region is taken to cost a
- * fixed 50 us fork, not measured, so the first compile in a process runs no
+ * fixed fork cost, not timed, so the first compile in a process runs no
  * parallel region; a launch forks only where its weights stream from memory
  * (the model's constants exceed its threads' L2 caches) or where its reads
  * alone take longer than two forks. A small model (a game's policy MLP, 64 ->

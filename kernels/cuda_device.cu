@@ -401,9 +401,8 @@ static constexpr cuda_kernel_table cuda_kernels;
  * attention group that loaded an input cache's rows early read the evaluation
  * before's (product.c's early_rows). Only a hint checked after the wait (the
  * attention's p) may be. At their start, not after their wait: so the
- * launches two ahead load their weights while the attention runs (its loads
- * after its wait, a trip to L2, cost it about 0.7 us); letting the next
- * start only after the wait lost 1 to 8 % (doc/performance.md).
+ * launches two ahead load their weights while the attention runs
+ * (doc/performance.md, "Launches and dependencies").
  * A library's launch (cuBLAS, cuDNN)
  * launches its kernels as it pleases: seen with cuDNN 9.14, engine 4 of a
  * batch of 2 read its operands before the stage kernel before it had copied
@@ -413,13 +412,13 @@ static constexpr cuda_kernel_table cuda_kernels;
  * launched without the attribute, so it starts once ours has ended and lets
  * nothing start before it has. Ours may be one that triggers nothing (a fence
  * more than needed, but no list to keep of which of ours trigger early); a
- * library's launch after a library's is the library's affair. About a
- * microsecond a fenced launch; decoding has none (all its launches are ours).
+ * library's launch after a library's is the library's affair. Decoding has
+ * no fenced launch (all its launches are ours).
  *
  * A launch per group, each waiting for the one before, rather than one
  * persistent kernel whose phases meet at grid barriers: a dependent step
- * costs at least about 1.3 us however it is made, and a launch with PDL is
- * the cheapest way (doc/performance.md, "Launches and dependencies").
+ * costs about as much however it is made, and a launch with PDL is the
+ * cheapest way (doc/performance.md, "Launches and dependencies").
  */
 static bool library_launch(const mk_launch *l) {
     mk_kernel_id id = l->node->op->kernel;

@@ -24,15 +24,11 @@ _Thread_local int mk_cpu_launch_threads __attribute__((tls_model("local-dynamic"
  * The cost rule for threads. A parallel region costs a fork and a join;
  * splitting a launch over T threads saves at most (1 - 1/T) of its time, so
  * it pays only when the launch alone takes longer than twice the fork. The
- * fork is taken to cost CPU_FORK_NS, not measured: what a fork costs is what
- * waking a sleeping worker costs when the frame needs it, which on a busy
- * machine is a scheduler's time slice (milliseconds), and measuring it cost
- * every process's first compile hundreds of milliseconds of empty regions
- * there. 50 us is what a wake costs on an idle machine plus margin; launches
- * shorter than twice that gain little from a second thread even when it comes
- * at once. How long a launch takes is estimated from the bytes it reads and
- * writes: at the rate a thread reads a hot matrix (measured once per process,
- * the best of six mk_cpu_mv_columns over 128 KiB: tens of microseconds) when
+ * fork is taken to cost CPU_FORK_NS, a fixed wake cost: timing forks at the
+ * first compile cost every process far more than it saved (doc/performance.md,
+ * "CPU: frame times"). How long a launch takes is estimated from the bytes it
+ * reads and writes: at the rate a thread reads a hot matrix (read once per
+ * process, the best of six mk_cpu_mv_columns over 128 KiB) when
  * the model's constants fit in its threads' own caches (L2 times threads),
  * so that they stay hot between evaluations (a game's policy net: one
  * thread); otherwise its weights stream from the shared cache or memory,
