@@ -90,18 +90,8 @@ print("done=true")
 ]==]
 
 local function run_child(env, sizes, opts)
-    local path = os.tmpname()
-    local f = assert(io.open(path, "w"))
-    f:write(string.format("package.path = %q\npackage.cpath = %q\nSIZES = %s\nOPTS = %s\n",
-        package.path, package.cpath, sizes, opts), CHILD)
-    f:close()
-    local p = assert(io.popen(string.format("env -u OMP_NUM_THREADS %s %s %s 2>&1", env, LUA, path)))
-    local out = p:read("a")
-    local _, _, status = p:close()
-    os.remove(path)
-    local r = { output = out, status = status }
-    for k, v in out:gmatch("([%w_]+)=([^\n]*)") do r[k] = v end
-    return r
+    return H.run_lua(string.format("env -u OMP_NUM_THREADS %s %s", env, LUA),
+                     string.format("SIZES = %s\nOPTS = %s\n", sizes, opts), CHILD)
 end
 
 local function has_proc()

@@ -76,18 +76,7 @@ print("done=true")
 -- Runs CHILD in a fresh interpreter with `env` ("NAME=value ...") and returns
 -- its "key=value" lines as a table, its output and its exit status.
 local function run_child(env)
-    local path = os.tmpname()
-    local f = assert(io.open(path, "w"))
-    f:write(string.format("package.path = %q\npackage.cpath = %q\nSEED = %d\n",
-        package.path, package.cpath, seed), CHILD)
-    f:close()
-    local p = assert(io.popen(string.format("env %s %s %s 2>&1", env, LUA, path)))
-    local out = p:read("a")
-    local _, _, status = p:close()
-    os.remove(path)
-    local r = { output = out, status = status }
-    for k, v in out:gmatch("([%w_]+)=([^\n]*)") do r[k] = v end
-    return r
+    return H.run_lua(string.format("env %s %s", env, LUA), string.format("SEED = %d\n", seed), CHILD)
 end
 
 local function online_cpus()

@@ -20,6 +20,9 @@ spec/helpers.lua — what the busted specs share:
   helpers.requires_cuda()      nil when a CUDA device is usable, else the reason
                                (specs call pending(reason) with it)
   helpers.read_file(path)      a file's bytes, or nil where it cannot be opened
+  helpers.run_lua(cmd, prelude, body)   runs prelude .. body in a fresh interpreter
+                               (cmd: "env ... lua5.4"), with this process's package paths;
+                               its "key=value" lines as a table, .output and .status
   helpers.gpu(it, skip)        a gpu_it(name, body): it(name .. " #gpu", body),
                                skip(reason) where no CUDA device is usable; pass
                                function(why) pending(why) end (busted binds the
@@ -830,6 +833,21 @@ function helpers.read_file(path)
     local s = f:read("a")
     f:close()
     return s
+end
+
+function helpers.run_lua(cmd, prelude, body)
+    local path = os.tmpname()
+    local f = assert(io.open(path, "w"))
+    f:write(string.format("package.path = %q\npackage.cpath = %q\n", package.path, package.cpath),
+            prelude, body)
+    f:close()
+    local p = assert(io.popen(string.format("%s %s 2>&1", cmd, path)))
+    local out = p:read("a")
+    local _, _, status = p:close()
+    os.remove(path)
+    local r = { output = out, status = status }
+    for k, v in out:gmatch("([%w_]+)=([^\n]*)") do r[k] = v end
+    return r
 end
 
 function helpers.gpu(it, skip)
