@@ -9,10 +9,9 @@ local R = H.ref_ops
 
 local gpu_it = H.gpu(it, function(why) pending(why) end)
 
--- every node kind, and the pointwise ops that came from the op table alone
--- (SubNode, DivNode, ExpNode, TanhNode, SigmoidNode, GELUNode: generated code)
-local cases = H.op_cases()
-for _, case in ipairs(H.pointwise_cases()) do cases[#cases + 1] = case end
+-- the one cross-device table: every op's cases, the random pointwise trees
+-- and each family's file in spec/cases/
+local cases = H.all_cases()
 
 describe("CUDA #gpu", function()
     for _, case in ipairs(cases) do

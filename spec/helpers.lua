@@ -15,6 +15,11 @@ spec/helpers.lua — what the busted specs share:
   helpers.pointwise_cases()    the same for SubNode, DivNode, ExpNode, TanhNode,
                                SigmoidNode, GELUNode (broadcasting, numbers on
                                either side, int64 wrap-around, a fused tree)
+  helpers.family_cases()       the same from every spec/cases/<family>.lua (one file per
+                               family of ops: each returns function(c), c = {mk =, add =,
+                               input =, R = helpers.ref_ops, H = helpers}, and adds its cases)
+  helpers.all_cases()          op_cases, pointwise_cases and family_cases together: the
+                               one cross-device table (ops_spec on the CPU, gpu_spec on CUDA)
   helpers.f32(x)               x rounded to float32 (string.pack)
   helpers.round_even(x)        x rounded to an integer, ties to even (x a double)
   helpers.requires_cuda()      nil when a CUDA device is usable, else the reason
@@ -881,6 +886,35 @@ function helpers.assert_error(f, prefix, ...)
         end
     end
     return err
+end
+
+-- The files of spec/cases/, sorted: one per family of ops.
+local function case_files()
+    local dir = (debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "spec") .. "/cases"
+    local files, ls = {}, io.popen('ls "' .. dir .. '" 2>/dev/null')
+    for name in ls:lines() do
+        if name:match("^[%w_]+%.lua$") then files[#files + 1] = dir .. "/" .. name end
+    end
+    ls:close()
+    table.sort(files)
+    return files
+end
+
+function helpers.family_cases()
+    local mk, cases, add, input = case_list(1e-5, 1e-5)
+    for _, path in ipairs(case_files()) do
+        local family = assert(loadfile(path))()
+        family({ mk = mk, add = add, input = input, R = R, H = helpers })
+    end
+    return cases
+end
+
+function helpers.all_cases()
+    local cases = helpers.op_cases()
+    for _, more in ipairs({ helpers.pointwise_cases(), helpers.family_cases() }) do
+        for _, case in ipairs(more) do cases[#cases + 1] = case end
+    end
+    return cases
 end
 
 return helpers

@@ -5,9 +5,9 @@ local mk = H.mk()
 H.seed("ops_spec")
 local R = H.ref_ops
 
--- every op's cases, then the random pointwise trees of the newer ops
-local cases = H.op_cases()
-for _, case in ipairs(H.pointwise_cases()) do cases[#cases + 1] = case end
+-- the one cross-device table: every op's cases, the random pointwise trees
+-- and each family's file in spec/cases/
+local cases = H.all_cases()
 
 describe("CPU values", function()
     for _, case in ipairs(cases) do
