@@ -9,6 +9,7 @@
  *               tensors mk.load_safetensors made from it
  *   file_writer (moonkaas.file_writer) a file being written whole
  *               (mk_file_begin), committed or aborted
+ *   mk.quantize_file  float32 weights to int8 groups, read in pieces
  */
 #include "lmk.h"
 
@@ -155,6 +156,81 @@ static int l_from_file(lua_State *L) {
     lua_pushvalue(L, -2);
     lua_setiuservalue(L, -2, 1); /* the tensor keeps its mapping alive */
     return 1;
+}
+
+/* mk.quantize_file(path, {offset =, shape =, group =}) -> q, scale: what
+ * mk.quantize(mk.from_file(path, {offset =, dtype = "float32", shape =}), group)
+ * gives, without holding the float32 values: the file is read in pieces of
+ * whole groups (about 1 MiB), so a conversion at load keeps only the int8
+ * result resident (llama2's -q q8 on a float32 checkpoint). */
+static int l_quantize_file(lua_State *L) {
+    const char *fn = "quantize_file";
+    int64_t shape[MK_MAX_RANK];
+    if (lua_type(L, 1) != LUA_TSTRING)
+        LMK_ARG_ERROR(L, fn, "argument #1 must be a path, got %s", luaL_typename(L, 1));
+    const char *path = lua_tostring(L, 1);
+    if (lua_type(L, 2) != LUA_TTABLE)
+        LMK_ARG_ERROR(L, fn, "argument #2 must be a table {offset =, shape =, group =}, got %s",
+                      luaL_typename(L, 2));
+    lua_pushnil(L);
+    while (lua_next(L, 2)) {
+        const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
+        if (strcmp(k, "offset") && strcmp(k, "shape") && strcmp(k, "group"))
+            LMK_ARG_ERROR(L, fn, "unknown option %s (offset, shape, group)", k);
+        lua_pop(L, 1);
+    }
+    lua_getfield(L, 2, "offset");
+    int64_t offset = lua_isnil(L, -1) ? 0 : lmk_check_int(L, -1, fn, "offset");
+    lua_getfield(L, 2, "group");
+    if (lua_isnil(L, -1)) LMK_ARG_ERROR(L, fn, "the options need a group size");
+    int64_t group = lmk_check_int(L, -1, fn, "the group size");
+    lua_getfield(L, 2, "shape");
+    if (lua_isnil(L, -1)) LMK_ARG_ERROR(L, fn, "the options need a shape");
+    int rank = lmk_check_shape(L, lua_gettop(L), fn, shape);
+    lua_pop(L, 3);
+    int64_t numel, n = shape[rank - 1];
+    size_t bytes = lmk_shape_bytes(L, fn, MK_DTYPE_FLOAT32, rank, shape, &numel);
+    if (group < 1) LMK_ARG_ERROR(L, fn, "the group size must be positive, got %lld", (long long)group);
+    if (n % group)
+        LMK_ARG_ERROR(L, fn, "the group size %lld does not divide the last dim %lld of %s",
+                      (long long)group, (long long)n, LMK_SHAPE_STR(rank, shape));
+    if (offset < 0) lmk_raise(L, "file error", path, "offset %lld is negative", (long long)offset);
+    int64_t sshape[MK_MAX_RANK];
+    memcpy(sshape, shape, sizeof(int64_t) * (size_t)rank);
+    sshape[rank - 1] = n / group;
+    lmk_tensor *q = lmk_push_tensor(L, fn, MK_DTYPE_INT8, rank, shape);
+    lmk_tensor *sc = lmk_push_tensor(L, fn, MK_DTYPE_FLOAT32, rank, sshape);
+
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) lmk_raise(L, "file error", path, "%s", strerror(errno));
+    struct stat st;
+    const char *problem = NULL;
+    if (fstat(fd, &st) != 0) problem = strerror(errno);
+    else if (!S_ISREG(st.st_mode)) problem = "not a regular file";
+    else if ((uint64_t)offset > (uint64_t)st.st_size ||
+             bytes > (uint64_t)st.st_size - (uint64_t)offset)
+        problem = "the tensor runs past the end of the file";
+    int64_t per = (((int64_t)1 << 20) / (group * 4) + 1) * group; /* whole groups, ~1 MiB */
+    float *buf = problem ? NULL : malloc((size_t)(per < numel ? per : numel) * sizeof(float));
+    if (!problem && !buf && numel) problem = "out of memory";
+    for (int64_t at = 0; !problem && at < numel; at += per) {
+        int64_t k = numel - at < per ? numel - at : per;
+        size_t want = (size_t)k * sizeof(float), got = 0;
+        while (got < want) { /* pread may return less; 0 means the file shrank */
+            ssize_t r = pread(fd, (char *)buf + got, want - got, (off_t)(offset + at * 4) + (off_t)got);
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0) { problem = r < 0 ? strerror(errno) : "the file ended early"; break; }
+            got += (size_t)r;
+        }
+        if (!problem)
+            mk_quantize_q8(buf, k, group, (int8_t *)q->data + at, (float *)sc->data + at / group);
+    }
+    free(buf);
+    close(fd);
+    if (problem)
+        lmk_raise(L, "file error", path, "quantize_file: %s (offset %lld, %s %s)", problem,
+                  (long long)offset, "float32", LMK_SHAPE_STR(rank, shape));
+    return 2;
 }
 
 /* ==== safetensors files ====================================================== */
@@ -368,6 +444,7 @@ void lmk_open_file(lua_State *L) {
 
     static const luaL_Reg functions[] = {
         {"from_file", l_from_file}, {"load_safetensors", l_load_safetensors},
-        {"save_safetensors", l_save_safetensors}, {"file_writer", l_file_writer}, {NULL, NULL}};
+        {"save_safetensors", l_save_safetensors}, {"file_writer", l_file_writer},
+        {"quantize_file", l_quantize_file}, {NULL, NULL}};
     luaL_setfuncs(L, functions, 0);
 }

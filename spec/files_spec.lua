@@ -211,6 +211,42 @@ describe("writing files", function()
     end)
 end)
 
+describe("mk.quantize_file", function()
+    it("gives mk.quantize of the file's float32 values, read in pieces", function()
+        local dir = tmpdir()
+        -- 3 MiB of values: several pieces, the last one short
+        local rows, cols, group = 3 * 1024 + 5, 256, 64
+        local t = random_tensor(rows * cols)
+        local path = dir .. "/w.bin"
+        spit(path, "head" .. t:bytes())
+        local q, sc = mk.quantize_file(path, { offset = 4, shape = { rows, cols }, group = group })
+        local wq, wsc = mk.quantize(t:reshape({ rows, cols }), group)
+        assert.are.same(wq.shape, q.shape)
+        assert.are.same({ rows, cols / group }, sc.shape)
+        assert.are.equal("int8", q.dtype)
+        assert.is_true(wq:bytes() == q:bytes(), "int8 values differ")
+        assert.is_true(wsc:bytes() == sc:bytes(), "scales differ")
+    end)
+
+    it("names the problem: past the end, a group that does not divide, a missing file", function()
+        local dir = tmpdir()
+        local path = dir .. "/w.bin"
+        spit(path, random_tensor(64):bytes())
+        local ok, err = pcall(mk.quantize_file, path, { offset = 4, shape = { 64 }, group = 8 })
+        assert.is_false(ok)
+        assert.truthy(tostring(err):find("past the end of the file", 1, true), err)
+        ok, err = pcall(mk.quantize_file, path, { shape = { 2, 30 }, group = 8 })
+        assert.is_false(ok)
+        assert.truthy(tostring(err):find("does not divide the last dim 30", 1, true), err)
+        ok, err = pcall(mk.quantize_file, dir .. "/none.bin", { shape = { 8 }, group = 8 })
+        assert.is_false(ok)
+        assert.truthy(tostring(err):find("none.bin", 1, true), err)
+        ok, err = pcall(mk.quantize_file, path, { shape = { 8 }, group = 8, copy = true })
+        assert.is_false(ok)
+        assert.truthy(tostring(err):find("unknown option copy", 1, true), err)
+    end)
+end)
+
 describe("a file truncated after loading", function()
     -- a file saved, loaded, truncated to 0 bytes, then read
     local function truncated(load)

@@ -47,6 +47,10 @@ describe("llama2 on stories260K (CPU)", function()
         local net = llama2.build(mk, c, { device = "cpu", greedy = true, steps = 8, precision = "q8" })
         local report = net.model:fusion_report()
         assert.truthy(report:find("int8 in blocks of 64, dequantized as read", 1, true), report)
+        -- read from the float32 file straight into int8 groups; on the CPU the
+        -- token table stays int8 (its rows dequantized as looked up)
+        assert.are.equal("int8", net.weights.token_embedding.q.dtype)
+        assert.are.equal("int8", net.weights.layers[1].w2.q.dtype)
     end)
 
     it("gives the same text from the command line, with progress on stderr", function()

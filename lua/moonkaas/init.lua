@@ -27,6 +27,8 @@ t:argmax, t:totable) is 1-based, as Lua tables are.
            t:totable() t:bytes([i[, j]]) t:get(i...) t:set(i..., v) t:argmax()
            t:copy() t:reshape{...} t:to(dtype)  mk.quantize(t, group) -> q, scale
            q:dequantize(scale) (float32 q * scale in blocks)
+           mk.quantize_file(path, {offset =, shape =, group =}) -> q, scale
+           (mk.quantize of a file's float32 values, read in ~1 MiB pieces)
            dtypes: float32, int64, float16, bfloat16, int8 (the core's table);
            elements are Lua numbers in each (float16 and bfloat16 round to
            nearest even on the way in, int8 takes integers in [-128, 127])

@@ -53,7 +53,10 @@ function M.build(mk, c, opts)
     opts = opts or {}
     local log = opts.log or function() end
     local t0 = model.clock()
-    local w = checkpoint.map(mk, c, { copy = opts.copy })
+    -- int8 weights are read from the file straight into their groups
+    local q8 = opts.precision and model.PRECISIONS[opts.precision] == "q8"
+    local group = q8 and (c.version == 2 and c.group_size or model.group_size(c)) or nil
+    local w = checkpoint.map(mk, c, { copy = opts.copy, quantize = group })
     log(string.format("mapped %s (%.1f MB) in %.0f ms", c.path, c.file_bytes / 1e6, (model.clock() - t0) * 1000))
     return model.build(mk, c, w, opts)
 end

@@ -345,8 +345,13 @@ end
 -- A checkpoint up to 64 MiB is read into memory, a larger one mapped (a mapped
 -- file truncated by another process ends the host at the next read of a lost
 -- page); with opts.copy any checkpoint is read (mk.from_file's copy).
+-- opts.quantize = GS (-q q8 at load): every matrix comes as the table above,
+-- a float32 file's read straight into int8 groups of GS (mk.quantize_file:
+-- its float32 values are never all in memory), and the token table stays
+-- quantized; the norms are read alone.
 function M.map(mk, c, opts)
     local path, copy = c.path, opts and opts.copy or nil
+    local group = opts and opts.quantize or nil
     local function tensor(offset, dtype, shape)
         local ok, t = pcall(mk.from_file, path, { offset = offset, dtype = dtype, shape = shape, copy = copy })
         if not ok then error(string.format("%s: cannot map weights: %s", path, tostring(t)), 0) end
@@ -367,15 +372,31 @@ function M.map(mk, c, opts)
                       or unaligned_floats(b.scale_offset, sshape)
         return { q = tensor(b.offset, "int8", qshape), scale = scale, shape = { out, inn }, group = g }
     end
+    -- A float32 matrix read straight into int8 groups of `group` (along its
+    -- rows where the group divides them, else over the flat values, as
+    -- export.py writes version 2), the float32 values never all in memory.
+    local function quantized_floats(b)
+        local out, inn = b.shape[1], b.shape[2]
+        local shape = inn % group == 0 and { out, inn } or { idiv(b.count, group), group }
+        local q, scale = mk.quantize_file(path, { offset = b.offset, shape = shape, group = group })
+        return { q = q, scale = scale, shape = { out, inn }, group = group }
+    end
+    local function block(b)
+        if b.quantized then return quantized(b) end
+        if group and b.shape[2] then return quantized_floats(b) end
+        -- with quantize: norms read alone, so nothing holds the whole file
+        if group then return unaligned_floats(b.offset, b.shape) end
+        return tensor(b.offset, "float32", b.shape)
+    end
     local w = { layers = {} }
     for l = 1, c.n_layers do w.layers[l] = {} end
     for _, b in ipairs(M.blocks(c)) do
         if b.name ~= "freq_cis" then
-            local t = b.quantized and quantized(b) or tensor(b.offset, "float32", b.shape)
+            local t = block(b)
             if b.layer then w.layers[b.layer][b.name] = t else w[b.name] = t end
         end
     end
-    if c.version == 2 then
+    if c.version == 2 and not group then
         local q = w.token_embedding
         w.token_embedding = q.q:dequantize(q.scale)
         if c.shared_classifier then w.wcls = q end

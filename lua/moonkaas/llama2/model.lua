@@ -70,6 +70,9 @@ function M.rope_tables(c, S)
     return k_table, q_table
 end
 
+-- A weight in int8 groups {q =, scale =, shape =, group =}, not a tensor.
+local function is_quantized(t) return type(t) == "table" and t.q ~= nil end
+
 -- Builds the graph's output node (a list of two for "sample"). `w` is
 -- checkpoint.map's table, `c` the config; opts.output the output (above,
 -- default "logits"); opts.positions (default
@@ -148,9 +151,16 @@ function M.graph(mk, c, w, opts)
         return x:matmul(transposed(weight, name))
     end
 
-    local emb = mk.constant(w.token_embedding, "token_embedding")   -- [V, D]
-    local x = mk.embedding(emb, token)                              -- [T, D]
-    if w.token_embedding.dtype ~= "float32" then x = x:cast("float32") end
+    local emb, x -- the table [V, D], and its rows [T, D]
+    if is_quantized(w.token_embedding) then -- int8 rows, dequantized by their scales' rows
+        local t = w.token_embedding
+        x = mk.embedding(mk.constant(t.q, "token_embedding_q"), token)
+            :dequantize(mk.embedding(mk.constant(t.scale, "token_embedding_scale"), token))
+    else
+        emb = mk.constant(w.token_embedding, "token_embedding")
+        x = mk.embedding(emb, token)
+        if w.token_embedding.dtype ~= "float32" then x = x:cast("float32") end
+    end
 
     for l, lw in ipairs(w.layers) do
         local p = "l" .. (l - 1) .. "_"
@@ -174,7 +184,7 @@ function M.graph(mk, c, w, opts)
     if T > 1 then x = mk.embedding(x, mk.input("last", "int64", { 1 })) end   -- [1, D]
     x = x:rms_norm(vec(w.rms_final, "rms_final"))                             -- [1, D]
     local logits                                                              -- [1, V]
-    if rawequal(w.wcls, w.token_embedding) then
+    if emb and rawequal(w.wcls, w.token_embedding) then
         logits = x:matmul(emb:permute({ 1, 0 }))
     else
         logits = linear(x, w.wcls, "wcls")
@@ -196,7 +206,6 @@ end
 -- integer dot products (runq.c's W8A8).
 M.PRECISIONS = { fp32 = "float32", bf16 = "bfloat16", fp16 = "float16", q8 = "q8", q8a8 = "q8" }
 
-local function is_quantized(t) return type(t) == "table" and t.q ~= nil end
 
 -- A weight [out, in] as float32: itself, or its int8 groups dequantized.
 local function as_float32(mk, t)
@@ -232,8 +241,12 @@ end
 -- the token table's lookup reads its int8 groups dequantized (float32, as
 -- runq.c), a shared classifier the groups themselves. Otherwise the token
 -- table takes the low-precision float dtype.
-function M.convert_weights(mk, c, w, precision)
+-- opts.int8_table: a token table in int8 groups stays so, and the lookup
+-- dequantizes the rows it reads (M.graph): the CPU's memory, where a float32
+-- table would be the largest thing resident.
+function M.convert_weights(mk, c, w, precision, opts)
     if precision == nil then return w end
+    local int8_table = opts and opts.int8_table
     local want = M.PRECISIONS[precision]
     if not want then error("llama2: unknown precision " .. tostring(precision) .. " (fp32|bf16|fp16|q8|q8a8)", 2) end
     local g = M.group_size(c)
@@ -244,14 +257,17 @@ function M.convert_weights(mk, c, w, precision)
     end
     local shared = rawequal(w.wcls, w.token_embedding) or c.shared_classifier
     local out = { layers = {}, rms_final = w.rms_final }
-    local emb = as_float32(mk, w.token_embedding)
     if want ~= "q8" then
-        out.token_embedding = convert(emb)
+        out.token_embedding = convert(as_float32(mk, w.token_embedding))
         out.wcls = shared and out.token_embedding or convert(w.wcls)
+    elseif is_quantized(w.token_embedding) then -- checkpoint.map's quantize
+        local q = w.token_embedding
+        out.token_embedding = int8_table and q or as_float32(mk, q)
+        out.wcls = shared and q or convert(w.wcls)
     elseif c.version == 2 then -- map() dequantized the table already
-        out.token_embedding, out.wcls = emb, w.wcls
+        out.token_embedding, out.wcls = w.token_embedding, w.wcls
     else
-        local q = quantized(mk, emb, g)
+        local q = quantized(mk, as_float32(mk, w.token_embedding), g)
         out.token_embedding = as_float32(mk, q)
         out.wcls = shared and q or convert(w.wcls)
     end
@@ -321,7 +337,7 @@ function M.build(mk, c, w, opts)
     }, Transformer)
     local t0 = M.clock()
     if opts.precision then
-        w = M.convert_weights(mk, c, w, opts.precision)
+        w = M.convert_weights(mk, c, w, opts.precision, { int8_table = self.device == "cpu" })
         self.weights = w
         self.log(string.format("weights in %s (%.0f ms)", opts.precision, (M.clock() - t0) * 1000))
     end
