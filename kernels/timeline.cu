@@ -23,9 +23,11 @@
  */
 #include "cuda_device.h"
 
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static_assert(sizeof(mk_cuda_fault) <= MK_TIMELINE_AT, "the stamps start past the fault record");
 
@@ -178,7 +180,11 @@ void mk_cuda_timeline_close(mk_cuda_state *s) {
     int sms = 0;
     if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, s->device) != cudaSuccess)
         cudaGetLastError();
-    FILE *f = runs ? fopen(t->path, "a") : NULL; /* a file that cannot be written is skipped */
+    /* appended (several models share one file), never through a link planted at
+     * the path; a file that cannot be written is skipped */
+    int fd = runs ? open(t->path, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0666) : -1;
+    FILE *f = fd >= 0 ? fdopen(fd, "a") : NULL;
+    if (fd >= 0 && !f) close(fd);
     if (f) {
         fprintf(f, "# moonkaas CUDA timeline: a model of %d launches, %lld evaluations; means in "
                    "microseconds from an evaluation's first stamped block start; its blocks, and "
