@@ -6,7 +6,7 @@
  * program, rotation, row writes, ArgMax). A lane's step comes in two forms,
  * in matvec_step.c with the weights' loads and A's staging: float32
  * A (mk_mv_put_weight_loads and mk_mv_put_float_math, the weights of the first steps
- * loaded before the PDL wait: mk_mv_put_preloads; int8 a step ahead: mk_mv_loads_ahead)
+ * loaded before the PDL wait: mk_mv_put_preloads; int8 a step ahead: loads_ahead)
  * and A on the int8 grid (put_grid_copy and mk_mv_put_grid_step). Large int8
  * launches instead take the tensor-core form (matvec_tc.c: a warp
  * per 16 columns, the integer MMA, A as fixed-point digits). What the three
@@ -161,8 +161,9 @@ int mk_mv_plain_sources(const mk_product_out *r) {
  * column n0 + c), rot[m] and wbegin, wend. Its loads then overlap the
  * products' instead of following their sums, one trip to memory less.
  */
-void mk_mv_put_epilogue_loads(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int o,
-                               int C, const char *who) {
+void mk_mv_put_epilogue_loads(mk_strbuf *b, const mk_mv_plan *p, int o, int C, const char *who) {
+    const mk_launch *l = p->l;
+    const mk_product_group *pg = p->pg;
     const mk_product_out *r = &pg->out[o];
     int M = (int)pg->m;
     long long N = (long long)r->n;
@@ -199,8 +200,10 @@ void mk_mv_put_epilogue_loads(mk_strbuf *b, const mk_launch *l, const mk_product
 
 /* B{j}: the first of column n0's weights of each product result r reads (and
  * S{j}, its int8 scales). */
-void mk_mv_put_column_pointers(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg,
-                                const mk_product_out *r, const int *prods, int np) {
+void mk_mv_put_column_pointers(mk_strbuf *b, const mk_mv_plan *p, const mk_product_out *r,
+                               const int *prods, int np) {
+    const mk_launch *l = p->l;
+    const mk_product_group *pg = p->pg;
     for (int j = 0; j < np; j++) {
         int pj = r->src[prods[j]].product, bk = pg->b[pj];
         const char *ct = weight_ctype(l->in[bk].dtype);
@@ -231,8 +234,10 @@ int mk_mv_most_products(const mk_product_group *pg) {
 }
 
 /* Result o's code for the C columns of warp index `p` (local to o). */
-static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int o,
-                       int C, int E, int W, int pre, int phase, bool staged) {
+static void put_result(mk_strbuf *b, const mk_mv_plan *p, int o, int phase) {
+    const mk_product_group *pg = p->pg;
+    int C = p->C, E = p->E, W = p->W, pre = p->pre;
+    bool staged = p->staged;
     const mk_product_out *r = &pg->out[o];
     int M = (int)pg->m;
     long long K = (long long)pg->k;
@@ -253,52 +258,52 @@ static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group 
                           M, W, M * C * np);
     } else {
     mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) for (int c = 0; c < %d; c++) for (int j = 0; j < %d; j++) acc[m][c][j] = 0.0f;\n", M, C, np);
-    mk_mv_put_column_pointers(b, l, pg, r, prods, np);
-    mk_mv_put_epilogue_loads(b, l, pg, o, C, "lane == 0 && slice == 0");
+    mk_mv_put_column_pointers(b, p, r, prods, np);
+    mk_mv_put_epilogue_loads(b, p, o, C, "lane == 0 && slice == 0");
     if (pg->norm_w >= 0 && !staged) mk_strbuf_put(b, "        float ss[%d] = {0.0f};\n", M);
     long long step = 32LL * E * W;
-    bool raw = mk_mv_preload_raw(pg, C, E, W);
+    bool raw = p->raw;
     for (int s = 0; s < pre; s++) { /* the steps whose weights were loaded before the wait */
         char tag[16]; /* "p" and an int */
         snprintf(tag, sizeof tag, "p%d", s);
         mk_strbuf_put(b, "        if (kfirst + %lldLL < %lldLL) {\n            const long long k = kfirst + %lldLL;\n",
                       s * step, K, s * step);
         if (pg->a8_group) {
-            mk_mv_put_grid_step(b, l, pg, r, prods, np, C, E, tag);
+            mk_mv_put_grid_step(b, p, r, prods, np, tag);
         } else {
-            if (raw) mk_mv_put_weight_widen(b, l, pg, r, prods, np, C, E, tag);
-            mk_mv_put_float_math(b, pg, r, prods, np, C, E, staged, tag);
+            if (raw) mk_mv_put_weight_widen(b, p, r, prods, np, tag);
+            mk_mv_put_float_math(b, p, r, prods, np, tag);
         }
         mk_strbuf_put(b, "        }\n");
     }
-    bool ahead = mk_mv_loads_ahead(pg, E);
+    bool ahead = p->ahead;
     if (ahead) { /* the loop's first step, its raw weights and scales in b{j}_{c}nr, s{j}_{c}n */
         mk_strbuf_put(b, "        {\n");
-        mk_mv_put_weight_decls(b, np, C, E, "n", "        ", true);
+        mk_mv_put_weight_decls(b, p, np, "n", "        ", true);
         mk_strbuf_put(b, "        if (kfirst + %lldLL < %lldLL) {\n            const long long k = kfirst + %lldLL;\n",
                       pre * step, K, pre * step);
-        mk_mv_put_weight_loads(b, l, pg, r, prods, np, C, E, "n", "            ", true);
+        mk_mv_put_weight_loads(b, p, r, prods, np, "n", "            ", true);
         mk_strbuf_put(b, "        }\n");
     }
     mk_strbuf_put(b, "#pragma unroll %d\n        for (long long k = kfirst + %lldLL; k < %lldLL; k += %lldLL) {\n",
                   ahead ? 1 : 4, pre * step, K, step);
     if (pg->a8_group) {
-        mk_mv_put_grid_step(b, l, pg, r, prods, np, C, E, "");
+        mk_mv_put_grid_step(b, p, r, prods, np, "");
     } else if (ahead) { /* this step's from the registers, the next step's loads out, then the math */
-        mk_mv_put_weight_decls(b, np, C, E, "", "            ", true);
+        mk_mv_put_weight_decls(b, p, np, "", "            ", true);
         for (int j = 0; j < np; j++)
             for (int c = 0; c < C; c++)
                 mk_strbuf_put(b, "            b%d_%dr = b%d_%dnr; s%d_%d = s%d_%dn;\n", j, c, j, c, j, c, j, c);
         mk_strbuf_put(b, "            if (k + %lldLL < %lldLL) { const long long next = k + %lldLL; {\n"
                          "            const long long k = next;\n", step, K, step);
-        mk_mv_put_weight_loads(b, l, pg, r, prods, np, C, E, "n", "            ", true);
+        mk_mv_put_weight_loads(b, p, r, prods, np, "n", "            ", true);
         mk_strbuf_put(b, "            } }\n");
-        mk_mv_put_weight_widen(b, l, pg, r, prods, np, C, E, "");
-        mk_mv_put_float_math(b, pg, r, prods, np, C, E, staged, "");
+        mk_mv_put_weight_widen(b, p, r, prods, np, "");
+        mk_mv_put_float_math(b, p, r, prods, np, "");
     } else {
-        mk_mv_put_weight_decls(b, np, C, E, "", "            ", false);
-        mk_mv_put_weight_loads(b, l, pg, r, prods, np, C, E, "", "            ", false);
-        mk_mv_put_float_math(b, pg, r, prods, np, C, E, staged, "");
+        mk_mv_put_weight_decls(b, p, np, "", "            ", false);
+        mk_mv_put_weight_loads(b, p, r, prods, np, "", "            ", false);
+        mk_mv_put_float_math(b, p, r, prods, np, "");
     }
     mk_strbuf_put(b, ahead ? "        }\n        }\n" : "        }\n");
     mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) for (int c = 0; c < %d; c++) for (int j = 0; j < %d; j++)\n"
@@ -320,7 +325,7 @@ static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group 
         return;
     }
     }
-    mk_mv_put_epilogue(b, l, pg, o, C, staged, phase == 2 ? "" : "if (lane == 0) ");
+    mk_mv_put_epilogue(b, p, o, C, phase == 2 ? "" : "if (lane == 0) ");
 }
 
 /*
@@ -329,8 +334,10 @@ static void put_result(mk_strbuf *b, const mk_launch *l, const mk_product_group 
  * acc[m][c][j]: the RmsNorm's 1 / rms, the result's program, its rotation, and
  * its row write or ArgMax.
  */
-void mk_mv_put_epilogue(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int o,
-                         int C, bool staged, const char *who) {
+void mk_mv_put_epilogue(mk_strbuf *b, const mk_mv_plan *p, int o, int C, const char *who) {
+    const mk_launch *l = p->l;
+    const mk_product_group *pg = p->pg;
+    bool staged = p->staged;
     const mk_product_out *r = &pg->out[o];
     const mk_group *grp = l->node->group;
     int which = 1; /* the faulting member for the error: the row write */
@@ -458,18 +465,17 @@ static int warp_columns(const mk_launch *l, const mk_product_group *pg) {
  * scales its dot products of w * x by 1 / rms at the end (no block-wide step
  * unless A is staged). */
 void mk_codegen_product_source(mk_strbuf *b, const mk_launch *l) {
-    const mk_product_group *pg = mk_node_product(l->node);
-    int tc = mk_mv_tc_slices(l, pg);
-    if (tc) {
-        mk_mv_put_tc_source(b, l, tc);
+    mk_mv_plan plan, *p = &plan;
+    mk_mv_plan_of(l, p);
+    if (p->tc) {
+        mk_mv_put_tc_source(b, p);
         return;
     }
+    const mk_product_group *pg = p->pg;
     int M = (int)pg->m;
     long long K = (long long)pg->k;
-    /* float4 loads where every row of A, the weight and each B column is 16-byte aligned */
-    int E = mk_mv_weights_per_load(l, pg);
-    bool staged = staged_a(l, pg);
-    int C = warp_columns(l, pg), W = product_slices(l, pg), BW = mk_mv_block_warps(W);
+    int C = p->C, W = p->W, BW = p->BW;
+    bool staged = p->staged;
     mk_strbuf_put(b, "// moonkaas matrix-vector group $%d: [%d, %lld] @ %d products, %d results%s%s%s\n",
                   l->node->id, M, K, pg->n_products, pg->n_outs,
                   pg->norm_w >= 0 ? ", RmsNorm folded in" : "", C == 4 ? ", 4 columns a warp" : "",
@@ -508,9 +514,8 @@ void mk_codegen_product_source(mk_strbuf *b, const mk_launch *l) {
         if (mk_mv_plain_sources(&pg->out[o]) > PS) PS = mk_mv_plain_sources(&pg->out[o]);
     mk_strbuf_put(b, "    float pre[%d][%d][%d], rot[%d][%d][2];\n    long long wbegin = 0, wend = 0;\n"
                      "    (void)pre; (void)rot; (void)wbegin; (void)wend;\n", M, C, PS, M, C / 2);
-    int pre = mk_mv_preload_steps(l, pg, C, E, W, staged);
-    mk_mv_put_preloads(b, l, pg, C, E, W, pre);
-    if (staged) mk_mv_put_staging(b, pg, E, W, false);
+    mk_mv_put_preloads(b, p);
+    if (staged) mk_mv_put_staging(b, p);
     for (int phase = W > 1 ? 1 : 0; phase <= (W > 1 ? 2 : 0); phase++) {
         if (phase == 2) mk_strbuf_put(b, "    __syncthreads();\n");
         long long start = 0;
@@ -518,7 +523,7 @@ void mk_codegen_product_source(mk_strbuf *b, const mk_launch *l) {
             long long groups = pg->out[o].n / C; /* of C columns, a warp (and its slices) each */
             mk_strbuf_put(b, "    %sif (pair < %lldLL) do {\n        const long long p = pair - %lldLL;\n",
                           o ? "else " : "", start + groups, start);
-            put_result(b, l, pg, o, C, E, W, pre, phase, staged);
+            put_result(b, p, o, phase);
             mk_strbuf_put(b, "    } while (0);\n");
             start += groups;
         }
@@ -540,11 +545,27 @@ size_t mk_codegen_product_aux_bytes(const mk_product_group *pg) {
     return (size_t)argmax_aux_offset(pg, pg->n_outs);
 }
 
-/* The grid of a group's launch: mk_mv_block_warps(W) warps a block, W of them the
- * C columns of warp_columns (in the tensor-core form, a tile of 16 columns). */
-void mk_codegen_product_grid(const mk_launch *l, unsigned int *blocks, unsigned int *threads) {
+/* The plan of launch l's group (mk_mv_plan): the form, the loads' width, the
+ * columns and slices a warp takes, A's staging, the preloads, and the grid:
+ * mk_mv_block_warps(W) warps a block, W of them the C columns of warp_columns
+ * (in the tensor-core form, a tile of 16 columns). */
+void mk_mv_plan_of(const mk_launch *l, mk_mv_plan *p) {
     const mk_product_group *pg = mk_node_product(l->node);
-    int tc = mk_mv_tc_slices(l, pg), W = tc ? tc : product_slices(l, pg);
-    *blocks = mk_cuda_blocks(product_warps(pg, tc ? 16 : warp_columns(l, pg), W), mk_mv_block_warps(W));
-    *threads = 32 * (unsigned int)mk_mv_block_warps(W);
+    *p = (mk_mv_plan){.l = l, .pg = pg, .tc = mk_mv_tc_slices(l, pg)};
+    /* float4 loads where every row of A, the weight and each B column is 16-byte aligned */
+    p->E = mk_mv_weights_per_load(l, pg);
+    p->staged = p->tc || staged_a(l, pg);
+    p->C = p->tc ? 16 : warp_columns(l, pg);
+    p->W = p->tc ? p->tc : product_slices(l, pg);
+    p->BW = mk_mv_block_warps(p->W);
+    if (!p->tc) mk_mv_plan_steps(p);
+    p->blocks = mk_cuda_blocks(product_warps(pg, p->C, p->W), p->BW);
+    p->threads = 32 * (unsigned int)p->BW;
+}
+
+void mk_codegen_product_grid(const mk_launch *l, unsigned int *blocks, unsigned int *threads) {
+    mk_mv_plan p;
+    mk_mv_plan_of(l, &p);
+    *blocks = p.blocks;
+    *threads = p.threads;
 }

@@ -29,8 +29,10 @@ static long long prefetch_lines(const mk_product_group *pg) {
     return columns ? MK_PREFETCH_BYTES / (columns * 128) : 0;
 }
 
-static void put_prefetch(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int o, int W,
-                         int C, long long first) {
+static void put_prefetch(mk_strbuf *b, const mk_mv_plan *p, int o, long long first) {
+    const mk_launch *l = p->l;
+    const mk_product_group *pg = p->pg;
+    int W = p->W, C = p->C;
     const mk_product_out *r = &pg->out[o];
     long long lines = prefetch_lines(pg);
     for (int s = 0; s < r->n_src; s++) {
@@ -58,12 +60,13 @@ static void put_prefetch(mk_strbuf *b, const mk_launch *l, const mk_product_grou
  * be loaded early (mk_mv_put_preloads); mk_mv_put_float_math does the rest.
  *
  * Loaded early, 16 bytes of bfloat16, float16 or int8 (E > 4) may stay as
- * they are (`raw`: b{j}_{c}{tag}r, a uint4, mk_mv_preload_raw) until the step's
+ * they are (`raw`: b{j}_{c}{tag}r, a uint4, preload_raw) until the step's
  * math, which widens them first (mk_mv_put_weight_widen): half or a quarter of the
  * registers.
  */
-void mk_mv_put_weight_decls(mk_strbuf *b, int np, int C, int E, const char *tag,
-                             const char *indent, bool raw) {
+void mk_mv_put_weight_decls(mk_strbuf *b, const mk_mv_plan *p, int np, const char *tag,
+                            const char *indent, bool raw) {
+    int C = p->C, E = p->E;
     for (int j = 0; j < np; j++)
         for (int c = 0; c < C; c++) {
             if (raw) mk_strbuf_put(b, "%suint4 b%d_%d%sr;", indent, j, c, tag);
@@ -73,9 +76,11 @@ void mk_mv_put_weight_decls(mk_strbuf *b, int np, int C, int E, const char *tag,
         }
 }
 
-void mk_mv_put_weight_loads(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg,
-                             const mk_product_out *r, const int *prods, int np, int C, int E,
-                             const char *tag, const char *indent, bool raw) {
+void mk_mv_put_weight_loads(mk_strbuf *b, const mk_mv_plan *p, const mk_product_out *r,
+                            const int *prods, int np, const char *tag, const char *indent, bool raw) {
+    const mk_launch *l = p->l;
+    const mk_product_group *pg = p->pg;
+    int C = p->C, E = p->E;
     for (int j = 0; j < np; j++) {
         int pj = r->src[prods[j]].product, bk = pg->b[pj];
         long long ldb = l->in[bk].stride[1];
@@ -100,9 +105,11 @@ void mk_mv_put_weight_loads(mk_strbuf *b, const mk_launch *l, const mk_product_g
 }
 
 /* The float4s of a step's raw weights (mk_mv_put_weight_decls), before its math. */
-void mk_mv_put_weight_widen(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg,
-                             const mk_product_out *r, const int *prods, int np, int C, int E,
-                             const char *tag) {
+void mk_mv_put_weight_widen(mk_strbuf *b, const mk_mv_plan *p, const mk_product_out *r,
+                            const int *prods, int np, const char *tag) {
+    const mk_launch *l = p->l;
+    const mk_product_group *pg = p->pg;
+    int C = p->C, E = p->E;
     for (int j = 0; j < np; j++) {
         const char *w = mk_mv_weight_suffix(l->in[pg->b[r->src[prods[j]].product]].dtype);
         for (int c = 0; c < C; c++)
@@ -111,8 +118,11 @@ void mk_mv_put_weight_widen(mk_strbuf *b, const mk_launch *l, const mk_product_g
     }
 }
 
-void mk_mv_put_float_math(mk_strbuf *b, const mk_product_group *pg, const mk_product_out *r,
-                           const int *prods, int np, int C, int E, bool staged, const char *tag) {
+void mk_mv_put_float_math(mk_strbuf *b, const mk_mv_plan *p, const mk_product_out *r,
+                          const int *prods, int np, const char *tag) {
+    const mk_product_group *pg = p->pg;
+    int C = p->C, E = p->E;
+    bool staged = p->staged;
     int M = (int)pg->m;
     long long K = (long long)pg->k;
     const char *T = E >= 4 ? "float4" : "float";
@@ -159,9 +169,11 @@ void mk_mv_put_float_math(mk_strbuf *b, const mk_product_group *pg, const mk_pro
  * were loaded before the wait (E == 16, `tag` names them: mk_mv_put_preloads) takes
  * their raw 16 bytes (b{j}_{c}{tag}r) and scales from there.
  */
-void mk_mv_put_grid_step(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg,
-                          const mk_product_out *r, const int *prods, int np, int C, int E,
-                          const char *tag) {
+void mk_mv_put_grid_step(mk_strbuf *b, const mk_mv_plan *p, const mk_product_out *r,
+                         const int *prods, int np, const char *tag) {
+    const mk_launch *l = p->l;
+    const mk_product_group *pg = p->pg;
+    int C = p->C, E = p->E;
     int M = (int)pg->m;
     long long K = (long long)pg->k, G = pg->a8_group;
     const char *QT = E == 16 ? "int4" : "int";
@@ -214,7 +226,7 @@ void mk_mv_put_grid_step(mk_strbuf *b, const mk_launch *l, const mk_product_grou
  * 16), which stay raw until the step's DP4As.
  *
  * 16 bytes of a narrower dtype (E > 4) stay raw until the step's math
- * (mk_mv_preload_raw) unless the lane's steps all fit widened: widened at the load,
+ * (preload_raw) unless the lane's steps all fit widened: widened at the load,
  * int8 took 4 times the registers. 32 floats beat 16 and 64.
  */
 #define MK_PRELOAD_FLOATS 32
@@ -230,7 +242,7 @@ static int step_registers(const mk_product_group *pg, int C, int E, bool raw) {
     return mk_mv_most_products(pg) * C * ((raw ? 4 : E >= 4 ? E : 1) + scaled);
 }
 
-bool mk_mv_preload_raw(const mk_product_group *pg, int C, int E, int W) {
+static bool preload_raw(const mk_product_group *pg, int C, int E, int W) {
     return E > 4 &&
            (pg->a8_group || step_registers(pg, C, E, false) * lane_steps(pg, E, W) > MK_PRELOAD_FLOATS);
 }
@@ -263,11 +275,11 @@ static bool whole_copy(const mk_product_group *pg, int E, int W) {
 /* Steps of weights a lane loads before the wait: MK_PRELOAD_FLOATS'
  * registers, one where A is staged (staged) by a whole copy, whose loads take
  * the room. */
-int mk_mv_preload_steps(const mk_launch *l, const mk_product_group *pg, int C, int E, int W,
+static int preload_steps(const mk_launch *l, const mk_product_group *pg, int C, int E, int W,
                          bool staged) {
     if ((pg->a8_group && E != 16) || !mk_mv_constant_weights(l, pg)) return 0;
     long long steps = lane_steps(pg, E, W);
-    long long pre = MK_PRELOAD_FLOATS / step_registers(pg, C, E, mk_mv_preload_raw(pg, C, E, W));
+    long long pre = MK_PRELOAD_FLOATS / step_registers(pg, C, E, preload_raw(pg, C, E, W));
     if (pre < 1 || (staged && whole_copy(pg, E, W))) pre = 1;
     return (int)(pre < steps ? pre : steps);
 }
@@ -281,7 +293,13 @@ int mk_mv_preload_steps(const mk_launch *l, const mk_product_group *pg, int C, i
  * it holds). Not for bfloat16 (a third of int8's math a byte) nor on the int8
  * grid (W8A8, less math still): it helps only where the math hides the loads.
  */
-bool mk_mv_loads_ahead(const mk_product_group *pg, int E) { return E == 16 && !pg->a8_group; }
+static bool loads_ahead(const mk_product_group *pg, int E) { return E == 16 && !pg->a8_group; }
+
+void mk_mv_plan_steps(mk_mv_plan *p) {
+    p->pre = preload_steps(p->l, p->pg, p->C, p->E, p->W, p->staged);
+    p->raw = preload_raw(p->pg, p->C, p->E, p->W);
+    p->ahead = loads_ahead(p->pg, p->E);
+}
 
 /*
  * Gathered operands (mk_product_gather), after the wait: each moves to the
@@ -308,15 +326,16 @@ void mk_mv_put_gathers(mk_strbuf *b, const mk_product_group *pg) {
  * (b{j}_{c}p{s}, mk_mv_put_weight_loads) and sends the rest of its first columns'
  * lines to L2 (put_prefetch); then it waits.
  */
-void mk_mv_put_preloads(mk_strbuf *b, const mk_launch *l, const mk_product_group *pg, int C, int E,
-                         int W, int pre) {
+void mk_mv_put_preloads(mk_strbuf *b, const mk_mv_plan *p) {
+    const mk_product_group *pg = p->pg;
+    int C = p->C, E = p->E, W = p->W, pre = p->pre;
     long long K = (long long)pg->k, step = 32LL * E * W;
-    bool raw = mk_mv_preload_raw(pg, C, E, W);
+    bool raw = p->raw;
     mk_strbuf_put(b, "    const long long kfirst = %d * (lane + 32 * slice);\n", E);
     for (int s = 0; s < pre; s++) {
         char tag[16]; /* "p" and an int */
         snprintf(tag, sizeof tag, "p%d", s);
-        mk_mv_put_weight_decls(b, mk_mv_most_products(pg), C, E, tag, "    ", raw);
+        mk_mv_put_weight_decls(b, p, mk_mv_most_products(pg), tag, "    ", raw);
     }
     long long start = 0;
     for (int o = 0; o < pg->n_outs; o++) {
@@ -325,16 +344,16 @@ void mk_mv_put_preloads(mk_strbuf *b, const mk_launch *l, const mk_product_group
         long long groups = r->n / C; /* of C columns, a warp (and its slices) each */
         mk_strbuf_put(b, "    %sif (pair < %lldLL) {\n        const long long p = pair - %lldLL, n0 = %d * p;\n",
                       o ? "else " : "", start + groups, start, C);
-        mk_mv_put_column_pointers(b, l, pg, r, prods, np);
+        mk_mv_put_column_pointers(b, p, r, prods, np);
         for (int s = 0; s < pre; s++) {
             char tag[16]; /* "p" and an int */
             snprintf(tag, sizeof tag, "p%d", s);
             mk_strbuf_put(b, "        if (kfirst + %lldLL < %lldLL) {\n            const long long k = kfirst + %lldLL;\n",
                           s * step, K, s * step);
-            mk_mv_put_weight_loads(b, l, pg, r, prods, np, C, E, tag, "            ", raw);
+            mk_mv_put_weight_loads(b, p, r, prods, np, tag, "            ", raw);
             mk_strbuf_put(b, "        }\n");
         }
-        put_prefetch(b, l, pg, o, W, C, pre * step);
+        put_prefetch(b, p, o, pre * step);
         mk_strbuf_put(b, "    }\n");
         start += groups;
     }
@@ -359,7 +378,7 @@ long long mk_mv_weight_bytes(const mk_launch *l, const mk_product_group *pg) {
  * Llama-2-7B's [1, 11008]. A whole copy (whole_copy: without a norm, of more
  * than MK_STAGE_WHOLE steps, as w2's [1, 11008], or for 8-bit weights, as
  * int8's wo) loads them all at once (44 registers at most: MK_STAGE_BYTES),
- * its launch preloading one step of weights to make room (mk_mv_preload_steps);
+ * its launch preloading one step of weights to make room (preload_steps);
  * else MK_STAGE_BATCH where the weights are 16-bit floats, else 1 (more a
  * batch cost int8 and float32 registers, and blocks an SM).
  */
@@ -465,7 +484,10 @@ static void put_grid_copy(mk_strbuf *b, const mk_product_group *pg, bool vec, in
  * A once per column pair, as many bytes as the weights in float32 and 4 times
  * as many in int8.
  */
-void mk_mv_put_staging(mk_strbuf *b, const mk_product_group *pg, int E, int W, bool digits) {
+void mk_mv_put_staging(mk_strbuf *b, const mk_mv_plan *p) {
+    const mk_product_group *pg = p->pg;
+    int E = p->E, W = p->W;
+    bool digits = p->tc != 0;
     int M = (int)pg->m;
     bool norm = pg->norm_w >= 0;
     if (norm)

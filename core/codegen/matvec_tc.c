@@ -163,8 +163,10 @@ static void put_tc_sums(mk_strbuf *b, const mk_launch *l, const mk_product_group
 }
 
 /* The kernel of a group in the tensor-core form (mk_mv_tc_slices: W warps a tile). */
-void mk_mv_put_tc_source(mk_strbuf *b, const mk_launch *l, int W) {
-    const mk_product_group *pg = mk_node_product(l->node);
+void mk_mv_put_tc_source(mk_strbuf *b, const mk_mv_plan *p) {
+    const mk_launch *l = p->l;
+    const mk_product_group *pg = p->pg;
+    int W = p->W;
     long long K = (long long)pg->k;
     long long per = (K / 128 + W - 1) / W * 128; /* k a slice takes */
     mk_strbuf_put(b, "// moonkaas matrix-vector group $%d: [1, %lld] @ %d products, %d results%s, "
@@ -217,7 +219,7 @@ void mk_mv_put_tc_source(mk_strbuf *b, const mk_launch *l, int W) {
     }
     mk_strbuf_put(b, "    MK_GROUP_WAIT;\n");
     mk_mv_put_gathers(b, pg);
-    mk_mv_put_staging(b, pg, 16, W, true);
+    mk_mv_put_staging(b, p);
     for (int phase = 1; phase <= 2; phase++) {
         if (phase == 2) mk_strbuf_put(b, "    __syncthreads();\n");
         start = 0;
@@ -227,7 +229,7 @@ void mk_mv_put_tc_source(mk_strbuf *b, const mk_launch *l, int W) {
                           o ? "else " : "", start + tiles, start);
             if (phase == 1) {
                 mk_strbuf_put(b, "        const long long n0 = 16 * p + 2 * (lane & 7);\n");
-                mk_mv_put_epilogue_loads(b, l, pg, o, 2, "slice == 0 && lane < 8");
+                mk_mv_put_epilogue_loads(b, p, o, 2, "slice == 0 && lane < 8");
                 put_tc_sums(b, l, pg, o, early);
             } else { /* lane q < 8 of the tile's first warp: its column pair 2q, 2q + 1 */
                 mk_strbuf_put(b, "        if (slice != 0 || lane >= 8) break;\n"
@@ -238,7 +240,7 @@ void mk_mv_put_tc_source(mk_strbuf *b, const mk_launch *l, int W) {
                                  "            for (int w = 0; w < %d; w++) s += red[wib + w][2 * lane + c];\n"
                                  "            acc[0][c][0] = s;\n"
                                  "        }\n", W);
-                mk_mv_put_epilogue(b, l, pg, o, 2, true, "");
+                mk_mv_put_epilogue(b, p, o, 2, "");
             }
             mk_strbuf_put(b, "    } while (0);\n");
             start += tiles;
