@@ -229,7 +229,8 @@ static size_t att_part_floats(const mk_attention_info *a) {
 }
 
 /* A decode attention group's kernel: skeletons/attention.cuh after what it
- * varies in (its shapes, strides, inputs and forms) as #defines. */
+ * varies in: its shapes and strides as typed constants, its inputs and forms
+ * as macros. */
 static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
     const mk_product_group *pg = mk_node_product(l->node);
     const mk_attention_info *a = &pg->att;
@@ -259,25 +260,24 @@ static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
         mk_strbuf_put(b, "#if __CUDA_ARCH__ >= 900\n#define MK_CLUSTER\n#endif\n");
     mk_codegen_put_fault(b);
     mk_strbuf_put(b, "%s%s", mk_skeleton_cluster, mk_skeleton_arrive);
-    /* attention.cuh's shapes (long long where the name ends in L) */
+    /* attention.cuh's shapes and strides, typed: int where the skeleton's
+     * arithmetic is int, long long where it is 64-bit */
     const long long KL = (D * 4 + 127) / 128, VL = (N * 4 + 127) / 128; /* lines a row */
-    mk_strbuf_put(b, "#define MK_T %lld\n#define MK_C %lld\n#define MK_CL %lldLL\n#define MK_CBL %lldLL\n"
-                     "#define MK_ML %lldLL\n#define MK_SL %lldLL\n#define MK_R %lld\n#define MK_RL %lldLL\n"
-                     "#define MK_RM1L %lldLL\n#define MK_DK %lld\n#define MK_DU %lld\n#define MK_N %lld\n"
-                     "#define MK_NL %lldLL\n#define MK_N2 %lld\n#define MK_N2L %lldLL\n#define MK_G %lld\n"
-                     "#define MK_GN %lld\n#define MK_VR %lld\n#define MK_NS %lld\n#define MK_RED %lld\n"
-                     "#define MK_NO %lld\n#define MK_KU %lld\n#define MK_KL %lld\n#define MK_VL %lld\n",
-                  T, C, C, CB, M, S, R, R, R - 1, DK, DU, N, N, N + 2, N + 2, G, G * N, VR, NS,
-                  G * N > T ? G * N : T, NO, KU, KL, VL);
-    mk_strbuf_put(b, "#define MK_Q0L %lldLL\n#define MK_Q1L %lldLL\n#define MK_QSL %lldLL\n"
-                     "#define MK_K0L %lldLL\n#define MK_KRL %lldLL\n#define MK_KSL %lldLL\n"
-                     "#define MK_V0L %lldLL\n#define MK_VRL %lldLL\n#define MK_VNL %lldLL\n"
-                     "#define MK_IN_Q i%d\n#define MK_IN_K i%d\n#define MK_IN_V i%d\n#define MK_IN_P i%d\n"
-                     "#define MK_PARTL %lldLL\n#define MK_PREFIX_FAULT %d\n"
-                     "#define MK_ATT_EARLY %d\n#define MK_ATT_FLOAT4 %d\n#define MK_ATT_PREFETCH %d\n",
+    mk_strbuf_put(b, "namespace att {\n"
+                     "constexpr int T = %lld, C = %lld, R = %lld, DK = %lld, DU = %lld, N = %lld, N2 = %lld;\n"
+                     "constexpr int G = %lld, GN = %lld, VR = %lld, NS = %lld, RED = %lld, NO = %lld, KU = %lld;\n"
+                     "constexpr int KL = %lld, VL = %lld, prefix_fault = %d;\n"
+                     "constexpr long long CB = %lldLL, M = %lldLL, S = %lldLL, part = %lldLL;\n"
+                     "constexpr long long q0 = %lldLL, q1 = %lldLL, qs = %lldLL, k0 = %lldLL, kr = %lldLL, ks = %lldLL;\n"
+                     "constexpr long long v0 = %lldLL, vr = %lldLL, vn = %lldLL;\n"
+                     "}\n",
+                  T, C, R, DK, DU, N, N + 2, G, G * N, VR, NS, G * N > T ? G * N : T, NO, KU, KL, VL,
+                  (int)MK_FAULT_PREFIX, CB, M, S, (long long)att_part_floats(a),
                   (long long)q->stride[0], (long long)q->stride[1], qs, (long long)kt->stride[0], kr, ks,
-                  (long long)v->stride[0], vr, vn, a->q, a->kt, a->v, a->p, (long long)att_part_floats(a),
-                  (int)MK_FAULT_PREFIX, early, f4, !cluster && ks == 1 && vn == 1);
+                  (long long)v->stride[0], vr, vn);
+    mk_strbuf_put(b, "#define MK_IN_Q i%d\n#define MK_IN_K i%d\n#define MK_IN_V i%d\n#define MK_IN_P i%d\n"
+                     "#define MK_ATT_EARLY %d\n#define MK_ATT_FLOAT4 %d\n#define MK_ATT_PREFETCH %d\n",
+                  a->q, a->kt, a->v, a->p, early, f4, !cluster && ks == 1 && vn == 1);
     mk_codegen_put_head(b, T, 0);
     if (cluster) mk_strbuf_put(b, "#ifdef MK_CLUSTER\n__cluster_dims__(%lld, 1, 1)\n#endif\n", C);
     mk_codegen_put_entry(b, l);
