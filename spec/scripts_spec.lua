@@ -64,8 +64,6 @@ local CASES = {
     { "ptx_diff.sh", { tmp, tmp }, 0, "0 identical, 0 differ or fail", run = "sh" },
     -- installs Debian packages: only its syntax is checked here
     { "setup.sh", {}, 0, "", run = "sh -n" },
-    -- built by make examples; make test runs it longer
-    { "game_loop.c", { "--frames", "20" }, 0, "", run = "binary" },
 }
 
 describe("scripts/", function()
