@@ -6,10 +6,14 @@ table is the only source: edit a row's summary in core/ops.c, rebuild, then
     lua5.4 scripts/gen_ops_doc.lua > doc/ops.md      (or --write: the same file)
 
 from the repository root (MK_BUILD=dir picks another build than build/).
-spec/docs_spec.lua fails while doc/ops.md differs from what this prints.
+spec/docs_spec.lua fails while doc/ops.md differs from what this prints; it
+runs this file with dofile, which returns the text instead of printing it.
 ]]
 
-do
+-- run as a program (not by dofile from a spec, which has its module loaded)
+local main = arg and arg[0] and arg[0]:match("gen_ops_doc%.lua$") ~= nil
+
+if main then
     local here = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
     local root = here .. "/.."
     local build = os.getenv("MK_BUILD")
@@ -104,7 +108,9 @@ local function render()
 end
 
 local text = render()
-if arg[1] == "--write" then
+if not main then
+    return text
+elseif arg[1] == "--write" then
     local root = ((arg[0] or ""):match("^(.*)/[^/]*$") or ".") .. "/.."
     local w = mk.file_writer(root .. "/doc/ops.md")
     w:write(text)
