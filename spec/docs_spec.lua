@@ -14,7 +14,8 @@
 --   c    compiled with cc against core/moonkaas.h and the build's
 --        libmoonkaas.a, then run
 --
--- each must exit 0. A block that is not meant to run (a fragment, a command that
+-- each must exit 0. An unmarked sh block that names make, setup.sh, apt,
+-- sudo, luarocks, .ci/run, busted or rm -r fails without running. A block that is not meant to run (a fragment, a command that
 -- installs packages, needs a GPU or takes minutes) is marked by the line
 --
 --   <!-- norun: why -->
@@ -169,7 +170,7 @@ describe("doc/c-api.md", function()
             local name = decl:match("(mk_[%w_]+)%s*%($")
             if name then
                 n = n + 1
-                assert.truthy(doc:find("`" .. name .. "`", 1, true),
+                assert.truthy(doc:find("`" .. name .. "[`(]"),
                     name .. " (core/moonkaas.h) is not named in doc/c-api.md: add it, as `" .. name .. "`, to its section")
             end
         end
@@ -221,8 +222,12 @@ local function scratch()
     local dir = scratch_root .. "/" .. count
     local cmd = { "mkdir -p " .. q(dir) }
     for name in shell("ls -A " .. q(ROOT)):gmatch("[^\n]+") do
-        if name ~= ".git" then cmd[#cmd + 1] = "ln -s " .. q(ROOT .. "/" .. name) .. " " .. q(dir .. "/" .. name) end
+        if name ~= ".git" and name ~= "build" then
+            cmd[#cmd + 1] = "ln -s " .. q(ROOT .. "/" .. name) .. " " .. q(dir .. "/" .. name)
+        end
     end
+    -- build/ is the build under test (MK_BUILD: build-asan, build-valgrind, ...)
+    cmd[#cmd + 1] = "ln -s " .. q(ABS_BUILD) .. " " .. q(dir .. "/build")
     for name in shell("ls " .. q(MODELS) .. " 2>/dev/null"):gmatch("[^\n]+") do
         cmd[#cmd + 1] = "ln -s " .. q(MODELS .. "/" .. name) .. " " .. q(dir .. "/" .. name)
     end
@@ -261,6 +266,11 @@ local function run_block(b)
 end
 
 local RUNS = { lua = true, sh = true, c = true }
+
+-- Commands a test must never start (the build itself, package managers, CI):
+-- an unmarked sh block naming one fails without running.
+local UNSAFE = { "%f[%w]make%f[%W]", "setup%.sh", "apt%-get", "%f[%w]apt%f[%W]", "%f[%w]sudo%f[%W]",
+                 "luarocks", "%.ci/run", "rm %-r", "%f[%w]busted%f[%W]" }
 local MARK = "mark a block that is not meant to run with a line `<!-- norun: why -->` just before its fence"
 
 describe("code blocks in README.md and doc/*.md", function()
@@ -270,6 +280,13 @@ describe("code blocks in README.md and doc/*.md", function()
         for _, b in ipairs(blocks(path)) do
             if RUNS[b.lang] and not b.norun then
                 it(string.format("%s:%d (%s) runs", path, b.line, b.lang), function()
+                    if b.lang == "sh" then
+                        for _, pattern in ipairs(UNSAFE) do
+                            assert.is_nil(b.code:find(pattern), string.format(
+                                "the sh block at %s:%d runs something a test must not (%s):\n%s\n%s",
+                                path, b.line, pattern, b.code, MARK))
+                        end
+                    end
                     local ok, output = run_block(b)
                     assert.is_true(ok, string.format("the %s block at %s:%d failed (%s):\n%s\n-- its output:\n%s",
                         b.lang, path, b.line, MARK, b.code, output))
