@@ -244,6 +244,20 @@ end
 local ENV = string.format("LUA_PATH_5_4=%s LUA_CPATH_5_4=%s MK_BUILD=%s",
     q(ROOT .. "/lua/?.lua;" .. ROOT .. "/lua/?/init.lua;;"), q(ABS_BUILD .. "/?.so;;"), q(ABS_BUILD))
 
+-- Under ASan (make asan: ASAN=1, the build's library instrumented) a block's
+-- `cc` links the sanitizer's runtime too, and runs without the preload that
+-- the specs' lua5.4 needs.
+local SAN = os.getenv("ASAN") and "-fsanitize=address,undefined" or ""
+if SAN ~= "" then
+    local bin = scratch_root .. "/bin"
+    os.execute("mkdir -p " .. q(bin))
+    local f = assert(io.open(bin .. "/cc", "w"))
+    f:write("#!/bin/sh\nunset LD_PRELOAD\nexec /usr/bin/cc " .. SAN .. " \"$@\"\n")
+    f:close()
+    os.execute("chmod +x " .. q(bin .. "/cc"))
+    ENV = ENV .. " PATH=" .. q(bin .. ":" .. (os.getenv("PATH") or "/usr/bin:/bin"))
+end
+
 local function run_block(b)
     local dir = scratch()
     local out = dir .. "/.out"
@@ -256,9 +270,8 @@ local function run_block(b)
         cmd = string.format("cd %s && env %s sh -e .block.sh < /dev/null", q(dir), ENV)
     else
         write(dir .. "/.block.c", b.code)
-        local san = os.getenv("ASAN") and "-fsanitize=address,undefined" or ""
         cmd = string.format("cd %s && env -u LD_PRELOAD cc -std=c11 -D_GNU_SOURCE %s -I%s -o .block .block.c %s " ..
-            "-lm -fopenmp -ldl -pthread && ./.block", q(dir), san, q(ROOT .. "/core"),
+            "-lm -fopenmp -ldl -pthread && ./.block", q(dir), SAN, q(ROOT .. "/core"),
             q(ABS_BUILD .. "/libmoonkaas.a"))
     end
     local ok = os.execute(cmd .. " > " .. q(out) .. " 2>&1")
