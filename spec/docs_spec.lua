@@ -87,20 +87,22 @@ local function api_entries()
     return entries, text
 end
 
--- What the op table makes: module functions, node methods, metamethods.
+-- What the op table makes: module functions, node methods, metamethods (the
+-- events lua/node.c gives an infix operator of one or two operands).
 local function op_made()
     local functions, methods, events = {}, {}, {}
-    local infix = { ["+"] = "__add", ["-"] = "__sub", ["*"] = "__mul", ["/"] = "__div",
-                    ["%"] = "__mod", ["^"] = "__pow", ["//"] = "__idiv", ["&"] = "__band",
-                    ["|"] = "__bor", ["~"] = "__bxor", ["<<"] = "__shl", [">>"] = "__shr",
-                    ["<"] = "__lt", ["<="] = "__le", ["=="] = "__eq", [".."] = "__concat" }
+    local binary = { ["+"] = "__add", ["-"] = "__sub", ["*"] = "__mul", ["/"] = "__div",
+                     ["%"] = "__mod", ["^"] = "__pow", ["//"] = "__idiv", ["&"] = "__band",
+                     ["|"] = "__bor", ["~"] = "__bxor", ["<<"] = "__shl", [">>"] = "__shr" }
+    local unary = { ["-"] = "__unm", ["~"] = "__bnot" }
     for _, row in ipairs(mk.ops()) do
         if row.method then
             if row.as_function then functions[row.method] = true else methods[row.method] = true end
         end
         if row.infix then
-            events[infix[row.infix] or "?"] = true
-            if row.infix == "-" then events.__unm = true end
+            local operands = select(2, row.signature:gsub("[nr]", ""))
+            local event = (operands == 1 and unary or binary)[row.infix]
+            if event then events[event] = true end
         end
     end
     return functions, methods, events
