@@ -7,7 +7,8 @@
 #   make test       every C test, busted spec and example; ends with "N passed, N failed, N skipped"
 #   make LUA=luajit / LUA=lua5.1   the Lua module for LuaJIT or Lua 5.1 (build-luajit/,
 #                   build-lua51/); make test-luajit / test-lua51 run the CPU specs there
-#   make examples   build/examples/game_loop (a game host embedding Lua and moonkaas)
+#   make examples   build and run examples/ (CPU): mlp.lua, transformer_block.lua,
+#                   llama2_chat.lua, host.c (the C API tour), game_loop.c (a game host)
 #   make asan       the same under AddressSanitizer + UBSan (build-asan/; the plugin's
 #                   kernels are build/'s objects: nvcc runs for build/ only)
 #   make valgrind   the C tests and CPU specs under valgrind (build-valgrind/, CUDA=0)
@@ -214,12 +215,19 @@ $(BUILD)/tests/lua_host_test: spec/c/lua_host_test.c spec/c/test.h $(LUA_OBJ) $(
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LUA_CFLAGS) -Ispec/c -Ilua -o $@ $< $(LUA_OBJ) $(LIB_A) $(LUA_LIBS) $(LDLIBS)
 
-# The game-loop host (scripts/game_loop.c): Lua and the module linked in, like lua_host_test.
-EXAMPLES := $(if $(LUA51_HOST),,$(BUILD)/examples/game_loop)
-examples: $(EXAMPLES) $(PLUGIN)
-$(BUILD)/examples/game_loop: scripts/game_loop.c $(LUA_OBJ) $(LIB_A)
+# ---- examples/ (make examples builds the C ones and runs every one; make test runs them
+# through spec/run_tests.sh, counted as tests). The game loop embeds Lua and the module
+# like lua_host_test; the C API tour links the library alone.
+EXAMPLES := $(BUILD)/examples/host $(if $(LUA51_HOST),,$(BUILD)/examples/game_loop)
+examples-build: $(EXAMPLES) $(PLUGIN) $(if $(LUA_SRC),$(LUA_MOD))
+examples: examples-build
+	sh examples/run.sh $(BUILD)
+$(BUILD)/examples/game_loop: examples/game_loop.c $(LUA_OBJ) $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LUA_CFLAGS) -o $@ $< $(LUA_OBJ) $(LIB_A) $(LUA_LIBS) $(LDLIBS)
+$(BUILD)/examples/host: examples/host.c core/moonkaas.h $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(LIB_A) $(LDLIBS)
 
 # ---- the CUDA plugin ------------------------------------------------------------------
 ifeq ($(CUDA),1)
@@ -310,7 +318,7 @@ uninstall:
 	rm -rf $(DESTDIR)$(INST_LIBDIR)/moonkaas $(DESTDIR)$(INST_LUADIR)/moonkaas $(DESTDIR)$(DATADIR)/moonkaas
 	rmdir $(DESTDIR)$(PLUGINDIR) 2> /dev/null || true
 
-test: all examples
+test: all examples-build
 	@sh spec/run_tests.sh $(BUILD)
 
 # The CPU specs of spec/hosts51.sh's list on Lua 5.1 and LuaJIT, each against the
@@ -329,14 +337,14 @@ test-luajit:
 asan:
 	$(MAKE) plugin
 	$(MAKE) BUILD=build-asan CU_BUILD=$(BUILD) OPT="-O1 -fno-omit-frame-pointer" \
-	    SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined" all examples
+	    SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined" all examples-build
 	ASAN=1 sh spec/run_tests.sh build-asan
 
 # The C tests and the CPU specs under valgrind (leaks are errors), in a CPU-only
 # build (CUDA=0: valgrind would only walk NVRTC and the CUDA libraries, for
 # minutes) without -march=native: valgrind does not decode every extension (AVX-512).
 valgrind:
-	$(MAKE) BUILD=build-valgrind CUDA=0 ARCH= all examples
+	$(MAKE) BUILD=build-valgrind CUDA=0 ARCH= all examples-build
 	sh spec/valgrind.sh build-valgrind
 
 # The C tests under ThreadSanitizer, in a CPU-only build (CUDA=0: without a GPU the
@@ -376,5 +384,5 @@ $(BUILD)/fuzz/%: spec/fuzz/%.c spec/fuzz/fuzz.h $(LUA_OBJ) $(LIB_A)
 clean:
 	rm -rf build build-asan build-valgrind build-tsan build-nocudnn build-fuzz build-lua51 build-luajit
 
-.PHONY: all module plugin test test-lua51 test-luajit examples asan valgrind tsan fuzz fuzz-targets clean install \
+.PHONY: all module plugin test test-lua51 test-luajit examples examples-build asan valgrind tsan fuzz fuzz-targets clean install \
         install-lib install-module install-scripts uninstall

@@ -22,7 +22,7 @@ kernels, cuBLAS, cuDNN, CUDA graphs).
 }
 dependencies = {
     -- 5.4, 5.1 and LuaJIT (lua/compat.h picks the API from the headers luarocks
-    -- passes in LUA_INCDIR; README "Lua versions")
+    -- passes in LUA_INCDIR; doc/building.md "Lua versions")
     "lua >= 5.1, < 5.5",
 }
 external_dependencies = {

@@ -269,7 +269,7 @@ typedef struct {
     bool no_passes;        /* skip optional optimisation passes (debugging) */
     bool no_fusion;        /* one launch per node: no groups (pointwise, matrix-vector) */
     bool no_kernel_cache;  /* CUDA: compile generated kernels with NVRTC even where the disk
-                              cache has them (and write none); see "kernels" in README */
+                              cache has them (and write none); see doc/devices.md */
     size_t max_bytes;      /* 0: no limit; else the most device memory the model may take
                               (arena + copied constants + buffers), checked before anything
                               is allocated: more is an MK_ERR_NOMEM error saying how much */
@@ -345,7 +345,7 @@ MK_API int mk_evaluate_outputs(mk_model *, const mk_named_tensor *inputs, size_t
  * stop->output (int64, one element) equals stop->value. Returns the number of
  * steps run (1..n), or -1 with *err set; a failed step leaves the outputs of the
  * steps before it written and the model usable. The CUDA device runs the steps
- * without returning to the host between them where the driver can (README).
+ * without returning to the host between them where the driver can (doc/guide.md).
  */
 typedef struct {
     bool enabled;

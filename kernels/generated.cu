@@ -72,7 +72,7 @@ static int nvrtc_fail(mk_error **err, nvrtcProgram prog, nvrtcResult r, const mk
  * Compiled kernels (cubins) are kept on disk so that a second process skips
  * NVRTC: in $MK_KERNEL_CACHE when set ("off" or "0": no disk cache), else
  * $XDG_CACHE_HOME/moonkaas, else $HOME/.cache/moonkaas. What is trusted and
- * checked (README "Files"):
+ * checked (doc/guide.md, "Files"):
  *   - the directory is made 0700; one that another user owns or can write is
  *     refused (a log line, then no disk cache for the call);
  *   - an entry is named by the SHA-256 of everything that decides its code (the

@@ -1,4 +1,4 @@
--- Files moonkaas reads and writes (README "Files"): writes go whole or not at
+-- Files moonkaas reads and writes (doc/guide.md, "Files"): writes go whole or not at
 -- all, never through a link planted beside the target; safetensors ranges must
 -- tile the data; a file truncated after it was loaded does not end the host.
 -- What could crash runs in a child process, so a crash fails one test.

@@ -1,5 +1,5 @@
 -- Host functions that re-enter the library, and a binding that keeps what it
--- uses alive (moonkaas.h, "hosts"; README, "Threads and callbacks"). Each case
+-- uses alive (moonkaas.h, "hosts"; doc/guide.md, "Threads and callbacks"). Each case
 -- once crashed the process or gave wrong values; spec/c/reentry_test.c has the
 -- C side.
 local H = require "spec.helpers"

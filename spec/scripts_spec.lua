@@ -8,8 +8,6 @@ local mk = H.mk()
 local seed = H.seed("scripts_spec")
 
 local M = H.models
-local BUILD = os.getenv("MK_BUILD")
-if BUILD == nil or BUILD == "" then BUILD = "build" end
 
 local tmp = assert(io.popen("mktemp -d /tmp/mk-scripts.XXXXXX")):read("l")
 
@@ -62,10 +60,12 @@ local CASES = {
     { "mlp_peer.py", { "WEIGHTS", "3" }, nil, nil, run = "python3" },
     { "ptx_diff.sh", {}, 2, "usage:", run = "sh" },
     { "ptx_diff.sh", { tmp, tmp }, 0, "0 identical, 0 differ or fail", run = "sh" },
+    -- doc/ops.md's generator (spec/docs_spec.lua compares its text with the file)
+    { "gen_ops_doc.lua", {}, 0, "# Op reference" },
+    { "gen_ops_doc.lua", { "--check" }, 0, "" },
+    { "gen_ops_doc.lua", { "--bogus" }, 2, "usage: lua5.4 scripts/gen_ops_doc.lua" },
     -- installs Debian packages: only its syntax is checked here
     { "setup.sh", {}, 0, "", run = "sh -n" },
-    -- built by make examples; make test runs it longer
-    { "game_loop.c", { "--frames", "20" }, 0, "", run = "binary" },
 }
 
 describe("scripts/", function()
@@ -93,14 +93,7 @@ describe("scripts/", function()
             if c.models and not H.models_present() then pending(M .. " is absent") return end
             local argv = {}
             for j, a in ipairs(args) do argv[j] = q(a == "WEIGHTS" and mlp_weights() or a) end
-            local cmd
-            if c.run == "binary" then
-                local bin = BUILD .. "/examples/" .. name:gsub("%.c$", "")
-                if not io.open(bin) then pending("not built: " .. bin .. " (make examples)") return end
-                cmd = bin
-            else
-                cmd = (c.run or "lua5.4") .. " scripts/" .. name
-            end
+            local cmd = (c.run or "lua5.4") .. " scripts/" .. name
             local out = tmp .. "/out." .. i
             local full = string.format("cd . && env %s %s %s > %s 2>&1 < /dev/null", c.env or "", cmd,
                 table.concat(argv, " "), q(out))

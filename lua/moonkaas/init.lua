@@ -84,7 +84,7 @@ t:argmax, t:totable) is 1-based, as Lua tables are.
            them stops the compile or run in progress with "cancelled: ..."; a
            function that raises stops that call only, with its own error.
            They may run other models; running, resetting or closing the
-           model whose call they report on is a "busy: ..." error (README,
+           model whose call they report on is a "busy: ..." error (doc/guide.md,
            "Threads and callbacks").
 
 On the CPU a model uses its constants' memory in place (no copy): writing to
