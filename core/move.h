@@ -19,6 +19,8 @@
 
 #include "device.h"
 
+#include <string.h>
+
 #ifdef __CUDACC__
 #define MK_MOVE_FN static __host__ __device__ __forceinline__
 #else
@@ -73,7 +75,8 @@ static inline int mk_move_map_of(const mk_launch *l, mk_move_map *m) {
     const mk_node *node = l->node;
     const mk_tensor *x = &l->in[0], *o = &l->out;
     int r = o->rank, lead = r - x->rank; /* tile: x's dims are the output's last */
-    *m = (mk_move_map){.rank = r};
+    memset(m, 0, sizeof *m); /* C and CUDA C++ alike: no compound literal */
+    m->rank = r;
     for (int d = 0; d < r; d++) {
         m->shape[d] = o->shape[d];
         m->n[d] = d < lead ? 1 : x->shape[d - lead];

@@ -50,6 +50,14 @@ t:argmax, t:totable) is 1-based, as Lua tables are.
            leaves) x:permute{...} (or the integers as arguments)  x:replace(r, b, e) x:rms_norm(w) x:complex_mul(f)
            x:sliced_softmax(p) x:argmax()  mk.embedding(table, ids)
            x:sample(state, t, p) (run.c's sampler: int64 (token, state))
+           x:matmul(w) is numpy.matmul (1-D on either side, batch dims
+           broadcast); shapes and data movement (doc/ops/shape.md):
+           x:slice_axis(axis, b[, e[, step]]) x:squeeze([axis])
+           x:unsqueeze(axis) x:flatten([s[, e]]) x:expand{...} x:flip(axis)
+           x:concat(y[, axis]) mk.concat({...}[, axis]) mk.stack({...}[, axis])
+           x:split(n | {sizes}[, axis]) x:pad(axis, before, after[, value |
+           "reflect" | "edge"]) x:tile{...} x:repeat_interleave(r, axis)
+           x:gather(index, axis) x:index_select(index, axis) x:cumsum([axis])
            b, e and p are int64 [1] nodes, or Lua integers (constants whose
            range the core checks when the node is built); sample's t and p
            are float32 [1] nodes
