@@ -128,8 +128,9 @@ static int kind_of(const mk_node *n) {
     if (n->op->role == MK_ROLE_POINTWISE && n->n_in == 2 &&
         (!same_shape(n->in[0], n) || n->in[1]->rank != n->rank))
         return -1;
-    if (n->op->kernel == MK_KERNEL_MATMUL) /* float32 weights only: cuDNN reads them as such */
-        return n->in[1]->dtype == MK_DTYPE_FLOAT32 ? MK_GOP_MATMUL : -1;
+    if (n->op->kernel == MK_KERNEL_MATMUL) /* float32 weights only: cuDNN reads them as such;
+                                              HamKaas's forms, which the descriptors describe */
+        return n->in[1]->dtype == MK_DTYPE_FLOAT32 && mk_matmul_is_plain(n) ? MK_GOP_MATMUL : -1;
     if (n->op->role != MK_ROLE_POINTWISE || !n->op->expr) return -1;
     for (size_t i = 0; i < sizeof cudnn_modes / sizeof cudnn_modes[0]; i++)
         if (!strcmp(n->op->expr, cudnn_modes[i].expr)) return (int)cudnn_modes[i].kind;

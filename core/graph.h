@@ -279,7 +279,9 @@ int mk_safetensors_parse_buffer(const void *file, size_t size, size_t *count, mk
 #define MK_KERNELS(X) \
     X(POINTWISE) X(MATMUL) X(PERMUTE) X(REPLACE_SLICE) X(RMS_NORM) X(COMPLEX_MUL) \
     X(SLICED_SOFTMAX) X(EMBEDDING) X(ARGMAX) X(CUDNN_GROUP) X(PRODUCT) \
-    X(PREFIX_MATMUL) X(CAST) X(DEQUANTIZE) X(FAKE_QUANTIZE) X(SAMPLE) X(CAUSAL_SOFTMAX)
+    X(PREFIX_MATMUL) X(CAST) X(DEQUANTIZE) X(FAKE_QUANTIZE) X(SAMPLE) X(CAUSAL_SOFTMAX) \
+    X(CONCAT) X(TILE) X(REPEAT_INTERLEAVE) X(PAD) X(FLIP) X(GATHER_ELEMENTS) X(INDEX_SELECT) \
+    X(CUMSUM)
 typedef enum {
     MK_KERNEL_NONE,
 #define MK_KERNEL_ENUM(k) MK_KERNEL_##k,
@@ -317,6 +319,27 @@ const mk_op *mk_op_find(const char *name, size_t len);
 /* The row made only by passes that runs on `kernel` (the cuDNN group, the
  * pointwise group), or NULL. */
 const mk_op *mk_op_internal(mk_kernel_id kernel);
+/* Is matmul n one of HamKaas's forms, [k]@[k,n], [m,k]@[k,n] or [B,m,k]@[B,k,n]
+ * (the forms cuDNN's fusion and the attention groups are built for)? */
+bool mk_matmul_is_plain(const mk_node *n);
+/* ops_shape.c: the rules and layouts of the shape and data-movement rows */
+enum { MK_PAD_CONSTANT, MK_PAD_REFLECT, MK_PAD_EDGE }; /* PadNode's mode argument */
+int mk_infer_slice_axis(mk_node *n, mk_error **err);
+int mk_infer_squeeze(mk_node *n, mk_error **err);
+int mk_infer_unsqueeze(mk_node *n, mk_error **err);
+int mk_infer_flatten(mk_node *n, mk_error **err);
+int mk_infer_expand(mk_node *n, mk_error **err);
+int mk_infer_flip(mk_node *n, mk_error **err);
+int mk_infer_concat(mk_node *n, mk_error **err);
+int mk_infer_pad(mk_node *n, mk_error **err);
+int mk_infer_tile(mk_node *n, mk_error **err);
+int mk_infer_repeat_interleave(mk_node *n, mk_error **err);
+int mk_infer_gather_elements(mk_node *n, mk_error **err);
+int mk_infer_index_select(mk_node *n, mk_error **err);
+int mk_infer_cumsum(mk_node *n, mk_error **err);
+int64_t mk_layout_slice_axis(const mk_node *n, int64_t *stride);
+int64_t mk_layout_dense(const mk_node *n, int64_t *stride);
+int64_t mk_layout_expand(const mk_node *n, int64_t *stride);
 /* Leaf storage: where a leaf's data live. */
 mk_storage mk_op_leaf_storage(const mk_op *op);
 /* Is node n's operand k a run-time bound (signature letter r)? */
@@ -361,5 +384,27 @@ bool mk_tensor_is_dense_permuted(const mk_tensor *t);
  */
 bool mk_matrix_layout(int64_t rows, int64_t cols, int64_t sr, int64_t sc, bool *transposed,
                       int64_t *ld);
+
+/*
+ * numpy.matmul's a @ b as a batch of products C [m, n] = A [m, k] · B [k, n]
+ * (tensor.c; the CPU and CUDA kernels both read it): a [k] is one row (a_sr
+ * 0), b [k] one column; the batch dims are the operands' leading dims
+ * broadcast together, size-1 dims dropped, neighbours merged where both
+ * operands are linear across them, and the innermost ones folded into A's
+ * rows where B repeats across them ([B, T, D] @ [D, O] is one [B·T, D]
+ * product). Batch strides are 0 where an operand repeats. The output is
+ * contiguous: batch t's C starts at t · m · n.
+ */
+typedef struct {
+    int64_t m, k, n;
+    int64_t a_sr, a_sc, b_sr, b_sc; /* the matrices' element strides */
+    int nb;                         /* batch dims left (0: one product) */
+    int64_t batch[MK_MAX_RANK], a_sb[MK_MAX_RANK], b_sb[MK_MAX_RANK];
+    int64_t count;                  /* products: the batch dims' product */
+    bool batched;                   /* the operands had batch dims (a batch of one included) */
+} mk_matmul_plan;
+void mk_matmul_plan_of(const mk_tensor *a, const mk_tensor *b, mk_matmul_plan *p);
+/* Element offsets of batch t's A and B. */
+void mk_matmul_batch_offsets(const mk_matmul_plan *p, int64_t t, int64_t *a_off, int64_t *b_off);
 
 #endif

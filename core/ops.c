@@ -126,35 +126,84 @@ static int infer_complex_mul(mk_node *n, mk_error **err) {
 
 /* Activations in float32; weights (b) in float32 or a low-precision float,
  * read widened: the product is float32 either way. */
-static int infer_matmul(mk_node *n, mk_error **err) {
-    const mk_node *a = n->in[0], *b = n->in[1];
-    if (need_dtype(n, 0, MK_DTYPE_BIT(MK_DTYPE_FLOAT32), err) ||
-        need_dtype(n, 1, MK_DTYPES_FLOAT, err))
-        return -1;
-    int64_t out[3];
-    int rank = -1;
+static int matmul_dtypes(mk_node *n, mk_error **err) {
+    return need_dtype(n, 0, MK_DTYPE_BIT(MK_DTYPE_FLOAT32), err) ||
+                   need_dtype(n, 1, MK_DTYPES_FLOAT, err)
+               ? -1
+               : 0;
+}
+
+/* HamKaas's forms, which PrefixMatMul keeps: [k]@[k,n], [m,k]@[k,n], [B,m,k]@[B,k,n]. */
+static bool plain_matmul_shape(const mk_node *a, const mk_node *b, int64_t *out, int *rank) {
+    *rank = -1;
     if (a->rank == 1 && b->rank == 2 && a->shape[0] == b->shape[0]) {
         out[0] = b->shape[1];
-        rank = 1;
+        *rank = 1;
     } else if (a->rank == 2 && b->rank == 2 && a->shape[1] == b->shape[0]) {
         out[0] = a->shape[0], out[1] = b->shape[1];
-        rank = 2;
+        *rank = 2;
     } else if (a->rank == 3 && b->rank == 3 && a->shape[0] == b->shape[0] &&
                a->shape[2] == b->shape[1]) {
         out[0] = a->shape[0], out[1] = a->shape[1], out[2] = b->shape[2];
-        rank = 3;
+        *rank = 3;
     }
-    if (rank < 0)
+    return *rank > 0;
+}
+
+bool mk_matmul_is_plain(const mk_node *n) {
+    int64_t out[MK_MAX_RANK];
+    int rank;
+    return n->op->kernel == MK_KERNEL_MATMUL && plain_matmul_shape(n->in[0], n->in[1], out, &rank);
+}
+
+/*
+ * numpy.matmul: a [k] is a row and b [k] a column (each dropped from the
+ * result); the last two dims multiply ([.., m, k] @ [.., k, n]); the dims
+ * before them broadcast as NumPy's. [k] @ [k] is [1] (no 0-d tensors here).
+ */
+static int infer_matmul(mk_node *n, mk_error **err) {
+    const mk_node *a = n->in[0], *b = n->in[1];
+    if (matmul_dtypes(n, err)) return -1;
+    int64_t ka = a->shape[a->rank - 1], kb = b->shape[b->rank == 1 ? 0 : b->rank - 2];
+    if (ka != kb)
         return FAIL(err, n, MK_ERR_SHAPE,
-                    "%s: cannot multiply %s by %s (takes [k]@[k,n], [m,k]@[k,n], [B,m,k]@[B,k,n])",
-                    n->op->name, SHAPE(a), SHAPE(b));
+                    "%s: cannot multiply %s by %s: the inner dims differ (%lld and %lld; "
+                    "[.., m, k] @ [.., k, n] as numpy.matmul)",
+                    n->op->name, SHAPE(a), SHAPE(b), (long long)ka, (long long)kb);
+    int na = a->rank > 2 ? a->rank - 2 : 0, nb = b->rank > 2 ? b->rank - 2 : 0;
+    int nd = na > nb ? na : nb, rank = 0;
+    int64_t out[MK_MAX_RANK + 2];
+    for (int d = 0; d < nd; d++) {
+        int ia = d - (nd - na), ib = d - (nd - nb);
+        int64_t da = ia < 0 ? 1 : a->shape[ia], db = ib < 0 ? 1 : b->shape[ib];
+        if (da != db && da != 1 && db != 1)
+            return FAIL(err, n, MK_ERR_SHAPE,
+                        "%s: the batch dims of %s and %s do not broadcast (batch axis %d: %lld "
+                        "and %lld)",
+                        n->op->name, SHAPE(a), SHAPE(b), d, (long long)da, (long long)db);
+        out[rank++] = da > db ? da : db;
+    }
+    if (a->rank > 1) out[rank++] = a->shape[a->rank - 2];
+    if (b->rank > 1) out[rank++] = b->shape[b->rank - 1];
+    if (rank == 0) out[rank++] = 1;
+    if (rank > MK_MAX_RANK) /* unreachable: a result has no more dims than its larger operand */
+        return MK_INTERNAL(err, "a matmul result above MK_MAX_RANK");
     set_shape(n, MK_DTYPE_FLOAT32, rank, out);
     return 0;
 }
 
 /* a @ b over the first p elements of the shared axis (p: a bound, 0 <= p <= that axis). */
 static int infer_prefix_matmul(mk_node *n, mk_error **err) {
-    if (infer_matmul(n, err) || need_bound(n, 2, "the prefix", err)) return -1;
+    const mk_node *a = n->in[0], *b = n->in[1];
+    if (matmul_dtypes(n, err)) return -1;
+    int64_t out[MK_MAX_RANK];
+    int rank;
+    if (!plain_matmul_shape(a, b, out, &rank))
+        return FAIL(err, n, MK_ERR_SHAPE,
+                    "%s: cannot multiply %s by %s (takes [k]@[k,n], [m,k]@[k,n], [B,m,k]@[B,k,n])",
+                    n->op->name, SHAPE(a), SHAPE(b));
+    set_shape(n, MK_DTYPE_FLOAT32, rank, out);
+    if (need_bound(n, 2, "the prefix", err)) return -1;
     int64_t p, s = n->in[0]->shape[n->in[0]->rank - 1];
     if (known(n->in[2], &p) && (p < 0 || p > s))
         return FAIL(err, n, MK_ERR_SHAPE, "%s: prefix %lld is outside [0, %lld]", n->op->name,
@@ -429,6 +478,8 @@ static bool matmul_takes(int k, int rank, const int64_t *shape, const int64_t *s
     (void)k;
     if (rank == 1) return shape[0] == 1 || stride[0] == 1;
     int r = rank - 2, c = rank - 1;
+    for (int d = 0; d < r; d++) /* batch strides as cuBLAS takes them: never negative */
+        if (stride[d] < 0) return false;
     return stride[c] == 1 || stride[r] == 1 || shape[r] == 1 || shape[c] == 1;
 }
 
@@ -489,7 +540,8 @@ static const mk_op ops[] = {
      .infer = infer_complex_mul, .kernel = MK_KERNEL_COMPLEX_MUL},
 
     {ROW("MatMulNode", "nn", MK_ROLE_MATMUL, 0, "matmul", NULL, NULL,
-         "[k]@[k,n], [m,k]@[k,n] or [B,m,k]@[B,k,n]"),
+         "a @ b as numpy.matmul: [.., m, k] @ [.., k, n] with batch dims broadcast; a [k] "
+         "is a row and b [k] a column, dropped from the result"),
      .alias = "MulNode", .infer = infer_matmul, .takes_strided = matmul_takes,
      .scratch = matmul_scratch, .kernel = MK_KERNEL_MATMUL},
     {ROW("PrefixMatMulNode", "nnr", MK_ROLE_MATMUL, 0, "matmul_prefix", NULL, NULL,
@@ -544,6 +596,58 @@ static const mk_op ops[] = {
     {ROW("EmbeddingNode", "nn", MK_ROLE_MOVE, MK_OP_FUNCTION, "embedding", NULL, NULL,
          "rows of table [V, D] picked by int64 ids [n]"),
      .infer = infer_embedding, .kernel = MK_KERNEL_EMBEDDING},
+
+    /* ---- shape and data movement ---- */
+    /* rules and layouts in ops_shape.c; axes negative from the end; the rows
+     * with a layout and the PERMUTE kernel are views where their readers take
+     * the strides, else strided copies */
+    {ROW("SliceAxisNode", "niiii", MK_ROLE_MOVE, 0, "slice_axis", NULL, NULL,
+         "x[begin:end:step] along axis, as Python slices (bounds negative from the end, "
+         "clamped; step positive): a strided view where its readers take one"),
+     .infer = mk_infer_slice_axis, .layout = mk_layout_slice_axis, .takes_strided = any_strides,
+     .kernel = MK_KERNEL_PERMUTE},
+    {ROW("SqueezeNode", "ni", MK_ROLE_VIEW, 0, "squeeze", NULL, NULL,
+         "x without axis, which must be 1 (a view)"),
+     .infer = mk_infer_squeeze, .layout = mk_layout_dense},
+    {ROW("UnsqueezeNode", "ni", MK_ROLE_VIEW, 0, "unsqueeze", NULL, NULL,
+         "x with a new axis of 1 at axis of the result (a view)"),
+     .infer = mk_infer_unsqueeze, .layout = mk_layout_dense},
+    {ROW("FlattenNode", "nii", MK_ROLE_VIEW, 0, "flatten", NULL, NULL,
+         "axes start to end of x (both included) as one (a view)"),
+     .infer = mk_infer_flatten, .layout = mk_layout_dense},
+    {ROW("ExpandNode", "nl", MK_ROLE_MOVE, 0, "expand", NULL, NULL,
+         "x broadcast to shape as NumPy's (-1 keeps x's dim): a view with stride 0 where its "
+         "readers take one"),
+     .infer = mk_infer_expand, .layout = mk_layout_expand, .takes_strided = any_strides,
+     .kernel = MK_KERNEL_PERMUTE},
+    {ROW("FlipNode", "ni", MK_ROLE_MOVE, 0, "flip", NULL, NULL, "x reversed along axis"),
+     .infer = mk_infer_flip, .takes_strided = any_strides, .kernel = MK_KERNEL_FLIP},
+    {ROW("ConcatNode", "nni", MK_ROLE_MOVE, 0, "concat", NULL, NULL,
+         "a then b along axis (same dtype, equal dims but that axis)"),
+     .infer = mk_infer_concat, .takes_strided = any_strides, .kernel = MK_KERNEL_CONCAT},
+    {ROW("PadNode", "nniiii", MK_ROLE_MOVE, 0, "pad_axis", NULL, NULL,
+         "x with before and after elements added along axis: mode 0 the value (float32 [1], "
+         "converted to x's dtype), 1 reflect (numpy's), 2 edge"),
+     .infer = mk_infer_pad, .takes_strided = any_strides, .kernel = MK_KERNEL_PAD},
+    {ROW("TileNode", "nl", MK_ROLE_MOVE, 0, "tile", NULL, NULL,
+         "numpy.tile: x repeated reps times along each axis"),
+     .infer = mk_infer_tile, .takes_strided = any_strides, .kernel = MK_KERNEL_TILE},
+    {ROW("RepeatInterleaveNode", "nii", MK_ROLE_MOVE, 0, "repeat_interleave", NULL, NULL,
+         "each index of axis repeated `repeats` times in place (torch.repeat_interleave)"),
+     .infer = mk_infer_repeat_interleave, .takes_strided = any_strides,
+     .kernel = MK_KERNEL_REPEAT_INTERLEAVE},
+    {ROW("GatherElementsNode", "nni", MK_ROLE_MOVE, 0, "gather", NULL, NULL,
+         "torch.gather / ONNX GatherElements: out[i] = x[i with axis' index = index[i]], "
+         "int64 index (negative from the end) of x's rank"),
+     .infer = mk_infer_gather_elements, .takes_strided = any_strides,
+     .kernel = MK_KERNEL_GATHER_ELEMENTS},
+    {ROW("IndexSelectNode", "nni", MK_ROLE_MOVE, 0, "index_select", NULL, NULL,
+         "ONNX Gather: x's axis replaced by int64 index's dims (negative from the end)"),
+     .infer = mk_infer_index_select, .takes_strided = any_strides,
+     .kernel = MK_KERNEL_INDEX_SELECT},
+    {ROW("CumsumNode", "ni", MK_ROLE_REDUCTION, 0, "cumsum", NULL, NULL,
+         "running sums along axis, in order (float32, int64)"),
+     .infer = mk_infer_cumsum, .takes_strided = any_strides, .kernel = MK_KERNEL_CUMSUM},
 
     /* made by the cuDNN fusion pass (fusion.c), never parsed: its name field
      * describes the group */

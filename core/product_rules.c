@@ -85,7 +85,9 @@ const char *mk_attention_why_not(const mk_graph *g, const mk_node *x) {
         return "not read by one prefix product over its own prefix";
     if (s->op->kernel != MK_KERNEL_MATMUL || mk_product_only_reader(g, s) != x || s->owner != s)
         return "its scores are not one product's, read by it alone";
-    if (s->rank != 3 || y->rank != 3) return "not [B, m, d] @ [B, d, S]";
+    if (s->rank != 3 || y->rank != 3 || !mk_matmul_is_plain(s) || y->in[0]->rank != 3 ||
+        y->in[1]->rank != 3)
+        return "not [B, m, d] @ [B, d, S]";
     if (s->dtype != MK_DTYPE_FLOAT32 || y->dtype != MK_DTYPE_FLOAT32 ||
         y->in[1]->dtype != MK_DTYPE_FLOAT32)
         return "not float32";

@@ -297,3 +297,63 @@ int mk_fault(mk_error **err, const mk_node *n, mk_fault_kind kind, int64_t v0, i
     return mk_fail(err, MK_ERR_INTERNAL, line, col, "%s: unknown run-time fault %d", op,
                    (int)kind);
 }
+
+/* ---- numpy.matmul's batches ----------------------------------------------------- */
+
+void mk_matmul_plan_of(const mk_tensor *a, const mk_tensor *b, mk_matmul_plan *p) {
+    int ra = a->rank, rb = b->rank;
+    memset(p, 0, sizeof *p);
+    if (ra == 1) {
+        p->m = 1, p->k = a->shape[0], p->a_sr = 0, p->a_sc = a->stride[0];
+    } else {
+        p->m = a->shape[ra - 2], p->k = a->shape[ra - 1];
+        p->a_sr = a->stride[ra - 2], p->a_sc = a->stride[ra - 1];
+    }
+    if (rb == 1) {
+        p->n = 1, p->b_sr = b->stride[0], p->b_sc = 1;
+    } else {
+        p->n = b->shape[rb - 1], p->b_sr = b->stride[rb - 2], p->b_sc = b->stride[rb - 1];
+    }
+    /* the batch dims, aligned from the last: a's, b's, broadcast (stride 0 where one repeats) */
+    int na = ra > 2 ? ra - 2 : 0, nbb = rb > 2 ? rb - 2 : 0, nd = na > nbb ? na : nbb;
+    p->batched = nd > 0;
+    int64_t shape[MK_MAX_RANK], as[MK_MAX_RANK], bs[MK_MAX_RANK];
+    for (int d = 0; d < nd; d++) {
+        int ia = d - (nd - na), ib = d - (nd - nbb);
+        int64_t da = ia < 0 ? 1 : a->shape[ia], db = ib < 0 ? 1 : b->shape[ib];
+        shape[d] = da > db ? da : db;
+        as[d] = ia < 0 || da == 1 ? 0 : a->stride[ia];
+        bs[d] = ib < 0 || db == 1 ? 0 : b->stride[ib];
+    }
+    /* size-1 dims dropped; a dim merged into the one before it where both operands are linear */
+    for (int d = 0; d < nd; d++) {
+        if (shape[d] == 1) continue;
+        int r = p->nb;
+        if (r > 0 && p->a_sb[r - 1] == as[d] * shape[d] && p->b_sb[r - 1] == bs[d] * shape[d]) {
+            p->batch[r - 1] *= shape[d];
+            p->a_sb[r - 1] = as[d], p->b_sb[r - 1] = bs[d];
+        } else {
+            p->batch[r] = shape[d], p->a_sb[r] = as[d], p->b_sb[r] = bs[d];
+            p->nb++;
+        }
+    }
+    /* B repeated across the innermost batch dim and A's rows continuing across it:
+     * more rows of one product (the output is contiguous, so its rows continue too) */
+    while (p->nb > 0 && p->b_sb[p->nb - 1] == 0 && p->a_sr != 0 &&
+           p->a_sb[p->nb - 1] == p->m * p->a_sr) {
+        p->m *= p->batch[p->nb - 1];
+        p->nb--;
+    }
+    p->count = 1;
+    for (int d = 0; d < p->nb; d++) p->count *= p->batch[d];
+}
+
+void mk_matmul_batch_offsets(const mk_matmul_plan *p, int64_t t, int64_t *a_off, int64_t *b_off) {
+    int64_t oa = 0, ob = 0;
+    for (int d = p->nb - 1; d >= 0; d--) {
+        int64_t i = t % p->batch[d];
+        t /= p->batch[d];
+        oa += i * p->a_sb[d], ob += i * p->b_sb[d];
+    }
+    *a_off = oa, *b_off = ob;
+}

@@ -380,6 +380,15 @@ struct cuda_kernel_table {
         k[MK_KERNEL_DEQUANTIZE] = {mk_cuda_dequantize, F32 | MK_DTYPE_BIT(MK_DTYPE_INT8)};
         k[MK_KERNEL_FAKE_QUANTIZE] = {mk_cuda_fake_quantize, F32};
         k[MK_KERNEL_SAMPLE] = {mk_cuda_sample, F32 | I64};                 /* int64: state, result */
+        /* shape and data movement (move.cu): every dtype; pad's value float32, indices int64 */
+        k[MK_KERNEL_CONCAT] = {mk_cuda_concat, MK_DTYPES_ALL};
+        k[MK_KERNEL_TILE] = {mk_cuda_index_map, MK_DTYPES_ALL};
+        k[MK_KERNEL_REPEAT_INTERLEAVE] = {mk_cuda_index_map, MK_DTYPES_ALL};
+        k[MK_KERNEL_PAD] = {mk_cuda_index_map, MK_DTYPES_ALL};
+        k[MK_KERNEL_FLIP] = {mk_cuda_index_map, MK_DTYPES_ALL};
+        k[MK_KERNEL_GATHER_ELEMENTS] = {mk_cuda_gather_elements, MK_DTYPES_ALL};
+        k[MK_KERNEL_INDEX_SELECT] = {mk_cuda_index_select, MK_DTYPES_ALL};
+        k[MK_KERNEL_CUMSUM] = {mk_cuda_cumsum, F32 | I64};
 #ifdef MK_WITH_CUDNN
         k[MK_KERNEL_CUDNN_GROUP] = {mk_cuda_cudnn_group, F32};
 #else

@@ -325,6 +325,11 @@ int mk_cuda_argmax(const mk_launch *l, mk_error **err);         /* norm_softmax.
 int mk_cuda_sample(const mk_launch *l, mk_error **err);         /* sample.cu */
 int mk_cuda_embedding(const mk_launch *l, mk_error **err);      /* gather.cu */
 int mk_cuda_replace_slice(const mk_launch *l, mk_error **err);  /* gather.cu */
+int mk_cuda_index_map(const mk_launch *l, mk_error **err);      /* move.cu: tile, repeat, pad, flip */
+int mk_cuda_concat(const mk_launch *l, mk_error **err);         /* move.cu */
+int mk_cuda_gather_elements(const mk_launch *l, mk_error **err); /* move.cu */
+int mk_cuda_index_select(const mk_launch *l, mk_error **err);   /* move.cu */
+int mk_cuda_cumsum(const mk_launch *l, mk_error **err);         /* move.cu */
 
 #ifdef MK_WITH_CUDNN
 /* cudnn_fuser.cu (left out of CUDNN=0 builds): the plugin table's cuDNN hooks,

@@ -5,6 +5,10 @@
  *                                          a transposed weight (llama2's x @ Wᵀ)
  *   [m, k]    @ [k, n]       → [m, n]      cublasSgemm (the same when m == 1)
  *   [B, m, k] @ [B, k, n]    → [B, m, n]   cublasSgemmStridedBatched
+ *   any numpy.matmul          → a batch of   (mk_matmul_plan: batch dims broadcast, stride 0
+ *                               products     where an operand repeats; [B, T, D] @ [D, O] is
+ *                                            one [B·T, D] product) strided-batched over the
+ *                                            innermost batch dim, in a loop over the others
  *
  * Operands may be strided views (a permuted weight, a KV cache read as
  * [heads, head, seq]): per matrix either the column stride is 1 (row-major,
@@ -109,23 +113,13 @@ int mk_cuda_matmul(const mk_launch *l, mk_error **err) {
         if (mk_cuda_widen(l, b, &wide, err)) return -1;
         b = &wide;
     }
-    long long batch = 1, m, k, n;
-    long long a_sr, a_sc, a_sb = 0, b_sr, b_sc, b_sb = 0;
-    if (a->rank == 1 && b->rank == 2) {
-        m = 1, k = a->shape[0], n = b->shape[1];
-        a_sr = k * a->stride[0], a_sc = a->stride[0];
-        b_sr = b->stride[0], b_sc = b->stride[1];
-    } else if (a->rank == 2 && b->rank == 2) {
-        m = a->shape[0], k = a->shape[1], n = b->shape[1];
-        a_sr = a->stride[0], a_sc = a->stride[1];
-        b_sr = b->stride[0], b_sc = b->stride[1];
-    } else if (a->rank == 3 && b->rank == 3) {
-        batch = a->shape[0], m = a->shape[1], k = a->shape[2], n = b->shape[2];
-        a_sb = a->stride[0], a_sr = a->stride[1], a_sc = a->stride[2];
-        b_sb = b->stride[0], b_sr = b->stride[1], b_sc = b->stride[2];
-    } else {
-        return MK_INTERNAL(err, "matmul operand ranks not 1/2, 2/2 or 3/3");
-    }
+    mk_matmul_plan p;
+    mk_matmul_plan_of(a, b, &p);
+    long long m = p.m, k = p.k, n = p.n;
+    long long batch = p.nb ? p.batch[p.nb - 1] : 1; /* strided-batched over the innermost */
+    long long a_sr = p.a_sr, a_sc = p.a_sc, b_sr = p.b_sr, b_sc = p.b_sc;
+    long long a_sb = p.nb ? p.a_sb[p.nb - 1] : 0, b_sb = p.nb ? p.b_sb[p.nb - 1] : 0;
+    if (m == 1 && a_sr == 0) a_sr = k * a_sc; /* a row: any row stride; mk_matrix_layout wants one */
     if (m > 0x7fffffffLL || n > 0x7fffffffLL || k > 0x7fffffffLL || batch > 0x7fffffffLL)
         return mk_fail(err, MK_ERR_SHAPE, l->node->line, l->node->column,
                        "%s: dimensions beyond cuBLAS's int range", l->node->op->name);
@@ -166,11 +160,20 @@ int mk_cuda_matmul(const mk_launch *l, mk_error **err) {
                          cublasSgemm(s->blas, lb.op, la.op, (int)n, (int)m, (int)k, &alpha, B,
                                      (int)lb.ld, A, (int)la.ld, &beta, C, (int)n),
                          "cublasSgemm", err);
-    return mm_status(l,
-                     cublasSgemmStridedBatched(s->blas, lb.op, la.op, (int)n, (int)m, (int)k,
-                                               &alpha, B, (int)lb.ld, b_sb, A, (int)la.ld, a_sb,
-                                               &beta, C, (int)n, m * n, (int)batch),
-                     "cublasSgemmStridedBatched", err);
+    /* the outer batch dims, one strided-batched call each */
+    long long outer = p.count / batch;
+    for (long long t = 0; t < outer; t++) {
+        int64_t oa, ob;
+        mk_matmul_batch_offsets(&p, t * batch, &oa, &ob);
+        if (mm_status(l,
+                      cublasSgemmStridedBatched(s->blas, lb.op, la.op, (int)n, (int)m, (int)k,
+                                                &alpha, B + ob, (int)lb.ld, b_sb, A + oa,
+                                                (int)la.ld, a_sb, &beta, C + t * batch * m * n,
+                                                (int)n, m * n, (int)batch),
+                      "cublasSgemmStridedBatched", err))
+            return -1;
+    }
+    return 0;
 }
 
 /* out [t, i, j] = sum over q < p of a [t, i, q] b [t, q, j], a thread per output

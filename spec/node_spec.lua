@@ -128,14 +128,22 @@ describe("matmul", function()
         assert.are.equal("MatMulNode", f32("a", { m, k }):matmul(mk.zeros("float32", { k, n })).op)
     end)
 
+    it("is numpy.matmul: 1-D on either side, batch dims broadcast", function()
+        assert.are.same({ 2 }, f32("a", { 2, 3 }):matmul(f32("b", { 3 })).shape)
+        assert.are.same({ 2, 2, 4 }, f32("a", { 2, 2, 3 }):matmul(f32("b", { 3, 4 })).shape)
+        assert.are.same({ 1, 2, 2, 4 }, f32("a", { 1, 2, 2, 3 }):matmul(f32("b", { 1, 2, 3, 4 })).shape)
+        assert.are.same({ 3, 2, 2, 4 }, f32("a", { 3, 1, 2, 3 }):matmul(f32("b", { 2, 3, 4 })).shape)
+        assert.are.same({ 1 }, f32("a", { 3 }):matmul(f32("b", { 3 })).shape)
+    end)
+
     it("names the operation and both shapes when they do not fit", function()
         E(function() f32("a", { 2, 3 }):matmul(f32("b", { 4, 5 })) end, "shape error: MatMulNode:",
             "[2, 3]", "[4, 5]")
         E(function() f32("a", { 3 }):matmul(f32("b", { 4, 3 })) end, "shape error: MatMulNode:")
-        E(function() f32("a", { 2, 3 }):matmul(f32("b", { 3 })) end, "shape error: MatMulNode:")
-        E(function() f32("a", { 2, 2, 3 }):matmul(f32("b", { 3, 2, 4 })) end, "shape error: MatMulNode:")
-        E(function() f32("a", { 2, 2, 3 }):matmul(f32("b", { 3, 4 })) end, "shape error: MatMulNode:")
-        E(function() f32("a", { 1, 2, 2, 3 }):matmul(f32("b", { 1, 2, 3, 4 })) end,
+        E(function() f32("a", { 2, 3 }):matmul(f32("b", { 2 })) end, "shape error: MatMulNode:")
+        E(function() f32("a", { 2, 2, 3 }):matmul(f32("b", { 3, 3, 4 })) end, "shape error: MatMulNode:")
+        E(function() f32("a", { 2, 2, 3 }):matmul(f32("b", { 4, 4 })) end, "shape error: MatMulNode:")
+        E(function() f32("a", { 1, 2, 2, 3 }):matmul(f32("b", { 1, 3, 3, 4 })) end,
             "shape error: MatMulNode:")
         E(function() i64("a", { 2, 2 }):matmul(i64("b", { 2, 2 })) end, "dtype error: MatMulNode")
         E(function() f32("a", { 2, 2 }):matmul(3) end, "argument error: matmul:")

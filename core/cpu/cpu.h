@@ -208,6 +208,12 @@ int mk_cpu_sample(const mk_launch *l, mk_error **err);
 int mk_cpu_matmul(const mk_launch *l, mk_error **err);
 int mk_cpu_prefix_matmul(const mk_launch *l, mk_error **err);
 int mk_cpu_product(const mk_launch *l, mk_error **err);
+/* move.c: tile, repeat_interleave, pad and flip (one index map), and the rest of data movement */
+int mk_cpu_index_map(const mk_launch *l, mk_error **err);
+int mk_cpu_concat(const mk_launch *l, mk_error **err);
+int mk_cpu_gather_elements(const mk_launch *l, mk_error **err);
+int mk_cpu_index_select(const mk_launch *l, mk_error **err);
+int mk_cpu_cumsum(const mk_launch *l, mk_error **err);
 
 #pragma GCC visibility pop
 

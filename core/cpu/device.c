@@ -265,6 +265,15 @@ static const mk_kernel cpu_kernels[MK_KERNEL_COUNT] = {
     [MK_KERNEL_DEQUANTIZE] = {mk_cpu_dequantize, F32 | MK_DTYPE_BIT(MK_DTYPE_INT8)},
     [MK_KERNEL_FAKE_QUANTIZE] = {mk_cpu_fake_quantize, F32},
     [MK_KERNEL_SAMPLE] = {mk_cpu_sample, F32 | I64},
+    /* shape and data movement (move.c): every dtype moves as bytes; pad's value float32 */
+    [MK_KERNEL_CONCAT] = {mk_cpu_concat, MK_DTYPES_ALL},
+    [MK_KERNEL_TILE] = {mk_cpu_index_map, MK_DTYPES_ALL},
+    [MK_KERNEL_REPEAT_INTERLEAVE] = {mk_cpu_index_map, MK_DTYPES_ALL},
+    [MK_KERNEL_PAD] = {mk_cpu_index_map, MK_DTYPES_ALL},
+    [MK_KERNEL_FLIP] = {mk_cpu_index_map, MK_DTYPES_ALL},
+    [MK_KERNEL_GATHER_ELEMENTS] = {mk_cpu_gather_elements, MK_DTYPES_ALL}, /* index: int64 */
+    [MK_KERNEL_INDEX_SELECT] = {mk_cpu_index_select, MK_DTYPES_ALL},       /* index: int64 */
+    [MK_KERNEL_CUMSUM] = {mk_cpu_cumsum, F32 | I64},
 };
 
 const mk_device_ops mk_cpu_device = {

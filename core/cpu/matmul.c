@@ -425,25 +425,26 @@ static void mm_one(const float *a, int64_t sar, int64_t sac, const float *b, int
  */
 bool mk_cpu_blas_needed(const mk_launch *l) {
     const mk_tensor *a = &l->in[0], *b = &l->in[1];
-    int ra = a->rank, rb = b->rank;
-    int64_t m = ra == 1 ? 1 : a->shape[ra - 2], k = a->shape[ra - 1], n = b->shape[rb - 1];
-    if (ra == 3 && m * k * n < CPU_MM_SMALL) return false;
+    mk_matmul_plan p;
+    mk_matmul_plan_of(a, b, &p);
+    if (p.batched && p.m * p.k * p.n < CPU_MM_SMALL) return false;
     bool tb;
     int64_t ldb;
-    bool ok_b = k <= INT32_MAX && n <= INT32_MAX &&
+    bool ok_b = p.k <= INT32_MAX && p.n <= INT32_MAX &&
                 (b->dtype != MK_DTYPE_FLOAT32 ||
-                 mk_matrix_layout(k, n, b->stride[rb - 2], b->stride[rb - 1], &tb, &ldb));
-    cpu_mm_way way = mm_way(ok_b, ra == 1 ? 0 : a->stride[ra - 2], a->stride[ra - 1], m, k);
+                 mk_matrix_layout(p.k, p.n, p.b_sr, p.b_sc, &tb, &ldb));
+    cpu_mm_way way = mm_way(ok_b, p.a_sr, p.a_sc, p.m, p.k);
     return way == CPU_MM_GEMV || way == CPU_MM_GEMM;
 }
 
 /*
- * out = a @ b, float32:
- *   [k] @ [k, n] → [n];  [m, k] @ [k, n] → [m, n];  [B, m, k] @ [B, k, n] → [B, m, n].
+ * out = a @ b, float32, as numpy.matmul (mk_matmul_plan: a batch of products
+ * C [m, n] = A [m, k] · B [k, n], the batch dims broadcast with stride 0):
+ *   [k] @ [k, n] → [n];  [m, k] @ [k, n] → [m, n];  [B, m, k] @ [B, k, n] → [B, m, n];
+ *   [B, T, D] @ [D, O] → [B, T, O] (one product of B·T rows); [.., m, k] @ [k] → [.., m].
  * a and b are strided (see mk_matrix_layout); out is contiguous.
  */
 int mk_cpu_matmul(const mk_launch *l, mk_error **err) {
-    const mk_tensor *a = &l->in[0];
     mk_tensor wide = l->in[1], *b = &wide;
     if (b->dtype != MK_DTYPE_FLOAT32) {
         /* low-precision weights, widened into scratch: in their own layout where
@@ -461,35 +462,31 @@ int mk_cpu_matmul(const mk_launch *l, mk_error **err) {
             wide = copy.out;
         }
     }
+    mk_matmul_plan p;
+    mk_matmul_plan_of(&l->in[0], b, &p);
     float *c = l->out.data;
-    const float *ap = a->data, *bp = b->data;
-    if (a->rank == 1 && b->rank == 2) {
-        int64_t k = a->shape[0], n = b->shape[1];
-        mm_one(ap, 0, a->stride[0], bp, b->stride[0], b->stride[1], c, 1, k, n);
+    const float *ap = l->in[0].data, *bp = b->data;
+    int64_t m = p.m, k = p.k, n = p.n;
+    if (!p.batched) {
+        mm_one(ap, p.a_sr, p.a_sc, bp, p.b_sr, p.b_sc, c, m, k, n);
         return 0;
     }
-    if (a->rank == 2 && b->rank == 2) {
-        int64_t m = a->shape[0], k = a->shape[1], n = b->shape[1];
-        mm_one(ap, a->stride[0], a->stride[1], bp, b->stride[0], b->stride[1], c, m, k, n);
-        return 0;
-    }
-    if (a->rank == 3 && b->rank == 3) {
-        int64_t B = a->shape[0], m = a->shape[1], k = a->shape[2], n = b->shape[2];
-        int64_t asb = a->stride[0], bsb = b->stride[0];
-        if (m * k * n < CPU_MM_SMALL) {
-            /* Attention over one token: many small products, one per thread. */
-            CPU_FOR(B > 1 && par(B * m * k * n / 4), t, B, {
-                mk_cpu_mm_loops(ap + t * asb, a->stride[1], a->stride[2], bp + t * bsb,
-                                b->stride[1], b->stride[2], c + t * m * n, m, k, n);
-            });
-        } else {
-            for (int64_t t = 0; t < B; t++)
-                mm_one(ap + t * asb, a->stride[1], a->stride[2], bp + t * bsb, b->stride[1],
-                       b->stride[2], c + t * m * n, m, k, n);
+    if (m * k * n < CPU_MM_SMALL) {
+        /* Attention over one token: many small products, one per thread. */
+        CPU_FOR(p.count > 1 && par(p.count * m * k * n / 4), t, p.count, {
+            int64_t oa, ob;
+            mk_matmul_batch_offsets(&p, t, &oa, &ob);
+            mk_cpu_mm_loops(ap + oa, p.a_sr, p.a_sc, bp + ob, p.b_sr, p.b_sc, c + t * m * n, m,
+                            k, n);
+        });
+    } else {
+        for (int64_t t = 0; t < p.count; t++) {
+            int64_t oa, ob;
+            mk_matmul_batch_offsets(&p, t, &oa, &ob);
+            mm_one(ap + oa, p.a_sr, p.a_sc, bp + ob, p.b_sr, p.b_sc, c + t * m * n, m, k, n);
         }
-        return 0;
     }
-    return MK_INTERNAL(err, "matrix product: operand ranks not 1/2, 2/2 or 3/3");
+    return 0;
 }
 
 /* out = a @ b over the first p elements of the shared axis (p: int64 [1], read

@@ -52,6 +52,14 @@ t:argmax, t:totable) is 1-based, as Lua tables are.
            leaves) x:permute{...} (or the integers as arguments)  x:replace(r, b, e) x:rms_norm(w) x:complex_mul(f)
            x:sliced_softmax(p) x:argmax()  mk.embedding(table, ids)
            x:sample(state, t, p) (run.c's sampler: int64 (token, state))
+           x:matmul(w) is numpy.matmul (1-D on either side, batch dims
+           broadcast); shapes and data movement (doc/ops/shape.md):
+           x:slice_axis(axis, b[, e[, step]]) x:squeeze([axis])
+           x:unsqueeze(axis) x:flatten([s[, e]]) x:expand{...} x:flip(axis)
+           x:concat(y[, axis]) mk.concat({...}[, axis]) mk.stack({...}[, axis])
+           x:split(n | {sizes}[, axis]) x:pad(axis, before, after[, value |
+           "reflect" | "edge"]) x:tile{...} x:repeat_interleave(r, axis)
+           x:gather(index, axis) x:index_select(index, axis) x:cumsum([axis])
            b, e and p are int64 [1] nodes, or Lua integers (constants whose
            range the core checks when the node is built); sample's t and p
            are float32 [1] nodes
@@ -416,6 +424,140 @@ methods.transpose = methods.transpose or function(x, a, b)
     for i = 1, rank do perm[i] = i - 1 end
     perm[axes[1] + 1], perm[axes[2] + 1] = axes[2], axes[1]
     return x:permute(perm)
+end
+
+-- ---- shape and data movement: the rows' methods with defaults, and lists ----
+
+local function check_node_arg(fn, x)
+    if not is_node(x) then
+        raise("argument error", fn, "argument #1 must be a node, got %s", type(x))
+    end
+end
+
+-- x:slice_axis(axis, begin[, end[, step]]): Python's x[begin:end:step] along
+-- axis (end: the axis' length; step: 1).
+local slice_axis = methods.slice_axis
+methods.slice_axis = function(x, axis, b, e, step)
+    check_node_arg("slice_axis", x)
+    if e == nil and isinteger(axis) and axis >= -x.rank and axis < x.rank then
+        e = x.shape[axis % x.rank + 1]
+    end
+    return slice_axis(x, axis, b, e, step or 1)
+end
+
+-- x:squeeze([axis]): without an axis, every axis of 1 (a [1, 1] keeps one).
+local squeeze = methods.squeeze
+methods.squeeze = function(x, axis)
+    check_node_arg("squeeze", x)
+    if axis ~= nil then return squeeze(x, axis) end
+    for d = x.rank, 1, -1 do
+        if x.rank > 1 and x.shape[d] == 1 then x = squeeze(x, d - 1) end
+    end
+    return x
+end
+
+-- x:flatten([start[, end]]): axes start to end (both included; 0 and -1).
+local flatten = methods.flatten
+methods.flatten = function(x, s, e)
+    return flatten(x, s or 0, e or -1)
+end
+
+-- x:cumsum([axis]) (axis: the last)
+local cumsum = methods.cumsum
+methods.cumsum = function(x, axis)
+    return cumsum(x, axis or -1)
+end
+
+-- x:concat(y[, axis]) (axis 0)
+local concat_row = methods.concat
+methods.concat = function(x, y, axis)
+    return concat_row(x, y, axis or 0)
+end
+
+-- x:pad(axis, before, after[, value | "reflect" | "edge"]): value (default 0)
+-- fills the new elements; "reflect" mirrors x without repeating its edge,
+-- "edge" repeats it (numpy.pad's modes). One axis a call: chain them.
+local pad_modes = { reflect = 1, edge = 2 }
+methods.pad = function(x, axis, before, after, how)
+    check_node_arg("pad", x)
+    local mode, value = 0, 0
+    if type(how) == "string" then
+        mode = pad_modes[how]
+        if not mode then
+            raise("argument error", "pad", "mode must be a number, \"reflect\" or \"edge\", got %q", how)
+        end
+    elseif how ~= nil then
+        if type(how) ~= "number" then
+            raise("argument error", "pad", "argument #5 must be a number or a mode, got %s", type(how))
+        end
+        value = how
+    end
+    return x:pad_axis(mk.tensor({ value }, "float32", { 1 }), axis, before, after, mode)
+end
+
+-- A list of nodes (argument #1 of mk.concat, mk.stack).
+local function node_list(fn, xs)
+    if type(xs) ~= "table" or rawlen(xs) == 0 then
+        raise("argument error", fn, "argument #1 must be a non-empty list of nodes, got %s", type(xs))
+    end
+    for k = 1, rawlen(xs) do
+        if not is_node(rawget(xs, k)) then
+            raise("argument error", fn, "item %d of argument #1 must be a node, got %s", k,
+                type(rawget(xs, k)))
+        end
+    end
+    return xs
+end
+
+-- mk.concat({x1, x2, ...}[, axis]): the nodes joined along axis (0), as
+-- ConcatNodes in a chain.
+function mk.concat(xs, axis)
+    xs = node_list("concat", xs)
+    local y = xs[1]
+    for k = 2, #xs do y = y:concat(xs[k], axis or 0) end
+    return y
+end
+
+-- mk.stack({x1, x2, ...}[, axis]): the nodes (of one shape) along a new axis (0).
+function mk.stack(xs, axis)
+    xs = node_list("stack", xs)
+    local parts = {}
+    for k = 1, #xs do parts[k] = xs[k]:unsqueeze(axis or 0) end
+    return mk.concat(parts, axis or 0)
+end
+
+-- x:split(sizes | n[, axis]) -> a list of slices along axis (0): n equal parts,
+-- or parts of the sizes given, which must add up to the axis.
+methods.split = methods.split or function(x, sizes, axis)
+    check_node_arg("split", x)
+    axis = axis or 0
+    if not isinteger(axis) or axis < -x.rank or axis >= x.rank then
+        raise("shape error", "split", "axis %s is out of range for %s", describe(axis), list(x.shape))
+    end
+    local dim = x.shape[axis % x.rank + 1]
+    if isinteger(sizes) then
+        if sizes < 1 or dim % sizes ~= 0 then
+            raise("shape error", "split", "%d parts do not divide axis %d's %d of %s", sizes, axis,
+                dim, list(x.shape))
+        end
+        local n = sizes
+        sizes = {}
+        for k = 1, n do sizes[k] = compat.idiv(dim, n) end
+    end
+    if type(sizes) ~= "table" then
+        raise("argument error", "split", "argument #2 must be an integer or a list of sizes, got %s",
+            type(sizes))
+    end
+    local parts, at = {}, 0
+    for k = 1, rawlen(sizes) do
+        parts[k] = x:slice_axis(axis, at, at + sizes[k])
+        at = at + sizes[k]
+    end
+    if at ~= dim then
+        raise("shape error", "split", "sizes add up to %d, not axis %d's %d of %s", at, axis, dim,
+            list(x.shape))
+    end
+    return parts
 end
 
 -- The best device this process can use, and why when it is the CPU.
