@@ -50,6 +50,12 @@ t:argmax, t:totable) is 1-based, as Lua tables are.
            leaves) x:permute{...} (or the integers as arguments)  x:replace(r, b, e) x:rms_norm(w) x:complex_mul(f)
            x:sliced_softmax(p) x:argmax()  mk.embedding(table, ids)
            x:sample(state, t, p) (run.c's sampler: int64 (token, state))
+           x:sum([axes][, {keepdims = false}]) (also mean, max, min, prod)
+           x:var([axes][, {correction = 0, keepdims = false}])
+           x:argmax(axis[, opts]) x:argmin([axis][, opts]) x:softmax([axis])
+           x:log_softmax([axis]) x:layer_norm([k][, {weight =, bias =, eps =}])
+           x:group_norm(groups[, opts]) x:batch_norm(mean, var[, opts])
+           x:rms_norm(w, eps): see moonkaas/reduce.lua
            b, e and p are int64 [1] nodes, or Lua integers (constants whose
            range the core checks when the node is built); sample's t and p
            are float32 [1] nodes
@@ -415,6 +421,10 @@ methods.transpose = methods.transpose or function(x, a, b)
     perm[axes[1] + 1], perm[axes[2] + 1] = axes[2], axes[1]
     return x:permute(perm)
 end
+
+-- x:sum(...), x:softmax(...), x:layer_norm(...) and the other reductions and
+-- norms: their axes, options and numbers (moonkaas/reduce.lua).
+require("moonkaas.reduce")(mk, methods)
 
 -- The best device this process can use, and why when it is the CPU.
 function mk.best_device()
