@@ -533,7 +533,7 @@ MK_API int mk_safetensors_save(const char *path, const mk_tensor_info *infos,
 typedef enum {
     MK_ROLE_LEAF,      /* InputTensor, ConstantTensor, BufferTensor: data, no kernel */
     MK_ROLE_POINTWISE, /* elementwise; `expr` gives the scalar expression where there is one */
-    MK_ROLE_REDUCTION, /* reduces or normalises along the last axis */
+    MK_ROLE_REDUCTION, /* reduces or normalises along some axes */
     MK_ROLE_MATMUL,    /* a matrix product */
     MK_ROLE_VIEW,      /* new shape or strides over its input's memory, no kernel */
     MK_ROLE_INPLACE,   /* writes into its first operand and returns it */

@@ -11,6 +11,7 @@
  * (MK_KERNELS in graph.h) and a kernel per device.
  */
 #include "group.h"
+#include "reductions.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -569,6 +570,68 @@ static const mk_op ops[] = {
          "softmax of logits / temperature (top-p when 0 < p < 1), otherwise the argmax and the "
          "state unchanged"),
      .infer = infer_sample, .scratch = sample_scratch, .kernel = MK_KERNEL_SAMPLE},
+    /* ---- reductions and norms ---- */
+    /* rules in ops_reduce.c; kernels in core/cpu/reduce.c and kernels/reduce.cu. Axes are
+     * 0-based, negative ones from the end; a reduced axis stays as 1 in the script (the Lua
+     * methods drop it unless keepdims = true). Lua: x:sum([axes][, {keepdims = bool}]),
+     * axes an integer or a list, all axes when left out; the same for mean, max, min, prod */
+/* a reduction over an axis list, and one along a single axis: operands of any strides */
+#define REDUCTION(name_, method_, summary_, infer_, kernel_)                                     \
+    {ROW(name_, "nl", MK_ROLE_REDUCTION, 0, method_, NULL, NULL, summary_), .infer = infer_,      \
+     .takes_strided = any_strides, .kernel = MK_KERNEL_##kernel_}
+#define REDUCTION_AT(name_, method_, summary_, infer_, kernel_)                                  \
+    {ROW(name_, "ni", MK_ROLE_REDUCTION, 0, method_, NULL, NULL, summary_), .infer = infer_,      \
+     .takes_strided = any_strides, .kernel = MK_KERNEL_##kernel_}
+    REDUCTION("ReduceSumNode", "sum", "sum over the listed axes, each kept as 1 (Lua: "
+              "x:sum([axes][, {keepdims = false}]), all axes when left out)",
+              mk_infer_reduce, REDUCE_SUM),
+    REDUCTION("ReduceMeanNode", "mean", "mean over the listed axes, each kept as 1 (Lua: "
+              "x:mean([axes][, {keepdims = false}]))", mk_infer_reduce, REDUCE_MEAN),
+    REDUCTION("ReduceMaxNode", "max", "largest element over the listed axes, each kept as 1; "
+              "NaN if any is (Lua: x:max([axes][, {keepdims = false}]))",
+              mk_infer_reduce, REDUCE_MAX),
+    REDUCTION("ReduceMinNode", "min", "smallest element over the listed axes, each kept as 1; "
+              "NaN if any is (Lua: x:min([axes][, {keepdims = false}]))",
+              mk_infer_reduce, REDUCE_MIN),
+    REDUCTION("ReduceProdNode", "prod", "product over the listed axes, each kept as 1 (Lua: "
+              "x:prod([axes][, {keepdims = false}]))", mk_infer_reduce, REDUCE_PROD),
+    {ROW("ReduceVarNode", "nnl", MK_ROLE_REDUCTION, 0, "var", NULL, NULL,
+         "variance over the listed axes, sum((x - mean)^2) / (N - correction), correction a "
+         "float32 [1] (0: NumPy's default, 1: torch's); each axis kept as 1 (Lua: "
+         "x:var([axes][, {correction = 0, keepdims = false}]))"),
+     .infer = mk_infer_var, .takes_strided = any_strides, .kernel = MK_KERNEL_REDUCE_VAR},
+    REDUCTION_AT("ArgMaxAxisNode", "argmax_axis", "int64 index of the largest element along "
+                 "one axis, the first on ties (a NaN wins), the axis kept as 1 (Lua: "
+                 "x:argmax(axis[, {keepdims = false}]); x:argmax() is ArgMaxNode)",
+                 mk_infer_arg_reduce, ARGMAX_AXIS),
+    REDUCTION_AT("ArgMinAxisNode", "argmin", "int64 index of the smallest element along one "
+                 "axis, the first on ties (a NaN wins), the axis kept as 1 (Lua: "
+                 "x:argmin([axis][, {keepdims = false}]); without an axis the last, kept)",
+                 mk_infer_arg_reduce, ARGMIN_AXIS),
+    REDUCTION_AT("SoftmaxNode", "softmax", "e^(x - max) / sum(e^(x - max)) along one axis "
+                 "(Lua: x:softmax([axis]), the last when left out)", mk_infer_softmax, SOFTMAX),
+    REDUCTION_AT("LogSoftmaxNode", "log_softmax", "x - max - log(sum(e^(x - max))) along one "
+                 "axis (Lua: x:log_softmax([axis]), the last when left out)", mk_infer_softmax,
+                 LOG_SOFTMAX),
+    {ROW("LayerNormNode", "nnnni", MK_ROLE_REDUCTION, 0, "layer_norm", NULL, NULL,
+         "(x - mean) / sqrt(var + eps) * weight + bias over x's last k axes (var: the mean "
+         "square deviation); weight and bias of those axes' shape or [1], eps float32 [1] "
+         "(Lua: x:layer_norm([k][, {weight =, bias =, eps = 1e-5}]), k 1 when left out)"),
+     .infer = mk_infer_layer_norm, .kernel = MK_KERNEL_LAYER_NORM},
+    {ROW("GroupNormNode", "nnnni", MK_ROLE_REDUCTION, 0, "group_norm", NULL, NULL,
+         "x [N, C, ...] normalized per sample over each of `groups` groups of C / groups "
+         "channels, as layer_norm, then weight [C] * . + bias [C] (or [1]) (Lua: "
+         "x:group_norm(groups[, {weight =, bias =, eps = 1e-5}]))"),
+     .infer = mk_infer_group_norm, .kernel = MK_KERNEL_GROUP_NORM},
+    {ROW("BatchNormNode", "nnnnnn", MK_ROLE_REDUCTION, 0, "batch_norm", NULL, NULL,
+         "inference batch norm of x [N, C, ...] over channel axis 1: (x - mean) / sqrt(var + "
+         "eps) * weight + bias, each [C] (or [1]) (Lua: x:batch_norm(mean, var[, {weight =, "
+         "bias =, eps = 1e-5}]))"),
+     .infer = mk_infer_batch_norm, .kernel = MK_KERNEL_BATCH_NORM},
+    {ROW("RmsNormEpsNode", "nnn", MK_ROLE_REDUCTION, 0, "rms_norm_eps", NULL, NULL,
+         "w * x / sqrt(mean(x^2) + eps) over the last axis, eps float32 [1] (Lua: "
+         "x:rms_norm(w, eps); x:rms_norm(w) is RmsNormNode, eps 1e-5)"),
+     .infer = mk_infer_rms_norm_eps, .kernel = MK_KERNEL_RMS_NORM_EPS},
 
     {ROW("SliceNode", "nii", MK_ROLE_VIEW, 0, "slice", NULL, NULL,
          "rows [begin, end) of the first axis"),

@@ -214,6 +214,21 @@ int mk_cpu_concat(const mk_launch *l, mk_error **err);
 int mk_cpu_gather_elements(const mk_launch *l, mk_error **err);
 int mk_cpu_index_select(const mk_launch *l, mk_error **err);
 int mk_cpu_cumsum(const mk_launch *l, mk_error **err);
+/* reductions and norms over any axes (reduce.c) */
+int mk_cpu_reduce_sum(const mk_launch *l, mk_error **err);
+int mk_cpu_reduce_mean(const mk_launch *l, mk_error **err);
+int mk_cpu_reduce_max(const mk_launch *l, mk_error **err);
+int mk_cpu_reduce_min(const mk_launch *l, mk_error **err);
+int mk_cpu_reduce_prod(const mk_launch *l, mk_error **err);
+int mk_cpu_reduce_var(const mk_launch *l, mk_error **err);
+int mk_cpu_argmax_axis(const mk_launch *l, mk_error **err);
+int mk_cpu_argmin_axis(const mk_launch *l, mk_error **err);
+int mk_cpu_softmax(const mk_launch *l, mk_error **err);
+int mk_cpu_log_softmax(const mk_launch *l, mk_error **err);
+int mk_cpu_layer_norm(const mk_launch *l, mk_error **err);
+int mk_cpu_group_norm(const mk_launch *l, mk_error **err);
+int mk_cpu_batch_norm(const mk_launch *l, mk_error **err);
+int mk_cpu_rms_norm_eps(const mk_launch *l, mk_error **err);
 
 #pragma GCC visibility pop
 

@@ -274,6 +274,21 @@ static const mk_kernel cpu_kernels[MK_KERNEL_COUNT] = {
     [MK_KERNEL_GATHER_ELEMENTS] = {mk_cpu_gather_elements, MK_DTYPES_ALL}, /* index: int64 */
     [MK_KERNEL_INDEX_SELECT] = {mk_cpu_index_select, MK_DTYPES_ALL},       /* index: int64 */
     [MK_KERNEL_CUMSUM] = {mk_cpu_cumsum, F32 | I64},
+    /* reductions and norms (reduce.c): float32; argmax, argmin: int64 out */
+    [MK_KERNEL_REDUCE_SUM] = {mk_cpu_reduce_sum, F32},
+    [MK_KERNEL_REDUCE_MEAN] = {mk_cpu_reduce_mean, F32},
+    [MK_KERNEL_REDUCE_MAX] = {mk_cpu_reduce_max, F32},
+    [MK_KERNEL_REDUCE_MIN] = {mk_cpu_reduce_min, F32},
+    [MK_KERNEL_REDUCE_PROD] = {mk_cpu_reduce_prod, F32},
+    [MK_KERNEL_REDUCE_VAR] = {mk_cpu_reduce_var, F32},
+    [MK_KERNEL_ARGMAX_AXIS] = {mk_cpu_argmax_axis, F32 | I64},
+    [MK_KERNEL_ARGMIN_AXIS] = {mk_cpu_argmin_axis, F32 | I64},
+    [MK_KERNEL_SOFTMAX] = {mk_cpu_softmax, F32},
+    [MK_KERNEL_LOG_SOFTMAX] = {mk_cpu_log_softmax, F32},
+    [MK_KERNEL_LAYER_NORM] = {mk_cpu_layer_norm, F32},
+    [MK_KERNEL_GROUP_NORM] = {mk_cpu_group_norm, F32},
+    [MK_KERNEL_BATCH_NORM] = {mk_cpu_batch_norm, F32},
+    [MK_KERNEL_RMS_NORM_EPS] = {mk_cpu_rms_norm_eps, F32},
 };
 
 const mk_device_ops mk_cpu_device = {

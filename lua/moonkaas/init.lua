@@ -60,6 +60,12 @@ t:argmax, t:totable) is 1-based, as Lua tables are.
            x:split(n | {sizes}[, axis]) x:pad(axis, before, after[, value |
            "reflect" | "edge"]) x:tile{...} x:repeat_interleave(r, axis)
            x:gather(index, axis) x:index_select(index, axis) x:cumsum([axis])
+           x:sum([axes][, {keepdims = false}]) (also mean, max, min, prod)
+           x:var([axes][, {correction = 0, keepdims = false}])
+           x:argmax(axis[, opts]) x:argmin([axis][, opts]) x:softmax([axis])
+           x:log_softmax([axis]) x:layer_norm([k][, {weight =, bias =, eps =}])
+           x:group_norm(groups[, opts]) x:batch_norm(mean, var[, opts])
+           x:rms_norm(w, eps): see moonkaas/reduce.lua
            b, e and p are int64 [1] nodes, or Lua integers (constants whose
            range the core checks when the node is built); sample's t and p
            are float32 [1] nodes
@@ -559,6 +565,9 @@ methods.split = methods.split or function(x, sizes, axis)
     end
     return parts
 end
+-- x:sum(...), x:softmax(...), x:layer_norm(...) and the other reductions and
+-- norms: their axes, options and numbers (moonkaas/reduce.lua).
+require("moonkaas.reduce")(mk, methods)
 
 -- The best device this process can use, and why when it is the CPU.
 function mk.best_device()
