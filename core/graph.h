@@ -23,6 +23,9 @@
 #include <string.h>
 
 #define MK_MAX_INPUTS 16
+/* Integer arguments of a node (signature letters i and l): a transposed
+ * convolution's stride, padding, output padding and dilation pairs and groups. */
+#define MK_MAX_ATTRS 10
 #define MK_ALIGN 256
 
 /* ---- errors ------------------------------------------------------------- */
@@ -181,7 +184,7 @@ struct mk_node {
     char *name;                   /* an input's or constant's name, else NULL */
     const void *value;            /* mk_op_infer only: a known operand's data, else NULL */
     int n_attr;
-    int64_t attr[MK_MAX_RANK];    /* the integers and integer list of the signature, in order */
+    int64_t attr[MK_MAX_ATTRS];   /* the integers and integer list of the signature, in order */
 
     /* decided by passes and the planner */
     int n_consumers;
@@ -279,7 +282,8 @@ int mk_safetensors_parse_buffer(const void *file, size_t size, size_t *count, mk
 #define MK_KERNELS(X) \
     X(POINTWISE) X(MATMUL) X(PERMUTE) X(REPLACE_SLICE) X(RMS_NORM) X(COMPLEX_MUL) \
     X(SLICED_SOFTMAX) X(EMBEDDING) X(ARGMAX) X(CUDNN_GROUP) X(PRODUCT) \
-    X(PREFIX_MATMUL) X(CAST) X(DEQUANTIZE) X(FAKE_QUANTIZE) X(SAMPLE) X(CAUSAL_SOFTMAX)
+    X(PREFIX_MATMUL) X(CAST) X(DEQUANTIZE) X(FAKE_QUANTIZE) X(SAMPLE) X(CAUSAL_SOFTMAX) \
+    X(CONV) X(CONV_TRANSPOSE) X(MAX_POOL) X(AVG_POOL) X(ADAPTIVE_AVG_POOL) X(UPSAMPLE_NEAREST)
 typedef enum {
     MK_KERNEL_NONE,
 #define MK_KERNEL_ENUM(k) MK_KERNEL_##k,
@@ -312,6 +316,14 @@ struct mk_op {
     size_t (*scratch)(const mk_node *n);
     mk_kernel_id kernel;
 };
+
+/* ops_conv.c: the convolution and pooling rows' shape rules and scratch. */
+int mk_infer_conv(mk_node *n, mk_error **err);
+int mk_infer_conv_transpose(mk_node *n, mk_error **err);
+int mk_infer_pool(mk_node *n, mk_error **err);
+int mk_infer_resize(mk_node *n, mk_error **err);
+size_t mk_conv_scratch(const mk_node *n);
+size_t mk_conv_transpose_scratch(const mk_node *n);
 
 const mk_op *mk_op_find(const char *name, size_t len);
 /* The row made only by passes that runs on `kernel` (the cuDNN group, the

@@ -171,6 +171,10 @@ void mk_cpu_mv_columns_q8(const int8_t *restrict aq, const float *restrict as,
 void mk_cpu_mv_rows(const float *restrict a, const float *restrict b, int64_t ldb, int64_t k,
                     int64_t cols, float *restrict c);
 
+/* c [m, n] (ldc) = op(a) @ op(b) + beta c, row-major, op the transpose where
+ * ta / tb: CBLAS's sgemm, or plain loops where it cannot be opened (matmul.c). */
+void mk_cpu_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float *a,
+                  int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 /* Whether launch l (a MatMul or a PrefixMatMul) may take its product to
  * OpenBLAS, which must then be open (matmul.c). */
 bool mk_cpu_blas_needed(const mk_launch *l);
@@ -208,6 +212,13 @@ int mk_cpu_sample(const mk_launch *l, mk_error **err);
 int mk_cpu_matmul(const mk_launch *l, mk_error **err);
 int mk_cpu_prefix_matmul(const mk_launch *l, mk_error **err);
 int mk_cpu_product(const mk_launch *l, mk_error **err);
+/* conv.c: convolutions (im2col and sgemm, or oneDNN: conv_dnnl.c), pooling, upsampling */
+int mk_cpu_conv(const mk_launch *l, mk_error **err);
+int mk_cpu_conv_transpose(const mk_launch *l, mk_error **err);
+int mk_cpu_max_pool(const mk_launch *l, mk_error **err);
+int mk_cpu_avg_pool(const mk_launch *l, mk_error **err);
+int mk_cpu_adaptive_avg_pool(const mk_launch *l, mk_error **err);
+int mk_cpu_upsample_nearest(const mk_launch *l, mk_error **err);
 
 #pragma GCC visibility pop
 

@@ -157,8 +157,9 @@ static int cpu_prepare(void *state, const mk_launch *launches, int n, const mk_c
     if (asked > 0 && asked < cap) cap = asked;
     for (int i = 0; i < n; i++) {
         int kernel = launches[i].node->op->kernel;
-        if ((kernel != MK_KERNEL_MATMUL && kernel != MK_KERNEL_PREFIX_MATMUL) ||
-            !mk_cpu_blas_needed(&launches[i]))
+        bool conv = kernel == MK_KERNEL_CONV || kernel == MK_KERNEL_CONV_TRANSPOSE;
+        if (!conv && ((kernel != MK_KERNEL_MATMUL && kernel != MK_KERNEL_PREFIX_MATMUL) ||
+                      !mk_cpu_blas_needed(&launches[i])))
             continue;
         const char *why = mk_cpu_blas_open();
         if (why)
@@ -265,6 +266,13 @@ static const mk_kernel cpu_kernels[MK_KERNEL_COUNT] = {
     [MK_KERNEL_DEQUANTIZE] = {mk_cpu_dequantize, F32 | MK_DTYPE_BIT(MK_DTYPE_INT8)},
     [MK_KERNEL_FAKE_QUANTIZE] = {mk_cpu_fake_quantize, F32},
     [MK_KERNEL_SAMPLE] = {mk_cpu_sample, F32 | I64},
+    /* convolution and pooling (conv.c) */
+    [MK_KERNEL_CONV] = {mk_cpu_conv, F32},
+    [MK_KERNEL_CONV_TRANSPOSE] = {mk_cpu_conv_transpose, F32},
+    [MK_KERNEL_MAX_POOL] = {mk_cpu_max_pool, F32},
+    [MK_KERNEL_AVG_POOL] = {mk_cpu_avg_pool, F32},
+    [MK_KERNEL_ADAPTIVE_AVG_POOL] = {mk_cpu_adaptive_avg_pool, F32},
+    [MK_KERNEL_UPSAMPLE_NEAREST] = {mk_cpu_upsample_nearest, F32},
 };
 
 const mk_device_ops mk_cpu_device = {
