@@ -122,6 +122,24 @@ static inline bool par(int64_t work) {
         }                                                                                  \
     } while (0)
 
+/* ---- the device's per-model state ----------------------------------------- */
+
+/* conv_dnnl.c: oneDNN's convolution for one launch (made by cpu_prepare). */
+typedef struct mk_cpu_dnnl_conv mk_cpu_dnnl_conv;
+/* NULL where oneDNN is missing or refuses the launch; why says which. */
+mk_cpu_dnnl_conv *mk_cpu_dnnl_conv_make(const mk_launch *l, char *why, size_t size);
+void mk_cpu_dnnl_conv_free(mk_cpu_dnnl_conv *c);
+int mk_cpu_dnnl_conv_run(const mk_cpu_dnnl_conv *c, const mk_launch *l, mk_error **err);
+
+/* A model's state (mk_launch.dev): the most threads each of its launches may
+ * use (cpu_prepare; 1: no parallel region), or NULL: no cap; its launches'
+ * oneDNN convolutions ([n], NULL for those on im2col), or NULL: none. */
+typedef struct {
+    int *threads;
+    mk_cpu_dnnl_conv **dnnl;
+    int n;
+} cpu_state;
+
 /* ---- row functions shared with the groups ------------------------------- */
 
 /* A pointwise program (expr.c's mk_expr, as ctx) over one stretch of float32:

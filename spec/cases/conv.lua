@@ -250,7 +250,9 @@ return function(c)
     for _ = 1, 4 do
         local k = { random(1, 3), random(1, 3) }
         local s, d = { random(1, 3), random(1, 2) }, { random(1, 2), random(1, 2) }
-        local p = { random(0, idiv(k[1], 2)), random(0, idiv(k[2], 2)) }
+        -- a padding only without dilation: then every window holds an element of x
+        local p = { d[1] == 1 and random(0, idiv(k[1], 2)) or 0,
+            d[2] == 1 and random(0, idiv(k[2], 2)) or 0 }
         local shape = { random(1, 2), random(1, 3), extent(k[1], s[1], p[1], d[1]),
             extent(k[2], s[2], p[2], d[2]) }
         local x, xt, xr = input("x", shape)
