@@ -61,6 +61,10 @@ LUA_CFLAGS ?= -I$(LUA_INCDIR) -I$(abspath $(LUA_INCDIR)/../$(MULTIARCH))
 BLAS_CFLAGS_PC := $(call pc_cflags,openblas)
 BLAS_INC ?= $(or $(patsubst -I%,%,$(firstword $(BLAS_CFLAGS_PC))),$(firstword $(wildcard /usr/include/$(MULTIARCH)/openblas-pthread /usr/include/openblas) /usr/include))
 CFLAGS   += -I$(BLAS_INC)
+# oneDNN's header: the CPU's convolutions may take oneDNN, opened at run time
+# (core/cpu/conv_dnnl.c); DNNL=0, or no header, builds im2col only.
+DNNL     ?= $(if $(wildcard /usr/include/oneapi/dnnl/dnnl.h),1,0)
+CFLAGS   += $(if $(filter 1,$(DNNL)),-DMK_WITH_DNNL)
 
 # ---- the CUDA plugin's toolchain ------------------------------------------------
 NVCC     ?= $(firstword $(wildcard /usr/local/cuda/bin/nvcc) $(shell command -v nvcc 2>/dev/null))

@@ -23,6 +23,9 @@
 #include <string.h>
 
 #define MK_MAX_INPUTS 16
+/* Integer arguments of a node (signature letters i and l): a transposed
+ * convolution's stride, padding, output padding and dilation pairs and groups. */
+#define MK_MAX_ATTRS 10
 #define MK_ALIGN 256
 
 /* ---- errors ------------------------------------------------------------- */
@@ -181,7 +184,7 @@ struct mk_node {
     char *name;                   /* an input's or constant's name, else NULL */
     const void *value;            /* mk_op_infer only: a known operand's data, else NULL */
     int n_attr;
-    int64_t attr[MK_MAX_RANK];    /* the integers and integer list of the signature, in order */
+    int64_t attr[MK_MAX_ATTRS];   /* the integers and integer list of the signature, in order */
 
     /* decided by passes and the planner */
     int n_consumers;
@@ -284,7 +287,8 @@ int mk_safetensors_parse_buffer(const void *file, size_t size, size_t *count, mk
     X(CUMSUM) \
     X(REDUCE_SUM) X(REDUCE_MEAN) X(REDUCE_MAX) X(REDUCE_MIN) X(REDUCE_PROD) X(REDUCE_VAR) \
     X(ARGMAX_AXIS) X(ARGMIN_AXIS) X(SOFTMAX) X(LOG_SOFTMAX) X(LAYER_NORM) X(GROUP_NORM) \
-    X(BATCH_NORM) X(RMS_NORM_EPS)
+    X(BATCH_NORM) X(RMS_NORM_EPS) \
+    X(CONV) X(CONV_TRANSPOSE) X(MAX_POOL) X(AVG_POOL) X(ADAPTIVE_AVG_POOL) X(UPSAMPLE_NEAREST)
 typedef enum {
     MK_KERNEL_NONE,
 #define MK_KERNEL_ENUM(k) MK_KERNEL_##k,
@@ -317,6 +321,14 @@ struct mk_op {
     size_t (*scratch)(const mk_node *n);
     mk_kernel_id kernel;
 };
+
+/* ops_conv.c: the convolution and pooling rows' shape rules and scratch. */
+int mk_infer_conv(mk_node *n, mk_error **err);
+int mk_infer_conv_transpose(mk_node *n, mk_error **err);
+int mk_infer_pool(mk_node *n, mk_error **err);
+int mk_infer_resize(mk_node *n, mk_error **err);
+size_t mk_conv_scratch(const mk_node *n);
+size_t mk_conv_transpose_scratch(const mk_node *n);
 
 const mk_op *mk_op_find(const char *name, size_t len);
 /* The row made only by passes that runs on `kernel` (the cuDNN group, the

@@ -279,6 +279,8 @@ typedef struct {
                               at most n threads for any of this model's launches; 1, none of
                               its launches opens an OpenMP region. Negative: MK_ERR_ARGUMENT.
                               The CUDA device ignores it */
+    bool allow_tf32;       /* CUDA: convolutions may run on tensor cores in TF32 (10-bit
+                              mantissa inputs) where cuDNN offers it; off, float32 only */
 } mk_compile_options;
 
 /*

@@ -711,6 +711,42 @@ static const mk_op ops[] = {
     {ROW("CumsumNode", "ni", MK_ROLE_REDUCTION, 0, "cumsum", NULL, NULL,
          "running sums along axis, in order (float32, int64)"),
      .infer = mk_infer_cumsum, .takes_strided = any_strides, .kernel = MK_KERNEL_CUMSUM},
+    /* ---- convolution and pooling ---- */
+    /* PyTorch's definitions for NCL / NCHW float32 tensors; the shape rules are
+     * in ops_conv.c, the attribute order in conv.h. A bias is a SumNode of a
+     * [O, 1(, 1)] view after the product (the Lua methods' `bias` option). */
+    {ROW("Conv1dNode", "nniiii", MK_ROLE_MATMUL, 0, "conv1d", NULL, NULL,
+         "1-D cross-correlation of x [N, C, L] with w [O, C/groups, K]: stride, padding, "
+         "dilation, groups"),
+     .infer = mk_infer_conv, .scratch = mk_conv_scratch, .kernel = MK_KERNEL_CONV},
+    {ROW("Conv2dNode", "nniiiiiii", MK_ROLE_MATMUL, 0, "conv2d", NULL, NULL,
+         "2-D cross-correlation of x [N, C, H, W] with w [O, C/groups, kH, kW]: stride (h, w), "
+         "padding (h, w), dilation (h, w), groups"),
+     .infer = mk_infer_conv, .scratch = mk_conv_scratch, .kernel = MK_KERNEL_CONV},
+    {ROW("ConvTranspose2dNode", "nniiiiiiiii", MK_ROLE_MATMUL, 0, "conv_transpose2d", NULL,
+         NULL,
+         "transposed 2-D convolution of x [N, C, H, W] with w [C, O/groups, kH, kW]: stride "
+         "(h, w), padding (h, w), output padding (h, w), dilation (h, w), groups"),
+     .infer = mk_infer_conv_transpose, .scratch = mk_conv_transpose_scratch,
+     .kernel = MK_KERNEL_CONV_TRANSPOSE},
+    {ROW("MaxPool2dNode", "niiiiiiii", MK_ROLE_REDUCTION, 0, "max_pool2d", NULL, NULL,
+         "the largest element of each window of x [N, C, H, W]: kernel (h, w), stride (h, w), "
+         "padding (h, w; at most half the kernel), dilation (h, w); floor rule"),
+     .infer = mk_infer_pool, .kernel = MK_KERNEL_MAX_POOL},
+    {ROW("AvgPool2dNode", "niiiiii", MK_ROLE_REDUCTION, 0, "avg_pool2d", NULL, NULL,
+         "the mean of each window of x [N, C, H, W], padding counted (kernel (h, w), stride "
+         "(h, w), padding (h, w; at most half the kernel)); floor rule"),
+     .infer = mk_infer_pool, .kernel = MK_KERNEL_AVG_POOL},
+    {ROW("AdaptiveAvgPool2dNode", "nii", MK_ROLE_REDUCTION, 0, "adaptive_avg_pool2d", NULL,
+         NULL,
+         "x [N, C, H, W] averaged into [N, C, oh, ow]: cell (i, j) over rows "
+         "[floor(i H / oh), ceil((i + 1) H / oh)) and the columns alike; (1, 1) is global "
+         "pooling"),
+     .infer = mk_infer_resize, .kernel = MK_KERNEL_ADAPTIVE_AVG_POOL},
+    {ROW("UpsampleNearest2dNode", "nii", MK_ROLE_MOVE, 0, "upsample_nearest2d", NULL, NULL,
+         "x [N, C, H, W] resized to [N, C, oh, ow] by nearest neighbour: element (i, j) is x's "
+         "(floor(i H / oh), floor(j W / ow))"),
+     .infer = mk_infer_resize, .kernel = MK_KERNEL_UPSAMPLE_NEAREST},
 
     /* made by the cuDNN fusion pass (fusion.c), never parsed: its name field
      * describes the group */

@@ -262,7 +262,7 @@ static int parse_arg(lexer *lx, const id_map *ids, mk_node *n, char want, int in
         }
         return next(lx);
     case 'i':
-        if (n->n_attr == MK_MAX_RANK) return MK_INTERNAL(lx->err, "too many integer arguments");
+        if (n->n_attr == MK_MAX_ATTRS) return MK_INTERNAL(lx->err, "too many integer arguments");
         n->attr[n->n_attr++] = t.value;
         return next(lx);
     }

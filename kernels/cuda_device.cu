@@ -225,6 +225,7 @@ static void cuda_close(void *state) {
     if (s->stream) cudaStreamSynchronize(s->stream);
     mk_cuda_close_steps(s);
     mk_cuda_timeline_close(s);
+    mk_cuda_conv_close(s);
     if (s->exec) cudaGraphExecDestroy(s->exec);
     if (s->graph) cudaGraphDestroy(s->graph);
     if (s->blas) cublasDestroy(s->blas);
@@ -389,6 +390,13 @@ struct cuda_kernel_table {
         k[MK_KERNEL_GATHER_ELEMENTS] = {mk_cuda_gather_elements, MK_DTYPES_ALL};
         k[MK_KERNEL_INDEX_SELECT] = {mk_cuda_index_select, MK_DTYPES_ALL};
         k[MK_KERNEL_CUMSUM] = {mk_cuda_cumsum, F32 | I64};
+        /* convolution and pooling (conv.cu) */
+        k[MK_KERNEL_CONV] = {mk_cuda_conv, F32};
+        k[MK_KERNEL_CONV_TRANSPOSE] = {mk_cuda_conv, F32};
+        k[MK_KERNEL_MAX_POOL] = {mk_cuda_max_pool, F32};
+        k[MK_KERNEL_AVG_POOL] = {mk_cuda_avg_pool, F32};
+        k[MK_KERNEL_ADAPTIVE_AVG_POOL] = {mk_cuda_adaptive_avg_pool, F32};
+        k[MK_KERNEL_UPSAMPLE_NEAREST] = {mk_cuda_upsample_nearest, F32};
 #ifdef MK_WITH_CUDNN
         k[MK_KERNEL_CUDNN_GROUP] = {mk_cuda_cudnn_group, F32};
 #else
@@ -508,6 +516,8 @@ static int cuda_prepare(void *state, const mk_launch *launches, int n, const mk_
 
     /* Generated kernels are compiled and loaded now: loading is no capture work. */
     if (mk_cuda_generate(s, launches, n, host, err)) return -1;
+    /* cuDNN plans the convolutions (and runs each once) outside the capture too */
+    if (mk_cuda_conv_plan(s, launches, n, host, err)) return -1;
 
     /*
      * Capture. Thread-local mode: a forbidden call on this thread (an

@@ -132,6 +132,7 @@ typedef struct mk_cuda_state {
     void **aux;
     bool pdl; /* generated kernels launch with programmatic dependent launch */
     struct mk_cuda_timeline *timeline; /* MK_CUDA_TIMELINE's, else NULL */
+    struct mk_cuda_convs *conv; /* conv.cu: the convolutions' cuDNN plans, else NULL */
 } mk_cuda_state;
 
 /* Stores an error for a CUDA status: MK_ERR_NOMEM for allocation failures,
@@ -249,6 +250,17 @@ static __device__ __forceinline__ long long mk_cuda_walk_offset(const mk_walk &w
 /* ---- the plugin's kernels (one file per family) and its table -------------- */
 
 int mk_cuda_pointwise(const mk_launch *l, mk_error **err);      /* pointwise.cu */
+/* conv.cu: convolutions (cuDNN), pooling and upsampling. mk_cuda_conv_plan plans
+ * every convolution launch before the capture (a device error where cuDNN has
+ * no engine for one, or the build has no cuDNN); mk_cuda_conv_close frees them. */
+int mk_cuda_conv_plan(mk_cuda_state *s, const mk_launch *launches, int n, const mk_host *host,
+                      mk_error **err);
+void mk_cuda_conv_close(mk_cuda_state *s);
+int mk_cuda_conv(const mk_launch *l, mk_error **err);
+int mk_cuda_max_pool(const mk_launch *l, mk_error **err);
+int mk_cuda_avg_pool(const mk_launch *l, mk_error **err);
+int mk_cuda_adaptive_avg_pool(const mk_launch *l, mk_error **err);
+int mk_cuda_upsample_nearest(const mk_launch *l, mk_error **err);
 /* generated.cu: compiles (NVRTC) the kernel that core/codegen/ writes for
  * every group (pointwise or matrix–vector) among the launches, into
  * s->generated, before the capture; then runs one. */

@@ -228,6 +228,10 @@ static mk_compile_options check_options(lua_State *L, int idx, int share_slot) {
             else if (k[0] == 'p') o.no_passes = !on;
             else if (k[0] == 'k') o.no_kernel_cache = !on;
             else o.no_fusion = !on;
+        } else if (k && !strcmp(k, "tf32")) {
+            if (!lua_isboolean(L, -1))
+                LMK_ARG_ERROR(L, fn, "option tf32 must be a boolean, got %s", luaL_typename(L, -1));
+            o.allow_tf32 = lua_toboolean(L, -1);
         } else if (k && !strcmp(k, "max_bytes")) {
             if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < 0)
                 LMK_ARG_ERROR(L, fn, "max_bytes must be a non-negative integer, got %s",
@@ -248,7 +252,7 @@ static mk_compile_options check_options(lua_State *L, int idx, int share_slot) {
             lua_replace(L, share_slot);
         } else {
             LMK_ARG_ERROR(L, fn, "unknown option %s (device, cudnn, fuse, passes, kernel_cache, "
-                              "max_bytes, share, threads)",
+                              "max_bytes, share, threads, tf32)",
                           k ? k : luaL_typename(L, -2));
         }
         lua_pop(L, 1);

@@ -130,7 +130,7 @@ describe("compile options", function()
                 "option " .. k .. " must be a boolean")
         end
         E(function() mk.compile(y, { cache = false }) end, "argument error: compile:",
-            "unknown option cache (device, cudnn, fuse, passes, kernel_cache, max_bytes, share, threads)")
+            "unknown option cache (device, cudnn, fuse, passes, kernel_cache, max_bytes, share, threads, tf32)")
     end)
 end)
 

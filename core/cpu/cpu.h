@@ -122,6 +122,24 @@ static inline bool par(int64_t work) {
         }                                                                                  \
     } while (0)
 
+/* ---- the device's per-model state ----------------------------------------- */
+
+/* conv_dnnl.c: oneDNN's convolution for one launch (made by cpu_prepare). */
+typedef struct mk_cpu_dnnl_conv mk_cpu_dnnl_conv;
+/* NULL where oneDNN is missing or refuses the launch; why says which. */
+mk_cpu_dnnl_conv *mk_cpu_dnnl_conv_make(const mk_launch *l, char *why, size_t size);
+void mk_cpu_dnnl_conv_free(mk_cpu_dnnl_conv *c);
+int mk_cpu_dnnl_conv_run(const mk_cpu_dnnl_conv *c, const mk_launch *l, mk_error **err);
+
+/* A model's state (mk_launch.dev): the most threads each of its launches may
+ * use (cpu_prepare; 1: no parallel region), or NULL: no cap; its launches'
+ * oneDNN convolutions ([n], NULL for those on im2col), or NULL: none. */
+typedef struct {
+    int *threads;
+    mk_cpu_dnnl_conv **dnnl;
+    int n;
+} cpu_state;
+
 /* ---- row functions shared with the groups ------------------------------- */
 
 /* A pointwise program (expr.c's mk_expr, as ctx) over one stretch of float32:
@@ -171,6 +189,10 @@ void mk_cpu_mv_columns_q8(const int8_t *restrict aq, const float *restrict as,
 void mk_cpu_mv_rows(const float *restrict a, const float *restrict b, int64_t ldb, int64_t k,
                     int64_t cols, float *restrict c);
 
+/* c [m, n] (ldc) = op(a) @ op(b) + beta c, row-major, op the transpose where
+ * ta / tb: CBLAS's sgemm, or plain loops where it cannot be opened (matmul.c). */
+void mk_cpu_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float *a,
+                  int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 /* Whether launch l (a MatMul or a PrefixMatMul) may take its product to
  * OpenBLAS, which must then be open (matmul.c). */
 bool mk_cpu_blas_needed(const mk_launch *l);
@@ -229,6 +251,13 @@ int mk_cpu_layer_norm(const mk_launch *l, mk_error **err);
 int mk_cpu_group_norm(const mk_launch *l, mk_error **err);
 int mk_cpu_batch_norm(const mk_launch *l, mk_error **err);
 int mk_cpu_rms_norm_eps(const mk_launch *l, mk_error **err);
+/* conv.c: convolutions (im2col and sgemm, or oneDNN: conv_dnnl.c), pooling, upsampling */
+int mk_cpu_conv(const mk_launch *l, mk_error **err);
+int mk_cpu_conv_transpose(const mk_launch *l, mk_error **err);
+int mk_cpu_max_pool(const mk_launch *l, mk_error **err);
+int mk_cpu_avg_pool(const mk_launch *l, mk_error **err);
+int mk_cpu_adaptive_avg_pool(const mk_launch *l, mk_error **err);
+int mk_cpu_upsample_nearest(const mk_launch *l, mk_error **err);
 
 #pragma GCC visibility pop
 

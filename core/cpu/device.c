@@ -79,11 +79,6 @@ static void cpu_calibrate(void) {
 
 /* ---- the device's functions -------------------------------------------- */
 
-/* The most threads each of a model's launches may use (cpu_prepare; 1: no
- * parallel region), or NULL: no cap. */
-typedef struct {
-    int *threads;
-} cpu_state;
 
 static int cpu_open(void **state, mk_error **err) {
     cpu_state *s = calloc(1, sizeof *s);
@@ -92,9 +87,18 @@ static int cpu_open(void **state, mk_error **err) {
     return 0;
 }
 
+static void free_dnnl(cpu_state *s) {
+    for (int i = 0; s->dnnl && i < s->n; i++) mk_cpu_dnnl_conv_free(s->dnnl[i]);
+    free(s->dnnl);
+    s->dnnl = NULL;
+}
+
 static void cpu_close(void *state) {
     cpu_state *s = state;
-    if (s) free(s->threads);
+    if (s) {
+        free(s->threads);
+        free_dnnl(s);
+    }
     free(s);
 }
 
@@ -137,6 +141,26 @@ static size_t tensor_bytes(const mk_tensor *t) {
     return (size_t)mk_tensor_numel(t) * mk_dtype_size(t->dtype);
 }
 
+/*
+ * The convolutions that take oneDNN ($MK_CPU_CONV=dnnl; conv_dnnl.c): one
+ * oneDNN convolution per launch, or, where oneDNN is missing or refuses it,
+ * im2col with the reason in the compile's log. -1: out of memory.
+ */
+static int prepare_dnnl(cpu_state *s, const mk_launch *launches, int n, const mk_host *host) {
+    const char *path = getenv("MK_CPU_CONV");
+    if (!path || strcmp(path, "dnnl")) return 0;
+    for (int i = 0; i < n; i++) {
+        if (launches[i].node->op->kernel != MK_KERNEL_CONV) continue;
+        if (!s->dnnl && !(s->dnnl = calloc((size_t)n, sizeof *s->dnnl))) return -1;
+        char why[256] = "";
+        s->dnnl[i] = mk_cpu_dnnl_conv_make(&launches[i], why, sizeof why);
+        if (!s->dnnl[i])
+            host->log(host, MK_LOG_INFO, "cpu: %s $%d runs on im2col and sgemm: %s",
+                      launches[i].node->op->name, launches[i].node->id, why);
+    }
+    return 0;
+}
+
 /* The cost rule above, per launch. */
 static int cpu_prepare(void *state, const mk_launch *launches, int n, const mk_copy *in,
                        int n_in, const mk_copy *out, int n_out, const mk_step_rule *rules,
@@ -157,8 +181,9 @@ static int cpu_prepare(void *state, const mk_launch *launches, int n, const mk_c
     if (asked > 0 && asked < cap) cap = asked;
     for (int i = 0; i < n; i++) {
         int kernel = launches[i].node->op->kernel;
-        if ((kernel != MK_KERNEL_MATMUL && kernel != MK_KERNEL_PREFIX_MATMUL) ||
-            !mk_cpu_blas_needed(&launches[i]))
+        bool conv = kernel == MK_KERNEL_CONV || kernel == MK_KERNEL_CONV_TRANSPOSE;
+        if (!conv && ((kernel != MK_KERNEL_MATMUL && kernel != MK_KERNEL_PREFIX_MATMUL) ||
+                      !mk_cpu_blas_needed(&launches[i])))
             continue;
         const char *why = mk_cpu_blas_open();
         if (why)
@@ -172,6 +197,8 @@ static int cpu_prepare(void *state, const mk_launch *launches, int n, const mk_c
     double constants = 0.0;
     const mk_node **seen = calloc((size_t)n * MK_MAX_INPUTS + 1, sizeof *seen);
     free(s->threads);
+    free_dnnl(s);
+    s->n = n;
     if (!seen || !(s->threads = calloc((size_t)n + 1, sizeof *s->threads))) {
         free(seen);
         return mk_fail(err, MK_ERR_NOMEM, 0, 0, "the CPU device's launch plan");
@@ -200,6 +227,7 @@ static int cpu_prepare(void *state, const mk_launch *launches, int n, const mk_c
         s->threads[i] = fork ? cap : 1;
         forks += fork;
     }
+    if (prepare_dnnl(s, launches, n, host)) return mk_fail(err, MK_ERR_NOMEM, 0, 0, "the CPU's oneDNN plans");
     if (asked == 1)
         host->log(host, MK_LOG_INFO,
                   "cpu: 0 of %d launches may use threads (the model's threads = 1: no parallel "
@@ -289,6 +317,13 @@ static const mk_kernel cpu_kernels[MK_KERNEL_COUNT] = {
     [MK_KERNEL_GROUP_NORM] = {mk_cpu_group_norm, F32},
     [MK_KERNEL_BATCH_NORM] = {mk_cpu_batch_norm, F32},
     [MK_KERNEL_RMS_NORM_EPS] = {mk_cpu_rms_norm_eps, F32},
+    /* convolution and pooling (conv.c) */
+    [MK_KERNEL_CONV] = {mk_cpu_conv, F32},
+    [MK_KERNEL_CONV_TRANSPOSE] = {mk_cpu_conv_transpose, F32},
+    [MK_KERNEL_MAX_POOL] = {mk_cpu_max_pool, F32},
+    [MK_KERNEL_AVG_POOL] = {mk_cpu_avg_pool, F32},
+    [MK_KERNEL_ADAPTIVE_AVG_POOL] = {mk_cpu_adaptive_avg_pool, F32},
+    [MK_KERNEL_UPSAMPLE_NEAREST] = {mk_cpu_upsample_nearest, F32},
 };
 
 const mk_device_ops mk_cpu_device = {

@@ -353,6 +353,31 @@ const char *mk_cpu_blas_open(void) {
     return cpu_blas.ready ? NULL : cpu_blas.why;
 }
 
+/*
+ * c [m, n] (row stride ldc) = op(a) [m, k] @ op(b) [k, n] + beta c, row-major,
+ * op(x) the transpose where ta / tb: CBLAS's sgemm where it is open (the
+ * convolutions, conv.c; cpu_prepare opened it), else plain loops.
+ */
+void mk_cpu_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float *a,
+                  int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+    pthread_once(&cpu_blas_once, cpu_blas_open);
+    if (cpu_blas.ready && m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX &&
+        lda <= INT32_MAX && ldb <= INT32_MAX && ldc <= INT32_MAX) {
+        cpu_blas.sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
+                       tb ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, 1.0f, a, (int)lda,
+                       b, (int)ldb, beta, c, (int)ldc);
+        return;
+    }
+    int64_t sar = ta ? 1 : lda, sac = ta ? lda : 1, sbr = tb ? 1 : ldb, sbc = tb ? ldb : 1;
+    CPU_FOR(par(m * n * k / 4), i, m, {
+        for (int64_t j = 0; j < n; j++) {
+            float t = 0.0f;
+            for (int64_t kk = 0; kk < k; kk++) t += a[i * sar + kk * sac] * b[kk * sbr + j * sbc];
+            c[i * ldc + j] = beta == 0.0f ? t : t + beta * c[i * ldc + j];
+        }
+    });
+}
+
 /* How mm_one computes a product: mv_omp, CBLAS's sgemv or sgemm, or
  * mk_cpu_mm_loops. */
 typedef enum { CPU_MM_ROWS, CPU_MM_GEMV, CPU_MM_GEMM, CPU_MM_LOOPS } cpu_mm_way;

@@ -568,6 +568,141 @@ end
 -- x:sum(...), x:softmax(...), x:layer_norm(...) and the other reductions and
 -- norms: their axes, options and numbers (moonkaas/reduce.lua).
 require("moonkaas.reduce")(mk, methods)
+-- ---- convolution and pooling: PyTorch's argument forms -------------------
+-- x:conv2d(w[, {stride =, padding =, dilation =, groups =, bias =}]) and the
+-- rest: stride, padding, dilation (and output_padding, kernel sizes) an
+-- integer or {h, w}; bias a node or tensor [O], added to the result. The
+-- rows' own positional form (x:conv2d(w, sh, sw, ph, pw, dh, dw, groups))
+-- still works: a number where the options go passes the call through.
+
+-- The integers of option `key` (n of them: an integer repeats); errors name
+-- the user's line (level 3: the caller of the method calling this).
+local function option_ints(fn, opts, key, n, default)
+    local v = opts[key]
+    if v == nil then v = default end
+    local out, ok = {}, isinteger(v)
+    if ok then
+        for i = 1, n do out[i] = v end
+    elseif type(v) == "table" and rawlen(v) == n then
+        ok = true
+        for i = 1, n do
+            ok = ok and isinteger(v[i])
+            out[i] = v[i]
+        end
+    end
+    if not ok then
+        error(format("argument error: %s: %s must be an integer%s, got %s", fn, key,
+            n > 1 and format(" or a list of %d integers", n) or "", describe(v)), 3)
+    end
+    return out
+end
+
+local function option_table(fn, opts, allowed)
+    if opts == nil then return {} end
+    if type(opts) ~= "table" then
+        error(format("argument error: %s: the options must be a table, got %s", fn,
+            describe(opts)), 3)
+    end
+    for key in pairs(opts) do
+        if not allowed[key] then
+            local names = {}
+            for name in pairs(allowed) do names[#names + 1] = name end
+            table.sort(names)
+            error(format("argument error: %s: unknown option '%s' (takes %s)", fn, tostring(key),
+                concat(names, ", ")), 3)
+        end
+    end
+    return opts
+end
+
+-- y plus bias [O] along y's axis 1 (a [O, 1(, 1)] view broadcast).
+local function add_bias(y, bias)
+    if bias == nil then return y end
+    if not is_node(bias) then bias = mk.constant(bias) end
+    local shape = { bias.shape[1] }
+    for i = 3, y.rank do shape[i - 1] = 1 end
+    return y + bias:reshape(shape)
+end
+
+local unpack = table.unpack or unpack
+local conv_keys = { stride = true, padding = true, dilation = true, groups = true, bias = true }
+
+local function conv_method(fn, raw, dims, keys)
+    return function(x, w, opts, ...)
+        if type(opts) == "number" then return raw(x, w, opts, ...) end
+        opts = option_table(fn, opts, keys)
+        local args = {}
+        for _, key in ipairs({ "stride", "padding", "output_padding", "dilation" }) do
+            if keys[key] then
+                local v = option_ints(fn, opts, key, dims,
+                    (key == "padding" or key == "output_padding") and 0 or 1)
+                for i = 1, dims do args[#args + 1] = v[i] end
+            end
+        end
+        args[#args + 1] = option_ints(fn, opts, "groups", 1, 1)[1]
+        return add_bias(raw(x, w, unpack(args)), opts.bias)
+    end
+end
+
+if methods.conv2d then
+    local t_keys = { output_padding = true }
+    for k in pairs(conv_keys) do t_keys[k] = true end
+    methods.conv1d = conv_method("conv1d", methods.conv1d, 1, conv_keys)
+    methods.conv2d = conv_method("conv2d", methods.conv2d, 2, conv_keys)
+    methods.conv_transpose2d = conv_method("conv_transpose2d", methods.conv_transpose2d, 2,
+        t_keys)
+
+    -- x:max_pool2d(kernel[, {stride = kernel, padding = 0, dilation = 1}])
+    local raw_max = methods.max_pool2d
+    methods.max_pool2d = function(x, kernel, opts, ...)
+        if type(opts) == "number" then return raw_max(x, kernel, opts, ...) end
+        opts = option_table("max_pool2d", opts, { stride = true, padding = true, dilation = true })
+        local k = option_ints("max_pool2d", { kernel = kernel }, "kernel", 2)
+        local s = option_ints("max_pool2d", opts, "stride", 2, k)
+        local p = option_ints("max_pool2d", opts, "padding", 2, 0)
+        local d = option_ints("max_pool2d", opts, "dilation", 2, 1)
+        return raw_max(x, k[1], k[2], s[1], s[2], p[1], p[2], d[1], d[2])
+    end
+
+    -- x:avg_pool2d(kernel[, {stride = kernel, padding = 0}]): padding counted
+    -- (PyTorch's count_include_pad), floor rule
+    local raw_avg = methods.avg_pool2d
+    methods.avg_pool2d = function(x, kernel, opts, ...)
+        if type(opts) == "number" then return raw_avg(x, kernel, opts, ...) end
+        opts = option_table("avg_pool2d", opts, { stride = true, padding = true })
+        local k = option_ints("avg_pool2d", { kernel = kernel }, "kernel", 2)
+        local s = option_ints("avg_pool2d", opts, "stride", 2, k)
+        local p = option_ints("avg_pool2d", opts, "padding", 2, 0)
+        return raw_avg(x, k[1], k[2], s[1], s[2], p[1], p[2])
+    end
+
+    -- x:adaptive_avg_pool2d(size): size an integer or {oh, ow}
+    local raw_adaptive = methods.adaptive_avg_pool2d
+    methods.adaptive_avg_pool2d = function(x, size, ...)
+        if select("#", ...) > 0 then return raw_adaptive(x, size, ...) end
+        local s = option_ints("adaptive_avg_pool2d", { size = size }, "size", 2)
+        return raw_adaptive(x, s[1], s[2])
+    end
+
+    -- x:upsample_nearest2d({size = n | {oh, ow}} or {scale_factor = n | {sh, sw}}):
+    -- integer scale factors
+    local raw_up = methods.upsample_nearest2d
+    methods.upsample_nearest2d = function(x, opts, ...)
+        if type(opts) == "number" then return raw_up(x, opts, ...) end
+        local fn = "upsample_nearest2d"
+        opts = option_table(fn, opts, { size = true, scale_factor = true })
+        if (opts.size == nil) == (opts.scale_factor == nil) then
+            error(format("argument error: %s: give one of size and scale_factor", fn), 2)
+        end
+        if opts.size ~= nil then
+            local s = option_ints(fn, opts, "size", 2)
+            return raw_up(x, s[1], s[2])
+        end
+        local f = option_ints(fn, opts, "scale_factor", 2)
+        if not is_node(x) or x.rank ~= 4 then return raw_up(x, f[1], f[2]) end -- its error
+        return raw_up(x, x.shape[3] * f[1], x.shape[4] * f[2])
+    end
+end
 
 -- The best device this process can use, and why when it is the CPU.
 function mk.best_device()

@@ -1,0 +1,221 @@
+/*
+ * conv.c — the CPU's convolutions, pooling and upsampling (the CONV,
+ * CONV_TRANSPOSE, MAX_POOL, AVG_POOL, ADAPTIVE_AVG_POOL and UPSAMPLE_NEAREST
+ * families), float32 NCHW; a 1-D convolution is the 2-D one with H = 1.
+ *
+ * A convolution is, per image and group, one matrix product:
+ *   out [O/g, OH·OW] = w [O/g, C/g·kH·kW] @ cols [C/g·kH·kW, OH·OW]
+ * where cols (the node's scratch) holds x's windows laid out as columns
+ * (im2col), or is x itself for a 1x1 window of stride 1 without padding.
+ * The product is OpenBLAS's sgemm (matmul.c's mk_cpu_sgemm). oneDNN's
+ * convolution (conv_dnnl.c) takes its place where it is open and chosen.
+ * A transposed convolution is the product the other way round,
+ * cols [O/g·kH·kW, H·W] = w^T @ x, whose columns are then summed into the
+ * output (col2im). Pooling and upsampling are plain loops over planes.
+ * Tested against double-precision loops (spec/cases/conv.lua):
+ *   MK_BUILD=build lua5.4 /usr/bin/busted spec/ops_spec.lua
+ */
+#include "cpu.h"
+#include "conv.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---- convolution ---------------------------------------------------------- */
+
+/* cols [C/g·kH·kW, OH·OW] of one image's group: row (c, ki, kj), column (oy, ox)
+ * holds x [c, oy·sh - ph + ki·dh, ox·sw - pw + kj·dw], 0 outside x. */
+static void im2col(const float *x, const mk_conv_geom *g, int64_t cg, float *cols) {
+    int64_t rows = cg * g->kh * g->kw, plane = g->oh * g->ow;
+    CPU_FOR(par(rows * plane), r, rows, {
+        int64_t c = r / (g->kh * g->kw), ki = r / g->kw % g->kh, kj = r % g->kw;
+        const float *xc = x + c * g->h * g->w;
+        float *row = cols + r * plane;
+        for (int64_t oy = 0; oy < g->oh; oy++) {
+            int64_t iy = oy * g->sh - g->ph + ki * g->dh;
+            float *o = row + oy * g->ow;
+            if (iy < 0 || iy >= g->h) {
+                memset(o, 0, sizeof(float) * (size_t)g->ow);
+                continue;
+            }
+            const float *xr = xc + iy * g->w;
+            int64_t ix0 = -g->pw + kj * g->dw;
+            if (g->sw == 1 && ix0 >= 0 && ix0 + g->ow <= g->w) {
+                memcpy(o, xr + ix0, sizeof(float) * (size_t)g->ow);
+                continue;
+            }
+            for (int64_t ox = 0; ox < g->ow; ox++) {
+                int64_t ix = ix0 + ox * g->sw;
+                o[ox] = ix >= 0 && ix < g->w ? xr[ix] : 0.0f;
+            }
+        }
+    });
+}
+
+/* out [N, O, OH, OW] = x [N, C, H, W] (*) w [O, C/g, kH, kW] by im2col and sgemm. */
+static void conv_im2col(const mk_launch *l, const mk_conv_geom *g) {
+    const float *x = l->in[0].data, *w = l->in[1].data;
+    float *out = l->out.data;
+    int64_t cg = g->c / g->groups, og = g->o / g->groups, k = cg * g->kh * g->kw;
+    int64_t plane = g->oh * g->ow;
+    for (int64_t b = 0; b < g->n; b++)
+        for (int64_t gi = 0; gi < g->groups; gi++) {
+            const float *xg = x + (b * g->c + gi * cg) * g->h * g->w;
+            const float *cols = xg; /* a 1x1 window of stride 1 without padding: x itself */
+            if (l->scratch_bytes) {
+                im2col(xg, g, cg, l->scratch);
+                cols = l->scratch;
+            }
+            mk_cpu_sgemm(false, false, og, plane, k, w + gi * og * k, k, cols, plane, 0.0f,
+                         out + (b * g->o + gi * og) * plane, plane);
+        }
+}
+
+int mk_cpu_conv(const mk_launch *l, mk_error **err) {
+    const cpu_state *s = l->dev;
+    if (s && s->dnnl && s->dnnl[l->index]) return mk_cpu_dnnl_conv_run(s->dnnl[l->index], l, err);
+    mk_conv_geom g = mk_conv_geom_of(l->node);
+    conv_im2col(l, &g);
+    return 0;
+}
+
+/* out [N, O, OH, OW] from x [N, C, H, W] and w [C, O/g, kH, kW]: each input
+ * element x [c, iy, ix] adds x · w [c, o, ki, kj] to out [o, iy·sh - ph + ki·dh,
+ * ix·sw - pw + kj·dw] (inside the output). */
+int mk_cpu_conv_transpose(const mk_launch *l, mk_error **err) {
+    (void)err;
+    mk_conv_geom g = mk_conv_geom_of(l->node);
+    const float *x = l->in[0].data, *w = l->in[1].data;
+    float *out = l->out.data, *cols = l->scratch;
+    int64_t cg = g.c / g.groups, og = g.o / g.groups, kk = og * g.kh * g.kw;
+    int64_t in_plane = g.h * g.w, out_plane = g.oh * g.ow;
+    memset(out, 0, sizeof(float) * (size_t)(g.n * g.o * out_plane));
+    for (int64_t b = 0; b < g.n; b++)
+        for (int64_t gi = 0; gi < g.groups; gi++) {
+            /* cols [O/g·kH·kW, H·W] = w_g^T [O/g·kH·kW, C/g] @ x_g [C/g, H·W] */
+            mk_cpu_sgemm(true, false, kk, in_plane, cg, w + gi * cg * kk, kk,
+                         x + (b * g.c + gi * cg) * in_plane, in_plane, 0.0f, cols, in_plane);
+            float *og_out = out + (b * g.o + gi * og) * out_plane;
+            /* col2im: output channels apart, so each thread owns its planes */
+            CPU_FOR(par(kk * in_plane), o, og, {
+                float *plane = og_out + o * out_plane;
+                for (int64_t ki = 0; ki < g.kh; ki++)
+                    for (int64_t kj = 0; kj < g.kw; kj++) {
+                        const float *row = cols + ((o * g.kh + ki) * g.kw + kj) * in_plane;
+                        for (int64_t iy = 0; iy < g.h; iy++) {
+                            int64_t oy = iy * g.sh - g.ph + ki * g.dh;
+                            if (oy < 0 || oy >= g.oh) continue;
+                            for (int64_t ix = 0; ix < g.w; ix++) {
+                                int64_t ox = ix * g.sw - g.pw + kj * g.dw;
+                                if (ox >= 0 && ox < g.ow) plane[oy * g.ow + ox] += row[iy * g.w + ix];
+                            }
+                        }
+                    }
+            });
+        }
+    return 0;
+}
+
+/* ---- pooling and upsampling ----------------------------------------------- */
+
+/* out [N, C, OH, OW]: the largest x over each dilated window (NaN wins, as
+ * PyTorch's max does). */
+int mk_cpu_max_pool(const mk_launch *l, mk_error **err) {
+    (void)err;
+    mk_conv_geom g = mk_conv_geom_of(l->node);
+    const float *x = l->in[0].data;
+    float *out = l->out.data;
+    int64_t planes = g.n * g.c;
+    CPU_FOR(par(planes * g.oh * g.ow * g.kh * g.kw), p, planes, {
+        const float *xp = x + p * g.h * g.w;
+        float *op = out + p * g.oh * g.ow;
+        for (int64_t oy = 0; oy < g.oh; oy++)
+            for (int64_t ox = 0; ox < g.ow; ox++) {
+                float m = -INFINITY;
+                for (int64_t ki = 0; ki < g.kh; ki++) {
+                    int64_t iy = oy * g.sh - g.ph + ki * g.dh;
+                    if (iy < 0 || iy >= g.h) continue;
+                    for (int64_t kj = 0; kj < g.kw; kj++) {
+                        int64_t ix = ox * g.sw - g.pw + kj * g.dw;
+                        if (ix < 0 || ix >= g.w) continue;
+                        float v = xp[iy * g.w + ix];
+                        if (v > m || v != v) m = v;
+                    }
+                }
+                op[oy * g.ow + ox] = m;
+            }
+    });
+    return 0;
+}
+
+/* out [N, C, OH, OW]: the sum of x over each window divided by the window's
+ * size, padding included (PyTorch's count_include_pad); a window reaching
+ * past the padding (the floor rule's last one) counts only to the padding's end. */
+int mk_cpu_avg_pool(const mk_launch *l, mk_error **err) {
+    (void)err;
+    mk_conv_geom g = mk_conv_geom_of(l->node);
+    const float *x = l->in[0].data;
+    float *out = l->out.data;
+    int64_t planes = g.n * g.c;
+    CPU_FOR(par(planes * g.oh * g.ow * g.kh * g.kw), p, planes, {
+        const float *xp = x + p * g.h * g.w;
+        float *op = out + p * g.oh * g.ow;
+        for (int64_t oy = 0; oy < g.oh; oy++)
+            for (int64_t ox = 0; ox < g.ow; ox++) {
+                int64_t y0 = oy * g.sh - g.ph, x0 = ox * g.sw - g.pw;
+                int64_t y1 = y0 + g.kh, x1 = x0 + g.kw;
+                if (y1 > g.h + g.ph) y1 = g.h + g.ph;
+                if (x1 > g.w + g.pw) x1 = g.w + g.pw;
+                int64_t count = (y1 - y0) * (x1 - x0);
+                float s = 0.0f;
+                for (int64_t iy = y0 < 0 ? 0 : y0; iy < (y1 < g.h ? y1 : g.h); iy++)
+                    for (int64_t ix = x0 < 0 ? 0 : x0; ix < (x1 < g.w ? x1 : g.w); ix++)
+                        s += xp[iy * g.w + ix];
+                op[oy * g.ow + ox] = s / (float)count;
+            }
+    });
+    return 0;
+}
+
+/* out [N, C, oh, ow]: cell (i, j) the mean of x's rows [floor(i H / oh),
+ * ceil((i + 1) H / oh)) and its columns alike. */
+int mk_cpu_adaptive_avg_pool(const mk_launch *l, mk_error **err) {
+    (void)err;
+    mk_conv_geom g = mk_conv_geom_of(l->node);
+    const float *x = l->in[0].data;
+    float *out = l->out.data;
+    int64_t planes = g.n * g.c;
+    CPU_FOR(par(planes * g.h * g.w), p, planes, {
+        const float *xp = x + p * g.h * g.w;
+        float *op = out + p * g.oh * g.ow;
+        for (int64_t i = 0; i < g.oh; i++) {
+            int64_t y0 = i * g.h / g.oh, y1 = ((i + 1) * g.h + g.oh - 1) / g.oh;
+            for (int64_t j = 0; j < g.ow; j++) {
+                int64_t x0 = j * g.w / g.ow, x1 = ((j + 1) * g.w + g.ow - 1) / g.ow;
+                float s = 0.0f;
+                for (int64_t iy = y0; iy < y1; iy++)
+                    for (int64_t ix = x0; ix < x1; ix++) s += xp[iy * g.w + ix];
+                op[i * g.ow + j] = s / (float)((y1 - y0) * (x1 - x0));
+            }
+        }
+    });
+    return 0;
+}
+
+/* out [N, C, oh, ow]: element (i, j) is x's (floor(i H / oh), floor(j W / ow)). */
+int mk_cpu_upsample_nearest(const mk_launch *l, mk_error **err) {
+    (void)err;
+    mk_conv_geom g = mk_conv_geom_of(l->node);
+    const float *x = l->in[0].data;
+    float *out = l->out.data;
+    int64_t planes = g.n * g.c;
+    CPU_FOR(par(planes * g.oh * g.ow), p, planes, {
+        const float *xp = x + p * g.h * g.w;
+        float *op = out + p * g.oh * g.ow;
+        for (int64_t i = 0; i < g.oh; i++) {
+            const float *xr = xp + i * g.h / g.oh * g.w;
+            for (int64_t j = 0; j < g.ow; j++) op[i * g.ow + j] = xr[j * g.w / g.ow];
+        }
+    });
+    return 0;
+}

@@ -1,0 +1,132 @@
+-- Bad inputs of the convolution and pooling ops: each a clear error naming the
+-- user's Lua line, and nothing lost (the module builds and runs after it).
+-- Their values are checked in spec/cases/conv.lua (ops_spec, gpu_spec).
+local H = require "spec.helpers"
+local mk = H.mk()
+H.seed("conv_spec")
+
+local function error_of(f)
+    local ok, err = pcall(f)
+    assert.is_false(ok, "expected an error")
+    return tostring(err)
+end
+
+-- "spec/conv_spec.lua:12: ": the caller's line, as Lua names it.
+local function here()
+    local i = debug.getinfo(2, "Sl")
+    return i.short_src .. ":" .. i.currentline .. ": "
+end
+
+local function starts(prefix, s)
+    assert.are.equal(prefix, s:sub(1, #prefix), s)
+end
+
+local function mentions(s, ...)
+    for _, part in ipairs({ ... }) do assert.is_truthy(s:find(part, 1, true), s) end
+end
+
+describe("convolution and pooling errors", function()
+    local x = mk.input("x", "float32", { 1, 4, 6, 6 })
+
+    it("a channel mismatch between x and the weights", function()
+        local w = mk.input("w", "float32", { 8, 3, 3, 3 })
+        local at = here(); local err = error_of(function() local y = x:conv2d(w); return y end)
+        starts(at .. "shape error: Conv2dNode: the weights [8, 3, 3, 3] take 3 input channels", err)
+        mentions(err, "x [1, 4, 6, 6] has 4")
+        local wt = mk.input("wt", "float32", { 3, 2, 3, 3 })
+        at = here(); err = error_of(function() local y = x:conv_transpose2d(wt); return y end)
+        starts(at .. "shape error: ConvTranspose2dNode: the weights [3, 2, 3, 3] are for 3 input "
+            .. "channels", err)
+        local x1 = mk.input("x1", "float32", { 2, 5, 9 })
+        at = here(); err = error_of(function() local y = x1:conv1d(mk.input("w1", "float32", { 4, 4, 3 })); return y end)
+        starts(at .. "shape error: Conv1dNode: the weights [4, 4, 3] take 4 input channels", err)
+    end)
+
+    it("groups that do not divide the channels", function()
+        local w = mk.input("w", "float32", { 6, 2, 3, 3 })
+        local at = here(); local err = error_of(function() local y = x:conv2d(w, { groups = 3 }); return y end)
+        starts(at .. "shape error: Conv2dNode: groups (3) must divide both the input channels (4", err)
+        -- the output channels too: 6 weights rows in 4 groups
+        at = here(); err = error_of(function() local y = x:conv2d(mk.input("w2", "float32", { 6, 1, 3, 3 }), { groups = 4 }); return y end)
+        starts(at .. "shape error: Conv2dNode: groups (4) must divide", err)
+        mentions(err, "output channels (6")
+        at = here(); err = error_of(function() local y = x:conv2d(w, { groups = 0 }); return y end)
+        starts(at .. "shape error: Conv2dNode: groups (0)", err)
+        at = here(); err = error_of(function() local y = x:conv_transpose2d(mk.input("wt", "float32", { 4, 2, 3, 3 }), { groups = 3 }); return y end)
+        starts(at .. "shape error: ConvTranspose2dNode: groups (3) must divide the input channels", err)
+    end)
+
+    it("a window larger than its padded input", function()
+        local w = mk.input("w", "float32", { 2, 4, 7, 3 })
+        local at = here(); local err = error_of(function() local y = x:conv2d(w); return y end)
+        starts(at .. "shape error: Conv2dNode: the height window (7 with dilation 1: 7) is larger "
+            .. "than the padded input (6 + 2 * 0 = 6)", err)
+        -- padding makes it fit; dilation makes it too large again
+        assert.are.same({ 1, 2, 2, 6 }, x:conv2d(w, { padding = 1 }).shape)
+        at = here(); err = error_of(function() local y = x:conv2d(w, { padding = 1, dilation = { 1, 4 } }); return y end)
+        starts(at .. "shape error: Conv2dNode: the width window (3 with dilation 4: 9)", err)
+        at = here(); err = error_of(function() local y = x:max_pool2d(7); return y end)
+        starts(at .. "shape error: MaxPool2dNode: the height window (7", err)
+        at = here(); err = error_of(function() local y = x:avg_pool2d(3, { padding = 2 }); return y end)
+        starts(at .. "shape error: AvgPool2dNode: the padding (2, 2) must be at most half the "
+            .. "window (3, 3)", err)
+    end)
+
+    it("the wrong rank", function()
+        local w = mk.input("w", "float32", { 2, 4, 3, 3 })
+        local x3 = mk.input("x3", "float32", { 4, 6, 6 })
+        local at = here(); local err = error_of(function() local y = x3:conv2d(w); return y end)
+        starts(at .. "shape error: Conv2dNode: x ('x3') must be [N, C, H, W] (rank 4), not [4, 6, 6]", err)
+        at = here(); err = error_of(function() local y = x:conv1d(mk.input("w1", "float32", { 2, 4, 3 })); return y end)
+        starts(at .. "shape error: Conv1dNode: x ('x') must be [N, C, L] (rank 3)", err)
+        at = here(); err = error_of(function() local y = x:conv2d(mk.input("w3", "float32", { 2, 4, 3 })); return y end)
+        starts(at .. "shape error: Conv2dNode: the weights ('w3') must be [O, C/groups, kH, kW]", err)
+        for _, f in ipairs({
+            function() local y = x3:max_pool2d(2); return y end, function() local y = x3:avg_pool2d(2); return y end,
+            function() local y = x3:adaptive_avg_pool2d(1); return y end,
+            function() local y = x3:upsample_nearest2d({ scale_factor = 2 }); return y end,
+        }) do
+            mentions(error_of(f), "shape error:", "must be [N, C, H, W] (rank 4), not [4, 6, 6]")
+        end
+    end)
+
+    it("dtypes, strides, output padding and options", function()
+        local xi = mk.input("xi", "int64", { 1, 4, 6, 6 })
+        local w = mk.input("w", "float32", { 2, 4, 3, 3 })
+        local at = here(); local err = error_of(function() local y = xi:conv2d(w); return y end)
+        starts(at .. "dtype error: Conv2dNode: x ('xi') must be float32, not int64", err)
+        at = here(); err = error_of(function() local y = x:conv2d(w, { stride = 0 }); return y end)
+        starts(at .. "shape error: Conv2dNode: the stride is 0 (must be 1 or more)", err)
+        at = here(); err = error_of(function() local y = x:conv2d(w, { padding = { 1, -1 } }); return y end)
+        starts(at .. "shape error: Conv2dNode: the padding is -1 (must be 0 or more)", err)
+        at = here(); err = error_of(function() local y = x:conv_transpose2d(mk.input("wt", "float32", { 4, 2, 3, 3 }), { stride = 2, output_padding = 2 }); return y end)
+        starts(at .. "shape error: ConvTranspose2dNode: the output padding (2, 2) must be", err)
+        at = here(); err = error_of(function() local y = x:conv2d(w, { stride = "2" }); return y end)
+        starts(at .. "argument error: conv2d: stride must be an integer or a list of 2 integers", err)
+        at = here(); err = error_of(function() local y = x:conv2d(w, { strides = 2 }); return y end)
+        starts(at .. "argument error: conv2d: unknown option 'strides'", err)
+        at = here(); err = error_of(function() local y = x:max_pool2d(2, { ceil_mode = true }); return y end)
+        starts(at .. "argument error: max_pool2d: unknown option 'ceil_mode'", err)
+        at = here(); err = error_of(function() local y = x:upsample_nearest2d({ scale_factor = 1.5 }); return y end)
+        starts(at .. "argument error: upsample_nearest2d: scale_factor must be an integer", err)
+        at = here(); err = error_of(function() local y = x:upsample_nearest2d({}); return y end)
+        starts(at .. "argument error: upsample_nearest2d: give one of size and scale_factor", err)
+        at = here(); err = error_of(function() local y = x:adaptive_avg_pool2d({ 0, 2 }); return y end)
+        starts(at .. "shape error: AdaptiveAvgPool2dNode: the output size (0, 2) must be positive", err)
+    end)
+
+    it("a script's error names its line; the module stays usable", function()
+        local text = "$1 = InputTensor(x, float32, [1, 3, 4, 4]);\n"
+            .. "$2 = InputTensor(w, float32, [2, 3, 5, 5]);\n"
+            .. "$3 = Conv2dNode($1, $2, 1, 1, 0, 0, 1, 1, 1);\nresult = $3;\n"
+        local err = error_of(function() local y = mk.compile_script(text); return y end)
+        mentions(err, "script:3:", "shape error: Conv2dNode: the height window (5")
+        -- the same script with a padding compiles and runs
+        local ok = text:gsub("1, 1, 0, 0, 1, 1, 1", "1, 1, 1, 1, 1, 1, 1")
+        local m = mk.compile_script(ok)
+        assert.is_truthy(m)
+        local xt = H.rand({ 1, 3, 4, 4 })
+        local wt = H.rand({ 2, 3, 5, 5 })
+        assert.are.same({ 1, 2, 2, 2 }, m:run({ x = xt, w = wt }).shape)
+    end)
+end)
