@@ -35,7 +35,6 @@ def tensor(d, folder):
     shape = d["shape"]
     if d.get("external"):
         ext = d["external"]
-        arr = np.array(d["values"], dtype=NP[d["type"]]).reshape(shape)
         p = TensorProto()
         p.name = d["name"]
         p.data_type = t
@@ -46,6 +45,7 @@ def tensor(d, folder):
                 e = p.external_data.add()
                 e.key, e.value = k, str(ext[k])
         if ext.get("write"):
+            arr = np.array(d["values"], dtype=NP[d["type"]]).reshape(shape)
             with open(os.path.join(folder, ext["location"]), "wb") as f:
                 f.write(b"\0" * int(ext.get("offset", 0)))
                 f.write(arr.tobytes())
@@ -61,6 +61,10 @@ def attr(v, folder):
     (k, x), = v.items()
     if k == "t":
         return tensor(x, folder)
+    if k == "f":
+        return float(x)
+    if k == "floats":
+        return [float(e) for e in x]
     return x
 
 
