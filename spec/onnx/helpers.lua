@@ -8,6 +8,7 @@ spec/onnx/helpers.lua — what the ONNX specs share:
   O.json(v)               a Lua value as JSON (tables with [1] or empty ones as arrays)
   O.init(name, ref[, type])   an initializer of a reference tensor {shape, data}
   O.vi(name, shape[, type])   a graph input or output's value info
+  O.decode(text)          JSON text as Lua values (objects, arrays, numbers, strings)
 ]]
 local O = {}
 
@@ -94,6 +95,57 @@ end
 
 function O.vi(name, shape, type_)
     return { name = name, type = type_ or "FLOAT", shape = shape }
+end
+
+function O.decode(text)
+    local at = 1
+    local function space() at = text:find("[^ \t\r\n]", at) or #text + 1 end
+    local value
+    local function str()
+        local e = text:find('"', at + 1, true)
+        local s = text:sub(at + 1, e - 1)
+        at = e + 1
+        return s
+    end
+    function value()
+        space()
+        local c = text:sub(at, at)
+        if c == "{" or c == "[" then
+            local obj, close, n = {}, c == "{" and "}" or "]", 0
+            at = at + 1
+            space()
+            if text:sub(at, at) == close then at = at + 1; return obj end
+            while true do
+                space()
+                if close == "}" then
+                    local k = str()
+                    space()
+                    at = at + 1 -- ':'
+                    obj[k] = value()
+                else
+                    n = n + 1
+                    obj[n] = value()
+                end
+                space()
+                local d = text:sub(at, at)
+                at = at + 1
+                if d == close then return obj end
+            end
+        elseif c == '"' then
+            return str()
+        else
+            local s, e = text:find("^[-+0-9.eE]+", at)
+            if not s then
+                for word, v in pairs({ ["true"] = true, ["false"] = false, null = 0 / 0 }) do
+                    if text:sub(at, at + #word - 1) == word then at = at + #word; return v end
+                end
+                error("json: unexpected " .. text:sub(at, at + 10))
+            end
+            at = e + 1
+            return tonumber(text:sub(s, e))
+        end
+    end
+    return value()
 end
 
 return O
