@@ -17,6 +17,8 @@
 
 /* Files up to this size are read; larger ones mapped. */
 #define OX_READ_BYTES ((size_t)64 << 20)
+/* The largest value computed at load (a folded node's result). */
+#define OX_FOLD_BYTES ((size_t)256 << 20)
 
 typedef struct {
     char *name;         /* script name */
@@ -330,6 +332,10 @@ void *ox_set_known(ox_node *n, ox_value *out, int onnx_type, int rank, const int
     if (rank > MK_MAX_RANK || numel_of(rank, shape, &numel))
         return ox_fail(n, err, MK_ERR_SHAPE, "the result has rank %d or more than 2^48 elements",
                        rank), NULL;
+    if ((size_t)numel * mk_dtype_size(d) > OX_FOLD_BYTES)
+        return ox_fail(n, err, MK_ERR_SHAPE, "the result computed at load would take %lld "
+                       "bytes (at most %zu: folding is for shape computations)",
+                       (long long)((size_t)numel * mk_dtype_size(d)), OX_FOLD_BYTES), NULL;
     void *data = ox_alloc(n->im, (size_t)numel * mk_dtype_size(d), err);
     if (!data) return NULL;
     out->onnx_type = onnx_type, out->dtype = d, out->rank = rank, out->data = data;
