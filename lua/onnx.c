@@ -160,7 +160,7 @@ static int l_onnx_ops(lua_State *L) {
         lua_pushinteger(L, d->since);
         lua_setfield(L, -2, "since");
         lua_pushinteger(L, d->until);
-        lua_setfield(L, -2, "until");
+        lua_setfield(L, -2, "last"); /* "until" is a Lua keyword */
         set_string(L, "attributes", d->attributes);
         set_string(L, "becomes", d->becomes);
         set_string(L, "rules", d->rules);

@@ -62,6 +62,8 @@ local CASES = {
     { "kernels.lua", { "--help" }, 0, "usage:" },
     -- the core writes the generated kernels with no plugin and no GPU (nvcc tabulates them where found)
     { "kernels.lua", { "16,48,1,2,2,32,8", "-o", tmp .. "/kernels" }, 0, "" },
+    { "onnx_ops.lua", { "--help" }, 0, "usage:" },
+    { "onnx_ops.lua", {}, 0, "| Gemm | 13–21 |", onnx = true },
     { "onnx_run.lua", { "--help" }, 0, "usage:" },
     -- a tiny MLP written with onnx.helper (pending without python3-onnx)
     { "onnx_run.lua", { "ONNX", "--shape", "x=2,4", "--bench", "5" }, 0, "bench 5 runs: p50 ", onnx = true },
