@@ -100,7 +100,7 @@ ONNX     ?= $(if $(and $(PROTOC_C),$(PROTOBUF_C_H)),1,0)
 ONNX_GEN := $(BUILD)/core/onnx/onnx.pb-c
 ifeq ($(ONNX),1)
 CORE_SRC := $(filter-out core/onnx/none.c,$(CORE_SRC))
-CFLAGS   += -I$(BUILD)/core/onnx
+CFLAGS   += -I$(BUILD)/core/onnx -DMK_WITH_ONNX
 ONNX_LIBS := -lprotobuf-c
 LDLIBS   += $(ONNX_LIBS)
 else
@@ -188,6 +188,8 @@ $(ONNX_GEN).c $(ONNX_GEN).h: core/onnx/onnx.proto
 $(ONNX_GEN).o: $(ONNX_GEN).c $(ONNX_GEN).h $(STAMP)
 	$(CC) $(CFLAGS) -Wno-unused-parameter -c $< -o $@
 $(BUILD)/core/onnx/import.o $(BUILD)/core/onnx/onnx_ops.o: $(ONNX_GEN).h core/onnx/onnx.h
+# onnx_test builds its files with the generated C
+$(BUILD)/tests/onnx_test: $(ONNX_GEN).h
 endif
 
 # The device code that generated kernels take as it is (helpers, and the attention

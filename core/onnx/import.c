@@ -508,7 +508,16 @@ static const void *external_bytes(ox_import *im, const Onnx__TensorProto *t, siz
     char *joined = malloc(size), *real = NULL;
     if (!joined) return mk_fail(err, MK_ERR_NOMEM, 0, 0, "ONNX import"), NULL;
     snprintf(joined, size, "%s/%s", im->dir, loc);
-    real = loc[0] == '/' ? NULL : realpath(joined, NULL);
+    /* absolute, or a ".." part: outside whether it exists or not */
+    bool up = loc[0] == '/';
+    for (const char *p = loc; !up && (p = strstr(p, "..")); p += 2)
+        up = (p == loc || p[-1] == '/') && (p[2] == 0 || p[2] == '/');
+    real = up ? NULL : realpath(joined, NULL);
+    if (!real && !up && errno == ENOENT) {
+        free(joined);
+        return mk_fail(err, MK_ERR_FILE, 0, 0, "%s: initializer '%s': external data '%s': no "
+                       "such file in the model's folder %s", im->path, name, loc, im->dir), NULL;
+    }
     size_t dl = strlen(im->dir);
     bool inside = real && !strncmp(real, im->dir, dl) && real[dl] == '/';
     free(joined);
