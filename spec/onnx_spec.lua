@@ -485,6 +485,10 @@ describe("ONNX import refuses", function()
         expect_error(graph({ { op = "Concat", inputs = { "x", "x" }, outputs = { "y" }, name = "cc",
                                attrs = { axis = { i = 0 } } } },
             { O.vi("x", { 2, 3 }) }, { O.vi("y", nil) }), "Concat of run%-time tensors")
+        -- found by onnx_fuzz: an output the op does not give was an internal error
+        expect_error(graph({ { op = "Relu", inputs = { "x" }, outputs = { "y", "z" }, name = "r2" } },
+            { O.vi("x", { 2, 3 }) }, { O.vi("y", nil) }),
+            "argument error: .*ONNX node 'r2' %(Relu, opset 17%): output 2 %('z'%) is not one Relu gives")
         expect_error(graph(relu.nodes, { O.vi("x", { 2, 3 }, "DOUBLE") }, relu.outputs),
             "dtype error: .*input 'x' is DOUBLE")
     end)

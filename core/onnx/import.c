@@ -253,12 +253,14 @@ static char *script_name(ox_import *im, const char *onnx, mk_error **err) {
 
 /* ---- errors and attributes, for the rows ------------------------------------- */
 
+static const char *op_name(const Onnx__NodeProto *p) { return p->op_type ? p->op_type : "?"; }
+
 static const char *node_name(const Onnx__NodeProto *p) {
     return p->name && *p->name ? p->name : p->n_output && *p->output[0] ? p->output[0] : "?";
 }
 
 #define NODE_FMT "ONNX node '%s' (%s, opset %d)"
-#define NODE_ARGS(n) node_name((n)->proto), (n)->proto->op_type, (n)->opset
+#define NODE_ARGS(n) node_name((n)->proto), op_name((n)->proto), (n)->opset
 
 int ox_fail(ox_node *n, mk_error **err, mk_error_code code, const char *fmt, ...) {
     char what[512];
@@ -723,7 +725,7 @@ static int order_nodes(ox_import *im, const Onnx__GraphProto *g, size_t *order, 
             if (!*out) continue;
             if (strmap_get(&producer, out) || strmap_get(&im->values, out)) {
                 mk_fail(err, MK_ERR_NAME, 0, 0, "%s: ONNX node '%s' (%s): output '%s' is "
-                        "defined twice", im->path, node_name(g->node[i]), g->node[i]->op_type,
+                        "defined twice", im->path, node_name(g->node[i]), op_name(g->node[i]),
                         out);
                 goto done;
             }
@@ -737,7 +739,7 @@ static int order_nodes(ox_import *im, const Onnx__GraphProto *g, size_t *order, 
             if (!strmap_get(&producer, in)) {
                 mk_fail(err, MK_ERR_NAME, 0, 0, "%s: ONNX node '%s' (%s): input '%s' is not "
                         "defined (no initializer, graph input or node output has that name)",
-                        im->path, node_name(p), p->op_type, in);
+                        im->path, node_name(p), op_name(p), in);
                 goto done;
             }
             pending[i]++;
@@ -763,7 +765,7 @@ static int order_nodes(ox_import *im, const Onnx__GraphProto *g, size_t *order, 
             if (pending[i]) {
                 mk_fail(err, MK_ERR_NAME, 0, 0, "%s: ONNX node '%s' (%s) is on a cycle: its "
                         "inputs depend on its own outputs", im->path, node_name(g->node[i]),
-                        g->node[i]->op_type);
+                        op_name(g->node[i]));
                 break;
             }
         goto done;
@@ -825,11 +827,14 @@ static int lower_node(ox_import *im, const Onnx__NodeProto *p, int opset, mk_err
         if (!*p->output[k]) continue;
         if (!(n.out[k] = new_value(im, p->output[k], err))) return -1;
     }
+    if (!n.n_out || !n.out[0])
+        return ox_fail(&n, err, MK_ERR_ARGUMENT, "the node's first output has no name");
     if (row->lower(&n, err)) return -1;
     for (int k = 0; k < n.n_out; k++) {
         if (!n.out[k]) continue;
         if (!n.out[k]->node && !n.out[k]->data)
-            return ox_fail(&n, err, MK_ERR_INTERNAL, "output '%s' was not made", n.out[k]->name);
+            return ox_fail(&n, err, MK_ERR_ARGUMENT, "output %d ('%s') is not one %s gives",
+                           k + 1, n.out[k]->name, p->op_type);
         if (define(im, n.out[k], "node output", err)) return -1;
     }
     return 0;

@@ -353,6 +353,11 @@ do
         { value_info("x", 1, { "batch", 2, 3 }) }, { value_info("y", 1) },
         { tensor("zero", 7, {}, i64(0)), tensor("ax", 7, { 1 }, i64(0)),
           tensor("m1", 7, { 1 }, i64(-1)) }))
+    -- a second output Gemm does not give was an internal error (onnx_spec.lua)
+    write("onnx_fuzz", "two_outputs.onnx", model(
+        { node("Gemm", { "x", "w" }, { "h", "extra" }, { attr_int("transB", 1) }) },
+        { value_info("x", 1, { 1, 3 }) }, { value_info("h", 1) },
+        { tensor("w", 1, { 2, 3 }, f32(1, 2, 3, 4, 5, 6)) }))
     write("onnx_fuzz", "embedding.onnx", model(
         { node("Gather", { "table", "ids" }, { "e" }),
           node("MatMul", { "e", "w" }, { "y" }) },
