@@ -406,6 +406,33 @@ describe("ONNX import", function()
     end)
 end)
 
+describe("ONNX import on CUDA", function()
+    local gpu_it = H.gpu(it, function(why) pending(why) end)
+    gpu_it("gives the CPU's results for an MLP, a batched MatMul and a Gather", function()
+        local why = skip_reason()
+        if why then return pending(why) end
+        local B, I, Hd, V = r(1, 8), r(2, 64), r(2, 128), r(2, 50)
+        local _, w1 = H.rand({ Hd, I })
+        local _, b1 = H.rand({ Hd })
+        local _, tbl = H.rand({ V, I })
+        local path = O.write(graph({
+            { op = "Gather", inputs = { "table", "ids" }, outputs = { "e" } },
+            { op = "Add", inputs = { "x", "e" }, outputs = { "xe" } },
+            { op = "Gemm", inputs = { "xe", "w1", "b1" }, outputs = { "h" }, attrs = { transB = { i = 1 } } },
+            { op = "Tanh", inputs = { "h" }, outputs = { "t" } },
+            { op = "Softmax", inputs = { "t" }, outputs = { "p" } },
+            { op = "Transpose", inputs = { "h" }, outputs = { "ht" } },
+            { op = "MatMul", inputs = { "h", "ht" }, outputs = { "g" } } },
+            { O.vi("x", { B, I }), O.vi("ids", { B }, "INT64") }, { O.vi("p", nil), O.vi("g", nil) },
+            { O.init("w1", w1), O.init("b1", b1), O.init("table", tbl) }))
+        local feeds = { x = H.rand({ B, I }), ids = H.randint({ B }, 0, V - 1) }
+        local cpu = mk.load_onnx(path):run(feeds)
+        local gpu = mk.load_onnx(path, { device = "cuda" }):run(feeds)
+        H.assert_close(gpu.p, H.ref(cpu.p), 1e-5, 1e-4)
+        H.assert_close(gpu.g, H.ref(cpu.g), 1e-4, 1e-4)
+    end)
+end)
+
 describe("ONNX import refuses", function()
     local function guarded(name, body)
         it(name, function()

@@ -365,8 +365,8 @@ int ox_known_ints(ox_node *n, const ox_value *v, const char *what, int64_t *out,
 }
 
 ox_value *ox_known_scalar(ox_node *n, int onnx_type, double x, mk_error **err) {
-    char name[64];
-    snprintf(name, sizeof name, "%s_k%zu", onnx_type == OX_INT64 ? "i" : "f", n->im->n_all);
+    char name[256];
+    snprintf(name, sizeof name, "%.200s.k%zu", node_name(n->proto), n->im->n_all);
     ox_value *v = new_value(n->im, name, err);
     if (!v) return NULL;
     void *data = ox_set_known(n, v, onnx_type, 1, (int64_t[]){1}, err);
@@ -378,8 +378,8 @@ ox_value *ox_known_scalar(ox_node *n, int onnx_type, double x, mk_error **err) {
 }
 
 ox_value *ox_temp(ox_node *n, mk_error **err) {
-    char name[64];
-    snprintf(name, sizeof name, "t%zu", n->im->n_all);
+    char name[256];
+    snprintf(name, sizeof name, "%.200s.t%zu", node_name(n->proto), n->im->n_all);
     return new_value(n->im, name, err);
 }
 

@@ -36,7 +36,8 @@ MK_API mk_model *mk_onnx_compile(mk_context *ctx, const mk_onnx *o, const mk_com
 MK_API mk_model *mk_onnx_load(mk_context *ctx, const char *path, const mk_onnx_options *oopts,
                               const mk_compile_options *opts, mk_error **err) {
     (void)ctx, (void)opts;
-    return mk_onnx_open(path, oopts, err);
+    mk_onnx_close(mk_onnx_open(path, oopts, err));
+    return NULL;
 }
 MK_API size_t mk_onnx_op_count(void) { return 0; }
 MK_API const mk_onnx_op_desc *mk_onnx_op_info(size_t i) { (void)i; return NULL; }

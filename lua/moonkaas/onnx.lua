@@ -70,7 +70,7 @@ function model_mt:run(inputs)
                                 input.dtype, table.concat(input.shape, ", ")), 2)
         end
     end
-    local outs = table.pack(self.model:run(named))
+    local outs = { self.model:run(named) } -- tensors: never nil
     local result = {}
     for i, name in ipairs(self._outputs) do result[name] = outs[i] end
     return result
