@@ -388,6 +388,20 @@ describe("ONNX import", function()
         assert.matches("unknown input 'nope' %(the model takes input.1%)", err)
     end)
 
+    guarded("outputs that are an input, a folded shape, one value twice", function()
+        local shape = { r(1, 4), r(1, 5) }
+        local x, xr = H.rand(shape)
+        local _, outs = run_case({
+            desc = graph({ { op = "Identity", inputs = { "x" }, outputs = { "y" } },
+                           { op = "Shape", inputs = { "x" }, outputs = { "k" } },
+                           { op = "Identity", inputs = { "y" }, outputs = { "y2" } } },
+                { O.vi("x", shape) },
+                { O.vi("x", nil), O.vi("y", nil), O.vi("k", nil, "INT64"), O.vi("y2", nil) }),
+            feeds = { x = x }, want = { x = xr, y = xr, y2 = xr },
+        })
+        assert.are.same(shape, H.ref(outs.k).data)
+    end)
+
     guarded("external data in the model's folder is mapped; outside it is an error", function()
         local _, wr = H.rand({ 3, 2 })
         local x, xr = H.rand({ 2, 3 })

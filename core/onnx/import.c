@@ -952,7 +952,12 @@ mk_onnx *mk_onnx_parse_buffer(const void *data, size_t size, const char *path, c
                        "parse: a truncated file, or a field of the wrong type)", path), NULL;
     }
     ox_import im = {.o = o, .path = path, .dir = (char *)dir, .opts = opts};
-    int rc = import_graph(&im, err);
+    /* the rows read their errors back (an attribute of the wrong type): always collect one */
+    mk_error *local = NULL;
+    int rc = import_graph(&im, &local);
+    if (rc && !local) MK_INTERNAL(&local, "an import failed without an error");
+    if (err && !*err) *err = local;
+    else mk_error_free(local);
     for (size_t i = 0; i < im.n_all; i++) {
         free(im.all[i]->name);
         free(im.all[i]);

@@ -205,6 +205,7 @@ static void test_missing_file(void) {
               strstr(mk_error_message(err), "/nonexistent/model.onnx"),
           "%s", mk_error_message(err));
     mk_error_free(err);
+    CHECK(!mk_onnx_open("/nonexistent/model.onnx", NULL, NULL), "without an error pointer");
 }
 
 int main(void) {
