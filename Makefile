@@ -24,6 +24,8 @@
 #                   lib/moonkaas/, the Lua module (lib/lua/5.4, share/lua/5.4) and the scripts
 #                   (share/moonkaas/scripts); `make uninstall` (same PREFIX) removes them
 #   make CUDA=1     force the CUDA plugin (default: built when nvcc is found); CUDA=0: no plugin
+#   make ONNX=0     without the ONNX importer (default: with it where protoc-c and
+#                   libprotobuf-c are found; core/onnx/)
 #   make CUDNN=0    the plugin without cuDNN (default: with it when cudnn_graph.h is found)
 #   make CUDA_ARCH=sm_90   the plugin's machine code for one GPU generation (default: sm_80 sm_86
 #                   sm_89 sm_90, A100 to H100, and PTX of the newest for later GPUs to JIT)
@@ -90,9 +92,27 @@ endif
 # core/cpu/: the CPU device, its files sharing core/cpu/*.h; core/codegen/: the
 # generators of the CUDA kernels (plain C, built into the core and the plugin).
 CODEGEN_SRC := $(wildcard core/codegen/*.c)
-CORE_SRC := $(wildcard core/*.c core/cpu/*.c) $(CODEGEN_SRC)
+CORE_SRC := $(wildcard core/*.c core/cpu/*.c core/onnx/*.c) $(CODEGEN_SRC)
 CORE_H   := $(wildcard core/*.h)
-CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/%.o)
+
+# core/onnx/: the ONNX importer, its ModelProto read by the C protoc-c generates from
+# core/onnx/onnx.proto into $(BUILD)/core/onnx/ (protobuf-c: Debian's protobuf-c-compiler
+# and libprotobuf-c-dev). Without them (or ONNX=0) core/onnx/none.c stands in: the
+# core builds, and opening an ONNX file says it was built without protobuf-c.
+PROTOC_C ?= $(shell command -v protoc-c 2>/dev/null)
+PROTOBUF_C_H := $(firstword $(wildcard /usr/include/protobuf-c/protobuf-c.h /usr/local/include/protobuf-c/protobuf-c.h))
+ONNX     ?= $(if $(and $(PROTOC_C),$(PROTOBUF_C_H)),1,0)
+ONNX_GEN := $(BUILD)/core/onnx/onnx.pb-c
+ifeq ($(ONNX),1)
+CORE_SRC := $(filter-out core/onnx/none.c,$(CORE_SRC))
+CFLAGS   += -I$(BUILD)/core/onnx -DMK_WITH_ONNX
+ONNX_LIBS := -lprotobuf-c
+LDLIBS   += $(ONNX_LIBS)
+else
+CORE_SRC := $(filter-out core/onnx/import.c core/onnx/onnx_ops.c,$(CORE_SRC))
+ONNX_LIBS :=
+endif
+CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/%.o) $(if $(filter 1,$(ONNX)),$(ONNX_GEN).o)
 
 LUA_SRC  := $(wildcard lua/*.c)
 LUA_OBJ  := $(LUA_SRC:%.c=$(BUILD)/%.o)
@@ -147,7 +167,7 @@ plugin: $(PLUGIN) $(PLUGIN_LUA)
 
 # Every object depends on what the build includes (CUDA, CUDNN): switching CUDA=0/1 or
 # CUDNN=0/1 in one build tree rebuilds what it changes, never a mix of both.
-CONFIG   := CUDA=$(CUDA) CUDNN=$(CUDNN)$(if $(filter 1,$(CUDA)), CUDA_ARCH=$(CUDA_ARCHS) CUDA_PTX=$(CUDA_PTX))
+CONFIG   := CUDA=$(CUDA) CUDNN=$(CUDNN) ONNX=$(ONNX)$(if $(filter 1,$(CUDA)), CUDA_ARCH=$(CUDA_ARCHS) CUDA_PTX=$(CUDA_PTX))
 STAMP    := $(BUILD)/.config
 ifeq ($(filter clean,$(MAKECMDGOALS)),)
 $(shell mkdir -p $(BUILD) && { [ "$$(cat $(STAMP) 2>/dev/null)" = '$(CONFIG)' ] || printf '%s\n' '$(CONFIG)' > $(STAMP); })
@@ -165,6 +185,17 @@ $(BUILD)/core/%.o: core/%.c core/moonkaas.h $(CORE_H) $(STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 $(filter $(BUILD)/core/cpu/%,$(CORE_OBJ)): $(wildcard core/cpu/*.h)
+
+ifeq ($(ONNX),1)
+$(ONNX_GEN).c $(ONNX_GEN).h: core/onnx/onnx.proto
+	@mkdir -p $(dir $@)
+	$(PROTOC_C) --c_out=$(dir $@) -Icore/onnx core/onnx/onnx.proto
+$(ONNX_GEN).o: $(ONNX_GEN).c $(ONNX_GEN).h $(STAMP)
+	$(CC) $(CFLAGS) -Wno-unused-parameter -c $< -o $@
+$(BUILD)/core/onnx/import.o $(BUILD)/core/onnx/onnx_ops.o: $(ONNX_GEN).h core/onnx/onnx.h
+# onnx_test builds its files with the generated C
+$(BUILD)/tests/onnx_test: $(ONNX_GEN).h
+endif
 
 # The device code that generated kernels take as it is (helpers, and the attention
 # kernel's body), kept as real CUDA files (kernels/skeletons/*.cuh) and embedded as
@@ -294,7 +325,7 @@ install-lib: $(CORE_OBJ) $(PLUGIN) moonkaas.pc.in
 	    $(filter-out $(BUILD)/core/plugin.o,$(CORE_OBJ)) $(INST)/plugin.o $(LDLIBS)
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(LIBDIR)|' -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|' \
 	    -e 's|@PLUGINDIR@|$(PLUGINDIR)|' -e 's|@VERSION@|$(VERSION)|' \
-	    -e 's|@LIBS_PRIVATE@|$(strip -lm $(OPENMP) -ldl -pthread)|' moonkaas.pc.in > $(INST)/moonkaas.pc
+	    -e 's|@LIBS_PRIVATE@|$(strip -lm $(OPENMP) -ldl -pthread $(ONNX_LIBS))|' moonkaas.pc.in > $(INST)/moonkaas.pc
 	install -m 755 $(INST)/libmoonkaas.so.$(VERSION) $(DESTDIR)$(LIBDIR)/
 	ln -sf libmoonkaas.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
 	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libmoonkaas.so

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -187,4 +188,48 @@ void mk_sha256(const void *data, size_t n, unsigned char out[32]) {
     for (int i = 0; i < 8; i++)
         out[4 * i] = (unsigned char)(h[i] >> 24), out[4 * i + 1] = (unsigned char)(h[i] >> 16),
         out[4 * i + 2] = (unsigned char)(h[i] >> 8), out[4 * i + 3] = (unsigned char)h[i];
+}
+
+/* ---- files read whole or mapped ---------------------------------------------- */
+
+int mk_file_map(const char *path, size_t read_limit, mk_mapped *out, mk_error **err) {
+    *out = (mk_mapped){0};
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* a FIFO does not hang the open */
+    struct stat info;
+    if (fd < 0 || fstat(fd, &info) != 0) {
+        int e = errno;
+        if (fd >= 0) close(fd);
+        return mk_fail(err, MK_ERR_FILE, 0, 0, "%s: %s", path, strerror(e));
+    }
+    if (!S_ISREG(info.st_mode)) {
+        close(fd);
+        return mk_fail(err, MK_ERR_FILE, 0, 0, "%s: not a regular file", path);
+    }
+    size_t size = (size_t)info.st_size;
+    if (size <= read_limit) {
+        char *buf = malloc(size ? size : 1);
+        size_t got = 0;
+        while (buf && got < size) {
+            ssize_t k = read(fd, buf + got, size - got);
+            if (k < 0 && errno == EINTR) continue;
+            if (k <= 0) break;
+            got += (size_t)k;
+        }
+        close(fd);
+        if (!buf) return mk_fail(err, MK_ERR_NOMEM, 0, 0, "reading %s (%zu bytes)", path, size);
+        *out = (mk_mapped){.data = buf, .size = got, .copied = true};
+        return 0;
+    }
+    void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int e = errno;
+    close(fd);
+    if (map == MAP_FAILED) return mk_fail(err, MK_ERR_FILE, 0, 0, "%s: mmap: %s", path, strerror(e));
+    *out = (mk_mapped){.data = map, .size = size, .copied = false};
+    return 0;
+}
+
+void mk_file_unmap(mk_mapped *m) {
+    if (m->copied) free(m->data);
+    else if (m->data) munmap(m->data, m->size);
+    *m = (mk_mapped){0};
 }

@@ -70,6 +70,16 @@ void mk_strbuf_putv(mk_strbuf *b, const char *fmt, va_list ap);
 
 /* file.c: the SHA-256 digest of n bytes (the kernel cache checks entries with it) */
 void mk_sha256(const void *data, size_t n, unsigned char out[32]);
+/* file.c: a file's bytes, read into memory where it has at most read_limit of
+ * them, else mapped read-only (a mapping reads the file as it is when a page
+ * is touched). 0, or -1 with a file error naming path. */
+typedef struct {
+    void *data;
+    size_t size;
+    bool copied; /* read (free) rather than mapped (munmap) */
+} mk_mapped;
+int mk_file_map(const char *path, size_t read_limit, mk_mapped *out, mk_error **err);
+void mk_file_unmap(mk_mapped *m);
 
 /* ---- the dtype table (tensor.c) ------------------------------------------- */
 

@@ -529,6 +529,70 @@ MK_API void mk_safetensors_close(mk_safetensors *);
 MK_API int mk_safetensors_save(const char *path, const mk_tensor_info *infos,
                                const void *const *data, size_t n, mk_error **err);
 
+/* ---- ONNX models ----------------------------------------------------------
+ *
+ * An ONNX file (a ModelProto of opset 13 to 21) becomes a script and its
+ * constants, compiled like any other (doc/onnx.md lists the ops it maps):
+ *
+ *     mk_onnx_shape fix[] = {{"x", 4, {1, 3, 224, 224}}};
+ *     mk_onnx_options oo = {fix, 1};
+ *     mk_model *m = mk_onnx_load(ctx, "net.onnx", &oo, NULL, &err);
+ *
+ * Initializers become ConstantTensors (external data is mapped, and must lie
+ * in the model's folder); graph inputs become InputTensors, their symbolic
+ * dims (dim_param) fixed by `shapes` or an error naming them; shape-computing
+ * nodes (Shape, Gather, Concat, ... whose inputs are all known) are folded at
+ * load. An op, attribute or type the importer does not map is an error naming
+ * the node, its op type and opset, and the attribute. Inputs keep their ONNX
+ * names in the script where those are script names ([A-Za-z_][A-Za-z0-9_.]*),
+ * else they get one (mk_onnx_input tells it); the outputs are the graph's, in
+ * its order. A build without protobuf-c fails every open with
+ * "file error: ... built without protobuf-c".
+ */
+typedef struct mk_onnx mk_onnx;
+typedef struct {
+    const char *input; /* a graph input's ONNX name */
+    int rank;
+    int64_t shape[MK_MAX_RANK];
+} mk_onnx_shape;
+typedef struct {
+    const mk_onnx_shape *shapes; /* the whole shape of inputs with symbolic dims */
+    size_t n_shapes;
+} mk_onnx_options;
+
+MK_API mk_onnx *mk_onnx_open(const char *path, const mk_onnx_options *opts, mk_error **err);
+/* The script the file became (owned by the import). */
+MK_API const char *mk_onnx_script(const mk_onnx *);
+MK_API int mk_onnx_opset(const mk_onnx *);
+/* Constant i: its script name, dtype and shape in *info, its bytes at *data
+ * (valid until mk_onnx_close). -1 past the end. */
+MK_API size_t mk_onnx_constant_count(const mk_onnx *);
+MK_API int mk_onnx_constant(const mk_onnx *, size_t i, mk_tensor_info *info, const void **data);
+/* Input i: its ONNX name, and its script name, dtype and shape in *info. */
+MK_API size_t mk_onnx_input_count(const mk_onnx *);
+MK_API int mk_onnx_input(const mk_onnx *, size_t i, const char **onnx_name, mk_tensor_info *info);
+/* Output i's ONNX name (the script's result line names them in this order), or NULL. */
+MK_API size_t mk_onnx_output_count(const mk_onnx *);
+MK_API const char *mk_onnx_output_name(const mk_onnx *, size_t i);
+MK_API void mk_onnx_close(mk_onnx *);
+/* Compiles an import (its constants copied: the import may be closed after). */
+MK_API mk_model *mk_onnx_compile(mk_context *, const mk_onnx *, const mk_compile_options *opts,
+                                 mk_error **err);
+/* mk_onnx_open, mk_onnx_compile, mk_onnx_close. */
+MK_API mk_model *mk_onnx_load(mk_context *, const char *path, const mk_onnx_options *oopts,
+                              const mk_compile_options *opts, mk_error **err);
+
+/* The importer's mapping table: one row per ONNX op it maps. */
+typedef struct {
+    const char *op_type;  /* "Gemm" */
+    int since, until;     /* the opsets it covers */
+    const char *attributes; /* the attributes it reads, space-separated */
+    const char *becomes;  /* the moonkaas op or subgraph */
+    const char *rules;    /* what it takes and what it refuses */
+} mk_onnx_op_desc;
+MK_API size_t mk_onnx_op_count(void);
+MK_API const mk_onnx_op_desc *mk_onnx_op_info(size_t i);
+
 /* ---- the op table ------------------------------------------------------- */
 
 /* What an op is to the passes (the grouping pass reads only this). */

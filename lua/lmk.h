@@ -10,6 +10,8 @@
  *   node.c    graph nodes (moonkaas.node): the three leaves, and every other op
  *             built from the core's op table (mk_op_info) by one generic builder
  *   model.c   compiling (core.compile_script) and models (moonkaas.model)
+ *   onnx.c    ONNX imports (moonkaas.onnx): the script and constants an ONNX
+ *             file becomes, for lua/moonkaas/onnx.lua's mk.load_onnx
  *   module.c  the context of a lua_State (moonkaas.context), the module
  *             functions and luaopen_moonkaas_core
  *
@@ -148,5 +150,6 @@ void lmk_open_tensor(lua_State *L);
 void lmk_open_file(lua_State *L); /* file.c; called by lmk_open_tensor */
 void lmk_open_node(lua_State *L);
 void lmk_open_model(lua_State *L);
+void lmk_open_onnx(lua_State *L);
 
 #endif

@@ -236,6 +236,7 @@ LMK_EXPORT int luaopen_moonkaas_core(lua_State *L) {
     lmk_open_tensor(L);
     lmk_open_node(L);
     lmk_open_model(L);
+    lmk_open_onnx(L);
     lua_pushstring(L, mk_version());
     lua_setfield(L, -2, "version");
     lua_pushstring(L, mk_build_info());

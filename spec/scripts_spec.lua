@@ -25,6 +25,17 @@ local function mlp_weights()
     return path
 end
 
+-- A 4 -> 3 Gemm and Relu as an ONNX file, random weights.
+local O = require "spec.onnx.helpers"
+local function tiny_onnx()
+    local _, w = require("spec.helpers").rand({ 3, 4 })
+    return O.write({ opset = 17,
+        nodes = { { op = "Gemm", inputs = { "x", "w" }, outputs = { "h" }, attrs = { transB = { i = 1 } } },
+                  { op = "Relu", inputs = { "h" }, outputs = { "y" } } },
+        inputs = { O.vi("x", { "batch", 4 }) }, outputs = { O.vi("y", nil) },
+        initializers = { O.init("w", w) } })
+end
+
 -- {program, args, exit code, text expected in stdout + stderr, models = needs a checkpoint,
 --  run = the interpreter (lua5.4 unless given), env = "NAME=value" for the child}
 local CASES = {
@@ -49,6 +60,13 @@ local CASES = {
     { "kernels.lua", { "--help" }, 0, "usage:" },
     -- the core writes the generated kernels with no plugin and no GPU (nvcc tabulates them where found)
     { "kernels.lua", { "16,48,1,2,2,32,8", "-o", tmp .. "/kernels" }, 0, "" },
+    { "onnx_ops.lua", { "--help" }, 0, "usage:" },
+    { "onnx_ops.lua", {}, 0, "| Gemm | 13–21 |", onnx = true },
+    { "onnx_run.lua", { "--help" }, 0, "usage:" },
+    -- a tiny MLP written with onnx.helper (pending without python3-onnx)
+    { "onnx_run.lua", { "ONNX", "--shape", "x=2,4", "--bench", "5" }, 0, "bench 5 runs: p50 ", onnx = true },
+    { "onnx_run.lua", { "ONNX", "--shape", "x=2,4", "--input", "x=" .. tmp .. "/none.safetensors" }, 1,
+      "onnx_run: file error: ", onnx = true },
     { "llama2.lua", { "-h" }, 0, "Usage:" },
     -- a flag it does not know is unknown, not "needs a value"
     { "llama2.lua", { "m.bin", "-x" }, 1, "unknown option: -x" },
@@ -91,8 +109,13 @@ describe("scripts/", function()
         end
         it(name .. " " .. shown, function()
             if c.models and not H.models_present() then pending(M .. " is absent") return end
+            if c.onnx and (O.python() or not mk.onnx_ops()[1]) then
+                pending(O.python() or "built without protobuf-c") return
+            end
             local argv = {}
-            for j, a in ipairs(args) do argv[j] = q(a == "WEIGHTS" and mlp_weights() or a) end
+            for j, a in ipairs(args) do
+                argv[j] = q(a == "WEIGHTS" and mlp_weights() or a == "ONNX" and tiny_onnx() or a)
+            end
             local cmd = (c.run or "lua5.4") .. " scripts/" .. name
             local out = tmp .. "/out." .. i
             local full = string.format("cd . && env %s %s %s > %s 2>&1 < /dev/null", c.env or "", cmd,

@@ -85,6 +85,10 @@ t:argmax, t:totable) is 1-based, as Lua tables are.
            m:kernel_source(i) (the CUDA C of launch i, 1-based in evaluation
            order like every Lua index here; C's mk_model_kernel_source counts
            from 0) m:close() (also <close> and the collector)
+  onnx     mk.load_onnx(path[, {shapes = {input = {dims}}, compile opts...}]) -> m:
+           m:run({[input name] = tensor}) -> {[output name] = tensor}
+           (moonkaas/onnx.lua; doc/onnx.md)  mk.onnx_open(path[, shapes])
+           -> the script and constants it becomes  mk.onnx_ops() (the table)
   misc     mk.script(output[, next])  mk.format_script(text)
            mk.lower(output[, next]) -> text, constants, sources ({[line] = "file.lua:12"})
            mk.cuda_available()  mk.best_device()  mk.version  mk.build_info
@@ -337,6 +341,11 @@ end
 -- mk.compile_script(text[, constants[, opts[, sources]]]) -> model, for any
 -- script; sources (mk.lower's) put Lua lines in front of its errors.
 mk.compile_script = core.compile_script
+
+-- mk.load_onnx(path[, opts]) -> an ONNX file as a model (lua/moonkaas/onnx.lua)
+function mk.load_onnx(path, opts)
+    return require("moonkaas.onnx").load(path, opts)
+end
 
 -- ---- operators and methods made of rows the core has ---------------------
 -- Each is set only where the core's table gave none, so a row that arrives

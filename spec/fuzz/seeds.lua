@@ -17,6 +17,8 @@
 --                  functions that re-enter (a model closed, re-run and reset from
 --                  its own progress function, a nested run, a table emptied mid-call)
 -- safetensors_fuzz files mk.save_safetensors writes, and one written by hand
+-- onnx_fuzz        ModelProtos written field by field: a Relu, a Gemm with raw
+--                  initializers, PyTorch's shape chain, an embedding
 --
 -- Weights and bytes come from a fixed-seed generator: the files are the same
 -- every time. The last section holds inputs that once made a target fail,
@@ -283,6 +285,85 @@ do
         '"b":{"dtype":"I64","shape":[2],"data_offsets":[4,20]}}',
         string.pack("<f<i8<i8", 1.5, 7, -9)))
     write("safetensors_fuzz", "empty.safetensors", file("{}"))
+end
+
+-- ---- onnx ----------------------------------------------------------------------
+-- ModelProtos written here field by field (the specification's field numbers), so
+-- the seeds need no Python: a Relu, a Gemm with raw initializers, and PyTorch's
+-- Shape, Gather, Unsqueeze, Concat, Reshape chain.
+
+do
+    local function varint(v)
+        local out = {}
+        repeat
+            local b = v & 0x7f
+            v = v >> 7
+            out[#out + 1] = string.char(v ~= 0 and (b | 0x80) or b)
+        until v == 0
+        return table.concat(out)
+    end
+    local function int(field, v) return varint(field << 3) .. varint(v) end
+    local function bytes(field, s) return varint((field << 3) | 2) .. varint(#s) .. s end
+    local function cat(list) return table.concat(list) end
+    local function dim(d) return bytes(1, type(d) == "string" and bytes(2, d) or int(1, d)) end
+    local function value_info(name, elem, shape)
+        local dims = {}
+        for i, d in ipairs(shape or {}) do dims[i] = dim(d) end
+        local tensor = int(1, elem) .. (shape and bytes(2, cat(dims)) or "")
+        return bytes(1, name) .. bytes(2, bytes(1, tensor))
+    end
+    local function node(op, ins, outs, attrs)
+        local parts = {}
+        for _, i in ipairs(ins) do parts[#parts + 1] = bytes(1, i) end
+        for _, o in ipairs(outs) do parts[#parts + 1] = bytes(2, o) end
+        parts[#parts + 1] = bytes(3, outs[1]) .. bytes(4, op)
+        for _, a in ipairs(attrs or {}) do parts[#parts + 1] = bytes(5, a) end
+        return cat(parts)
+    end
+    local function attr_int(name, v) return bytes(1, name) .. int(3, v) .. int(20, 2) end
+    local function tensor(name, elem, shape, raw)
+        local parts = {}
+        for _, d in ipairs(shape) do parts[#parts + 1] = int(1, d) end
+        return cat(parts) .. int(2, elem) .. bytes(8, name) .. bytes(9, raw)
+    end
+    local function model(nodes, inputs, outputs, inits)
+        local g = {}
+        for _, n in ipairs(nodes) do g[#g + 1] = bytes(1, n) end
+        g[#g + 1] = bytes(2, "seed")
+        for _, t in ipairs(inits or {}) do g[#g + 1] = bytes(5, t) end
+        for _, v in ipairs(inputs) do g[#g + 1] = bytes(11, v) end
+        for _, v in ipairs(outputs) do g[#g + 1] = bytes(12, v) end
+        return int(1, 8) .. bytes(7, cat(g)) .. bytes(8, int(2, 17))
+    end
+    local f32 = function(...) return string.pack(string.rep("<f", select("#", ...)), ...) end
+    local i64 = function(...) return string.pack(string.rep("<i8", select("#", ...)), ...) end
+    write("onnx_fuzz", "relu.onnx", model({ node("Relu", { "x" }, { "y" }) },
+        { value_info("x", 1, { 2, 3 }) }, { value_info("y", 1) }))
+    write("onnx_fuzz", "gemm.onnx", model(
+        { node("Gemm", { "x", "w", "b" }, { "h" }, { attr_int("transB", 1) }),
+          node("Softmax", { "h" }, { "y" }) },
+        { value_info("x", 1, { 1, 3 }) }, { value_info("y", 1) },
+        { tensor("w", 1, { 2, 3 }, f32(1, 2, 3, 4, 5, 6)), tensor("b", 1, { 2 }, f32(0.5, -0.5)) }))
+    write("onnx_fuzz", "shape_chain.onnx", model(
+        { node("Shape", { "x" }, { "s" }),
+          node("Gather", { "s", "zero" }, { "b" }, { attr_int("axis", 0) }),
+          node("Unsqueeze", { "b", "ax" }, { "b1" }),
+          node("Concat", { "b1", "m1" }, { "shape" }, { attr_int("axis", 0) }),
+          node("Reshape", { "x", "shape" }, { "y" }) },
+        { value_info("x", 1, { "batch", 2, 3 }) }, { value_info("y", 1) },
+        { tensor("zero", 7, {}, i64(0)), tensor("ax", 7, { 1 }, i64(0)),
+          tensor("m1", 7, { 1 }, i64(-1)) }))
+    -- a second output Gemm does not give was an internal error (onnx_spec.lua)
+    write("onnx_fuzz", "two_outputs.onnx", model(
+        { node("Gemm", { "x", "w" }, { "h", "extra" }, { attr_int("transB", 1) }) },
+        { value_info("x", 1, { 1, 3 }) }, { value_info("h", 1) },
+        { tensor("w", 1, { 2, 3 }, f32(1, 2, 3, 4, 5, 6)) }))
+    write("onnx_fuzz", "embedding.onnx", model(
+        { node("Gather", { "table", "ids" }, { "e" }),
+          node("MatMul", { "e", "w" }, { "y" }) },
+        { value_info("ids", 7, { 3 }) }, { value_info("y", 1) },
+        { tensor("table", 1, { 4, 2 }, f32(1, 2, 3, 4, 5, 6, 7, 8)),
+          tensor("w", 1, { 2, 2 }, f32(1, 0, 0, 1)) }))
 end
 
 -- ---- inputs that once failed ------------------------------------------------------
