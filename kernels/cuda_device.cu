@@ -364,6 +364,9 @@ void *mk_cuda_extra(mk_cuda_state *s, size_t bytes, mk_error **err) {
 struct cuda_kernel_table {
     mk_kernel k[MK_KERNEL_COUNT];
     constexpr cuda_kernel_table() : k() {
+        /* every family set, so a family without a CUDA kernel is {NULL, 0}: GCC
+         * takes a constexpr table only when each element was written */
+        for (mk_kernel &e : k) e = {NULL, 0};
         k[MK_KERNEL_POINTWISE] = {mk_cuda_pointwise, F32 | I64};
         k[MK_KERNEL_MATMUL] = {mk_cuda_matmul, F32 | F16 | BF16};           /* a, out: float32 */
         k[MK_KERNEL_PERMUTE] = {mk_cuda_permute, MK_DTYPES_ALL};
