@@ -533,10 +533,10 @@ static void test_attention_rows(void) {
     };
     for (size_t c = 0; ctx && c < sizeof cases / sizeof cases[0]; c++) {
         char *src = attention_source(ctx, cases[c].d, cases[c].s, cases[c].w8a8, cases[c].inputs);
-        /* the scores' form, as attention.cuh's #defines say: q and K as float4s or
-         * floats, and how many of them a thread holds */
+        /* the scores' form, as the constants before attention.cuh say: q and K as
+         * float4s or floats, and how many of them a thread holds */
         char form[80];
-        snprintf(form, sizeof form, "#define MK_DK %d\n#define MK_DU", cases[c].dk);
+        snprintf(form, sizeof form, ", DK = %d, DU = ", cases[c].dk);
         const char *f4 = cases[c].float4 ? "#define MK_ATT_FLOAT4 1\n" : "#define MK_ATT_FLOAT4 0\n";
         CHECK(src && strstr(src, cases[c].want) && strstr(src, form) && strstr(src, f4),
               "heads %d%s%s: want \"%s\", \"%s\" and \"%s\" in\n%.300s", cases[c].d,
