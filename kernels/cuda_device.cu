@@ -363,7 +363,7 @@ void *mk_cuda_extra(mk_cuda_state *s, size_t bytes, mk_error **err) {
 struct cuda_kernel_table {
     mk_kernel k[MK_KERNEL_COUNT];
     constexpr cuda_kernel_table() : k() {
-        k[MK_KERNEL_POINTWISE] = {mk_cuda_pointwise, F32 | I64};
+        k[MK_KERNEL_POINTWISE] = {mk_cuda_pointwise, F32 | I64 | MK_DTYPE_BIT(MK_DTYPE_BOOL)};
         k[MK_KERNEL_MATMUL] = {mk_cuda_matmul, F32 | F16 | BF16};           /* a, out: float32 */
         k[MK_KERNEL_PERMUTE] = {mk_cuda_permute, MK_DTYPES_ALL};
         k[MK_KERNEL_REPLACE_SLICE] = {mk_cuda_replace_slice, MK_DTYPES_ALL};
