@@ -229,7 +229,8 @@ return function(c)
         local what = " " .. S(shape) .. " with " .. S(bshape)
         local a, at, ar = input("a", shape, 0.5, 2)
         local b, bt, br = input("b", bshape, -3, 3)
-        add("PowNode" .. what, a:pow(b), { a = at, b = bt }, bcast("float32", function(x, y) return x ^ y end, ar, br))
+        add("PowNode" .. what, a:pow(b), { a = at, b = bt },
+            bcast("float32", function(x, y) return x ^ y end, ar, br))
         local u, ut, ur = input("u", shape, -3, 3)
         add("MinimumNode" .. what, u:minimum(b), { u = ut, b = bt }, bcast("float32", min2, ur, br), 0, 0)
         add("MaximumNode" .. what, b:maximum(u), { u = ut, b = bt }, bcast("float32", max2, br, ur), 0, 0)
@@ -237,7 +238,8 @@ return function(c)
         local d, dt, dr = away("d", bshape, 0.5, 3)
         add("ModNode" .. what, n:mod(d), { n = nt, d = dt }, bcast("float32", floormod, nr, dr))
         add("ModNode as n % d" .. what, n % d, { n = nt, d = dt }, bcast("float32", floormod, nr, dr))
-        add("FloorDivNode" .. what, n:floor_div(d), { n = nt, d = dt }, bcast("float32", floordiv, nr, dr), 0, 0)
+        add("FloorDivNode" .. what, n:floor_div(d), { n = nt, d = dt },
+            bcast("float32", floordiv, nr, dr), 0, 0)
     end
 
     do -- numbers on either side: x ^ k, k ^ x, x % k, k % x, x:floor_div(k)
@@ -345,15 +347,18 @@ return function(c)
         add("logic over comparisons, fused", x:gt(0):logical_and(p:logical_not()):logical_or(x:lt(-0.5)),
             { x = xt, p = pt },
             bcast("bool", function(v, k) return (v > 0 and not k) or v < -0.5 end, xr, pr))
-        add("bool compared", p:eq(q), { p = pt, q = qt }, bcast("bool", function(x, y) return x == y end, pr, qr))
+        add("bool compared", p:eq(q), { p = pt, q = qt },
+            bcast("bool", function(x, y) return x == y end, pr, qr))
     end
 
     do -- cast to and from bool: nonzero is true; true is 1
         local shape = H.rand_shape(2, 1, 6)
         local s, st, sr = small("s", shape)
-        add("CastNode float32 to bool", s:cast("bool"), { s = st }, map(sr, function(v) return v ~= 0 end, "bool"))
+        add("CastNode float32 to bool", s:cast("bool"), { s = st },
+            map(sr, function(v) return v ~= 0 end, "bool"))
         local i, it, ir = small("i", shape, "int64")
-        add("CastNode int64 to bool", i:cast("bool"), { i = it }, map(ir, function(v) return v ~= 0 end, "bool"))
+        add("CastNode int64 to bool", i:cast("bool"), { i = it },
+            map(ir, function(v) return v ~= 0 end, "bool"))
         local p, pt, pr = bools("p", shape)
         add("CastNode bool to float32", p:cast("float32"), { p = pt },
             map(pr, function(k) return k and 1 or 0 end, "float32"), 0, 0)
