@@ -60,6 +60,21 @@ typedef struct mk_launch {
 
 typedef int (*mk_kernel_fn)(const mk_launch *l, mk_error **err);
 
+/*
+ * The dtype a pointwise launch computes in (its program's registers): its
+ * first operand that is not bool, else its result where that is not bool,
+ * else float32 (bool-only logic, exact in any dtype). Bool operands load as 0
+ * or 1 in it and a bool result stores (value != 0). The op rules give every
+ * non-bool operand of a node one dtype, and the grouping pass keeps one
+ * compute dtype per group (doc/ARCHITECTURE.md, "Bool in pointwise
+ * programs"), so this names the dtype of every value the program holds.
+ */
+static inline mk_dtype mk_pointwise_compute_dtype(const mk_launch *l) {
+    for (int k = 0; k < l->n_in; k++)
+        if (l->in[k].dtype != MK_DTYPE_BOOL) return l->in[k].dtype;
+    return l->out.dtype != MK_DTYPE_BOOL ? l->out.dtype : MK_DTYPE_FLOAT32;
+}
+
 /* model.c: what a launch's operands need once bound to the node's tensors:
  * each broadcast onto the result where the op broadcasts (either operand, any
  * rank: mk_tensor_broadcast), a pointwise program. */

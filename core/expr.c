@@ -7,12 +7,19 @@
  *
  * Grammar (C's precedence and associativity):
  *   expr    = compare [ '?' expr ':' expr ]
- *   compare = sum [ ('>' | '<') sum ]
+ *   compare = sum [ ('>' | '<' | '>=' | '<=' | '==' | '!=') sum ]
  *   sum     = product { ('+' | '-') product }
  *   product = unary { ('*' | '/') unary }
  *   unary   = '-' unary | primary
- *   primary = number | 'a' | 'b' | ('expf' | 'tanhf' | 'sqrtf') '(' expr ')' | '(' expr ')'
- * Numbers are C literals with an optional 'f' suffix.
+ *   primary = number | 'a' | 'b' | 'c' | f1 '(' expr ')' | f2 '(' expr ',' expr ')'
+ *           | '(' expr ')'
+ *   f1      = expf tanhf sqrtf fabsf logf exp2f sinf cosf erff floorf ceilf rintf
+ *             expm1f log1pf (C's)
+ *   f2      = powf (C's) | max | min (x > y ? x : y, x < y ? x : y) | floormod
+ *             | floordiv (Python's % and //: the divisor's sign)
+ * Numbers are C literals with an optional 'f' suffix. The language is C but
+ * for max, min, floormod and floordiv, which the code generator prints as
+ * its own (kernels/skeletons/pointwise_ops.cuh).
  */
 #include "expr.h"
 
@@ -50,8 +57,7 @@ static int emit(parser *ps, mk_xop op, int x, int y, int z, double k) {
     if (e->n == MK_EXPR_MAX) return fail_at(ps, "too many operations");
     e->insn[e->n] = (mk_xinsn){(unsigned char)op, (unsigned char)x, (unsigned char)y,
                                (unsigned char)z, k};
-    if (op == MK_X_DIV || op == MK_X_EXP || op == MK_X_TANH || op == MK_X_SQRT)
-        e->has_float_only = true;
+    if (mk_xop_float_only(op)) e->has_float_only = true;
     return MK_X_IN + e->n++;
 }
 
@@ -74,24 +80,37 @@ static int parse_primary(parser *ps) {
     }
     size_t len = 0;
     while (isalnum((unsigned char)p[len]) || p[len] == '_') len++;
-    if (len == 1 && (*p == 'a' || *p == 'b')) {
+    if (len == 1 && (*p == 'a' || *p == 'b' || *p == 'c')) {
         ps->p += 1;
-        if (*p == 'b') ps->out->n_in = 2;
-        return *p == 'a' ? 0 : 1;
+        int k = *p - 'a';
+        if (k + 1 > ps->out->n_in) ps->out->n_in = k + 1;
+        return k;
     }
     static const struct {
         const char *name;
         mk_xop op;
-    } calls[] = {{"expf", MK_X_EXP}, {"tanhf", MK_X_TANH}, {"sqrtf", MK_X_SQRT}};
+    } calls[] = {
+        {"expf", MK_X_EXP},       {"tanhf", MK_X_TANH},   {"sqrtf", MK_X_SQRT},
+        {"fabsf", MK_X_ABS},      {"logf", MK_X_LOG},     {"exp2f", MK_X_EXP2},
+        {"sinf", MK_X_SIN},       {"cosf", MK_X_COS},     {"erff", MK_X_ERF},
+        {"floorf", MK_X_FLOOR},   {"ceilf", MK_X_CEIL},   {"rintf", MK_X_RINT},
+        {"expm1f", MK_X_EXPM1},   {"log1pf", MK_X_LOG1P}, {"powf", MK_X_POW},
+        {"max", MK_X_MAX},        {"min", MK_X_MIN},      {"floormod", MK_X_MOD},
+        {"floordiv", MK_X_FLOORDIV},
+    };
     for (size_t i = 0; i < sizeof calls / sizeof calls[0]; i++)
         if (strlen(calls[i].name) == len && !memcmp(p, calls[i].name, len)) {
             ps->p += len;
             if (!take(ps, '(')) return fail_at(ps, "expected '(' after a function");
-            int r = parse_expr(ps);
-            if (r >= 0 && !take(ps, ')')) return fail_at(ps, "expected ')'");
-            return emit(ps, calls[i].op, r, 0, 0, 0);
+            int r = parse_expr(ps), r2 = 0;
+            if (r >= 0 && mk_xop_arity(calls[i].op) == 2) {
+                if (!take(ps, ',')) return fail_at(ps, "expected ',' between two arguments");
+                r2 = parse_expr(ps);
+            }
+            if (r >= 0 && r2 >= 0 && !take(ps, ')')) return fail_at(ps, "expected ')'");
+            return emit(ps, calls[i].op, r, r2, 0, 0);
         }
-    return fail_at(ps, "expected a number, a, b, a function or '('");
+    return fail_at(ps, "expected a number, a, b, c, a function or '('");
 }
 
 static int parse_unary(parser *ps) {
@@ -117,8 +136,20 @@ static int parse_sum(parser *ps) {
     }
 }
 
+/* Two-character operators first: ">=" is not '>' then '='. */
+static bool take2(parser *ps, const char *op) {
+    skip(ps);
+    if (ps->p[0] != op[0] || ps->p[1] != op[1]) return false;
+    ps->p += 2;
+    return true;
+}
+
 static int parse_compare(parser *ps) {
     int r = parse_sum(ps);
+    if (take2(ps, ">=")) return emit(ps, MK_X_GE, r, parse_sum(ps), 0, 0);
+    if (take2(ps, "<=")) return emit(ps, MK_X_LE, r, parse_sum(ps), 0, 0);
+    if (take2(ps, "==")) return emit(ps, MK_X_EQ, r, parse_sum(ps), 0, 0);
+    if (take2(ps, "!=")) return emit(ps, MK_X_NE, r, parse_sum(ps), 0, 0);
     if (take(ps, '>')) return emit(ps, MK_X_GT, r, parse_sum(ps), 0, 0);
     if (take(ps, '<')) return emit(ps, MK_X_LT, r, parse_sum(ps), 0, 0);
     return r;
@@ -135,7 +166,8 @@ static int parse_expr(parser *ps) {
 /*
  * Tidies a program without changing a result bit: equal constants share one
  * register; x > y ? x : y becomes MK_X_MAX(x, y) (ReLU: one pass instead of
- * three); instructions nobody reads go, and registers are renumbered.
+ * three), x < y ? x : y MK_X_MIN; instructions nobody reads go, and registers
+ * are renumbered.
  */
 void mk_expr_tidy(mk_expr *e) {
     int alias[MK_X_IN + MK_EXPR_MAX]; /* register -> the register that holds its value */
@@ -153,8 +185,8 @@ void mk_expr_tidy(mk_expr *e) {
                 }
         if (in->op == MK_X_SELECT && in->x >= MK_X_IN) {
             const mk_xinsn *c = &e->insn[in->x - MK_X_IN];
-            if (c->op == MK_X_GT && c->x == in->y && c->y == in->z)
-                *in = (mk_xinsn){MK_X_MAX, c->x, c->y, 0, 0};
+            if ((c->op == MK_X_GT || c->op == MK_X_LT) && c->x == in->y && c->y == in->z)
+                *in = (mk_xinsn){c->op == MK_X_GT ? MK_X_MAX : MK_X_MIN, c->x, c->y, 0, 0};
         }
     }
     bool live[MK_X_IN + MK_EXPR_MAX] = {false};
@@ -162,9 +194,10 @@ void mk_expr_tidy(mk_expr *e) {
     for (int i = e->n - 1; i >= 0; i--) {
         const mk_xinsn *in = &e->insn[i];
         if (!live[MK_X_IN + i]) continue;
-        live[in->x] = true;
-        if (in->op >= MK_X_ADD) live[in->y] = true;
-        if (in->op == MK_X_SELECT) live[in->z] = true;
+        int arity = mk_xop_arity(in->op);
+        if (arity >= 1) live[in->x] = true;
+        if (arity >= 2) live[in->y] = true;
+        if (arity >= 3) live[in->z] = true;
     }
     int renum[MK_X_IN + MK_EXPR_MAX], kept = 0;
     for (int r = 0; r < MK_X_IN; r++) renum[r] = r;

@@ -105,7 +105,8 @@ const mk_dtype_row *mk_dtype_row_of(mk_dtype d);
  *     float16 becomes ±inf; NaN stays NaN;
  *   - from float16 / bfloat16 to float32: exact;
  *   - float to integer: toward zero, saturated at the type's range, NaN → 0;
- *   - int64 to float32: round to nearest (as C converts).
+ *   - int64 to float32: round to nearest (as C converts);
+ *   - to bool: 1 where the value is not 0 (NaN is not), else 0; from bool: 0 or 1.
  */
 static inline float mk_bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;

@@ -223,9 +223,18 @@ static inline mk_product_group *mk_node_product(const mk_node *n) {
 static inline struct mk_fused_group *mk_node_cudnn(const mk_node *n) {
     return (struct mk_fused_group *)mk_group_body(n, MK_GROUP_CUDNN);
 }
+/* A pointwise node alone that CUDA's interpreter (kernels/pointwise.cu, one
+ * dtype, at most two operands) does not run: more operands (where, clamp),
+ * or a bool operand or result. Its kernel is generated as a group's is. */
+static inline bool mk_node_pointwise_mixed(const mk_node *n) {
+    if (n->op->kernel != MK_KERNEL_POINTWISE || !n->op->expr) return false;
+    bool mixed = n->n_in > 2 || n->dtype == MK_DTYPE_BOOL;
+    for (int k = 0; k < n->n_in; k++) mixed = mixed || n->in[k]->dtype == MK_DTYPE_BOOL;
+    return mixed;
+}
 /* A group whose kernel the device writes (kernel_source); cuDNN builds its own. */
 static inline bool mk_node_generated(const mk_node *n) {
-    return mk_node_pointwise(n) || mk_node_product(n);
+    return mk_node_pointwise(n) || mk_node_product(n) || mk_node_pointwise_mixed(n);
 }
 
 #endif

@@ -11,8 +11,13 @@
  * and b once and writes once, with nothing in between.
  *
  * A member must
- *   - be pointwise with an expression, of the root's dtype and shape (its
- *     operands broadcast to the root's shape as they did to its own);
+ *   - be pointwise with an expression, of the root's shape (its operands
+ *     broadcast to the root's shape as they did to its own) and of the
+ *     group's compute dtype: the dtype of its operands that are not bool, or
+ *     of its result where all are bool (compute_dtype); a member of bool only
+ *     (logical ops) joins any group. So one program holds values of one dtype,
+ *     bool operands read as 0 or 1 and a bool result stored as != 0
+ *     (mk_pointwise_compute_dtype in device.h says the same of the launch);
  *   - have exactly one reader, inside the group, and not be the output;
  *   - have no in-place write between it and the root: its operands are now
  *     read where the root stands, and a write in between could change them.
@@ -36,6 +41,22 @@ typedef struct {
 
 static bool same_shape(const mk_node *a, const mk_node *b) {
     return a->rank == b->rank && !memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->rank);
+}
+
+/* The dtype n's program computes in, or -1 for bool only (any will do). */
+static int compute_dtype(const mk_node *n) {
+    for (int k = 0; k < n->n_in; k++)
+        if (n->in[k]->dtype != MK_DTYPE_BOOL) return (int)n->in[k]->dtype;
+    return n->dtype != MK_DTYPE_BOOL ? (int)n->dtype : -1;
+}
+
+/* The group's compute dtype, or -1 while every member is bool only. */
+static int group_dtype(const group *gr) {
+    for (int i = 0; i < gr->n_members; i++) {
+        int d = compute_dtype(gr->members[i]);
+        if (d >= 0) return d;
+    }
+    return -1;
 }
 
 static bool is_member(const group *gr, const mk_node *n) {
@@ -91,9 +112,10 @@ static bool write_between(const mk_graph *g, const mk_node *x, const mk_node *ro
 
 static bool may_join(const mk_graph *g, const group *gr, const mk_node *x) {
     const mk_node *root = gr->members[gr->n_members - 1];
+    int dx = compute_dtype(x), dg = group_dtype(gr);
     return pointwise(x) && !mk_is_output(g, x) && x->n_consumers == 1 && x->owner == x &&
-           x->storage == MK_STORAGE_ARENA && x->dtype == root->dtype && same_shape(x, root) &&
-           !is_member(gr, x) && !write_between(g, x, root);
+           x->storage == MK_STORAGE_ARENA && (dx < 0 || dg < 0 || dx == dg) &&
+           same_shape(x, root) && !is_member(gr, x) && !write_between(g, x, root);
 }
 
 /* Adds x in graph order. */

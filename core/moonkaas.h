@@ -252,8 +252,9 @@ typedef enum {
     MK_DTYPE_FLOAT16 = 2,
     MK_DTYPE_BFLOAT16 = 3,
     MK_DTYPE_INT8 = 4,
+    MK_DTYPE_BOOL = 5, /* one byte, 0 or 1: comparisons' results, where's condition */
 } mk_dtype;
-#define MK_DTYPE_COUNT 5
+#define MK_DTYPE_COUNT 6
 
 /* A named dense row-major tensor; the name and shape come from the script. */
 typedef struct {
@@ -498,7 +499,7 @@ MK_API int mk_file_write_atomic(const char *path, const void *data, size_t n, in
 /* ---- safetensors files ---------------------------------------------------
  *
  * The format most weights are kept in: an 8-byte length, a JSON header naming
- * each tensor's dtype (F32, F16, BF16, I64, I8 here), shape and byte range,
+ * each tensor's dtype (F32, F16, BF16, I64, I8, BOOL here), shape and byte range,
  * then the data. Opening maps the file read-only and checks the whole header
  * (malformed JSON, unknown dtypes, offsets outside the file or not matching
  * the shape, duplicate names, byte ranges that overlap, repeat, leave a gap

@@ -77,41 +77,88 @@ static int infer_leaf(mk_node *n, mk_error **err) {
     return 0;
 }
 
-/* NumPy's rule: dims aligned from the last, each pair equal or one of them 1
- * (a missing leading dim counts as 1); the result takes the larger of each.
- * HamKaas's rule (same rank, b's dims equal to a's or 1) is the case where
- * the result is a's shape. */
-static int infer_broadcast(mk_node *n, unsigned dtypes, mk_error **err) {
-    const mk_node *a = n->in[0], *b = n->in[1];
-    if (need_dtype(n, 0, dtypes, err)) return -1;
-    if (a->dtype != b->dtype)
-        return FAIL(err, n, MK_ERR_DTYPE, "%s: operands differ in dtype (%s and %s)",
-                    n->op->name, mk_dtype_name(a->dtype), mk_dtype_name(b->dtype));
-    int rank = a->rank > b->rank ? a->rank : b->rank;
+/* NumPy's rule over operands [first, last): dims aligned from the last, each
+ * pair equal or one of them 1 (a missing leading dim counts as 1); the result
+ * takes the larger of each. HamKaas's rule (same rank, b's dims equal to a's
+ * or 1) is the case where the result is a's shape. Sets n's shape. */
+static int broadcast(mk_node *n, int first, int last, mk_error **err) {
+    int rank = 0;
+    for (int k = first; k < last; k++)
+        if (n->in[k]->rank > rank) rank = n->in[k]->rank;
     int64_t shape[MK_MAX_RANK];
-    for (int i = 0; i < rank; i++) {
-        int ia = i - (rank - a->rank), ib = i - (rank - b->rank);
-        int64_t da = ia < 0 ? 1 : a->shape[ia], db = ib < 0 ? 1 : b->shape[ib];
-        if (da != db && da != 1 && db != 1)
-            return FAIL(err, n, MK_ERR_SHAPE,
-                        "%s: %s does not broadcast with %s (dims aligned from the last must be "
-                        "equal or 1; axis %d of the result: %lld and %lld)",
-                        n->op->name, SHAPE(a), SHAPE(b), i, (long long)da, (long long)db);
-        shape[i] = da == 1 ? db : da;
+    int had = 0; /* the rank of the operands before k, broadcast: shape's last `had` dims */
+    for (int k = first; k < last; k++) {
+        const mk_node *b = n->in[k];
+        for (int i = 0; i < rank; i++) {
+            int ia = i - (rank - had), ib = i - (rank - b->rank);
+            int64_t da = ia < 0 ? 1 : shape[i], db = ib < 0 ? 1 : b->shape[ib];
+            if (da != db && da != 1 && db != 1)
+                return FAIL(err, n, MK_ERR_SHAPE,
+                            "%s: %s does not broadcast with %s (dims aligned from the last must "
+                            "be equal or 1; axis %d of the result: %lld and %lld)",
+                            n->op->name, mk_shape_str(had, shape + rank - had, (char[96]){0}, 96),
+                            SHAPE(b), i, (long long)da, (long long)db);
+            shape[i] = da == 1 ? db : da;
+        }
+        if (b->rank > had) had = b->rank;
     }
-    set_shape(n, a->dtype, rank, shape);
+    n->rank = rank;
+    memcpy(n->shape, shape, sizeof(int64_t) * (size_t)rank);
+    return 0;
+}
+
+/* Operands [first, last) of one dtype, in `dtypes`; that dtype. */
+static int same_dtype(mk_node *n, int first, int last, unsigned dtypes, mk_error **err) {
+    if (need_dtype(n, first, dtypes, err)) return -1;
+    for (int k = first + 1; k < last; k++)
+        if (n->in[k]->dtype != n->in[first]->dtype)
+            return FAIL(err, n, MK_ERR_DTYPE, "%s: operands differ in dtype (%s and %s)",
+                        n->op->name, mk_dtype_name(n->in[first]->dtype),
+                        mk_dtype_name(n->in[k]->dtype));
+    return 0;
+}
+
+static int infer_broadcast(mk_node *n, unsigned dtypes, mk_error **err) {
+    if (same_dtype(n, 0, n->n_in, dtypes, err) || broadcast(n, 0, n->n_in, err)) return -1;
+    n->dtype = n->in[0]->dtype;
     return 0;
 }
 
 /* Ops with an expression: any dtype its program can be evaluated in (integers
- * only without / and functions); one operand, or two broadcast together. */
+ * only without / and functions; bool only in the rows below that say so); one
+ * operand, or several of one dtype broadcast together. */
 static int infer_pointwise(mk_node *n, mk_error **err) {
     const mk_expr *e = mk_op_program(n->op);
     if (!e) return MK_INTERNAL(err, "a pointwise row's expression does not compile");
-    unsigned dtypes = e->has_float_only ? MK_DTYPES_FLOAT : MK_DTYPES_ALL;
-    if (n->n_in == 2) return infer_broadcast(n, dtypes, err);
-    if (need_dtype(n, 0, dtypes, err)) return -1;
-    set_shape(n, n->in[0]->dtype, n->in[0]->rank, n->in[0]->shape);
+    unsigned dtypes = e->has_float_only ? MK_DTYPES_FLOAT
+                                        : MK_DTYPES_ALL & ~MK_DTYPE_BIT(MK_DTYPE_BOOL);
+    return infer_broadcast(n, dtypes, err);
+}
+
+/* Activations: floats only, whatever their expression. */
+static int infer_float_pointwise(mk_node *n, mk_error **err) {
+    return infer_broadcast(n, MK_DTYPES_FLOAT, err);
+}
+
+/* Comparisons: two operands of one dtype (bool too), broadcast; a bool result. */
+static int infer_compare(mk_node *n, mk_error **err) {
+    if (infer_broadcast(n, MK_DTYPES_ALL, err)) return -1;
+    n->dtype = MK_DTYPE_BOOL;
+    return 0;
+}
+
+/* logical_and, _or, _not: bool operands, broadcast; a bool result. */
+static int infer_logical(mk_node *n, mk_error **err) {
+    return infer_broadcast(n, MK_DTYPE_BIT(MK_DTYPE_BOOL), err);
+}
+
+/* where(c, a, b): c bool, a and b of one dtype, the three broadcast together. */
+static int infer_where(mk_node *n, mk_error **err) {
+    if (n->in[0]->dtype != MK_DTYPE_BOOL)
+        return FAIL(err, n, MK_ERR_DTYPE, "%s: the condition (%s) must be bool, not %s",
+                    n->op->name, MK_OPERAND(n, 0), mk_dtype_name(n->in[0]->dtype));
+    if (same_dtype(n, 1, 3, MK_DTYPES_ALL, err) || broadcast(n, 0, 3, err)) return -1;
+    n->dtype = n->in[1]->dtype;
     return 0;
 }
 
@@ -505,6 +552,11 @@ static bool any_strides(int k, int rank, const int64_t *shape, const int64_t *st
 #define POINTWISE(name_, sig, flags_, method_, infix_, expr_, summary_)                          \
     {ROW(name_, sig, MK_ROLE_POINTWISE, flags_, method_, infix_, expr_, summary_),               \
      .infer = infer_pointwise, .kernel = MK_KERNEL_POINTWISE}
+/* A pointwise row with its own dtype rule (activations: floats; comparisons:
+ * bool results; logical ops: bool operands). */
+#define POINTWISE_RULE(name_, sig, flags_, method_, infix_, expr_, infer_, summary_)             \
+    {ROW(name_, sig, MK_ROLE_POINTWISE, flags_, method_, infix_, expr_, summary_),               \
+     .infer = infer_, .kernel = MK_KERNEL_POINTWISE}
 #define BINARY (MK_OP_BROADCAST)
 #define COMMUTING (MK_OP_BROADCAST | MK_OP_COMMUTES)
 
@@ -536,6 +588,75 @@ static const mk_op ops[] = {
     POINTWISE("GELUNode", "n", 0, "gelu", NULL,
               "0.5f * a * (1.0f + tanhf(0.7978845608f * (a + 0.044715f * a * a * a)))",
               "GELU, tanh form: x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))"),
+
+    /* ---- pointwise: math, activations, comparisons, logic (issue 64) ---- */
+    POINTWISE("NegNode", "n", 0, "neg", "-", "-a", "-x"),
+    POINTWISE("AbsNode", "n", 0, "abs", NULL, "fabsf(a)", "|x| (int64: wraps at its minimum)"),
+    POINTWISE("SqrtNode", "n", 0, "sqrt", NULL, "sqrtf(a)", "square root"),
+    POINTWISE("RsqrtNode", "n", 0, "rsqrt", NULL, "1.0f / sqrtf(a)", "1 / sqrt(x)"),
+    POINTWISE("LogNode", "n", 0, "log", NULL, "logf(a)", "natural logarithm"),
+    POINTWISE("Exp2Node", "n", 0, "exp2", NULL, "exp2f(a)", "2^x"),
+    POINTWISE("SinNode", "n", 0, "sin", NULL, "sinf(a)", "sine"),
+    POINTWISE("CosNode", "n", 0, "cos", NULL, "cosf(a)", "cosine"),
+    POINTWISE("ErfNode", "n", 0, "erf", NULL, "erff(a)", "the error function"),
+    POINTWISE("FloorNode", "n", 0, "floor", NULL, "floorf(a)", "largest integer <= x"),
+    POINTWISE("CeilNode", "n", 0, "ceil", NULL, "ceilf(a)", "smallest integer >= x"),
+    POINTWISE("RoundNode", "n", 0, "round", NULL, "rintf(a)",
+              "nearest integer, ties to even (torch.round, ONNX Round)"),
+    POINTWISE("SignNode", "n", 0, "sign", NULL, "(a > 0) - (a < 0)", "1, 0 or -1"),
+    POINTWISE("ReciprocalNode", "n", 0, "reciprocal", NULL, "1.0f / a", "1 / x"),
+    POINTWISE_RULE("LeakyReLUNode", "nn", BINARY, "leaky_relu", NULL, "a > 0 ? a : b * a",
+                   infer_float_pointwise,
+                   "x where x > 0, else alpha x (alpha: float32 [1] or broadcast; Lua's default "
+                   "0.01)"),
+    POINTWISE_RULE("ELUNode", "nn", BINARY, "elu", NULL, "a > 0 ? a : b * expm1f(a)",
+                   infer_float_pointwise,
+                   "x where x > 0, else alpha (e^x - 1) (Lua's default alpha 1)"),
+    POINTWISE_RULE("SoftplusNode", "n", 0, "softplus", NULL, "a > 20.0f ? a : log1pf(expf(a))",
+                   infer_float_pointwise, "log(1 + e^x); x itself past 20 (torch's threshold)"),
+    POINTWISE_RULE("GELUErfNode", "n", 0, "gelu_erf", NULL,
+                   "a * 0.5f * (1.0f + erff(a * 0.70710678118654752f))", infer_float_pointwise,
+                   "GELU, erf form: x/2 (1 + erf(x / sqrt(2))) (GELUNode is the tanh form)"),
+    POINTWISE_RULE("HardSwishNode", "n", 0, "hardswish", NULL,
+                   "a * min(max(a + 3.0f, 0.0f), 6.0f) / 6.0f", infer_float_pointwise,
+                   "x min(max(x + 3, 0), 6) / 6"),
+    POINTWISE_RULE("MishNode", "n", 0, "mish", NULL,
+                   "a * tanhf(a > 20.0f ? a : log1pf(expf(a)))", infer_float_pointwise,
+                   "x tanh(softplus(x))"),
+    POINTWISE("PowNode", "nn", BINARY, "pow", "^", "powf(a, b)",
+              "a^b (C's powf), broadcast as NumPy's"),
+    POINTWISE("MinimumNode", "nn", COMMUTING, "minimum", NULL, "min(a, b)",
+              "a < b ? a : b, broadcast as NumPy's (b where either is NaN)"),
+    POINTWISE("MaximumNode", "nn", COMMUTING, "maximum", NULL, "max(a, b)",
+              "a > b ? a : b, broadcast as NumPy's (b where either is NaN)"),
+    POINTWISE("ModNode", "nn", BINARY, "mod", "%", "floormod(a, b)",
+              "a - b floor(a / b): the divisor's sign, as Python's % and torch.remainder "
+              "(int64 by 0: 0)"),
+    POINTWISE("FloorDivNode", "nn", BINARY, "floor_div", "//", "floordiv(a, b)",
+              "floor(a / b) as Python's // (int64 by 0: 0)"),
+    POINTWISE("ClampNode", "nnn", BINARY, "clamp", NULL, "min(max(a, b), c)",
+              "min(max(x, lo), hi), the three broadcast as NumPy's"),
+    POINTWISE_RULE("EqualNode", "nn", COMMUTING, "eq", NULL, "a == b", infer_compare,
+                   "a == b as bool, broadcast as NumPy's"),
+    POINTWISE_RULE("NotEqualNode", "nn", COMMUTING, "ne", NULL, "a != b", infer_compare,
+                   "a != b as bool, broadcast as NumPy's"),
+    POINTWISE_RULE("LessNode", "nn", BINARY, "lt", NULL, "a < b", infer_compare,
+                   "a < b as bool, broadcast as NumPy's"),
+    POINTWISE_RULE("LessEqualNode", "nn", BINARY, "le", NULL, "a <= b", infer_compare,
+                   "a <= b as bool, broadcast as NumPy's"),
+    POINTWISE_RULE("GreaterNode", "nn", BINARY, "gt", NULL, "a > b", infer_compare,
+                   "a > b as bool, broadcast as NumPy's"),
+    POINTWISE_RULE("GreaterEqualNode", "nn", BINARY, "ge", NULL, "a >= b", infer_compare,
+                   "a >= b as bool, broadcast as NumPy's"),
+    POINTWISE_RULE("WhereNode", "nnn", BINARY | MK_OP_FUNCTION, "where", NULL, "a ? b : c",
+                   infer_where, "where(c, a, b): a where the bool c holds, else b; the three broadcast "
+                   "as NumPy's"),
+    POINTWISE_RULE("LogicalAndNode", "nn", COMMUTING, "logical_and", NULL, "min(a, b)",
+                   infer_logical, "a and b, bool"),
+    POINTWISE_RULE("LogicalOrNode", "nn", COMMUTING, "logical_or", NULL, "max(a, b)",
+                   infer_logical, "a or b, bool"),
+    POINTWISE_RULE("LogicalNotNode", "n", 0, "logical_not", NULL, "a == 0", infer_logical,
+                   "not a, bool"),
     {ROW("ComplexHadamardProductNode", "nn", MK_ROLE_POINTWISE, COMMUTING, "complex_mul", NULL,
          NULL, "a * b as complex numbers (re, im) along a last axis of 2, broadcast as NumPy's"),
      .infer = infer_complex_mul, .kernel = MK_KERNEL_COMPLEX_MUL},

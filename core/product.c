@@ -87,7 +87,10 @@ static bool same_shape(const mk_node *a, const mk_node *b) {
     return a->rank == b->rank && !memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->rank);
 }
 
+/* Float32 through and through: an epilogue's program reads and writes float32. */
 static bool is_pointwise(const mk_node *n) {
+    for (int k = 0; k < n->n_in; k++)
+        if (n->in[k]->dtype != MK_DTYPE_FLOAT32) return false;
     return n->op->kernel == MK_KERNEL_POINTWISE && n->dtype == MK_DTYPE_FLOAT32 &&
            (mk_node_pointwise(n) || mk_op_program(n->op));
 }

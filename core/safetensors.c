@@ -7,7 +7,7 @@
  * out of the tensor list) and, per tensor, {"dtype": "F32", "shape": [2, 3],
  * "data_offsets": [begin, end]} with offsets into the data. Reading checks
  * everything a file could get wrong, naming the file and the tensor: the
- * header's length and JSON, dtypes the dtype table has (F32, F16, BF16, I64,
+ * header's length and JSON, dtypes the dtype table has (F32, F16, BF16, I64, BOOL,
  * I8), shapes (rank 1 to MK_MAX_RANK once a scalar [] reads as [1]; element
  * counts within MK_MAX_NUMEL), offsets inside the file and matching the bytes
  * the shape needs, duplicate names, ranges that do not tile the data. A
@@ -33,7 +33,7 @@ static const struct {
     const char *name;
     mk_dtype dtype;
 } dtypes[] = {{"F32", MK_DTYPE_FLOAT32}, {"F16", MK_DTYPE_FLOAT16}, {"BF16", MK_DTYPE_BFLOAT16},
-              {"I64", MK_DTYPE_INT64},   {"I8", MK_DTYPE_INT8}};
+              {"I64", MK_DTYPE_INT64},   {"I8", MK_DTYPE_INT8},     {"BOOL", MK_DTYPE_BOOL}};
 
 typedef struct {
     char *name;
@@ -273,7 +273,7 @@ static int tensor_entry(reader *r, entry *e) {
                 if (i == sizeof dtypes / sizeof dtypes[0]) {
                     char what[128];
                     snprintf(what, sizeof what, "dtype %.40s is not one moonkaas has "
-                             "(F32, F16, BF16, I64, I8)", name);
+                             "(F32, F16, BF16, I64, I8, BOOL)", name);
                     rc = bad(r, what);
                 } else {
                     e->dtype = dtypes[i].dtype;

@@ -19,6 +19,7 @@ static const mk_dtype_row dtypes[MK_DTYPE_COUNT] = {
     [MK_DTYPE_FLOAT16] = {"float16", 2, "__half", true, MK_DTYPE_FLOAT32},
     [MK_DTYPE_BFLOAT16] = {"bfloat16", 2, "__nv_bfloat16", true, MK_DTYPE_FLOAT32},
     [MK_DTYPE_INT8] = {"int8", 1, "signed char", false, MK_DTYPE_INT64},
+    [MK_DTYPE_BOOL] = {"bool", 1, "unsigned char", false, MK_DTYPE_INT64},
 };
 
 const mk_dtype_row *mk_dtype_row_of(mk_dtype d) {
@@ -59,6 +60,7 @@ static double load_f64(const void *src, mk_dtype d, int64_t i) {
     case MK_DTYPE_FLOAT16: return mk_f16_to_f32(((const uint16_t *)src)[i]);
     case MK_DTYPE_BFLOAT16: return mk_bf16_to_f32(((const uint16_t *)src)[i]);
     case MK_DTYPE_INT8: return ((const int8_t *)src)[i];
+    case MK_DTYPE_BOOL: return ((const uint8_t *)src)[i] != 0;
     default: return 0.0;
     }
 }
@@ -78,6 +80,7 @@ MK_API int mk_convert(void *dst, mk_dtype dd, const void *src, mk_dtype sd, int6
             case MK_DTYPE_FLOAT32: ((float *)dst)[i] = (float)v; break;
             case MK_DTYPE_FLOAT16: ((uint16_t *)dst)[i] = mk_f32_to_f16((float)v); break;
             case MK_DTYPE_BFLOAT16: ((uint16_t *)dst)[i] = mk_f32_to_bf16((float)v); break;
+            case MK_DTYPE_BOOL: ((uint8_t *)dst)[i] = v != 0; break;
             default: break;
             }
             continue;
@@ -89,6 +92,7 @@ MK_API int mk_convert(void *dst, mk_dtype dd, const void *src, mk_dtype sd, int6
         case MK_DTYPE_BFLOAT16: ((uint16_t *)dst)[i] = mk_f32_to_bf16((float)v); break;
         case MK_DTYPE_INT64: ((int64_t *)dst)[i] = mk_f64_to_int(v, INT64_MIN, INT64_MAX); break;
         case MK_DTYPE_INT8: ((int8_t *)dst)[i] = (int8_t)mk_f64_to_int(v, -128, 127); break;
+        case MK_DTYPE_BOOL: ((uint8_t *)dst)[i] = v != 0; break; /* NaN too, as C's (bool) */
         }
     }
     return 0;

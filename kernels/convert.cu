@@ -10,7 +10,8 @@
  * and the widening of a matrix product's low-precision weights into scratch
  * (mk_cuda_widen, for matmul.cu). The rule is the core's (graph.h, above
  * mk_bf16_to_f32): floats round to nearest even, float16 overflows to ±inf,
- * floats become integers toward zero, saturated, NaN as 0.
+ * floats become integers toward zero, saturated, NaN as 0; to bool, whatever
+ * is not 0 is 1.
  */
 #include "cuda_device.h"
 
@@ -24,6 +25,7 @@ static __device__ __forceinline__ float load_f32(const void *x, int dtype, long 
     case MK_DTYPE_FLOAT16: return __half2float(((const __half *)x)[i]);
     case MK_DTYPE_BFLOAT16: return __bfloat162float(((const __nv_bfloat16 *)x)[i]);
     case MK_DTYPE_INT8: return (float)((const signed char *)x)[i];
+    case MK_DTYPE_BOOL: return ((const unsigned char *)x)[i] != 0 ? 1.0f : 0.0f;
     default: return 0.0f;
     }
 }
@@ -47,6 +49,9 @@ static __device__ __forceinline__ void store(void *o, int dtype, long long i, fl
     case MK_DTYPE_INT8:
         ((signed char *)o)[i] = (signed char)(from_int ? (iv < -128 ? -128 : iv > 127 ? 127 : iv)
                                                        : f32_to_int(v, -128, 127));
+        break;
+    case MK_DTYPE_BOOL: /* not 0 (NaN is not) */
+        ((unsigned char *)o)[i] = from_int ? iv != 0 : v != 0.0f;
         break;
     }
 }

@@ -367,7 +367,7 @@ struct cuda_kernel_table {
         /* every family set, so a family without a CUDA kernel is {NULL, 0}: GCC
          * takes a constexpr table only when each element was written */
         for (mk_kernel &e : k) e = {NULL, 0};
-        k[MK_KERNEL_POINTWISE] = {mk_cuda_pointwise, F32 | I64};
+        k[MK_KERNEL_POINTWISE] = {mk_cuda_pointwise, F32 | I64 | MK_DTYPE_BIT(MK_DTYPE_BOOL)};
         k[MK_KERNEL_MATMUL] = {mk_cuda_matmul, F32 | F16 | BF16};           /* a, out: float32 */
         k[MK_KERNEL_PERMUTE] = {mk_cuda_permute, MK_DTYPES_ALL};
         k[MK_KERNEL_REPLACE_SLICE] = {mk_cuda_replace_slice, MK_DTYPES_ALL};

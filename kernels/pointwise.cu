@@ -3,7 +3,8 @@
  *
  *   MK_KERNEL_POINTWISE    out = the op's program (mk_expr) over a (and b), for every
  *                          op row with an expression; float32, int64 (a pointwise
- *                          group runs the kernel generated.cu writes for it)
+ *                          group, and a node with three operands or a bool one,
+ *                          runs the kernel generated.cu writes for it)
  *   MK_KERNEL_COMPLEX_MUL  out [..., 2] = a * b as complex (re, im)
  *   MK_KERNEL_PERMUTE      out = x viewed with permuted strides, made contiguous
  *
@@ -27,8 +28,10 @@
  * Numerics equal the CPU's program: float32 + - * / and sqrtf are the
  * correctly rounded intrinsics (__fadd_rn, __fsub_rn, __fmul_rn, __fdiv_rn,
  * __fsqrt_rn), one rounding per operation and never contracted into an FMA
- * whatever the compiler flags; expf and tanhf are CUDA's (within 2 ulp of the
- * C library's). int64 + - * and negation wrap around (done in unsigned);
+ * whatever the compiler flags; fabsf floorf ceilf rintf fmodf are exact in
+ * both; expf tanhf logf exp2f sinf cosf erff expm1f log1pf powf are CUDA's
+ * (within 1 to 2 ulp of the C library's, whose results are within as much of
+ * the exact ones). int64 + - * and negation wrap around (done in unsigned);
  * int64 programs never hold / or a function (the core refuses them).
  *
  * Alone: `make` builds it into build/libmoonkaas_cuda.so; on a GPU,
@@ -43,6 +46,7 @@
 /* What each operation means per dtype: the CPU's meaning (core/cpu/ops.c). */
 struct f32_ops {
     static __device__ __forceinline__ float neg(float x) { return -x; }
+    static __device__ __forceinline__ float abs(float x) { return fabsf(x); }
     static __device__ __forceinline__ float add(float x, float y) { return __fadd_rn(x, y); }
     static __device__ __forceinline__ float sub(float x, float y) { return __fsub_rn(x, y); }
     static __device__ __forceinline__ float mul(float x, float y) { return __fmul_rn(x, y); }
@@ -50,13 +54,39 @@ struct f32_ops {
     static __device__ __forceinline__ float exp(float x) { return expf(x); }
     static __device__ __forceinline__ float tanh(float x) { return tanhf(x); }
     static __device__ __forceinline__ float sqrt(float x) { return __fsqrt_rn(x); }
+    static __device__ __forceinline__ float log(float x) { return logf(x); }
+    static __device__ __forceinline__ float exp2(float x) { return exp2f(x); }
+    static __device__ __forceinline__ float sin(float x) { return sinf(x); }
+    static __device__ __forceinline__ float cos(float x) { return cosf(x); }
+    static __device__ __forceinline__ float erf(float x) { return erff(x); }
+    static __device__ __forceinline__ float floor(float x) { return floorf(x); }
+    static __device__ __forceinline__ float ceil(float x) { return ceilf(x); }
+    static __device__ __forceinline__ float rint(float x) { return rintf(x); }
+    static __device__ __forceinline__ float expm1(float x) { return expm1f(x); }
+    static __device__ __forceinline__ float log1p(float x) { return log1pf(x); }
+    static __device__ __forceinline__ float pow(float x, float y) { return powf(x, y); }
+    /* Python's % and // (the CPU's f32_mod and f32_floordiv) */
+    static __device__ __forceinline__ float mod(float x, float y) {
+        float r = fmodf(x, y);
+        return r != 0.0f && (r < 0.0f) != (y < 0.0f) ? __fadd_rn(r, y) : r;
+    }
+    static __device__ __forceinline__ float floordiv(float x, float y) {
+        if (y == 0.0f) return __fdiv_rn(x, y);
+        float m = fmodf(x, y), d = __fdiv_rn(__fsub_rn(x, m), y);
+        if (m != 0.0f && (y < 0.0f) != (m < 0.0f)) d = __fsub_rn(d, 1.0f);
+        if (d == 0.0f) return copysignf(0.0f, __fdiv_rn(x, y));
+        float f = floorf(d);
+        return __fsub_rn(d, f) > 0.5f ? __fadd_rn(f, 1.0f) : f;
+    }
 };
 
 /* int64 wraps around (two's complement, computed unsigned); integer programs
- * never hold / or a function (the core refuses them), so those are identities. */
+ * never hold / or a float function (the core refuses them), so those are
+ * identities. Division by 0 gives 0 and by -1 never divides (it traps). */
 struct i64_ops {
     typedef unsigned long long U;
     static __device__ __forceinline__ long long neg(long long x) { return (long long)(0ull - (U)x); }
+    static __device__ __forceinline__ long long abs(long long x) { return x < 0 ? neg(x) : x; }
     static __device__ __forceinline__ long long add(long long x, long long y) {
         return (long long)((U)x + (U)y);
     }
@@ -67,9 +97,31 @@ struct i64_ops {
         return (long long)((U)x * (U)y);
     }
     static __device__ __forceinline__ long long div(long long x, long long) { return x; }
+    static __device__ __forceinline__ long long pow(long long x, long long) { return x; }
     static __device__ __forceinline__ long long exp(long long x) { return x; }
     static __device__ __forceinline__ long long tanh(long long x) { return x; }
     static __device__ __forceinline__ long long sqrt(long long x) { return x; }
+    static __device__ __forceinline__ long long log(long long x) { return x; }
+    static __device__ __forceinline__ long long exp2(long long x) { return x; }
+    static __device__ __forceinline__ long long sin(long long x) { return x; }
+    static __device__ __forceinline__ long long cos(long long x) { return x; }
+    static __device__ __forceinline__ long long erf(long long x) { return x; }
+    static __device__ __forceinline__ long long floor(long long x) { return x; }
+    static __device__ __forceinline__ long long ceil(long long x) { return x; }
+    static __device__ __forceinline__ long long rint(long long x) { return x; }
+    static __device__ __forceinline__ long long expm1(long long x) { return x; }
+    static __device__ __forceinline__ long long log1p(long long x) { return x; }
+    static __device__ __forceinline__ long long mod(long long x, long long y) {
+        if (y == 0 || y == -1) return 0;
+        long long r = x % y;
+        return r != 0 && (r < 0) != (y < 0) ? r + y : r;
+    }
+    static __device__ __forceinline__ long long floordiv(long long x, long long y) {
+        if (y == 0) return 0;
+        if (y == -1) return neg(x);
+        long long q = x / y;
+        return x % y != 0 && (x < 0) != (y < 0) ? q - 1 : q;
+    }
 };
 
 template <typename T> struct ops_of;
@@ -97,14 +149,7 @@ struct pw_program {
 };
 
 /* How many registers instruction `op` reads: x, then y, then z. */
-static int x_arity(int op) {
-    switch (op) {
-    case MK_X_CONST: return 0;
-    case MK_X_NEG: case MK_X_EXP: case MK_X_TANH: case MK_X_SQRT: return 1;
-    case MK_X_SELECT: return 3;
-    }
-    return 2;
-}
+static int x_arity(int op) { return mk_xop_arity(op); }
 
 /* e as a pw_program with registers reassigned (linear scan over the SSA
  * values' last uses); returns the registers it needs (at least 2: a and b). */
@@ -190,6 +235,25 @@ static __device__ __forceinline__ void x_run(const pw_program<T> &p, const T *a,
         case MK_X_LT: X_LANES(REG(x, w) < REG(y, w) ? (T)1 : (T)0); break;
         case MK_X_SELECT: X_LANES(REG(x, w) != (T)0 ? REG(y, w) : REG(z, w)); break;
         case MK_X_MAX: X_LANES(REG(x, w) > REG(y, w) ? REG(x, w) : REG(y, w)); break;
+        case MK_X_MIN: X_LANES(REG(x, w) < REG(y, w) ? REG(x, w) : REG(y, w)); break;
+        case MK_X_GE: X_LANES(REG(x, w) >= REG(y, w) ? (T)1 : (T)0); break;
+        case MK_X_LE: X_LANES(REG(x, w) <= REG(y, w) ? (T)1 : (T)0); break;
+        case MK_X_EQ: X_LANES(REG(x, w) == REG(y, w) ? (T)1 : (T)0); break;
+        case MK_X_NE: X_LANES(REG(x, w) != REG(y, w) ? (T)1 : (T)0); break;
+        case MK_X_ABS: X_LANES(O::abs(REG(x, w))); break;
+        case MK_X_LOG: X_LANES(O::log(REG(x, w))); break;
+        case MK_X_EXP2: X_LANES(O::exp2(REG(x, w))); break;
+        case MK_X_SIN: X_LANES(O::sin(REG(x, w))); break;
+        case MK_X_COS: X_LANES(O::cos(REG(x, w))); break;
+        case MK_X_ERF: X_LANES(O::erf(REG(x, w))); break;
+        case MK_X_FLOOR: X_LANES(O::floor(REG(x, w))); break;
+        case MK_X_CEIL: X_LANES(O::ceil(REG(x, w))); break;
+        case MK_X_RINT: X_LANES(O::rint(REG(x, w))); break;
+        case MK_X_EXPM1: X_LANES(O::expm1(REG(x, w))); break;
+        case MK_X_LOG1P: X_LANES(O::log1p(REG(x, w))); break;
+        case MK_X_POW: X_LANES(O::pow(REG(x, w), REG(y, w))); break;
+        case MK_X_MOD: X_LANES(O::mod(REG(x, w), REG(y, w))); break;
+        case MK_X_FLOORDIV: X_LANES(O::floordiv(REG(x, w), REG(y, w))); break;
         }
 #undef d
     }
@@ -330,9 +394,11 @@ static int single_op(const mk_expr *e) {
     if (e->n != 1) return -1;
     const mk_xinsn *in = &e->insn[0];
     int arity = x_arity(in->op);
-    if (arity == 1 && in->x == 0) return in->op;
-    if (arity == 2 && in->x == 0 && in->y == 1 && in->op != MK_X_GT && in->op != MK_X_LT &&
-        in->op != MK_X_MAX)
+    if (arity == 1 && in->x == 0 &&
+        (in->op == MK_X_NEG || in->op == MK_X_EXP || in->op == MK_X_TANH || in->op == MK_X_SQRT))
+        return in->op;
+    if (arity == 2 && in->x == 0 && in->y == 1 &&
+        (in->op == MK_X_ADD || in->op == MK_X_SUB || in->op == MK_X_MUL || in->op == MK_X_DIV))
         return in->op;
     return -1;
 }
@@ -365,7 +431,8 @@ static void pointwise_dispatch(const mk_launch *l) {
 
 /* MK_KERNEL_POINTWISE: float32 and int64 (the device table says so; model.c checks). */
 int mk_cuda_pointwise(const mk_launch *l, mk_error **err) {
-    if (mk_node_pointwise(l->node)) return mk_cuda_pointwise_generated(l, err); /* a group: its own kernel */
+    /* a group, or one node of bool or three operands: its own kernel */
+    if (mk_node_generated(l->node)) return mk_cuda_pointwise_generated(l, err);
     if (!l->expr || l->expr->n_in > l->n_in || l->n_in > 2)
         return MK_INTERNAL(err, "a pointwise launch without its program or its operands");
     bool two = l->expr->n_in == 2;

@@ -285,9 +285,13 @@ static void read_arguments(lua_State *L, const mk_op_desc *d, int mode, op_call 
  * goes second (2 + x is built as x + 2): the form cuDNN's fusion takes.
  */
 static void convert_numbers(lua_State *L, const mk_op_desc *d, op_call *c) {
-    const lmk_node *other = NULL;
-    for (int k = 0; k < c->n_in && !other; k++)
-        if (!c->bound[k]) other = to_node(L, c->arg[k]);
+    const lmk_node *other = NULL; /* the first node operand, one not bool where there is one
+                                     (where(c, 1, x): 1 is x's dtype, not c's) */
+    for (int k = 0; k < c->n_in; k++) {
+        const lmk_node *x = c->bound[k] ? NULL : to_node(L, c->arg[k]);
+        if (x && (!other || (other->dtype == MK_DTYPE_BOOL && x->dtype != MK_DTYPE_BOOL)))
+            other = x;
+    }
     for (int k = 0; k < c->n_in; k++) {
         int a = c->arg[k];
         if (c->bound[k] || to_node(L, a)) continue;

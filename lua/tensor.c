@@ -118,6 +118,21 @@ static int format_i8(char *buf, size_t size, const void *data, int64_t i) {
     return snprintf(buf, size, "%d", (int)((const int8_t *)data)[i]);
 }
 
+/* bool: Lua's booleans (check_element stores them as 1 or 0 in iv). */
+static void push_bool(lua_State *L, const void *data, int64_t i) {
+    lua_pushboolean(L, ((const uint8_t *)data)[i] != 0);
+}
+static void store_bool(void *data, int64_t i, lua_Integer iv, lua_Number nv) {
+    (void)nv;
+    ((uint8_t *)data)[i] = iv != 0;
+}
+static bool greater_bool(const void *data, int64_t i, int64_t j) {
+    return (((const uint8_t *)data)[i] != 0) > (((const uint8_t *)data)[j] != 0);
+}
+static int format_bool(char *buf, size_t size, const void *data, int64_t i) {
+    return snprintf(buf, size, "%s", ((const uint8_t *)data)[i] ? "true" : "false");
+}
+
 /* Indexed by mk_dtype; a dtype without a row has no Lua element view. */
 static const element_ops elements[MK_DTYPE_COUNT] = {
     [MK_DTYPE_FLOAT32] = {push_f32, store_f32, greater_f32, format_f32},
@@ -125,6 +140,7 @@ static const element_ops elements[MK_DTYPE_COUNT] = {
     [MK_DTYPE_FLOAT16] = {push_f16, store_f16, greater_f16, format_f16},
     [MK_DTYPE_BFLOAT16] = {push_bf16, store_bf16, greater_bf16, format_bf16},
     [MK_DTYPE_INT8] = {push_i8, store_i8, greater_i8, format_i8},
+    [MK_DTYPE_BOOL] = {push_bool, store_bool, greater_bool, format_bool},
 };
 
 static const element_ops *element_ops_of(mk_dtype d) {
@@ -155,6 +171,13 @@ static bool narrow_range(mk_dtype dtype, lua_Integer *lo, lua_Integer *hi) {
  * in errors. */
 static void check_element(lua_State *L, mk_dtype dtype, int idx, const char *fn,
                           const char *where, lua_Integer *iv, lua_Number *nv) {
+    if (dtype == MK_DTYPE_BOOL) {
+        if (lua_type(L, idx) != LUA_TBOOLEAN)
+            LMK_ARG_ERROR(L, fn, "element %s is %s, expected a boolean (bool tensor)", where,
+                          luaL_typename(L, idx));
+        *iv = lua_toboolean(L, idx), *nv = 0;
+        return;
+    }
     if (lua_type(L, idx) != LUA_TNUMBER)
         LMK_ARG_ERROR(L, fn, "element %s is %s, expected a number", where,
                       luaL_typename(L, idx));
@@ -186,6 +209,9 @@ void lmk_fill_tensor(lua_State *L, lmk_tensor *t, int idx, const char *fn) {
     const element_ops *e = need_elements(L, t->dtype, fn);
     int ok = 1;
     lua_Integer iv = mk_dtype_is_float(t->dtype) ? 0 : lua_tointegerx(L, idx, &ok), lo, hi;
+    if (t->dtype == MK_DTYPE_BOOL && lua_type(L, idx) == LUA_TNUMBER)
+        lmk_raise(L, "dtype error", fn, "%s is a number, and the other operand is bool",
+                  lua_tostring(L, idx));
     if (!ok)
         lmk_raise(L, "dtype error", fn, "%s is not an integer, and the other operand is %s",
                   lua_tostring(L, idx), mk_dtype_name(t->dtype));
@@ -302,6 +328,7 @@ int lmk_tensor_new(lua_State *L) {
         LMK_ARG_ERROR(L, fn, "argument #1 must be a (nested) table of numbers, got %s",
                       luaL_typename(L, 1));
     mk_dtype dtype = lmk_check_dtype(L, 2, fn, true);
+    bool dtype_given = !lua_isnoneornil(L, 2);
     const element_ops *e = need_elements(L, dtype, fn);
     if (!lua_isnoneornil(L, 3)) {
         /* A flat table and an explicit shape. */
@@ -331,6 +358,10 @@ int lmk_tensor_new(lua_State *L) {
         shape[rank++] = n;
         lua_rawgeti(L, -1, 1);
         lua_remove(L, -2);
+    }
+    if (!dtype_given && lua_type(L, -1) == LUA_TBOOLEAN) { /* {true, false}: bool */
+        dtype = MK_DTYPE_BOOL;
+        e = need_elements(L, dtype, fn);
     }
     lua_pop(L, 1);
     lmk_tensor *t = lmk_push_tensor(L, fn, dtype, rank, shape);

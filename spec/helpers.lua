@@ -165,7 +165,12 @@ function helpers.assert_close(got, want, atol, rtol)
     end
     for i = 1, #want.data do
         local g, w = got.data[i], want.data[i]
-        if not (math.abs(g - w) <= atol + rtol * math.abs(w)) then
+        if type(w) == "boolean" or type(g) == "boolean" then -- bool: equal, whatever the tolerance
+            if g ~= w then
+                error(string.format("element %s (flat %d): got %s, expected %s",
+                    shape_str(unflatten(i - 1, want.shape)), i, tostring(g), tostring(w)), 2)
+            end
+        elseif not (math.abs(g - w) <= atol + rtol * math.abs(w)) then
             local idx = unflatten(i - 1, want.shape)
             error(string.format("element %s (flat %d): got %.9g, expected %.9g (atol %g, rtol %g)",
                 shape_str(idx), i, g, w, atol, rtol), 2)

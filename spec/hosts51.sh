@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.." || exit 2
 
 SPECS="ops node model steps script graph version llama2 llama2_tokenizer llama2_errors llama2_sampler
 llama2_formats compat51
-lua_hosts shape"
+lua_hosts shape pointwise_ops"
 
 log=$(mktemp -d)
 export LUA # specs that start a Lua process (scripts, the command line) start this one

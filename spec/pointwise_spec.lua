@@ -103,7 +103,8 @@ describe("errors of the new ops", function()
 end)
 
 describe("the op table from Lua", function()
-    local events = { ["+"] = "__add", ["-"] = "__sub", ["*"] = "__mul", ["/"] = "__div" }
+    local events = { ["+"] = "__add", ["-"] = "__sub", ["*"] = "__mul", ["/"] = "__div",
+        ["%"] = "__mod", ["^"] = "__pow", ["//"] = "__idiv" }
     local roles = { leaf = true, pointwise = true, reduction = true, matmul = true, view = true,
         inplace = true, move = true, group = true }
 
@@ -154,16 +155,24 @@ describe("the op table from Lua", function()
                     E(function() f() end, "argument error: " .. op.method .. ":")
                 end
                 if op.role == "pointwise" and (op.signature == "n" or op.signature == "nn") then
-                    -- a [3, 2] operand fits every pointwise row, complex ones too
-                    local y = op.signature == "n" and f(x) or f(x, f32("y", { 3, 2 }))
+                    -- a [3, 2] operand fits every pointwise row, complex ones too;
+                    -- float32 ones, or bool ones for the rows of bool (logical ops)
+                    local function build(dtype)
+                        local a, b = mk.input("x", dtype, { 3, 2 }), mk.input("y", dtype, { 3, 2 })
+                        return op.signature == "n" and f(a) or f(a, b)
+                    end
+                    local ok, y = pcall(build, "float32")
+                    if not ok then y = build("bool") end
                     assert.are.equal(op.name, y.op)
                     assert.are.same({ 3, 2 }, y.shape)
                     built = built + 1
                 end
             end
-            if op.infix and events[op.infix] then
-                assert.is_function(mt[events[op.infix]], op.name .. " as " .. op.infix)
-                local y = mt[events[op.infix]](x, f32("y", { 3, 2 }))
+            local unary = op.signature == "n"
+            local event = unary and op.infix == "-" and "__unm" or events[op.infix or ""]
+            if event and (unary or op.signature == "nn") then
+                assert.is_function(mt[event], op.name .. " as " .. op.infix)
+                local y = mt[event](x, unary and x or f32("y", { 3, 2 }))
                 assert.are.equal(op.name, y.op)
             end
         end

@@ -29,7 +29,22 @@
 
 /* ---- source ----------------------------------------------------------------- */
 
-/* Instruction j of e as CUDA C: "const T rK = ...;". */
+/* Whether e holds an operation of skeletons/pointwise_ops.cuh. */
+static bool uses_helpers(const mk_expr *e) {
+    for (int j = 0; j < e->n; j++)
+        if (e->insn[j].op == MK_X_MOD || e->insn[j].op == MK_X_FLOORDIV) return true;
+    return false;
+}
+
+/* skeletons/pointwise_ops.cuh where one of the n programs needs it, else "". */
+const char *mk_codegen_helpers(const mk_expr *const *programs, int n) {
+    for (int i = 0; i < n; i++)
+        if (programs[i] && uses_helpers(programs[i])) return mk_skeleton_pointwise_ops;
+    return "";
+}
+
+/* Instruction j of e as CUDA C: "const T rK = ...;", T float32 or int64 (f32
+ * false); the CPU's meaning of each operation (core/cpu/ops.c). */
 void mk_codegen_put_insn(mk_strbuf *b, const mk_expr *e, int j, bool f32) {
     const mk_xinsn *in = &e->insn[j];
     char x[8], y[8], z[8];
@@ -39,15 +54,32 @@ void mk_codegen_put_insn(mk_strbuf *b, const mk_expr *e, int j, bool f32) {
     const char *T = f32 ? "float" : "long long";
     const char *U = "(unsigned long long)";
     mk_strbuf_put(b, "        const %s r%d = ", T, MK_X_IN + j);
+    /* C's float functions; integer programs never hold them (the op rules) */
+    static const char *const f1[] = {
+        [MK_X_EXP] = "expf",     [MK_X_TANH] = "tanhf",   [MK_X_SQRT] = "__fsqrt_rn",
+        [MK_X_LOG] = "logf",     [MK_X_EXP2] = "exp2f",   [MK_X_SIN] = "sinf",
+        [MK_X_COS] = "cosf",     [MK_X_ERF] = "erff",     [MK_X_FLOOR] = "floorf",
+        [MK_X_CEIL] = "ceilf",   [MK_X_RINT] = "rintf",   [MK_X_EXPM1] = "expm1f",
+        [MK_X_LOG1P] = "log1pf",
+    };
+    static const char *const cmp[] = {[MK_X_GT] = ">",  [MK_X_LT] = "<",  [MK_X_GE] = ">=",
+                                      [MK_X_LE] = "<=", [MK_X_EQ] = "==", [MK_X_NE] = "!="};
     switch ((mk_xop)in->op) {
     case MK_X_CONST: mk_strbuf_put(b, "(%s)%a", T, in->k); break; /* the CPU's (T)k */
     case MK_X_NEG:
         if (f32) mk_strbuf_put(b, "-%s", x);
         else mk_strbuf_put(b, "(long long)(0ull - %s%s)", U, x);
         break;
-    case MK_X_EXP: mk_strbuf_put(b, f32 ? "expf(%s)" : "%s", x); break;
-    case MK_X_TANH: mk_strbuf_put(b, f32 ? "tanhf(%s)" : "%s", x); break;
-    case MK_X_SQRT: mk_strbuf_put(b, f32 ? "__fsqrt_rn(%s)" : "%s", x); break;
+    case MK_X_ABS:
+        if (f32) mk_strbuf_put(b, "fabsf(%s)", x);
+        else mk_strbuf_put(b, "(%s < 0 ? (long long)(0ull - %s%s) : %s)", x, U, x, x);
+        break;
+    case MK_X_EXP: case MK_X_TANH: case MK_X_SQRT: case MK_X_LOG: case MK_X_EXP2: case MK_X_SIN:
+    case MK_X_COS: case MK_X_ERF: case MK_X_FLOOR: case MK_X_CEIL: case MK_X_RINT: case MK_X_EXPM1:
+    case MK_X_LOG1P:
+        if (f32) mk_strbuf_put(b, "%s(%s)", f1[in->op], x);
+        else mk_strbuf_put(b, "%s", x);
+        break;
     case MK_X_ADD:
         if (f32) mk_strbuf_put(b, "__fadd_rn(%s, %s)", x, y);
         else mk_strbuf_put(b, "(long long)(%s%s + %s%s)", U, x, U, y);
@@ -61,18 +93,25 @@ void mk_codegen_put_insn(mk_strbuf *b, const mk_expr *e, int j, bool f32) {
         else mk_strbuf_put(b, "(long long)(%s%s * %s%s)", U, x, U, y);
         break;
     case MK_X_DIV: mk_strbuf_put(b, f32 ? "__fdiv_rn(%s, %s)" : "%s", x, y); break;
-    case MK_X_GT: mk_strbuf_put(b, "(%s > %s ? (%s)1 : (%s)0)", x, y, T, T); break;
-    case MK_X_LT: mk_strbuf_put(b, "(%s < %s ? (%s)1 : (%s)0)", x, y, T, T); break;
+    case MK_X_POW: mk_strbuf_put(b, f32 ? "powf(%s, %s)" : "%s", x, y); break;
+    case MK_X_GT: case MK_X_LT: case MK_X_GE: case MK_X_LE: case MK_X_EQ: case MK_X_NE:
+        mk_strbuf_put(b, "(%s %s %s ? (%s)1 : (%s)0)", x, cmp[in->op], y, T, T);
+        break;
     case MK_X_SELECT: mk_strbuf_put(b, "(%s != (%s)0 ? %s : %s)", x, T, y, z); break;
     case MK_X_MAX: mk_strbuf_put(b, "(%s > %s ? %s : %s)", x, y, x, y); break;
+    case MK_X_MIN: mk_strbuf_put(b, "(%s < %s ? %s : %s)", x, y, x, y); break;
+    case MK_X_MOD: mk_strbuf_put(b, "mk_floormod(%s, %s)", x, y); break;
+    case MK_X_FLOORDIV: mk_strbuf_put(b, "mk_floordiv(%s, %s)", x, y); break;
     }
     mk_strbuf_put(b, ";\n");
 }
 
-/* The kernel of launch l: out (contiguous) = program(in[0], ..., in[n - 1]). */
+/* The kernel of launch l: out (contiguous) = program(in[0], ..., in[n - 1]),
+ * computed in the launch's compute dtype (mk_pointwise_compute_dtype): bool
+ * operands load as 0 or 1 in it, a bool result stores (value != 0). */
 static void put_source(mk_strbuf *b, const mk_launch *l) {
     const mk_expr *e = l->expr;
-    bool f32 = l->out.dtype == MK_DTYPE_FLOAT32;
+    bool f32 = mk_pointwise_compute_dtype(l) == MK_DTYPE_FLOAT32;
     const char *T = f32 ? "float" : "long long";
     const int64_t *strides[MK_WALK_MAX];
     for (int k = 0; k < l->n_in; k++) strides[k] = l->in[k].stride;
@@ -80,9 +119,11 @@ static void put_source(mk_strbuf *b, const mk_launch *l) {
     mk_walk_init(&w, l->out.rank, l->out.shape, l->n_in, strides);
     mk_strbuf_put(b, "// moonkaas pointwise group: %s $%d, %d operands, %d instructions\n",
                   l->node->op->name, l->node->id, l->n_in, e->n);
-    mk_strbuf_put(b, "%sextern \"C\" __global__ void __launch_bounds__(%d)\nmk_pointwise(%s *__restrict__ o",
-                  mk_skeleton_pdl, MK_CUDA_BLOCK, T);
-    for (int k = 0; k < l->n_in; k++) mk_strbuf_put(b, ", const %s *__restrict__ i%d", T, k);
+    mk_strbuf_put(b, "%s%sextern \"C\" __global__ void __launch_bounds__(%d)\nmk_pointwise(%s *__restrict__ o",
+                  mk_skeleton_pdl, mk_codegen_helpers(&e, 1), MK_CUDA_BLOCK,
+                  mk_dtype_row_of(l->out.dtype)->c_type);
+    for (int k = 0; k < l->n_in; k++)
+        mk_strbuf_put(b, ", const %s *__restrict__ i%d", mk_dtype_row_of(l->in[k].dtype)->c_type, k);
     mk_strbuf_put(b, ", long long n) {\n    MK_PDL_START;\n    MK_PDL_WAIT;\n");
     mk_strbuf_put(b, "    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < n;\n"
                      "         e += (long long)gridDim.x * blockDim.x) {\n");
@@ -97,10 +138,17 @@ static void put_source(mk_strbuf *b, const mk_launch *l) {
         mk_strbuf_put(b, "\n");
     }
     mk_strbuf_put(b, "        (void)q; (void)rest;\n");
-    for (int k = 0; k < e->n_in; k++)
-        mk_strbuf_put(b, "        const %s r%d = i%d[p%d];\n", T, k, k, k);
+    for (int k = 0; k < e->n_in; k++) {
+        if (l->in[k].dtype == MK_DTYPE_BOOL)
+            mk_strbuf_put(b, "        const %s r%d = (%s)i%d[p%d];\n", T, k, T, k, k);
+        else
+            mk_strbuf_put(b, "        const %s r%d = i%d[p%d];\n", T, k, k, k);
+    }
     for (int j = 0; j < e->n; j++) mk_codegen_put_insn(b, e, j, f32);
-    mk_strbuf_put(b, "        o[e] = r%d;\n    }\n}\n", MK_X_IN + e->n - 1);
+    if (l->out.dtype == MK_DTYPE_BOOL)
+        mk_strbuf_put(b, "        o[e] = r%d != (%s)0;\n    }\n}\n", MK_X_IN + e->n - 1, T);
+    else
+        mk_strbuf_put(b, "        o[e] = r%d;\n    }\n}\n", MK_X_IN + e->n - 1);
 }
 
 /* The fault record (mk_cuda_fault) and how a generated kernel raises one; the
@@ -296,7 +344,7 @@ size_t mk_codegen_group_aux_bytes(const mk_product_group *pg) {
 /* The source of a group's launch, whichever kind. */
 void mk_codegen_group_source(mk_strbuf *b, const mk_launch *l) {
     const mk_product_group *pg = mk_node_product(l->node);
-    if (!pg) put_source(b, l);
+    if (!pg) put_source(b, l); /* a pointwise group, or one node the interpreter does not run */
     else if (pg->kind == MK_PRODUCT_ATTENTION) put_attention_source(b, l);
     else mk_codegen_product_source(b, l);
 }
@@ -315,7 +363,7 @@ void mk_codegen_group_grid(const mk_launch *l, unsigned int *blocks, unsigned in
  * the timeline's and MK_NO_MMA's defines go after the first line, the comment
  * naming the group (product kernels only), which the kernel cache's key skips. */
 char *mk_codegen_source(const mk_launch *l, bool stamp, int occupancy, mk_error **err) {
-    if (!(mk_node_pointwise(l->node) && l->expr) && !mk_node_product(l->node)) {
+    if (!(mk_node_generated(l->node) && (l->expr || mk_node_product(l->node)))) {
         MK_INTERNAL(err, "not a group's launch");
         return NULL;
     }

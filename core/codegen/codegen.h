@@ -66,6 +66,10 @@ void mk_codegen_group_grid(const mk_launch *l, unsigned int *blocks, unsigned in
 /* codegen.c: helpers of every generated kernel's source: instruction j of e
  * as CUDA C, and the fault record with how a kernel raises one. */
 void mk_codegen_put_insn(mk_strbuf *b, const mk_expr *e, int j, bool f32);
+/* The device functions the n programs' instructions call beyond CUDA's own
+ * (skeletons/pointwise_ops.cuh: floormod, floordiv), or "" where none does:
+ * pasted before the kernel. */
+const char *mk_codegen_helpers(const mk_expr *const *programs, int n);
 void mk_codegen_put_fault(mk_strbuf *b);
 /* codegen.c: a product kernel's head up to its name: extern "C" __global__
  * with its launch bounds (threads, and at least min_blocks an SM where > 0),

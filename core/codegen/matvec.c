@@ -481,6 +481,9 @@ void mk_codegen_product_source(mk_strbuf *b, const mk_launch *l) {
                   pg->norm_w >= 0 ? ", RmsNorm folded in" : "", C == 4 ? ", 4 columns a warp" : "",
                   W == 3 ? ", k in 3 slices" : "");
     mk_codegen_put_fault(b);
+    const mk_expr *programs[MK_PRODUCTS_MAX];
+    for (int o = 0; o < pg->n_outs; o++) programs[o] = &pg->out[o].program;
+    mk_strbuf_put(b, "%s", mk_codegen_helpers(programs, pg->n_outs));
     mk_strbuf_put(b, "%s%s%s", mk_skeleton_weights,
                   staged || pg->norm_w >= 0 ? mk_skeleton_staging : "",
                   mk_mv_argmax_slot(pg, pg->n_outs) ? mk_skeleton_argmax : "");

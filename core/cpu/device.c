@@ -277,7 +277,7 @@ static int cpu_evaluate(void *state, const mk_launch *launches, int n, const mk_
 /* Indexed by kernel family; the dtypes are those of every data operand and the
  * result (argmax: float32 in, int64 out; embedding: int64 ids). */
 static const mk_kernel cpu_kernels[MK_KERNEL_COUNT] = {
-    [MK_KERNEL_POINTWISE] = {mk_cpu_pointwise, F32 | I64},
+    [MK_KERNEL_POINTWISE] = {mk_cpu_pointwise, F32 | I64 | MK_DTYPE_BIT(MK_DTYPE_BOOL)},
     [MK_KERNEL_MATMUL] = {mk_cpu_matmul, F32 | F16 | BF16}, /* a and out float32 (the op's rule) */
     [MK_KERNEL_PERMUTE] = {mk_cpu_permute, MK_DTYPES_ALL},
     [MK_KERNEL_REPLACE_SLICE] = {mk_cpu_replace_slice, MK_DTYPES_ALL},

@@ -32,10 +32,10 @@ typedef void (*cpu_row_fn)(const void *ctx, char *o, const char *const *in, cons
 /*
  * Runs fn over the whole walk (its w->n operands at in[k]) in tiles of at most
  * CPU_TILE elements, in parallel when there are at least CPU_PAR_MIN. out_step
- * is the bytes one walk element takes in the output, in_size the bytes of one
- * input element.
+ * is the bytes one walk element takes in the output, in_size[k] the bytes of
+ * one element of input k.
  */
-static void walk_run(const mk_walk *w, size_t out_step, size_t in_size, char *o,
+static void walk_run(const mk_walk *w, size_t out_step, const size_t *in_size, char *o,
                      const void *const *in, cpu_row_fn fn, const void *ctx) {
     int last = w->rank - 1;
     int64_t n = w->shape[last], s[MK_WALK_MAX];
@@ -50,7 +50,7 @@ static void walk_run(const mk_walk *w, size_t out_step, size_t in_size, char *o,
         int64_t len = n - c0 < CPU_TILE ? n - c0 : CPU_TILE;
         const char *at[MK_WALK_MAX];
         for (int k = 0; k < w->n; k++)
-            at[k] = (const char *)in[k] + (size_t)(mk_walk_row_offset(w, k, row) + c0 * s[k]) * in_size;
+            at[k] = (const char *)in[k] + (size_t)(mk_walk_row_offset(w, k, row) + c0 * s[k]) * in_size[k];
         fn(ctx, o + (size_t)(row * n + c0) * out_step, at, s, len);
     });
 }
@@ -59,24 +59,81 @@ static void walk_run(const mk_walk *w, size_t out_step, size_t in_size, char *o,
 
 /*
  * A pointwise op's program (expr.c) over one stretch, in chunks of CPU_CHUNK
- * elements: a and b are read in place where they are contiguous (else
- * gathered); a constant is one value, never a filled chunk; each instruction
- * is one vectorisable loop over the chunk into a register on the stack (or a
- * single value when all it reads are constants), and the last one writes the
- * output directly. So `a + b` is a single loop, ReLU (MK_X_MAX with a
- * constant) one, and SiLU five short passes over L1. Float32 evaluates one
- * rounding per operation (the build does not contract), which keeps SiLU
- * bit-identical to run.c's; int64 + - * wrap around.
+ * elements: operands of the compute dtype are read in place where they are
+ * contiguous (else gathered), bool operands gathered as 0 or 1; a constant is
+ * one value, never a filled chunk; each instruction is one vectorisable loop
+ * over the chunk into a register on the stack (or a single value when all it
+ * reads are constants), and the last one writes the output directly (a bool
+ * output: the chunk's values != 0, as bytes). So `a + b` is a single loop,
+ * ReLU (MK_X_MAX with a constant) one, and SiLU five short passes over L1.
+ * Float32 evaluates one rounding per operation (the build does not
+ * contract), which keeps SiLU bit-identical to run.c's; int64 + - * wrap
+ * around.
  */
 #define CPU_CHUNK 256
 
+/* What each operation means in each compute dtype; the CUDA interpreter
+ * (kernels/pointwise.cu) and generated kernels (codegen.c) say the same. */
+static inline float f32_neg(float x) { return -x; }
+static inline float f32_abs(float x) { return fabsf(x); }
+static inline float f32_add(float x, float y) { return x + y; }
+static inline float f32_sub(float x, float y) { return x - y; }
+static inline float f32_mul(float x, float y) { return x * y; }
+static inline float f32_div(float x, float y) { return x / y; }
 static inline float f32_gt(float x, float y) { return x > y ? 1.0f : 0.0f; }
 static inline float f32_lt(float x, float y) { return x < y ? 1.0f : 0.0f; }
+static inline float f32_ge(float x, float y) { return x >= y ? 1.0f : 0.0f; }
+static inline float f32_le(float x, float y) { return x <= y ? 1.0f : 0.0f; }
+static inline float f32_eq(float x, float y) { return x == y ? 1.0f : 0.0f; }
+static inline float f32_ne(float x, float y) { return x != y ? 1.0f : 0.0f; }
+static inline float f32_max(float x, float y) { return x > y ? x : y; }
+static inline float f32_min(float x, float y) { return x < y ? x : y; }
+/* Python's x % y (torch.remainder): fmod's remainder moved to the divisor's sign. */
+static inline float f32_mod(float x, float y) {
+    float r = fmodf(x, y);
+    return r != 0.0f && (r < 0.0f) != (y < 0.0f) ? r + y : r;
+}
+/* Python's x // y (torch.floor_divide): (x - x % y) / y, exact where fmod is,
+ * rounded to the nearest integer (floor(x / y) can miss by one). */
+static inline float f32_floordiv(float x, float y) {
+    if (y == 0.0f) return x / y;
+    float m = fmodf(x, y), d = (x - m) / y;
+    if (m != 0.0f && (y < 0.0f) != (m < 0.0f)) d -= 1.0f;
+    if (d == 0.0f) return copysignf(0.0f, x / y);
+    float f = floorf(d);
+    return d - f > 0.5f ? f + 1.0f : f;
+}
+
 static inline int64_t i64_add(int64_t x, int64_t y) { return (int64_t)((uint64_t)x + (uint64_t)y); }
 static inline int64_t i64_sub(int64_t x, int64_t y) { return (int64_t)((uint64_t)x - (uint64_t)y); }
 static inline int64_t i64_mul(int64_t x, int64_t y) { return (int64_t)((uint64_t)x * (uint64_t)y); }
 static inline int64_t i64_neg(int64_t x) { return (int64_t)(0 - (uint64_t)x); }
-#define MAX_OF(x, y) ((x) > (y) ? (x) : (y))
+static inline int64_t i64_abs(int64_t x) { return x < 0 ? i64_neg(x) : x; }
+static inline int64_t i64_gt(int64_t x, int64_t y) { return x > y; }
+static inline int64_t i64_lt(int64_t x, int64_t y) { return x < y; }
+static inline int64_t i64_ge(int64_t x, int64_t y) { return x >= y; }
+static inline int64_t i64_le(int64_t x, int64_t y) { return x <= y; }
+static inline int64_t i64_eq(int64_t x, int64_t y) { return x == y; }
+static inline int64_t i64_ne(int64_t x, int64_t y) { return x != y; }
+static inline int64_t i64_max(int64_t x, int64_t y) { return x > y ? x : y; }
+static inline int64_t i64_min(int64_t x, int64_t y) { return x < y ? x : y; }
+/* Floor division and its remainder; by 0 both give 0 (NumPy's), and by -1
+ * they never divide (INT64_MIN / -1 traps). */
+static inline int64_t i64_mod(int64_t x, int64_t y) {
+    if (y == 0 || y == -1) return 0;
+    int64_t r = x % y;
+    return r != 0 && (r < 0) != (y < 0) ? r + y : r;
+}
+static inline int64_t i64_floordiv(int64_t x, int64_t y) {
+    if (y == 0) return 0;
+    if (y == -1) return i64_neg(x);
+    int64_t q = x / y;
+    return x % y != 0 && (x < 0) != (y < 0) ? q - 1 : q;
+}
+/* Integer programs never hold the float-only operations (the op rules refuse
+ * those dtypes): identities so the one evaluator compiles for both. */
+static inline int64_t i64_none(int64_t x) { return x; }
+static inline int64_t i64_none2(int64_t x, int64_t y) { (void)y; return x; }
 
 /* d = F(x) or F(x, y) over the chunk; an operand that is one value (sx, sy) is
  * read once, and a result of values only is itself one value. */
@@ -96,7 +153,6 @@ static inline int64_t i64_neg(int64_t x) { return (int64_t)(0 - (uint64_t)x); }
             break;                                                                           \
         }                                                                                    \
         __typeof__(x[0] + 0) xv = x[0], yv = y[0];                                           \
-        (void)xv, (void)yv; /* unused where F ignores an operand (no integer division) */    \
         if (sy) {                                                                            \
             _Pragma("omp simd") for (int64_t i = 0; i < len; i++) d[i] = F(x[i], yv);        \
         } else if (sx) {                                                                     \
@@ -107,19 +163,35 @@ static inline int64_t i64_neg(int64_t x) { return (int64_t)(0 - (uint64_t)x); }
         is_one = false;                                                                      \
     } while (0)
 
-/* Defines NAME (static, or LINKAGE empty): the program over n elements of type
- * T (see above). Integer programs never hold / or functions (the op rules
- * refuse those dtypes). */
-#define CPU_PROGRAM(LINKAGE, NAME, T, NEG, ADD, SUB, MUL, DIV, EXP, TANH, SQRT, GT, LT)      \
-    LINKAGE void NAME(const void *ctx, char *o_, const char *const *in, const int64_t *s,    \
-                      int64_t n) {                                                           \
-        const mk_expr *e = ctx;                                                              \
+/* What one pointwise launch runs: the program, which operands are bool
+ * (bit k), and whether the result is. */
+typedef struct {
+    const mk_expr *e;
+    unsigned bool_in;
+    bool bool_out;
+} cpu_program;
+
+/* Defines NAME: the program over n elements computed in T, the operations
+ * P##_op (float32: f32_ and the C library's; int64: i64_). */
+#define CPU_PROGRAM(NAME, T, P, EXP, TANH, SQRT, LOG, EXP2, SIN, COS, ERF, FLOOR, CEIL, RINT,   \
+                    EXPM1, LOG1P, DIV, POW)                                                  \
+    static void NAME(const void *ctx, char *o_, const char *const *in, const int64_t *s,     \
+                     int64_t n) {                                                            \
+        const cpu_program *pr = ctx;                                                         \
+        const mk_expr *e = pr->e;                                                            \
         T regs[MK_EXPR_MAX][CPU_CHUNK], g[MK_X_IN][CPU_CHUNK], one[MK_EXPR_MAX];             \
         for (int64_t i0 = 0; i0 < n; i0 += CPU_CHUNK) {                                      \
             int64_t len = n - i0 < CPU_CHUNK ? n - i0 : CPU_CHUNK;                           \
             const T *r[MK_X_IN + MK_EXPR_MAX];                                               \
             bool single[MK_X_IN + MK_EXPR_MAX] = {false};                                    \
             for (int k = 0; k < e->n_in; k++) { /* operands: in place, or gathered */        \
+                if (pr->bool_in & (1u << k)) {                                               \
+                    const unsigned char *x = (const unsigned char *)in[k] + i0 * s[k];       \
+                    for (int64_t i = 0; i < len; i++)                                        \
+                        g[k][i] = (T)x[i * s[k]];                                            \
+                    r[k] = g[k];                                                             \
+                    continue;                                                                \
+                }                                                                            \
                 const T *x = (const T *)in[k] + i0 * s[k];                                   \
                 if (s[k] != 1)                                                               \
                     for (int64_t i = 0; i < len; i++)                                        \
@@ -129,22 +201,41 @@ static inline int64_t i64_neg(int64_t x) { return (int64_t)(0 - (uint64_t)x); }
             for (int j = 0; j < e->n; j++) {                                                 \
                 const mk_xinsn *in = &e->insn[j];                                            \
                 bool last = j == e->n - 1, is_one = true;                                    \
-                T *restrict d = last ? (T *)o_ + i0 : regs[j];                               \
+                T *restrict d = last && !pr->bool_out ? (T *)o_ + i0 : regs[j];              \
                 const T *x = r[in->x], *y = r[in->y], *z = r[in->z];                         \
                 bool sx = single[in->x], sy = single[in->y];                                 \
                 switch ((mk_xop)in->op) {                                                    \
                 case MK_X_CONST: one[j] = (T)in->k; break;                                   \
-                case MK_X_NEG: CPU_UNARY(NEG); break;                                        \
+                case MK_X_NEG: CPU_UNARY(P##_neg); break;                                    \
+                case MK_X_ABS: CPU_UNARY(P##_abs); break;                                    \
                 case MK_X_EXP: CPU_UNARY(EXP); break;                                        \
                 case MK_X_TANH: CPU_UNARY(TANH); break;                                      \
                 case MK_X_SQRT: CPU_UNARY(SQRT); break;                                      \
-                case MK_X_ADD: CPU_BINARY(ADD); break;                                       \
-                case MK_X_SUB: CPU_BINARY(SUB); break;                                       \
-                case MK_X_MUL: CPU_BINARY(MUL); break;                                       \
+                case MK_X_LOG: CPU_UNARY(LOG); break;                                        \
+                case MK_X_EXP2: CPU_UNARY(EXP2); break;                                      \
+                case MK_X_SIN: CPU_UNARY(SIN); break;                                        \
+                case MK_X_COS: CPU_UNARY(COS); break;                                        \
+                case MK_X_ERF: CPU_UNARY(ERF); break;                                        \
+                case MK_X_FLOOR: CPU_UNARY(FLOOR); break;                                    \
+                case MK_X_CEIL: CPU_UNARY(CEIL); break;                                      \
+                case MK_X_RINT: CPU_UNARY(RINT); break;                                      \
+                case MK_X_EXPM1: CPU_UNARY(EXPM1); break;                                    \
+                case MK_X_LOG1P: CPU_UNARY(LOG1P); break;                                    \
+                case MK_X_ADD: CPU_BINARY(P##_add); break;                                   \
+                case MK_X_SUB: CPU_BINARY(P##_sub); break;                                   \
+                case MK_X_MUL: CPU_BINARY(P##_mul); break;                                   \
                 case MK_X_DIV: CPU_BINARY(DIV); break;                                       \
-                case MK_X_GT: CPU_BINARY(GT); break;                                         \
-                case MK_X_LT: CPU_BINARY(LT); break;                                         \
-                case MK_X_MAX: CPU_BINARY(MAX_OF); break;                                    \
+                case MK_X_POW: CPU_BINARY(POW); break;                                       \
+                case MK_X_GT: CPU_BINARY(P##_gt); break;                                     \
+                case MK_X_LT: CPU_BINARY(P##_lt); break;                                     \
+                case MK_X_GE: CPU_BINARY(P##_ge); break;                                     \
+                case MK_X_LE: CPU_BINARY(P##_le); break;                                     \
+                case MK_X_EQ: CPU_BINARY(P##_eq); break;                                     \
+                case MK_X_NE: CPU_BINARY(P##_ne); break;                                     \
+                case MK_X_MAX: CPU_BINARY(P##_max); break;                                   \
+                case MK_X_MIN: CPU_BINARY(P##_min); break;                                   \
+                case MK_X_MOD: CPU_BINARY(P##_mod); break;                                   \
+                case MK_X_FLOORDIV: CPU_BINARY(P##_floordiv); break;                         \
                 case MK_X_SELECT: {                                                          \
                     bool sz = single[in->z];                                                 \
                     for (int64_t i = 0; i < len; i++)                                        \
@@ -159,41 +250,48 @@ static inline int64_t i64_neg(int64_t x) { return (int64_t)(0 - (uint64_t)x); }
                 single[MK_X_IN + j] = is_one && !last;                                       \
                 r[MK_X_IN + j] = is_one && !last ? &one[j] : d;                              \
             }                                                                                \
+            if (pr->bool_out) {                                                              \
+                const T *v = regs[e->n - 1];                                                 \
+                for (int64_t i = 0; i < len; i++)                                            \
+                    ((unsigned char *)o_)[i0 + i] = v[i] != 0;                               \
+            }                                                                                \
         }                                                                                    \
     }
 
-#define F_NEG(x) (-(x))
-#define F_ADD(x, y) ((x) + (y))
-#define F_SUB(x, y) ((x) - (y))
-#define F_MUL(x, y) ((x) * (y))
-#define F_DIV(x, y) ((x) / (y))
-#define I_NONE(x) (x)
-#define I_NONE2(x, y) (x)
-#define I_GT(x, y) ((int64_t)((x) > (y)))
-#define I_LT(x, y) ((int64_t)((x) < (y)))
-CPU_PROGRAM(, mk_cpu_program_f32, float, F_NEG, F_ADD, F_SUB, F_MUL, F_DIV, expf, tanhf, sqrtf,
-            f32_gt, f32_lt)
-CPU_PROGRAM(static, program_i64, int64_t, i64_neg, i64_add, i64_sub, i64_mul, I_NONE2, I_NONE,
-            I_NONE, I_NONE, I_GT, I_LT)
+CPU_PROGRAM(program_f32, float, f32, expf, tanhf, sqrtf, logf, exp2f, sinf, cosf, erff, floorf,
+            ceilf, rintf, expm1f, log1pf, f32_div, powf)
+CPU_PROGRAM(program_i64, int64_t, i64, i64_none, i64_none, i64_none, i64_none, i64_none, i64_none,
+            i64_none, i64_none, i64_none, i64_none, i64_none, i64_none, i64_none, i64_none2,
+            i64_none2)
 
-/* The program runner of each dtype the device evaluates expressions in. */
-static const cpu_row_fn programs[MK_DTYPE_COUNT] = {
-    [MK_DTYPE_FLOAT32] = mk_cpu_program_f32,
-    [MK_DTYPE_INT64] = program_i64,
-};
+void mk_cpu_program_f32(const void *ctx, char *o, const char *const *in, const int64_t *s,
+                        int64_t n) {
+    cpu_program pr = {ctx, 0, false};
+    program_f32(&pr, o, in, s, n);
+}
 
 /* out = the program of its operands (an op's a, b broadcast; a fused group's
- * up to MK_X_IN, each with its strides); device.c's table lists the dtypes. */
+ * up to MK_X_IN, each with its strides), computed in the launch's compute
+ * dtype (mk_pointwise_compute_dtype); device.c's table lists the dtypes. */
 int mk_cpu_pointwise(const mk_launch *l, mk_error **err) {
     if (l->expr->n_in > l->n_in || l->n_in > MK_WALK_MAX)
         return MK_INTERNAL(err, "a pointwise program reads operands its launch does not have");
     const mk_tensor *t[MK_WALK_MAX];
     const void *in[MK_WALK_MAX];
-    for (int k = 0; k < l->n_in; k++) t[k] = &l->in[k], in[k] = l->in[k].data;
+    size_t in_size[MK_WALK_MAX];
+    cpu_program pr = {l->expr, 0, l->out.dtype == MK_DTYPE_BOOL};
+    for (int k = 0; k < l->n_in; k++) {
+        t[k] = &l->in[k], in[k] = l->in[k].data;
+        in_size[k] = mk_dtype_size(l->in[k].dtype);
+        if (l->in[k].dtype == MK_DTYPE_BOOL) pr.bool_in |= 1u << k;
+    }
     mk_walk w;
     walk_of(&w, l->out.rank, l->out.shape, l->n_in, t);
-    size_t es = mk_dtype_size(l->out.dtype);
-    walk_run(&w, es, es, l->out.data, in, programs[l->out.dtype], l->expr);
+    mk_dtype c = mk_pointwise_compute_dtype(l);
+    if (c != MK_DTYPE_FLOAT32 && c != MK_DTYPE_INT64)
+        return MK_INTERNAL(err, "a pointwise program in a dtype other than float32 or int64");
+    walk_run(&w, mk_dtype_size(l->out.dtype), in_size, l->out.data, in,
+             c == MK_DTYPE_INT64 ? program_i64 : program_f32, &pr);
     return 0;
 }
 
@@ -229,7 +327,7 @@ int mk_cpu_complex_mul(const mk_launch *l, mk_error **err) {
     mk_walk w;
     walk_of(&w, r - 1, l->out.shape, 2, (const mk_tensor *[]){a, b});
     cpu_complex_ctx ctx = {a->stride[r - 1], b->stride[r - 1]};
-    walk_run(&w, 2 * sizeof(float), sizeof(float), l->out.data,
+    walk_run(&w, 2 * sizeof(float), (const size_t[]){sizeof(float), sizeof(float)}, l->out.data,
              (const void *[]){a->data, b->data}, row_complex_mul, &ctx);
     return 0;
 }
@@ -317,7 +415,7 @@ int mk_cpu_permute(const mk_launch *l, mk_error **err) {
     if (r >= 2 && w.stride[0][r - 2] == 1 && w.stride[0][r - 1] != 1)
         movers[size_log2].transpose(&w, l->out.data, x->data);
     else
-        walk_run(&w, es, es, l->out.data, (const void *[]){x->data}, movers[size_log2].copy,
+        walk_run(&w, es, &es, l->out.data, (const void *[]){x->data}, movers[size_log2].copy,
                  NULL);
     return 0;
 }
@@ -345,7 +443,7 @@ int mk_cpu_cast(const mk_launch *l, mk_error **err) {
     mk_walk w;
     walk_of(&w, l->out.rank, l->out.shape, 1, &x);
     const mk_dtype pair[2] = {l->out.dtype, x->dtype};
-    walk_run(&w, mk_dtype_size(l->out.dtype), mk_dtype_size(x->dtype), l->out.data,
+    walk_run(&w, mk_dtype_size(l->out.dtype), (const size_t[]){mk_dtype_size(x->dtype)}, l->out.data,
              (const void *[]){x->data}, cast_row, pair);
     return 0;
 }

@@ -29,9 +29,10 @@ t:argmax, t:totable) is 1-based, as Lua tables are.
            q:dequantize(scale) (float32 q * scale in blocks)
            mk.quantize_file(path, {offset =, shape =, group =}) -> q, scale
            (mk.quantize of a file's float32 values, read in ~1 MiB pieces)
-           dtypes: float32, int64, float16, bfloat16, int8 (the core's table);
-           elements are Lua numbers in each (float16 and bfloat16 round to
-           nearest even on the way in, int8 takes integers in [-128, 127])
+           dtypes: float32, int64, float16, bfloat16, int8, bool (the core's
+           table); elements are Lua numbers in each (float16 and bfloat16 round
+           to nearest even on the way in, int8 takes integers in [-128, 127]),
+           Lua booleans in bool (mk.tensor({true, false}) is bool)
   files    mk.file_writer(path[, mode]) -> w: w:write(s...) w:commit() w:abort()
            (written whole or not at all, never through a planted link)
   nodes    mk.input(name, dtype, shape) | mk.input(name, shape) (float32)
@@ -41,13 +42,23 @@ t:argmax, t:totable) is 1-based, as Lua tables are.
            ([n] + [m, n], [m, 1] + [1, n] -> [m, n]). A number on either side
            becomes a [1, ..., 1] constant of the other operand's dtype (1 - x,
            2 / x). A host tensor becomes an unnamed constant.
-           -x (x * -1)  x ^ 2, x ^ 1, x ^ -1 (x * x, x, 1 / x; other powers,
-           % and // wait for the op set's rows and are errors until then, as
-           are < <= > >=: comparisons will be x:lt(y) x:le(y) x:gt(y) x:ge(y))
+           -x (x:neg())  x ^ e (x:pow(e); e = 2, 1, -1 are x * x, x, 1 / x)
+           x % y (x:mod(y), Python's: the divisor's sign)  x // y
+           (x:floor_div(y); Lua 5.1 and LuaJIT have the method only); a
+           number on either side of each. Comparisons are methods with bool
+           results (Lua's < <= must give booleans): x:lt(y) x:le(y) x:gt(y)
+           x:ge(y) x:eq(y) x:ne(y)  mk.where(c, a, b) (c bool)
+           x:logical_and(y) x:logical_or(y) x:logical_not() (bool)
+           x:clamp(lo, hi) (numbers or nodes; either may be nil)
            x:T() (axes reversed)  x:transpose(a, b) (two axes swapped; from
            the end where negative): permutes
            x:add(y) x:sub(y) x:mul(y) x:div(y)  x:relu() x:silu() x:exp()
            x:tanh() x:sigmoid() x:gelu() (tanh form)  x:matmul(w)
+           x:abs() x:sqrt() x:rsqrt() x:log() x:exp2() x:sin() x:cos() x:erf()
+           x:floor() x:ceil() x:round() (ties to even) x:sign() x:reciprocal()
+           x:leaky_relu([alpha = 0.01]) x:elu([alpha = 1]) x:softplus()
+           x:gelu_erf() (= x:gelu{approximate = "none"}) x:hardswish() x:mish()
+           x:pow(y) x:minimum(y) x:maximum(y) x:mod(y) x:floor_div(y)
            x:slice(b, e) x:reshape{...} (one dim may be -1: what the count
            leaves) x:permute{...} (or the integers as arguments)  x:replace(r, b, e) x:rms_norm(w) x:complex_mul(f)
            x:sliced_softmax(p) x:argmax()  mk.embedding(table, ids)
@@ -364,47 +375,64 @@ local function describe(v)
     return is_node(v) and tostring(v) or type(v) == "number" and tostring(v) or type(v)
 end
 
--- -x is x * -1: a product by -1 only flips the sign bit, as negation does.
-node_mt.__unm = node_mt.__unm or function(x)
-    return x * -1
-end
-
--- x ^ e for the exponents whose result an exact pow (rounded once) would
--- give with a row the core has: x * x and 1 / x round once, as pow rounds.
-node_mt.__pow = node_mt.__pow or function(x, e)
+-- x ^ e: PowNode (the core's __pow), but for the exponents whose result an
+-- exact pow (rounded once) gives with cheaper rows: x * x and 1 / x round
+-- once, as a correctly rounded pow would, and C's powf may not.
+local core_pow = node_mt.__pow
+node_mt.__pow = function(x, e)
     if is_node(x) and type(e) == "number" then
         if e == 1 then return x end
         if e == 2 then return x * x end
         if e == -1 then return 1 / x end
     end
-    raise("argument error", "^ (__pow)",
-        "%s ^ %s needs a pow op, which arrives with the op set (a node to the powers 2, 1 " ..
-        "and -1 are x * x, x and 1 / x)", describe(x), describe(e))
+    return core_pow(x, e)
 end
 
-node_mt.__mod = node_mt.__mod or function(x, y)
-    raise("argument error", "% (__mod)",
-        "%s %% %s needs a remainder op, which arrives with the op set", describe(x), describe(y))
-end
-
-node_mt.__idiv = node_mt.__idiv or function(x, y)
-    raise("argument error", "// (__idiv)",
-        "%s // %s needs a floor op, which arrives with the op set (x / y divides)", describe(x),
-        describe(y))
-end
-
--- Lua's < and <= must return a boolean, not a node: comparisons will be
--- methods with bool results.
-local function comparison(op, event)
+-- Lua's < and <= must return a boolean, not a node: comparisons are the
+-- methods x:lt(y) x:le(y) x:gt(y) x:ge(y) x:eq(y) x:ne(y) (bool results).
+local function comparison(op, event, method)
     return function(x, y)
         raise("argument error", format("%s (%s)", op, event),
-            "%s %s %s cannot be a node (Lua makes it a boolean); comparisons arrive with the " ..
-            "op set as x:lt(y), x:le(y), x:gt(y), x:ge(y) (bool results)", describe(x), op,
-            describe(y))
+            "%s %s %s cannot be a node (Lua makes it a boolean): write x:%s(y), a bool node",
+            describe(x), op, describe(y), method)
     end
 end
-node_mt.__lt = node_mt.__lt or comparison("<", "__lt")
-node_mt.__le = node_mt.__le or comparison("<=", "__le")
+node_mt.__lt = node_mt.__lt or comparison("<", "__lt", "lt")
+node_mt.__le = node_mt.__le or comparison("<=", "__le", "le")
+
+-- Scalar parameters with their defaults; a number becomes a float32 [1]
+-- constant (a node broadcasts as any operand).
+local leaky_relu, elu, gelu, gelu_erf = methods.leaky_relu, methods.elu, methods.gelu, methods.gelu_erf
+function methods.leaky_relu(x, alpha)
+    if alpha == nil then alpha = 0.01 end
+    return leaky_relu(x, alpha)
+end
+function methods.elu(x, alpha)
+    if alpha == nil then alpha = 1 end
+    return elu(x, alpha)
+end
+
+-- x:gelu() is the tanh form (GELUNode, as HamKaas has it); x:gelu{approximate
+-- = "none"} the erf form (x:gelu_erf()), {approximate = "tanh"} the tanh form.
+function methods.gelu(x, opts)
+    if opts == nil then return gelu(x) end
+    local form = type(opts) == "table" and opts.approximate or nil
+    if form == "none" then return gelu_erf(x) end
+    if form == "tanh" then return gelu(x) end
+    raise("argument error", "gelu", "opts must be {approximate = \"none\" | \"tanh\"}, got %s",
+        type(opts) == "table" and tostring(form) or type(opts))
+end
+
+-- x:clamp(lo, hi): either bound may be nil (then x:maximum(lo) or x:minimum(hi)).
+local clamp = methods.clamp
+function methods.clamp(x, lo, hi)
+    if lo == nil and hi == nil then
+        raise("argument error", "clamp", "needs lo, hi or both, got neither")
+    end
+    if lo == nil then return x:minimum(hi) end
+    if hi == nil then return x:maximum(lo) end
+    return clamp(x, lo, hi)
+end
 
 -- x:T(): the axes reversed (NumPy's .T); a vector as it is.
 methods.T = methods.T or function(x)

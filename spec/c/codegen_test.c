@@ -14,6 +14,10 @@
  *   test_random_groups   random pointwise trees: every op with an expression,
  *                        float32 and int64, 1 to 4 operands, broadcasts, a
  *                        strided (permuted) operand read through a copy
+ *   test_issue64_ops     every operation of issue 64's rows in groups (float32,
+ *                        int64), bool mixed into float32 programs (comparisons,
+ *                        where, logic, a bool result), and a where and a
+ *                        comparison alone (the interpreter's exceptions)
  *   test_kernel_source   mk_model_kernel_source: each generated launch's CUDA C,
  *                        clear errors for library launches and bad indexes
  *   test_disk_cache      the cubins kept on disk ($MK_KERNEL_CACHE): read back,
@@ -122,6 +126,61 @@ static void test_random_groups(void) {
 
 /* mk_model_kernel_source: the CUDA C of each generated launch, to read; errors
  * for the others. */
+/* Issue 64's rows: each script's groups (and bool or three-operand nodes
+ * alone) compile with NVRTC; want is how many generated launches it has at
+ * least (a group stops at MK_EXPR_MAX instructions, and nodes of another
+ * shape than the root's stay out of it). */
+static void test_issue64_ops(void) {
+    static const struct {
+        const char *script;
+        int want;
+    } cases[] = {
+        {"$1 = InputTensor(x, float32, [7, 33]);\n$2 = InputTensor(y, float32, [1, 33]);\n"
+         "$3 = AbsNode($1);\n$4 = SqrtNode($3);\n$5 = LogNode($4);\n$6 = Exp2Node($5);\n"
+         "$7 = SinNode($6);\n$8 = CosNode($7);\n$9 = ErfNode($8);\n$10 = FloorNode($9);\n"
+         "$11 = CeilNode($10);\n$12 = RoundNode($11);\n$13 = RsqrtNode($12);\n"
+         "$14 = PowNode($13, $2);\n$15 = ModNode($14, $2);\n$16 = FloorDivNode($15, $2);\n"
+         "result = $16;\n",
+         1},
+        {"$1 = InputTensor(x, float32, [5, 9]);\n$2 = InputTensor(a, float32, [1]);\n"
+         "$3 = LeakyReLUNode($1, $2);\n$4 = ELUNode($3, $2);\n$5 = SoftplusNode($4);\n"
+         "$6 = MishNode($5);\n$7 = HardSwishNode($6);\n$8 = GELUErfNode($7);\n"
+         "$9 = SignNode($8);\n$10 = ReciprocalNode($9);\n$11 = NegNode($10);\n"
+         "$12 = MinimumNode($11, $2);\n$13 = MaximumNode($12, $1);\nresult = $13;\n",
+         1},
+        {"$1 = InputTensor(i, int64, [4, 6]);\n$2 = InputTensor(j, int64, [4, 1]);\n"
+         "$3 = InputTensor(k, int64, [6]);\n$4 = ModNode($1, $2);\n$5 = FloorDivNode($4, $3);\n"
+         "$6 = AbsNode($5);\n$7 = SignNode($6);\n$8 = NegNode($7);\n$9 = MinimumNode($8, $2);\n"
+         "$10 = MaximumNode($9, $3);\n$11 = ClampNode($10, $2, $3);\nresult = $11;\n",
+         1},
+        {"$1 = InputTensor(x, float32, [3, 8]);\n$2 = InputTensor(y, float32, [8]);\n"
+         "$3 = InputTensor(c, bool, [3, 1]);\n$4 = GreaterNode($1, $2);\n"
+         "$5 = LogicalNotNode($3);\n$6 = LogicalAndNode($4, $5);\n$7 = LessEqualNode($1, $2);\n"
+         "$8 = LogicalOrNode($6, $7);\n$9 = ExpNode($2);\n$10 = WhereNode($8, $1, $9);\n"
+         "$11 = EqualNode($10, $1);\n$12 = NotEqualNode($11, $3);\nresult = $12;\n",
+         2}, /* the group, and LogicalNotNode [3, 1] alone (bool) */
+        {"$1 = InputTensor(i, int64, [3, 8]);\n$2 = InputTensor(j, int64, [8]);\n"
+         "$3 = InputTensor(c, bool, [3, 8]);\n$4 = GreaterEqualNode($1, $2);\n"
+         "$5 = WhereNode($3, $1, $2);\n$6 = LessNode($1, $2);\nresult = $4, $5, $6;\n",
+         3},
+    };
+    mk_error *err = NULL;
+    mk_context *ctx = mk_context_new(&err);
+    CHECK(ctx != NULL, "context: %s", mk_error_message(err));
+    for (size_t i = 0; ctx && i < sizeof cases / sizeof cases[0]; i++) {
+        mk_model *m = mk_compile(ctx, cases[i].script, NULL, 0, NULL, &err);
+        CHECK(m != NULL, "compile: %s\n%s", mk_error_message(err), cases[i].script);
+        if (!m) break;
+        int checked = mk_model_check_generated(m, 90, &err);
+        CHECK(checked >= cases[i].want, "sm_90: %d generated launches, want %d: %s\n%s", checked,
+              cases[i].want, err ? mk_error_message(err) : "", cases[i].script);
+        mk_model_free(m);
+        mk_error_free(err);
+        err = NULL;
+    }
+    mk_context_free(ctx);
+}
+
 static void test_kernel_source(void) {
     const char *text =
         "$1 = InputTensor(x, float32, [1, 32]);\n"
@@ -567,6 +626,7 @@ int main(void) {
         SKIP(test_attention_rows, why);
     } else {
         RUN(test_random_groups);
+        RUN(test_issue64_ops);
         RUN(test_kernel_source);
         RUN(test_disk_cache);
         RUN(test_shared_program);
