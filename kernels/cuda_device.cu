@@ -380,6 +380,21 @@ struct cuda_kernel_table {
         k[MK_KERNEL_DEQUANTIZE] = {mk_cuda_dequantize, F32 | MK_DTYPE_BIT(MK_DTYPE_INT8)};
         k[MK_KERNEL_FAKE_QUANTIZE] = {mk_cuda_fake_quantize, F32};
         k[MK_KERNEL_SAMPLE] = {mk_cuda_sample, F32 | I64};                 /* int64: state, result */
+        /* reductions and norms (reduce.cu): float32; argmax, argmin: int64 out */
+        k[MK_KERNEL_REDUCE_SUM] = {mk_cuda_reduce_sum, F32};
+        k[MK_KERNEL_REDUCE_MEAN] = {mk_cuda_reduce_mean, F32};
+        k[MK_KERNEL_REDUCE_MAX] = {mk_cuda_reduce_max, F32};
+        k[MK_KERNEL_REDUCE_MIN] = {mk_cuda_reduce_min, F32};
+        k[MK_KERNEL_REDUCE_PROD] = {mk_cuda_reduce_prod, F32};
+        k[MK_KERNEL_REDUCE_VAR] = {mk_cuda_reduce_var, F32};
+        k[MK_KERNEL_ARGMAX_AXIS] = {mk_cuda_argmax_axis, F32 | I64};
+        k[MK_KERNEL_ARGMIN_AXIS] = {mk_cuda_argmin_axis, F32 | I64};
+        k[MK_KERNEL_SOFTMAX] = {mk_cuda_softmax, F32};
+        k[MK_KERNEL_LOG_SOFTMAX] = {mk_cuda_log_softmax, F32};
+        k[MK_KERNEL_LAYER_NORM] = {mk_cuda_layer_norm, F32};
+        k[MK_KERNEL_GROUP_NORM] = {mk_cuda_group_norm, F32};
+        k[MK_KERNEL_BATCH_NORM] = {mk_cuda_batch_norm, F32};
+        k[MK_KERNEL_RMS_NORM_EPS] = {mk_cuda_rms_norm_eps, F32};
 #ifdef MK_WITH_CUDNN
         k[MK_KERNEL_CUDNN_GROUP] = {mk_cuda_cudnn_group, F32};
 #else

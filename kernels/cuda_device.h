@@ -6,7 +6,7 @@
  *
  * Files: cuda_device.cu (device table, graph capture, staging, faults, the
  * plugin's entry), pointwise.cu, matmul.cu, norm_softmax.cu, gather.cu,
- * sample.cu (one per kernel family); cudnn_fuser.cu (fused groups, CUDNN=1
+ * sample.cu, reduce.cu (one per kernel family); cudnn_fuser.cu (fused groups, CUDNN=1
  * builds only) reads the stream from the same state; timeline.cu times the
  * generated launches inside the graph (MK_CUDA_TIMELINE).
  *
@@ -325,6 +325,21 @@ int mk_cuda_argmax(const mk_launch *l, mk_error **err);         /* norm_softmax.
 int mk_cuda_sample(const mk_launch *l, mk_error **err);         /* sample.cu */
 int mk_cuda_embedding(const mk_launch *l, mk_error **err);      /* gather.cu */
 int mk_cuda_replace_slice(const mk_launch *l, mk_error **err);  /* gather.cu */
+/* reductions and norms over any axes (reduce.cu) */
+int mk_cuda_reduce_sum(const mk_launch *l, mk_error **err);
+int mk_cuda_reduce_mean(const mk_launch *l, mk_error **err);
+int mk_cuda_reduce_max(const mk_launch *l, mk_error **err);
+int mk_cuda_reduce_min(const mk_launch *l, mk_error **err);
+int mk_cuda_reduce_prod(const mk_launch *l, mk_error **err);
+int mk_cuda_reduce_var(const mk_launch *l, mk_error **err);
+int mk_cuda_argmax_axis(const mk_launch *l, mk_error **err);
+int mk_cuda_argmin_axis(const mk_launch *l, mk_error **err);
+int mk_cuda_softmax(const mk_launch *l, mk_error **err);
+int mk_cuda_log_softmax(const mk_launch *l, mk_error **err);
+int mk_cuda_layer_norm(const mk_launch *l, mk_error **err);
+int mk_cuda_group_norm(const mk_launch *l, mk_error **err);
+int mk_cuda_batch_norm(const mk_launch *l, mk_error **err);
+int mk_cuda_rms_norm_eps(const mk_launch *l, mk_error **err);
 
 #ifdef MK_WITH_CUDNN
 /* cudnn_fuser.cu (left out of CUDNN=0 builds): the plugin table's cuDNN hooks,
