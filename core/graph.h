@@ -232,6 +232,8 @@ typedef struct {
                                on the int8 grid (a FakeQuantizeNode folded in); 0: none */
     bool row_products;      /* its matrix-vector groups read float32 weights by rows too
                                ([k, n], n contiguous: an MLP's [in, out]), not only by columns */
+    bool row_groups;        /* it runs row groups (group_rows.c): a row reduction with its
+                               pointwise prologue and epilogue */
 } mk_target;
 
 /* Whether n is one of g's outputs (its value is copied out: no group may absorb it). */
@@ -282,7 +284,7 @@ int mk_safetensors_parse_buffer(const void *file, size_t size, size_t *count, mk
     X(PREFIX_MATMUL) X(CAST) X(DEQUANTIZE) X(FAKE_QUANTIZE) X(SAMPLE) X(CAUSAL_SOFTMAX) \
     X(REDUCE_SUM) X(REDUCE_MEAN) X(REDUCE_MAX) X(REDUCE_MIN) X(REDUCE_PROD) X(REDUCE_VAR) \
     X(ARGMAX_AXIS) X(ARGMIN_AXIS) X(SOFTMAX) X(LOG_SOFTMAX) X(LAYER_NORM) X(GROUP_NORM) \
-    X(BATCH_NORM) X(RMS_NORM_EPS)
+    X(BATCH_NORM) X(RMS_NORM_EPS) X(ROWS_GROUP)
 typedef enum {
     MK_KERNEL_NONE,
 #define MK_KERNEL_ENUM(k) MK_KERNEL_##k,

@@ -395,6 +395,7 @@ struct cuda_kernel_table {
         k[MK_KERNEL_GROUP_NORM] = {mk_cuda_group_norm, F32};
         k[MK_KERNEL_BATCH_NORM] = {mk_cuda_batch_norm, F32};
         k[MK_KERNEL_RMS_NORM_EPS] = {mk_cuda_rms_norm_eps, F32};
+        k[MK_KERNEL_ROWS_GROUP] = {NULL, 0}; /* row groups: the CPU's only (no generator yet) */
 #ifdef MK_WITH_CUDNN
         k[MK_KERNEL_CUDNN_GROUP] = {mk_cuda_cudnn_group, F32};
 #else

@@ -223,6 +223,7 @@ int mk_cpu_layer_norm(const mk_launch *l, mk_error **err);
 int mk_cpu_group_norm(const mk_launch *l, mk_error **err);
 int mk_cpu_batch_norm(const mk_launch *l, mk_error **err);
 int mk_cpu_rms_norm_eps(const mk_launch *l, mk_error **err);
+int mk_cpu_rows_group(const mk_launch *l, mk_error **err);
 
 #pragma GCC visibility pop
 

@@ -280,12 +280,14 @@ static const mk_kernel cpu_kernels[MK_KERNEL_COUNT] = {
     [MK_KERNEL_GROUP_NORM] = {mk_cpu_group_norm, F32},
     [MK_KERNEL_BATCH_NORM] = {mk_cpu_batch_norm, F32},
     [MK_KERNEL_RMS_NORM_EPS] = {mk_cpu_rms_norm_eps, F32},
+    [MK_KERNEL_ROWS_GROUP] = {mk_cpu_rows_group, F32},
 };
 
 const mk_device_ops mk_cpu_device = {
     .name = "cpu",
     .kernels = cpu_kernels,
-    .target = {.pointwise_operands = MK_X_IN, .int8_products = INT64_MAX, .row_products = true},
+    .target = {.pointwise_operands = MK_X_IN, .int8_products = INT64_MAX, .row_products = true,
+               .row_groups = true},
     .open = cpu_open,
     .close = cpu_close,
     .alloc = cpu_alloc,
