@@ -246,6 +246,8 @@ typedef struct {
                                on the int8 grid (a FakeQuantizeNode folded in); 0: none */
     bool row_products;      /* its matrix-vector groups read float32 weights by rows too
                                ([k, n], n contiguous: an MLP's [in, out]), not only by columns */
+    bool row_groups;        /* it runs row groups (group_rows.c): a row reduction with its
+                               pointwise prologue and epilogue */
 } mk_target;
 
 /* Whether n is one of g's outputs (its value is copied out: no group may absorb it). */
@@ -298,7 +300,7 @@ int mk_safetensors_parse_buffer(const void *file, size_t size, size_t *count, mk
     X(CUMSUM) \
     X(REDUCE_SUM) X(REDUCE_MEAN) X(REDUCE_MAX) X(REDUCE_MIN) X(REDUCE_PROD) X(REDUCE_VAR) \
     X(ARGMAX_AXIS) X(ARGMIN_AXIS) X(SOFTMAX) X(LOG_SOFTMAX) X(LAYER_NORM) X(GROUP_NORM) \
-    X(BATCH_NORM) X(RMS_NORM_EPS) \
+    X(BATCH_NORM) X(RMS_NORM_EPS) X(ROWS_GROUP) \
     X(CONV) X(CONV_TRANSPOSE) X(MAX_POOL) X(AVG_POOL) X(ADAPTIVE_AVG_POOL) X(UPSAMPLE_NEAREST)
 typedef enum {
     MK_KERNEL_NONE,

@@ -159,6 +159,24 @@ typedef struct mk_fused_group {
     void *varpack;                 /* bound at capture time to the model's addresses */
 } mk_fused_group;
 
+/*
+ * What a row group node computes (group_rows.c): a row op over the last axis
+ * (SoftmaxNode, LogSoftmaxNode, LayerNormNode of one axis, RmsNormEpsNode)
+ * with the pointwise program that makes its x and the one that reads its
+ * result, as one loop over rows. Operands 0 .. n_prog - 1 are the programs'
+ * (registers); the row op's parameters follow. Every operand is read
+ * broadcast to the result's shape, as its node read it.
+ */
+typedef struct mk_rows_group {
+    const struct mk_op *row_op; /* the row op's row */
+    int n_prog;                 /* operands the programs read */
+    mk_expr prologue;           /* x; n == 0: x is operand `x` as it is */
+    int x;
+    mk_expr epilogue;           /* the result, reading the row op's value in register
+                                   n_prog; n == 0: the row op's value is the result */
+    int w, b, eps;              /* operands: the row op's weight, bias and eps, or -1 */
+} mk_rows_group;
+
 /* ---- groups (group.c) ------------------------------------------------------ */
 
 /*
@@ -173,6 +191,7 @@ typedef enum {
     MK_GROUP_POINTWISE, /* mk_pointwise_group (group_pointwise.c) */
     MK_GROUP_PRODUCT,   /* mk_product_group: matrix-vector or decode attention (product.c) */
     MK_GROUP_CUDNN,     /* mk_fused_group: one cuDNN graph (fusion.c) */
+    MK_GROUP_ROWS,      /* mk_rows_group: a row op with its prologue, epilogue (group_rows.c) */
     MK_GROUP_KINDS
 } mk_group_kind;
 
@@ -231,6 +250,9 @@ static inline bool mk_node_pointwise_mixed(const mk_node *n) {
     bool mixed = n->n_in > 2 || n->dtype == MK_DTYPE_BOOL;
     for (int k = 0; k < n->n_in; k++) mixed = mixed || n->in[k]->dtype == MK_DTYPE_BOOL;
     return mixed;
+}
+static inline mk_rows_group *mk_node_rows(const mk_node *n) {
+    return (mk_rows_group *)mk_group_body(n, MK_GROUP_ROWS);
 }
 /* A group whose kernel the device writes (kernel_source); cuDNN builds its own. */
 static inline bool mk_node_generated(const mk_node *n) {

@@ -753,6 +753,10 @@ static const mk_op ops[] = {
          "w * x / sqrt(mean(x^2) + eps) over the last axis, eps float32 [1] (Lua: "
          "x:rms_norm(w, eps); x:rms_norm(w) is RmsNormNode, eps 1e-5)"),
      .infer = mk_infer_rms_norm_eps, .kernel = MK_KERNEL_RMS_NORM_EPS},
+    /* made by the row-group pass (group_rows.c) */
+    {ROW("RowsGroupNode", "s", MK_ROLE_GROUP, MK_OP_INTERNAL, NULL, NULL, NULL,
+         "a row reduction with the pointwise nodes before and after it, as one loop"),
+     .infer = infer_internal, .takes_strided = any_strides, .kernel = MK_KERNEL_ROWS_GROUP},
 
     {ROW("SliceNode", "nii", MK_ROLE_VIEW, 0, "slice", NULL, NULL,
          "rows [begin, end) of the first axis"),

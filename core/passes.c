@@ -206,6 +206,8 @@ static const struct {
     {"group", mk_pointwise_pass},       /* pointwise trees as one program each (group_pointwise.c) */
     {"products", mk_product_pass},      /* matrix-vector products with what surrounds them
                                            (product.c) */
+    {"rows", mk_rows_pass},             /* a row reduction with its prologue and epilogue
+                                           (group_rows.c) */
     {"gathers", mk_gather_pass},        /* one-id embeddings read by those groups (gather.c) */
     {"verify", verify},
 };

@@ -27,6 +27,11 @@ extern const mk_group_class mk_matvec_class, mk_attention_class;
 int mk_gather_pass(mk_graph *g, const mk_compile_options *opts, const mk_target *t,
                     mk_error **err);
 
+/* group_rows.c: a row op with its pointwise prologue and epilogue, on devices
+ * whose target has row_groups */
+int mk_rows_pass(mk_graph *g, const mk_compile_options *opts, const mk_target *t,
+                 mk_error **err);
+
 /* The fusion state of one compile, owned by the model. */
 typedef struct mk_fusion {
     struct mk_cudnn_cache **cache; /* the context's cache (made on first use) */

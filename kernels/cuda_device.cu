@@ -400,6 +400,22 @@ struct cuda_kernel_table {
         k[MK_KERNEL_AVG_POOL] = {mk_cuda_avg_pool, F32};
         k[MK_KERNEL_ADAPTIVE_AVG_POOL] = {mk_cuda_adaptive_avg_pool, F32};
         k[MK_KERNEL_UPSAMPLE_NEAREST] = {mk_cuda_upsample_nearest, F32};
+        /* reductions and norms (reduce.cu): float32; argmax, argmin: int64 out */
+        k[MK_KERNEL_REDUCE_SUM] = {mk_cuda_reduce_sum, F32};
+        k[MK_KERNEL_REDUCE_MEAN] = {mk_cuda_reduce_mean, F32};
+        k[MK_KERNEL_REDUCE_MAX] = {mk_cuda_reduce_max, F32};
+        k[MK_KERNEL_REDUCE_MIN] = {mk_cuda_reduce_min, F32};
+        k[MK_KERNEL_REDUCE_PROD] = {mk_cuda_reduce_prod, F32};
+        k[MK_KERNEL_REDUCE_VAR] = {mk_cuda_reduce_var, F32};
+        k[MK_KERNEL_ARGMAX_AXIS] = {mk_cuda_argmax_axis, F32 | I64};
+        k[MK_KERNEL_ARGMIN_AXIS] = {mk_cuda_argmin_axis, F32 | I64};
+        k[MK_KERNEL_SOFTMAX] = {mk_cuda_softmax, F32};
+        k[MK_KERNEL_LOG_SOFTMAX] = {mk_cuda_log_softmax, F32};
+        k[MK_KERNEL_LAYER_NORM] = {mk_cuda_layer_norm, F32};
+        k[MK_KERNEL_GROUP_NORM] = {mk_cuda_group_norm, F32};
+        k[MK_KERNEL_BATCH_NORM] = {mk_cuda_batch_norm, F32};
+        k[MK_KERNEL_RMS_NORM_EPS] = {mk_cuda_rms_norm_eps, F32};
+        k[MK_KERNEL_ROWS_GROUP] = {NULL, 0}; /* row groups: the CPU's only (no generator yet) */
 #ifdef MK_WITH_CUDNN
         k[MK_KERNEL_CUDNN_GROUP] = {mk_cuda_cudnn_group, F32};
 #else

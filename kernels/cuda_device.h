@@ -6,7 +6,7 @@
  *
  * Files: cuda_device.cu (device table, graph capture, staging, faults, the
  * plugin's entry), pointwise.cu, matmul.cu, norm_softmax.cu, gather.cu,
- * sample.cu (one per kernel family); cudnn_fuser.cu (fused groups, CUDNN=1
+ * sample.cu, reduce.cu (one per kernel family); cudnn_fuser.cu (fused groups, CUDNN=1
  * builds only) reads the stream from the same state; timeline.cu times the
  * generated launches inside the graph (MK_CUDA_TIMELINE).
  *
@@ -342,6 +342,21 @@ int mk_cuda_concat(const mk_launch *l, mk_error **err);         /* move.cu */
 int mk_cuda_gather_elements(const mk_launch *l, mk_error **err); /* move.cu */
 int mk_cuda_index_select(const mk_launch *l, mk_error **err);   /* move.cu */
 int mk_cuda_cumsum(const mk_launch *l, mk_error **err);         /* move.cu */
+/* reductions and norms over any axes (reduce.cu) */
+int mk_cuda_reduce_sum(const mk_launch *l, mk_error **err);
+int mk_cuda_reduce_mean(const mk_launch *l, mk_error **err);
+int mk_cuda_reduce_max(const mk_launch *l, mk_error **err);
+int mk_cuda_reduce_min(const mk_launch *l, mk_error **err);
+int mk_cuda_reduce_prod(const mk_launch *l, mk_error **err);
+int mk_cuda_reduce_var(const mk_launch *l, mk_error **err);
+int mk_cuda_argmax_axis(const mk_launch *l, mk_error **err);
+int mk_cuda_argmin_axis(const mk_launch *l, mk_error **err);
+int mk_cuda_softmax(const mk_launch *l, mk_error **err);
+int mk_cuda_log_softmax(const mk_launch *l, mk_error **err);
+int mk_cuda_layer_norm(const mk_launch *l, mk_error **err);
+int mk_cuda_group_norm(const mk_launch *l, mk_error **err);
+int mk_cuda_batch_norm(const mk_launch *l, mk_error **err);
+int mk_cuda_rms_norm_eps(const mk_launch *l, mk_error **err);
 
 #ifdef MK_WITH_CUDNN
 /* cudnn_fuser.cu (left out of CUDNN=0 builds): the plugin table's cuDNN hooks,

@@ -54,6 +54,10 @@ describe("reductions: bad inputs", function()
             "argument error: softmax: the axis must be an integer")
         assert_raises_here(function() local _ = x:layer_norm(1, { eps = {} }) end,
             "argument error: layer_norm: eps must be a number")
+        assert_raises_here(function() local _ = x:layer_norm(1.5) end,
+            "argument error: layer_norm: k (the normalized axes) must be an integer, got 1.5")
+        assert_raises_here(function() local _ = x:group_norm() end,
+            "argument error: group_norm: groups must be an integer, got nil")
     end)
 
     it("dtypes: float32 only, results float32 or int64", function()
@@ -182,5 +186,110 @@ describe("reductions: forms and rules", function()
         local e = math.exp(-1)
         H.assert_close(s, { shape = { 3 }, data = { 1 / (2 + e), 1 / (2 + e), e / (2 + e) } })
         H.assert_close(ls, { shape = { 3 }, data = { -math.log(2 + e), -math.log(2 + e), -1 - math.log(2 + e) } })
+    end)
+end)
+
+describe("row groups: a row op with its pointwise prologue and epilogue", function()
+    -- out of `build` (a function of the inputs), fused and not: the same bits
+    local function same_bits(build, shapes)
+        local ins, feeds = {}, {}
+        for name, shape in pairs(shapes) do
+            ins[name] = mk.input(name, shape)
+            feeds[name] = H.rand(shape, -3, 3)
+        end
+        local y = build(ins)
+        local fused = mk.compile(y)
+        local plain = mk.compile(y, { fuse = false })
+        local a, b = fused:run(feeds), plain:run(feeds)
+        H.assert_close(a, H.ref(b), 0, 0) -- names the first element that differs
+        assert.is_true(a:bytes() == b:bytes(), "the fused bits differ from the nodes'")
+        return fused
+    end
+
+    it("fuses softmax, log_softmax, layer_norm and rms_norm with eps, equal bit for bit", function()
+        local rows, n = math.random(1, 9), math.random(2, 700) -- past one epilogue chunk
+        local xb, xw, xbw = { x = { rows, n }, b = { n } }, { x = { rows, n }, w = { n } },
+            { x = { rows, n }, b = { n }, w = { n } }
+        local forms = {
+            { function(i) return (i.x * 2):softmax() + i.b end, xb },
+            { function(i) return (i.x - i.b):log_softmax(-1) * 3 end, xb },
+            { function(i) return i.x:softmax():relu() end, { x = { rows, n } } },
+            { function(i) return (i.x + 1):layer_norm(1, { weight = i.w, bias = i.b, eps = 1e-3 }) end, xbw },
+            { function(i) return i.x:layer_norm():silu() * i.w end, xw },
+            { function(i) return (i.x * i.x):rms_norm(i.w, 1e-6) - 1 end, xw },
+            { function(i) return i.x:T():T():softmax(1) / 2 end, { x = { rows, n } } },
+        }
+        for k, form in ipairs(forms) do
+            local m = same_bits(form[1], form[2])
+            local report = m:fusion_report()
+            assert.truthy(report:find("rows group", 1, true), k .. ": " .. report)
+        end
+    end)
+
+    it("reads a strided x as it is (no prologue), and rank 1", function()
+        local m = same_bits(function(i) return i.x:permute({ 1, 0 }):softmax() + 1 end,
+            { x = { 7, 3 } })
+        assert.truthy(m:fusion_report():find("rows group", 1, true))
+        same_bits(function(i) return i.x:softmax() * i.x end, { x = { 6 } })
+    end)
+
+    it("leaves alone what another node reads, the outputs, and other axes", function()
+        local x = mk.input("x", { 3, 4 })
+        local p = x * 2
+        local s = p:softmax()
+        -- p is an output too: the softmax still takes its epilogue
+        local m = mk.compile({ s + 1, p })
+        local report = m:fusion_report()
+        assert.truthy(report:find("rows group", 1, true), report)
+        assert.falsy(report:find("HadamardProductNode", 1, true), report)
+        -- the softmax's value is an output: only its prologue joins it
+        m = mk.compile({ s + 1, s })
+        report = m:fusion_report()
+        assert.truthy(report:find("for HadamardProductNode %$%d+, SoftmaxNode %$%d+\n"), report)
+        -- not the last axis
+        m = mk.compile((x * 2):softmax(0) + 1)
+        assert.falsy(m:fusion_report():find("rows group", 1, true))
+        -- layer_norm over two axes
+        m = mk.compile((mk.input("y", { 2, 3, 4 }) * 2):layer_norm(2))
+        assert.falsy(m:fusion_report():find("rows group", 1, true))
+    end)
+end)
+
+describe("reductions on CUDA against the CPU", function()
+    local gpu_it = H.gpu(it, function(why) pending(why) end)
+
+    -- every output of `build` on CUDA, against the CPU's within rounding
+    local function check(build, shapes)
+        local ins, feeds = {}, {}
+        for name, shape in pairs(shapes) do
+            ins[name] = mk.input(name, shape)
+            feeds[name] = H.rand(shape, name == "v" and 0.1 or -2, 2) -- a variance: positive
+        end
+        local ys = build(ins)
+        local cpu <close> = mk.compile(ys)
+        local gpu <close> = mk.compile(ys, { device = "cuda" })
+        local want, got = { cpu:run(feeds) }, { gpu:run(feeds) }
+        for k = 1, #want do H.assert_close(got[k], H.ref(want[k]), 1e-4, 1e-4) end
+    end
+
+    gpu_it("long rows (a block per reduction) and strided x", function()
+        local n = math.random(1025, 5000)
+        check(function(i)
+            local x = i.x
+            return { x:sum(1), x:mean(1), x:max(1), x:min(-1), x:var(1, { correction = 1 }),
+                x:argmax(1), x:argmin(1), x:softmax(), x:log_softmax(1) }
+        end, { x = { 3, n } })
+        check(function(i)
+            local xt = i.x:permute({ 1, 0 })
+            return { xt:sum(0), xt:softmax(0), xt:argmax(0), i.x:layer_norm(), i.x:rms_norm(i.w, 1e-4) }
+        end, { x = { 2, n }, w = { n } })
+        check(function(i) return { (i.x + 0.5):prod(1) } end, { x = { 4, 1100 } })
+    end)
+
+    gpu_it("more reductions than the grid holds at once", function()
+        check(function(i) return { i.x:sum(1), i.x:argmax(1), i.x:softmax(1) } end,
+            { x = { 600000, 2 } })
+        check(function(i) return { i.x:group_norm(4), i.x:batch_norm(i.m, i.v) } end,
+            { x = { 3, 8, 700 }, m = { 8 }, v = { 8 } })
     end)
 end)

@@ -258,6 +258,7 @@ int mk_cpu_max_pool(const mk_launch *l, mk_error **err);
 int mk_cpu_avg_pool(const mk_launch *l, mk_error **err);
 int mk_cpu_adaptive_avg_pool(const mk_launch *l, mk_error **err);
 int mk_cpu_upsample_nearest(const mk_launch *l, mk_error **err);
+int mk_cpu_rows_group(const mk_launch *l, mk_error **err);
 
 #pragma GCC visibility pop
 

@@ -324,12 +324,14 @@ static const mk_kernel cpu_kernels[MK_KERNEL_COUNT] = {
     [MK_KERNEL_AVG_POOL] = {mk_cpu_avg_pool, F32},
     [MK_KERNEL_ADAPTIVE_AVG_POOL] = {mk_cpu_adaptive_avg_pool, F32},
     [MK_KERNEL_UPSAMPLE_NEAREST] = {mk_cpu_upsample_nearest, F32},
+    [MK_KERNEL_ROWS_GROUP] = {mk_cpu_rows_group, F32},
 };
 
 const mk_device_ops mk_cpu_device = {
     .name = "cpu",
     .kernels = cpu_kernels,
-    .target = {.pointwise_operands = MK_X_IN, .int8_products = INT64_MAX, .row_products = true},
+    .target = {.pointwise_operands = MK_X_IN, .int8_products = INT64_MAX, .row_products = true,
+               .row_groups = true},
     .open = cpu_open,
     .close = cpu_close,
     .alloc = cpu_alloc,

@@ -17,6 +17,7 @@
 #include "reductions.h"
 
 #include <math.h>
+#include <string.h>
 
 /* x's elements in reduction o's axes, row-major: V (a float) for each, the
  * last reduced axis as the inner loop. */
@@ -120,6 +121,27 @@ int mk_cpu_argmin_axis(const mk_launch *l, mk_error **err) { return arg_reduce(l
 
 /* ---- softmax, log_softmax along one axis ------------------------------------ */
 
+/* o (stride ost) = softmax or log_softmax of q [n] (stride st); o may be q. */
+static void softmax_row(const float *q, int64_t st, float *o, int64_t ost, int64_t n,
+                        bool take_log) {
+    float m = q[0];
+    for (int64_t j = 1; j < n; j++)
+        if (q[j * st] > m) m = q[j * st];
+    double s = 0.0;
+    for (int64_t j = 0; j < n; j++) {
+        float e = expf(q[j * st] - m);
+        if (!take_log) o[j * ost] = e;
+        s += e;
+    }
+    if (take_log) {
+        float ls = (float)log(s);
+        for (int64_t j = 0; j < n; j++) o[j * ost] = q[j * st] - m - ls;
+    } else {
+        float inv = (float)(1.0 / s);
+        for (int64_t j = 0; j < n; j++) o[j * ost] *= inv;
+    }
+}
+
 static int softmax(const mk_launch *l, bool take_log) {
     const mk_tensor *x = &l->in[0];
     mk_reduce_plan p = mk_reduce_plan_of(x, mk_reduce_mask(l->node));
@@ -127,24 +149,8 @@ static int softmax(const mk_launch *l, bool take_log) {
     const float *xp = x->data;
     float *out = l->out.data;
     CPU_FOR(p.outer > 1 && par(p.outer * n * 4), r, p.outer, {
-        const float *q = xp + mk_reduce_offset(&p.kept, r);
-        float *o = out + mk_reduce_offset(&p.kept_out, r);
-        float m = q[0];
-        for (int64_t j = 1; j < n; j++)
-            if (q[j * st] > m) m = q[j * st];
-        double s = 0.0;
-        for (int64_t j = 0; j < n; j++) {
-            float e = expf(q[j * st] - m);
-            if (!take_log) o[j * ost] = e;
-            s += e;
-        }
-        if (take_log) {
-            float ls = (float)log(s);
-            for (int64_t j = 0; j < n; j++) o[j * ost] = q[j * st] - m - ls;
-        } else {
-            float inv = (float)(1.0 / s);
-            for (int64_t j = 0; j < n; j++) o[j * ost] *= inv;
-        }
+        softmax_row(xp + mk_reduce_offset(&p.kept, r), st, out + mk_reduce_offset(&p.kept_out, r),
+                    ost, n, take_log);
     });
     return 0;
 }
@@ -169,26 +175,29 @@ typedef struct {
     bool center;
 } norm_rows;
 
+/* Row r of nr from q (stride st; its parameters at c0 = (r % groups) * per_group) into o
+ * (dense); o may be q. */
+static void norm_row(const norm_rows *nr, int64_t r, const float *q, int64_t st, float *o) {
+    double s = 0.0, ss = 0.0;
+    if (nr->center)
+        for (int64_t j = 0; j < nr->len; j++) s += q[j * st];
+    float mean = (float)(s / (double)nr->len);
+    for (int64_t j = 0; j < nr->len; j++) {
+        double d = (double)q[j * st] - mean;
+        ss += d * d;
+    }
+    float inv = (float)(1.0 / sqrt(ss / (double)nr->len + nr->eps));
+    int64_t c0 = (r % nr->groups) * nr->per_group;
+    for (int64_t j = 0; j < nr->len; j++) {
+        int64_t c = c0 + j / nr->spatial;
+        float y = (q[j * st] - mean) * inv * nr->w[c * nr->ws];
+        o[j] = nr->b ? y + nr->b[c * nr->bs] : y;
+    }
+}
+
 static void norm_run(const norm_rows *nr, const float *x, float *out) {
-    CPU_FOR(nr->rows > 1 && par(nr->rows * nr->len * 2), r, nr->rows, {
-        const float *q = x + r * nr->len;
-        float *o = out + r * nr->len;
-        double s = 0.0, ss = 0.0;
-        if (nr->center)
-            for (int64_t j = 0; j < nr->len; j++) s += q[j];
-        float mean = (float)(s / (double)nr->len);
-        for (int64_t j = 0; j < nr->len; j++) {
-            double d = (double)q[j] - mean;
-            ss += d * d;
-        }
-        float inv = (float)(1.0 / sqrt(ss / (double)nr->len + nr->eps));
-        int64_t c0 = (r % nr->groups) * nr->per_group;
-        for (int64_t j = 0; j < nr->len; j++) {
-            int64_t c = c0 + j / nr->spatial;
-            float y = (q[j] - mean) * inv * nr->w[c * nr->ws];
-            o[j] = nr->b ? y + nr->b[c * nr->bs] : y;
-        }
-    });
+    CPU_FOR(nr->rows > 1 && par(nr->rows * nr->len * 2), r, nr->rows,
+            { norm_row(nr, r, x + r * nr->len, 1, out + r * nr->len); });
 }
 
 static int64_t param_step(const mk_tensor *t) { return mk_tensor_numel(t) == 1 ? 0 : 1; }
@@ -241,6 +250,76 @@ int mk_cpu_batch_norm(const mk_launch *l, mk_error **err) {
         int64_t ch = i / spatial % c;
         float inv = 1.0f / sqrtf(v[ch * vs] + eps);
         out[i] = (xp[i] - m[ch * ms]) * inv * w[ch * ws] + b[ch * bs];
+    });
+    return 0;
+}
+
+/* ---- row groups: a row op with its pointwise prologue and epilogue ------------- */
+
+/* Elements of the epilogue run at a time: the row op's values are copied out of
+ * the result first, which the epilogue then overwrites. */
+#define EPILOGUE_CHUNK 256
+
+/*
+ * Per row of the result (group_rows.c's mk_rows_group): x from the prologue
+ * into the result's row (or operand x as it is), the row op over it in place,
+ * then the epilogue over the row op's values. The same row functions and
+ * programs as the nodes alone, so the same bits. Each operand is read
+ * broadcast to the result's shape, as its node read it.
+ */
+int mk_cpu_rows_group(const mk_launch *l, mk_error **err) {
+    const mk_rows_group *rg = mk_node_rows(l->node);
+    if (!rg || rg->n_prog >= MK_X_IN)
+        return MK_INTERNAL(err, "a row group without its record");
+    const mk_tensor *out = &l->out;
+    int last = out->rank - 1;
+    int64_t len = out->shape[last], rows = mk_tensor_numel(out) / len;
+    mk_axes lead[MK_MAX_INPUTS]; /* each operand's row: its strides over the leading axes */
+    int64_t s[MK_MAX_INPUTS];    /* and along the row */
+    mk_tensor in[MK_MAX_INPUTS];
+    for (int k = 0; k < l->n_in; k++) {
+        in[k] = mk_tensor_broadcast(&l->in[k], out);
+        lead[k] = (mk_axes){.n = last};
+        for (int d = 0; d < last; d++)
+            lead[k].shape[d] = out->shape[d], lead[k].stride[d] = in[k].stride[d];
+        s[k] = in[k].stride[last];
+    }
+    mk_kernel_id kind = rg->row_op->kernel;
+    norm_rows nr = {1, len, 1, 0, 1, NULL, NULL, 0, 0, 0.0f, kind == MK_KERNEL_LAYER_NORM};
+    if (rg->w >= 0) nr.ws = s[rg->w];
+    if (rg->b >= 0) nr.bs = s[rg->b];
+    if (rg->eps >= 0) nr.eps = *(const float *)in[rg->eps].data;
+    CPU_FOR(rows > 1 && par(rows * len * 4), r, rows, {
+        float *o = (float *)out->data + r * len;
+        const char *at[MK_MAX_INPUTS];
+        for (int k = 0; k < l->n_in; k++)
+            at[k] = (const char *)in[k].data +
+                    (size_t)mk_reduce_offset(&lead[k], r) * sizeof(float);
+        const float *q = o;
+        int64_t st = 1;
+        if (rg->prologue.n)
+            mk_cpu_program_f32(&rg->prologue, (char *)o, at, s, len);
+        else
+            q = (const float *)at[rg->x], st = s[rg->x];
+        if (kind == MK_KERNEL_SOFTMAX || kind == MK_KERNEL_LOG_SOFTMAX) {
+            softmax_row(q, st, o, 1, len, kind == MK_KERNEL_LOG_SOFTMAX);
+        } else {
+            norm_rows row = nr;
+            row.w = (const float *)at[rg->w];
+            row.b = rg->b >= 0 ? (const float *)at[rg->b] : NULL;
+            norm_row(&row, 0, q, st, o);
+        }
+        for (int64_t c0 = 0; rg->epilogue.n && c0 < len; c0 += EPILOGUE_CHUNK) {
+            int64_t n = len - c0 < EPILOGUE_CHUNK ? len - c0 : EPILOGUE_CHUNK;
+            float value[EPILOGUE_CHUNK];
+            memcpy(value, o + c0, (size_t)n * sizeof(float));
+            const char *in[MK_X_IN];
+            int64_t si[MK_X_IN];
+            for (int k = 0; k < rg->n_prog; k++)
+                in[k] = at[k] + (size_t)(c0 * s[k]) * sizeof(float), si[k] = s[k];
+            in[rg->n_prog] = (const char *)value, si[rg->n_prog] = 1;
+            mk_cpu_program_f32(&rg->epilogue, (char *)(o + c0), in, si, n);
+        }
     });
     return 0;
 }

@@ -198,14 +198,21 @@ return function(mk, methods)
         check_self("layer_norm", x)
         if type(k) == "table" and opts == nil then k, opts = nil, k end
         opts = options("layer_norm", opts, norm_opts)
+        if k == nil then k = 1 end
+        if not isinteger(k) then
+            fail("argument error", "layer_norm", "k (the normalized axes) must be an integer, got %s", tostring(k))
+        end
         local w, b, eps = norm_params("layer_norm", opts)
-        return raw_layer(x, w, b, eps, k == nil and 1 or k)
+        return raw_layer(x, w, b, eps, k)
     end)
 
     local raw_group = methods.group_norm
     method("group_norm", function(x, groups, opts)
         check_self("group_norm", x)
         opts = options("group_norm", opts, norm_opts)
+        if not isinteger(groups) then
+            fail("argument error", "group_norm", "groups must be an integer, got %s", tostring(groups))
+        end
         local w, b, eps = norm_params("group_norm", opts)
         return raw_group(x, w, b, eps, groups)
     end)
