@@ -51,7 +51,7 @@ extern "C" {
 #define MK_VERSION_MAJOR 0
 #define MK_VERSION_MINOR 1
 #define MK_VERSION_PATCH 0
-#define MK_MAX_RANK 4
+#define MK_MAX_RANK 6 /* dims of a tensor (was 4; mk_tensor_info holds this many) */
 #define MK_MAX_OUTPUTS 8 /* nodes a script's result line may name */
 /* The most elements one tensor may have (2^48): element counts and byte sizes
  * then never overflow. A larger shape is a shape error where it is declared. */

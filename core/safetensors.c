@@ -283,7 +283,7 @@ static int tensor_entry(reader *r, entry *e) {
         } else if (!strcmp(key, "shape") && !have_shape) {
             uint64_t dims[MK_MAX_RANK];
             have_shape = true;
-            rc = int_list(r, dims, MK_MAX_RANK, &e->rank, "shape must be a list of at most 4 "
+            rc = int_list(r, dims, MK_MAX_RANK, &e->rank, "shape must be a list of at most 6 "
                                                            "whole numbers");
             for (int k = 0; !rc && k < e->rank; k++) {
                 if (dims[k] == 0 || dims[k] > (uint64_t)MK_MAX_NUMEL)

@@ -94,8 +94,8 @@ describe("bad inputs", function()
         H.assert_error(function() return x:gather(mk.input("g", "int64", { 2, 3 }), 1) end,
             "shape error:", "rank")
         H.assert_error(function()
-            return mk.input("y", { 2, 2, 2, 2 }):index_select(mk.input("g", "int64", { 2, 2 }), 1)
-        end, "shape error:", "rank 5")
+            return mk.input("y", { 2, 2, 2, 2, 2, 2 }):index_select(mk.input("g", "int64", { 2, 2 }), 1)
+        end, "shape error:", "rank 7")
     end)
 
     it("refuses empty slices and steps that are not positive", function()
@@ -108,14 +108,15 @@ describe("bad inputs", function()
     it("squeeze, flatten, expand, tile and repeats check their shapes", function()
         H.assert_error(function() return x:squeeze(1) end, "shape error:", "axis 1 of [2, 3, 4] is 3")
         H.assert_error(function() return mk.input("v", { 1 }):squeeze(0) end, "shape error:", "rank 0")
-        H.assert_error(function() return mk.input("w", { 1, 1, 1, 1 }):unsqueeze(0) end,
-            "shape error:", "rank 5")
+        H.assert_error(function() return mk.input("w", { 1, 1, 1, 1, 1, 1 }):unsqueeze(0) end,
+            "shape error:", "rank 7")
+        assert.are.same({ 1, 2, 3, 4, 1 }, x:unsqueeze(0):unsqueeze(-1).shape)
         H.assert_error(function() return x:flatten(2, 1) end, "shape error:", "comes after")
         H.assert_error(function() return x:expand({ 2, 6, 4 }) end, "shape error:",
             "[2, 3, 4] does not broadcast to [2, 6, 4]")
         H.assert_error(function() return x:expand({ 3, 4 }) end, "shape error:", "[3, 4]")
         H.assert_error(function() return x:tile({ 1, 0 }) end, "shape error:", "positive")
-        H.assert_error(function() return x:tile({ 1, 1, 1, 1, 2 }) end, "shape error:")
+        H.assert_error(function() return x:tile({ 1, 1, 1, 1, 1, 1, 2 }) end, "shape error:")
         H.assert_error(function() return x:repeat_interleave(0, 1) end, "shape error:", "positive")
     end)
 
@@ -158,6 +159,28 @@ describe("run-time indices", function()
         local g = mk.compile(x:gather(mk.input("g", "int64", { 3, 1 }), 1))
         H.assert_error(function() return g:run({ x = xt, g = mk.tensor({ 0, 4, 1 }, "int64", { 3, 1 }) }) end,
             "evaluation error:", "GatherElementsNode")
+    end)
+end)
+
+describe("views", function()
+    -- one launch: the product reads the slice, expand or squeeze in place
+    local function launches(y) return mk.compile(y):stats().launches end
+
+    it("a strided slice, an expand and a squeeze read by matmul stay views", function()
+        local a, b = mk.input("a", { 8, 4 }), mk.input("b", { 4, 3 })
+        local v = mk.input("v", { 1, 5, 4 })
+        assert.are.equal(1, launches(a:slice_axis(0, 1, 8, 2):matmul(b)))
+        assert.are.equal(1, launches(v:expand({ 3, 5, 4 }):matmul(b)))
+        assert.are.equal(1, launches(v:squeeze(0):unsqueeze(0):flatten(0, 1):matmul(b)))
+        -- a relu reads dense memory only: the slice is copied first
+        assert.are.equal(2, launches(a:slice_axis(0, 1, 8, 2):relu()))
+        -- and the values are the same either way
+        local at, bt = H.rand({ 8, 4 }), H.rand({ 4, 3 })
+        local view = mk.compile(a:slice_axis(0, 1, 8, 2):matmul(b)):run({ a = at, b = bt })
+        local copy = mk.compile(a:slice_axis(0, 1, 8, 2):relu():matmul(b)):run({ a = at, b = bt })
+        local plain = mk.compile((a:slice_axis(0, 1, 8, 2) * 1):matmul(b)):run({ a = at, b = bt })
+        H.assert_close(view, H.ref(plain), 0, 0)
+        assert.are.same({ 4, 3 }, copy.shape)
     end)
 end)
 

@@ -213,8 +213,8 @@ static const bad_case bad[] = {
      MK_ERR_DTYPE, 3, 1, "ids ('i') must be int64"},
     /* ranks and dims */
     {"$1 = InputTensor(x, float32, []);\nresult = $1;", MK_ERR_SHAPE, 1, 1, "rank 0"},
-    {"$1 = InputTensor(x, float32, [1, 2, 3, 4, 5]);\nresult = $1;", MK_ERR_SHAPE, 1, 43,
-     "more than 4"},
+    {"$1 = InputTensor(x, float32, [1, 2, 3, 4, 5, 6, 7]);\nresult = $1;", MK_ERR_SHAPE, 1, 49,
+     "more than 6"},
     {"$1 = InputTensor(x, float32, [2, 0]);\nresult = $1;", MK_ERR_SHAPE, 1, 1,
      "dimension 1 is 0"},
     {"$1 = BufferTensor(float32, [-2]);\nresult = $1;", MK_ERR_SHAPE, 1, 1,

@@ -111,6 +111,7 @@ return function(c)
     mm_case("4-D batches broadcast", { 2, 1, m, k }, { B, k, n })
     mm_case("4-D @ 4-D", { 2, B, m, k }, { 2, B, k, n })
     mm_case("4-D, b broadcast on the first", { 3, 2, m, k }, { 1, 2, k, n })
+    mm_case("6-D batches broadcast", { 2, 1, 2, 1, m, k }, { 3, 1, 2, k, n })
     mm_case("matrix @ batch", { m, k }, { B, k, n })
     -- a large one goes through BLAS on the CPU, through one folded product
     mm_case("[B,T,D] @ [D,O] folded, BLAS-sized", { 3, 40, 33 }, { 33, 70 })
@@ -123,8 +124,8 @@ return function(c)
 
     -- ---- slices and views ----------------------------------------------------------
 
-    for rank = 1, 4 do
-        local shape = rshape(rank, 2, 6)
+    for rank = 1, 6 do
+        local shape = rshape(rank, 2, rank > 4 and 3 or 6)
         local x, xt, xr = input("x", shape)
         local axis = math.random(0, rank - 1)
         local dim = shape[axis + 1]
@@ -206,8 +207,8 @@ return function(c)
 
     -- ---- copies ----------------------------------------------------------------------
 
-    for rank = 1, 4 do
-        local shape = rshape(rank, 1, 5)
+    for rank = 1, 6 do
+        local shape = rshape(rank, 1, rank > 4 and 3 or 5)
         local axis = math.random(0, rank - 1)
         local x, xt, xr = input("x", shape)
         add("flip " .. shape_str(shape) .. " axis " .. axis, x:flip(axis), { x = xt },
@@ -261,10 +262,10 @@ return function(c)
                 node, { x = xt }, want_p, 0, 0)
         end
 
-        -- tile (reps of any length up to 4 - rank extra dims)
-        local nreps = math.random(1, 4)
+        -- tile (reps longer than x's rank add leading dims)
+        local nreps = math.random(1, 5)
         local reps = {}
-        for i = 1, nreps do reps[i] = math.random(1, 3) end
+        for i = 1, nreps do reps[i] = math.random(1, rank > 3 and 2 or 3) end
         local r = math.max(rank, nreps)
         local ts = {}
         for d = 1, r do
@@ -327,7 +328,7 @@ return function(c)
             end), 0, 0)
 
         -- index_select (ONNX Gather): an index of rank 1, or 2 where the result fits
-        local ir = rank < 4 and math.random(1, 2) or 1
+        local ir = rank < 6 and math.random(1, 2) or 1
         local is = {}
         for d = 1, ir do is[d] = math.random(1, 4) end
         local sel, selt, selr = int_input("sel", is, -dim, dim - 1)

@@ -200,7 +200,7 @@ static int node(gen *g, const mk_op_desc *d, const int *ins, int n_in, const int
     return g->count++;
 }
 
-/* A factorisation of x's element count into 1 to 4 dimensions. */
+/* A factorisation of x's element count into 1 to MK_MAX_RANK dimensions. */
 static int reshape_to(gen *g, const gnode *x, int64_t *dims) {
     int64_t left = 1;
     for (int i = 0; i < x->rank; i++) left *= x->shape[i];
