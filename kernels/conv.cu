@@ -219,11 +219,13 @@ static cudnnBackendDescriptor_t keep(const mk_launch *l, conv_plan *p,
 
 /* A dense float32 NCHW tensor. */
 static cudnnBackendDescriptor_t tensor4(const mk_launch *l, conv_plan *p, int64_t uid,
-                                        const int64_t *dims, mk_error **err) {
+                                        const int64_t *dims, const void *data, mk_error **err) {
     cudnnBackendDescriptor_t t = keep(l, p, CUDNN_BACKEND_TENSOR_DESCRIPTOR, "a tensor", err);
     if (!t) return NULL;
     int64_t strides[4] = {dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1};
-    int64_t align = 4;
+    /* the widest of 16, 8, 4 bytes that its address keeps (x may be a view) */
+    int64_t align = 16;
+    while (align > 4 && (uintptr_t)data % (uintptr_t)align) align /= 2;
     cudnnDataType_t dtype = CUDNN_DATA_FLOAT;
     DNN("tensor data type",
         cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dtype));
@@ -251,9 +253,9 @@ static cudnnBackendDescriptor_t conv_graph(const mk_launch *l, conv_plan *p, cud
     bool transposed = l->node->op->kernel == MK_KERNEL_CONV_TRANSPOSE;
     int64_t xd[4] = {g.n, g.c, g.h, g.w}, yd[4] = {g.n, g.o, g.oh, g.ow};
     int64_t wd[4] = {transposed ? g.c : g.o, (transposed ? g.o : g.c) / g.groups, g.kh, g.kw};
-    cudnnBackendDescriptor_t x = tensor4(l, p, UID_X, xd, err);
-    cudnnBackendDescriptor_t w = x ? tensor4(l, p, UID_W, wd, err) : NULL;
-    cudnnBackendDescriptor_t y = w ? tensor4(l, p, UID_Y, yd, err) : NULL;
+    cudnnBackendDescriptor_t x = tensor4(l, p, UID_X, xd, l->in[0].data, err);
+    cudnnBackendDescriptor_t w = x ? tensor4(l, p, UID_W, wd, l->in[1].data, err) : NULL;
+    cudnnBackendDescriptor_t y = w ? tensor4(l, p, UID_Y, yd, l->out.data, err) : NULL;
     if (!y) return NULL;
 
     cudnnBackendDescriptor_t conv =

@@ -3,15 +3,19 @@ bench_conv.lua — the CPU's two convolution paths on ResNet-18's layer shapes
 (batch 1, 224 x 224 input): im2col + OpenBLAS sgemm (core/cpu/conv.c) and
 oneDNN (core/cpu/conv_dnnl.c, in its preferred blocked layout with reorders
 around it, and in plain NCHW), on 1 and 2 threads. Prints the time per layer
-for each path (milliseconds, the median of the runs) and the whole set.
+for each path (milliseconds, the best of the runs: on a shared machine the
+least disturbed one) and the whole set.
 
-    lua5.4 scripts/bench_conv.lua [--runs N] [--threads 1,2] [--paths im2col,dnnl,dnnl_plain]
+    lua5.4 scripts/bench_conv.lua [--runs N] [--rounds R] [--threads 1,2] [--paths im2col,dnnl,dnnl_plain]
 
-Each (path, threads) pair runs in a child process (the path is chosen by
+Each (path, threads) pair runs in a child process, R rounds of them in
+turn (the best over the rounds is printed, so that one busy moment of a
+shared machine does not decide a cell) (the path is chosen by
 $MK_CPU_CONV and $MK_DNNL_LAYOUT at compile; the threads by $OMP_NUM_THREADS
 and $OPENBLAS_NUM_THREADS, which the libraries read when they start). One
 model per layer: x [1, C, H, W] (an input, fed each run) conv2d with a
 constant weight [O, C, k, k]; a warm-up run, then N timed runs.
+FLOP per layer: 2 O C k² OH OW.
 ]]
 
 local here = (arg and arg[0] or ""):match("^(.*)[/\\]") or "."
@@ -35,12 +39,13 @@ local layers = {
     { "layer4 down 1x1/2", 256, 512, 1, 2, 0, 14 },
 }
 
-local opts = { runs = 7, threads = "1,2", paths = "im2col,dnnl,dnnl_plain", child = nil }
+local opts = { runs = 7, rounds = 1, threads = "1,2", paths = "im2col,dnnl,dnnl_plain", child = nil }
 do
     local i = 1
     while arg and arg[i] do
         local a = arg[i]
         if a == "--runs" then opts.runs = tonumber(arg[i + 1]); i = i + 1
+        elseif a == "--rounds" then opts.rounds = tonumber(arg[i + 1]); i = i + 1
         elseif a == "--threads" then opts.threads = arg[i + 1]; i = i + 1
         elseif a == "--paths" then opts.paths = arg[i + 1]; i = i + 1
         elseif a == "--child" then opts.child = true
@@ -79,7 +84,7 @@ if opts.child then
             times[r] = (mk.clock() - t0) * 1e3
         end
         table.sort(times)
-        print(string.format("%s\t%.3f", L[1], times[(#times + 1) // 2]))
+        print(string.format("%s\t%.3f", L[1], times[1]))
     end
     os.exit(0)
 end
@@ -94,21 +99,27 @@ local env = {
 local columns, results = {}, {}
 for _, t in ipairs(split(opts.threads)) do
     for _, path in ipairs(split(opts.paths)) do
-        local name = path .. " x" .. t
-        columns[#columns + 1] = name
+        columns[#columns + 1] = { name = path .. " x" .. t, path = path, threads = t }
+        results[path .. " x" .. t] = {}
+    end
+end
+for _ = 1, opts.rounds do
+    for _, c in ipairs(columns) do
         local cmd = string.format("env %s OMP_NUM_THREADS=%s OPENBLAS_NUM_THREADS=%s %s %s "
-            .. "--child --runs %d", env[path], t, t, arg[-1] or "lua5.4", arg[0], opts.runs)
+            .. "--child --runs %d", env[c.path], c.threads, c.threads, arg[-1] or "lua5.4",
+            arg[0], opts.runs)
         local pipe = io.popen(cmd)
-        results[name] = {}
+        local r = results[c.name]
         for line in pipe:lines() do
             local layer, ms = line:match("^(.-)\t(.*)$")
-            if layer then results[name][layer] = tonumber(ms) end
+            if layer then r[layer] = math.min(r[layer] or math.huge, tonumber(ms)) end
         end
         pipe:close()
     end
 end
+for k, c in ipairs(columns) do columns[k] = c.name end
 
-io.write(string.format("%-24s", "layer (ms, median)"))
+io.write(string.format("%-24s", "layer (ms, best)"))
 for _, c in ipairs(columns) do io.write(string.format("%14s", c)) end
 io.write("\n")
 local total = {}

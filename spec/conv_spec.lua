@@ -129,4 +129,105 @@ describe("convolution and pooling errors", function()
         local wt = H.rand({ 2, 3, 5, 5 })
         assert.are.same({ 1, 2, 2, 2 }, m:run({ x = xt, w = wt }).shape)
     end)
+
+    -- oneDNN is chosen in the environment when a model compiles, so each path
+    -- runs in a child process; im2col's result is the reference
+    local CHILD = [==[
+local mk = require "moonkaas"
+local logged = ""
+mk.on_log(function(level, message) logged = logged .. message .. "\n" end)
+math.randomseed(SEED)
+local function rand(shape)
+    local n, t = 1, {}
+    for _, d in ipairs(shape) do n = n * d end
+    for i = 1, n do t[i] = math.random() * 2 - 1 end
+    return mk.tensor(t, "float32", shape)
+end
+local x = mk.input("x", "float32", { 2, 6, 9, 7 })
+local w, b = rand({ 4, 3, 3, 2 }), rand({ 4 })
+local y = x:conv2d(w, { stride = { 2, 1 }, padding = 1, dilation = { 1, 2 }, groups = 2, bias = b })
+local out = mk.compile(y):run({ x = rand({ 2, 6, 9, 7 }) })
+local f = io.open(PATH, "w")
+local n = 1
+for _, d in ipairs(out.shape) do n = n * d end
+for _, v in ipairs(out:reshape({ n }):totable()) do f:write(string.format("%.9g\n", v)) end
+f:close()
+local maps = io.open("/proc/self/maps"):read("a")
+print("dnnl_mapped=" .. tostring(maps:find("libdnnl", 1, true) ~= nil))
+print("log=" .. (logged:match("[^\n]*im2col[^\n]*") or ""))
+print("done=true")
+]==]
+
+    local function run_path(env)
+        local path = os.tmpname()
+        local seed = math.random(1, 1000000)
+        local r = H.run_lua("env " .. env .. " lua5.4",
+            string.format("SEED = %d\nPATH = %q\n", seed, path), CHILD)
+        local values = {}
+        for line in io.lines(path) do values[#values + 1] = tonumber(line) end
+        os.remove(path)
+        return r, values
+    end
+
+    it("oneDNN's convolution where asked, im2col where oneDNN cannot be opened", function()
+        local seed = math.random(1, 1000000)
+        math.randomseed(seed) -- the same inputs in each child: SEED below
+        local r0, ref = run_path("MK_CPU_CONV=im2col")
+        assert.are.equal("true", r0.done, r0.output)
+        assert.are.equal("false", r0.dnnl_mapped, "im2col must not map oneDNN")
+        math.randomseed(seed)
+        local r1, got = run_path("MK_CPU_CONV=dnnl")
+        assert.are.equal("true", r1.done, r1.output)
+        if r1.dnnl_mapped == "true" then
+            assert.are.equal("", r1.log, "oneDNN refused the convolution")
+            assert.are.equal(#ref, #got)
+            for i = 1, #ref do
+                assert.is_true(math.abs(got[i] - ref[i]) <= 1e-5 + 1e-5 * math.abs(ref[i]),
+                    string.format("element %d: oneDNN %.9g, im2col %.9g", i, got[i], ref[i]))
+            end
+        else -- no libdnnl on this machine: the fallback, with its reason
+            assert.is_truthy(r1.log:find("runs on im2col", 1, true), r1.output)
+        end
+        math.randomseed(seed)
+        local r2, fallback = run_path("MK_CPU_CONV=dnnl MK_DNNL=/nonexistent/libdnnl.so.2")
+        assert.are.equal("true", r2.done, r2.output)
+        assert.are.equal("false", r2.dnnl_mapped)
+        assert.is_truthy(r2.log:find("runs on im2col and sgemm: oneDNN cannot be opened", 1, true),
+            r2.output)
+        assert.are.same(ref, fallback)
+    end)
+
+    -- every convolution case of spec/cases/conv.lua on each CPU path, forced
+    local CASES = [==[
+local H = require "spec.helpers"
+math.randomseed(SEED)
+local n, fallbacks = 0, 0
+H.mk().on_log(function(level, message)
+    if message:find("runs on im2col", 1, true) then fallbacks = fallbacks + 1 end
+end)
+for _, case in ipairs(H.family_cases()) do
+    if case.name:find("^Conv") then
+        local out = H.mk().compile(case.output):run(case.feeds)
+        H.assert_close(out, case.want, case.atol, case.rtol)
+        n = n + 1
+    end
+end
+local maps = io.open("/proc/self/maps"):read("a")
+print("dnnl_mapped=" .. tostring(maps:find("libdnnl", 1, true) ~= nil))
+print("checked=" .. n)
+print("fallbacks=" .. fallbacks)
+print("done=true")
+]==]
+
+    it("each CPU path computes every convolution case", function()
+        for _, path in ipairs({ "im2col", "dnnl" }) do
+            local r = H.run_lua("env MK_CPU_CONV=" .. path .. " lua5.4",
+                string.format("SEED = %d\n", math.random(1, 1000000)), CASES)
+            assert.are.equal("true", r.done, path .. ":\n" .. r.output)
+            assert.is_true(tonumber(r.checked) >= 10, r.output)
+            if path == "im2col" then assert.are.equal("false", r.dnnl_mapped) end
+            -- with oneDNN on this machine, it takes every case (no fallback to im2col)
+            if r.dnnl_mapped == "true" then assert.are.equal("0", r.fallbacks, r.output) end
+        end
+    end)
 end)

@@ -10,8 +10,7 @@
  * Where the library is missing or refuses the shape, the launch stays on
  * im2col (conv.c) and the compile's log says why.
  *
- * Which path a model takes: $MK_CPU_CONV=im2col or dnnl, else im2col (the
- * measurements in doc/performance.md, "CPU convolutions"; scripts/bench_conv.lua).
+ * Which launches take it: device.c's prepare_dnnl (the rule, $MK_CPU_CONV).
  */
 #include "cpu.h"
 #include "conv.h"
@@ -188,6 +187,11 @@ mk_cpu_dnnl_conv *mk_cpu_dnnl_conv_make(const mk_launch *l, char *why, size_t si
 /* The launch's convolution: reorders in, the convolution, the reorder out. */
 int mk_cpu_dnnl_conv_run(const mk_cpu_dnnl_conv *c, const mk_launch *l, mk_error **err) {
     void *data[N_ARGS] = {l->in[0].data, l->in[1].data, l->out.data};
+#ifdef _OPENMP
+    /* oneDNN's regions take OpenMP's count: the launch's cap for this call */
+    int outer = omp_get_max_threads();
+    omp_set_num_threads(max_threads());
+#endif
     dnnl_memory_t use[N_ARGS];
     bool ok = true;
     for (int k = 0; k < N_ARGS; k++) {
@@ -211,6 +215,9 @@ int mk_cpu_dnnl_conv_run(const mk_cpu_dnnl_conv *c, const mk_launch *l, mk_error
                  (dnnl_exec_arg_t[]){{DNNL_ARG_FROM, c->mine[DST]}, {DNNL_ARG_TO, c->user[DST]}}) ==
              dnnl_success;
     ok = ok && dnnl.dnnl_stream_wait(c->stream) == dnnl_success;
+#ifdef _OPENMP
+    omp_set_num_threads(outer);
+#endif
     if (!ok)
         return mk_fail(err, MK_ERR_DEVICE, l->node->line, l->node->column,
                        "%s $%d: oneDNN's convolution failed", l->node->op->name, l->node->id);

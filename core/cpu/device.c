@@ -142,21 +142,30 @@ static size_t tensor_bytes(const mk_tensor *t) {
 }
 
 /*
- * The convolutions that take oneDNN ($MK_CPU_CONV=dnnl; conv_dnnl.c): one
- * oneDNN convolution per launch, or, where oneDNN is missing or refuses it,
- * im2col with the reason in the compile's log. -1: out of memory.
+ * The convolutions that take oneDNN (conv_dnnl.c): each forward convolution
+ * by default, but on one thread those whose weights outnumber their result's
+ * elements 16 times (ResNet-18's last layers), which oneDNN's per-run reorder
+ * of the weights makes slower than im2col (doc/performance.md, "CPU
+ * convolutions"); $MK_CPU_CONV=dnnl takes every one to oneDNN, im2col none.
+ * Where oneDNN is missing or refuses one, im2col, and the compile's log says
+ * why. -1: out of memory.
  */
 static int prepare_dnnl(cpu_state *s, const mk_launch *launches, int n, const mk_host *host) {
     const char *path = getenv("MK_CPU_CONV");
-    if (!path || strcmp(path, "dnnl")) return 0;
+    bool all = path && !strcmp(path, "dnnl");
+    if (path && !all && !strcmp(path, "im2col")) return 0;
     for (int i = 0; i < n; i++) {
-        if (launches[i].node->op->kernel != MK_KERNEL_CONV) continue;
+        const mk_launch *l = &launches[i];
+        if (l->node->op->kernel != MK_KERNEL_CONV) continue;
+        if (!all && s->threads[i] == 1 &&
+            mk_tensor_numel(&l->in[1]) > 16 * mk_tensor_numel(&l->out))
+            continue;
         if (!s->dnnl && !(s->dnnl = calloc((size_t)n, sizeof *s->dnnl))) return -1;
         char why[256] = "";
-        s->dnnl[i] = mk_cpu_dnnl_conv_make(&launches[i], why, sizeof why);
+        s->dnnl[i] = mk_cpu_dnnl_conv_make(l, why, sizeof why);
         if (!s->dnnl[i])
             host->log(host, MK_LOG_INFO, "cpu: %s $%d runs on im2col and sgemm: %s",
-                      launches[i].node->op->name, launches[i].node->id, why);
+                      l->node->op->name, l->node->id, why);
     }
     return 0;
 }
