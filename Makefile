@@ -109,7 +109,7 @@ CFLAGS   += -I$(BUILD)/core/onnx -DMK_WITH_ONNX
 ONNX_LIBS := -lprotobuf-c
 LDLIBS   += $(ONNX_LIBS)
 else
-CORE_SRC := $(filter-out core/onnx/import.c core/onnx/onnx_ops.c,$(CORE_SRC))
+CORE_SRC := $(filter-out core/onnx/import.c core/onnx/onnx_ops.c core/onnx/values.c,$(CORE_SRC))
 ONNX_LIBS :=
 endif
 CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/%.o) $(if $(filter 1,$(ONNX)),$(ONNX_GEN).o)
@@ -192,7 +192,8 @@ $(ONNX_GEN).c $(ONNX_GEN).h: core/onnx/onnx.proto
 	$(PROTOC_C) --c_out=$(dir $@) -Icore/onnx core/onnx/onnx.proto
 $(ONNX_GEN).o: $(ONNX_GEN).c $(ONNX_GEN).h $(STAMP)
 	$(CC) $(CFLAGS) -Wno-unused-parameter -c $< -o $@
-$(BUILD)/core/onnx/import.o $(BUILD)/core/onnx/onnx_ops.o: $(ONNX_GEN).h core/onnx/onnx.h
+$(BUILD)/core/onnx/import.o $(BUILD)/core/onnx/onnx_ops.o $(BUILD)/core/onnx/values.o: \
+    $(ONNX_GEN).h core/onnx/onnx.h
 # onnx_test builds its files with the generated C
 $(BUILD)/tests/onnx_test: $(ONNX_GEN).h
 endif

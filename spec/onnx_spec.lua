@@ -519,6 +519,12 @@ describe("ONNX import refuses", function()
             "ONNX node 'f' %(Flatten, opset 17%): attribute 'axes' is not supported %(Flatten takes axis%)")
         local old = graph(relu.nodes, relu.inputs, relu.outputs, {}, 12)
         expect_error(old, "ONNX opset 12 is not supported %(13 to 21%)")
+        expect_error(graph(relu.nodes, relu.inputs, relu.outputs, {}, 22),
+            "ONNX opset 22 is not supported %(13 to 21%)")
+        for _, opset in ipairs({ 13, 21 }) do
+            local m = mk.load_onnx(O.write(graph(relu.nodes, relu.inputs, relu.outputs, {}, opset)))
+            assert.are.equal(opset, m.opset)
+        end
         expect_error(graph({ { op = "Gather", inputs = { "x", "i" }, outputs = { "y" }, name = "g",
                                attrs = { axis = { i = 1 } } } },
             { O.vi("x", { 2, 3 }), O.vi("i", { 2 }, "INT64") }, { O.vi("y", nil) }),

@@ -1,7 +1,9 @@
 /*
  * onnx.h — what the ONNX importer's files share (core/onnx/):
- *   import.c    the file (protobuf-c's ModelProto), initializers and external
- *               data, graph inputs, node order, the values, the script text
+ *   import.c    the file (protobuf-c's ModelProto), graph inputs, node order,
+ *               the lowering loop, the public functions
+ *   values.c    ONNX types, known values, initializers and external data,
+ *               names, the rows' errors and attributes, the script lines
  *   onnx_ops.c  the mapping table: one row per ONNX op, with the moonkaas op
  *               or small subgraph it becomes and the rules of its attributes;
  *               folding of shape-computing nodes whose inputs are all known
@@ -35,6 +37,88 @@ typedef struct {
 
 typedef struct ox_import ox_import;
 typedef struct Onnx__NodeProto Onnx__NodeProto;
+typedef struct Onnx__ModelProto Onnx__ModelProto;
+typedef struct Onnx__TensorProto Onnx__TensorProto;
+
+/* Files up to this size are read; larger ones mapped. */
+#define OX_READ_BYTES ((size_t)64 << 20)
+/* The largest value computed at load (a folded node's result). */
+#define OX_FOLD_BYTES ((size_t)256 << 20)
+
+/* ---- the import (import.c) and its values (values.c) ---------------------------- */
+
+typedef struct {
+    char *name;         /* script name */
+    mk_dtype dtype;
+    int rank;
+    int64_t shape[MK_MAX_RANK];
+    const void *data;
+} ox_constant;
+
+typedef struct {
+    char *onnx_name;
+    char *name;         /* script name */
+    mk_dtype dtype;
+    int rank;
+    int64_t shape[MK_MAX_RANK];
+} ox_input;
+
+struct mk_onnx {
+    char *script;
+    int opset;
+    Onnx__ModelProto *model; /* raw_data of initializers is read in place */
+    size_t n_constants, n_inputs, n_outputs;
+    ox_constant *constants;
+    ox_input *inputs;
+    char **outputs;
+    void **owned;       /* host memory the import allocated */
+    size_t n_owned, cap_owned;
+    mk_mapped *maps;    /* external data files */
+    size_t n_maps;
+};
+
+/* names to pointers, open addressing (values by ONNX name; script names used) */
+typedef struct {
+    const char **keys;
+    void **vals;
+    size_t cap, n;
+} ox_map;
+
+struct ox_import {
+    mk_onnx *o;
+    const char *path;
+    char *dir;          /* the model's folder, resolved */
+    const mk_onnx_options *opts;
+    ox_map values;      /* ONNX name -> ox_value */
+    ox_map names;       /* script names taken */
+    ox_value **all;     /* every value, to free */
+    size_t n_all, cap_all;
+    mk_strbuf script;
+    int next_id;
+    size_t cap_constants;
+};
+
+ox_value *ox_new_value(ox_import *im, const char *name, mk_error **err);
+/* Registers v under its ONNX name: a second value of one name is an error. */
+int ox_define(ox_import *im, ox_value *v, const char *what, mk_error **err);
+/* A script name for an ONNX name: its characters where the script takes them,
+ * '_' for the others, unique among the script's names. */
+char *ox_script_name(ox_import *im, const char *onnx, mk_error **err);
+char *ox_strdup(ox_import *im, const char *s, mk_error **err);
+/* The element count of a shape: 0, or -1 past 2^48 or for a negative dim. */
+int ox_numel(int rank, const int64_t *shape, int64_t *out);
+/* A TensorProto (an initializer, a Constant's value) as a known value. */
+int ox_tensor_proto(ox_import *im, const Onnx__TensorProto *t, ox_value *v, const char *what,
+                    mk_error **err);
+void *ox_map_get(const ox_map *m, const char *key);
+int ox_map_put(ox_map *m, const char *key, void *val);
+void ox_map_free(ox_map *m);
+const char *ox_node_name(const Onnx__NodeProto *p); /* its name, else its first output's */
+const char *ox_op_name(const Onnx__NodeProto *p);
+/* How a value is held as a node: rank max(rank, 1), a scalar as [1]. */
+int ox_node_rank(const ox_value *v);
+const int64_t *ox_node_shape(const ox_value *v);
+void ox_put_shape(mk_strbuf *b, int rank, const int64_t *shape);
 
 /* One ONNX node being lowered: what the rows' functions read and write. */
 typedef struct {
