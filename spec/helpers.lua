@@ -24,7 +24,8 @@ spec/helpers.lua — what the busted specs share:
                                and checks it; returns the outputs' references
   helpers.all_cases([opts])    op_cases, pointwise_cases and family_cases together: the
                                one cross-device table (ops_spec on the CPU, gpu_spec on CUDA);
-                               opts.large (gpu_spec): the families' large shapes too (c.large)
+                               opts.large (gpu_spec): the families' large shapes too (c.large);
+                               MK_CASES=quick (valgrind): a sample of the families' cases (c.quick)
   helpers.f32(x)               x rounded to float32 (string.pack)
   helpers.round_even(x)        x rounded to an integer, ties to even (x a double)
   helpers.requires_cuda()      nil when a CUDA device is usable, else the reason
@@ -939,7 +940,7 @@ function helpers.family_cases(opts)
     for _, path in ipairs(case_files()) do
         local family = assert(loadfile(path))()
         family({ mk = mk, add = add, steps = steps, input = input, R = R, H = helpers,
-                 large = opts and opts.large })
+                 large = opts and opts.large, quick = os.getenv("MK_CASES") == "quick" })
     end
     return cases
 end

@@ -50,6 +50,11 @@ return function(c)
         return p
     end
     local function bit(mask, d) return math.floor(mask / 2 ^ d) % 2 == 1 end
+    -- c.quick (spec/valgrind.sh: MK_CASES=quick): about one case in five of
+    -- the exhaustive loops, and no large ones; every kernel still runs
+    local quick = c.quick
+    local function keep() return not quick or math.random() < 0.2 end
+    local sizes = quick and { false } or { false, true }
     local function coin() return math.random() < 0.5 end
 
     -- A tensor of values with magnitudes in [lo, hi] and either sign, never
@@ -167,24 +172,26 @@ return function(c)
         for mask = 0, 2 ^ rank - 1 do
             for _, op in ipairs(BIN) do
                 for _, dtype in ipairs(op.i64 and { "float32", "int64" } or { "float32" }) do
-                    local sa = rand_shape(rank, 1, rank <= 2 and 9 or 5)
-                    local sb = copy(sa)
-                    for d = 1, rank do if bit(mask, d - 1) then sb[d] = 1 end end
-                    local at, ar, bt, br = operands(op, dtype, sa, sb)
-                    local feeds, const = {}, coin()
-                    local a = leaf("a", at, false, feeds)
-                    local b = leaf("b", bt, const, feeds)
-                    local tol = dtype == "int64" and 0 or BIN_ATOL
-                    add(string.format("%s %s %s %s (b %s)", op.name, dtype, S(sa), S(sb),
-                            const and "constant" or "input"),
-                        op.f(a, b), feeds, ref_binary(op, ar, br), tol, dtype == "int64" and 0 or BIN_RTOL)
+                    if keep() then
+                        local sa = rand_shape(rank, 1, rank <= 2 and 9 or 5)
+                        local sb = copy(sa)
+                        for d = 1, rank do if bit(mask, d - 1) then sb[d] = 1 end end
+                        local at, ar, bt, br = operands(op, dtype, sa, sb)
+                        local feeds, const = {}, coin()
+                        local a = leaf("a", at, false, feeds)
+                        local b = leaf("b", bt, const, feeds)
+                        local tol = dtype == "int64" and 0 or BIN_ATOL
+                        add(string.format("%s %s %s %s (b %s)", op.name, dtype, S(sa), S(sb),
+                                const and "constant" or "input"),
+                            op.f(a, b), feeds, ref_binary(op, ar, br), tol, dtype == "int64" and 0 or BIN_RTOL)
+                    end
                 end
             end
         end
     end
 
     -- ---- binary ops on large operands: b full, a row, a column, a scalar --------
-    do
+    if not quick then
         local sa = { math.random(64, 100), math.random(250, 300) }
         for _, dtype in ipairs({ "float32", "int64" }) do
             -- one a per dtype: int64 values small enough for exact products
@@ -216,7 +223,7 @@ return function(c)
         for _, dtype in ipairs(u.i64 and { "float32", "int64" } or { "float32" }) do
             local big_rank = math.random(1, 4) -- large (the threaded paths) at one rank
             for rank = 1, 4 do
-                for _, big in ipairs(rank == big_rank and { false, true } or { false }) do
+                for _, big in ipairs(rank == big_rank and sizes or { false }) do
                     local sh = rand_shape(rank, 1, 6)
                     if big then sh[1] = math.floor(40000 / (numel(sh) / sh[1])) + 1 end
                     local xt, xr
@@ -313,6 +320,7 @@ return function(c)
         for _, op in ipairs(BIN) do
             for rep = 1, 3 do
                 local dtype = op.i64 and rep == 3 and "int64" or "float32"
+                if keep() then
                 local sa = rand_shape(rank, 1, rank <= 2 and 9 or 5)
                 local sb = copy(sa)
                 for d = 1, rank do if math.random(0, 2) == 0 then sb[d] = 1 end end
@@ -322,6 +330,7 @@ return function(c)
                 local b = view("b", br, perm_of(rank), math.random(0, 2), coin(), feeds)
                 add(string.format("%s %s of views %s %s", op.name, dtype, S(sa), S(sb)), op.f(a, b), feeds,
                     ref_binary(op, ar, br), dtype == "int64" and 0 or BIN_ATOL, dtype == "int64" and 0 or BIN_RTOL)
+                end
             end
         end
         for _, u in ipairs(UN) do
@@ -332,8 +341,8 @@ return function(c)
                 else _, xr = away(sh, dtype, 0.05, u.hi) end
                 local feeds = {}
                 local x = view("x", xr, perm_of(rank), math.random(0, 2), false, feeds)
-                add(string.format("%s %s of a view %s", u.name, dtype, S(sh)), u.f(x), feeds,
-                    map(xr, u.ref), u.atol, u.rtol)
+                if keep() then add(string.format("%s %s of a view %s", u.name, dtype, S(sh)), u.f(x), feeds,
+                    map(xr, u.ref), u.atol, u.rtol) end
             end
         end
     end
@@ -341,7 +350,7 @@ return function(c)
     -- ---- every pointwise op in one graph, broadcasting between them ----------------
     -- y = relu(silu(gelu(a / b - exp(c)) * sigmoid(tanh(a)))) + exp(c),
     -- a [m, n], b [1, n] (a constant), c [m, 1]; int64: relu((a - b) - c) + c
-    for _, big in ipairs({ false, true }) do
+    for _, big in ipairs(sizes) do
         local m = big and math.random(200, 300) or math.random(1, 9)
         local n = big and math.random(200, 300) or math.random(1, 9)
         local at, ar = away({ m, n }, "float32", 0.1, 1)
@@ -385,6 +394,7 @@ return function(c)
 
     -- ---- matmul: every transposition, every stored layout of batched operands ---------
     local function matmul_case(what, sa, pa, sb, pb)
+        if not keep() then return end
         local ar, br = select(2, away(sa, "float32", 0.1, 1)), select(2, away(sb, "float32", 0.1, 1))
         local feeds = {}
         local a = view("a", ar, pa, 0, coin(), feeds)
@@ -395,7 +405,7 @@ return function(c)
     end
     local id2, tr, id3 = { 0, 1 }, { 1, 0 }, { 0, 1, 2 }
     local PERM3 = { { 0, 1, 2 }, { 0, 2, 1 }, { 1, 0, 2 }, { 1, 2, 0 }, { 2, 0, 1 }, { 2, 1, 0 } }
-    for _, big in ipairs({ false, true }) do
+    for _, big in ipairs(sizes) do
         -- big: past the kernels' blocks of 64
         local lo, hi = big and 65 or 1, big and 80 or 12
         local k, n, m = math.random(lo, hi), math.random(lo, hi), math.random(lo, hi)
@@ -443,6 +453,7 @@ return function(c)
 
     -- ---- permute: every permutation of ranks 2 to 4, as the output or through a consumer --
     local function permute_case(dtype, sh, perm)
+        if not keep() then return end
         local xt, xr
         if dtype == "int64" then xt, xr = away(sh, dtype, 1, 2 ^ 40) else xt, xr = away(sh, dtype, 0.1, 1) end
         local x = mk.input("x", dtype, sh):permute(perm)
@@ -497,6 +508,7 @@ return function(c)
     -- argmax of the last axis; with ties, the largest value at two or three
     -- places of each row: the first wins
     local function argmax_case(sh, ties)
+        if not keep() then return end
         local n = sh[#sh]
         local _, xr = away(sh, "float32", 0.1, 3)
         if ties and n > 1 then
@@ -510,7 +522,7 @@ return function(c)
 
     -- ---- rows: rms_norm (small and large), argmax with ties ------------------------------
     for rank = 1, 4 do
-        for _, big in ipairs({ false, true }) do
+        for _, big in ipairs(sizes) do
             local sh = rand_shape(rank, 1, 6)
             sh[rank] = math.random(1, 300)
             if big and rank > 1 then sh[1] = math.floor(40000 / (numel(sh) / sh[1])) + 1 end
@@ -691,7 +703,7 @@ return function(c)
 
     -- sliced_softmax with a run-time prefix: 0, 1, n, random; n + 1 and -1 fail; still usable
     for rank = 1, 4 do
-        for _, big in ipairs({ false, true }) do
+        for _, big in ipairs(sizes) do
             local sh = rand_shape(rank, 1, 5)
             sh[rank] = math.random(2, big and 600 or 40)
             if big and rank > 1 then sh[1] = math.floor(20000 / (numel(sh) / sh[1])) + 1 end
@@ -747,6 +759,7 @@ return function(c)
     -- the output (the buffer, or it times a constant) shows its state, which
     -- persists. Bounds out of range in every way fail and write nothing.
     local function replace_case(dtype, rank, through)
+        if not keep() then return end
         local sh = rand_shape(rank, 2, 5)
         sh[1] = math.random(6, 12)
         local rs = copy(sh)
