@@ -12,8 +12,8 @@
 #   make asan       the same under AddressSanitizer + UBSan (build-asan/; the plugin's
 #                   kernels are build/'s objects: nvcc runs for build/ only)
 #   make valgrind   the C tests and CPU specs under valgrind (build-valgrind/, CUDA=0)
-#   make tsan       every C test (threads_test's threads among them) under ThreadSanitizer
-#                   (build-tsan/, CUDA=0, without OpenMP); any race report fails
+#   make tsan       the C tests that start threads (threads_test, reentry_test, ...) under
+#                   ThreadSanitizer (build-tsan/, CUDA=0, without OpenMP); any race report fails
 #   make fuzz       each libFuzzer target in spec/fuzz/ for FUZZ_SECONDS (default 60) under
 #                   ASan + UBSan, built with clang in build-fuzz/ (no OpenMP: one thread per
 #                   run); fails if any target crashes
@@ -383,16 +383,18 @@ valgrind:
 	$(MAKE) BUILD=build-valgrind CUDA=0 ARCH= all examples-build
 	sh spec/valgrind.sh build-valgrind
 
-# The C tests under ThreadSanitizer, in a CPU-only build (CUDA=0: without a GPU the
-# plugin runs no thread of ours). libgomp and OpenBLAS are not built with TSan: it
+# The C tests that start threads (pthread_create in their source; the others run
+# one thread here, where TSan has nothing to find) under ThreadSanitizer, in a
+# CPU-only build (CUDA=0: without a GPU the plugin runs no thread of ours). libgomp and OpenBLAS are not built with TSan: it
 # cannot see how they hand work to their own threads and would report races in their
 # frames. So this tree is built without OpenMP (-fopenmp-simd: each `#pragma omp
 # parallel` loop runs on its calling thread) and spec/tsan.sh runs OpenBLAS on the
 # calling thread (OPENBLAS_NUM_THREADS=1); nothing is suppressed. The first report
 # fails its test (halt_on_error, exit code 66) and the target.
+TSAN_TESTS := $(patsubst spec/c/%.c,build-tsan/tests/%,$(shell grep -l pthread_create spec/c/*_test.c))
 tsan:
 	$(MAKE) BUILD=build-tsan CUDA=0 OPENMP=-fopenmp-simd OPT="-O1 -fno-omit-frame-pointer" \
-	    SAN="-fsanitize=thread" all
+	    SAN="-fsanitize=thread" $(TSAN_TESTS)
 	sh spec/tsan.sh build-tsan
 
 # libFuzzer targets (spec/fuzz/*_fuzz.c) over a clang build of the library and the

@@ -4,7 +4,7 @@
 -- spending GPU time on it.
 --
 --   lua scripts/kernels.lua SHAPE [-q fp32|bf16|fp16|q8|q8a8] [-l layers] [-o DIR] [--arch N]
---                          [--sample]
+--                          [--sample] [--no-ptxas]
 --
 -- SHAPE is a checkpoint (only its header is read) or its seven header fields,
 -- "dim,hidden,layers,heads,kv_heads,vocab,seq_len" (stories110M:
@@ -17,7 +17,8 @@
 -- as the GPU would compile it. -l sets the layers (default 1: every layer's
 -- kernels are the same), -o the folder for the sources (default a temporary
 -- one, removed after), --arch the GPU (default 90, sm_90), --sample a model
--- that samples its token (default: the argmax). Where nvcc is found
+-- that samples its token (default: the argmax), --no-ptxas the sources only
+-- (no nvcc: its ptxas takes about a second a launch). Where nvcc is found
 -- (PATH, or $CUDA_HOME/bin, or /usr/local/cuda/bin), each source is compiled
 -- with `nvcc -cubin -Xptxas -v` (NVRTC's compiler and ptxas, as at model
 -- compile), and the table has its registers, spills and static shared memory,
@@ -32,7 +33,7 @@ local build = os.getenv("MK_BUILD") or "build"
 package.cpath = build .. "/?.so;" .. package.cpath
 
 local USAGE = "usage: lua scripts/kernels.lua checkpoint|dim,hidden,layers,heads,kv_heads,vocab,seq_len "
-    .. "[-q fp32|bf16|fp16|q8|q8a8] [-l layers] [-o DIR] [--arch N] [--sample]\n"
+    .. "[-q fp32|bf16|fp16|q8|q8a8] [-l layers] [-o DIR] [--arch N] [--sample] [--no-ptxas]\n"
 
 local PRECISIONS = { fp32 = true, bf16 = true, fp16 = true, q8 = true, q8a8 = true }
 
@@ -51,6 +52,9 @@ local function parse(argv)
             os.exit(0)
         elseif a == "--sample" then
             o.sample = true
+            i = i + 1
+        elseif a == "--no-ptxas" then
+            o.no_ptxas = true
             i = i + 1
         elseif a == "-q" or a == "-l" or a == "-o" or a == "--arch" then
             local v = argv[i + 1]
@@ -179,10 +183,11 @@ local function main(argv)
                             precision = o.precision })
     os.remove(path)
     if not ok then fail(tostring(net)) end
-    local nvcc = find_nvcc()
+    local nvcc = not o.no_ptxas and find_nvcc()
     print(string.format("%s%s; sources in %s%s", llama2.checkpoint.describe(c),
         o.precision and (", " .. o.precision) or "", dir,
-        nvcc and string.format("; ptxas for sm_%d", o.arch) or "; no nvcc: sources only"))
+        nvcc and string.format("; ptxas for sm_%d", o.arch)
+            or (o.no_ptxas and "; sources only" or "; no nvcc: sources only")))
     print(string.format("| %-6s | %-78s | %9s | %6s | %6s | %9s |", "launch", "group", "registers", "spills",
                         "smem", "blocks/SM"))
     print("|--------|--------------------------------------------------------------------------------|" ..

@@ -17,9 +17,15 @@ spec/helpers.lua — what the busted specs share:
                                either side, int64 wrap-around, a fused tree)
   helpers.family_cases()       the same from every spec/cases/<family>.lua (one file per
                                family of ops: each returns function(c), c = {mk =, add =,
-                               input =, R = helpers.ref_ops, H = helpers}, and adds its cases)
-  helpers.all_cases()          op_cases, pointwise_cases and family_cases together: the
-                               one cross-device table (ops_spec on the CPU, gpu_spec on CUDA)
+                               steps =, input =, R = helpers.ref_ops, H = helpers}, and adds
+                               its cases; steps(name, output, {{feeds =, want = | error =}, ...})
+                               a stateful one: one model run step after step)
+  helpers.check_case(model, case[, atol, rtol])   runs a case (each step) on a fresh model
+                               and checks it; returns the outputs' references
+  helpers.all_cases([opts])    op_cases, pointwise_cases and family_cases together: the
+                               one cross-device table (ops_spec on the CPU, gpu_spec on CUDA);
+                               opts.large (gpu_spec): the families' large shapes too (c.large);
+                               MK_CASES=quick (valgrind): a sample of the families' cases (c.quick)
   helpers.f32(x)               x rounded to float32 (string.pack)
   helpers.round_even(x)        x rounded to an integer, ties to even (x a double)
   helpers.requires_cuda()      nil when a CUDA device is usable, else the reason
@@ -165,12 +171,17 @@ function helpers.assert_close(got, want, atol, rtol)
     end
     for i = 1, #want.data do
         local g, w = got.data[i], want.data[i]
+        local ok
         if type(w) == "boolean" or type(g) == "boolean" then -- bool: equal, whatever the tolerance
             if g ~= w then
                 error(string.format("element %s (flat %d): got %s, expected %s",
                     shape_str(unflatten(i - 1, want.shape)), i, tostring(g), tostring(w)), 2)
             end
-        elseif not (math.abs(g - w) <= atol + rtol * math.abs(w)) then
+            ok = true
+        elseif w ~= w then ok = g ~= g -- NaN where the reference is NaN
+        elseif w == math.huge or w == -math.huge or (atol == 0 and rtol == 0) then ok = g == w
+        else ok = math.abs(g - w) <= atol + rtol * math.abs(w) end
+        if not ok then
             local idx = unflatten(i - 1, want.shape)
             error(string.format("element %s (flat %d): got %.9g, expected %.9g (atol %g, rtol %g)",
                 shape_str(idx), i, g, w, atol, rtol), 2)
@@ -287,14 +298,17 @@ function R.matmul(a, b)
     else batch, m, k, n = a.shape[1], a.shape[2], a.shape[3], b.shape[3] end
     local shape = #a.shape == 1 and { n } or #a.shape == 2 and { m, n } or { batch, m, n }
     local out = new(shape)
+    local ad, bd, od = a.data, b.data, out.data
     for z = 0, batch - 1 do
         for i = 0, m - 1 do
+            local arow = z * m * k + i * k + 1 -- a[z, i, 0]
             for j = 0, n - 1 do
-                local s = 0.0
-                for l = 0, k - 1 do
-                    s = s + a.data[z * m * k + i * k + l + 1] * b.data[z * k * n + l * n + j + 1]
+                local s, q = 0.0, z * k * n + j + 1 -- b[z, 0, j]
+                for l = arow, arow + k - 1 do
+                    s = s + ad[l] * bd[q]
+                    q = q + n
                 end
-                out.data[z * m * n + i * n + j + 1] = s
+                od[z * m * n + i * n + j + 1] = s
             end
         end
     end
@@ -465,7 +479,29 @@ local function case_list(atol, rtol)
         local t, r = helpers.rand(shape, lo, hi)
         return mk.input(name, "float32", shape), t, r
     end
-    return mk, cases, add, input
+    -- a stateful case: one model run with each step's feeds in turn, each
+    -- giving its want or failing with an error that starts with its `error`
+    local function steps(name, output, list, a, r)
+        cases[#cases + 1] = { name = name, output = output, steps = list, atol = a or atol, rtol = r or rtol }
+    end
+    return mk, cases, add, input, steps
+end
+
+-- Runs case on model (a fresh one: its buffers zero) and checks every value
+-- against the case's references with atol, rtol; returns the outputs' references.
+function helpers.check_case(model, case, atol, rtol)
+    local got = {}
+    for i, step in ipairs(case.steps or { { feeds = case.feeds, want = case.want } }) do
+        if step.error then
+            helpers.assert_error(function() model:run(step.feeds) end, step.error)
+        else
+            local out = model:run(step.feeds)
+            assert(case.output.dtype == out.dtype, "dtype " .. out.dtype .. ", expected " .. case.output.dtype)
+            got[i] = helpers.ref(out)
+            helpers.assert_close(got[i], step.want, atol or case.atol, rtol or case.rtol)
+        end
+    end
+    return got
 end
 
 function helpers.op_cases()
@@ -905,18 +941,19 @@ local function case_files()
     return files
 end
 
-function helpers.family_cases()
-    local mk, cases, add, input = case_list(1e-5, 1e-5)
+function helpers.family_cases(opts)
+    local mk, cases, add, input, steps = case_list(1e-5, 1e-5)
     for _, path in ipairs(case_files()) do
         local family = assert(loadfile(path))()
-        family({ mk = mk, add = add, input = input, R = R, H = helpers })
+        family({ mk = mk, add = add, steps = steps, input = input, R = R, H = helpers,
+                 large = opts and opts.large, quick = os.getenv("MK_CASES") == "quick" })
     end
     return cases
 end
 
-function helpers.all_cases()
+function helpers.all_cases(opts)
     local cases = helpers.op_cases()
-    for _, more in ipairs({ helpers.pointwise_cases(), helpers.family_cases() }) do
+    for _, more in ipairs({ helpers.pointwise_cases(), helpers.family_cases(opts) }) do
         for _, case in ipairs(more) do cases[#cases + 1] = case end
     end
     return cases

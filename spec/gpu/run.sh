@@ -3,10 +3,14 @@
 #
 #   0. build/tests/plugin_test        the CUDA plugin (build/libmoonkaas_cuda.so) loads
 #                                     and its probe finds the device
-#   1. build/tests/cuda_test          every op, CUDA against the CPU and double references
-#   2. busted spec/gpu_spec.lua       the Lua front end on CUDA (#gpu)
-#   3. compute-sanitizer memcheck     cuda_test again (MK_CUDA_TEST_QUICK=1 sizes; the
-#                                     deliberate 1 TiB allocation skipped: it is an API error)
+#   1. build/tests/cuda_test          what only C sees on CUDA (no device, out of memory,
+#                                     interleaved models)
+#   2. busted spec/gpu_spec.lua       every op of the one op-case table (spec/cases/, with
+#                                     the CUDA kernels' shapes), CUDA against the CPU and
+#                                     double references; the Lua front end on CUDA (#gpu)
+#   3. compute-sanitizer memcheck     cuda_test and gpu_spec again (MK_GPU_CASES=small: the
+#                                     table without its large shapes; the deliberate 1 TiB
+#                                     allocation skipped: it is an API error)
 #   4. scripts/bench_ops.lua          op throughput against the measured copy bandwidth
 #
 # Logs go to $OUT (one file per step, at most 8 files); a short summary is
@@ -16,7 +20,7 @@
 #       && make CUDA=1 -j16 && sh spec/gpu/run.sh
 #
 # Options: --no-memcheck, --no-bench, --no-busted, --racecheck (also run
-# compute-sanitizer's shared-memory race checker over the quick cuda_test).
+# compute-sanitizer's shared-memory race checker over the small gpu_spec).
 # Exit status: non-zero when a test step failed (the benchmark never fails the run).
 set -u
 cd "$(dirname "$0")/../.." || exit 2
@@ -72,7 +76,7 @@ grep -a '^not ok\|check failed' "$OUT/cuda_test.log" | head -n 20 | tee -a "$sum
 if [ "$busted" = 1 ]; then
     if [ -f "$BUSTED" ]; then
         t0=$(date +%s)
-        MK_BUILD="$BUILD" timeout 300 lua5.4 "$BUSTED" -o TAP spec/gpu_spec.lua \
+        MK_BUILD="$BUILD" timeout 600 lua5.4 "$BUSTED" -o TAP spec/gpu_spec.lua \
             > "$OUT/gpu_spec.log" 2>&1
         rc=$?
         ok=$(grep -ac '^ok ' "$OUT/gpu_spec.log")
@@ -91,9 +95,12 @@ fi
 if [ "$memcheck" = 1 ]; then
     CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
     t0=$(date +%s)
-    MK_CUDA_TEST_QUICK=1 MK_CUDA_TEST_NO_OOM=1 timeout 360 "$CS" --tool memcheck --leak-check full --error-exitcode 99 \
+    MK_CUDA_TEST_NO_OOM=1 timeout 120 "$CS" --tool memcheck --leak-check full --error-exitcode 99 \
         "$BUILD/tests/cuda_test" > "$OUT/memcheck.log" 2>&1
     rc=$?
+    # the op table's kernels: no leak check (lua5.4 and busted keep what they keep)
+    MK_GPU_CASES=small MK_BUILD="$BUILD" timeout 480 "$CS" --tool memcheck --error-exitcode 99 \
+        lua5.4 "$BUSTED" -o TAP spec/gpu_spec.lua >> "$OUT/memcheck.log" 2>&1 || rc=$?
     line=$(grep -a '^# c-test' "$OUT/memcheck.log" | tail -n 1)
     errs=$(grep -a 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -n 1)
     note "memcheck: rc $rc, ${errs:-no ERROR SUMMARY line}; ${line:-no test summary} ($(( $(date +%s) - t0 )) s)"
@@ -104,8 +111,8 @@ fi
 if [ "$racecheck" = 1 ]; then
     CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
     t0=$(date +%s)
-    MK_CUDA_TEST_QUICK=1 MK_CUDA_TEST_NO_OOM=1 timeout 300 "$CS" --tool racecheck \
-        --error-exitcode 99 "$BUILD/tests/cuda_test" > "$OUT/racecheck.log" 2>&1
+    MK_GPU_CASES=small MK_BUILD="$BUILD" timeout 480 "$CS" --tool racecheck \
+        --error-exitcode 99 lua5.4 "$BUSTED" -o TAP spec/gpu_spec.lua > "$OUT/racecheck.log" 2>&1
     rc=$?
     line=$(grep -a '^# c-test' "$OUT/racecheck.log" | tail -n 1)
     errs=$(grep -a 'RACECHECK SUMMARY\|ERROR SUMMARY' "$OUT/racecheck.log" | tail -n 1)
