@@ -53,8 +53,12 @@ typedef struct mk_launch {
     mk_tensor out;
     mk_tensor in[MK_MAX_INPUTS];
     const mk_expr *expr;       /* a pointwise op's program (MK_KERNEL_POINTWISE), else NULL */
-    void *scratch;             /* scratch_bytes of arena, or NULL */
+    void *scratch;             /* scratch_bytes of arena, or NULL: the op's scratch, then
+                                  the device's (mk_device_ops.launch_memory) */
     size_t scratch_bytes;
+    void *state;               /* state_bytes of arena kept across evaluations (the
+                                  device's launch_memory), zeroed at compile; or NULL */
+    size_t state_bytes;
     void *dev;                 /* the device's per-model state (stream, handles) */
 } mk_launch;
 
@@ -114,6 +118,16 @@ typedef struct mk_device_ops {
     const char *name;
     const mk_kernel *kernels; /* [MK_KERNEL_COUNT], indexed by mk_kernel_id */
     mk_target target;         /* what the passes may assume of it */
+    /* The device memory a model takes beyond its nodes' (NULL: none), asked
+     * before anything is allocated so that max_bytes bounds it and the stats
+     * report it. launch_memory: node n's launch takes *scratch more bytes for
+     * itself alone (after its op's scratch) and keeps *state bytes across
+     * evaluations; the planner gives both out of the arena (mk_launch.scratch,
+     * mk_launch.state). model_memory: what the device allocates itself for the
+     * model at open and prepare (library workspaces, the fault record, the
+     * step loop's words), which it never exceeds. */
+    void (*launch_memory)(const mk_node *n, size_t *scratch, size_t *state);
+    size_t (*model_memory)(const mk_graph *g);
     /* Per-model state (streams, library handles); NULL state is fine for the CPU. */
     int (*open)(void **state, mk_error **err);
     void (*close)(void *state);
@@ -160,7 +174,7 @@ int64_t mk_argmax_row(const float *x, int64_t n);
  * returning this table. The plugin is built from the same tree as the core:
  * abi and the struct sizes guard against mixing builds.
  */
-#define MK_CUDA_PLUGIN_ABI 13
+#define MK_CUDA_PLUGIN_ABI 14
 #define MK_CUDA_PLUGIN_ENTRY "mk_cuda_plugin_entry"
 #define MK_CUDA_PLUGIN_FILE "libmoonkaas_cuda.so"
 struct mk_fused_group;

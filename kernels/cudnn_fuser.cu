@@ -588,8 +588,8 @@ int mk_cuda_cudnn_group(const mk_launch *l, mk_error **err) {
     variant_pack_free((cudnnBackendDescriptor_t)g->varpack); /* a second capture rebinds */
     g->varpack = NULL;
     cudnnBackendDescriptor_t vp = NULL;
-    /* Relaxed capture mode for the call, as for the CUDA device's own extra
-     * allocations: cuDNN may make non-stream calls while it records. */
+    /* Relaxed capture mode for the call: cuDNN may make non-stream calls
+     * while it records. */
     cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
     cudaThreadExchangeStreamCaptureMode(&mode);
     if ((st = variant_pack(p, ptrs, p->workspace_bytes ? l->scratch : NULL, &vp, &what)) == 0 &&

@@ -232,7 +232,13 @@ static void cache_write(const char *path, const unsigned char key[32], const cha
 
 /* ---- compiling ------------------------------------------------------------------------ */
 
-/* NVRTC's cubin of src for sm_<arch> (malloc'd), or NULL with *err set. */
+/* An arch of MK_ARCH_PTX + a: PTX for compute_<a>, which the driver compiles
+ * for the GPU it loads on (MK_CUDA_ARCH forcing an older capability: sm_80
+ * machine code would not load on sm_90); else machine code for sm_<arch>. */
+#define MK_ARCH_PTX 10000
+
+/* NVRTC's cubin of src for sm_<arch> (malloc'd), or its PTX (NUL-terminated)
+ * for an MK_ARCH_PTX arch, or NULL with *err set. */
 static char *nvrtc_cubin(const char *src, int arch, const mk_launch *l, size_t *size,
                          mk_error **err) {
     nvrtcProgram prog = NULL;
@@ -242,15 +248,17 @@ static char *nvrtc_cubin(const char *src, int arch, const mk_launch *l, size_t *
         return NULL;
     }
     char gpu[48];
-    snprintf(gpu, sizeof gpu, "--gpu-architecture=sm_%d", arch);
+    bool ptx = arch >= MK_ARCH_PTX;
+    if (ptx) snprintf(gpu, sizeof gpu, "--gpu-architecture=compute_%d", arch - MK_ARCH_PTX);
+    else snprintf(gpu, sizeof gpu, "--gpu-architecture=sm_%d", arch);
     /* nvcc's defaults (the interpreter's expf and tanhf are built so); the
      * group's own arithmetic is __fadd_rn and friends, never contracted */
     const char *opts[] = {gpu, nvrtc_options[0]};
     r = nvrtcCompileProgram(prog, 2, opts);
     char *cubin = NULL;
-    if (r == NVRTC_SUCCESS) r = nvrtcGetCUBINSize(prog, size);
+    if (r == NVRTC_SUCCESS) r = ptx ? nvrtcGetPTXSize(prog, size) : nvrtcGetCUBINSize(prog, size);
     if (r == NVRTC_SUCCESS && !(cubin = (char *)malloc(*size))) r = NVRTC_ERROR_OUT_OF_MEMORY;
-    if (r == NVRTC_SUCCESS) r = nvrtcGetCUBIN(prog, cubin);
+    if (r == NVRTC_SUCCESS) r = ptx ? nvrtcGetPTX(prog, cubin) : nvrtcGetCUBIN(prog, cubin);
     if (r != NVRTC_SUCCESS) {
         nvrtc_fail(err, prog, r, l);
         free(cubin);
@@ -271,6 +279,7 @@ static cudaKernel_t compile(const char *src, int arch, const mk_launch *l, cudaL
     const char *symbol = mk_node_product(l->node) ? "mk_product" : "mk_pointwise";
     char dir[4000], path[4096];
     unsigned char key[32];
+    disk = disk && arch < MK_ARCH_PTX; /* the disk keeps cubins only */
     if (disk) cache_key(src, arch, key);
     disk = disk && cache_dir(dir, sizeof dir, host) && cache_path(path, sizeof path, dir, key, arch);
     size_t size = 0;
@@ -379,35 +388,24 @@ int mk_cuda_generate(mk_cuda_state *s, const mk_launch *launches, int n, const m
         const mk_launch *l = &launches[i];
         if (!mk_node_generated(l->node)) continue;
         if (host->cancelled(host)) return mk_cancelled(err, "compile");
-        if (!s->generated) {
-            cudaDeviceProp prop;
-            MK_CUDA_TRY(err, cudaGetDeviceProperties(&prop, s->device));
-            arch = prop.major * 10 + prop.minor;
+        if (!s->generated) { /* the capability, forced or not (cuda_device.cu's open_arch) */
+            arch = s->arch_forced ? MK_ARCH_PTX + s->arch : s->arch;
             const char *pdl = getenv("MK_PDL");
-            s->pdl = prop.major >= 9 && !(pdl && !strcmp(pdl, "0"));
+            s->pdl = s->arch >= 90 && !(pdl && !strcmp(pdl, "0"));
             s->generated = (void **)calloc((size_t)n, sizeof *s->generated);
             if (!s->generated) return mk_fail(err, MK_ERR_NOMEM, 0, 0, "generated kernels");
         }
         bool disk = !(host->opts && host->opts->no_kernel_cache);
         if (!(s->generated[i] = (void *)kernel_for(l, arch, disk, &compiled, &from_disk, host, err)))
             return -1;
-        const mk_product_group *pg = mk_node_product(l->node);
-        size_t bytes = pg ? mk_codegen_group_aux_bytes(pg) : 0;
-        if (bytes) { /* zero once: the kernels leave their counts and keys zero */
-            if (!s->aux && !(s->aux = (void **)calloc((size_t)n, sizeof *s->aux)))
-                return mk_fail(err, MK_ERR_NOMEM, 0, 0, "a group's device scratch");
-            if (!(s->aux[i] = mk_cuda_extra(s, bytes, err))) return -1;
-            MK_CUDA_TRY(err, cudaMemset(s->aux[i], 0, bytes));
-        }
         host->progress(host, MK_PHASE_KERNELS, ++done, total);
     }
     if (total)
-        host->log(host, MK_LOG_INFO, "%d generated kernels ready for sm_%d in %.1f ms: %d compiled "
-                  "with NVRTC, %d from the disk cache, the rest from this process's", total, arch,
+        host->log(host, MK_LOG_INFO, "%d generated kernels ready for %s_%d in %.1f ms: %d compiled "
+                  "with NVRTC, %d from the disk cache, the rest from this process's", total,
+                  s->arch_forced ? "compute" : "sm", s->arch,
                   mk_now_ms() - t0, compiled, from_disk);
     return 0;
-fail:
-    return -1;
 }
 
 /* Launches a generated kernel, with programmatic dependent launch where the
@@ -462,8 +460,10 @@ int mk_cuda_product(const mk_launch *l, mk_error **err) {
     const mk_product_group *pg = mk_node_product(l->node);
     unsigned int blocks, threads;
     mk_codegen_group_grid(l, &blocks, &threads);
-    void *aux = s->aux ? s->aux[l->index] : NULL;
-    if (mk_codegen_group_aux_bytes(pg) && !aux) return MK_INTERNAL(err, "a group without its device scratch");
+    /* its partial results and counts: state the planner gave it (cuda_launch_memory) */
+    void *aux = l->state;
+    if (l->state_bytes < mk_codegen_group_aux_bytes(pg))
+        return MK_INTERNAL(err, "a group without its device state");
     args[a++] = &aux;
     return launch_generated(l, blocks, threads, args, "generated matrix-vector group", err);
 }
