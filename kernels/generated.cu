@@ -4,7 +4,7 @@
  * launched like any kernel (so each is a node of the model's CUDA graph).
  *
  * Kernels are kept for the process, by the hash of their program (the
- * source less its first line, which names the group) and the device's
+ * source less its comments, which name the group's nodes) and the device's
  * architecture: identical layers (same shapes, same program) compile once and
  * share one kernel, whatever the model or context; and on disk, so a second
  * process skips NVRTC. Compiling happens in prepare, before the graph is
@@ -42,14 +42,12 @@ static unsigned long long fnv1a(const char *s) {
     return h;
 }
 
-/* What decides a kernel: its source past the first line, the comment naming
- * the group (and its node's id, which differs from layer to layer), so that
- * identical layers share one kernel: compiles take a third of the time and
- * decoding is no slower (doc/performance.md, "Kernel cache key"). */
-static const char *program_of(const char *src) {
-    const char *line = strncmp(src, "// ", 3) ? NULL : strchr(src, '\n');
-    return line ? line + 1 : src;
-}
+/* What decides a kernel is its program: its source without its comments
+ * (mk_codegen_program), which name the group's nodes, their ids and lines
+ * (different from layer to layer), so that identical layers share one
+ * kernel: compiles take a third of the time and decoding is no slower
+ * (doc/performance.md, "Kernel cache key"), and editing a comment changes
+ * no key. */
 
 /* NVRTC's status as an error, with the first lines of its log. */
 static int nvrtc_fail(mk_error **err, nvrtcProgram prog, nvrtcResult r, const mk_launch *l) {
@@ -146,14 +144,14 @@ static bool cache_dir(char *dir, size_t size, const mk_host *host) {
 }
 
 /* The entry's key: the SHA-256 of everything that decides the cubin. */
-static void cache_key(const char *src, int arch, unsigned char key[32]) {
+static void cache_key(const char *program, int arch, unsigned char key[32]) {
     int major = 0, minor = 0;
     nvrtcVersion(&major, &minor);
     mk_strbuf b = {0};
     mk_strbuf_put(&b, "moonkaas kernel cache 1\nsm_%d\nnvrtc %d.%d\n", arch, major, minor);
     for (size_t i = 0; i < sizeof nvrtc_options / sizeof nvrtc_options[0]; i++)
         mk_strbuf_put(&b, "%s\n", nvrtc_options[i]);
-    mk_strbuf_put(&b, "%s", program_of(src));
+    mk_strbuf_put(&b, "%s", program);
     if (b.failed) memset(key, 0, 32); /* out of memory: a key no entry has */
     else mk_sha256(b.s, b.len, key);
     free(b.s);
@@ -274,13 +272,15 @@ static char *nvrtc_cubin(const char *src, int arch, const mk_launch *l, size_t *
  * (without lib: any non-NULL value), or NULL with *err set. host (may be
  * NULL) hears why the disk cache was passed over.
  */
-static cudaKernel_t compile(const char *src, int arch, const mk_launch *l, cudaLibrary_t *lib,
-                            bool disk, bool *from_disk, const mk_host *host, mk_error **err) {
-    const char *symbol = mk_node_product(l->node) ? "mk_product" : "mk_pointwise";
+static cudaKernel_t compile(const char *src, const char *program, int arch, const mk_launch *l,
+                            cudaLibrary_t *lib, bool disk, bool *from_disk, const mk_host *host,
+                            mk_error **err) {
+    char symbol[MK_KERNEL_NAME_MAX + 16];
+    mk_codegen_kernel_name(l, symbol, sizeof symbol);
     char dir[4000], path[4096];
     unsigned char key[32];
     disk = disk && arch < MK_ARCH_PTX; /* the disk keeps cubins only */
-    if (disk) cache_key(src, arch, key);
+    if (disk) cache_key(program, arch, key);
     disk = disk && cache_dir(dir, sizeof dir, host) && cache_path(path, sizeof path, dir, key, arch);
     size_t size = 0;
     char *cubin = disk ? cache_read(path, key, &size, host) : NULL;
@@ -326,8 +326,13 @@ static char *generate_source(const mk_launch *l, mk_error **err) {
 /* The kernel of src for launch l: from the cache, else compiled. */
 static cudaKernel_t kernel_of(const mk_launch *l, char *src, int arch, bool disk, int *compiled,
                               int *from_disk, const mk_host *host, mk_error **err) {
-    if (!src) return NULL;
-    unsigned long long hash = fnv1a(program_of(src));
+    char *program = src ? mk_codegen_program(src) : NULL;
+    if (!program) {
+        if (src) mk_fail(err, MK_ERR_NOMEM, 0, 0, "a generated kernel's program");
+        free(src);
+        return NULL;
+    }
+    unsigned long long hash = fnv1a(program);
     dump(src, hash, arch);
     cudaKernel_t kernel = NULL;
     pthread_mutex_lock(&cache_lock);
@@ -347,12 +352,13 @@ static cudaKernel_t kernel_of(const mk_launch *l, char *src, int arch, bool disk
         }
         bool disk_hit = false;
         if (n_cache < cap_cache &&
-            (kernel = compile(src, arch, l, &lib, disk, &disk_hit, host, err))) {
+            (kernel = compile(src, program, arch, l, &lib, disk, &disk_hit, host, err))) {
             cache[n_cache++] = (cached_kernel){hash, arch, lib, kernel};
             ++*(disk_hit ? from_disk : compiled);
         }
     }
     pthread_mutex_unlock(&cache_lock);
+    free(program);
     free(src);
     return kernel;
 }
@@ -472,9 +478,15 @@ int mk_cuda_product(const mk_launch *l, mk_error **err) {
 int mk_cuda_generate_check(const mk_launch *l, int arch, mk_error **err) {
     char *src = generate_source(l, err);
     if (!src) return -1;
-    dump(src, fnv1a(program_of(src)), arch);
+    char *program = mk_codegen_program(src);
+    int rc = -1;
     bool from_disk = false;
-    int rc = compile(src, arch, l, NULL, true, &from_disk, NULL, err) ? 0 : -1;
+    if (!program) mk_fail(err, MK_ERR_NOMEM, 0, 0, "a generated kernel's program");
+    else {
+        dump(src, fnv1a(program), arch);
+        rc = compile(src, program, arch, l, NULL, true, &from_disk, NULL, err) ? 0 : -1;
+    }
+    free(program);
     free(src);
     return rc;
 }
