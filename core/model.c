@@ -370,9 +370,14 @@ static int bind(mk_model *m, const launch_slot *slot, mk_error **err) {
 
 /* ---- compile ----------------------------------------------------------------------- */
 
+#define MK_COMPILE_AGAIN_MAX 16
+
+/* One compile; NULL with *again set (and no error) where the device's
+ * prepare found cuDNN groups the passes must choose otherwise, which the
+ * context now notes: the caller compiles again. */
 static mk_model *compile(mk_host *host, mk_context *ctx, const char *script,
                          const mk_named_tensor *constants, size_t n_constants,
-                         const mk_compile_options *options, mk_error **err) {
+                         const mk_compile_options *options, bool *again, mk_error **err) {
     double t0 = mk_now_ms();
     mk_compile_options opts = options ? *options : (mk_compile_options){0};
     if (!ctx || !script || (n_constants && !constants)) {
@@ -412,7 +417,8 @@ static mk_model *compile(mk_host *host, mk_context *ctx, const char *script,
     STAGE_DONE(1);
     mk_graph *g = m->graph;
     if (opts.use_cudnn) {
-        if (!(m->fusion = mk_fusion_new(&ctx->cudnn))) goto nomem;
+        if (!(m->fusion = mk_fusion_new(&ctx->cudnn, &ctx->cudnn_notes, ctx->compiles)))
+            goto nomem;
         g->fusion = m->fusion;
     }
     if (mk_passes_run(g, &opts, &dev->target, err)) goto fail;
@@ -465,9 +471,23 @@ static mk_model *compile(mk_host *host, mk_context *ctx, const char *script,
     for (int i = 0; i < g->n_next; i++)
         rules[i] = (mk_step_rule){.input = m->input_slot[g->next[i].input->index],
                                   .output = g->next[i].output, .add = g->next[i].add};
-    if (dev->prepare(m->dev_state, m->launches, m->n_launches, m->in_copies, m->n_inputs,
-                     m->out_copies, m->n_outputs, rules, g->n_next, host, err))
+    int prepared = dev->prepare(m->dev_state, m->launches, m->n_launches, m->in_copies,
+                                m->n_inputs, m->out_copies, m->n_outputs, rules, g->n_next, host,
+                                err);
+    if (prepared < 0) goto fail;
+    if (prepared > 0) { /* cuDNN refused groups, or their plans need more workspace */
+        int learned = mk_fusion_learn(m->fusion);
+        if (learned < 0) goto nomem;
+        if (!learned) {
+            MK_INTERNAL(err, "the device asked to compile again, finding nothing new");
+            goto fail;
+        }
+        host->log(host, MK_LOG_INFO, "cuDNN: %d group%s to choose again: compiling again",
+                  learned, learned == 1 ? "" : "s");
+        *again = true;
         goto fail;
+    }
+    if (m->fusion) mk_fusion_prepared(m->fusion, g);
     STAGE_DONE(6);
 #undef STAGE_DONE
     if (!(m->script = mk_graph_print(g))) goto nomem;
@@ -519,7 +539,19 @@ MK_API mk_model *mk_compile(mk_context *ctx, const char *script,
     mk_call c;
     mk_call_begin(&c, ctx);
     mk_cuda_setup_lock(cuda);
-    mk_model *m = compile(&c.host, ctx, script, constants, n_constants, options, err);
+    /* Each compile again notes one more cuDNN group at least: a few suffice. */
+    mk_model *m = NULL;
+    bool again = true;
+    if (cuda && ctx) ctx->compiles++;
+    for (int k = 0; !m && again; k++) {
+        again = false;
+        if (k == MK_COMPILE_AGAIN_MAX) {
+            mk_fail(err, MK_ERR_INTERNAL, 0, 0, "cuDNN: still choosing groups after %d compiles",
+                    k);
+            break;
+        }
+        m = compile(&c.host, ctx, script, constants, n_constants, options, &again, err);
+    }
     mk_cuda_setup_unlock(cuda);
     mk_call_end(&c);
     return m;

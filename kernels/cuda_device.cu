@@ -231,6 +231,10 @@ static void cuda_close(void *state) {
     if (s->blas_workspace) cudaFree(s->blas_workspace);
     if (s->fault) cudaFree(s->fault);
     if (s->done_counts) cudaFree(s->done_counts);
+#ifdef MK_WITH_CUDNN
+    for (int i = 0; i < s->n_cudnn; i++) mk_cudnn_group_release(s->cudnn[i]);
+#endif
+    free(s->cudnn);
     free(s->generated); /* the kernels stay cached for the process */
     if (s->pinned) cudaFreeHost(s->pinned);
     free(s->in_stage);
@@ -479,6 +483,41 @@ static size_t stage_round(size_t bytes) {
     return (bytes + MK_STAGE_ALIGN - 1) / MK_STAGE_ALIGN * MK_STAGE_ALIGN;
 }
 
+/*
+ * Compiles the plan of each cuDNN group (the fusion pass chose them from the
+ * target alone): 0 all are ready, 1 some must be chosen otherwise (cuDNN
+ * refuses one, or its plan needs more workspace than the planner gave its
+ * launch: the group's verdict says which), -1 an error. The plans are
+ * released at close.
+ */
+static int prepare_cudnn(mk_cuda_state *s, const mk_launch *launches, int n, mk_error **err) {
+    int again = 0;
+    for (int i = 0; i < n; i++) {
+        mk_fused_group *g = mk_node_cudnn(launches[i].node);
+        if (!g) continue;
+#ifdef MK_WITH_CUDNN
+        if (s->n_cudnn == s->cap_cudnn) {
+            int cap = s->cap_cudnn ? 2 * s->cap_cudnn : 8;
+            mk_fused_group **grown =
+                (mk_fused_group **)realloc(s->cudnn, (size_t)cap * sizeof *grown);
+            if (!grown) return mk_fail(err, MK_ERR_NOMEM, 0, 0, "the CUDA device's cuDNN groups");
+            s->cudnn = grown;
+            s->cap_cudnn = cap;
+        }
+        int rc = mk_cudnn_compile_group(g->cache, g, g->why, sizeof g->why, err);
+        if (rc < 0) return -1;
+        if (rc == 0) s->cudnn[s->n_cudnn++] = g; /* holds a plan: released at close */
+        if (rc > 0) g->verdict = MK_CUDNN_REJECTED;
+        else if (g->workspace_bytes > launches[i].scratch_bytes) g->verdict = MK_CUDNN_WORKSPACE;
+        else g->verdict = MK_CUDNN_FUSED;
+        again = again || g->verdict != MK_CUDNN_FUSED;
+#else
+        return MK_INTERNAL(err, "a cuDNN group in a build without cuDNN");
+#endif
+    }
+    return again;
+}
+
 static int cuda_prepare(void *state, const mk_launch *launches, int n, const mk_copy *in,
                         int n_in, const mk_copy *out, int n_out, const mk_step_rule *rules,
                         int n_rules, const mk_host *host, mk_error **err) {
@@ -525,6 +564,13 @@ static int cuda_prepare(void *state, const mk_launch *launches, int n, const mk_
             MK_CUDA_TRY(err, cudaMalloc((void **)&s->done_counts, 2 * sizeof(unsigned)));
             MK_CUDA_TRY(err, cudaMemset(s->done_counts, 0, 2 * sizeof(unsigned)));
         }
+    }
+
+    /* cuDNN's plans first: where a group must be chosen otherwise, the model
+     * is compiled anew (model.c), so nothing else need be made */
+    {
+        int again = prepare_cudnn(s, launches, n, err);
+        if (again) return again;
     }
 
     /* cuBLAS's workspace, where the model has products for it: set now, so
@@ -706,11 +752,17 @@ fail:
 
 /* ---- the device table and the plugin's entry ---------------------------------- */
 
+#ifdef MK_WITH_CUDNN
+#define CUDNN_GROUPS true /* prepare compiles their plans (prepare_cudnn) */
+#else
+#define CUDNN_GROUPS false
+#endif
+
 /* int8_products: the generated matrix-vector kernels make A's int8 values and
  * scales in static shared memory (core/codegen/matvec_step.c's put_grid_copy); they read
  * weights by columns only (row_products false) */
 static const mk_device_ops cuda_device = {
-    "cuda",       cuda_kernels.k, {MK_CUDA_POINTWISE_OPERANDS, 32768, false},
+    "cuda",       cuda_kernels.k, {MK_CUDA_POINTWISE_OPERANDS, 32768, false, CUDNN_GROUPS},
     cuda_launch_memory, cuda_model_memory,
     cuda_open,    cuda_close,     cuda_alloc, cuda_free, cuda_upload,
     cuda_zero,    cuda_prepare,   cuda_evaluate, mk_cuda_run_steps,
@@ -723,11 +775,7 @@ static const mk_cuda_plugin plugin = {
     cuda_probe,
 #ifdef MK_WITH_CUDNN
     mk_cudnn_cache_free,
-    mk_cudnn_compile_group,
-    mk_cudnn_group_release,
 #else
-    NULL,
-    NULL,
     NULL,
 #endif
     mk_cuda_generate_check,

@@ -130,6 +130,10 @@ typedef struct mk_cuda_state {
      * for the process by generated.cu), else NULL; NULL without groups */
     void **generated;
     bool pdl; /* generated kernels launch with programmatic dependent launch */
+    /* the cuDNN groups whose plans prepare compiled (released at close: the
+     * model frees the groups after closing its device) */
+    mk_fused_group **cudnn;
+    int n_cudnn, cap_cudnn;
     struct mk_cuda_timeline *timeline; /* MK_CUDA_TIMELINE's, else NULL */
 } mk_cuda_state;
 
@@ -321,8 +325,11 @@ int mk_cuda_embedding(const mk_launch *l, mk_error **err);      /* gather.cu */
 int mk_cuda_replace_slice(const mk_launch *l, mk_error **err);  /* gather.cu */
 
 #ifdef MK_WITH_CUDNN
-/* cudnn_fuser.cu (left out of CUDNN=0 builds): the plugin table's cuDNN hooks,
- * as core/group.h describes them, and the group's kernel. */
+/* cudnn_fuser.cu (left out of CUDNN=0 builds): the context's cache of plans
+ * (freed through the plugin table); prepare's compile of g's plan: 0 fused
+ * (g->plan, workspace_bytes, cache_hit, tf32 set), 1 cuDNN refuses the group
+ * (the reason in `why`), -1 a hard error; the release of its variant pack and
+ * plan reference; the group's kernel. */
 void mk_cudnn_cache_free(struct mk_cudnn_cache *c);
 int mk_cudnn_compile_group(struct mk_cudnn_cache **cache, mk_fused_group *g, char *why,
                            size_t why_size, mk_error **err);

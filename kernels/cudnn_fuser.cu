@@ -4,13 +4,17 @@
  * fusion pass (core/fusion.c) chose, run as one cuDNN operation graph built
  * through cuDNN 9's backend C API.
  *
- * Compile time (mk_cudnn_compile_group, from the pass, before the planner):
+ * Prepare time (mk_cudnn_compile_group, from the CUDA device's prepare, after
+ * the planner; the fusion pass chose the group without asking the device):
  *     trace in the context's cache? → the plan (a cache hit), or the cached rejection
  *     else: tensors (3-D, or 4-D for 4-D pointwise chains; intermediates virtual)
  *           → matmul / pointwise operations → operation graph
  *           → engine configs from heuristics mode A, then the fallback list
  *           → the first config whose plan finalizes and runs once on scratch memory
- *           → its workspace size becomes the node's scratch in the arena
+ *     its workspace must fit the scratch the planner gave the group; where it
+ *     does not, or cuDNN refuses the group, prepare says so and the model is
+ *     compiled again (core/fusion.c: the group then has that scratch, or its
+ *     nodes run on the plain kernels)
  * Capture time (mk_cuda_cudnn_group, the node's kernel, called by the CUDA
  * device while it captures the model's graph): a variant pack with the final
  * device addresses (operands, output, workspace) and cudnnBackendExecute on
