@@ -162,6 +162,8 @@ typedef struct mk_fused_group {
     mk_group_input in[MK_GROUP_MAX_INPUTS];
     char *trace;                   /* structural key: ops, shapes, strides, dtypes, operand order */
     struct mk_cudnn_cache **cache; /* the context's plans, where prepare compiles this one */
+    size_t trial_limit;            /* the most device memory a trial run of a new plan may
+                                      take (prepare's: 0 under max_bytes, which it would pass) */
     /* filled by the CUDA device's prepare (the fuser) */
     mk_cudnn_verdict verdict;
     char why[512];                 /* cuDNN's words: the engine taken, or why it refused */

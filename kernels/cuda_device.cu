@@ -212,7 +212,10 @@ static int cuda_probe(char *reason, size_t size) {
                    cudaGetErrorString(status));
         return 0;
     }
-    put_reason(reason, size, "%s (compute capability %d.%d)", prop.name, prop.major, prop.minor);
+    const char *forced = getenv("MK_CUDA_ARCH"); /* checked when a model's device opens */
+    put_reason(reason, size, "%s (compute capability %d.%d%s%s%s)", prop.name, prop.major,
+               prop.minor, forced && *forced ? "; MK_CUDA_ARCH=" : "", forced ? forced : "",
+               forced && *forced ? " forces an older one's paths" : "");
     return 1;
 }
 
@@ -490,8 +493,11 @@ static size_t stage_round(size_t bytes) {
  * launch: the group's verdict says which), -1 an error. The plans are
  * released at close.
  */
-static int prepare_cudnn(mk_cuda_state *s, const mk_launch *launches, int n, mk_error **err) {
+static int prepare_cudnn(mk_cuda_state *s, const mk_launch *launches, int n, const mk_host *host,
+                         mk_error **err) {
     int again = 0;
+    /* a trial run's buffers would be device memory max_bytes does not count */
+    size_t trial = host->opts && host->opts->max_bytes ? 0 : MK_CUDNN_TRIAL_LIMIT;
     for (int i = 0; i < n; i++) {
         mk_fused_group *g = mk_node_cudnn(launches[i].node);
         if (!g) continue;
@@ -504,6 +510,7 @@ static int prepare_cudnn(mk_cuda_state *s, const mk_launch *launches, int n, mk_
             s->cudnn = grown;
             s->cap_cudnn = cap;
         }
+        g->trial_limit = trial;
         int rc = mk_cudnn_compile_group(g->cache, g, g->why, sizeof g->why, err);
         if (rc < 0) return -1;
         if (rc == 0) s->cudnn[s->n_cudnn++] = g; /* holds a plan: released at close */
@@ -569,7 +576,7 @@ static int cuda_prepare(void *state, const mk_launch *launches, int n, const mk_
     /* cuDNN's plans first: where a group must be chosen otherwise, the model
      * is compiled anew (model.c), so nothing else need be made */
     {
-        int again = prepare_cudnn(s, launches, n, err);
+        int again = prepare_cudnn(s, launches, n, host, err);
         if (again) return again;
     }
 

@@ -324,6 +324,10 @@ int mk_cuda_sample(const mk_launch *l, mk_error **err);         /* sample.cu */
 int mk_cuda_embedding(const mk_launch *l, mk_error **err);      /* gather.cu */
 int mk_cuda_replace_slice(const mk_launch *l, mk_error **err);  /* gather.cu */
 
+/* A trial run of a new cuDNN plan on scratch memory is skipped above this
+ * many bytes of operands (and under max_bytes: prepare_cudnn). */
+#define MK_CUDNN_TRIAL_LIMIT ((size_t)1 << 31)
+
 #ifdef MK_WITH_CUDNN
 /* cudnn_fuser.cu (left out of CUDNN=0 builds): the context's cache of plans
  * (freed through the plugin table); prepare's compile of g's plan: 0 fused

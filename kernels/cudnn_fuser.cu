@@ -44,8 +44,6 @@
 static const cudnnBackendAttributeName_t ATTR_OPGRAPH_HANDLE = (cudnnBackendAttributeName_t)800;
 static const cudnnBackendAttributeName_t ATTR_PLAN_HANDLE = (cudnnBackendAttributeName_t)400;
 
-/* A trial run on scratch memory is skipped above this many bytes of operands. */
-#define MK_CUDNN_TRIAL_LIMIT ((size_t)1 << 31)
 
 static double now_ms(void) { return mk_now_ms(); }
 
@@ -287,7 +285,7 @@ static int trial_run(mk_cudnn_cache *c, const mk_fused_group *g, mk_cudnn_plan *
         }
         total += bytes[g->n_in] = span_bytes(g->rank, o->shape, dense);
     }
-    if (total > MK_CUDNN_TRIAL_LIMIT) return 0;
+    if (total > g->trial_limit) return 0;
     cudaError_t ce = cudaSuccess;
     for (int k = 0; k <= g->n_in && ce == cudaSuccess; k++)
         if ((ce = cudaMalloc(&ptrs[k], bytes[k])) == cudaSuccess)

@@ -467,8 +467,8 @@ void mk_codegen_group_grid(const mk_launch *l, unsigned int *blocks, unsigned in
 }
 
 /* The source of a group's launch as the plugin compiles it (see codegen.h):
- * after the first line, the comment naming the group, the header (put_header)
- * and, in product kernels, the timeline's and MK_NO_MMA's defines. */
+ * after the first line, the comment naming the group, the timeline's and
+ * MK_NO_MMA's defines (product kernels), then the header (put_header). */
 char *mk_codegen_source(const mk_launch *l, bool stamp, int occupancy, mk_error **err) {
     if (!(mk_node_pointwise(l->node) && l->expr) && !mk_node_product(l->node)) {
         MK_INTERNAL(err, "not a group's launch");
@@ -486,10 +486,11 @@ char *mk_codegen_source(const mk_launch *l, bool stamp, int occupancy, mk_error 
             snprintf(occ, sizeof occ, "#define MK_TIMELINE_OCCUPANCY %d\n", occupancy);
         mk_codegen_kernel_name(l, name, sizeof name);
         mk_strbuf full = {0};
-        mk_strbuf_put(&full, "%.*s", (int)(line + 1 - src.s), src.s);
+        mk_strbuf_put(&full, "%.*s%s%s%s", (int)(line + 1 - src.s), src.s,
+                      product && stamp ? "#define MK_TIMELINE\n" : "", occ,
+                      product && plain ? "#define MK_NO_MMA\n" : "");
         put_header(&full, l, name);
-        mk_strbuf_put(&full, "%s%s%s%s", product && stamp ? "#define MK_TIMELINE\n" : "", occ,
-                      product && plain ? "#define MK_NO_MMA\n" : "", line + 1);
+        mk_strbuf_put(&full, "%s", line + 1);
         free(src.s);
         src = full;
     }
