@@ -63,6 +63,7 @@ void mk_context_release(mk_context *ctx) {
         if (p && p->cudnn_cache_free) p->cudnn_cache_free(ctx->cudnn);
         mk_cuda_setup_unlock(true);
     }
+    mk_cudnn_notes_free(ctx->cudnn_notes);
     free(ctx);
 }
 
@@ -172,7 +173,7 @@ const mk_device_ops *mk_device_for(const mk_compile_options *opts, mk_error **er
         mk_fail(err, MK_ERR_NO_DEVICE, 0, 0, "%s", reason);
         return NULL;
     }
-    if (opts->use_cudnn && !p->cudnn_compile_group) {
+    if (opts->use_cudnn && !p->device->target.cudnn_groups) {
         mk_fail(err, MK_ERR_NO_DEVICE, 0, 0,
                 "use_cudnn: this build's CUDA device was made without cuDNN (make CUDNN=1)");
         return NULL;

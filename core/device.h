@@ -53,8 +53,12 @@ typedef struct mk_launch {
     mk_tensor out;
     mk_tensor in[MK_MAX_INPUTS];
     const mk_expr *expr;       /* a pointwise op's program (MK_KERNEL_POINTWISE), else NULL */
-    void *scratch;             /* scratch_bytes of arena, or NULL */
+    void *scratch;             /* scratch_bytes of arena, or NULL: the op's scratch, then
+                                  the device's (mk_device_ops.launch_memory) */
     size_t scratch_bytes;
+    void *state;               /* state_bytes of arena kept across evaluations (the
+                                  device's launch_memory), zeroed at compile; or NULL */
+    size_t state_bytes;
     void *dev;                 /* the device's per-model state (stream, handles) */
 } mk_launch;
 
@@ -129,6 +133,16 @@ typedef struct mk_device_ops {
     const char *name;
     const mk_kernel *kernels; /* [MK_KERNEL_COUNT], indexed by mk_kernel_id */
     mk_target target;         /* what the passes may assume of it */
+    /* The device memory a model takes beyond its nodes' (NULL: none), asked
+     * before anything is allocated so that max_bytes bounds it and the stats
+     * report it. launch_memory: node n's launch takes *scratch more bytes for
+     * itself alone (after its op's scratch) and keeps *state bytes across
+     * evaluations; the planner gives both out of the arena (mk_launch.scratch,
+     * mk_launch.state). model_memory: what the device allocates itself for the
+     * model at open and prepare (library workspaces, the fault record, the
+     * step loop's words), which it never exceeds. */
+    void (*launch_memory)(const mk_node *n, size_t *scratch, size_t *state);
+    size_t (*model_memory)(const mk_graph *g);
     /* Per-model state (streams, library handles); NULL state is fine for the CPU. */
     int (*open)(void **state, mk_error **err);
     void (*close)(void *state);
@@ -137,9 +151,13 @@ typedef struct mk_device_ops {
     void (*free)(void *state, void *p);
     int (*upload)(void *state, void *dst, const void *src, size_t bytes, mk_error **err);
     int (*zero)(void *state, void *dst, size_t bytes, mk_error **err);
-    /* Called once after launches are bound (CUDA: pinned staging for the copies,
-     * capture the graph, and the step loop where the model has next lines).
-     * The copies' `host` fields are NULL here. */
+    /* Called once after launches are bound (CUDA: compile the cuDNN groups'
+     * plans and the generated kernels, pinned staging for the copies, capture
+     * the graph, and the step loop where the model has next lines). The
+     * copies' `host` fields are NULL here. Returns 0, -1 with *err, or 1
+     * where the passes must choose again: cuDNN refused a group, or its plan
+     * needs more workspace than its scratch (mk_fused_group.verdict); model.c
+     * notes it and compiles the model anew. */
     int (*prepare)(void *state, const mk_launch *launches, int n, const mk_copy *in, int n_in,
                    const mk_copy *out, int n_out, const mk_step_rule *rules, int n_rules,
                    const mk_host *host, mk_error **err);
@@ -197,11 +215,8 @@ typedef struct {
     mk_abi_sizes sizes;           /* MK_ABI_SIZES, as the plugin was built */
     const mk_device_ops *device;
     int (*probe)(char *reason, size_t size); /* 1 if a device is usable, else 0 and why */
-    /* cuDNN (NULL when the plugin was built with CUDNN=0) */
+    /* cuDNN's cache of plans, a context's (NULL when the plugin was built with CUDNN=0) */
     void (*cudnn_cache_free)(struct mk_cudnn_cache *);
-    int (*cudnn_compile_group)(struct mk_cudnn_cache **cache, struct mk_fused_group *g,
-                               char *why, size_t why_size, mk_error **err);
-    void (*cudnn_group_release)(struct mk_fused_group *g);
     /* Writes the kernel of a group's launch (pointwise or matrix–vector) and
      * compiles it with NVRTC for sm_<arch> (or takes it from the disk cache),
      * loading nothing: needs no device (CI checks the generator). */
@@ -221,12 +236,10 @@ int mk_model_check_generated(const struct mk_model *m, int arch, mk_error **err)
 const mk_cuda_plugin *mk_cuda_plugin_get(char *reason, size_t size);
 
 /*
- * kernels/cudnn_fuser.cu, reached through the plugin table: the cache (a cuDNN
- * handle and plans keyed by trace) is freed with cudnn_cache_free;
- * cudnn_compile_group finds or builds g's plan: 0 fused (g->plan,
- * workspace_bytes, cache_hit, tf32 set), 1 cuDNN rejects the group (the reason
- * in `why`), -1 a hard error; cudnn_group_release drops the variant pack and
- * the plan reference. The group's kernel is the device's MK_KERNEL_CUDNN_GROUP.
+ * kernels/cudnn_fuser.cu: the cache (a cuDNN handle and plans keyed by trace)
+ * is a context's, freed through the plugin table's cudnn_cache_free. The CUDA
+ * device's prepare compiles each group's plan into it; the group's kernel is
+ * the device's MK_KERNEL_CUDNN_GROUP.
  */
 
 #endif

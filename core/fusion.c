@@ -21,14 +21,18 @@
  * end the chain. MK_CUDNN_BROADCAST=any in the environment lifts that limit so
  * a test can check what cuDNN does with the other patterns.
  *
- * Every group is compiled right here (kernels/cudnn_fuser.cu, through the
- * context's cache): a group cuDNN rejects stays as plain nodes, with the reason
- * in the report, and a matmul group with a prologue is retried without it.
- * Compiling here, before the planner, lets the plan's workspace size become
- * the node's scratch memory; device addresses are bound only at capture.
+ * The pass calls no device: it decides from the target (cudnn_groups) and
+ * from the context's notes (mk_cudnn_note) of what the CUDA device's prepare
+ * found at earlier compiles. Prepare compiles each group's plan
+ * (kernels/cudnn_fuser.cu, through the context's cache of plans). Where
+ * cuDNN refuses a group, or its plan needs more workspace than the group's
+ * scratch, prepare says so, model.c notes it (mk_fusion_learn) and compiles
+ * the model again: a refused group's nodes then stay plain nodes (plain
+ * kernels), with the reason in the report, and a matmul group with a
+ * prologue is tried without it; a group's scratch is its plan's workspace.
+ * A group without a note is tried with no workspace.
  */
 #include "passes.h"
-#include "device.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -37,21 +41,36 @@
 
 /* ---- the fusion state ------------------------------------------------------ */
 
-mk_fusion *mk_fusion_new(struct mk_cudnn_cache **cache) {
+mk_fusion *mk_fusion_new(struct mk_cudnn_cache **cache, mk_cudnn_note **notes, unsigned call) {
     mk_fusion *f = calloc(1, sizeof *f);
     if (!f) return NULL;
     f->cache = cache;
+    f->notes = notes;
+    f->call = call;
     return f;
 }
 
+/* The device released its plan and variant pack when it closed (model.c
+ * closes the device before it frees the fusion state). */
 static void group_free(mk_fused_group *grp) {
     if (!grp) return;
-    if (grp->plan || grp->varpack) { /* made by the plugin's fuser, so it is loaded */
-        const mk_cuda_plugin *p = mk_cuda_plugin_get(NULL, 0);
-        if (p && p->cudnn_group_release) p->cudnn_group_release(grp);
-    }
     free(grp->trace);
     free(grp);
+}
+
+void mk_cudnn_notes_free(mk_cudnn_note *n) {
+    while (n) {
+        mk_cudnn_note *next = n->next;
+        free(n->trace);
+        free(n);
+        n = next;
+    }
+}
+
+static const mk_cudnn_note *note_of(const mk_fusion *f, const char *trace) {
+    for (const mk_cudnn_note *n = f->notes ? *f->notes : NULL; n; n = n->next)
+        if (!strcmp(n->trace, trace)) return n;
+    return NULL;
 }
 
 void mk_fusion_free(mk_fusion *f) {
@@ -391,31 +410,28 @@ typedef struct {
  */
 static int try_group(pass_state *st, const candidate *c, mk_error **err) {
     mk_fusion *f = st->f;
-    char why[768] = "";
     char *what = describe(c);
     mk_fused_group *grp = group_of(c);
     const mk_op *group_op = mk_op_internal(MK_KERNEL_CUDNN_GROUP);
-    const mk_cuda_plugin *plugin = mk_cuda_plugin_get(NULL, 0);
     if (!what || !grp || push((void ***)&f->groups, &f->n_groups, &f->cap_groups, grp)) {
         free(what);
         group_free(grp);
         return mk_fail(err, MK_ERR_NOMEM, 0, 0, "fusing a cuDNN group");
     }
-    if (!group_op || !plugin || !plugin->cudnn_compile_group) {
+    if (!group_op) {
         free(what);
-        return MK_INTERNAL(err, "no group row in the op table, or no cuDNN in the plugin");
+        return MK_INTERNAL(err, "no group row in the op table");
     }
     /* from here the fusion state owns grp */
-    int rc = plugin->cudnn_compile_group(f->cache, grp, why, sizeof why, err);
-    if (rc != 0) {
+    grp->cache = f->cache;
+    const mk_cudnn_note *note = note_of(f, grp->trace);
+    if (note && note->rejected) { /* refused at an earlier prepare */
         f->groups[--f->n_groups] = NULL;
         group_free(grp);
-        if (rc > 0) {
-            report(f, "rejected: %s: %s", what, why);
-            f->rejected++;
-        }
+        report(f, "rejected: %s: %s", what, note->why);
+        f->rejected++;
         free(what);
-        return rc;
+        return 1;
     }
     mk_node *o = c->node[c->n - 1];
     const mk_op *root_op = o->op;
@@ -424,12 +440,8 @@ static int try_group(pass_state *st, const candidate *c, mk_error **err) {
         return -1;
     }
     o->group->root_op = root_op;
-    o->group->scratch_bytes = grp->workspace_bytes;
+    o->group->scratch_bytes = note ? note->workspace_bytes : 0;
     for (int i = 0; i + 1 < c->n; i++) o->group->members[o->group->n_members++] = c->node[i];
-    report(f, "%s: %s: %s", grp->cache_hit ? "cache hit" : "fused", what, why);
-    f->fused++;
-    f->cache_hits += grp->cache_hit;
-    f->tf32 += grp->tf32;
     for (int i = 0; i < c->n; i++) {
         st->taken[c->node[i]->index] = true;
         st->gone[c->node[i]->index] = i + 1 < c->n;
@@ -526,9 +538,62 @@ static int fuse_chains(pass_state *st, mk_error **err) {
     return 0;
 }
 
+/* ---- after prepare ----------------------------------------------------------------- */
+
+/* The group's text in the report: the group node's name (describe's). */
+static const char *what_of(const mk_graph *g, const mk_fused_group *grp) {
+    for (int i = 0; i < g->n_nodes; i++)
+        if (mk_node_cudnn(g->nodes[i]) == grp) return g->nodes[i]->name;
+    return "a group";
+}
+
+void mk_fusion_prepared(mk_fusion *f, const mk_graph *g) {
+    for (int i = 0; f && i < f->n_groups; i++) {
+        const mk_fused_group *grp = f->groups[i];
+        if (grp->verdict != MK_CUDNN_FUSED) continue;
+        /* a hit: built by an earlier compile call, or by an earlier group of this one */
+        const mk_cudnn_note *n = note_of(f, grp->trace);
+        bool hit = grp->cache_hit && !(n && n->built_in == f->call);
+        for (int j = 0; j < i && !hit; j++)
+            hit = f->groups[j]->verdict == MK_CUDNN_FUSED && !strcmp(f->groups[j]->trace, grp->trace);
+        report(f, "%s: %s: %s", hit ? "cache hit" : "fused", what_of(g, grp), grp->why);
+        f->fused++;
+        f->cache_hits += hit;
+        f->tf32 += grp->tf32;
+    }
+}
+
+int mk_fusion_learn(mk_fusion *f) {
+    int learned = 0;
+    for (int i = 0; f && i < f->n_groups; i++) {
+        const mk_fused_group *grp = f->groups[i];
+        mk_cudnn_note *n = (mk_cudnn_note *)note_of(f, grp->trace);
+        bool news = grp->verdict == MK_CUDNN_REJECTED ||
+                    (grp->verdict == MK_CUDNN_WORKSPACE &&
+                     !(n && !n->rejected && n->workspace_bytes >= grp->workspace_bytes));
+        bool built = grp->verdict != MK_CUDNN_UNTRIED && !grp->cache_hit;
+        if (!news && !built) continue;
+        if (!n) {
+            if (!(n = calloc(1, sizeof *n)) || !(n->trace = strdup(grp->trace))) {
+                free(n);
+                return -1;
+            }
+            n->next = *f->notes;
+            *f->notes = n;
+        }
+        if (built) n->built_in = f->call; /* the next try finds it cached: not a hit */
+        if (!news) continue;
+        n->rejected = grp->verdict == MK_CUDNN_REJECTED;
+        n->workspace_bytes = grp->workspace_bytes;
+        snprintf(n->why, sizeof n->why, "%s", grp->why);
+        learned++;
+    }
+    return learned;
+}
+
 int mk_fusion_pass(mk_graph *g, const mk_compile_options *opts, const mk_target *t,
                     mk_error **err) {
-    if (!opts->use_cudnn || opts->no_passes || !g->fusion) return 0;
+    if (!opts->use_cudnn || opts->no_passes || !g->fusion || !t->cudnn_groups) return 0;
     pass_state st = {.g = g, .f = g->fusion};
     size_t n = (size_t)(g->n_nodes ? g->n_nodes : 1);
     int rc = -1;

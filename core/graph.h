@@ -178,6 +178,14 @@ typedef enum {
     MK_STORAGE_VIEW,     /* no memory: uses `owner`'s at `view_offset` */
 } mk_storage;
 
+/* How a constant's data, given dense row-major, is laid out on the device: a
+ * decision a pass records (product_rules.c's hold_by_columns) and model.c
+ * carries out when it uploads the constant, with the strides to match. */
+typedef enum {
+    MK_UPLOAD_AS_GIVEN,  /* dense row-major, as the caller gave it */
+    MK_UPLOAD_BY_COLUMNS /* a [k, n] matrix held by columns: strides (1, k) */
+} mk_upload;
+
 struct mk_node {
     int id;           /* the $N of the script */
     int index;        /* position in the graph's evaluation order */
@@ -203,6 +211,7 @@ struct mk_node {
     mk_node *owner;            /* the node whose memory holds this one (itself if it owns) */
     int64_t view_offset;       /* bytes from the owner's start */
     int64_t stride[MK_MAX_RANK]; /* in elements */
+    mk_upload upload;          /* a constant: how model.c lays its data out */
     int last_use;              /* index of the last node reading this owner's memory */
     size_t scratch_bytes;
     int64_t offset;            /* arena offset (owners in the arena), else -1 */
@@ -248,6 +257,8 @@ typedef struct {
                                ([k, n], n contiguous: an MLP's [in, out]), not only by columns */
     bool row_groups;        /* it runs row groups (group_rows.c): a row reduction with its
                                pointwise prologue and epilogue */
+    bool cudnn_groups;      /* it runs cuDNN groups (fusion.c), compiling their plans in its
+                               prepare (CUDA built with cuDNN) */
 } mk_target;
 
 /* Whether n is one of g's outputs (its value is copied out: no group may absorb it). */

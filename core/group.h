@@ -118,7 +118,8 @@ typedef struct mk_product_group {
                                             CPU's; matrix-vector, A's rows; attention, members) */
 } mk_product_group;
 
-/* ---- cuDNN fusion (core/fusion.c picks groups, kernels/cudnn_fuser.cu runs them) ---- */
+/* ---- cuDNN fusion (core/fusion.c picks groups; the CUDA device's prepare
+ *      compiles them and kernels/cudnn_fuser.cu runs them) ---- */
 
 #define MK_GROUP_MAX_OPS 16 /* nodes one fused group may replace */
 #define MK_GROUP_MAX_INPUTS 4 /* operands of one cuDNN group */
@@ -145,6 +146,14 @@ typedef struct {
     int align;                   /* bytes the address is known to be a multiple of (4..16) */
 } mk_group_input;
 
+/* What the CUDA device's prepare found of a group (kernels/cudnn_fuser.cu). */
+typedef enum {
+    MK_CUDNN_UNTRIED,   /* not compiled yet */
+    MK_CUDNN_FUSED,     /* its plan is compiled: plan, workspace_bytes, cache_hit, tf32 */
+    MK_CUDNN_REJECTED,  /* cuDNN refused it: why */
+    MK_CUDNN_WORKSPACE, /* its plan needs workspace_bytes, more than its scratch */
+} mk_cudnn_verdict;
+
 typedef struct mk_fused_group {
     int rank;                      /* of every tensor in the group: 3, or 4 for 4-D pointwise */
     int n_ops;
@@ -152,7 +161,12 @@ typedef struct mk_fused_group {
     int n_in;                      /* <= MK_GROUP_MAX_INPUTS */
     mk_group_input in[MK_GROUP_MAX_INPUTS];
     char *trace;                   /* structural key: ops, shapes, strides, dtypes, operand order */
-    /* filled by the fuser */
+    struct mk_cudnn_cache **cache; /* the context's plans, where prepare compiles this one */
+    size_t trial_limit;            /* the most device memory a trial run of a new plan may
+                                      take (prepare's: 0 under max_bytes, which it would pass) */
+    /* filled by the CUDA device's prepare (the fuser) */
+    mk_cudnn_verdict verdict;
+    char why[512];                 /* cuDNN's words: the engine taken, or why it refused */
     struct mk_cudnn_plan *plan;    /* shared through the context's cache */
     size_t workspace_bytes;        /* taken from the planner's scratch */
     bool cache_hit, tf32;

@@ -45,18 +45,32 @@ static int match_constants(const mk_graph *g, const mk_named_tensor *given, size
 
 static bool is_input(const mk_node *n) { return n->op->leaf == MK_LEAF_INPUT; }
 
+/* A node runs a kernel unless it is a leaf or a view (in-place writes run one). */
+static bool launches(const mk_node *n) {
+    if (n->op->role == MK_ROLE_LEAF) return false;
+    return n->storage != MK_STORAGE_VIEW || n->op->role == MK_ROLE_INPLACE;
+}
+
+/* Where a node's launch finds its arena memory besides its result's. */
+typedef struct {
+    int64_t scratch, state; /* offsets, or -1 */
+    size_t state_bytes;
+} launch_slot;
+
 /*
  * Walks the evaluation order: an owner in the arena gets its offset at its own
  * step and is released after its last reader (through any of its views);
- * scratch lives for its node's step only. Inputs take their slots first and
- * keep them: they are written before the first kernel runs.
+ * scratch (the op's, then the device's) lives for its node's step only. Inputs
+ * take their slots first and keep them: they are written before the first
+ * kernel runs; so does the state the device keeps per launch.
  */
-static int plan_memory(mk_model *m, int64_t *scratch_offset, mk_error **err) {
+static int plan_memory(mk_model *m, launch_slot *slot, mk_error **err) {
     mk_graph *g = m->graph;
     int n = g->n_nodes;
     int *head = malloc(sizeof *head * (size_t)(n + 1)); /* owners whose last reader is step i */
     int *link = malloc(sizeof *link * (size_t)n);
     mk_planner *p = mk_planner_new();
+    size_t *device_scratch = NULL; /* [n] the device's scratch of each launch */
     int rc = -1;
     if (!head || !link || !p) {
         mk_fail(err, MK_ERR_NOMEM, 0, 0, "planning memory");
@@ -79,32 +93,42 @@ static int plan_memory(mk_model *m, int64_t *scratch_offset, mk_error **err) {
             head[o->last_use] = i;
         }
     }
+    if (!(device_scratch = calloc((size_t)(n ? n : 1), sizeof *device_scratch))) goto nomem;
     for (int i = 0; i < n; i++) {
         mk_node *x = g->nodes[i];
+        slot[i] = (launch_slot){.scratch = -1, .state = -1};
         if (is_input(x) && (x->offset = mk_planner_alloc(p, mk_node_bytes(x))) < 0) goto nomem;
+    }
+    for (int i = 0; i < n && m->dev->launch_memory; i++) {
+        mk_node *x = g->nodes[i];
+        if (!launches(x)) continue;
+        m->dev->launch_memory(x, &device_scratch[i], &slot[i].state_bytes);
+        if (slot[i].state_bytes && (slot[i].state = mk_planner_alloc(p, slot[i].state_bytes)) < 0)
+            goto nomem;
     }
     for (int i = 0; i < n; i++) {
         mk_node *x = g->nodes[i];
-        scratch_offset[i] = -1;
         if (x->owner == x && x->storage == MK_STORAGE_ARENA && !is_input(x) &&
             (x->offset = mk_planner_alloc(p, mk_node_bytes(x))) < 0)
             goto nomem;
-        x->scratch_bytes = x->op->scratch ? x->op->scratch(x) : 0;
+        x->scratch_bytes = (x->op->scratch ? x->op->scratch(x) : 0) + device_scratch[i];
         if (x->scratch_bytes) {
-            if ((scratch_offset[i] = mk_planner_alloc(p, x->scratch_bytes)) < 0) goto nomem;
-            mk_planner_release(p, scratch_offset[i], x->scratch_bytes);
+            if ((slot[i].scratch = mk_planner_alloc(p, x->scratch_bytes)) < 0) goto nomem;
+            mk_planner_release(p, slot[i].scratch, x->scratch_bytes);
         }
         for (int k = head[i]; k >= 0; k = link[k])
             mk_planner_release(p, g->nodes[k]->offset, mk_node_bytes(g->nodes[k]));
     }
     m->stats.arena_bytes = mk_planner_arena_bytes(p);
     m->stats.lower_bound_bytes = mk_planner_peak_live(p);
+    m->stats.device_bytes = m->dev->model_memory ? m->dev->model_memory(g) : 0;
     m->stats.plan_ms = mk_now_ms() - t0;
     rc = 0;
     goto done;
 nomem:
     mk_fail(err, MK_ERR_NOMEM, 0, 0, "planning memory");
 done:
+    free(device_scratch);
     mk_planner_free(p);
     free(head);
     free(link);
@@ -113,22 +137,37 @@ done:
 
 /* ---- sharing ---------------------------------------------------------------------- */
 
-/* A constant's bytes as its node holds them: the caller's dense row-major
- * data, or a copy laid out by the node's strides (a [k, n] float32 held by
- * columns: product.c's hold_by_columns), which *copy owns. NULL: no memory. */
-static const void *laid_out(const mk_node *n, const void *data, void **copy) {
+/* A constant's bytes as the passes decided to hold them (n->upload): the
+ * caller's dense row-major data, or a copy laid out by columns (a [k, n]
+ * float32: product_rules.c's hold_by_columns), which *copy owns. NULL: no
+ * memory, or (*err set) strides the decision does not explain. */
+static const void *laid_out(const mk_node *n, const void *data, void **copy, mk_error **err) {
     int64_t dense[MK_MAX_RANK];
     mk_contiguous_strides(n->rank, n->shape, dense);
     *copy = NULL;
-    if (!memcmp(dense, n->stride, sizeof dense[0] * (size_t)n->rank)) return data;
-    uint32_t *out = malloc(mk_node_bytes(n)); /* float32, rank 2 */
-    if (!out) return NULL;
-    const uint32_t *in = data;
-    int64_t rows = n->shape[0], cols = n->shape[1];
-    for (int64_t i = 0; i < rows; i++)
-        for (int64_t j = 0; j < cols; j++)
-            out[i * n->stride[0] + j * n->stride[1]] = in[i * cols + j];
-    return *copy = out;
+    switch (n->upload) {
+    case MK_UPLOAD_AS_GIVEN:
+        if (memcmp(dense, n->stride, sizeof dense[0] * (size_t)n->rank)) break;
+        return data;
+    case MK_UPLOAD_BY_COLUMNS: {
+        int64_t rows = n->shape[0], cols = n->shape[1];
+        if (n->rank != 2 || mk_dtype_size(n->dtype) != 4 || n->stride[0] != 1 ||
+            n->stride[1] != rows)
+            break;
+        uint32_t *out = malloc(mk_node_bytes(n));
+        if (!out) {
+            mk_fail(err, MK_ERR_NOMEM, n->line, n->column, "laying out the constant '%s' by "
+                    "columns", n->name);
+            return NULL;
+        }
+        const uint32_t *in = data;
+        for (int64_t i = 0; i < rows; i++)
+            for (int64_t j = 0; j < cols; j++) out[i + j * rows] = in[i * cols + j];
+        return *copy = out;
+    }
+    }
+    MK_INTERNAL(err, "the constant's strides are not those its upload says");
+    return NULL;
 }
 
 static bool same_type(const mk_node *a, const mk_node *b) {
@@ -149,7 +188,7 @@ static const mk_node *shared_twin(const mk_model *m, const mk_node *n) {
     if (!x || x->op->leaf != n->op->leaf || !same_type(x, n) || !o->base[x->index]) return NULL;
     if (n->storage == MK_STORAGE_CONSTANT &&
         (!m->given[n->index] || o->given[x->index] != m->given[n->index] ||
-         memcmp(x->stride, n->stride, sizeof n->stride[0] * (size_t)n->rank)))
+         x->upload != n->upload))
         return NULL;
     return x;
 }
@@ -184,12 +223,13 @@ static int check_budget(const mk_model *m, const mk_compile_options *opts, mk_er
         if (n->storage == MK_STORAGE_CONSTANT && !m->borrowed) constants += mk_node_bytes(n);
         if (n->storage == MK_STORAGE_BUFFER) buffers += mk_node_bytes(n);
     }
-    size_t arena = m->stats.arena_bytes, total = arena + constants + buffers;
+    size_t arena = m->stats.arena_bytes, device = m->stats.device_bytes;
+    size_t total = arena + constants + buffers + device;
     if (total <= opts->max_bytes) return 0;
     return mk_fail(err, MK_ERR_NOMEM, 0, 0,
                    "the model needs %zu bytes of %s memory (arena %zu, constants %zu, buffers "
-                   "%zu), more than max_bytes %zu",
-                   total, m->dev->name, arena, constants, buffers, opts->max_bytes);
+                   "%zu, the device's own %zu), more than max_bytes %zu",
+                   total, m->dev->name, arena, constants, buffers, device, opts->max_bytes);
 }
 
 /* ---- allocation and binding -------------------------------------------------------- */
@@ -237,9 +277,8 @@ static int allocate(mk_model *m, const mk_host *host, mk_error **err) {
             if (!(m->base[i] = m->dev->alloc(m->dev_state, bytes, err))) return leaf_failed(n, err);
             m->owns_alloc[i] = true;
             void *copy;
-            const void *data = laid_out(n, const_data[i], &copy);
-            if (!data) return mk_fail(err, MK_ERR_NOMEM, n->line, n->column,
-                                      "laying out the constant '%s' by columns", n->name);
+            const void *data = laid_out(n, const_data[i], &copy, err);
+            if (!data) return -1;
             int status = m->dev->upload(m->dev_state, m->base[i], data, bytes, err);
             free(copy);
             if (status) return leaf_failed(n, err);
@@ -269,12 +308,6 @@ static mk_tensor tensor_of(const mk_model *m, const mk_node *n) {
     return t;
 }
 
-/* A node runs a kernel unless it is a leaf or a view (in-place writes run one). */
-static bool launches(const mk_node *n) {
-    if (n->op->role == MK_ROLE_LEAF) return false;
-    return n->storage != MK_STORAGE_VIEW || n->op->role == MK_ROLE_INPLACE;
-}
-
 /* Does the device's kernel take every data operand's dtype and the result's? */
 static int check_dtypes(const mk_model *m, const mk_node *n, const mk_kernel *k,
                         mk_error **err) {
@@ -298,7 +331,7 @@ int mk_launch_operands(mk_launch *l, mk_error **err) {
     return 0;
 }
 
-static int bind(mk_model *m, const int64_t *scratch_offset, mk_error **err) {
+static int bind(mk_model *m, const launch_slot *slot, mk_error **err) {
     mk_graph *g = m->graph;
     for (int i = 0; i < g->n_nodes; i++) {
         const mk_node *n = g->nodes[i];
@@ -323,8 +356,13 @@ static int bind(mk_model *m, const int64_t *scratch_offset, mk_error **err) {
         }
         if (mk_launch_operands(l, err)) return -1;
         if (n->scratch_bytes) {
-            l->scratch = (char *)m->arena + scratch_offset[i];
+            l->scratch = (char *)m->arena + slot[i].scratch;
             l->scratch_bytes = n->scratch_bytes;
+        }
+        if (slot[i].state_bytes) { /* zero once: its kernels find it as they left it */
+            l->state = (char *)m->arena + slot[i].state;
+            l->state_bytes = slot[i].state_bytes;
+            if (m->dev->zero(m->dev_state, l->state, l->state_bytes, err)) return -1;
         }
     }
     return 0;
@@ -332,9 +370,14 @@ static int bind(mk_model *m, const int64_t *scratch_offset, mk_error **err) {
 
 /* ---- compile ----------------------------------------------------------------------- */
 
+#define MK_COMPILE_AGAIN_MAX 16
+
+/* One compile; NULL with *again set (and no error) where the device's
+ * prepare found cuDNN groups the passes must choose otherwise, which the
+ * context now notes: the caller compiles again. */
 static mk_model *compile(mk_host *host, mk_context *ctx, const char *script,
                          const mk_named_tensor *constants, size_t n_constants,
-                         const mk_compile_options *options, mk_error **err) {
+                         const mk_compile_options *options, bool *again, mk_error **err) {
     double t0 = mk_now_ms();
     mk_compile_options opts = options ? *options : (mk_compile_options){0};
     if (!ctx || !script || (n_constants && !constants)) {
@@ -360,7 +403,7 @@ static mk_model *compile(mk_host *host, mk_context *ctx, const char *script,
         return NULL;
     }
     mk_model *m = calloc(1, sizeof *m);
-    int64_t *scratch_offset = NULL;
+    launch_slot *slot = NULL;
     if (!m) goto nomem;
     atomic_init(&m->refs, 1);
     if ((m->shared = opts.share)) atomic_fetch_add(&m->shared->refs, 1);
@@ -374,7 +417,8 @@ static mk_model *compile(mk_host *host, mk_context *ctx, const char *script,
     STAGE_DONE(1);
     mk_graph *g = m->graph;
     if (opts.use_cudnn) {
-        if (!(m->fusion = mk_fusion_new(&ctx->cudnn))) goto nomem;
+        if (!(m->fusion = mk_fusion_new(&ctx->cudnn, &ctx->cudnn_notes, ctx->compiles)))
+            goto nomem;
         g->fusion = m->fusion;
     }
     if (mk_passes_run(g, &opts, &dev->target, err)) goto fail;
@@ -382,26 +426,26 @@ static mk_model *compile(mk_host *host, mk_context *ctx, const char *script,
 
     int n = g->n_nodes;
     m->given = calloc((size_t)n, sizeof *m->given);
-    scratch_offset = calloc((size_t)n, sizeof *scratch_offset);
+    slot = calloc((size_t)(n ? n : 1), sizeof *slot);
     m->base = calloc((size_t)n, sizeof *m->base);
     m->owns_alloc = calloc((size_t)n, sizeof *m->owns_alloc);
     m->launches = calloc((size_t)n, sizeof *m->launches);
     m->inputs = calloc((size_t)n, sizeof *m->inputs);
     m->input_slot = calloc((size_t)n, sizeof *m->input_slot);
-    if (!m->given || !scratch_offset || !m->base || !m->owns_alloc || !m->launches ||
+    if (!m->given || !slot || !m->base || !m->owns_alloc || !m->launches ||
         !m->inputs || !m->input_slot)
         goto nomem;
     if (match_constants(g, constants, n_constants, m->given, err) ||
         check_shared_buffers(m, err))
         goto fail;
-    if (plan_memory(m, scratch_offset, err)) goto fail;
+    if (plan_memory(m, slot, err)) goto fail;
     if (check_budget(m, &opts, err)) goto fail;
     STAGE_DONE(3);
 
     if (dev->open(&m->dev_state, err)) goto fail;
     if (allocate(m, host, err)) goto fail;
     STAGE_DONE(4);
-    if (bind(m, scratch_offset, err)) goto fail;
+    if (bind(m, slot, err)) goto fail;
     STAGE_DONE(5);
 
     for (int i = 0; i < n; i++) {
@@ -427,9 +471,23 @@ static mk_model *compile(mk_host *host, mk_context *ctx, const char *script,
     for (int i = 0; i < g->n_next; i++)
         rules[i] = (mk_step_rule){.input = m->input_slot[g->next[i].input->index],
                                   .output = g->next[i].output, .add = g->next[i].add};
-    if (dev->prepare(m->dev_state, m->launches, m->n_launches, m->in_copies, m->n_inputs,
-                     m->out_copies, m->n_outputs, rules, g->n_next, host, err))
+    int prepared = dev->prepare(m->dev_state, m->launches, m->n_launches, m->in_copies,
+                                m->n_inputs, m->out_copies, m->n_outputs, rules, g->n_next, host,
+                                err);
+    if (prepared < 0) goto fail;
+    if (prepared > 0) { /* cuDNN refused groups, or their plans need more workspace */
+        int learned = mk_fusion_learn(m->fusion);
+        if (learned < 0) goto nomem;
+        if (!learned) {
+            MK_INTERNAL(err, "the device asked to compile again, finding nothing new");
+            goto fail;
+        }
+        host->log(host, MK_LOG_INFO, "cuDNN: %d group%s to choose again: compiling again",
+                  learned, learned == 1 ? "" : "s");
+        *again = true;
         goto fail;
+    }
+    if (m->fusion) mk_fusion_prepared(m->fusion, g);
     STAGE_DONE(6);
 #undef STAGE_DONE
     if (!(m->script = mk_graph_print(g))) goto nomem;
@@ -464,12 +522,12 @@ static mk_model *compile(mk_host *host, mk_context *ctx, const char *script,
         host->log(host, MK_LOG_WARNING,
                  "cuDNN rejected %d group%s: they run on the plain kernels (the fusion report "
                  "says why)", m->fusion->rejected, m->fusion->rejected == 1 ? "" : "s");
-    free(scratch_offset);
+    free(slot);
     return m;
 nomem:
     mk_fail(err, MK_ERR_NOMEM, 0, 0, "compiling the model");
 fail:
-    free(scratch_offset);
+    free(slot);
     mk_model_free(m);
     return NULL;
 }
@@ -481,7 +539,19 @@ MK_API mk_model *mk_compile(mk_context *ctx, const char *script,
     mk_call c;
     mk_call_begin(&c, ctx);
     mk_cuda_setup_lock(cuda);
-    mk_model *m = compile(&c.host, ctx, script, constants, n_constants, options, err);
+    /* Each compile again notes one more cuDNN group at least: a few suffice. */
+    mk_model *m = NULL;
+    bool again = true;
+    if (cuda && ctx) ctx->compiles++;
+    for (int k = 0; !m && again; k++) {
+        again = false;
+        if (k == MK_COMPILE_AGAIN_MAX) {
+            mk_fail(err, MK_ERR_INTERNAL, 0, 0, "cuDNN: still choosing groups after %d compiles",
+                    k);
+            break;
+        }
+        m = compile(&c.host, ctx, script, constants, n_constants, options, &again, err);
+    }
     mk_cuda_setup_unlock(cuda);
     mk_call_end(&c);
     return m;

@@ -17,6 +17,9 @@ struct mk_context {
     atomic_int refs; /* the context and each of its models hold one; models may be freed
                         on any thread */
     struct mk_cudnn_cache *cudnn; /* cuDNN handle and compiled plans, made on first use */
+    mk_cudnn_note *cudnn_notes;   /* what prepare found of cuDNN groups (passes.h), under
+                                     the CUDA setup lock */
+    unsigned compiles;            /* mk_compile calls for CUDA (under that lock) */
     mk_log_fn log;                /* the host's functions (mk_context_set_log, _progress) */
     void *log_user;
     mk_progress_fn progress;

@@ -272,8 +272,9 @@ typedef struct {
     bool no_kernel_cache;  /* CUDA: compile generated kernels with NVRTC even where the disk
                               cache has them (and write none); see doc/devices.md */
     size_t max_bytes;      /* 0: no limit; else the most device memory the model may take
-                              (arena + copied constants + buffers), checked before anything
-                              is allocated: more is an MK_ERR_NOMEM error saying how much */
+                              (arena + copied constants + buffers + the device's own:
+                              mk_stats.device_bytes), checked before anything is allocated:
+                              more is an MK_ERR_NOMEM error saying how much */
     mk_model *share;       /* NULL, or a compiled model on the same device whose state and
                               weights this one uses in place (see "sharing" below) */
     int threads;           /* CPU: 0, the default (the cost rule in "threads" above); n > 0,
@@ -414,6 +415,10 @@ typedef struct {
     int cudnn_rejected;       /* groups cuDNN could not run: plain kernels (see the report) */
     int cudnn_tf32_groups;    /* fused groups whose matmul runs on tensor cores in TF32: their
                                  error is about 1e-3 of the output's RMS, not float32's */
+    size_t device_bytes;      /* what the device allocates for the model itself, beyond the
+                                 arena, constants and buffers (CUDA: cuBLAS's workspace, the
+                                 fault record, the step loop's words); max_bytes bounds
+                                 arena + constants + buffers + device_bytes */
 } mk_stats;
 
 MK_API int mk_model_stats(const mk_model *, mk_stats *out);

@@ -1,8 +1,8 @@
 /*
  * passes.h — the stages between parsing and binding: the ordered passes
  * (passes.c) with the grouping passes, the cuDNN fusion state, and the
- * planner. Passes read the graph and the compile options; they include no
- * device header, but for fusion.c, which asks the CUDA plugin for cuDNN plans.
+ * planner. Passes read the graph, the compile options and the target; they
+ * include no device header (spec/layering_spec.lua).
  */
 #ifndef MK_PASSES_H
 #define MK_PASSES_H
@@ -31,18 +31,43 @@ int mk_gather_pass(mk_graph *g, const mk_compile_options *opts, const mk_target 
  * whose target has row_groups */
 int mk_rows_pass(mk_graph *g, const mk_compile_options *opts, const mk_target *t,
                  mk_error **err);
+/*
+ * What a CUDA device's prepare found of a cuDNN group at an earlier compile,
+ * by the group's trace: that cuDNN refuses it (why), or the workspace its
+ * plan needs. A context keeps them; the fusion pass decides from them and
+ * from the target, never asking a device.
+ */
+typedef struct mk_cudnn_note {
+    struct mk_cudnn_note *next;
+    char *trace;
+    bool rejected;
+    size_t workspace_bytes;
+    unsigned built_in;  /* the compile call (mk_fusion.call) that built its plan */
+    char why[512];
+} mk_cudnn_note;
+void mk_cudnn_notes_free(mk_cudnn_note *);
 
 /* The fusion state of one compile, owned by the model. */
 typedef struct mk_fusion {
-    struct mk_cudnn_cache **cache; /* the context's cache (made on first use) */
+    struct mk_cudnn_cache **cache; /* the context's cache of plans (made on first use) */
+    mk_cudnn_note **notes;         /* the context's notes */
+    unsigned call;                 /* the context's count of compile calls, this one's */
     int n_groups, cap_groups;
     mk_fused_group **groups;       /* fused groups, owned */
     int fused, cache_hits, rejected, tf32;
     mk_strbuf report;              /* one line per group tried (report.s NULL: none yet) */
 } mk_fusion;
 
-mk_fusion *mk_fusion_new(struct mk_cudnn_cache **cache);
+mk_fusion *mk_fusion_new(struct mk_cudnn_cache **cache, mk_cudnn_note **notes, unsigned call);
 void mk_fusion_free(mk_fusion *);
+/* After the device's prepare: a line in the report per group it compiled
+ * ("fused", or "cache hit" where an earlier compile call built its plan,
+ * with cuDNN's words), and the counts. */
+void mk_fusion_prepared(mk_fusion *, const mk_graph *g);
+/* After a prepare that found groups cuDNN refuses, or whose plans need more
+ * workspace than they were given: notes for the next compile's pass. Returns
+ * how many are new (0: nothing learned), or -1 out of memory. */
+int mk_fusion_learn(mk_fusion *);
 /* The pass (passes.c runs it after assign-storage when opts->use_cudnn). */
 int mk_fusion_pass(mk_graph *g, const mk_compile_options *opts, const mk_target *t,
                     mk_error **err);

@@ -50,8 +50,9 @@ const char *mk_product_why_not(const mk_graph *g, const mk_target *t, const mk_n
  * On a device whose groups read weights by columns only (row_products false:
  * CUDA), product p's float32 constant weights [k, n] held by rows (an MLP's
  * [in, out]), where only products read them as their weights, are held by
- * columns instead when p then groups: strides (1, k), laid out so when the
- * model uploads them (model.c). A library product reads them transposed.
+ * columns instead when p then groups: strides (1, k), and the decision
+ * recorded on the constant (MK_UPLOAD_BY_COLUMNS), which model.c carries out
+ * when it uploads it. A library product reads them transposed.
  */
 void mk_product_hold_by_columns(const mk_graph *g, const mk_target *t, const mk_node *p) {
     if (t->row_products || p->op->kernel != MK_KERNEL_MATMUL) return;
@@ -66,7 +67,11 @@ void mk_product_hold_by_columns(const mk_graph *g, const mk_target *t, const mk_
     int64_t rows = w->stride[0];
     w->stride[0] = 1;
     w->stride[1] = w->shape[0];
-    if (mk_product_why_not(g, t, p)) w->stride[0] = rows, w->stride[1] = 1; /* p would not group: as it was */
+    w->upload = MK_UPLOAD_BY_COLUMNS;
+    if (mk_product_why_not(g, t, p)) { /* p would not group: as it was */
+        w->stride[0] = rows, w->stride[1] = 1;
+        w->upload = MK_UPLOAD_AS_GIVEN;
+    }
 }
 
 /* n's only reader, or NULL where it has several, none, or is the output. */

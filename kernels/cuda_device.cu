@@ -212,7 +212,10 @@ static int cuda_probe(char *reason, size_t size) {
                    cudaGetErrorString(status));
         return 0;
     }
-    put_reason(reason, size, "%s (compute capability %d.%d)", prop.name, prop.major, prop.minor);
+    const char *forced = getenv("MK_CUDA_ARCH"); /* checked when a model's device opens */
+    put_reason(reason, size, "%s (compute capability %d.%d%s%s%s)", prop.name, prop.major,
+               prop.minor, forced && *forced ? "; MK_CUDA_ARCH=" : "", forced ? forced : "",
+               forced && *forced ? " forces an older one's paths" : "");
     return 1;
 }
 
@@ -232,16 +235,42 @@ static void cuda_close(void *state) {
     if (s->blas_workspace) cudaFree(s->blas_workspace);
     if (s->fault) cudaFree(s->fault);
     if (s->done_counts) cudaFree(s->done_counts);
-    for (int i = 0; i < s->n_extra; i++) cudaFree(s->extra[i]);
-    free(s->extra);
+#ifdef MK_WITH_CUDNN
+    for (int i = 0; i < s->n_cudnn; i++) mk_cudnn_group_release(s->cudnn[i]);
+#endif
+    free(s->cudnn);
     free(s->generated); /* the kernels stay cached for the process */
-    free(s->aux);       /* what it points to is in `extra` */
     if (s->pinned) cudaFreeHost(s->pinned);
     free(s->in_stage);
     free(s->out_stage);
     if (s->stream) cudaStreamDestroy(s->stream);
     cudaGetLastError();
     free(s);
+}
+
+/* s->arch: the device's compute capability, or MK_CUDA_ARCH's ("80" or
+ * "sm_80"), which may only be older: the code paths of an older GPU run on a
+ * newer one, not the other way. */
+static int open_arch(mk_cuda_state *s, mk_error **err) {
+    cudaDeviceProp prop;
+    MK_CUDA_TRY(err, cudaGetDeviceProperties(&prop, s->device));
+    s->arch = prop.major * 10 + prop.minor;
+    {
+        const char *forced = getenv("MK_CUDA_ARCH");
+        if (!forced || !*forced) return 0;
+        const char *digits = strncmp(forced, "sm_", 3) ? forced : forced + 3;
+        char *end = NULL;
+        long arch = strtol(digits, &end, 10);
+        if (end == digits || *end || arch < 70 || arch > s->arch)
+            return mk_fail(err, MK_ERR_ARGUMENT, 0, 0,
+                           "MK_CUDA_ARCH=%s: not a compute capability from 70 to the "
+                           "device's own %d (e.g. 80 for sm_80)", forced, s->arch);
+        s->arch = (int)arch;
+        s->arch_forced = true;
+    }
+    return 0;
+fail:
+    return -1;
 }
 
 static int cuda_open(void **state, mk_error **err) {
@@ -253,13 +282,11 @@ static int cuda_open(void **state, mk_error **err) {
     if (!s) return mk_fail(err, MK_ERR_NOMEM, 0, 0, "cannot allocate the CUDA device state");
     s->device = 0;
     MK_CUDA_TRY(err, cudaSetDevice(s->device));
+    if (open_arch(s, err)) goto fail;
     MK_CUDA_TRY(err, cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
     MK_BLAS_TRY(err, cublasCreate(&s->blas));
     /* cublasSetStream resets the workspace, so the stream goes first. */
     MK_BLAS_TRY(err, cublasSetStream(s->blas, s->stream));
-    s->blas_workspace_bytes = MK_BLAS_WORKSPACE;
-    MK_CUDA_TRY(err, cudaMalloc(&s->blas_workspace, s->blas_workspace_bytes));
-    MK_BLAS_TRY(err, cublasSetWorkspace(s->blas, s->blas_workspace, s->blas_workspace_bytes));
     MK_BLAS_TRY(err, cublasSetPointerMode(s->blas, CUBLAS_POINTER_MODE_HOST));
     /* Plain float32 products (no TF32): results agree with the CPU far under 1e-3. */
     MK_BLAS_TRY(err, cublasSetMathMode(s->blas, CUBLAS_DEFAULT_MATH));
@@ -327,29 +354,39 @@ fail:
     return -1;
 }
 
-void *mk_cuda_extra(mk_cuda_state *s, size_t bytes, mk_error **err) {
-    void *p = NULL;
-    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-    if (s->n_extra == s->cap_extra) {
-        int cap = s->cap_extra ? 2 * s->cap_extra : 4;
-        void **grown = (void **)realloc(s->extra, (size_t)cap * sizeof *grown);
-        if (!grown) {
-            mk_fail(err, MK_ERR_NOMEM, 0, 0, "cannot grow the CUDA device's extra list");
-            return NULL;
+/* ---- the model's device memory, asked before the planner runs ---------------- */
+
+/* cuBLAS runs the matrix products alone (matmul.cu): its workspace is the model's. */
+static bool uses_blas(const mk_node *n) { return n->op->kernel == MK_KERNEL_MATMUL; }
+
+/* mk_device_ops.launch_memory: a matrix-vector or attention group keeps its
+ * partial results, keys and counts (zero between launches) as state; a
+ * replacement that may lie inside the x it replaces rows of is copied aside
+ * into scratch first (gather.cu), as the CPU's memmove would. */
+static void cuda_launch_memory(const mk_node *n, size_t *scratch, size_t *state) {
+    const mk_product_group *pg = mk_node_product(n);
+    *scratch = *state = 0;
+    if (pg) *state = mk_codegen_group_aux_bytes(pg);
+    if (n->op->kernel == MK_KERNEL_REPLACE_SLICE && n->in[1]->owner == n->in[0]->owner)
+        *scratch = mk_node_bytes(n->in[1]);
+}
+
+/* mk_device_ops.model_memory: what open and prepare allocate for the model,
+ * as they allocate it (the driver rounds each allocation up further). */
+static size_t cuda_model_memory(const mk_graph *g) {
+    size_t bytes = sizeof(mk_cuda_fault) + 2 * sizeof(unsigned); /* fault record, done counts */
+    bool blas = false;
+    for (int i = 0; i < g->n_nodes; i++) blas = blas || uses_blas(g->nodes[i]);
+    if (blas) bytes += MK_BLAS_WORKSPACE;
+    if (g->n_next) { /* the step loop: its control word and each fed output's snapshot */
+        bytes += sizeof(mk_step_ctl);
+        for (int o = 0; o < g->n_outputs; o++) {
+            bool feeds = false;
+            for (int r = 0; r < g->n_next; r++) feeds = feeds || g->next[r].output == o;
+            if (feeds) bytes += (mk_node_bytes(g->outputs[o]) + 255) / 256 * 256;
         }
-        s->extra = grown;
-        s->cap_extra = cap;
     }
-    /* cudaMalloc is not a stream operation; relaxed mode lets it run mid-capture. */
-    cudaThreadExchangeStreamCaptureMode(&mode);
-    cudaError_t status = cudaMalloc(&p, bytes ? bytes : 1);
-    cudaThreadExchangeStreamCaptureMode(&mode);
-    if (status != cudaSuccess) {
-        mk_cuda_fail_status(err, status, "cudaMalloc (kernel scratch)", __FILE__, __LINE__);
-        return NULL;
-    }
-    s->extra[s->n_extra++] = p;
-    return p;
+    return bytes;
 }
 
 /* ---- the kernels ---------------------------------------------------------- */
@@ -485,6 +522,45 @@ static size_t stage_round(size_t bytes) {
     return (bytes + MK_STAGE_ALIGN - 1) / MK_STAGE_ALIGN * MK_STAGE_ALIGN;
 }
 
+/*
+ * Compiles the plan of each cuDNN group (the fusion pass chose them from the
+ * target alone): 0 all are ready, 1 some must be chosen otherwise (cuDNN
+ * refuses one, or its plan needs more workspace than the planner gave its
+ * launch: the group's verdict says which), -1 an error. The plans are
+ * released at close.
+ */
+static int prepare_cudnn(mk_cuda_state *s, const mk_launch *launches, int n, const mk_host *host,
+                         mk_error **err) {
+    int again = 0;
+    /* a trial run's buffers would be device memory max_bytes does not count */
+    size_t trial = host->opts && host->opts->max_bytes ? 0 : MK_CUDNN_TRIAL_LIMIT;
+    for (int i = 0; i < n; i++) {
+        mk_fused_group *g = mk_node_cudnn(launches[i].node);
+        if (!g) continue;
+#ifdef MK_WITH_CUDNN
+        if (s->n_cudnn == s->cap_cudnn) {
+            int cap = s->cap_cudnn ? 2 * s->cap_cudnn : 8;
+            mk_fused_group **grown =
+                (mk_fused_group **)realloc(s->cudnn, (size_t)cap * sizeof *grown);
+            if (!grown) return mk_fail(err, MK_ERR_NOMEM, 0, 0, "the CUDA device's cuDNN groups");
+            s->cudnn = grown;
+            s->cap_cudnn = cap;
+        }
+        g->trial_limit = trial;
+        int rc = mk_cudnn_compile_group(g->cache, g, g->why, sizeof g->why, err);
+        if (rc < 0) return -1;
+        if (rc == 0) s->cudnn[s->n_cudnn++] = g; /* holds a plan: released at close */
+        if (rc > 0) g->verdict = MK_CUDNN_REJECTED;
+        else if (g->workspace_bytes > launches[i].scratch_bytes) g->verdict = MK_CUDNN_WORKSPACE;
+        else g->verdict = MK_CUDNN_FUSED;
+        again = again || g->verdict != MK_CUDNN_FUSED;
+#else
+        return MK_INTERNAL(err, "a cuDNN group in a build without cuDNN");
+#endif
+    }
+    return again;
+}
+
 static int cuda_prepare(void *state, const mk_launch *launches, int n, const mk_copy *in,
                         int n_in, const mk_copy *out, int n_out, const mk_step_rule *rules,
                         int n_rules, const mk_host *host, mk_error **err) {
@@ -531,6 +607,22 @@ static int cuda_prepare(void *state, const mk_launch *launches, int n, const mk_
             MK_CUDA_TRY(err, cudaMalloc((void **)&s->done_counts, 2 * sizeof(unsigned)));
             MK_CUDA_TRY(err, cudaMemset(s->done_counts, 0, 2 * sizeof(unsigned)));
         }
+    }
+
+    /* cuDNN's plans first: where a group must be chosen otherwise, the model
+     * is compiled anew (model.c), so nothing else need be made */
+    {
+        int again = prepare_cudnn(s, launches, n, host, err);
+        if (again) return again;
+    }
+
+    /* cuBLAS's workspace, where the model has products for it: set now, so
+     * capture never allocates (cuda_model_memory counted it) */
+    for (int i = 0; i < n && !s->blas_workspace; i++) {
+        if (!uses_blas(launches[i].node)) continue;
+        s->blas_workspace_bytes = MK_BLAS_WORKSPACE;
+        MK_CUDA_TRY(err, cudaMalloc(&s->blas_workspace, s->blas_workspace_bytes));
+        MK_BLAS_TRY(err, cublasSetWorkspace(s->blas, s->blas_workspace, s->blas_workspace_bytes));
     }
 
     /* Generated kernels are compiled and loaded now: loading is no capture work. */
@@ -705,11 +797,18 @@ fail:
 
 /* ---- the device table and the plugin's entry ---------------------------------- */
 
+#ifdef MK_WITH_CUDNN
+#define CUDNN_GROUPS true /* prepare compiles their plans (prepare_cudnn) */
+#else
+#define CUDNN_GROUPS false
+#endif
+
 /* int8_products: the generated matrix-vector kernels make A's int8 values and
  * scales in static shared memory (core/codegen/matvec_step.c's put_grid_copy); they read
  * weights by columns only (row_products false) */
 static const mk_device_ops cuda_device = {
-    "cuda",       cuda_kernels.k, {MK_CUDA_POINTWISE_OPERANDS, 32768, false},
+    "cuda",       cuda_kernels.k, {MK_CUDA_POINTWISE_OPERANDS, 32768, false, CUDNN_GROUPS},
+    cuda_launch_memory, cuda_model_memory,
     cuda_open,    cuda_close,     cuda_alloc, cuda_free, cuda_upload,
     cuda_zero,    cuda_prepare,   cuda_evaluate, mk_cuda_run_steps,
 };
@@ -721,11 +820,7 @@ static const mk_cuda_plugin plugin = {
     cuda_probe,
 #ifdef MK_WITH_CUDNN
     mk_cudnn_cache_free,
-    mk_cudnn_compile_group,
-    mk_cudnn_group_release,
 #else
-    NULL,
-    NULL,
     NULL,
 #endif
     mk_cuda_generate_check,

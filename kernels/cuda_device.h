@@ -82,6 +82,12 @@ typedef struct {
 /* Per-model state (mk_launch.dev points here). */
 typedef struct mk_cuda_state {
     int device;
+    /* The compute capability (major * 10 + minor) every capability-dependent
+     * path is chosen from: the GPU's, or an older one MK_CUDA_ARCH forces
+     * when the device opens (doc/devices.md): generated kernels are then
+     * compiled to PTX for compute_<arch>, without PDL or clusters. */
+    int arch;
+    bool arch_forced;
     cudaStream_t stream;
     cublasHandle_t blas;
     void *blas_workspace; /* cuBLAS's workspace, so capture never allocates */
@@ -120,17 +126,14 @@ typedef struct mk_cuda_state {
     long long ring_steps;
     char loop_why[160];
 
-    /* device memory kernels asked for while capturing (freed at close) */
-    void **extra;
-    int n_extra, cap_extra;
-
     /* [n launches] a pointwise group's generated kernel (a cudaKernel_t, kept
      * for the process by generated.cu), else NULL; NULL without groups */
     void **generated;
-    /* [n launches] an attention group's partial results and counts (in `extra`),
-     * else NULL; NULL without attention groups */
-    void **aux;
     bool pdl; /* generated kernels launch with programmatic dependent launch */
+    /* the cuDNN groups whose plans prepare compiled (released at close: the
+     * model frees the groups after closing its device) */
+    mk_fused_group **cudnn;
+    int n_cudnn, cap_cudnn;
     struct mk_cuda_timeline *timeline; /* MK_CUDA_TIMELINE's, else NULL */
     struct mk_cuda_convs *conv; /* conv.cu: the convolutions' cuDNN plans, else NULL */
 } mk_cuda_state;
@@ -165,11 +168,6 @@ int mk_cuda_fail_blas(mk_error **err, cublasStatus_t status, const char *what,
 /* After a <<<...>>> launch: the launch's own status (bad configuration, no
  * kernel image for this device), as an error naming the node. */
 int mk_cuda_check_launch(const mk_launch *l, const char *kernel, mk_error **err);
-
-/* Device memory a kernel needs beyond its operands, allocated while the graph
- * is being captured (capture mode relaxed for the call) and owned by the
- * model's state until close. NULL with an error on failure. */
-void *mk_cuda_extra(mk_cuda_state *s, size_t bytes, mk_error **err);
 
 /* A launch's configuration: grid, block, stream, and programmatic dependent
  * launch (the kernel may start before the launch before it ends, and waits for
@@ -358,9 +356,16 @@ int mk_cuda_group_norm(const mk_launch *l, mk_error **err);
 int mk_cuda_batch_norm(const mk_launch *l, mk_error **err);
 int mk_cuda_rms_norm_eps(const mk_launch *l, mk_error **err);
 
+/* A trial run of a new cuDNN plan on scratch memory is skipped above this
+ * many bytes of operands (and under max_bytes: prepare_cudnn). */
+#define MK_CUDNN_TRIAL_LIMIT ((size_t)1 << 31)
+
 #ifdef MK_WITH_CUDNN
-/* cudnn_fuser.cu (left out of CUDNN=0 builds): the plugin table's cuDNN hooks,
- * as core/group.h describes them, and the group's kernel. */
+/* cudnn_fuser.cu (left out of CUDNN=0 builds): the context's cache of plans
+ * (freed through the plugin table); prepare's compile of g's plan: 0 fused
+ * (g->plan, workspace_bytes, cache_hit, tf32 set), 1 cuDNN refuses the group
+ * (the reason in `why`), -1 a hard error; the release of its variant pack and
+ * plan reference; the group's kernel. */
 void mk_cudnn_cache_free(struct mk_cudnn_cache *c);
 int mk_cudnn_compile_group(struct mk_cudnn_cache **cache, mk_fused_group *g, char *why,
                            size_t why_size, mk_error **err);

@@ -4,13 +4,17 @@
  * fusion pass (core/fusion.c) chose, run as one cuDNN operation graph built
  * through cuDNN 9's backend C API.
  *
- * Compile time (mk_cudnn_compile_group, from the pass, before the planner):
+ * Prepare time (mk_cudnn_compile_group, from the CUDA device's prepare, after
+ * the planner; the fusion pass chose the group without asking the device):
  *     trace in the context's cache? → the plan (a cache hit), or the cached rejection
  *     else: tensors (3-D, or 4-D for 4-D pointwise chains; intermediates virtual)
  *           → matmul / pointwise operations → operation graph
  *           → engine configs from heuristics mode A, then the fallback list
  *           → the first config whose plan finalizes and runs once on scratch memory
- *           → its workspace size becomes the node's scratch in the arena
+ *     its workspace must fit the scratch the planner gave the group; where it
+ *     does not, or cuDNN refuses the group, prepare says so and the model is
+ *     compiled again (core/fusion.c: the group then has that scratch, or its
+ *     nodes run on the plain kernels)
  * Capture time (mk_cuda_cudnn_group, the node's kernel, called by the CUDA
  * device while it captures the model's graph): a variant pack with the final
  * device addresses (operands, output, workspace) and cudnnBackendExecute on
@@ -40,8 +44,6 @@
 static const cudnnBackendAttributeName_t ATTR_OPGRAPH_HANDLE = (cudnnBackendAttributeName_t)800;
 static const cudnnBackendAttributeName_t ATTR_PLAN_HANDLE = (cudnnBackendAttributeName_t)400;
 
-/* A trial run on scratch memory is skipped above this many bytes of operands. */
-#define MK_CUDNN_TRIAL_LIMIT ((size_t)1 << 31)
 
 static double now_ms(void) { return mk_now_ms(); }
 
@@ -283,7 +285,7 @@ static int trial_run(mk_cudnn_cache *c, const mk_fused_group *g, mk_cudnn_plan *
         }
         total += bytes[g->n_in] = span_bytes(g->rank, o->shape, dense);
     }
-    if (total > MK_CUDNN_TRIAL_LIMIT) return 0;
+    if (total > g->trial_limit) return 0;
     cudaError_t ce = cudaSuccess;
     for (int k = 0; k <= g->n_in && ce == cudaSuccess; k++)
         if ((ce = cudaMalloc(&ptrs[k], bytes[k])) == cudaSuccess)
@@ -588,8 +590,8 @@ int mk_cuda_cudnn_group(const mk_launch *l, mk_error **err) {
     variant_pack_free((cudnnBackendDescriptor_t)g->varpack); /* a second capture rebinds */
     g->varpack = NULL;
     cudnnBackendDescriptor_t vp = NULL;
-    /* Relaxed capture mode for the call, as for the CUDA device's own extra
-     * allocations: cuDNN may make non-stream calls while it records. */
+    /* Relaxed capture mode for the call: cuDNN may make non-stream calls
+     * while it records. */
     cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
     cudaThreadExchangeStreamCaptureMode(&mode);
     if ((st = variant_pack(p, ptrs, p->workspace_bytes ? l->scratch : NULL, &vp, &what)) == 0 &&

@@ -146,8 +146,9 @@ int mk_cuda_replace_slice(const mk_launch *l, mk_error **err) {
     if (src < o + x_bytes && o < src + r_bytes) {
         /* r lives inside x: where it lands is known only at run time, so copy it
          * aside first (the CPU's memmove) */
-        char *aside = (char *)mk_cuda_extra(s, r_bytes, err);
-        if (!aside) return -1;
+        if (l->scratch_bytes < r_bytes) /* cuda_launch_memory asked for it */
+            return MK_INTERNAL(err, "a replacement inside x without its scratch");
+        char *aside = (char *)l->scratch + (l->scratch_bytes - r_bytes);
         status = cudaMemcpyAsync(aside, src, r_bytes, cudaMemcpyDeviceToDevice, s->stream);
         if (status != cudaSuccess)
             return mk_cuda_fail_status(err, status, "cudaMemcpyAsync (replace: r aside)",

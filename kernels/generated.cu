@@ -4,7 +4,7 @@
  * launched like any kernel (so each is a node of the model's CUDA graph).
  *
  * Kernels are kept for the process, by the hash of their program (the
- * source less its first line, which names the group) and the device's
+ * source less its comments, which name the group's nodes) and the device's
  * architecture: identical layers (same shapes, same program) compile once and
  * share one kernel, whatever the model or context; and on disk, so a second
  * process skips NVRTC. Compiling happens in prepare, before the graph is
@@ -42,14 +42,12 @@ static unsigned long long fnv1a(const char *s) {
     return h;
 }
 
-/* What decides a kernel: its source past the first line, the comment naming
- * the group (and its node's id, which differs from layer to layer), so that
- * identical layers share one kernel: compiles take a third of the time and
- * decoding is no slower (doc/performance.md, "Kernel cache key"). */
-static const char *program_of(const char *src) {
-    const char *line = strncmp(src, "// ", 3) ? NULL : strchr(src, '\n');
-    return line ? line + 1 : src;
-}
+/* What decides a kernel is its program: its source without its comments
+ * (mk_codegen_program), which name the group's nodes, their ids and lines
+ * (different from layer to layer), so that identical layers share one
+ * kernel: compiles take a third of the time and decoding is no slower
+ * (doc/performance.md, "Kernel cache key"), and editing a comment changes
+ * no key. */
 
 /* NVRTC's status as an error, with the first lines of its log. */
 static int nvrtc_fail(mk_error **err, nvrtcProgram prog, nvrtcResult r, const mk_launch *l) {
@@ -146,14 +144,14 @@ static bool cache_dir(char *dir, size_t size, const mk_host *host) {
 }
 
 /* The entry's key: the SHA-256 of everything that decides the cubin. */
-static void cache_key(const char *src, int arch, unsigned char key[32]) {
+static void cache_key(const char *program, int arch, unsigned char key[32]) {
     int major = 0, minor = 0;
     nvrtcVersion(&major, &minor);
     mk_strbuf b = {0};
     mk_strbuf_put(&b, "moonkaas kernel cache 1\nsm_%d\nnvrtc %d.%d\n", arch, major, minor);
     for (size_t i = 0; i < sizeof nvrtc_options / sizeof nvrtc_options[0]; i++)
         mk_strbuf_put(&b, "%s\n", nvrtc_options[i]);
-    mk_strbuf_put(&b, "%s", program_of(src));
+    mk_strbuf_put(&b, "%s", program);
     if (b.failed) memset(key, 0, 32); /* out of memory: a key no entry has */
     else mk_sha256(b.s, b.len, key);
     free(b.s);
@@ -232,7 +230,13 @@ static void cache_write(const char *path, const unsigned char key[32], const cha
 
 /* ---- compiling ------------------------------------------------------------------------ */
 
-/* NVRTC's cubin of src for sm_<arch> (malloc'd), or NULL with *err set. */
+/* An arch of MK_ARCH_PTX + a: PTX for compute_<a>, which the driver compiles
+ * for the GPU it loads on (MK_CUDA_ARCH forcing an older capability: sm_80
+ * machine code would not load on sm_90); else machine code for sm_<arch>. */
+#define MK_ARCH_PTX 10000
+
+/* NVRTC's cubin of src for sm_<arch> (malloc'd), or its PTX (NUL-terminated)
+ * for an MK_ARCH_PTX arch, or NULL with *err set. */
 static char *nvrtc_cubin(const char *src, int arch, const mk_launch *l, size_t *size,
                          mk_error **err) {
     nvrtcProgram prog = NULL;
@@ -242,15 +246,17 @@ static char *nvrtc_cubin(const char *src, int arch, const mk_launch *l, size_t *
         return NULL;
     }
     char gpu[48];
-    snprintf(gpu, sizeof gpu, "--gpu-architecture=sm_%d", arch);
+    bool ptx = arch >= MK_ARCH_PTX;
+    if (ptx) snprintf(gpu, sizeof gpu, "--gpu-architecture=compute_%d", arch - MK_ARCH_PTX);
+    else snprintf(gpu, sizeof gpu, "--gpu-architecture=sm_%d", arch);
     /* nvcc's defaults (the interpreter's expf and tanhf are built so); the
      * group's own arithmetic is __fadd_rn and friends, never contracted */
     const char *opts[] = {gpu, nvrtc_options[0]};
     r = nvrtcCompileProgram(prog, 2, opts);
     char *cubin = NULL;
-    if (r == NVRTC_SUCCESS) r = nvrtcGetCUBINSize(prog, size);
+    if (r == NVRTC_SUCCESS) r = ptx ? nvrtcGetPTXSize(prog, size) : nvrtcGetCUBINSize(prog, size);
     if (r == NVRTC_SUCCESS && !(cubin = (char *)malloc(*size))) r = NVRTC_ERROR_OUT_OF_MEMORY;
-    if (r == NVRTC_SUCCESS) r = nvrtcGetCUBIN(prog, cubin);
+    if (r == NVRTC_SUCCESS) r = ptx ? nvrtcGetPTX(prog, cubin) : nvrtcGetCUBIN(prog, cubin);
     if (r != NVRTC_SUCCESS) {
         nvrtc_fail(err, prog, r, l);
         free(cubin);
@@ -266,12 +272,15 @@ static char *nvrtc_cubin(const char *src, int arch, const mk_launch *l, size_t *
  * (without lib: any non-NULL value), or NULL with *err set. host (may be
  * NULL) hears why the disk cache was passed over.
  */
-static cudaKernel_t compile(const char *src, int arch, const mk_launch *l, cudaLibrary_t *lib,
-                            bool disk, bool *from_disk, const mk_host *host, mk_error **err) {
-    const char *symbol = mk_node_product(l->node) ? "mk_product" : "mk_pointwise";
+static cudaKernel_t compile(const char *src, const char *program, int arch, const mk_launch *l,
+                            cudaLibrary_t *lib, bool disk, bool *from_disk, const mk_host *host,
+                            mk_error **err) {
+    char symbol[MK_KERNEL_NAME_MAX + 16];
+    mk_codegen_kernel_name(l, symbol, sizeof symbol);
     char dir[4000], path[4096];
     unsigned char key[32];
-    if (disk) cache_key(src, arch, key);
+    disk = disk && arch < MK_ARCH_PTX; /* the disk keeps cubins only */
+    if (disk) cache_key(program, arch, key);
     disk = disk && cache_dir(dir, sizeof dir, host) && cache_path(path, sizeof path, dir, key, arch);
     size_t size = 0;
     char *cubin = disk ? cache_read(path, key, &size, host) : NULL;
@@ -317,8 +326,13 @@ static char *generate_source(const mk_launch *l, mk_error **err) {
 /* The kernel of src for launch l: from the cache, else compiled. */
 static cudaKernel_t kernel_of(const mk_launch *l, char *src, int arch, bool disk, int *compiled,
                               int *from_disk, const mk_host *host, mk_error **err) {
-    if (!src) return NULL;
-    unsigned long long hash = fnv1a(program_of(src));
+    char *program = src ? mk_codegen_program(src) : NULL;
+    if (!program) {
+        if (src) mk_fail(err, MK_ERR_NOMEM, 0, 0, "a generated kernel's program");
+        free(src);
+        return NULL;
+    }
+    unsigned long long hash = fnv1a(program);
     dump(src, hash, arch);
     cudaKernel_t kernel = NULL;
     pthread_mutex_lock(&cache_lock);
@@ -338,12 +352,13 @@ static cudaKernel_t kernel_of(const mk_launch *l, char *src, int arch, bool disk
         }
         bool disk_hit = false;
         if (n_cache < cap_cache &&
-            (kernel = compile(src, arch, l, &lib, disk, &disk_hit, host, err))) {
+            (kernel = compile(src, program, arch, l, &lib, disk, &disk_hit, host, err))) {
             cache[n_cache++] = (cached_kernel){hash, arch, lib, kernel};
             ++*(disk_hit ? from_disk : compiled);
         }
     }
     pthread_mutex_unlock(&cache_lock);
+    free(program);
     free(src);
     return kernel;
 }
@@ -379,35 +394,24 @@ int mk_cuda_generate(mk_cuda_state *s, const mk_launch *launches, int n, const m
         const mk_launch *l = &launches[i];
         if (!mk_node_generated(l->node)) continue;
         if (host->cancelled(host)) return mk_cancelled(err, "compile");
-        if (!s->generated) {
-            cudaDeviceProp prop;
-            MK_CUDA_TRY(err, cudaGetDeviceProperties(&prop, s->device));
-            arch = prop.major * 10 + prop.minor;
+        if (!s->generated) { /* the capability, forced or not (cuda_device.cu's open_arch) */
+            arch = s->arch_forced ? MK_ARCH_PTX + s->arch : s->arch;
             const char *pdl = getenv("MK_PDL");
-            s->pdl = prop.major >= 9 && !(pdl && !strcmp(pdl, "0"));
+            s->pdl = s->arch >= 90 && !(pdl && !strcmp(pdl, "0"));
             s->generated = (void **)calloc((size_t)n, sizeof *s->generated);
             if (!s->generated) return mk_fail(err, MK_ERR_NOMEM, 0, 0, "generated kernels");
         }
         bool disk = !(host->opts && host->opts->no_kernel_cache);
         if (!(s->generated[i] = (void *)kernel_for(l, arch, disk, &compiled, &from_disk, host, err)))
             return -1;
-        const mk_product_group *pg = mk_node_product(l->node);
-        size_t bytes = pg ? mk_codegen_group_aux_bytes(pg) : 0;
-        if (bytes) { /* zero once: the kernels leave their counts and keys zero */
-            if (!s->aux && !(s->aux = (void **)calloc((size_t)n, sizeof *s->aux)))
-                return mk_fail(err, MK_ERR_NOMEM, 0, 0, "a group's device scratch");
-            if (!(s->aux[i] = mk_cuda_extra(s, bytes, err))) return -1;
-            MK_CUDA_TRY(err, cudaMemset(s->aux[i], 0, bytes));
-        }
         host->progress(host, MK_PHASE_KERNELS, ++done, total);
     }
     if (total)
-        host->log(host, MK_LOG_INFO, "%d generated kernels ready for sm_%d in %.1f ms: %d compiled "
-                  "with NVRTC, %d from the disk cache, the rest from this process's", total, arch,
+        host->log(host, MK_LOG_INFO, "%d generated kernels ready for %s_%d in %.1f ms: %d compiled "
+                  "with NVRTC, %d from the disk cache, the rest from this process's", total,
+                  s->arch_forced ? "compute" : "sm", s->arch,
                   mk_now_ms() - t0, compiled, from_disk);
     return 0;
-fail:
-    return -1;
 }
 
 /* Launches a generated kernel, with programmatic dependent launch where the
@@ -462,8 +466,10 @@ int mk_cuda_product(const mk_launch *l, mk_error **err) {
     const mk_product_group *pg = mk_node_product(l->node);
     unsigned int blocks, threads;
     mk_codegen_group_grid(l, &blocks, &threads);
-    void *aux = s->aux ? s->aux[l->index] : NULL;
-    if (mk_codegen_group_aux_bytes(pg) && !aux) return MK_INTERNAL(err, "a group without its device scratch");
+    /* its partial results and counts: state the planner gave it (cuda_launch_memory) */
+    void *aux = l->state;
+    if (l->state_bytes < mk_codegen_group_aux_bytes(pg))
+        return MK_INTERNAL(err, "a group without its device state");
     args[a++] = &aux;
     return launch_generated(l, blocks, threads, args, "generated matrix-vector group", err);
 }
@@ -472,9 +478,15 @@ int mk_cuda_product(const mk_launch *l, mk_error **err) {
 int mk_cuda_generate_check(const mk_launch *l, int arch, mk_error **err) {
     char *src = generate_source(l, err);
     if (!src) return -1;
-    dump(src, fnv1a(program_of(src)), arch);
+    char *program = mk_codegen_program(src);
+    int rc = -1;
     bool from_disk = false;
-    int rc = compile(src, arch, l, NULL, true, &from_disk, NULL, err) ? 0 : -1;
+    if (!program) mk_fail(err, MK_ERR_NOMEM, 0, 0, "a generated kernel's program");
+    else {
+        dump(src, fnv1a(program), arch);
+        rc = compile(src, program, arch, l, NULL, true, &from_disk, NULL, err) ? 0 : -1;
+    }
+    free(program);
     free(src);
     return rc;
 }

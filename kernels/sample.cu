@@ -454,9 +454,8 @@ int mk_cuda_sample(const mk_launch *l, mk_error **err) {
         return mk_fail(err, MK_ERR_SHAPE, l->node->line, l->node->column,
                        "SampleNode: rows of %lld logits are more than CUDA's sampler takes "
                        "(2^31 - 1)", n);
-    int major = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, s->device) == cudaSuccess &&
-        major < 9)
+    int major = s->arch / 10; /* MK_CUDA_ARCH's where it forces one */
+    if (major < 9)
         return mk_fail(err, MK_ERR_DEVICE, l->node->line, l->node->column,
                        "SampleNode: CUDA's sampler runs each row as a thread block cluster, "
                        "which needs compute capability 9.0 or later (this device's is %d.x); "

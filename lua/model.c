@@ -612,13 +612,14 @@ static int model_stats(lua_State *L) {
     memset(&s, 0, sizeof s);
     if (mk_model_stats(m->model, &s) != 0)
         return lmk_raise(L, "internal error", "stats", "the model gave no statistics");
-    lua_createtable(L, 0, 14);
+    lua_createtable(L, 0, 15);
 #define FIELD_INT(k, v) (lua_pushinteger(L, (lua_Integer)(v)), lua_setfield(L, -2, k))
     FIELD_INT("arena_bytes", s.arena_bytes);
     FIELD_INT("lower_bound_bytes", s.lower_bound_bytes);
     FIELD_INT("constant_bytes", s.constant_bytes);
     FIELD_INT("buffer_bytes", s.buffer_bytes);
     FIELD_INT("shared_bytes", s.shared_bytes);
+    FIELD_INT("device_bytes", s.device_bytes);
     FIELD_INT("nodes", s.nodes);
     FIELD_INT("launches", s.launches);
     FIELD_INT("fused", s.fused_groups);

@@ -27,6 +27,157 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* ---- names and the header ------------------------------------------------------ */
+
+/* An op's part of a kernel's name: its Lua method ("rms_norm"), else its
+ * script name in snake case without "Node" ("GroupOutput" -> "group_output"). */
+static void put_op_part(mk_strbuf *b, const mk_op *op) {
+    if (op->method) {
+        mk_strbuf_put(b, "_%s", op->method);
+        return;
+    }
+    const char *n = op->name;
+    size_t len = strlen(n);
+    if (len > 4 && !strcmp(n + len - 4, "Node")) len -= 4;
+    mk_strbuf_put(b, "_");
+    for (size_t i = 0; i < len; i++) {
+        char c = n[i];
+        bool up = c >= 'A' && c <= 'Z';
+        bool after_lower = i > 0 && n[i - 1] >= 'a' && n[i - 1] <= 'z';
+        bool before_lower = i + 1 < len && n[i + 1] >= 'a' && n[i + 1] <= 'z';
+        if (up && after_lower && before_lower) mk_strbuf_put(b, "_");
+        mk_strbuf_put(b, "%c", up ? c - 'A' + 'a' : c);
+    }
+}
+
+/* The ops group node n runs, in graph order: its members' (a member that is
+ * a group itself, a pointwise group a matrix-vector group took in, by its
+ * own), then its root's. Returns k plus the ops put into ops[k..max). */
+static int group_ops(const mk_node *n, const mk_op **ops, int k, int max) {
+    for (int i = 0; n->group && i < n->group->n_members && k < max; i++) {
+        const mk_node *m = n->group->members[i];
+        if (m->group) k = group_ops(m, ops, k, max);
+        else ops[k++] = m->op;
+    }
+    if (n->group && n->group->root_op && k < max) ops[k++] = n->group->root_op;
+    return k;
+}
+
+void mk_codegen_kernel_name(const mk_launch *l, char *name, size_t size) {
+    const mk_product_group *pg = mk_node_product(l->node);
+    mk_strbuf b = {0};
+    mk_strbuf_put(&b, "mk_%s", !pg ? "pointwise" : pg->kind == MK_PRODUCT_ATTENTION ? "attention"
+                                                                                : "matvec");
+    const mk_op *ops[2 * MK_GROUP_MEMBERS];
+    int n = group_ops(l->node, ops, 0, 2 * MK_GROUP_MEMBERS);
+    for (int i = 0; i < n; i++) {
+        bool seen = false;
+        for (int j = 0; j < i; j++) seen = seen || ops[j] == ops[i];
+        if (seen) continue;
+        size_t before = b.len;
+        put_op_part(&b, ops[i]);
+        if (b.len + 6 >= size || b.len > MK_KERNEL_NAME_MAX) { /* long: the first ops only */
+            b.len = before;
+            if (b.s) b.s[b.len] = 0;
+            mk_strbuf_put(&b, "_more");
+            break;
+        }
+    }
+    snprintf(name, size, "%s", b.failed || !b.s ? "mk_group" : b.s);
+    free(b.s);
+}
+
+/* "$5 = SumNode($3, $4)": a member as the script wrote it (attributes left
+ * out); the group node, whose operands are the group's now, by its op alone. */
+static void put_node(mk_strbuf *b, const mk_node *x, const mk_op *op, bool member) {
+    mk_strbuf_put(b, "$%d = %s", x->id, op->name);
+    if (!member) return;
+    mk_strbuf_put(b, "(");
+    for (int k = 0; k < x->n_in; k++) mk_strbuf_put(b, "%s$%d", k ? ", " : "", x->in[k]->id);
+    if (x->name) mk_strbuf_put(b, "%s%s", x->n_in ? ", " : "", x->name);
+    mk_strbuf_put(b, ")");
+}
+
+/* The comment after a kernel's first line: its name, the nodes it runs (its
+ * "Source Nodes", with their script lines, result dtypes and shapes) and what
+ * each operand i<k> is. Comments: the kernel cache's key skips them. */
+/* The lines of the nodes group node n runs, in graph order (put_header). */
+static void put_members(mk_strbuf *b, const mk_node *n) {
+    char shape[96];
+    for (int i = 0; n->group && i < n->group->n_members; i++) {
+        const mk_node *m = n->group->members[i];
+        if (m->group) { /* a group taken in: its own nodes */
+            put_members(b, m);
+            continue;
+        }
+        mk_strbuf_put(b, "//   ");
+        put_node(b, m, m->op, true);
+        mk_strbuf_put(b, "  # line %d: %s %s\n", m->line, mk_dtype_name(m->dtype),
+                      mk_shape_str(m->rank, m->shape, shape, sizeof shape));
+    }
+    if (n->group && n->group->root_op) {
+        mk_strbuf_put(b, "//   ");
+        put_node(b, n, n->group->root_op, false);
+        mk_strbuf_put(b, "  # line %d: %s %s\n", n->line, mk_dtype_name(n->dtype),
+                      mk_shape_str(n->rank, n->shape, shape, sizeof shape));
+    }
+}
+
+static void put_header(mk_strbuf *b, const mk_launch *l, const char *name) {
+    const mk_node *n = l->node;
+    char shape[96];
+    mk_strbuf_put(b, "// kernel %s\n// Source Nodes:\n", name);
+    put_members(b, n);
+    mk_strbuf_put(b, "// Operands:\n");
+    for (int k = 0; k < n->n_in; k++) {
+        const mk_node *x = n->in[k];
+        mk_strbuf_put(b, "//   i%d: $%d %s%s%s%s %s %s\n", k, x->id, x->op->name, x->name ? " '" : "",
+                      x->name ? x->name : "", x->name ? "'" : "", mk_dtype_name(x->dtype),
+                      mk_shape_str(x->rank, x->shape, shape, sizeof shape));
+    }
+}
+
+char *mk_codegen_program(const char *src) {
+    size_t n = strlen(src);
+    char *out = malloc(n + 1);
+    if (!out) return NULL;
+    size_t o = 0, line_start = 0;
+    bool had_comment = false, code = false;
+    char quote = 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = src[i], d = i + 1 < n ? src[i + 1] : 0;
+        if (quote) {
+            out[o++] = c;
+            if (c == '\\' && d) out[o++] = src[++i];
+            else if (c == quote) quote = 0;
+            continue;
+        }
+        if (c == '"' || c == '\'') {
+            quote = c;
+            out[o++] = c;
+            code = true;
+        } else if (c == '/' && d == '/') {
+            while (i + 1 < n && src[i + 1] != '\n') i++;
+            had_comment = true;
+        } else if (c == '/' && d == '*') {
+            const char *end = strstr(src + i + 2, "*/");
+            i = end ? (size_t)(end - src) + 1 : n;
+            had_comment = true;
+        } else if (c == '\n') {
+            if (had_comment && !code) o = line_start; /* a line of comment only goes */
+            else out[o++] = c;
+            line_start = o;
+            had_comment = code = false;
+        } else {
+            out[o++] = c;
+            if (c != ' ' && c != '\t') code = true;
+        }
+    }
+    if (had_comment && !code) o = line_start;
+    out[o] = 0;
+    return out;
+}
+
 /* ---- source ----------------------------------------------------------------- */
 
 /* Whether e holds an operation of skeletons/pointwise_ops.cuh. */
@@ -119,8 +270,10 @@ static void put_source(mk_strbuf *b, const mk_launch *l) {
     mk_walk_init(&w, l->out.rank, l->out.shape, l->n_in, strides);
     mk_strbuf_put(b, "// moonkaas pointwise group: %s $%d, %d operands, %d instructions\n",
                   l->node->op->name, l->node->id, l->n_in, e->n);
-    mk_strbuf_put(b, "%s%sextern \"C\" __global__ void __launch_bounds__(%d)\nmk_pointwise(%s *__restrict__ o",
-                  mk_skeleton_pdl, mk_codegen_helpers(&e, 1), MK_CUDA_BLOCK,
+    char name[MK_KERNEL_NAME_MAX + 16];
+    mk_codegen_kernel_name(l, name, sizeof name);
+    mk_strbuf_put(b, "%s%sextern \"C\" __global__ void __launch_bounds__(%d)\n%s(%s *__restrict__ o",
+                  mk_skeleton_pdl, mk_codegen_helpers(&e, 1), MK_CUDA_BLOCK, name,
                   mk_dtype_row_of(l->out.dtype)->c_type);
     for (int k = 0; k < l->n_in; k++)
         mk_strbuf_put(b, ", const %s *__restrict__ i%d", mk_dtype_row_of(l->in[k].dtype)->c_type, k);
@@ -163,7 +316,9 @@ void mk_codegen_put_fault(mk_strbuf *b) {
  * the fault record, the launch's index and its device scratch: the arguments
  * mk_cuda_product passes), its opening brace and MK_GROUP_START. */
 void mk_codegen_put_entry(mk_strbuf *b, const mk_launch *l) {
-    mk_strbuf_put(b, "mk_product(float *__restrict__ o");
+    char name[MK_KERNEL_NAME_MAX + 16];
+    mk_codegen_kernel_name(l, name, sizeof name);
+    mk_strbuf_put(b, "%s(float *__restrict__ o", name);
     for (int k = 0; k < l->n_in; k++) mk_strbuf_put(b, ", void *i%d", k);
     mk_strbuf_put(b, ", mk_fault_rec *fault, int launch, void *aux) {\n    MK_GROUP_START;\n");
 }
@@ -360,8 +515,8 @@ void mk_codegen_group_grid(const mk_launch *l, unsigned int *blocks, unsigned in
 }
 
 /* The source of a group's launch as the plugin compiles it (see codegen.h):
- * the timeline's and MK_NO_MMA's defines go after the first line, the comment
- * naming the group (product kernels only), which the kernel cache's key skips. */
+ * after the first line, the comment naming the group, the timeline's and
+ * MK_NO_MMA's defines (product kernels), then the header (put_header). */
 char *mk_codegen_source(const mk_launch *l, bool stamp, int occupancy, mk_error **err) {
     if (!(mk_node_generated(l->node) && (l->expr || mk_node_product(l->node)))) {
         MK_INTERNAL(err, "not a group's launch");
@@ -371,16 +526,21 @@ char *mk_codegen_source(const mk_launch *l, bool stamp, int occupancy, mk_error 
     mk_codegen_group_source(&src, l);
     const char *line = NULL, *no_mma = getenv("MK_CUDA_NO_MMA");
     bool plain = no_mma && !strcmp(no_mma, "1");
-    if (mk_node_product(l->node) && (stamp || plain) && !src.failed && src.s) line = strchr(src.s, '\n');
+    if (!src.failed && src.s) line = strchr(src.s, '\n');
     if (line) {
-        char occ[64] = "";
-        if (stamp && occupancy > 0) snprintf(occ, sizeof occ, "#define MK_TIMELINE_OCCUPANCY %d\n", occupancy);
-        mk_strbuf stamped = {0};
-        mk_strbuf_put(&stamped, "%.*s%s%s%s%s", (int)(line + 1 - src.s), src.s,
-                      stamp ? "#define MK_TIMELINE\n" : "", occ, plain ? "#define MK_NO_MMA\n" : "",
-                      line + 1);
+        bool product = mk_node_product(l->node) != NULL;
+        char occ[64] = "", name[MK_KERNEL_NAME_MAX + 16];
+        if (product && stamp && occupancy > 0)
+            snprintf(occ, sizeof occ, "#define MK_TIMELINE_OCCUPANCY %d\n", occupancy);
+        mk_codegen_kernel_name(l, name, sizeof name);
+        mk_strbuf full = {0};
+        mk_strbuf_put(&full, "%.*s%s%s%s", (int)(line + 1 - src.s), src.s,
+                      product && stamp ? "#define MK_TIMELINE\n" : "", occ,
+                      product && plain ? "#define MK_NO_MMA\n" : "");
+        put_header(&full, l, name);
+        mk_strbuf_put(&full, "%s", line + 1);
         free(src.s);
-        src = stamped;
+        src = full;
     }
     if (src.failed) {
         free(src.s);

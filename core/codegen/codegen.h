@@ -58,6 +58,19 @@ static inline mk_walk mk_cuda_walk1(int rank, const int64_t *shape, const int64_
  * tensor-core form's sums from shuffles (matvec_tc.c; for the tests). */
 char *mk_codegen_source(const mk_launch *l, bool stamp, int occupancy, mk_error **err);
 
+/* codegen.c: a generated kernel's name, after the kind of its group and its
+ * members' ops, in graph order, each once ("mk_pointwise_add_silu_mul",
+ * "mk_matvec_rms_norm_matmul_argmax"), as Inductor names its kernels: never
+ * a node's id, so identical layers keep one kernel. At most
+ * MK_KERNEL_NAME_MAX characters before a last "_more". */
+#define MK_KERNEL_NAME_MAX 96
+void mk_codegen_kernel_name(const mk_launch *l, char *name, size_t size);
+/* codegen.c: what decides a kernel: its source without its comments (a line
+ * of comment only goes whole), malloc'd, or NULL out of memory. The kernel
+ * cache's keys hash it, so a comment (the header naming the nodes, their
+ * ids and lines) changes no key. */
+char *mk_codegen_program(const char *src);
+
 /* codegen.c: the CUDA C of a group's launch, its device scratch (bytes, zero
  * between launches) and its grid. */
 void mk_codegen_group_source(mk_strbuf *b, const mk_launch *l);

@@ -16,12 +16,15 @@
  *                        weights by column pairs) with a bias and an
  *                        activation: one matrix-vector group whose kernel
  *                        names the product, the bias's add and the activation
+ *   test_kernel_header   names after the group's ops, the Source Nodes header,
+ *                        one program (the cache's key) for two layers alike
+ *   test_program         the program: the source without its comments
  *   test_library_launch  a launch a library runs has no source: a clear error
  *
  * The same script compiled twice gives the same source (the kernel cache's
  * key relies on it). Shapes and ops are drawn from a printed seed.
  */
-#include "device.h"
+#include "codegen/codegen.h"
 #include "test.h"
 
 #include <stdio.h>
@@ -111,10 +114,9 @@ static void test_pointwise(void) {
         CHECK(!strncmp(src, head, strlen(head)) && sscanf(src + strlen(head), " %d instructions", &insns) == 1 &&
                   insns >= n,
               "want \"%s\" and %d instructions at least:\n%s\n%s", head, n, text, src);
-        CHECK(strstr(src, "extern \"C\" __global__") && strstr(src, "mk_pointwise(float *__restrict__ o, "
-                                                                      "const float *__restrict__ i0, "
-                                                                      "const float *__restrict__ i1, "
-                                                                      "long long n)"),
+        CHECK(strstr(src, "extern \"C\" __global__") && strstr(src, "\nmk_pointwise_") &&
+                  strstr(src, "(float *__restrict__ o, const float *__restrict__ i0, "
+                              "const float *__restrict__ i1, long long n)"),
               "the kernel's entry:\n%s", src);
         for (int o = 0; o < N_OPS; o++)
             if (used[o]) CHECK(strstr(src, OPS[o].form), "%s: no \"%s\" in\n%s", OPS[o].op, OPS[o].form, src);
@@ -154,13 +156,79 @@ static void test_matvec(void) {
         char head[128];
         snprintf(head, sizeof head, "// moonkaas matrix-vector group $4: [1, %d] @ 1 products, 1 results", k);
         CHECK(!strncmp(src, head, strlen(head)), "want \"%s\":\n%.200s", head, src);
-        CHECK(strstr(src, "mk_product(float *__restrict__ o, void *i0, void *i1, void *i2, "
-                          "mk_fault_rec *fault, int launch, void *aux)"),
-              "the kernel's entry:\n%s", src);
+        char entry[256];
+        snprintf(entry, sizeof entry, "mk_matvec_matmul_add_%s(float *__restrict__ o, void *i0, "
+                 "void *i1, void *i2, mk_fault_rec *fault, int launch, void *aux)",
+                 a == 0 ? "relu" : a == 1 ? "tanh" : "exp");
+        CHECK(strstr(src, entry), "want the entry %s in\n%s", entry, src);
         CHECK(strstr(src, "__fadd_rn(") && strstr(src, act[a][1]), "%s: the epilogue in\n%s", act[a][0], src);
         CHECK(!strcmp(src, again), "two compiles, two sources:\n%s", text);
         free(src);
         free(again);
+    }
+}
+
+/*
+ * Generated kernels read like Inductor's: the name says the group's kind and
+ * its ops ("mk_pointwise_add_relu_mul"), a header after the first line lists
+ * the source nodes with their script lines and what each operand is. The
+ * kernel cache's key is the program without comments: two layers alike
+ * (other ids and lines) give other sources but one program, and so one key.
+ */
+static void test_kernel_header(void) {
+    const char *text = "$1 = InputTensor(x, float32, [4, 8]);\n"
+                       "$2 = InputTensor(y, float32, [4, 8]);\n"
+                       "$3 = SumNode($1, $2);\n"
+                       "$4 = ReLUNode($3);\n"
+                       "$5 = HadamardProductNode($4, $2);\n"
+                       "$6 = SumNode($5, $2);\n"  /* a second layer alike */
+                       "$7 = ReLUNode($6);\n"
+                       "$8 = HadamardProductNode($7, $2);\n"
+                       "result = $5, $8;\n";
+    int launches = 0;
+    char *a = source_of(text, 0, &launches), *b = source_of(text, 1, &launches);
+    CHECK(launches == 2, "%d launches", launches);
+    if (!a || !b) {
+        free(a);
+        free(b);
+        return;
+    }
+    CHECK(strstr(a, "// kernel mk_pointwise_add_relu_mul\n// Source Nodes:\n"
+                    "//   $3 = SumNode($1, $2)  # line 3: float32 [4, 8]\n"
+                    "//   $4 = ReLUNode($3)  # line 4: float32 [4, 8]\n"
+                    "//   $5 = HadamardProductNode  # line 5: float32 [4, 8]\n"
+                    "// Operands:\n"
+                    "//   i0: $1 InputTensor 'x' float32 [4, 8]\n"
+                    "//   i1: $2 InputTensor 'y' float32 [4, 8]\n"),
+          "the header:\n%s", a);
+    CHECK(strstr(a, "\nmk_pointwise_add_relu_mul(float *__restrict__ o"), "the name:\n%s", a);
+    CHECK(strstr(b, "//   $6 = SumNode($5, $2)  # line 6:"), "the second layer's header:\n%s", b);
+    char *pa = mk_codegen_program(a), *pb = mk_codegen_program(b);
+    CHECK(pa && pb && strcmp(a, b) && !strcmp(pa, pb), "two layers alike, two programs:\n%s\n%s",
+          pa ? pa : "(null)", pb ? pb : "(null)");
+    CHECK(pa && !strstr(pa, "//") && !strstr(pa, "Source Nodes") && strstr(pa, "__fadd_rn("),
+          "the program keeps the code alone:\n%s", pa ? pa : "(null)");
+    free(pa);
+    free(pb);
+    free(a);
+    free(b);
+}
+
+/* mk_codegen_program drops comments, lines of comment only whole, and keeps
+ * literals that look like comments. */
+static void test_program(void) {
+    static const char *cases[][2] = {
+        {"// head\nint a; // tail\n  /* block */\nint b;\n", "int a; \nint b;\n"},
+        {"const char *s = \"// not a comment /* nor this */\";\n",
+         "const char *s = \"// not a comment /* nor this */\";\n"},
+        {"int c = '/' / 2; /* one\nspanning */ int d;\n", "int c = '/' / 2;  int d;\n"},
+        {"x /* open", "x "},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *got = mk_codegen_program(cases[i][0]);
+        CHECK(got && !strcmp(got, cases[i][1]), "case %zu: got \"%s\", want \"%s\"", i,
+              got ? got : "(null)", cases[i][1]);
+        free(got);
     }
 }
 
@@ -191,6 +259,8 @@ int main(void) {
     RUN(test_no_plugin);
     RUN(test_pointwise);
     RUN(test_matvec);
+    RUN(test_kernel_header);
+    RUN(test_program);
     RUN(test_library_launch);
     return test_summary("kernel_source");
 }

@@ -85,9 +85,8 @@ static void test_table(void) {
     unsigned both = MK_DTYPE_BIT(MK_DTYPE_FLOAT32) | MK_DTYPE_BIT(MK_DTYPE_INT64);
     CHECK((k[MK_KERNEL_POINTWISE].dtypes & both) == both, "pointwise dtypes %#x",
           k[MK_KERNEL_POINTWISE].dtypes);
-    bool cudnn = p->cudnn_compile_group != NULL;
-    CHECK(cudnn == (p->cudnn_cache_free != NULL) && cudnn == (p->cudnn_group_release != NULL) &&
-              cudnn == (k[MK_KERNEL_CUDNN_GROUP].fn != NULL),
+    bool cudnn = p->device->target.cudnn_groups;
+    CHECK(cudnn == (p->cudnn_cache_free != NULL) && cudnn == (k[MK_KERNEL_CUDNN_GROUP].fn != NULL),
           "cuDNN hooks partly there");
     printf("#   plugin with%s cuDNN\n", cudnn ? "" : "out");
     char reason[512] = "";
