@@ -12,15 +12,19 @@
 --            weight once for the block's rows and sums every row as a
 --            one-row product does (the CPU's groups are order-stable), so a
 --            slot's values are those of the one-sequence model, bit for bit
---   caches   per slot and layer, [S, kv_dim] BufferTensors of their own
---            (s<j>_l<i>_k_cache, ..._v_cache): the slot's k and v rows go in
---            at its own pos by ReplaceSlice, and its attention is the
---            one-sequence model's (sliced_softmax and matmul_prefix bounded
---            by its pos1), reading only its own rows. One cache per slot,
---            rather than one [B, S, kv_dim] cache, because ReplaceSlice
---            writes one run of rows and the attention group takes one bound:
---            a slot's write and its attention are then the existing ops and
---            groups as they stand.
+--   caches   per slot and layer, a [2S, kv_dim] BufferTensor of its own
+--            (s<j>_l<i>_kv_cache: K in rows [0, S), V in [S, 2S)): the
+--            slot's k and v rows go in at its own pos by ReplaceSlice, and
+--            its attention is the one-sequence model's (sliced_softmax and
+--            matmul_prefix bounded by its pos1), reading only its own rows.
+--            One cache per slot, rather than one [B, S, kv_dim] cache,
+--            because ReplaceSlice writes one run of rows and the attention
+--            group takes one bound: a slot's writes and its attention are
+--            then the existing ops and groups as they stand. K and V share a
+--            buffer so that both writes come before the slot's scores in the
+--            script's order (the DAG is lowered depth-first, operands in
+--            order): nothing writes in place between the scores and the
+--            prefix product, and they form the attention group.
 --   o rows   a block's attention results go into a [rows, D] buffer row by
 --            row (ReplaceSlice at constant bounds: the graph has no concat),
 --            which the wo product reads
@@ -86,11 +90,18 @@ function M.graph(mk, c, w, opts)
     end
     -- Slot j's attention: q1 [1, D] over its caches kc, vc [S, kv_dim], bounded
     -- by p1 (its pos1) → [1, D], as model.graph's step.
-    local function attention(q1, kc, vc, p1)
-        local kt = kc:reshape({ S, kv_heads, hs }):permute({ 1, 2, 0 })         -- [kvh, hs, S]
-        local vt = vc:reshape({ S, kv_heads, hs }):permute({ 1, 0, 2 })         -- [kvh, S, hs]
+    local function attention(q1, kv, p1)
+        local kt = kv:slice(0, S):reshape({ S, kv_heads, hs }):permute({ 1, 2, 0 })      -- [kvh, hs, S]
+        local vt = kv:slice(S, 2 * S):reshape({ S, kv_heads, hs }):permute({ 1, 0, 2 })  -- [kvh, S, hs]
         local att = q1:reshape({ kv_heads, group, hs }):matmul(kt):sliced_softmax(p1) -- [kvh, g, S]
         return att:matmul_prefix(vt, p1):reshape({ 1, D })                      -- [1, D]
+    end
+
+    -- Slot j's rows: k at [pos, pos1), v at S past it.
+    local bound, past = {}, mk.constant(mk.tensor({ S }, "int64"))
+    for j = 0, B - 1 do
+        local k0, k1 = pos:slice(j, j + 1), pos1:slice(j, j + 1)
+        bound[j] = { k0 = k0, k1 = k1, v0 = k0 + past, v1 = k1 + past }
     end
 
     local results = {} -- per slot: the drawn [1, 2] (token, state), or the logits [1, V]
@@ -114,10 +125,10 @@ function M.graph(mk, c, w, opts)
             for r = 0, n - 1 do
                 local j = first + r
                 local s = "s" .. j .. "_" .. p
-                local b0, b1 = pos:slice(j, j + 1), pos1:slice(j, j + 1)
-                local kc = mk.buffer("float32", { S, kv_dim }, s .. "k_cache"):replace(k:slice(r, r + 1), b0, b1)
-                local vc = mk.buffer("float32", { S, kv_dim }, s .. "v_cache"):replace(v:slice(r, r + 1), b0, b1)
-                o[r + 1] = attention(q:slice(r, r + 1), kc, vc, b1)
+                local b = bound[j]
+                local kv = mk.buffer("float32", { 2 * S, kv_dim }, s .. "kv_cache")
+                    :replace(v:slice(r, r + 1), b.v0, b.v1):replace(k:slice(r, r + 1), b.k0, b.k1)
+                o[r + 1] = attention(q:slice(r, r + 1), kv, b.k1)
             end
             x = x + linear(stack(o, "float32", { n, D }, blk .. p .. "o"), lw.wo, p .. "wo") -- [n, D]
             xb = x:rms_norm(vec(lw.rms_ffn, p .. "rms_ffn"))
