@@ -254,11 +254,14 @@ $(BUILD)/tests/lua_host_test: spec/c/lua_host_test.c spec/c/test.h $(LUA_OBJ) $(
 # ---- examples/ (make examples builds the C ones and runs every one; make test runs them
 # through spec/run_tests.sh, counted as tests). The game loop embeds Lua and the module
 # like lua_host_test; the C API tour links the library alone.
-EXAMPLES := $(BUILD)/examples/host $(if $(LUA51_HOST),,$(BUILD)/examples/game_loop)
+EXAMPLES := $(BUILD)/examples/host $(if $(LUA51_HOST),,$(BUILD)/examples/game_loop $(BUILD)/examples/llama2_server)
 examples-build: $(EXAMPLES) $(PLUGIN) $(if $(LUA_SRC),$(LUA_MOD))
 examples: examples-build
 	sh examples/run.sh $(BUILD)
 $(BUILD)/examples/game_loop: examples/game_loop.c $(LUA_OBJ) $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LUA_CFLAGS) -o $@ $< $(LUA_OBJ) $(LIB_A) $(LUA_LIBS) $(LDLIBS)
+$(BUILD)/examples/llama2_server: examples/llama2_server.c $(LUA_OBJ) $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LUA_CFLAGS) -o $@ $< $(LUA_OBJ) $(LIB_A) $(LUA_LIBS) $(LDLIBS)
 $(BUILD)/examples/host: examples/host.c core/moonkaas.h $(LIB_A)

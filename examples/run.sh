@@ -32,14 +32,19 @@ skip() {
     echo "ok - $1 # SKIP $2"
 }
 
-for c in host game_loop; do
+for c in host game_loop llama2_server; do
     bin="$BUILD/examples/$c"
     if [ ! -x "$bin" ]; then
         skip "$c.c" "not built for this Lua ($bin)"
         continue
     fi
+    if [ "$c" = llama2_server ] && [ ! -f "$MODELS/stories260K.bin" ]; then
+        skip "$c.c" "$MODELS/stories260K.bin is absent"
+        continue
+    fi
     case $c in
         game_loop) run "$c.c" "$bin" --frames 1000 ;;
+        llama2_server) run "$c.c" env MK_MODELS="$MODELS" "$bin" ;;
         *) run "$c.c" "$bin" ;;
     esac
 done

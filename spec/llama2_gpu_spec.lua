@@ -44,6 +44,33 @@ describe("llama2 on CUDA #gpu", function()
         end
     end)
 
+    it("tells each story of a batch (--batch 5) as CUDA tells it alone, greedy and sampled", function()
+        if not need_gpu() or not need_models() then return end
+        local function main(argv)
+            local out, err = {}, {}
+            local code = llama2.main(argv, { mk = mk, stdout = function(s) out[#out + 1] = s end,
+                                             stderr = function(s) err[#err + 1] = s end })
+            assert.are.equal(0, code, table.concat(err))
+            return table.concat(out)
+        end
+        local function argv(...) -- the common flags, then these
+            local a = { H.models .. "/stories260K.bin", "-z", H.models .. "/tok512.bin", "-d", "cuda", "-n", "200" }
+            for _, x in ipairs({ ... }) do a[#a + 1] = x end
+            return a
+        end
+        for _, t in ipairs({ "0", "1" }) do
+            local alone = {}
+            for s = 42, 46 do
+                alone[#alone + 1] = main(argv("-t", t, "-p", "0.9", "-s", tostring(s), "--per-token"))
+            end
+            local batched = main(argv("-t", t, "-p", "0.9", "-s", "42", "--batch", "5"))
+            assert.are.equal(table.concat(alone), batched, "-t " .. t)
+            local golden = t == "0" and H.models .. "/stories260K_t0_n200.expected.txt"
+                or "spec/fixtures/stories260K_t1_p0.9_s42_n200.expected.txt"
+            assert.are.equal(H.read_file(golden) .. "\n", alone[1])
+        end
+    end)
+
     it("chats as run.c does when sampling, each turn's prompt in one evaluation or a token at a time", function()
         if not need_gpu() or not need_models() then return end
         H.check_chat(mk, llama2, "cuda")

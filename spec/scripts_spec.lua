@@ -47,6 +47,9 @@ local CASES = {
     { "bench_cudnn.lua", {}, 0, "bench_cudnn: no CUDA device:",
       env = "MK_CUDA_PLUGIN=/nonexistent/libmoonkaas_cuda.so" },
     { "bench_llama2.lua", { "--help" }, 0, "usage:" },
+    { "bench_batch.lua", { "--help" }, 0, "usage:" },
+    { "bench_batch.lua", { "--batches", "1,2", "--steps", "4", "--runs", "1", "--devices", "cpu" }, 0,
+      "cpu         2", models = true },
     { "bench_mlp.lua", { "--help" }, 0, "usage:" },
     -- it has no --help: an unknown flag prints the usage and exits 2
     { "bench_ops.lua", { "--help" }, 2, "usage:" },

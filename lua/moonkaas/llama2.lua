@@ -151,6 +151,48 @@ function M.generate(net, tok, smp, prompt, steps, opts)
     return ids, rate
 end
 
+-- generate for o.batch stories at once (net:batch): seeds o.seed, o.seed +
+-- 1, ... (wrapped as run.c's unsigned long long of an int), each from
+-- o.prompt, up to o.steps positions, ending at BOS as generate does. Each
+-- story is written whole through opts.write as generate writes it, in seed
+-- order, once all are told; a line per story and the aggregate tok/s go to
+-- opts.report. Returns the stories' ids (prompt included), in seed order.
+function M.generate_batch(net, tok, o, opts)
+    opts = opts or {}
+    local write = opts.write or default_write
+    local report = opts.report or function(s) io.stderr:write(s) end
+    local b = net:batch({ slots = o.batch, tokenizer = tok })
+    local prompt = tok:encode(o.prompt or "", true, false)
+    local story, ids = {}, {}
+    for i = 1, o.batch do
+        local seed = (o.seed + i - 1) % 0x100000000
+        local id = b:add(prompt, sampler.new(net.config.vocab_size, o.temperature, o.topp, seed))
+        story[id] = { i = i, seed = seed, text = {}, ids = { prompt[1] }, last = prompt[1] }
+    end
+    local t0, made = model.clock(), 0
+    while b:count() > 0 do
+        for _, r in ipairs(b:step()) do
+            local s = story[r.id]
+            made = made + 1
+            if r.token == tokenizer.BOS then
+                if not r.done then b:remove(r.id) end
+            else
+                s.text[#s.text + 1] = tokenizer.printable(tok:decode(s.last, r.token))
+                s.ids[#s.ids + 1], s.last = r.token, r.token
+            end
+        end
+    end
+    local seconds = model.clock() - t0
+    for _, s in pairs(story) do ids[s.i] = s end
+    for i, s in ipairs(ids) do
+        write(table.concat(s.text) .. "\n")
+        report(string.format("story %d: seed %d, %d tokens\n", i, s.seed, #s.ids))
+        ids[i] = s.ids
+    end
+    report(string.format("%d stories, achieved tok/s: %f (all together)\n", o.batch, made / math.max(seconds, 1e-9)))
+    return ids
+end
+
 -- run.c reads lines into 512-byte buffers with fgets.
 local function default_read_line(guide)
     io.stdout:write(guide)
@@ -260,6 +302,9 @@ Options:
               or q8a8 (q8, and each product's input in int8 groups: runq.c);
               default: the checkpoint's own precision
   --cudnn     fuse with cuDNN (CUDA only)
+  --batch <int> tell that many stories at once (seeds s, s+1, ...), one
+              evaluation a step for all of them; each story is the one
+              this seed tells alone (generate mode)
   --per-token one evaluation a token (otherwise each prompt in one
               evaluation, chat's turns included, and generate's tokens 4 to
               64 a call run inside the model, sampler included; the text is
@@ -299,6 +344,13 @@ function M.parse_args(argv)
         elseif flag == "--per-token" then
             o.per_token = true
             i = i + 1
+        elseif flag == "--batch" then
+            local n = C.tointeger(tonumber(argv[i + 1] or ""))
+            if not n or n < 1 then
+                return nil, string.format("--batch needs a number of stories >= 1 (got %s)", tostring(argv[i + 1])), 1
+            end
+            o.batch = n
+            i = i + 2
         else
             -- the letters that take a value: anything else is unknown before its value is asked for
             if flag:sub(1, 1) ~= "-" or #flag ~= 2 or not ("tpsnizmyqd"):find(flag:sub(2, 2), 1, true) then
@@ -357,6 +409,7 @@ function M.parse_args(argv)
     if o.topp < 0 or o.topp > 1 then o.topp = 0.9 end
     if o.steps < 0 then o.steps = 0 end
     if o.seed == 0 then o.seed = os.time() % 0x100000000 end
+    if o.batch and o.mode ~= "generate" then return nil, "--batch works in generate mode", 1 end
     return o
 end
 
@@ -455,7 +508,9 @@ function M.main(argv, env)
     if not ok then return fail(tostring(net)) end
     collectgarbage() -- the build's garbage freed now, its memory serves the run: lower peak RSS
     local run_ok, rerr = pcall(function()
-        if o.mode == "generate" then
+        if o.batch then
+            M.generate_batch(net, tok, o, { write = env.stdout, report = err_write })
+        elseif o.mode == "generate" then
             M.generate(net, tok, smp, o.prompt, o.steps,
                        { write = env.stdout, report = err_write, per_token = o.per_token })
         else

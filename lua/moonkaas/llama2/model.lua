@@ -73,6 +73,61 @@ end
 -- A weight in int8 groups {q =, scale =, shape =, group =}, not a tensor.
 local function is_quantized(t) return type(t) == "table" and t.q ~= nil end
 
+-- The pieces of the graph over weights w, shared by M.graph and the batch's
+-- graph (llama2/batch.lua), each weight's constant made once:
+--   linear(x, weight, name)  x @ W^T for W [out, in] (int8 groups dequantized
+--                            as read; opts.int8_inputs: x on their grid first)
+--   vec(tensor, name)        a norm weight [D]
+--   embed(token)             the rows of token ids [n] as float32 [n, D]
+--   classifier(x)            the logits x @ wcls^T [n, V]
+function M.parts(mk, c, w, opts)
+    local made = {}
+    local function constant(t, name)
+        made[name] = made[name] or mk.constant(t, name)
+        return made[name]
+    end
+    local function transposed(weight, name)   -- a weight [out, in] as a [in, out] view
+        if mk.is_tensor(weight) then return constant(weight, name):permute({ 1, 0 }) end
+        -- int8 in groups: q [out, in] with scale [out, in / group] dequantizes as it is
+        -- read (the matrix-vector group folds it in); groups that straddle rows
+        -- (q [out * in / group, group]) dequantize first, then take W's shape
+        local q, sc = constant(weight.q, name .. "_q"), constant(weight.scale, name .. "_scale")
+        if weight.q.shape[2] == weight.shape[2] then
+            return q:permute({ 1, 0 }):dequantize(sc:permute({ 1, 0 }))
+        end
+        return q:dequantize(sc):reshape(weight.shape):permute({ 1, 0 })
+    end
+    local function vec(tensor, name)  -- a norm weight [D]
+        return constant(tensor, name)
+    end
+    local on_grid = {}  -- x's FakeQuantize: one per input, read by its sibling products
+    local function linear(x, weight, name)  -- x @ W^T, W [out, in]
+        if opts.int8_inputs and not mk.is_tensor(weight) then
+            on_grid[x] = on_grid[x] or x:fake_quantize(weight.group)
+            x = on_grid[x]
+        end
+        return x:matmul(transposed(weight, name))
+    end
+
+    local emb -- the table [V, D] where it is float
+    local function embed(token)
+        if is_quantized(w.token_embedding) then -- int8 rows, dequantized by their scales' rows
+            local t = w.token_embedding
+            return mk.embedding(constant(t.q, "token_embedding_q"), token)
+                :dequantize(mk.embedding(constant(t.scale, "token_embedding_scale"), token))
+        end
+        emb = constant(w.token_embedding, "token_embedding")
+        local x = mk.embedding(emb, token)
+        if w.token_embedding.dtype ~= "float32" then x = x:cast("float32") end
+        return x
+    end
+    local function classifier(x)
+        if emb and rawequal(w.wcls, w.token_embedding) then return x:matmul(emb:permute({ 1, 0 })) end
+        return linear(x, w.wcls, "wcls")
+    end
+    return { linear = linear, vec = vec, embed = embed, classifier = classifier }
+end
+
 -- Builds the graph's output node (a list of two for "sample"). `w` is
 -- checkpoint.map's table, `c` the config; opts.output the output (above,
 -- default "logits"); opts.positions (default
@@ -128,39 +183,9 @@ function M.graph(mk, c, w, opts)
         return o:reshape({ kv_heads, group, T, hs }):permute({ 2, 0, 1, 3 }):reshape({ T, D })
     end
 
-    local function transposed(weight, name)   -- a weight [out, in] as a [in, out] view
-        if mk.is_tensor(weight) then return mk.constant(weight, name):permute({ 1, 0 }) end
-        -- int8 in groups: q [out, in] with scale [out, in / group] dequantizes as it is
-        -- read (the matrix-vector group folds it in); groups that straddle rows
-        -- (q [out * in / group, group]) dequantize first, then take W's shape
-        local q, sc = mk.constant(weight.q, name .. "_q"), mk.constant(weight.scale, name .. "_scale")
-        if weight.q.shape[2] == weight.shape[2] then
-            return q:permute({ 1, 0 }):dequantize(sc:permute({ 1, 0 }))
-        end
-        return q:dequantize(sc):reshape(weight.shape):permute({ 1, 0 })
-    end
-    local function vec(tensor, name)  -- a norm weight [D]
-        return mk.constant(tensor, name)
-    end
-    local on_grid = {}  -- x's FakeQuantize: one per input, read by its sibling products
-    local function linear(x, weight, name)  -- x @ W^T, W [out, in]
-        if opts.int8_inputs and not mk.is_tensor(weight) then
-            on_grid[x] = on_grid[x] or x:fake_quantize(weight.group)
-            x = on_grid[x]
-        end
-        return x:matmul(transposed(weight, name))
-    end
-
-    local emb, x -- the table [V, D], and its rows [T, D]
-    if is_quantized(w.token_embedding) then -- int8 rows, dequantized by their scales' rows
-        local t = w.token_embedding
-        x = mk.embedding(mk.constant(t.q, "token_embedding_q"), token)
-            :dequantize(mk.embedding(mk.constant(t.scale, "token_embedding_scale"), token))
-    else
-        emb = mk.constant(w.token_embedding, "token_embedding")
-        x = mk.embedding(emb, token)
-        if w.token_embedding.dtype ~= "float32" then x = x:cast("float32") end
-    end
+    local parts = M.parts(mk, c, w, opts)
+    local linear, vec = parts.linear, parts.vec
+    local x = parts.embed(token)                                      -- [T, D]
 
     for l, lw in ipairs(w.layers) do
         local p = "l" .. (l - 1) .. "_"
@@ -183,12 +208,7 @@ function M.graph(mk, c, w, opts)
 
     if T > 1 then x = mk.embedding(x, mk.input("last", "int64", { 1 })) end   -- [1, D]
     x = x:rms_norm(vec(w.rms_final, "rms_final"))                             -- [1, D]
-    local logits                                                              -- [1, V]
-    if emb and rawequal(w.wcls, w.token_embedding) then
-        logits = x:matmul(emb:permute({ 1, 0 }))
-    else
-        logits = linear(x, w.wcls, "wcls")
-    end
+    local logits = parts.classifier(x)                                        -- [1, V]
     if opts.output == "argmax" then
         return logits:argmax():reshape({ 1 })                                -- int64 [1]
     elseif opts.output == "sample" then
@@ -534,6 +554,12 @@ function Transformer:steps(token, pos, n, stop, smp)
     for i = 1, k do ids[i] = C.tointeger(got[1]:get(i, 1)) end
     if got[2] and k > 0 then smp.state = C.tointeger(got[2]:get(k, 1)) end
     return ids
+end
+
+-- A batch of opts.slots sequences decoded together on this model's weights
+-- (moonkaas.llama2.batch): b:add, b:step, b:remove.
+function Transformer:batch(opts)
+    return require("moonkaas.llama2.batch").new(self, opts)
 end
 
 -- Wall-clock seconds (monotonic).

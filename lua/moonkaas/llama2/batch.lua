@@ -1,0 +1,296 @@
+-- moonkaas.llama2.batch — B sequences decoded in one evaluation a step
+-- (continuous batching): net:batch{slots = B}.
+--
+-- The graph (M.graph) takes one token for each of B slots and gives each
+-- slot's next one:
+--
+--   inputs   token, pos, pos1 (= pos + 1), rng: int64 [B]; temperature,
+--            topp: float32 [B] (slot j's are element j)
+--   blocks   the slots in blocks of ROWS rows; per block and layer the
+--            products are [rows, D] @ W: one matrix–vector group per
+--            product (q, k and v together; w1 and w3), which reads each
+--            weight once for the block's rows and sums every row as a
+--            one-row product does (the CPU's groups are order-stable), so a
+--            slot's values are those of the one-sequence model, bit for bit
+--   caches   per slot and layer, a [2S, kv_dim] BufferTensor of its own
+--            (s<j>_l<i>_kv_cache: K in rows [0, S), V in [S, 2S)): the
+--            slot's k and v rows go in at its own pos by ReplaceSlice, and
+--            its attention is the one-sequence model's (sliced_softmax and
+--            matmul_prefix bounded by its pos1), reading only its own rows.
+--            One cache per slot, rather than one [B, S, kv_dim] cache,
+--            because ReplaceSlice writes one run of rows and the attention
+--            group takes one bound: a slot's writes and its attention are
+--            then the existing ops and groups as they stand. K and V share a
+--            buffer so that both writes come before the slot's scores in the
+--            script's order (the DAG is lowered depth-first, operands in
+--            order): nothing writes in place between the scores and the
+--            prefix product, and they form the attention group.
+--   o rows   a block's attention results go into a [rows, D] buffer row by
+--            row (ReplaceSlice at constant bounds: the graph has no concat),
+--            which the wo product reads
+--   output   "sample": each slot's logits row through the SampleNode (its
+--            own rng, temperature, topp; temperature 0 is the argmax), the
+--            drawn token and next state as row j of an int64 [B, 2] buffer;
+--            "logits": the logits [B, V] (Lua 5.1, whose numbers cannot carry
+--            the 64-bit state: the Lua sampler draws)
+--
+-- Rows past a slot's pos never count (as in the one-sequence model), so a
+-- freed slot is reused without clearing its caches: the next sequence
+-- writes row 0 before it reads it. An idle slot runs token 0 at position 0
+-- (writing only its own caches' row 0), greedy, and its result is dropped.
+--
+-- A prompt is fed one token a step (the slot's outputs are dropped until its
+-- last prompt token, and its sampler is not drawn: run.c's generate), so a
+-- sequence joins or leaves between any two steps without recompiling.
+
+local C = require("moonkaas.compat")
+local idiv = C.idiv
+local model = require("moonkaas.llama2.model")
+
+local M = {}
+
+-- Slots per block: group.h's MK_MATVEC_ROWS, the most rows of A a
+-- matrix–vector group takes (more would go to BLAS, whose sums run in
+-- another order than a one-row product's).
+M.ROWS = 4
+
+-- The batch's graph for opts.slots slots (see the header): its output node.
+-- opts: slots, positions (the caches' rows), output ("sample" | "logits"),
+-- int8_inputs (as model.graph).
+function M.graph(mk, c, w, opts)
+    local D, hs, V = c.dim, c.head_size, c.vocab_size
+    local heads, kv_heads, kv_dim, group = c.n_heads, c.n_kv_heads, c.kv_dim, c.kv_mul
+    local B, S = opts.slots, opts.positions
+    local token = mk.input("token", "int64", { B })
+    local pos = mk.input("pos", "int64", { B })
+    local pos1 = mk.input("pos1", "int64", { B })
+    local rng, temperature, topp
+    if opts.output == "sample" then
+        rng = mk.input("rng", "int64", { B })
+        temperature, topp = mk.input("temperature", "float32", { B }), mk.input("topp", "float32", { B })
+    end
+    local k_table, q_table = model.rope_tables(c, S)
+    local rope_k = mk.constant(mk.tensor(k_table), "rope_k")     -- [S, hs]
+    local rope_q = mk.constant(mk.tensor(q_table), "rope_q")     -- [S, hs], scaled
+    local parts = model.parts(mk, c, w, opts)
+    local linear, vec = parts.linear, parts.vec
+
+    local bounds = {} -- constant int64 [1] tensors: row r of a buffer is [r, r + 1)
+    local function at(r)
+        bounds[r] = bounds[r] or mk.constant(mk.tensor({ r }, "int64"))
+        return bounds[r]
+    end
+    -- Rows (a list of [1, ...] nodes) as one [n, ...] node: each row written
+    -- into a buffer of that shape, named `name`.
+    local function stack(rows, dtype, shape, name)
+        if #rows == 1 then return rows[1] end
+        local buf = mk.buffer(dtype, shape, name)
+        for r, row in ipairs(rows) do buf = buf:replace(row, at(r - 1), at(r)) end
+        return buf
+    end
+    -- Slot j's attention: q1 [1, D] over its caches kc, vc [S, kv_dim], bounded
+    -- by p1 (its pos1) → [1, D], as model.graph's step.
+    local function attention(q1, kv, p1)
+        local kt = kv:slice(0, S):reshape({ S, kv_heads, hs }):permute({ 1, 2, 0 })      -- [kvh, hs, S]
+        local vt = kv:slice(S, 2 * S):reshape({ S, kv_heads, hs }):permute({ 1, 0, 2 })  -- [kvh, S, hs]
+        local att = q1:reshape({ kv_heads, group, hs }):matmul(kt):sliced_softmax(p1) -- [kvh, g, S]
+        return att:matmul_prefix(vt, p1):reshape({ 1, D })                      -- [1, D]
+    end
+
+    -- Slot j's rows: k at [pos, pos1), v at S past it.
+    local bound, past = {}, mk.constant(mk.tensor({ S }, "int64"))
+    for j = 0, B - 1 do
+        local k0, k1 = pos:slice(j, j + 1), pos1:slice(j, j + 1)
+        bound[j] = { k0 = k0, k1 = k1, v0 = k0 + past, v1 = k1 + past }
+    end
+
+    local results = {} -- per slot: the drawn [1, 2] (token, state), or the logits [1, V]
+    for first = 0, B - 1, M.ROWS do
+        local n = math.min(M.ROWS, B - first)
+        local blk = "b" .. idiv(first, M.ROWS) .. "_"
+        local positions = pos:slice(first, first + n)
+        local function pairs_of(h) return { n, h, idiv(hs, 2), 2 } end
+        local fk = mk.embedding(rope_k, positions):reshape(pairs_of(1))       -- [n, 1, hs/2, 2]
+        local fq = mk.embedding(rope_q, positions):reshape(pairs_of(1))
+        local x = parts.embed(token:slice(first, first + n))                  -- [n, D]
+        for l, lw in ipairs(w.layers) do
+            local p = "l" .. (l - 1) .. "_"
+            local xb = x:rms_norm(vec(lw.rms_att, p .. "rms_att"))
+            local q = linear(xb, lw.wq, p .. "wq")                            -- [n, D]
+            local k = linear(xb, lw.wk, p .. "wk")                            -- [n, kv_dim]
+            local v = linear(xb, lw.wv, p .. "wv")
+            q = q:reshape(pairs_of(heads)):complex_mul(fq):reshape({ n, D })
+            k = k:reshape(pairs_of(kv_heads)):complex_mul(fk):reshape({ n, kv_dim })
+            local o = {}
+            for r = 0, n - 1 do
+                local j = first + r
+                local s = "s" .. j .. "_" .. p
+                local b = bound[j]
+                local kv = mk.buffer("float32", { 2 * S, kv_dim }, s .. "kv_cache")
+                    :replace(v:slice(r, r + 1), b.v0, b.v1):replace(k:slice(r, r + 1), b.k0, b.k1)
+                o[r + 1] = attention(q:slice(r, r + 1), kv, b.k1)
+            end
+            x = x + linear(stack(o, "float32", { n, D }, blk .. p .. "o"), lw.wo, p .. "wo") -- [n, D]
+            xb = x:rms_norm(vec(lw.rms_ffn, p .. "rms_ffn"))
+            local h1 = linear(xb, lw.w1, p .. "w1"):silu()
+            local h3 = linear(xb, lw.w3, p .. "w3")
+            x = x + linear(h1 * h3, lw.w2, p .. "w2")
+        end
+        local logits = parts.classifier(x:rms_norm(vec(w.rms_final, "rms_final")))  -- [n, V]
+        for r = 0, n - 1 do
+            local j = first + r
+            local row = logits:slice(r, r + 1)
+            if opts.output == "sample" then
+                row = row:reshape({ V }):sample(rng:slice(j, j + 1), temperature:slice(j, j + 1),
+                                                topp:slice(j, j + 1)):reshape({ 1, 2 })
+            end
+            results[j + 1] = row
+        end
+    end
+    if opts.output == "sample" then return stack(results, "int64", { B, 2 }, "batch_drawn") end
+    return stack(results, "float32", { B, V }, "batch_logits")
+end
+
+local Batch = {}
+Batch.__index = Batch
+M.Batch = Batch
+
+-- net:batch(opts): see doc/llama2.md. opts: slots (B >= 1), tokenizer (for
+-- text prompts), output ("sample", or "logits" where the Lua sampler draws;
+-- Lua 5.1 has only "logits").
+function M.new(net, opts)
+    opts = opts or {}
+    local slots = opts.slots
+    if not C.isinteger(slots) or slots < 1 then
+        error(string.format("batch: slots must be an integer >= 1 (got %s)", tostring(slots)), 3)
+    end
+    local output = opts.output or (C.lua51 and "logits" or "sample")
+    if output ~= "sample" and output ~= "logits" then
+        error(string.format("batch: output must be sample or logits (got %s)", tostring(output)), 3)
+    end
+    if output == "sample" and C.lua51 then
+        error("batch: output sample needs 64-bit integers (Lua 5.3+); use logits", 3)
+    end
+    local mk, t0 = net.mk, model.clock()
+    local out = M.graph(mk, net.config, net.weights, { slots = slots, positions = net.positions,
+        output = output, int8_inputs = net.int8_inputs })
+    local ok, m = pcall(mk.compile, out, { device = net.device, cudnn = net.cudnn, share = net.model })
+    if not ok then error(string.format("compiling the llama2 batch of %d slots failed: %s", slots, m), 0) end
+    net.log(string.format("compiled the batch of %d slots in %.0f ms", slots, (model.clock() - t0) * 1000))
+    local self = setmetatable({
+        net = net, mk = mk, model = m, slots = slots, output_kind = output, tokenizer = opts.tokenizer,
+        seqs = {},        -- by slot (1-based): the sequence there, or nil
+        by_id = {}, next_id = 1,
+        inputs = {
+            token = mk.zeros("int64", { slots }), pos = mk.zeros("int64", { slots }),
+            pos1 = mk.zeros("int64", { slots }),
+        },
+    }, Batch)
+    if output == "sample" then
+        self.inputs.rng = mk.zeros("int64", { slots })
+        self.inputs.temperature = mk.zeros("float32", { slots })
+        self.inputs.topp = mk.zeros("float32", { slots })
+        self.out = mk.zeros("int64", { slots, 2 })
+    else
+        self.out = mk.zeros("float32", { slots, net.config.vocab_size })
+    end
+    return self
+end
+
+-- Starts a sequence: prompt (token ids, a 1-based list, or text where the
+-- batch has a tokenizer: encoded with BOS as generate does) and smp (its
+-- llama2.sampler, whose state the batch advances). Returns its id. The
+-- first free slot takes it.
+function Batch:add(prompt, smp)
+    local ids = prompt
+    if type(prompt) == "string" then
+        if not self.tokenizer then error("batch:add: a text prompt needs the batch's tokenizer (opts.tokenizer)", 2) end
+        ids = self.tokenizer:encode(prompt, true, false)
+    end
+    if type(ids) ~= "table" or #ids == 0 then error("batch:add: the prompt has no tokens", 2) end
+    local V, P = self.net.config.vocab_size, self.net.positions
+    if #ids > P then
+        error(string.format("batch:add: the prompt has %d tokens, more than the %d positions", #ids, P), 2)
+    end
+    for i, t in ipairs(ids) do
+        if not C.isinteger(t) or t < 0 or t >= V then
+            error(string.format("batch:add: prompt token %d (%s) out of range [0, %d)", i, tostring(t), V), 2)
+        end
+    end
+    if type(smp) ~= "table" or not smp.temperature or smp.state == nil then
+        error("batch:add: the sequence needs its sampler (llama2.sampler)", 2)
+    end
+    local slot
+    for j = 1, self.slots do
+        if not self.seqs[j] then slot = j break end
+    end
+    if not slot then error(string.format("batch:add: all %d slots are taken", self.slots), 2) end
+    local id = self.next_id
+    self.next_id = id + 1
+    local seq = { id = id, slot = slot, prompt = { C.unpack(ids) }, pos = 0, token = ids[1], smp = smp }
+    self.seqs[slot], self.by_id[id] = seq, seq
+    return id
+end
+
+-- Ends sequence id; its slot takes the next add.
+function Batch:remove(id)
+    local seq = self.by_id[id]
+    if not seq then error(string.format("batch:remove: no sequence %s", tostring(id)), 2) end
+    self.seqs[seq.slot], self.by_id[id] = nil, nil
+end
+
+-- The sequences running: a count.
+function Batch:count()
+    local n = 0
+    for _ in pairs(self.by_id) do n = n + 1 end
+    return n
+end
+
+-- One token for every sequence, in one evaluation: a list, in slot order, of
+-- {id =, token =, pos =} (pos the token's position), with prompt = true
+-- while the token is the prompt's own, and done = true when the sequence
+-- has filled the positions (it is removed then).
+function Batch:step()
+    local n = self:count()
+    if n == 0 then error("batch:step: no sequences (add one first)", 2) end
+    local inp, sample = self.inputs, self.output_kind == "sample"
+    for j = 1, self.slots do
+        local seq = self.seqs[j]
+        inp.token:set(j, seq and seq.token or 0)
+        inp.pos:set(j, seq and seq.pos or 0)
+        inp.pos1:set(j, seq and seq.pos + 1 or 1)
+        if sample then
+            local smp = seq and seq.smp
+            inp.rng:set(j, smp and smp.state or 0)
+            inp.temperature:set(j, smp and smp.temperature or 0)
+            inp.topp:set(j, smp and smp.topp or 0)
+        end
+    end
+    local out = self.model:run(inp, self.out)
+    local made, P = {}, self.net.positions
+    for j = 1, self.slots do
+        local seq = self.seqs[j]
+        if seq then
+            local r = { id = seq.id, pos = seq.pos + 1 }
+            if seq.pos + 2 <= #seq.prompt then -- still inside the prompt: its next token
+                r.token, r.prompt = seq.prompt[seq.pos + 2], true
+            elseif sample then
+                r.token = C.tointeger(out:get(j, 1))
+                seq.smp.state = C.tointeger(out:get(j, 2))
+            else
+                local row = {}
+                for t = 1, self.net.config.vocab_size do row[t] = out:get(j, t) end
+                r.token = seq.smp:sample(row)
+            end
+            seq.pos, seq.token = seq.pos + 1, r.token
+            if seq.pos >= P then
+                r.done = true
+                self:remove(seq.id)
+            end
+            made[#made + 1] = r
+        end
+    end
+    return made
+end
+
+return M
