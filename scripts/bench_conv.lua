@@ -39,6 +39,8 @@ local layers = {
     { "layer4 down 1x1/2", 256, 512, 1, 2, 0, 14 },
 }
 
+local usage = "usage: lua5.4 scripts/bench_conv.lua [--runs N] [--rounds R] [--threads 1,2] "
+    .. "[--paths im2col,dnnl,dnnl_plain]"
 local opts = { runs = 7, rounds = 1, threads = "1,2", paths = "im2col,dnnl,dnnl_plain", child = nil }
 do
     local i = 1
@@ -49,7 +51,8 @@ do
         elseif a == "--threads" then opts.threads = arg[i + 1]; i = i + 1
         elseif a == "--paths" then opts.paths = arg[i + 1]; i = i + 1
         elseif a == "--child" then opts.child = true
-        else error("unknown option " .. a, 0) end
+        elseif a == "--help" then print(usage); os.exit(0)
+        else io.stderr:write("unknown option " .. a .. "\n" .. usage .. "\n"); os.exit(1) end
         i = i + 1
     end
 end

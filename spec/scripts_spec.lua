@@ -44,6 +44,8 @@ local CASES = {
     { "bench_compile.lua", { "50" }, 0, "chain of 50 nodes" },
     { "bench_compile.lua", { "many" }, 1, "usage:" },
     -- without a CUDA device it says so and stops: MK_CUDA_PLUGIN makes sure of that here
+    { "bench_conv.lua", { "--help" }, 0, "usage:" },
+    { "bench_conv.lua", { "--speed" }, 1, "usage:" },
     { "bench_cudnn.lua", {}, 0, "bench_cudnn: no CUDA device:",
       env = "MK_CUDA_PLUGIN=/nonexistent/libmoonkaas_cuda.so" },
     { "bench_llama2.lua", { "--help" }, 0, "usage:" },
