@@ -39,7 +39,10 @@ return function(c)
                 end
                 args[k] = x.data[at + 1]
             end
-            out.data[p + 1] = f(args[1], args[2], args[3])
+            -- as many arguments as operands (LuaJIT's math.log(x, nil) is an error)
+            if #xs == 1 then out.data[p + 1] = f(args[1])
+            elseif #xs == 2 then out.data[p + 1] = f(args[1], args[2])
+            else out.data[p + 1] = f(args[1], args[2], args[3]) end
         end
         return out
     end
