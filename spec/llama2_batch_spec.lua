@@ -150,6 +150,17 @@ describe("llama2 batch (CPU, stories260K)", function()
                          text_of(again[1]))
     end)
 
+    it("draws with the Lua sampler from the logits (output = logits, as on Lua 5.1): the same texts", function()
+        if not need() then return end
+        setup()
+        local seqs = { { seed = 42, temperature = 1 }, { seed = 5, temperature = 0 },
+                       { seed = 6, temperature = 0.7, prompt = H.PROMPT } }
+        local b = net:batch({ slots = 3, tokenizer = tok, output = "logits" })
+        check_alone(seqs, (run(3, seqs, b)))
+        assert.has_error(function() net:batch({ slots = 1, output = "argmax" }) end,
+                         "batch: output must be sample or logits (got argmax)")
+    end)
+
     it("ends a sequence at the positions it holds (done) and frees its slot", function()
         if not need() then return end
         setup()

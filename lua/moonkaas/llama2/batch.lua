@@ -7,9 +7,10 @@
 --   inputs   token, pos, pos1 (= pos + 1), rng: int64 [B]; temperature,
 --            topp: float32 [B] (slot j's are element j)
 --   blocks   the slots in blocks of ROWS rows; per block and layer the
---            products are [rows, D] @ W: one matrix–vector group per
---            product (q, k and v together; w1 and w3), which reads each
---            weight once for the block's rows and sums every row as a
+--            products are [rows, D] @ W: matrix–vector groups (w1 and w3
+--            together; q, k and v one each, as the slots' cache writes, in
+--            place, come between them in the script's order), which read
+--            each weight once for the block's rows and sum every row as a
 --            one-row product does (the CPU's groups are order-stable), so a
 --            slot's values are those of the one-sequence model, bit for bit
 --   caches   per slot and layer, a [2S, kv_dim] BufferTensor of its own
@@ -37,7 +38,7 @@
 -- Rows past a slot's pos never count (as in the one-sequence model), so a
 -- freed slot is reused without clearing its caches: the next sequence
 -- writes row 0 before it reads it. An idle slot runs token 0 at position 0
--- (writing only its own caches' row 0), greedy, and its result is dropped.
+-- (writing only its own caches' first row), greedy, and its result is dropped.
 --
 -- A prompt is fed one token a step (the slot's outputs are dropped until its
 -- last prompt token, and its sampler is not drawn: run.c's generate), so a
