@@ -255,10 +255,10 @@ typedef struct {
                                on the int8 grid (a FakeQuantizeNode folded in); 0: none */
     bool row_products;      /* its matrix-vector groups read float32 weights by rows too
                                ([k, n], n contiguous: an MLP's [in, out]), not only by columns */
-    bool row_groups;        /* it runs row groups (group_rows.c): a row reduction with its
-                               pointwise prologue and epilogue */
     bool cudnn_groups;      /* it runs cuDNN groups (fusion.c), compiling their plans in its
                                prepare (CUDA built with cuDNN) */
+    bool row_groups;        /* it runs row groups (group_rows.c): a row reduction with its
+                               pointwise prologue and epilogue */
 } mk_target;
 
 /* Whether n is one of g's outputs (its value is copied out: no group may absorb it). */
