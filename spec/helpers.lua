@@ -937,6 +937,8 @@ local function case_files()
         if name:match("^[%w_]+%.lua$") then files[#files + 1] = dir .. "/" .. name end
     end
     ls:close()
+    -- never an empty table by accident (a failed listing): core.lua is always there
+    assert(#files > 0, "no case files found in " .. dir)
     table.sort(files)
     return files
 end
