@@ -270,7 +270,8 @@ static inline mk_rows_group *mk_node_rows(const mk_node *n) {
 }
 /* A group whose kernel the device writes (kernel_source); cuDNN builds its own. */
 static inline bool mk_node_generated(const mk_node *n) {
-    return mk_node_pointwise(n) || mk_node_product(n) || mk_node_pointwise_mixed(n);
+    return mk_node_pointwise(n) || mk_node_product(n) || mk_node_rows(n) ||
+           mk_node_pointwise_mixed(n);
 }
 
 #endif

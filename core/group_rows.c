@@ -12,8 +12,10 @@
  * and dtype (its operands broadcast to it as they did), read by nothing else,
  * with no in-place write between it and the row op. The epilogue becomes the
  * group node (RowsGroupNode), the others its members. Only devices whose
- * target says row_groups get them: the CPU (CUDA's generator is to come).
- * Results equal the nodes run alone, bit for bit (the same row functions).
+ * target says row_groups get them: the CPU, and CUDA, which runs each as one
+ * generated kernel (core/codegen/rows.c). On the CPU results equal the nodes
+ * run alone, bit for bit (the same row functions); on CUDA within float32
+ * rounding of the CPU's (rows.c says how).
  */
 #include "passes.h"
 #include "reductions.h"
@@ -101,10 +103,9 @@ static void describe_rows(const mk_node *n, bool brief, mk_strbuf *b) {
                       rg->epilogue.n ? ", epilogue" : "");
         return;
     }
-    mk_strbuf_put(b, "one loop over rows of %lld: %s%s%s%s for",
+    mk_strbuf_put(b, "one loop over rows of %lld: %s%s%s for",
                   (long long)n->shape[n->rank - 1], rg->prologue.n ? "a pointwise prologue, " : "",
-                  rg->row_op->name, rg->epilogue.n ? ", a pointwise epilogue" : "",
-                  " (CPU; no CUDA generator yet)");
+                  rg->row_op->name, rg->epilogue.n ? ", a pointwise epilogue" : "");
     mk_group_put_members(n, b);
 }
 

@@ -452,7 +452,7 @@ struct cuda_kernel_table {
         k[MK_KERNEL_GROUP_NORM] = {mk_cuda_group_norm, F32};
         k[MK_KERNEL_BATCH_NORM] = {mk_cuda_batch_norm, F32};
         k[MK_KERNEL_RMS_NORM_EPS] = {mk_cuda_rms_norm_eps, F32};
-        k[MK_KERNEL_ROWS_GROUP] = {NULL, 0}; /* row groups: the CPU's only (no generator yet) */
+        k[MK_KERNEL_ROWS_GROUP] = {mk_cuda_rows_group, F32}; /* generated (codegen/rows.c) */
 #ifdef MK_WITH_CUDNN
         k[MK_KERNEL_CUDNN_GROUP] = {mk_cuda_cudnn_group, F32};
 #else
@@ -805,9 +805,10 @@ fail:
 
 /* int8_products: the generated matrix-vector kernels make A's int8 values and
  * scales in static shared memory (core/codegen/matvec_step.c's put_grid_copy); they read
- * weights by columns only (row_products false) */
+ * weights by columns only (row_products false); row groups are generated kernels */
 static const mk_device_ops cuda_device = {
-    "cuda",       cuda_kernels.k, {MK_CUDA_POINTWISE_OPERANDS, 32768, false, CUDNN_GROUPS},
+    "cuda",       cuda_kernels.k,
+    {MK_CUDA_POINTWISE_OPERANDS, 32768, false, true, CUDNN_GROUPS}, /* mk_target's order */
     cuda_launch_memory, cuda_model_memory,
     cuda_open,    cuda_close,     cuda_alloc, cuda_free, cuda_upload,
     cuda_zero,    cuda_prepare,   cuda_evaluate, mk_cuda_run_steps,

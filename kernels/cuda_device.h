@@ -318,6 +318,7 @@ int mk_cuda_generate(mk_cuda_state *s, const mk_launch *launches, int n, const m
                      mk_error **err);
 int mk_cuda_pointwise_generated(const mk_launch *l, mk_error **err);
 int mk_cuda_product(const mk_launch *l, mk_error **err);
+int mk_cuda_rows_group(const mk_launch *l, mk_error **err); /* a row group (codegen/rows.c) */
 int mk_cuda_prefix_matmul(const mk_launch *l, mk_error **err); /* matmul.cu */
 int mk_cuda_cast(const mk_launch *l, mk_error **err);          /* convert.cu */
 int mk_cuda_dequantize(const mk_launch *l, mk_error **err);

@@ -474,6 +474,25 @@ int mk_cuda_product(const mk_launch *l, mk_error **err) {
     return launch_generated(l, blocks, threads, args, "generated matrix-vector group", err);
 }
 
+/* A row group's launch: its generated kernel, a warp or a block per row
+ * (core/codegen/rows.c). */
+int mk_cuda_rows_group(const mk_launch *l, mk_error **err) {
+    mk_cuda_state *s = mk_cuda_state_of(l);
+    if (!s->generated || !s->generated[l->index])
+        return MK_INTERNAL(err, "a row group without its generated kernel");
+    void *out = l->out.data, *in[MK_MAX_INPUTS];
+    void *args[MK_MAX_INPUTS + 1];
+    int a = 0;
+    args[a++] = &out;
+    for (int k = 0; k < l->n_in; k++) {
+        in[k] = l->in[k].data;
+        args[a++] = &in[k];
+    }
+    unsigned int blocks, threads;
+    mk_codegen_group_grid(l, &blocks, &threads);
+    return launch_generated(l, blocks, threads, args, "generated row group", err);
+}
+
 /* Writes and compiles (or finds on disk) a group's kernel, loading nothing. */
 int mk_cuda_generate_check(const mk_launch *l, int arch, mk_error **err) {
     char *src = generate_source(l, err);

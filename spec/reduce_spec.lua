@@ -286,6 +286,29 @@ describe("reductions on CUDA against the CPU", function()
         check(function(i) return { (i.x + 0.5):prod(1) } end, { x = { 4, 1100 } })
     end)
 
+    gpu_it("row groups: one generated kernel each, as the CPU's within rounding", function()
+        for _, n in ipairs({ 1, 31, 32, 33, 1024, 5000, 20000 }) do
+            local shapes = { x = { 3, n }, mask = { 1, n }, w = { n }, b = { n } }
+            local function build(i)
+                return { (i.x * 0.125 + i.mask):softmax(), (i.x - i.b):log_softmax() * 3,
+                    i.x:layer_norm(1, { weight = i.w, bias = i.b, eps = 1e-5 }):gelu(),
+                    i.x:rms_norm(i.w, 1e-6) * i.b }
+            end
+            check(build, shapes)
+            local ins = {}
+            for name, shape in pairs(shapes) do ins[name] = mk.input(name, shape) end
+            local gpu <close> = mk.compile(build(ins), { device = "cuda" })
+            local _, count = gpu:fusion_report():gsub("rows group", "")
+            assert.are.equal(4, count, gpu:fusion_report())
+            local kernels = 0
+            for i = 1, gpu:stats().launches do
+                local ok, src = pcall(gpu.kernel_source, gpu, i)
+                if ok and src:find("// moonkaas row group", 1, true) then kernels = kernels + 1 end
+            end
+            assert.are.equal(4, kernels)
+        end
+    end)
+
     gpu_it("more reductions than the grid holds at once", function()
         check(function(i) return { i.x:sum(1), i.x:argmax(1), i.x:softmax(1) } end,
             { x = { 600000, 2 } })

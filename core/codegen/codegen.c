@@ -3,7 +3,7 @@
  * pointwise group's program (core/group.c) as straight-line code over its
  * operands' walks; decode attention as flash-decoding over the first p cached
  * rows; a matrix–vector group (core/product.c) in its own file,
- * matvec.c. Shapes, strides and constants are baked in, so identical
+ * matvec.c; a row group (core/group_rows.c) in rows.c. Shapes, strides and constants are baked in, so identical
  * layers give identical source (compiled once: kernels/generated.cu). Also what a
  * launch needs beside its source: its grid and its device scratch. The
  * device code that kernels take as it is (PDL, the fault record and the
@@ -66,8 +66,10 @@ static int group_ops(const mk_node *n, const mk_op **ops, int k, int max) {
 void mk_codegen_kernel_name(const mk_launch *l, char *name, size_t size) {
     const mk_product_group *pg = mk_node_product(l->node);
     mk_strbuf b = {0};
-    mk_strbuf_put(&b, "mk_%s", !pg ? "pointwise" : pg->kind == MK_PRODUCT_ATTENTION ? "attention"
-                                                                                : "matvec");
+    mk_strbuf_put(&b, "mk_%s", mk_node_rows(l->node)              ? "rows"
+                               : !pg                                 ? "pointwise"
+                               : pg->kind == MK_PRODUCT_ATTENTION ? "attention"
+                                                                    : "matvec");
     const mk_op *ops[2 * MK_GROUP_MEMBERS];
     int n = group_ops(l->node, ops, 0, 2 * MK_GROUP_MEMBERS);
     for (int i = 0; i < n; i++) {
@@ -499,15 +501,17 @@ size_t mk_codegen_group_aux_bytes(const mk_product_group *pg) {
 /* The source of a group's launch, whichever kind. */
 void mk_codegen_group_source(mk_strbuf *b, const mk_launch *l) {
     const mk_product_group *pg = mk_node_product(l->node);
-    if (!pg) put_source(b, l); /* a pointwise group, or one node the interpreter does not run */
+    if (mk_node_rows(l->node)) mk_codegen_rows_source(b, l);
+    else if (!pg) put_source(b, l); /* a pointwise group, or one node the interpreter does not run */
     else if (pg->kind == MK_PRODUCT_ATTENTION) put_attention_source(b, l);
     else mk_codegen_product_source(b, l);
 }
 
-/* The grid of a matrix-vector or attention group's launch. */
+/* The grid of a matrix-vector, attention or row group's launch. */
 void mk_codegen_group_grid(const mk_launch *l, unsigned int *blocks, unsigned int *threads) {
     const mk_product_group *pg = mk_node_product(l->node);
-    if (pg->kind == MK_PRODUCT_ATTENTION) { /* att_blocks blocks per query */
+    if (!pg) mk_codegen_rows_grid(l, blocks, threads);
+    else if (pg->kind == MK_PRODUCT_ATTENTION) { /* att_blocks blocks per query */
         *blocks = mk_cuda_blocks(pg->att.batch * pg->att.m * att_blocks(&pg->att), 1);
         *threads = (unsigned int)(4 * att_rows(&pg->att));
     } else
@@ -518,7 +522,8 @@ void mk_codegen_group_grid(const mk_launch *l, unsigned int *blocks, unsigned in
  * after the first line, the comment naming the group, the timeline's and
  * MK_NO_MMA's defines (product kernels), then the header (put_header). */
 char *mk_codegen_source(const mk_launch *l, bool stamp, int occupancy, mk_error **err) {
-    if (!(mk_node_generated(l->node) && (l->expr || mk_node_product(l->node)))) {
+    if (!(mk_node_generated(l->node) &&
+          (l->expr || mk_node_product(l->node) || mk_node_rows(l->node)))) {
         MK_INTERNAL(err, "not a group's launch");
         return NULL;
     }

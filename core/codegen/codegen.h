@@ -7,7 +7,8 @@
  *
  * Files: codegen.c (pointwise groups, decode attention, what every generated
  * kernel shares, the source as it is compiled), matvec.c, matvec_step.c and
- * matvec_tc.c (matrix–vector groups, sharing matvec.h). The device code the
+ * matvec_tc.c (matrix–vector groups, sharing matvec.h), rows.c (row groups:
+ * a softmax or norm with its prologue and epilogue). The device code the
  * kernels take as it is lives in kernels/skeletons/ (NAME.cuh), embedded by
  * the build as the strings mk_skeleton_NAME (skeletons.h).
  *
@@ -51,8 +52,8 @@ static inline mk_walk mk_cuda_walk1(int rank, const int64_t *shape, const int64_
 #define MK_TIMELINE_AT 256
 #define MK_TIMELINE_BLOCKS 8192
 
-/* codegen.c: the CUDA C of a group's launch (pointwise, matrix–vector or
- * attention), as the plugin compiles it (malloc'd), or NULL with *err set:
+/* codegen.c: the CUDA C of a group's launch (pointwise, matrix–vector,
+ * attention or rows), as the plugin compiles it (malloc'd), or NULL with *err set:
  * stamped for the timeline (stamp), at occupancy blocks an SM where > 0
  * (mk_codegen_put_head); with MK_CUDA_NO_MMA=1 in the environment, the
  * tensor-core form's sums from shuffles (matvec_tc.c; for the tests). */
@@ -95,5 +96,8 @@ void mk_codegen_put_entry(mk_strbuf *b, const mk_launch *l);
 void mk_codegen_product_source(mk_strbuf *b, const mk_launch *l);
 size_t mk_codegen_product_aux_bytes(const mk_product_group *pg);
 void mk_codegen_product_grid(const mk_launch *l, unsigned int *blocks, unsigned int *threads);
+/* rows.c: a row group's source and grid (it takes no device scratch). */
+void mk_codegen_rows_source(mk_strbuf *b, const mk_launch *l);
+void mk_codegen_rows_grid(const mk_launch *l, unsigned int *blocks, unsigned int *threads);
 
 #endif

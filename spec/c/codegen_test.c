@@ -20,6 +20,8 @@
  *                        comparison alone (the interpreter's exceptions)
  *   test_kernel_source   mk_model_kernel_source: each generated launch's CUDA C,
  *                        clear errors for library launches and bad indexes
+ *   test_row_groups      row groups (softmax, log_softmax, layer_norm, rms_norm
+ *                        with prologues and epilogues) at rows of 1 to 20,000
  *   test_disk_cache      the cubins kept on disk ($MK_KERNEL_CACHE): read back,
  *                        broken files replaced, "off", unusable directories
  *   test_shared_program  two layers alike share one kernel (one cubin)
@@ -229,6 +231,77 @@ done:
     mk_error_free(err);
     mk_context_free(ctx);
 }
+
+/* Row groups (core/codegen/rows.c): softmax with a scale and a mask as its
+ * prologue, log_softmax, layer_norm then gelu, rms_norm then a product, a
+ * strided x, at rows of 1 to 20,000 (a warp's, a block's, past the registers
+ * a thread keeps): each launch's source names its group and kernel, has the
+ * form its plan says, and compiles with NVRTC where the plugin is. */
+static void test_row_groups(bool nvrtc) {
+    static const char *const forms[] = {
+        "$1 = InputTensor(x, float32, [%d, %d]);\n$2 = InputTensor(s, float32, [1]);\n"
+        "$3 = HadamardProductNode($1, $2);\n$4 = InputTensor(mask, float32, [1, %d]);\n"
+        "$5 = SumNode($3, $4);\n$6 = SoftmaxNode($5, -1);\nresult = $6;\n",
+        "$1 = InputTensor(x, float32, [%d, %d]);\n$2 = InputTensor(b, float32, [%d]);\n"
+        "$3 = SubNode($1, $2);\n$4 = LogSoftmaxNode($3, -1);\n"
+        "$5 = InputTensor(c, float32, [1, 1]);\n$6 = HadamardProductNode($4, $5);\n"
+        "result = $6;\n",
+        "$1 = InputTensor(x, float32, [%d, %d]);\n$2 = InputTensor(w, float32, [%d]);\n"
+        "$3 = InputTensor(b, float32, [%d]);\n$4 = InputTensor(eps, float32, [1]);\n"
+        "$5 = LayerNormNode($1, $2, $3, $4, 1);\n$6 = GELUNode($5);\nresult = $6;\n",
+        "$1 = InputTensor(x, float32, [%d, %d]);\n$2 = InputTensor(w, float32, [%d]);\n"
+        "$3 = InputTensor(eps, float32, [1]);\n$4 = RmsNormEpsNode($1, $2, $3);\n"
+        "$5 = InputTensor(b, float32, [%d]);\n$6 = HadamardProductNode($4, $5);\nresult = $6;\n",
+        "$1 = InputTensor(x, float32, [%d, %d]);\n$2 = PermuteNode($1, [1, 0]);\n"
+        "$3 = SoftmaxNode($2, -1);\n$4 = InputTensor(c, float32, [1]);\n"
+        "$5 = SumNode($3, $4);\nresult = $5;\n",
+    };
+    static const char *const names[] = {"mk_rows_mul_add_softmax", "mk_rows_sub_log_softmax_mul",
+                                        "mk_rows_layer_norm_gelu", "mk_rows_rms_norm_eps_mul",
+                                        "mk_rows_softmax_add"};
+    static const int lens[] = {1, 31, 32, 33, 1024, 5000, 20000};
+    mk_error *err = NULL;
+    mk_context *ctx = mk_context_new(&err);
+    CHECK(ctx != NULL, "context: %s", mk_error_message(err));
+    int checked = 0;
+    for (size_t f = 0; ctx && f < sizeof forms / sizeof forms[0]; f++)
+        for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+            int n = lens[i], rows = n > 1000 ? 3 : 7;
+            char script[1024];
+            if (f == 4) snprintf(script, sizeof script, forms[f], n, rows); /* x: [n, rows] permuted */
+            else snprintf(script, sizeof script, forms[f], rows, n, n, n);
+            mk_model *m = mk_compile(ctx, script, NULL, 0, NULL, &err);
+            CHECK(m != NULL, "compile: %s\n%s", mk_error_message(err), script);
+            if (!m) break;
+            char *src = mk_model_kernel_source(m, 0, &err);
+            /* the plan: a warp a row up to 128 elements, 4 rows a block; else a block of
+             * the fewest threads that leave a thread 8 elements; past 16 a thread,
+             * x kept in the result */
+            char plan[64];
+            snprintf(plan, sizeof plan, "constexpr int RT = %d, RB = %d", n <= 128 ? 32 : n <= 1024 ? 128 : 1024,
+                     n <= 128 ? 4 : 1);
+            const char *loop = n > 16 * 1024 ? "for (long long j = t; j < LEN; j += RT)"
+                                             : "for (int i = 0; i < PT; i++)";
+            CHECK(src && strstr(src, "// moonkaas row group: ") && strstr(src, names[f]) &&
+                      strstr(src, plan) && strstr(src, loop),
+                  "form %zu, rows of %d: want %s, \"%s\", \"%s\" in\n%s", f, n, names[f], plan, loop,
+                  src ? src : mk_error_message(err));
+            mk_string_free(src);
+            if (nvrtc) {
+                int c = mk_model_check_generated(m, 90, &err);
+                CHECK(c == 1, "form %zu, rows of %d: %d kernels checked: %s", f, n, c,
+                      err ? mk_error_message(err) : "");
+                checked += c > 0 ? c : 0;
+            }
+            mk_model_free(m);
+            mk_error_free(err);
+            err = NULL;
+        }
+    if (nvrtc) printf("#   %d row group kernels checked with NVRTC\n", checked);
+    mk_context_free(ctx);
+}
+static void test_row_groups_source(void) { test_row_groups(false); }
+static void test_row_groups_nvrtc(void) { test_row_groups(true); }
 
 /* Files in dir ending in .cubin; the inode of the first in *inode (0 if none). */
 static int cubins(const char *dir, ino_t *inode) {
@@ -620,6 +693,7 @@ int main(void) {
     if (!mk_cuda_plugin_get(why, sizeof why)) {
         SKIP(test_random_groups, why);
         RUN(test_kernel_source); /* the core writes the source: no plugin needed */
+        RUN(test_row_groups_source);
         SKIP(test_disk_cache, why);
         SKIP(test_lowp_groups, why);
         SKIP(test_tensor_core_groups, why);
@@ -631,6 +705,7 @@ int main(void) {
         RUN(test_random_groups);
         RUN(test_issue64_ops);
         RUN(test_kernel_source);
+        RUN(test_row_groups_nvrtc);
         RUN(test_disk_cache);
         RUN(test_shared_program);
         RUN(test_lowp_groups);

@@ -75,8 +75,7 @@ static void test_table(void) {
     const mk_kernel *k = p->device->kernels;
     CHECK(!k[MK_KERNEL_NONE].fn, "a kernel for MK_KERNEL_NONE");
     for (int id = MK_KERNEL_NONE + 1; id < MK_KERNEL_COUNT; id++) {
-        /* cuDNN groups: CUDNN=1 builds only; row groups: the CPU's only (no generator yet) */
-        if (id == MK_KERNEL_CUDNN_GROUP || id == MK_KERNEL_ROWS_GROUP) continue;
+        if (id == MK_KERNEL_CUDNN_GROUP) continue; /* CUDNN=1 builds only */
         CHECK(k[id].fn, "no kernel for family %d", id);
         CHECK(k[id].dtypes && !(k[id].dtypes & ~MK_DTYPES_ALL), "family %d dtypes %#x", id,
               k[id].dtypes);
@@ -85,6 +84,7 @@ static void test_table(void) {
     unsigned both = MK_DTYPE_BIT(MK_DTYPE_FLOAT32) | MK_DTYPE_BIT(MK_DTYPE_INT64);
     CHECK((k[MK_KERNEL_POINTWISE].dtypes & both) == both, "pointwise dtypes %#x",
           k[MK_KERNEL_POINTWISE].dtypes);
+    CHECK(p->device->target.row_groups, "CUDA does not take row groups");
     bool cudnn = p->device->target.cudnn_groups;
     CHECK(cudnn == (p->cudnn_cache_free != NULL) && cudnn == (k[MK_KERNEL_CUDNN_GROUP].fn != NULL),
           "cuDNN hooks partly there");

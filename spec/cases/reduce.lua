@@ -311,4 +311,47 @@ return function(c)
         for i, v in ipairs(zr.data) do zr.data[i] = v > 0 and v or 0 end
         c.add("layer_norm then relu", z, { x = xt }, zr, 1e-4, 1e-4)
     end
+    -- row groups as CUDA generates them (core/codegen/rows.c): a prologue of a
+    -- scale and a mask before softmax, a shift before log_softmax, gelu after
+    -- layer_norm, a product after rms_norm, at rows a warp takes (1 to 33), a
+    -- block takes (1024) and past a thread's 8 elements a block (5000)
+    for _, n in ipairs({ 1, 31, 32, 33, 1024, 5000 }) do
+        local rows = n > 1000 and 3 or 5
+        local x, xt, xr = c.input("x", { rows, n }, -3, 3)
+        local s, st, sr = c.input("s", { 1 }, 0.1, 1)
+        local mask, maskt, maskr = c.input("mask", { 1, n }, -4, 0)
+        local want = { shape = { rows, n }, data = {} }
+        for r = 0, rows - 1 do
+            local v, m, sum = {}, -math.huge, 0
+            for j = 1, n do
+                v[j] = xr.data[r * n + j] * sr.data[1] + maskr.data[j]
+                m = math.max(m, v[j])
+            end
+            for j = 1, n do sum = sum + exp(v[j] - m) end
+            for j = 1, n do want.data[r * n + j] = exp(v[j] - m) / sum end
+        end
+        c.add(string.format("row group: softmax(x * s + mask) [%d, %d]", rows, n), (x * s + mask):softmax(),
+            { x = xt, s = st, mask = maskt }, want, 1e-6, 1e-4)
+
+        local b, bt, br = c.input("b", { n })
+        want = { shape = { rows, n }, data = {} }
+        for r = 0, rows - 1 do
+            local m, sum = -math.huge, 0
+            for j = 1, n do m = math.max(m, xr.data[r * n + j] - br.data[j]) end
+            for j = 1, n do sum = sum + exp(xr.data[r * n + j] - br.data[j] - m) end
+            for j = 1, n do want.data[r * n + j] = 3 * (xr.data[r * n + j] - br.data[j] - m - log(sum)) end
+        end
+        c.add(string.format("row group: log_softmax(x - b) * 3 [%d, %d]", rows, n), (x - b):log_softmax(-1) * 3,
+            { x = xt, b = bt }, want, 1e-4, 1e-4)
+
+        local w, wt, wr = c.input("w", { n })
+        local eps = eps_value()
+        want = R.gelu(norm_ref(xr, n, true, eps, wr, br, function(p) return p % n end))
+        c.add(string.format("row group: gelu(layer_norm(x)) [%d, %d], eps %g", rows, n, eps),
+            x:layer_norm(1, { weight = w, bias = b, eps = eps }):gelu(), { x = xt, w = wt, b = bt }, want,
+            1e-4, 1e-4)
+        want = R.mul(norm_ref(xr, n, false, eps, wr, nil, function(p) return p % n end), br)
+        c.add(string.format("row group: rms_norm(x) * b [%d, %d], eps %g", rows, n, eps), x:rms_norm(w, eps) * b,
+            { x = xt, w = wt, b = bt }, want, 1e-4, 1e-4)
+    end
 end
