@@ -808,7 +808,7 @@ fail:
  * weights by columns only (row_products false); row groups are generated kernels */
 static const mk_device_ops cuda_device = {
     "cuda",       cuda_kernels.k,
-    {MK_CUDA_POINTWISE_OPERANDS, 32768, false, true, CUDNN_GROUPS}, /* mk_target's order */
+    {MK_CUDA_POINTWISE_OPERANDS, 32768, false, CUDNN_GROUPS, true}, /* mk_target's order */
     cuda_launch_memory, cuda_model_memory,
     cuda_open,    cuda_close,     cuda_alloc, cuda_free, cuda_upload,
     cuda_zero,    cuda_prepare,   cuda_evaluate, mk_cuda_run_steps,
