@@ -12,6 +12,7 @@ state_dict saved as safetensors plugs in by name. doc/nn.md has each one.
 ]]
 
 local mk = require "moonkaas"
+local isinteger = require("moonkaas.compat").isinteger -- the module runs on Lua 5.1 too
 
 local nn = {}
 
@@ -130,10 +131,10 @@ function nn.multi_head_attention(x, p, heads, opts)
     end
     local B = batched and x.shape[1] or 1
     local T, D = x.shape[x.rank - 1], x.shape[x.rank]
-    if math.type(heads) ~= "integer" or heads < 1 or D % heads ~= 0 then
+    if not isinteger(heads) or heads < 1 or D % heads ~= 0 then
         fail("multi_head_attention", "heads (%s) must divide the width %d", tostring(heads), D)
     end
-    local hd = D // heads
+    local hd = math.floor(D / heads)
     local function split(t) -- [.., T, D] -> [B, H, T, hd]
         return t:reshape { B, T, heads, hd }:permute { 0, 2, 1, 3 }
     end
@@ -156,7 +157,7 @@ end
 -- Returns h', c'.
 function nn.lstm_cell(x, h, c, w_ih, w_hh, b_ih, b_hh)
     local g = nn.linear(x, w_ih, b_ih) + nn.linear(h, w_hh, b_hh)
-    local n = g.shape[g.rank] // 4
+    local n = math.floor(g.shape[g.rank] / 4)
     local i, f = chunk(g, 0, n):sigmoid(), chunk(g, 1, n):sigmoid()
     local gg, o = chunk(g, 2, n):tanh(), chunk(g, 3, n):sigmoid()
     local c2 = f * c + i * gg
@@ -168,7 +169,7 @@ end
 -- r = s(xr + hr), z = s(xz + hz), n = tanh(xn + r hn), h' = (1 - z) n + z h
 function nn.gru_cell(x, h, w_ih, w_hh, b_ih, b_hh)
     local gi, gh = nn.linear(x, w_ih, b_ih), nn.linear(h, w_hh, b_hh)
-    local n = gi.shape[gi.rank] // 3
+    local n = math.floor(gi.shape[gi.rank] / 3)
     local r = (chunk(gi, 0, n) + chunk(gh, 0, n)):sigmoid()
     local z = (chunk(gi, 1, n) + chunk(gh, 1, n)):sigmoid()
     local cand = (chunk(gi, 2, n) + r * chunk(gh, 2, n)):tanh()
