@@ -119,6 +119,48 @@ function N.gpt2(mk, P, o)
     return ids, nn.linear(x, wte)
 end
 
+-- the same stack decoding one token per evaluation with key/value caches
+-- (BufferTensors [S, D] per layer, row pos written, the attention over the
+-- first pos1 = pos + 1 rows): inputs token, pos, pos1 int64 [1]; outputs the
+-- logits [1, vocab] and their argmax int64 [1]. o as gpt2's, S = o.positions
+-- or o.ctx. Compiled with next = {token = argmax, pos = 1, pos1 = 1},
+-- m:run_steps(n) decodes n tokens greedily.
+function N.gpt2_decode(mk, P, o)
+    local nn = require "moonkaas.nn"
+    local L, D, H, V, C = o.layers, o.d, o.heads, o.vocab, o.ctx
+    local S, hd = o.positions or C, D // H
+    local token = mk.input("token", "int64", { 1 })
+    local pos = mk.input("pos", "int64", { 1 })
+    local pos1 = mk.input("pos1", "int64", { 1 })
+    local wte = P("wte.weight", { V, D }, "emb")
+    local x = nn.embedding(token, wte) + nn.embedding(pos, P("wpe.weight", { C, D }, "emb")) -- [1, D]
+    for l = 0, L - 1 do
+        local pre = "h." .. l .. "."
+        local function ln(name, v)
+            return nn.layer_norm(v, P(pre .. name .. ".weight", { D }, "ln_w"), P(pre .. name .. ".bias", { D }, "ln_b"),
+                1e-5)
+        end
+        local function lin(v, k)
+            return nn.linear(v, P(pre .. "attn.w" .. k, { D, D }, "w"), P(pre .. "attn.b" .. k, { D }, "b"))
+        end
+        local n1 = ln("ln_1", x)
+        local q = lin(n1, "q") * (1 / math.sqrt(hd))
+        local kc = mk.buffer("float32", { S, D }, "l" .. l .. "_k_cache"):replace(lin(n1, "k"), pos, pos1)
+        local vc = mk.buffer("float32", { S, D }, "l" .. l .. "_v_cache"):replace(lin(n1, "v"), pos, pos1)
+        local kt = kc:reshape({ S, H, hd }):permute({ 1, 2, 0 })   -- [H, hd, S]
+        local vt = vc:reshape({ S, H, hd }):permute({ 1, 0, 2 })   -- [H, S, hd]
+        local att = q:reshape({ H, 1, hd }):matmul(kt):sliced_softmax(pos1) -- [H, 1, S]
+        x = x + lin(att:matmul_prefix(vt, pos1):reshape({ 1, D }), "o")
+        local m = nn.linear(ln("ln_2", x), P(pre .. "mlp.fc.weight", { 4 * D, D }, "w"),
+            P(pre .. "mlp.fc.bias", { 4 * D }, "b"))
+        x = x + nn.linear(nn.gelu(m), P(pre .. "mlp.proj.weight", { D, 4 * D }, "w"),
+            P(pre .. "mlp.proj.bias", { D }, "b"))
+    end
+    x = nn.layer_norm(x, P("ln_f.weight", { D }, "ln_w"), P("ln_f.bias", { D }, "ln_b"), 1e-5)
+    local logits = nn.linear(x, wte)
+    return { token = token, pos = pos, pos1 = pos1 }, logits, logits:argmax():reshape({ 1 })
+end
+
 N.GPT2_SMALL = { layers = 12, d = 768, heads = 12, vocab = 50257, ctx = 1024 }
 
 -- a value of kind for a weight of shape: uniform, scaled so activations stay O(1)

@@ -14,11 +14,14 @@ local function f32(v) return (string.unpack("f", string.pack("f", v))) end
 -- random weights: P for the builders, and the same values as ref tensors
 local function weights()
     local ref = {}
+    local nodes = {}
     local function P(name, shape, kind)
+        if nodes[name] then return nodes[name] end -- one weight, several graphs
         local d = {}
         for i = 1, R.numel(shape) do d[i] = f32(nets.value(kind, shape, 2 * math.random() - 1)) end
         ref[name] = { shape = shape, data = d }
-        return mk.constant(mk.tensor(d, "float32", shape), (name:gsub("%.", "_")))
+        nodes[name] = mk.constant(mk.tensor(d, "float32", shape), (name:gsub("%.", "_")))
+        return nodes[name]
     end
     return P, ref
 end
@@ -150,6 +153,36 @@ describe("reference networks (CPU, float32 against double loops)", function()
         local out = m:run { ids = mk.tensor(ids, "int64", { o.T }) }
         report("gpt2 tiny", rel_error(out, ref_gpt2(ids, W, o)))
         m:close()
+    end)
+
+    it("the GPT-2 stack decoding with KV caches, token by token, equals the whole-sequence stack", function()
+        local o = { layers = 2, d = 32, heads = 4, vocab = 64, ctx = 16, T = 8 }
+        local P, W = weights()
+        local _, y = nets.gpt2(mk, P, o)
+        local _, logits, nxt = nets.gpt2_decode(mk, P, o)
+        local ids = {}
+        for t = 1, o.T do ids[t] = math.random(0, o.vocab - 1) end
+        local whole = mk.compile(y)
+        local all = whole:run { ids = mk.tensor(ids, "int64", { o.T }) }
+        local want = ref_gpt2(ids, W, o)
+        local dec = mk.compile({ logits, nxt })
+        local worst, big = 0, 0
+        for t = 1, o.T do
+            local l, a = dec:run { token = mk.tensor({ ids[t] }, "int64"), pos = mk.tensor({ t - 1 }, "int64"),
+                pos1 = mk.tensor({ t }, "int64") }
+            local best = 1
+            for j = 1, o.vocab do
+                local r = want.data[(t - 1) * o.vocab + j]
+                worst = math.max(worst, math.abs(l:get(1, j) - r))
+                big = math.max(big, math.abs(r))
+                assert.is_true(math.abs(l:get(1, j) - all:get(t, j)) <= 1e-5 * (1 + math.abs(r)))
+                if l:get(1, j) > l:get(1, best) then best = j end
+            end
+            assert.are.equal(best - 1, a:get(1))
+        end
+        report("gpt2 decode (8 steps)", worst / big)
+        whole:close()
+        dec:close()
     end)
 
     it("GPT-2 small's real shape (12 x 768, 12 heads, vocab 50257, ctx 1024) runs 4 tokens", function()
