@@ -15,8 +15,13 @@ PyTorch's state_dict names them. --save FILE writes them and the input
 ("input.x", or "input.ids") as safetensors for scripts/torch_nets.py;
 --out FILE writes moonkaas's outputs ("<device>.y", "<device>.tokens") for
 its comparison (--compare). --threads caps the CPU's threads per launch
-(compile's `threads`; 0, the default, lets the cost rule choose). The peer
-command printed at the end runs PyTorch on the same weights.
+(compile's `threads`; 0, the default, lets the cost rule choose) and ONNX
+Runtime's intra-op threads. For resnet18 and dqn, ONNX Runtime's CPU
+provider runs the same weights in the same run where it is installed
+(npm's onnxruntime-node, as spec/onnx_ort_spec.lua finds it; the graph
+written by scripts/nets_onnx.py with Debian's python3-onnx), and its output
+is compared with moonkaas's. The command printed at the end runs PyTorch on
+the same weights (scripts/torch_nets.py, a GPU machine).
 ]]
 
 local here = (arg and arg[0] or ""):match("^(.*)[/\\]") or "."
@@ -148,13 +153,81 @@ local function bench_gpt2()
     end
 end
 
+-- ---- the peer: ONNX Runtime's CPU provider on the same weights ------------
+-- (scripts/nets_onnx.py writes the graph with Debian's python3-onnx,
+-- scripts/ort_bench.js runs it under node with npm's onnxruntime-node,
+-- found as spec/onnx_ort_spec.lua finds it)
+local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local function ort_path()
+    for _, p in ipairs { os.getenv("MK_ORTNODE") or "", "/opt/ortnode/node_modules", "/work/ortnode/node_modules" } do
+        local f = p ~= "" and io.open(p .. "/onnxruntime-node/package.json")
+        if f then
+            f:close()
+            return p
+        end
+    end
+end
+
+local function ort_peer(shape)
+    local py = os.getenv("MK_PYTHON") or "/usr/bin/python3"
+    local ok = os.execute(py .. " -c 'import onnx, numpy' > /dev/null 2>&1")
+    local node_ok = os.execute("node --version > /dev/null 2>&1")
+    local path = ort_path()
+    if not ok or not node_ok or not path then
+        print("onnxruntime cpu: skipped (" .. (not ok and py .. " cannot import onnx and numpy" or not node_ok and
+            "node is not installed" or "onnxruntime-node is not installed: scripts/setup.sh, or MK_ORTNODE") .. ")")
+        return
+    end
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir -p " .. sh_quote(dir)))
+    mk.save_safetensors(dir .. "/w.safetensors", weights)
+    local f = assert(io.open(dir .. "/x.bin", "wb"))
+    f:write(weights["input.x"]:bytes())
+    f:close()
+    assert(os.execute(string.format("%s %s/scripts/nets_onnx.py --net %s --weights %s/w.safetensors --out %s/net.onnx",
+        py, sh_quote(root), opts.net, sh_quote(dir), sh_quote(dir))), "nets_onnx.py failed")
+    local cmd = string.format("NODE_PATH=%s node %s/scripts/ort_bench.js %s/net.onnx %s/x.bin %s %d %d %s/out.bin",
+        sh_quote(path), sh_quote(root), sh_quote(dir), sh_quote(dir), table.concat(shape, ","), opts.runs,
+        opts.threads, sh_quote(dir))
+    local p = assert(io.popen(cmd))
+    local line = p:read("a")
+    p:close()
+    local p50, p99 = line:match("p50 ([%d.]+) p99 ([%d.]+)")
+    if not p50 then
+        print("onnxruntime cpu: failed: " .. line)
+    else
+        local rf = assert(io.open(dir .. "/out.bin", "rb"))
+        local bytes = rf:read("a")
+        rf:close()
+        local want, got = outputs["cpu.y"], nil
+        local msg = ""
+        if want then
+            got = mk.from_bytes(bytes, "float32", want.shape)
+            local n, worst, big = #bytes // 4, 0, 0
+            local a, b = want:reshape { n }, got:reshape { n }
+            for i = 1, n do
+                worst = math.max(worst, math.abs(a:get(i) - b:get(i)))
+                big = math.max(big, math.abs(b:get(i)))
+            end
+            msg = string.format("; max |moonkaas - ort| / max |ort| %.3g", worst / big)
+        end
+        print(string.format("%s onnxruntime cpu: p50 %.2f ms, p99 %.2f ms over %d runs (threads %s)%s", opts.net,
+            tonumber(p50), tonumber(p99), opts.runs, opts.threads > 0 and tostring(opts.threads) or "ORT's default", msg))
+        print("  peer command: " .. cmd:gsub(sh_quote(dir), "DIR"))
+    end
+    os.execute("rm -rf " .. sh_quote(dir))
+end
+
 if opts.net == "resnet18" then
     bench_image(function(m, p, o)
         o.res, o.width, o.classes = 224, 64, 1000
         return nets.resnet18(m, p, o)
     end, { 1, 3, 224, 224 }, "resnet18")
+    ort_peer({ 1, 3, 224, 224 })
 elseif opts.net == "dqn" then
     bench_image(nets.dqn, { 1, 4, 84, 84 }, "dqn")
+    ort_peer({ 1, 4, 84, 84 })
 else
     bench_gpt2()
 end
