@@ -103,7 +103,7 @@ describe("reference networks (CPU, float32 against double loops)", function()
         m:close()
     end)
 
-    it("ResNet-18's real shape (1x3x224x224 -> 1000) compiles and runs once", function()
+    it("ResNet-18's real shape (1x3x224x224 -> 1000) compiles and runs once #slow", function()
         local P = nets.fast_weights(mk)
         local x, y = nets.resnet18(mk, P, { batch = 1, res = 224, width = 64, classes = 1000 })
         local m = mk.compile(y)
@@ -185,7 +185,7 @@ describe("reference networks (CPU, float32 against double loops)", function()
         dec:close()
     end)
 
-    it("GPT-2 small's real shape (12 x 768, 12 heads, vocab 50257, ctx 1024) runs 4 tokens", function()
+    it("GPT-2 small's real shape (12 x 768, 12 heads, vocab 50257, ctx 1024) runs 4 tokens #slow", function()
         local o = {}
         for k, v in pairs(nets.GPT2_SMALL) do o[k] = v end
         o.T = 4
