@@ -287,3 +287,44 @@ describe("reference networks (CPU, float32 against double loops)", function()
         m:close()
     end)
 end)
+
+describe("moonkaas.nn argument errors", function()
+    -- "spec/nets_spec.lua:12: ": the caller's line, as Lua names it
+    local function here()
+        local i = debug.getinfo(2, "Sl")
+        return i.short_src .. ":" .. (i.currentline + 1) .. ": "
+    end
+    local function err(f)
+        local ok, e = pcall(f)
+        assert.is_false(ok)
+        return tostring(e)
+    end
+    local x = mk.input("x", "float32", { 2, 8 })
+
+    it("names the layer and the user's line", function()
+        local at = here()
+        local e = err(function() local _ = nn.linear(x, mk.input("w", "float32", { 2, 8, 1 })) end)
+        assert.are.equal(at .. "argument error: nn.linear: w must be [out, in], got rank 3", e)
+        at = here()
+        e = err(function() local _ = nn.linear(x, "w") end)
+        assert.are.equal(at .. "argument error: nn.linear: w must be a node or tensor, got string", e)
+        at = here()
+        e = err(function() local _ = nn.conv2d(mk.input("i", "float32", { 1, 1, 4, 4 }), mk.zeros("float32", { 1, 1, 3, 3 }), nil, { strides = 2 }) end)
+        assert.are.equal(at .. "argument error: nn.conv2d: unknown option strides", e)
+    end)
+
+    it("checks attention's heads and options", function()
+        local p = { wq = mk.zeros("float32", { 8, 8 }), wk = mk.zeros("float32", { 8, 8 }),
+            wv = mk.zeros("float32", { 8, 8 }), wo = mk.zeros("float32", { 8, 8 }) }
+        assert.truthy(err(function() return nn.multi_head_attention(x, p, 3) end):find(
+            "argument error: nn.multi_head_attention: heads (3) must divide the width 8", 1, true))
+        assert.truthy(err(function() return nn.multi_head_attention(x, p, 2, { casual = true }) end):find(
+            "unknown option casual", 1, true))
+        assert.truthy(err(function() return nn.multi_head_attention(mk.input("v", "float32", { 8 }), p, 2) end):find(
+            "x must be [T, D] or [B, T, D], got rank 1", 1, true))
+        -- the module still builds and runs after them
+        local m = mk.compile(nn.multi_head_attention(x, p, 2))
+        assert.are.same({ 2, 8 }, m:run({ x = mk.zeros("float32", { 2, 8 }) }).shape)
+        m:close()
+    end)
+end)

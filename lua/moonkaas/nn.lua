@@ -16,9 +16,12 @@ local isinteger = require("moonkaas.compat").isinteger -- the module runs on Lua
 
 local nn = {}
 
-local function fail(fn, fmt, ...)
-    error(string.format("argument error: nn.%s: " .. fmt, fn, ...), 3)
+-- raised at the user's line: depth 0 when called from nn.<fn> itself, 1
+-- from a helper of it
+local function fail_at(depth, fn, fmt, ...)
+    error(string.format("argument error: nn.%s: " .. fmt, fn, ...), 3 + depth)
 end
+local function fail(fn, fmt, ...) fail_at(1, fn, fmt, ...) end
 
 -- a weight given as a tensor becomes a constant; nil stays nil
 local function node(v)
@@ -27,7 +30,7 @@ local function node(v)
 end
 
 local function need(fn, what, v)
-    if not mk.is_node(v) then fail(fn, "%s must be a node or tensor, got %s", what, type(v)) end
+    if not mk.is_node(v) then fail_at(1, fn, "%s must be a node or tensor, got %s", what, type(v)) end
     return v
 end
 
@@ -43,7 +46,7 @@ end
 local function conv_opts(fn, opts, b, allowed)
     local o = { bias = b }
     for k, v in pairs(opts or {}) do
-        if not allowed[k] then fail(fn, "unknown option %s", tostring(k)) end
+        if not allowed[k] then fail_at(1, fn, "unknown option %s", tostring(k)) end
         o[k] = v
     end
     return o
