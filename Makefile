@@ -7,7 +7,7 @@
 #   make test       every C test, busted spec and example; ends with "N passed, N failed, N skipped"
 #   make LUA=luajit / LUA=lua5.1   the Lua module for LuaJIT or Lua 5.1 (build-luajit/,
 #                   build-lua51/); make test-luajit / test-lua51 run the CPU specs there
-#   make examples   build and run examples/ (CPU): mlp.lua, transformer_block.lua,
+#   make examples   build and run examples/ (CPU): mlp.lua, transformer_block.lua, cnn.lua, gpt2_block.lua,
 #                   llama2_chat.lua, host.c (the C API tour), game_loop.c (a game host)
 #   make asan       the same under AddressSanitizer + UBSan (build-asan/; the plugin's
 #                   kernels are build/'s objects: nvcc runs for build/ only)

@@ -56,7 +56,7 @@ if [ -n "$ASAN" ]; then
     preload="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)"
     export ASAN_OPTIONS=detect_leaks=0:protect_shadow_gap=0:allocator_may_return_null=1:${ASAN_OPTIONS:-}
 fi
-for f in mlp transformer_block llama2_chat; do
+for f in mlp transformer_block cnn gpt2_block llama2_chat; do
     if [ "$f" = llama2_chat ] && [ ! -f "$MODELS/stories260K.bin" ]; then
         skip "$f.lua" "$MODELS/stories260K.bin is absent"
         continue

@@ -156,6 +156,12 @@ describe("doc/lua-api.md", function()
         os.remove(path)
     end)
 
+    it("has an entry for every function of moonkaas.nn", function()
+        for k, v in pairs(require("moonkaas.nn")) do
+            if type(v) == "function" then need("nn." .. k) end
+        end
+    end)
+
     it("has an entry for every function of moonkaas.llama2", function()
         local llama2 = require("moonkaas.llama2")
         for k, v in pairs(llama2) do

@@ -87,6 +87,16 @@ local CASES = {
     { "gen_ops_doc.lua", {}, 0, "# Op reference" },
     { "gen_ops_doc.lua", { "--check" }, 0, "" },
     { "gen_ops_doc.lua", { "--bogus" }, 2, "usage: lua5.4 scripts/gen_ops_doc.lua" },
+    -- the reference networks (spec/nets_spec.lua runs them) and their benchmark:
+    -- the DQN policy, with ONNX Runtime's figures where it is installed
+    { "nets.lua", {}, 0, "" },
+    { "bench_nets.lua", {}, 2, "usage: lua5.4 scripts/bench_nets.lua" },
+    { "bench_nets.lua", { "--net", "dqn", "--runs", "2", "--threads", "1" }, 0, "dqn cpu: p50 " },
+    -- the peers' programs: PyTorch (a GPU machine), the ONNX graph and ONNX Runtime;
+    -- their syntax only here, bench_nets.lua runs the last two
+    { "torch_nets.py", {}, 0, "", run = "python3 -c 'import ast, sys; ast.parse(open(sys.argv[1]).read())'" },
+    { "nets_onnx.py", {}, 0, "", run = "python3 -c 'import ast, sys; ast.parse(open(sys.argv[1]).read())'" },
+    { "ort_bench.js", {}, 0, "", run = "node --check" },
     -- installs Debian packages: only its syntax is checked here
     { "setup.sh", {}, 0, "", run = "sh -n" },
 }

@@ -1,0 +1,247 @@
+--[[
+bench_nets.lua — latency of the reference networks of scripts/nets.lua:
+
+    resnet18   ResNet-18, batch 1, 3x224x224 -> 1000: p50 / p99 of m:run
+    dqn        the Atari DQN policy, batch 1, 4x84x84 -> conv 32/64/64 -> 512 -> 18
+    gpt2       GPT-2 small (12 x 768, 12 heads, vocab 50257): greedy decode with
+               KV caches through m:run_steps (tokens/s, launches per layer),
+               and the 8-token prompt's logits through the whole stack
+
+    lua5.4 scripts/bench_nets.lua --net resnet18|gpt2|dqn [--devices cpu,cuda]
+        [--threads N] [--runs N] [--tokens N] [--save FILE] [--out FILE]
+
+Weights are random (scripts/nets.lua's fast_weights, seed 1), named as
+PyTorch's state_dict names them. --save FILE writes them and the input
+("input.x", or "input.ids") as safetensors for scripts/torch_nets.py;
+--out FILE writes moonkaas's outputs ("<device>.y", "<device>.tokens") for
+its comparison (--compare). --threads caps the CPU's threads per launch
+(compile's `threads`; 0, the default, lets the cost rule choose) and ONNX
+Runtime's intra-op threads. For resnet18 and dqn, ONNX Runtime's CPU
+provider runs the same weights in the same run where it is installed
+(npm's onnxruntime-node, as spec/onnx_ort_spec.lua finds it; the graph
+written by scripts/nets_onnx.py with Debian's python3-onnx), and its output
+is compared with moonkaas's. The command printed at the end runs PyTorch on
+the same weights (scripts/torch_nets.py, a GPU machine).
+]]
+
+local here = (arg and arg[0] or ""):match("^(.*)[/\\]") or "."
+local root = here .. "/.."
+local build = os.getenv("MK_BUILD") or (root .. "/build")
+package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.path
+package.cpath = build .. "/?.so;" .. package.cpath
+local mk = require "moonkaas"
+local nets = dofile(root .. "/scripts/nets.lua")
+
+local opts = { net = nil, devices = "cpu", threads = 0, runs = 20, tokens = 32 }
+do
+    local i = 1
+    while arg[i] do
+        local a, v = arg[i], arg[i + 1]
+        if a == "--net" then opts.net = v
+        elseif a == "--devices" then opts.devices = v
+        elseif a == "--threads" then opts.threads = tonumber(v)
+        elseif a == "--runs" then opts.runs = tonumber(v)
+        elseif a == "--tokens" then opts.tokens = tonumber(v)
+        elseif a == "--save" then opts.save = v
+        elseif a == "--out" then opts.out = v
+        else
+            io.stderr:write("bench_nets: unknown option " .. a .. "\n")
+            os.exit(2)
+        end
+        i = i + 2
+    end
+    if opts.net ~= "resnet18" and opts.net ~= "gpt2" and opts.net ~= "dqn" then
+        io.stderr:write("usage: lua5.4 scripts/bench_nets.lua --net resnet18|gpt2|dqn [--devices cpu,cuda] " ..
+            "[--threads N] [--runs N] [--tokens N] [--save FILE] [--out FILE]\n")
+        os.exit(2)
+    end
+end
+
+math.randomseed(1)
+local P, weights = nets.fast_weights(mk)
+local outputs = {}
+
+local function percentile(sorted, p)
+    return sorted[math.max(1, math.min(#sorted, math.ceil(p * #sorted)))]
+end
+
+local function random_tensor(shape)
+    local n, v = 1, {}
+    for _, d in ipairs(shape) do n = n * d end
+    for i = 1, n do v[i] = 2 * math.random() - 1 end
+    return mk.tensor(v, "float32", shape)
+end
+
+local function compile(out, device, extra)
+    local o = { device = device, threads = device == "cpu" and opts.threads or nil }
+    for k, v in pairs(extra or {}) do o[k] = v end
+    return mk.compile(out, o)
+end
+
+local function devices()
+    local list = {}
+    for d in opts.devices:gmatch("[^,]+") do
+        if d == "cuda" and not mk.cuda_available() then
+            print("cuda: skipped (no CUDA device here)")
+        else
+            list[#list + 1] = d
+        end
+    end
+    return list
+end
+
+-- ---- the convolutional networks: p50 / p99 of m:run -----------------------
+local function bench_image(build_net, shape, name)
+    local x, y = build_net(mk, P, { batch = 1 })
+    local input = random_tensor(shape)
+    weights["input.x"] = input
+    for _, dev in ipairs(devices()) do
+        local m = compile(y, dev)
+        local out = m:run { x = input } -- warm-up (and the output compared)
+        outputs[dev .. ".y"] = out
+        local times = {}
+        for i = 1, opts.runs do
+            local t0 = mk.clock()
+            m:run({ x = input }, out)
+            times[i] = (mk.clock() - t0) * 1e3
+        end
+        table.sort(times)
+        local st = m:stats()
+        print(string.format("%s %s: p50 %.2f ms, p99 %.2f ms over %d runs (threads %s; %d launches, compile %.0f ms)",
+            name, dev, percentile(times, 0.5), percentile(times, 0.99), opts.runs,
+            dev == "cpu" and tostring(opts.threads) or "-", st.launches, st.compile_ms or 0))
+        m:close()
+    end
+    _ = x
+end
+
+-- ---- GPT-2 small: greedy decode tok/s with KV caches -----------------------
+local function bench_gpt2()
+    local o = {}
+    for k, v in pairs(nets.GPT2_SMALL) do o[k] = v end
+    o.T = 8
+    local prompt = { 50256, 464, 3290, 1110, 318, 257, 1332, 13 }
+    weights["input.ids"] = mk.tensor(prompt, "int64", { o.T })
+    o.positions = math.min(o.ctx, opts.tokens + 1)
+    local _, whole = nets.gpt2(mk, P, o)
+    local ins, _, nxt = nets.gpt2_decode(mk, P, o)
+    _ = ins
+    for _, dev in ipairs(devices()) do
+        local m = compile(whole, dev)
+        outputs[dev .. ".y"] = m:run { ids = weights["input.ids"] }
+        m:close()
+        local d = compile(nxt, dev, { next = { token = nxt, pos = 1, pos1 = 1 } })
+        local start = { token = mk.tensor({ prompt[o.T] }, "int64"), pos = mk.tensor({ 0 }, "int64"),
+            pos1 = mk.tensor({ 1 }, "int64") }
+        d:run_steps(2, start) -- warm-up
+        d:reset()
+        local best, tokens = math.huge, nil
+        for _ = 1, math.max(1, opts.runs // 10) do
+            d:reset()
+            local t0 = mk.clock()
+            local outs = d:run_steps(opts.tokens, start)
+            best = math.min(best, mk.clock() - t0)
+            tokens = outs[1]
+        end
+        outputs[dev .. ".tokens"] = tokens
+        local st = d:stats()
+        print(string.format("gpt2 small %s: decode %.1f tok/s (%d tokens from position 0, best of %d; threads %s), " ..
+            "%d launches per token, %.1f per layer", dev, opts.tokens / best, opts.tokens,
+            math.max(1, opts.runs // 10), dev == "cpu" and tostring(opts.threads) or "-", st.launches,
+            st.launches / o.layers))
+        d:close()
+    end
+end
+
+-- ---- the peer: ONNX Runtime's CPU provider on the same weights ------------
+-- (scripts/nets_onnx.py writes the graph with Debian's python3-onnx,
+-- scripts/ort_bench.js runs it under node with npm's onnxruntime-node,
+-- found as spec/onnx_ort_spec.lua finds it)
+local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local function ort_path()
+    for _, p in ipairs { os.getenv("MK_ORTNODE") or "", "/opt/ortnode/node_modules", "/work/ortnode/node_modules" } do
+        local f = p ~= "" and io.open(p .. "/onnxruntime-node/package.json")
+        if f then
+            f:close()
+            return p
+        end
+    end
+end
+
+local function ort_peer(shape)
+    local py = os.getenv("MK_PYTHON") or "/usr/bin/python3"
+    local ok = os.execute(py .. " -c 'import onnx, numpy' > /dev/null 2>&1")
+    local node_ok = os.execute("node --version > /dev/null 2>&1")
+    local path = ort_path()
+    if not ok or not node_ok or not path then
+        print("onnxruntime cpu: skipped (" .. (not ok and py .. " cannot import onnx and numpy" or not node_ok and
+            "node is not installed" or "onnxruntime-node is not installed: scripts/setup.sh, or MK_ORTNODE") .. ")")
+        return
+    end
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir -p " .. sh_quote(dir)))
+    mk.save_safetensors(dir .. "/w.safetensors", weights)
+    local f = assert(io.open(dir .. "/x.bin", "wb"))
+    f:write(weights["input.x"]:bytes())
+    f:close()
+    assert(os.execute(string.format("%s %s/scripts/nets_onnx.py --net %s --weights %s/w.safetensors --out %s/net.onnx",
+        py, sh_quote(root), opts.net, sh_quote(dir), sh_quote(dir))), "nets_onnx.py failed")
+    local cmd = string.format("NODE_PATH=%s node %s/scripts/ort_bench.js %s/net.onnx %s/x.bin %s %d %d %s/out.bin",
+        sh_quote(path), sh_quote(root), sh_quote(dir), sh_quote(dir), table.concat(shape, ","), opts.runs,
+        opts.threads, sh_quote(dir))
+    local p = assert(io.popen(cmd))
+    local line = p:read("a")
+    p:close()
+    local p50, p99 = line:match("p50 ([%d.]+) p99 ([%d.]+)")
+    if not p50 then
+        print("onnxruntime cpu: failed: " .. line)
+    else
+        local rf = assert(io.open(dir .. "/out.bin", "rb"))
+        local bytes = rf:read("a")
+        rf:close()
+        local want, got = outputs["cpu.y"], nil
+        local msg = ""
+        if want then
+            got = mk.from_bytes(bytes, "float32", want.shape)
+            local n, worst, big = #bytes // 4, 0, 0
+            local a, b = want:reshape { n }, got:reshape { n }
+            for i = 1, n do
+                worst = math.max(worst, math.abs(a:get(i) - b:get(i)))
+                big = math.max(big, math.abs(b:get(i)))
+            end
+            msg = string.format("; max |moonkaas - ort| / max |ort| %.3g", worst / big)
+        end
+        print(string.format("%s onnxruntime cpu: p50 %.2f ms, p99 %.2f ms over %d runs (threads %s)%s", opts.net,
+            tonumber(p50), tonumber(p99), opts.runs, opts.threads > 0 and tostring(opts.threads) or "ORT's default", msg))
+        print("  peer command: " .. cmd:gsub(sh_quote(dir), "DIR"))
+    end
+    os.execute("rm -rf " .. sh_quote(dir))
+end
+
+if opts.net == "resnet18" then
+    bench_image(function(m, p, o)
+        o.res, o.width, o.classes = 224, 64, 1000
+        return nets.resnet18(m, p, o)
+    end, { 1, 3, 224, 224 }, "resnet18")
+    ort_peer({ 1, 3, 224, 224 })
+elseif opts.net == "dqn" then
+    bench_image(nets.dqn, { 1, 4, 84, 84 }, "dqn")
+    ort_peer({ 1, 4, 84, 84 })
+else
+    bench_gpt2()
+end
+
+if opts.save then
+    mk.save_safetensors(opts.save, weights)
+    print("weights and input written to " .. opts.save)
+end
+if opts.out then
+    mk.save_safetensors(opts.out, outputs)
+    print("moonkaas's outputs written to " .. opts.out)
+end
+print(string.format("peer (PyTorch on the same weights; CPU here, CUDA eager and torch.compile on a GPU):\n" ..
+    "  lua5.4 scripts/bench_nets.lua --net %s --save /tmp/%s_w.safetensors --out /tmp/%s_mk.safetensors\n" ..
+    "  python3 scripts/torch_nets.py --net %s --weights /tmp/%s_w.safetensors --compare /tmp/%s_mk.safetensors " ..
+    "--devices cpu,cuda --runs %d",
+    opts.net, opts.net, opts.net, opts.net, opts.net, opts.net, opts.runs))
