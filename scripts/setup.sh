@@ -9,12 +9,15 @@ need=""
 # pkg-config finds the headers (make) and checks the installed moonkaas.pc (install_spec);
 # lua5.1 and luajit: the binding's other hosts (make test-lua51, test-luajit)
 # protobuf-c-compiler and libprotobuf-c-dev: the ONNX importer (core/onnx/); python3-onnx
-# writes the specs' ONNX files; nodejs and npm run ONNX Runtime (below) for onnx_ort_spec
+# writes the specs' ONNX files; libdnnl-dev: oneDNN's CPU convolutions (core/cpu/conv_dnnl.c);
+# nodejs and npm run ONNX Runtime (below) for onnx_ort_spec, Debian's unless a node with
+# its npm (nodesource's) is there already
 for p in build-essential pkg-config lua5.4 liblua5.4-dev lua-busted luarocks libopenblas-dev \
          valgrind clang libclang-rt-dev graphviz lua5.1 liblua5.1-0-dev luajit libluajit-5.1-dev \
-         protobuf-c-compiler libprotobuf-c-dev python3-onnx nodejs npm; do
+         protobuf-c-compiler libprotobuf-c-dev python3-onnx libdnnl-dev; do
     dpkg -s "$p" > /dev/null 2>&1 || need="$need $p"
 done
+command -v npm > /dev/null 2>&1 || need="$need nodejs npm"
 if [ -n "$need" ]; then
     apt-get update -qq
     apt-get install -y -qq $need > /dev/null
