@@ -9,47 +9,12 @@ local O = require "spec.onnx.helpers"
 local mk = H.mk()
 H.seed("onnx_ort_spec")
 
-local function q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
-
-local function ort_path()
-    for _, p in ipairs({ os.getenv("MK_ORTNODE") or "", "/opt/ortnode/node_modules",
-                         "/work/ortnode/node_modules" }) do
-        if p ~= "" and H.read_file(p .. "/onnxruntime-node/package.json") then return p end
-    end
-end
-
 local function skip_reason()
     if not mk.onnx_ops()[1] then return "moonkaas was built without protobuf-c" end
-    local why = O.python()
-    if why then return why end
-    local ok = os.execute("node --version > /dev/null 2>&1")
-    if ok ~= true and ok ~= 0 then return "node is not installed" end
-    if not ort_path() then
-        return "onnxruntime-node is not installed (MK_ORTNODE, or /opt/ortnode: scripts/setup.sh)"
-    end
+    return O.python() or O.ort_missing()
 end
 
--- ONNX Runtime's outputs for feeds {name = tensor}: {name = {shape =, data =}}
-local function ort(path, feeds)
-    local inputs = {}
-    for name, t in pairs(feeds) do
-        local ref = H.ref(t)
-        inputs[name] = { type = t.dtype, dims = t.shape, data = ref.data }
-    end
-    local json = path .. ".inputs.json"
-    local f = assert(io.open(json, "w"))
-    f:write(O.json(inputs))
-    f:close()
-    local p = assert(io.popen(string.format("NODE_PATH=%s node spec/onnx/ort_run.js %s %s 2>&1",
-                                            q(ort_path()), q(path), q(json))))
-    local text = p:read("a")
-    assert(p:close(), "ort_run.js failed: " .. text)
-    local out = {}
-    for name, t in pairs(O.decode(text)) do
-        out[name] = { shape = t.dims, data = t.data }
-    end
-    return out
-end
+local ort = O.ort
 
 local function r(lo, hi) return math.random(lo, hi) end
 
