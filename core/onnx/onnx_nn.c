@@ -402,29 +402,29 @@ int ox_lower_pool(ox_node *n, mk_error **err) {
                              err)))
         return -1;
     if (one_d) w.p[0] = w.p[2] = 0;
+    window w0 = w; /* the pads before pad_uneven evens them */
     ox_value *padded = x4;
     if (pad_uneven(n, &padded, &w, max ? -INFINITY : 0, sym, err)) return -1;
-    if (!max && !include && padded != x4)
-        return ox_fail(n, err, MK_ERR_ARGUMENT, "uneven pads with count_include_pad 0");
-    ox_value *y = one_d || (!max && !include && (sym[0] || sym[1])) ? ox_temp(n, err) : n->out[0];
+    bool divide = !max && !include && (w0.p[0] || w0.p[1] || w0.p[2] || w0.p[3]);
+    ox_value *y = one_d || divide ? ox_temp(n, err) : n->out[0];
     if (!y) return -1;
-    if (max ? ox_emit(n, y, "MaxPool2dNode", &padded, 1,
-                      (int64_t[]){w.k[0], w.k[1], w.s[0], w.s[1], sym[0], sym[1], w.d[0], w.d[1]},
-                      8, 0, 4, err)
-            : ox_emit(n, y, "AvgPool2dNode", &padded, 1,
-                      (int64_t[]){w.k[0], w.k[1], w.s[0], w.s[1], sym[0], sym[1]}, 6, 0, 4, err))
+    int64_t a[8] = {w.k[0], w.k[1], w.s[0], w.s[1], sym[0], sym[1], w.d[0], w.d[1]};
+    if (ox_emit(n, y, max ? "MaxPool2dNode" : "AvgPool2dNode", &padded, 1, a, max ? 8 : 6, 0, 4,
+                err))
         return -1;
-    if (!max && !include && (sym[0] || sym[1])) {
-        /* the padding left out of the count: divided by the pool of ones (the share of
-         * each window inside x) */
+    if (divide) {
+        /* the padding left out of the count: divided by the same pool of ones padded
+         * alike (each window's share inside x) */
         int64_t hw[4] = {1, 1, x4->shape[2], x4->shape[3]};
         ox_value *ones = ox_temp(n, err), *cnt = ones ? ox_temp(n, err) : NULL,
                  *q = one_d ? ox_temp(n, err) : n->out[0];
         float *p = cnt && q ? ox_set_known(n, ones, OX_FLOAT, 4, hw, err) : NULL;
         if (!p) return -1;
         for (int64_t i = 0; i < hw[2] * hw[3]; i++) p[i] = 1;
-        if (ox_emit(n, cnt, "AvgPool2dNode", &ones, 1,
-                    (int64_t[]){w.k[0], w.k[1], w.s[0], w.s[1], sym[0], sym[1]}, 6, 0, 4, err) ||
+        window w1 = w0;
+        int64_t sym1[2];
+        if (pad_uneven(n, &ones, &w1, 0, sym1, err) ||
+            ox_emit(n, cnt, "AvgPool2dNode", &ones, 1, a, 6, 0, 4, err) ||
             emit2(n, q, "DivNode", y, cnt, err))
             return -1;
         y = q;
