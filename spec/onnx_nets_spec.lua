@@ -4,8 +4,8 @@
 -- on the CPU and on CUDA (where usable), run on NAME.inputs.safetensors, and
 -- its outputs checked against ONNX Runtime's CPU provider's
 -- (NAME.ort_cpu.safetensors): max |moonkaas - ORT| / max |ORT| <= 1e-4 per
--- output. Pending without the folder. A network whose op the importer does not
--- map (the LSTM: ONNX's LSTM op) is pending with the importer's error.
+-- output. Pending without the folder. A network with an op the importer does
+-- not map is pending with the importer's error (naming node, op and opset).
 local H = require "spec.helpers"
 local mk = H.mk()
 

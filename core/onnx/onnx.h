@@ -222,6 +222,8 @@ int ox_lower_pad(ox_node *n, mk_error **err);
 int ox_lower_resize(ox_node *n, mk_error **err);
 int ox_lower_range(ox_node *n, mk_error **err);
 int ox_lower_constant_of_shape(ox_node *n, mk_error **err);
+/* onnx_rnn.c: LSTM unrolled over the sequence. */
+int ox_lower_lstm(ox_node *n, mk_error **err);
 
 /* ONNX type to moonkaas dtype: 0, or -1 where moonkaas holds no such tensor at run time. */
 int ox_runtime_dtype(int onnx_type, mk_dtype *out);

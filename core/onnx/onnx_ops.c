@@ -759,6 +759,10 @@ static const ox_row rows[] = {
         ox_lower_range),
     ROW("ConstantOfShape", 13, 21, "value", "(folded)", "the shape known at load",
         ox_lower_constant_of_shape),
+    ROW("LSTM", 13, 21, "activation_alpha activation_beta activations clip direction hidden_size "
+        "input_forget layout", "MatMulNode, SigmoidNode, TanhNode... unrolled per step",
+        "forward, reverse, bidirectional; the default activations, no clip or peepholes; "
+        "sequence_lens absent or the whole length; at most 512 steps", ox_lower_lstm),
 };
 #define N_ROWS (sizeof rows / sizeof rows[0])
 
