@@ -32,14 +32,12 @@ import os
 import struct
 import sys
 
-import numpy as np
-
-DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.int64): "I64", np.dtype(np.float16): "F16",
-          np.dtype(np.int8): "I8", np.dtype(np.bool_): "BOOL"}
-
 
 def save_safetensors(path, tensors):
     """A safetensors file of {name: numpy array}, written with numpy alone."""
+    import numpy as np
+    DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.int64): "I64",
+              np.dtype(np.float16): "F16", np.dtype(np.int8): "I8", np.dtype(np.bool_): "BOOL"}
     header, blobs, at = {}, [], 0
     for name in sorted(tensors):
         a = np.ascontiguousarray(tensors[name])
@@ -190,6 +188,7 @@ def randomize(torch, model):
 
 
 def rel(a, b):
+    import numpy as np
     return float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), 1e-30))
 
 
