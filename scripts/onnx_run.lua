@@ -8,7 +8,10 @@
 -- [0, 10)) from the seed (default 1). --input takes the tensor of that name in
 -- the file, or its only tensor. --shape fixes an input's symbolic dims. With
 -- --bench N it runs N more times after one to warm up, each timed alone, and
--- prints p50 and p99 latency in milliseconds.
+-- prints p50 and p99 latency in milliseconds. --load-times also times
+-- mk.load_onnx (import and compile) cold, with the kernel cache off
+-- (kernel_cache = false: CUDA compiles every generated kernel with NVRTC), and
+-- warm, after a load that filled the cache.
 
 local here = (arg and arg[0] or ""):match("^(.*)[/\\]") or "."
 local root = here .. "/.."
@@ -19,7 +22,7 @@ package.cpath = build .. "/?.so;" .. package.cpath
 local mk = require("moonkaas")
 
 local USAGE = "usage: lua scripts/onnx_run.lua model.onnx [--input name=file.safetensors]... "
-    .. "[--shape name=d1,d2,...]... [-d cpu|cuda] [--bench N] [--seed S]\n"
+    .. "[--shape name=d1,d2,...]... [-d cpu|cuda] [--bench N] [--seed S] [--load-times]\n"
 
 local function fail(msg)
     io.stderr:write("onnx_run: ", msg, "\n", USAGE)
@@ -49,6 +52,7 @@ local function parse(argv)
             o.bench = math.tointeger(tonumber(v))
             if not o.bench or o.bench < 1 then fail("--bench takes a positive count") end
             i = i + 1
+        elseif a == "--load-times" then o.load_times = true
         elseif a == "--seed" and v and tonumber(v) then o.seed = math.tointeger(tonumber(v)); i = i + 1
         elseif a:sub(1, 1) == "-" then fail("unknown or incomplete option " .. a)
         elseif not o.model then o.model = a
@@ -90,6 +94,21 @@ end
 local function main(argv)
     local o = parse(argv)
     math.randomseed(o.seed)
+    if o.load_times then
+        -- cold: no cache read or written; then one load to fill the cache; then warm
+        local function timed(cache)
+            local t0 = mk.clock()
+            local lm = mk.load_onnx(o.model, { shapes = o.shapes, device = o.device,
+                                               kernel_cache = cache })
+            local ms = (mk.clock() - t0) * 1e3
+            lm:close()
+            return ms
+        end
+        local cold = timed(false)
+        timed(true)
+        print(string.format("load_onnx (import + compile): cold %.1f ms, kernel cache warm %.1f ms",
+                            cold, timed(true)))
+    end
     local m = mk.load_onnx(o.model, { shapes = o.shapes, device = o.device })
     local feeds = {}
     for _, info in ipairs(m:inputs()) do

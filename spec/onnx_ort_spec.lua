@@ -9,47 +9,12 @@ local O = require "spec.onnx.helpers"
 local mk = H.mk()
 H.seed("onnx_ort_spec")
 
-local function q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
-
-local function ort_path()
-    for _, p in ipairs({ os.getenv("MK_ORTNODE") or "", "/opt/ortnode/node_modules",
-                         "/work/ortnode/node_modules" }) do
-        if p ~= "" and H.read_file(p .. "/onnxruntime-node/package.json") then return p end
-    end
-end
-
 local function skip_reason()
     if not mk.onnx_ops()[1] then return "moonkaas was built without protobuf-c" end
-    local why = O.python()
-    if why then return why end
-    local ok = os.execute("node --version > /dev/null 2>&1")
-    if ok ~= true and ok ~= 0 then return "node is not installed" end
-    if not ort_path() then
-        return "onnxruntime-node is not installed (MK_ORTNODE, or /opt/ortnode: scripts/setup.sh)"
-    end
+    return O.python() or O.ort_missing()
 end
 
--- ONNX Runtime's outputs for feeds {name = tensor}: {name = {shape =, data =}}
-local function ort(path, feeds)
-    local inputs = {}
-    for name, t in pairs(feeds) do
-        local ref = H.ref(t)
-        inputs[name] = { type = t.dtype, dims = t.shape, data = ref.data }
-    end
-    local json = path .. ".inputs.json"
-    local f = assert(io.open(json, "w"))
-    f:write(O.json(inputs))
-    f:close()
-    local p = assert(io.popen(string.format("NODE_PATH=%s node spec/onnx/ort_run.js %s %s 2>&1",
-                                            q(ort_path()), q(path), q(json))))
-    local text = p:read("a")
-    assert(p:close(), "ort_run.js failed: " .. text)
-    local out = {}
-    for name, t in pairs(O.decode(text)) do
-        out[name] = { shape = t.dims, data = t.data }
-    end
-    return out
-end
+local ort = O.ort
 
 local function r(lo, hi) return math.random(lo, hi) end
 
@@ -134,5 +99,95 @@ describe("ONNX Runtime agrees with moonkaas", function()
                   initializers = { O.init("table", tbl),
                                    { name = "ax", type = "INT64", shape = { 1 }, values = { 1 } } } },
             { ids = ids })
+    end)
+    guarded("on a small CNN: Conv, BatchNormalization, MaxPool, grouped Conv, GlobalAveragePool", function()
+        local B, C, Hh, W = r(1, 2), r(1, 3), r(6, 12), r(6, 12)
+        local F1, F2 = 2 * r(1, 3), 2 * r(1, 3)
+        local _, w1 = H.rand({ F1, C, 3, 3 })
+        local _, b1 = H.rand({ F1 })
+        local _, mean = H.rand({ F1 })
+        local _, var = H.rand({ F1 }, 0.5, 2)
+        local _, gam = H.rand({ F1 }, 0.5, 1.5)
+        local _, bet = H.rand({ F1 })
+        local _, w2 = H.rand({ F2, F1 // 2, 3, 3 })
+        local _, fc = H.rand({ 5, F2 })
+        local _, fb = H.rand({ 5 })
+        local x = H.rand({ B, C, Hh, W })
+        compare({ opset = 17,
+                  nodes = { { op = "Conv", inputs = { "x", "w1", "b1" }, outputs = { "c1" },
+                              attrs = { pads = { ints = { 1, 1, 1, 1 } } } },
+                            { op = "BatchNormalization", inputs = { "c1", "gam", "bet", "mean", "var" },
+                              outputs = { "n1" } },
+                            { op = "Relu", inputs = { "n1" }, outputs = { "r1" } },
+                            { op = "MaxPool", inputs = { "r1" }, outputs = { "p1" },
+                              attrs = { kernel_shape = { ints = { 2, 2 } }, strides = { ints = { 2, 2 } } } },
+                            { op = "Conv", inputs = { "p1", "w2" }, outputs = { "c2" },
+                              attrs = { group = { i = 2 }, auto_pad = { s = "SAME_UPPER" },
+                                        strides = { ints = { 2, 2 } } } },
+                            { op = "Relu", inputs = { "c2" }, outputs = { "r2" } },
+                            { op = "GlobalAveragePool", inputs = { "r2" }, outputs = { "g" } },
+                            { op = "Flatten", inputs = { "g" }, outputs = { "f" } },
+                            { op = "Gemm", inputs = { "f", "fc", "fb" }, outputs = { "y" },
+                              attrs = { transB = { i = 1 } } } },
+                  inputs = { O.vi("x", { B, C, Hh, W }) }, outputs = { O.vi("y", nil) },
+                  initializers = { O.init("w1", w1), O.init("b1", b1), O.init("mean", mean),
+                                   O.init("var", var), O.init("gam", gam), O.init("bet", bet),
+                                   O.init("w2", w2), O.init("fc", fc), O.init("fb", fb) } },
+            { x = x }, nil, 1e-4)
+    end)
+
+    guarded("on a GPT-2 block: LayerNormalization, Split, 4-D MatMuls, a BOOL causal mask, Erf GELU", function()
+        local B, T, Hn, dh = r(1, 2), r(2, 6), r(1, 3), r(2, 4)
+        local D = Hn * dh
+        local inits = {}
+        local function w(name, shape, lo, hi)
+            local _, ref = H.rand(shape, lo, hi)
+            inits[#inits + 1] = O.init(name, ref)
+        end
+        w("g1", { D }, 0.5, 1.5); w("b1", { D }); w("g2", { D }, 0.5, 1.5); w("b2", { D })
+        w("wqkv", { D, 3 * D }); w("bqkv", { 3 * D }); w("wo", { D, D }); w("bo", { D })
+        w("w1", { D, 4 * D }); w("w2", { 4 * D, D })
+        local mask = {}
+        for i = 0, T - 1 do for j = 0, T - 1 do mask[#mask + 1] = j <= i and 1 or 0 end end
+        local function c(name, values, type_, shape)
+            inits[#inits + 1] = { name = name, type = type_ or "INT64", shape = shape or { #values },
+                                  values = values }
+        end
+        c("mask", mask, "BOOL", { T, T })
+        c("sizes", { D, D, D }); c("heads", { B, T, Hn, dh }); c("flat", { B, T, D })
+        c("scale", { math.sqrt(dh) }, "FLOAT", {}); c("neg", { -1e9 }, "FLOAT", {})
+        c("half", { 0.5 }, "FLOAT", {}); c("one", { 1 }, "FLOAT", {})
+        c("rs2", { 1 / math.sqrt(2) }, "FLOAT", {})
+        local function n(op, ins, out, attrs)
+            return { op = op, inputs = ins, outputs = type(out) == "table" and out or { out },
+                     attrs = attrs }
+        end
+        local x = H.rand({ B, T, D })
+        compare({ opset = 17,
+                  nodes = {
+                      n("LayerNormalization", { "x", "g1", "b1" }, "h"),
+                      n("MatMul", { "h", "wqkv" }, "qkv0"), n("Add", { "qkv0", "bqkv" }, "qkv"),
+                      n("Split", { "qkv", "sizes" }, { "q0", "k0", "v0" }, { axis = { i = 2 } }),
+                      n("Reshape", { "q0", "heads" }, "q1"), n("Reshape", { "k0", "heads" }, "k1"),
+                      n("Reshape", { "v0", "heads" }, "v1"),
+                      n("Transpose", { "q1" }, "q", { perm = { ints = { 0, 2, 1, 3 } } }),
+                      n("Transpose", { "k1" }, "kt", { perm = { ints = { 0, 2, 3, 1 } } }),
+                      n("Transpose", { "v1" }, "v", { perm = { ints = { 0, 2, 1, 3 } } }),
+                      n("MatMul", { "q", "kt" }, "s0"), n("Div", { "s0", "scale" }, "s1"),
+                      n("Where", { "mask", "s1", "neg" }, "s2"),
+                      n("Softmax", { "s2" }, "p", { axis = { i = -1 } }),
+                      n("MatMul", { "p", "v" }, "o0"),
+                      n("Transpose", { "o0" }, "o1", { perm = { ints = { 0, 2, 1, 3 } } }),
+                      n("Reshape", { "o1", "flat" }, "o2"), n("MatMul", { "o2", "wo" }, "o3"),
+                      n("Add", { "o3", "bo" }, "o4"), n("Add", { "x", "o4" }, "x1"),
+                      n("LayerNormalization", { "x1", "g2", "b2" }, "h2"),
+                      n("MatMul", { "h2", "w1" }, "f0"), n("Mul", { "f0", "rs2" }, "f1"),
+                      n("Erf", { "f1" }, "f2"), n("Add", { "f2", "one" }, "f3"),
+                      n("Mul", { "f0", "f3" }, "f4"), n("Mul", { "f4", "half" }, "f5"),
+                      n("MatMul", { "f5", "w2" }, "f6"), n("Add", { "x1", "f6" }, "y"),
+                  },
+                  inputs = { O.vi("x", { B, T, D }) }, outputs = { O.vi("y", nil) },
+                  initializers = inits },
+            { x = x }, nil, 1e-4)
     end)
 end)

@@ -226,7 +226,7 @@ describe("ONNX import", function()
         end
     end)
 
-    guarded("Softmax over the last axis; another axis is an error naming it", function()
+    guarded("Softmax over the last axis; an axis out of range is an error naming it", function()
         local shape = { r(1, 3), r(1, 4), r(2, 9) }
         local x, xr = H.rand(shape, -4, 4)
         local axis = ({ -1, 2 })[r(1, 2)]
@@ -237,9 +237,9 @@ describe("ONNX import", function()
             feeds = { x = x }, want = { y = softmax_last(xr) }, atol = 1e-6, rtol = 1e-5,
         })
         expect_error(graph({ { op = "Softmax", inputs = { "x" }, outputs = { "y" }, name = "sm",
-                               attrs = { axis = { i = 0 } } } },
+                               attrs = { axis = { i = 3 } } } },
             { O.vi("x", shape) }, { O.vi("y", nil) }),
-            "ONNX node 'sm' %(Softmax, opset 17%): attribute 'axis' = 0: only the last axis")
+            "ONNX node 'sm' %(Softmax, opset 17%): axis 3 is outside %[%-3, 3%)")
     end)
 
     guarded("Reshape (0 and -1), Flatten, Squeeze, Unsqueeze, Transpose, Identity, Dropout", function()
@@ -510,9 +510,9 @@ describe("ONNX import refuses", function()
     end)
 
     guarded("unsupported ops, attributes, opsets and domains, naming the node", function()
-        expect_error(graph({ { op = "Conv", inputs = { "x", "x" }, outputs = { "y" }, name = "c1" } },
+        expect_error(graph({ { op = "GRU", inputs = { "x", "x" }, outputs = { "y" }, name = "c1" } },
             { O.vi("x", { 2, 3 }) }, { O.vi("y", nil) }),
-            "ONNX node 'c1' %(Conv, opset 17%): Conv is not supported")
+            "ONNX node 'c1' %(GRU, opset 17%): GRU is not supported")
         expect_error(graph({ { op = "Flatten", inputs = { "x" }, outputs = { "y" }, name = "f",
                                attrs = { axes = { i = 1 } } } },
             { O.vi("x", { 2, 3 }) }, { O.vi("y", nil) }),
@@ -527,11 +527,12 @@ describe("ONNX import refuses", function()
         end
         expect_error(graph({ { op = "Gather", inputs = { "x", "i" }, outputs = { "y" }, name = "g",
                                attrs = { axis = { i = 1 } } } },
-            { O.vi("x", { 2, 3 }), O.vi("i", { 2 }, "INT64") }, { O.vi("y", nil) }),
-            "ONNX node 'g' %(Gather, opset 17%): attribute 'axis' = 1: Gather of run%-time data")
-        expect_error(graph({ { op = "Concat", inputs = { "x", "x" }, outputs = { "y" }, name = "cc",
+            { O.vi("x", { 2, 3 }), O.vi("i", { 2 }, "FLOAT") }, { O.vi("y", nil) }),
+            "ONNX node 'g' %(Gather, opset 17%): indices must be INT64 or INT32, not FLOAT")
+        expect_error(graph({ { op = "Concat", inputs = { "x", "z" }, outputs = { "y" }, name = "cc",
                                attrs = { axis = { i = 0 } } } },
-            { O.vi("x", { 2, 3 }) }, { O.vi("y", nil) }), "Concat of run%-time tensors")
+            { O.vi("x", { 2, 3 }), O.vi("z", { 2, 4 }) }, { O.vi("y", nil) }),
+            "shape error: .*ONNX node 'cc' %(Concat, opset 17%)")
         -- found by onnx_fuzz: an output the op does not give was an internal error
         expect_error(graph({ { op = "Relu", inputs = { "x" }, outputs = { "y", "z" }, name = "r2" } },
             { O.vi("x", { 2, 3 }) }, { O.vi("y", nil) }),

@@ -70,6 +70,8 @@ local CASES = {
     { "onnx_run.lua", { "--help" }, 0, "usage:" },
     -- a tiny MLP written with onnx.helper (pending without python3-onnx)
     { "onnx_run.lua", { "ONNX", "--shape", "x=2,4", "--bench", "5" }, 0, "bench 5 runs: p50 ", onnx = true },
+    { "onnx_run.lua", { "ONNX", "--shape", "x=2,4", "--load-times" }, 0,
+      "load_onnx (import + compile): cold ", onnx = true },
     { "onnx_run.lua", { "ONNX", "--shape", "x=2,4", "--input", "x=" .. tmp .. "/none.safetensors" }, 1,
       "onnx_run: file error: ", onnx = true },
     { "llama2.lua", { "-h" }, 0, "Usage:" },
@@ -81,6 +83,8 @@ local CASES = {
       "fp16 max |logit", models = true },
     -- the ONNX Runtime peer: runs, or says what it cannot import
     { "mlp_peer.py", { "WEIGHTS", "3" }, nil, nil, run = "python3" },
+    -- needs PyTorch and onnxruntime to export (the GPU machine): its usage only here
+    { "export_nets.py", { "--help" }, 0, "usage: export_nets.py", run = "python3" },
     { "ptx_diff.sh", {}, 2, "usage:", run = "sh" },
     { "ptx_diff.sh", { tmp, tmp }, 0, "0 identical, 0 differ or fail", run = "sh" },
     -- doc/ops.md's generator (spec/docs_spec.lua compares its text with the file)

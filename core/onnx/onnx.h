@@ -187,6 +187,44 @@ mk_onnx *mk_onnx_parse_buffer(const void *data, size_t size, const char *path, c
 /* A known int64 [1] value (a bound of SlicedSoftmaxNode, a scalar factor's source). */
 ox_value *ox_known_scalar(ox_node *n, int onnx_type, double v, mk_error **err);
 
+/* onnx_ops.c's helpers for the rows in onnx_nn.c: a needed input, an output
+ * that is its input, an axis in [-rank, rank), a reshape (folded when known),
+ * numpy.matmul. */
+ox_value *ox_need(ox_node *n, int k, mk_error **err);
+void ox_alias(ox_value *out, const ox_value *v);
+int ox_axis(ox_node *n, int64_t axis, int rank, const char *what, int *out, mk_error **err);
+int ox_reshape(ox_node *n, ox_value *out, ox_value *x, int rank, const int64_t *shape,
+               mk_error **err);
+int ox_matmul(ox_node *n, ox_value *out, ox_value *a, ox_value *b, mk_error **err);
+/* The rows of onnx_nn.c (the ops of networks: pointwise, reductions, norms,
+ * convolution and pooling, data movement). */
+int ox_lower_pointwise(ox_node *n, mk_error **err);
+int ox_lower_where(ox_node *n, mk_error **err);
+int ox_lower_leaky_relu(ox_node *n, mk_error **err);
+int ox_lower_gelu(ox_node *n, mk_error **err);
+int ox_lower_clip(ox_node *n, mk_error **err);
+int ox_lower_minmax(ox_node *n, mk_error **err);
+int ox_lower_softmax(ox_node *n, mk_error **err);
+int ox_lower_reduce(ox_node *n, mk_error **err);
+int ox_lower_layer_norm(ox_node *n, mk_error **err);
+int ox_lower_batch_norm(ox_node *n, mk_error **err);
+int ox_lower_conv(ox_node *n, mk_error **err);
+int ox_lower_conv_transpose(ox_node *n, mk_error **err);
+int ox_lower_pool(ox_node *n, mk_error **err);
+int ox_lower_global_pool(ox_node *n, mk_error **err);
+int ox_lower_concat_run(ox_node *n, mk_error **err);
+int ox_lower_split(ox_node *n, mk_error **err);
+int ox_lower_slice_run(ox_node *n, const int64_t *b, const int64_t *e, const int64_t *st,
+                       mk_error **err);
+int ox_lower_expand(ox_node *n, mk_error **err);
+int ox_lower_tile(ox_node *n, mk_error **err);
+int ox_lower_pad(ox_node *n, mk_error **err);
+int ox_lower_resize(ox_node *n, mk_error **err);
+int ox_lower_range(ox_node *n, mk_error **err);
+int ox_lower_constant_of_shape(ox_node *n, mk_error **err);
+/* onnx_rnn.c: LSTM unrolled over the sequence. */
+int ox_lower_lstm(ox_node *n, mk_error **err);
+
 /* ONNX type to moonkaas dtype: 0, or -1 where moonkaas holds no such tensor at run time. */
 int ox_runtime_dtype(int onnx_type, mk_dtype *out);
 const char *ox_type_name(int onnx_type);

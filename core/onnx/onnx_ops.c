@@ -176,27 +176,9 @@ static int matmul(ox_node *n, ox_value *out, ox_value *a, ox_value *b, mk_error 
         shape[a->rank - 1] = b->shape[1];
         return reshape_to(n, out, y, a->rank, shape, err);
     }
-    if (a->rank != b->rank)
-        return ox_fail(n, err, MK_ERR_SHAPE, "MatMul of rank %d by rank %d: batch broadcasting "
-                       "is not supported yet", a->rank, b->rank);
-    for (int i = 0; i < a->rank - 2; i++)
-        if (a->shape[i] != b->shape[i])
-            return ox_fail(n, err, MK_ERR_SHAPE, "MatMul: batch dim %d differs (%lld and %lld): "
-                           "batch broadcasting is not supported yet", i, (long long)a->shape[i],
-                           (long long)b->shape[i]);
-    if (a->rank == 3)
-        return ox_emit(n, out, "MatMulNode", (ox_value *[]){a, b}, 2, NULL, 0, 0, -1, err);
-    /* rank 4: the two batch dims as one */
-    int64_t batch = a->shape[0] * a->shape[1];
-    ox_value *a3 = ox_temp(n, err), *b3, *y;
-    if (!a3 || reshape_to(n, a3, a, 3, (int64_t[]){batch, a->shape[2], a->shape[3]}, err))
-        return -1;
-    if (!(b3 = ox_temp(n, err)) ||
-        reshape_to(n, b3, b, 3, (int64_t[]){batch, b->shape[2], b->shape[3]}, err))
-        return -1;
-    if (!(y = ox_temp(n, err)) || matmul(n, y, a3, b3, err)) return -1;
-    return reshape_to(n, out, y, 4,
-                      (int64_t[]){a->shape[0], a->shape[1], a->shape[2], b->shape[3]}, err);
+    /* batch dims broadcast: MatMulNode computes numpy.matmul */
+    int rank = a->rank > b->rank ? a->rank : b->rank;
+    return ox_emit(n, out, "MatMulNode", (ox_value *[]){a, b}, 2, NULL, 0, 0, rank, err);
 }
 
 static int lower_matmul(ox_node *n, mk_error **err) {
@@ -247,25 +229,6 @@ static int lower_gemm(ox_node *n, mk_error **err) {
     ox_value *cs = c;
     if (beta != 1.0f && (!(cs = scratch(n, err)) || scale(n, cs, c, beta, err))) return -1;
     return ox_emit(n, n->out[0], "SumNode", (ox_value *[]){y, cs}, 2, NULL, 0, 0, 2, err);
-}
-
-/* ---- softmax --------------------------------------------------------------------- */
-
-static int lower_softmax(ox_node *n, mk_error **err) {
-    ox_value *x = need(n, 0, err);
-    int64_t axis;
-    int ax = 0;
-    if (!x || ox_attr_int(n, "axis", -1, &axis, err)) return -1;
-    if (x->rank < 1) return ox_fail(n, err, MK_ERR_SHAPE, "Softmax of a scalar");
-    if (axis_of(n, axis, x->rank, "axis", &ax, err)) return -1;
-    if (ax != x->rank - 1)
-        return ox_fail(n, err, MK_ERR_ARGUMENT, "attribute 'axis' = %lld: only the last axis "
-                       "is supported until moonkaas has reductions over any axis",
-                       (long long)axis);
-    ox_value *cols = ox_known_scalar(n, OX_INT64, (double)x->shape[x->rank - 1], err);
-    if (!cols) return -1;
-    return ox_emit(n, n->out[0], "SlicedSoftmaxNode", (ox_value *[]){x, cols}, 2, NULL, 0, 0,
-                   x->rank, err);
 }
 
 /* ---- shapes and movement ------------------------------------------------------- */
@@ -503,9 +466,9 @@ static int lower_gather(ox_node *n, mk_error **err) {
         return ox_fail(n, err, MK_ERR_SHAPE, "the result has rank %d (at most %d)", r,
                        MK_MAX_RANK);
     if (known(x) && known(idx)) return fold_gather(n, x, idx, ax, err);
-    if (ax != 0)
-        return ox_fail(n, err, MK_ERR_ARGUMENT, "attribute 'axis' = %lld: Gather of run-time "
-                       "data along an axis other than 0 is not supported yet", (long long)axis);
+    if (ax != 0 || !known(idx)) /* IndexSelectNode reads negative indices itself */
+        return ox_emit(n, n->out[0], "IndexSelectNode", (ox_value *[]){x, idx}, 2,
+                       (int64_t[]){ax}, 1, 0, r, err);
     /* rows of x as a table [V, D] picked by ids [count] (EmbeddingNode), then reshaped */
     int64_t count = numel(idx), inner = 1, shape[MK_MAX_RANK];
     for (int i = 1; i < x->rank; i++) inner *= x->shape[i];
@@ -602,20 +565,7 @@ static int lower_slice(ox_node *n, mk_error **err) {
         }
         return 0;
     }
-    for (int d = 0; d < x->rank; d++) {
-        if (shape[d] == 0) return ox_fail(n, err, MK_ERR_SHAPE, "the slice of axis %d is empty", d);
-        if (d > 0 && shape[d] != x->shape[d])
-            return ox_fail(n, err, MK_ERR_ARGUMENT, "slicing axis %d of run-time data is not "
-                           "supported yet (only axis 0)", d);
-    }
-    if (st[0] != 1)
-        return ox_fail(n, err, MK_ERR_ARGUMENT, "a step of %lld on run-time data is not "
-                       "supported yet (only 1)", (long long)st[0]);
-    if (shape[0] == x->shape[0]) {
-        alias(n->out[0], x);
-        return 0;
-    }
-    return ox_emit(n, n->out[0], "SliceNode", &x, 1, (int64_t[]){b[0], e[0]}, 2, 0, -1, err);
+    return ox_lower_slice_run(n, b, e, st, err);
 }
 
 static int lower_concat(ox_node *n, mk_error **err) {
@@ -624,10 +574,7 @@ static int lower_concat(ox_node *n, mk_error **err) {
     ox_value *first = need(n, 0, err);
     if (!first || ox_attr_int(n, "axis", 0, &axis, err)) return -1;
     for (int k = 0; k < n->n_in; k++)
-        if (!known(n->in[k]))
-            return ox_fail(n, err, MK_ERR_ARGUMENT, "Concat of run-time tensors ('%s') is not "
-                           "supported yet (only of values known at load, as shape computations "
-                           "make)", n->in[k] ? n->in[k]->name : "");
+        if (!known(n->in[k])) return ox_lower_concat_run(n, err);
     if (first->rank < 1) return ox_fail(n, err, MK_ERR_SHAPE, "Concat of scalars");
     if (axis_of(n, axis, first->rank, "axis", &ax, err)) return -1;
     int64_t shape[MK_MAX_RANK];
@@ -674,6 +621,21 @@ static int lower_shape(ox_node *n, mk_error **err) {
     return 0;
 }
 
+/* ---- for onnx_nn.c's rows ---- */
+
+ox_value *ox_need(ox_node *n, int k, mk_error **err) { return need(n, k, err); }
+void ox_alias(ox_value *out, const ox_value *v) { alias(out, v); }
+int ox_axis(ox_node *n, int64_t axis, int rank, const char *what, int *out, mk_error **err) {
+    return axis_of(n, axis, rank, what, out, err);
+}
+int ox_reshape(ox_node *n, ox_value *out, ox_value *x, int rank, const int64_t *shape,
+               mk_error **err) {
+    return reshape_to(n, out, x, rank, shape, err);
+}
+int ox_matmul(ox_node *n, ox_value *out, ox_value *a, ox_value *b, mk_error **err) {
+    return matmul(n, out, a, b, err);
+}
+
 /* ---- the table ------------------------------------------------------------------- */
 
 #define ROW(op, since, until, attrs, becomes, rules, fn) \
@@ -686,8 +648,8 @@ static const ox_row rows[] = {
     ROW("Mul", 13, 21, "", "HadamardProductNode", "as Add", lower_binary),
     ROW("Div", 13, 21, "", "DivNode", "as Add; floats only at run time", lower_binary),
     ROW("MatMul", 13, 21, "", "MatMulNode (ReshapeNode around it)",
-        "a [..., m, k] by b [k, n] (the batch folded into rows), [k] by [k, n], [..., k] by "
-        "[k], equal batches of rank 3 or 4; batch broadcasting is an error", lower_matmul),
+        "numpy.matmul: batch dims broadcast, [k] vectors; a [..., m, k] by b [k, n] folds the "
+        "batch into rows", lower_matmul),
     ROW("Gemm", 13, 21, "alpha beta transA transB",
         "MatMulNode, PermuteNode (transA/transB), HadamardProductNode (alpha, beta), SumNode (C)",
         "A and B matrices; C broadcasts to [M, N]", lower_gemm),
@@ -695,9 +657,8 @@ static const ox_row rows[] = {
     ROW("Sigmoid", 13, 21, "", "SigmoidNode", "", lower_unary),
     ROW("Tanh", 13, 21, "", "TanhNode", "", lower_unary),
     ROW("Exp", 13, 21, "", "ExpNode", "", lower_unary),
-    ROW("Softmax", 13, 21, "axis", "SlicedSoftmaxNode (prefix: the whole axis)",
-        "the last axis only: other axes are an error until moonkaas reduces over any axis",
-        lower_softmax),
+    ROW("Softmax", 13, 21, "axis", "SoftmaxNode", "any axis", ox_lower_softmax),
+    ROW("LogSoftmax", 13, 21, "axis", "LogSoftmaxNode", "any axis", ox_lower_softmax),
     ROW("Reshape", 13, 21, "allowzero", "ReshapeNode (a known tensor: folded)",
         "the shape known at load; 0 copies the input's dim, one -1 takes the rest",
         lower_reshape),
@@ -718,15 +679,90 @@ static const ox_row rows[] = {
         lower_constant),
     ROW("Cast", 13, 21, "to saturate", "CastNode (known integers and floats: folded)",
         "to FLOAT, INT64, FLOAT16, BFLOAT16, INT8 at run time", lower_cast),
-    ROW("Gather", 13, 21, "axis", "EmbeddingNode (ReshapeNode around it; known: folded)",
-        "run-time data: axis 0 only (indices known at load may be negative); data and indices "
-        "both known: any axis, folded", lower_gather),
-    ROW("Slice", 13, 21, "", "SliceNode (known: folded)",
-        "starts, ends, axes, steps known at load; run-time data: axis 0 with step 1 (other "
-        "axes whole); known data: any axes and steps, folded", lower_slice),
-    ROW("Concat", 13, 21, "axis", "(folded)", "inputs known at load only (shape computations)",
-        lower_concat),
+    ROW("Gather", 13, 21, "axis",
+        "EmbeddingNode (axis 0, known indices), IndexSelectNode (else); known: folded",
+        "any axis; indices INT64 or INT32, negative from the end", lower_gather),
+    ROW("Slice", 13, 21, "", "SliceAxisNode per axis sliced (known: folded)",
+        "starts, ends, axes, steps known at load; run-time data: any axes, positive steps; "
+        "known data: any steps, folded", lower_slice),
+    ROW("Concat", 13, 21, "axis", "ConcatNode chain (all known: folded)",
+        "any count of inputs", lower_concat),
     ROW("Shape", 13, 21, "start end", "(folded: shapes are fixed at load)", "", lower_shape),
+    /* ---- networks' ops (onnx_nn.c) ---- */
+    ROW("Sqrt", 13, 21, "", "SqrtNode", "", ox_lower_pointwise),
+    ROW("Neg", 13, 21, "", "NegNode", "", ox_lower_pointwise),
+    ROW("Abs", 13, 21, "", "AbsNode", "", ox_lower_pointwise),
+    ROW("Erf", 13, 21, "", "ErfNode", "", ox_lower_pointwise),
+    ROW("Log", 13, 21, "", "LogNode", "", ox_lower_pointwise),
+    ROW("Reciprocal", 13, 21, "", "ReciprocalNode", "", ox_lower_pointwise),
+    ROW("Floor", 13, 21, "", "FloorNode", "", ox_lower_pointwise),
+    ROW("Ceil", 13, 21, "", "CeilNode", "", ox_lower_pointwise),
+    ROW("Not", 13, 21, "", "LogicalNotNode", "BOOL", ox_lower_pointwise),
+    ROW("Pow", 13, 21, "", "PowNode", "NumPy broadcasting; same types", ox_lower_pointwise),
+    ROW("Equal", 13, 21, "", "EqualNode", "BOOL result, NumPy broadcasting",
+        ox_lower_pointwise),
+    ROW("Less", 13, 21, "", "LessNode", "as Equal", ox_lower_pointwise),
+    ROW("Greater", 13, 21, "", "GreaterNode", "as Equal", ox_lower_pointwise),
+    ROW("LessOrEqual", 13, 21, "", "LessEqualNode", "as Equal", ox_lower_pointwise),
+    ROW("GreaterOrEqual", 13, 21, "", "GreaterEqualNode", "as Equal", ox_lower_pointwise),
+    ROW("And", 13, 21, "", "LogicalAndNode", "BOOL", ox_lower_pointwise),
+    ROW("Or", 13, 21, "", "LogicalOrNode", "BOOL", ox_lower_pointwise),
+    ROW("Where", 13, 21, "", "WhereNode", "BOOL condition; NumPy broadcasting", ox_lower_where),
+    ROW("LeakyRelu", 13, 21, "alpha", "LeakyReLUNode", "", ox_lower_leaky_relu),
+    ROW("Gelu", 20, 21, "approximate", "GELUErfNode (none), GELUNode (tanh)", "",
+        ox_lower_gelu),
+    ROW("Clip", 13, 21, "", "ClampNode (MaximumNode, MinimumNode with one bound)",
+        "min and max inputs optional", ox_lower_clip),
+    ROW("Min", 13, 21, "", "MinimumNode chain", "any count of inputs", ox_lower_minmax),
+    ROW("Max", 13, 21, "", "MaximumNode chain", "any count of inputs", ox_lower_minmax),
+    ROW("ReduceSum", 13, 21, "keepdims noop_with_empty_axes", "ReduceSumNode (ReshapeNode)",
+        "axes as the second input, known at load; none: all (or the input itself with "
+        "noop_with_empty_axes)", ox_lower_reduce),
+    ROW("ReduceMean", 13, 21, "axes keepdims noop_with_empty_axes",
+        "ReduceMeanNode (ReshapeNode)", "axes the attribute to opset 17, the second input "
+        "from 18", ox_lower_reduce),
+    ROW("ReduceMax", 13, 21, "axes keepdims noop_with_empty_axes",
+        "ReduceMaxNode (ReshapeNode)", "as ReduceMean", ox_lower_reduce),
+    ROW("LayerNormalization", 17, 21, "axis epsilon stash_type", "LayerNormNode",
+        "the first output only (Mean, InvStdDev: errors)", ox_lower_layer_norm),
+    ROW("BatchNormalization", 13, 21, "epsilon momentum training_mode", "BatchNormNode",
+        "inference: training_mode 0, the first output only", ox_lower_batch_norm),
+    ROW("Conv", 13, 21, "auto_pad dilations group kernel_shape pads strides",
+        "Conv1dNode, Conv2dNode (PadNode for uneven pads, SumNode for the bias)",
+        "1-D and 2-D; auto_pad NOTSET, VALID, SAME_UPPER, SAME_LOWER", ox_lower_conv),
+    ROW("ConvTranspose", 13, 21, "auto_pad dilations group kernel_shape output_padding pads "
+        "strides", "ConvTranspose2dNode (SumNode for the bias)",
+        "2-D; even pads; auto_pad NOTSET or VALID; output_shape is an error",
+        ox_lower_conv_transpose),
+    ROW("MaxPool", 13, 21, "auto_pad ceil_mode dilations kernel_shape pads storage_order "
+        "strides", "MaxPool2dNode (PadNode of -inf for uneven pads)",
+        "1-D and 2-D; ceil_mode 0; the Indices output is an error", ox_lower_pool),
+    ROW("AveragePool", 13, 21, "auto_pad ceil_mode count_include_pad kernel_shape pads "
+        "strides", "AvgPool2dNode (count_include_pad 0: divided by the pool of ones)",
+        "1-D and 2-D; ceil_mode 0", ox_lower_pool),
+    ROW("GlobalAveragePool", 13, 21, "", "ReduceMeanNode", "over every axis after N, C",
+        ox_lower_global_pool),
+    ROW("GlobalMaxPool", 13, 21, "", "ReduceMaxNode", "as GlobalAveragePool",
+        ox_lower_global_pool),
+    ROW("Split", 13, 21, "axis num_outputs", "SliceAxisNode per output",
+        "split sizes as the second input (known), else even parts (num_outputs from 18)",
+        ox_lower_split),
+    ROW("Expand", 13, 21, "", "ExpandNode", "the shape known at load", ox_lower_expand),
+    ROW("Tile", 13, 21, "", "TileNode", "repeats known at load", ox_lower_tile),
+    ROW("Pad", 13, 21, "mode", "PadNode per axis padded",
+        "mode constant, reflect, edge; pads (and axes, from 18) known, not negative; "
+        "constant_value a known FLOAT", ox_lower_pad),
+    ROW("Resize", 13, 21, "coordinate_transformation_mode mode nearest_mode",
+        "UpsampleNearest2dNode", "nearest, [N, C, H, W], integer scales of H and W (scales or "
+        "sizes known)", ox_lower_resize),
+    ROW("Range", 13, 21, "", "(folded)", "start, limit, delta known at load",
+        ox_lower_range),
+    ROW("ConstantOfShape", 13, 21, "value", "(folded)", "the shape known at load",
+        ox_lower_constant_of_shape),
+    ROW("LSTM", 13, 21, "activation_alpha activation_beta activations clip direction hidden_size "
+        "input_forget layout", "MatMulNode, SigmoidNode, TanhNode... unrolled per step",
+        "forward, reverse, bidirectional; the default activations, no clip or peepholes; "
+        "sequence_lens absent or the whole length; at most 512 steps", ox_lower_lstm),
 };
 #define N_ROWS (sizeof rows / sizeof rows[0])
 

@@ -89,6 +89,7 @@ int ox_runtime_dtype(int t, mk_dtype *out) {
     case OX_FLOAT16: *out = MK_DTYPE_FLOAT16; return 0;
     case OX_BFLOAT16: *out = MK_DTYPE_BFLOAT16; return 0;
     case OX_INT8: *out = MK_DTYPE_INT8; return 0;
+    case OX_BOOL: *out = MK_DTYPE_BOOL; return 0;
     default: return -1;
     }
 }
@@ -96,7 +97,7 @@ int ox_runtime_dtype(int t, mk_dtype *out) {
 /* How a known tensor of ONNX type t is held: its own dtype, or int64 for the
  * other integer types (and bool); -1 for what the importer does not read. */
 static int held_dtype(int t, mk_dtype *out) {
-    if (!ox_runtime_dtype(t, out)) return 0;
+    if (t != OX_BOOL && !ox_runtime_dtype(t, out)) return 0;
     switch (t) {
     case OX_UINT8: case OX_INT16: case OX_UINT16: case OX_INT32: case OX_UINT32: case OX_BOOL:
         *out = MK_DTYPE_INT64;
@@ -353,6 +354,12 @@ int ox_ref(ox_node *n, ox_value *v, mk_error **err) {
     if (numel == 0)
         return ox_fail(n, err, MK_ERR_SHAPE, "'%s' has no elements (moonkaas tensors have some)",
                        v->name);
+    if (v->onnx_type == OX_BOOL && v->dtype == MK_DTYPE_INT64) { /* held as int64 to fold */
+        unsigned char *bytes = ox_alloc(im, (size_t)numel, err);
+        if (!bytes) return -1;
+        for (int64_t i = 0; i < numel; i++) bytes[i] = ((const int64_t *)v->data)[i] != 0;
+        v->data = bytes, v->dtype = MK_DTYPE_BOOL;
+    }
     mk_onnx *o = im->o;
     if (o->n_constants == im->cap_constants) {
         size_t cap = im->cap_constants ? 2 * im->cap_constants : 16;
@@ -396,7 +403,8 @@ int ox_emit(ox_node *n, ox_value *out, const char *op, ox_value *const *operands
     out->onnx_type = res.dtype == MK_DTYPE_FLOAT32 ? OX_FLOAT
                    : res.dtype == MK_DTYPE_INT64   ? OX_INT64
                    : res.dtype == MK_DTYPE_FLOAT16 ? OX_FLOAT16
-                   : res.dtype == MK_DTYPE_BFLOAT16 ? OX_BFLOAT16 : OX_INT8;
+                   : res.dtype == MK_DTYPE_BFLOAT16 ? OX_BFLOAT16
+                   : res.dtype == MK_DTYPE_BOOL     ? OX_BOOL : OX_INT8;
     out->rank = onnx_rank >= 0 ? onnx_rank : res.rank;
     memcpy(out->shape, res.shape, sizeof out->shape);
     mk_strbuf *b = &im->script;

@@ -9,6 +9,10 @@ spec/onnx/helpers.lua — what the ONNX specs share:
   O.init(name, ref[, type])   an initializer of a reference tensor {shape, data}
   O.vi(name, shape[, type])   a graph input or output's value info
   O.decode(text)          JSON text as Lua values (objects, arrays, numbers, strings)
+  O.ort_missing()         nil when node and onnxruntime-node are installed (MK_ORTNODE
+                          names its node_modules, else /opt/ortnode/node_modules), else the reason
+  O.ort(path, feeds)      ONNX Runtime's (CPU provider) outputs for feeds {name = tensor}:
+                          {name = {shape =, data =}} (spec/onnx/ort_run.js under node)
 ]]
 local O = {}
 
@@ -146,6 +150,47 @@ function O.decode(text)
         end
     end
     return value()
+end
+
+local function ort_path()
+    for _, p in ipairs({ os.getenv("MK_ORTNODE") or "", "/opt/ortnode/node_modules",
+                         "/work/ortnode/node_modules" }) do
+        local f = p ~= "" and io.open(p .. "/onnxruntime-node/package.json")
+        if f then
+            f:close()
+            return p
+        end
+    end
+end
+
+function O.ort_missing()
+    local ok = os.execute("node --version > /dev/null 2>&1")
+    if ok ~= true and ok ~= 0 then return "node is not installed" end
+    if not ort_path() then
+        return "onnxruntime-node is not installed (MK_ORTNODE, or /opt/ortnode: scripts/setup.sh)"
+    end
+end
+
+function O.ort(path, feeds)
+    local inputs = {}
+    for name, t in pairs(feeds) do
+        local data = {}
+        for i = 1, t.numel do data[i] = t:get(i) end
+        inputs[name] = { type = t.dtype, dims = t.shape, data = data }
+    end
+    local json = path .. ".inputs.json"
+    local f = assert(io.open(json, "w"))
+    f:write(O.json(inputs))
+    f:close()
+    local p = assert(io.popen(string.format("NODE_PATH=%s node spec/onnx/ort_run.js %s %s 2>&1",
+                                            q(ort_path()), q(path), q(json))))
+    local text = p:read("a")
+    assert(p:close(), "ort_run.js failed: " .. text)
+    local out = {}
+    for name, t in pairs(O.decode(text)) do
+        out[name] = { shape = t.dims, data = t.data }
+    end
+    return out
 end
 
 return O
