@@ -154,6 +154,7 @@ typedef struct {
     cudnnBackendDescriptor_t plan, pack;
     void *workspace;
     bool tf32;
+    size_t clear_bytes; /* result bytes to zero before the plan runs (see post_pad) */
 } conv_plan;
 
 /* The model's cuDNN handle and a plan per launch (NULL for the others). */
@@ -217,12 +218,13 @@ static cudnnBackendDescriptor_t keep(const mk_launch *l, conv_plan *p,
     return d;
 }
 
-/* A dense float32 NCHW tensor. */
+/* A float32 NCHW tensor of extents dims inside a dense one of extents full. */
 static cudnnBackendDescriptor_t tensor4(const mk_launch *l, conv_plan *p, int64_t uid,
-                                        const int64_t *dims, const void *data, mk_error **err) {
+                                        const int64_t *dims, const int64_t *full,
+                                        const void *data, mk_error **err) {
     cudnnBackendDescriptor_t t = keep(l, p, CUDNN_BACKEND_TENSOR_DESCRIPTOR, "a tensor", err);
     if (!t) return NULL;
-    int64_t strides[4] = {dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1};
+    int64_t strides[4] = {full[1] * full[2] * full[3], full[2] * full[3], full[3], 1};
     /* the widest of 16, 8, 4 bytes that its address keeps (x may be a view) */
     int64_t align = 16;
     while (align > 4 && (uintptr_t)data % (uintptr_t)align) align /= 2;
@@ -242,6 +244,25 @@ static cudnnBackendDescriptor_t tensor4(const mk_launch *l, conv_plan *p, int64_
 }
 
 /*
+ * A transposed convolution's result of extent out is the input of the forward
+ * convolution it is the gradient of, padded by p before and by the returned
+ * amount after, which must give back its in rows: any such amount gives the
+ * same result rows. Today's p where it fits, else the least that fits. Where
+ * none does (an output padding past the stride, as a dilation allows), the
+ * last *cut rows, which no input row reaches, are left out of the graph's
+ * tensor and zeroed before the plan runs.
+ */
+static int64_t post_pad(int64_t in, int64_t out, int64_t k, int64_t st, int64_t p, int64_t d,
+                        int64_t *cut) {
+    int64_t span = d * (k - 1) + 1, least = (in - 1) * st + span - out - p;
+    *cut = 0;
+    if (p >= least && p <= least + st - 1) return p;
+    if (least + st - 1 >= 0) return least > 0 ? least : 0;
+    *cut = -least; /* rows [out - cut, out): below every window */
+    return 0;
+}
+
+/*
  * The operation graph of launch l: forward, y [N, O, OH, OW] = x (*) w [O, C/g,
  * kH, kW]; transposed, the backward-data of the convolution whose input is the
  * result [N, O, OH, OW] and whose output is x, with w [C, O/g, kH, kW] as its
@@ -253,15 +274,24 @@ static cudnnBackendDescriptor_t conv_graph(const mk_launch *l, conv_plan *p, cud
     bool transposed = l->node->op->kernel == MK_KERNEL_CONV_TRANSPOSE;
     int64_t xd[4] = {g.n, g.c, g.h, g.w}, yd[4] = {g.n, g.o, g.oh, g.ow};
     int64_t wd[4] = {transposed ? g.c : g.o, (transposed ? g.o : g.c) / g.groups, g.kh, g.kw};
-    cudnnBackendDescriptor_t x = tensor4(l, p, UID_X, xd, l->in[0].data, err);
-    cudnnBackendDescriptor_t w = x ? tensor4(l, p, UID_W, wd, l->in[1].data, err) : NULL;
-    cudnnBackendDescriptor_t y = w ? tensor4(l, p, UID_Y, yd, l->out.data, err) : NULL;
+    int64_t pad[2] = {g.ph, g.pw}, post[2] = {g.ph, g.pw}, seen[4] = {g.n, g.o, g.oh, g.ow};
+    if (transposed) {
+        int64_t cut_h, cut_w;
+        post[0] = post_pad(g.h, g.oh, g.kh, g.sh, g.ph, g.dh, &cut_h);
+        post[1] = post_pad(g.w, g.ow, g.kw, g.sw, g.pw, g.dw, &cut_w);
+        seen[2] -= cut_h;
+        seen[3] -= cut_w;
+        if (cut_h || cut_w) p->clear_bytes = (size_t)(g.n * g.o * g.oh * g.ow) * sizeof(float);
+    }
+    cudnnBackendDescriptor_t x = tensor4(l, p, UID_X, xd, xd, l->in[0].data, err);
+    cudnnBackendDescriptor_t w = x ? tensor4(l, p, UID_W, wd, wd, l->in[1].data, err) : NULL;
+    cudnnBackendDescriptor_t y = w ? tensor4(l, p, UID_Y, seen, yd, l->out.data, err) : NULL;
     if (!y) return NULL;
 
     cudnnBackendDescriptor_t conv =
         keep(l, p, CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR, "the convolution", err);
     if (!conv) return NULL;
-    int64_t dims = 2, stride[2] = {g.sh, g.sw}, pad[2] = {g.ph, g.pw}, dil[2] = {g.dh, g.dw};
+    int64_t dims = 2, stride[2] = {g.sh, g.sw}, dil[2] = {g.dh, g.dw};
     cudnnDataType_t compute = CUDNN_DATA_FLOAT;
     cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
     DNN("convolution compute type",
@@ -279,11 +309,10 @@ static cudnnBackendDescriptor_t conv_graph(const mk_launch *l, conv_plan *p, cud
     DNN("convolution pre-paddings",
         cudnnBackendSetAttribute(conv, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2,
                                  pad));
-    /* the floor rule: a transposed convolution's output padding is the rows that
-     * the forward convolution's last window does not reach */
+    /* forward: the floor rule; transposed: post_pad */
     DNN("convolution post-paddings",
         cudnnBackendSetAttribute(conv, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2,
-                                 pad));
+                                 post));
     DNN("convolution dilations",
         cudnnBackendSetAttribute(conv, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2,
                                  dil));
@@ -539,6 +568,8 @@ int mk_cuda_conv(const mk_launch *l, mk_error **err) {
     cudaThreadExchangeStreamCaptureMode(&mode);
     cudnnStatus_t st = cudnnSetStream(s->conv->handle, s->stream);
     const char *what = "cudnnSetStream";
+    if (p->clear_bytes && cudaMemsetAsync(l->out.data, 0, p->clear_bytes, s->stream) != cudaSuccess)
+        what = "clearing the rows no window reaches", st = CUDNN_STATUS_EXECUTION_FAILED;
     if (st == CUDNN_STATUS_SUCCESS)
         what = "cudnnBackendExecute", st = cudnnBackendExecute(s->conv->handle, p->plan, p->pack);
     cudaThreadExchangeStreamCaptureMode(&mode);

@@ -1,10 +1,11 @@
 /*
  * cuda_device.cu — the CUDA device table: per-model state (device 0, one
- * stream, a cuBLAS handle bound to it with its own workspace, the error word),
+ * stream, a cuBLAS handle bound to it with its own workspace where the model
+ * has products for cuBLAS, the error word),
  * device memory, pinned staging, and the CUDA graph every evaluation replays.
  *
  * Life of a CUDA model (model.c drives it through the plugin's device table):
- *   open      probe, stream, cuBLAS handle + workspace, fault record
+ *   open      probe, stream, fault record
  *   alloc/upload/zero   the arena, constants and buffers (compile time only)
  *   prepare   one pinned block for every input, every output and the fault
  *             record; then the copies and every launch are captured once:
@@ -284,12 +285,6 @@ static int cuda_open(void **state, mk_error **err) {
     MK_CUDA_TRY(err, cudaSetDevice(s->device));
     if (open_arch(s, err)) goto fail;
     MK_CUDA_TRY(err, cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
-    MK_BLAS_TRY(err, cublasCreate(&s->blas));
-    /* cublasSetStream resets the workspace, so the stream goes first. */
-    MK_BLAS_TRY(err, cublasSetStream(s->blas, s->stream));
-    MK_BLAS_TRY(err, cublasSetPointerMode(s->blas, CUBLAS_POINTER_MODE_HOST));
-    /* Plain float32 products (no TF32): results agree with the CPU far under 1e-3. */
-    MK_BLAS_TRY(err, cublasSetMathMode(s->blas, CUBLAS_DEFAULT_MATH));
     MK_CUDA_TRY(err, cudaMalloc((void **)&s->fault, sizeof *s->fault));
     MK_CUDA_TRY(err, cudaMemset(s->fault, 0, sizeof *s->fault));
     *state = s;
@@ -616,10 +611,18 @@ static int cuda_prepare(void *state, const mk_launch *launches, int n, const mk_
         if (again) return again;
     }
 
-    /* cuBLAS's workspace, where the model has products for it: set now, so
-     * capture never allocates (cuda_model_memory counted it) */
+    /* cuBLAS, where the model has products for it: a handle takes device
+     * memory of its own, so models without products make none. The
+     * workspace is set now, so capture never allocates (cuda_model_memory
+     * counted it). */
     for (int i = 0; i < n && !s->blas_workspace; i++) {
         if (!uses_blas(launches[i].node)) continue;
+        MK_BLAS_TRY(err, cublasCreate(&s->blas));
+        /* cublasSetStream resets the workspace, so the stream goes first. */
+        MK_BLAS_TRY(err, cublasSetStream(s->blas, s->stream));
+        MK_BLAS_TRY(err, cublasSetPointerMode(s->blas, CUBLAS_POINTER_MODE_HOST));
+        /* Plain float32 products (no TF32): results agree with the CPU far under 1e-3. */
+        MK_BLAS_TRY(err, cublasSetMathMode(s->blas, CUBLAS_DEFAULT_MATH));
         s->blas_workspace_bytes = MK_BLAS_WORKSPACE;
         MK_CUDA_TRY(err, cudaMalloc(&s->blas_workspace, s->blas_workspace_bytes));
         MK_BLAS_TRY(err, cublasSetWorkspace(s->blas, s->blas_workspace, s->blas_workspace_bytes));

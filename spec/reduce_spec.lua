@@ -276,8 +276,11 @@ describe("reductions on CUDA against the CPU", function()
         local n = math.random(1025, 5000)
         check(function(i)
             local x = i.x
-            return { x:sum(1), x:mean(1), x:max(1), x:min(-1), x:var(1, { correction = 1 }),
-                x:argmax(1), x:argmin(1), x:softmax(), x:log_softmax(1) }
+            return { x:sum(1), x:mean(1), x:max(1), x:min(-1), x:var(1, { correction = 1 }) }
+        end, { x = { 3, n } })
+        check(function(i) -- a script has at most 8 outputs
+            local x = i.x
+            return { x:argmax(1), x:argmin(1), x:softmax(), x:log_softmax(1) }
         end, { x = { 3, n } })
         check(function(i)
             local xt = i.x:permute({ 1, 0 })
