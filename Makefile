@@ -201,7 +201,9 @@ endif
 # The device code that generated kernels take as it is (helpers, and the attention
 # kernel's body), kept as real CUDA files (kernels/skeletons/*.cuh) and embedded as
 # C strings (mk_skeleton_NAME) for the generators, in every build (CUDA=0 too:
-# model:kernel_source needs no plugin). embed.sh needs only sh, awk and sed.
+# model:kernel_source needs no plugin); the plugin's kernels #include those they share
+# (the fault record, PDL, the timeline's stamps, the cluster barrier). embed.sh needs
+# only sh, awk and sed.
 SKELETONS := $(wildcard kernels/skeletons/*.cuh)
 SKELETONS_H := $(BUILD)/core/codegen/skeletons.h
 $(SKELETONS_H): $(SKELETONS) kernels/skeletons/embed.sh
@@ -271,7 +273,7 @@ $(BUILD)/examples/host: examples/host.c core/moonkaas.h $(LIB_A)
 # ---- the CUDA plugin ------------------------------------------------------------------
 ifeq ($(CUDA),1)
 $(CU_BUILD)/kernels/%.o: kernels/%.cu core/moonkaas.h $(CORE_H) $(wildcard core/codegen/*.h) \
-                         $(wildcard kernels/*.h) $(CU_BUILD)/.config
+                         $(wildcard kernels/*.h) $(SKELETONS) $(CU_BUILD)/.config
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 

@@ -54,10 +54,8 @@
  * programmatic dependent launch (mk_cuda_stage_launch), it waits for the
  * launch before and lets the next be scheduled at once. */
 __global__ void mk_stage_kernel(mk_stage_copies c) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;");
-#endif
+    MK_PDL_WAIT;
+    MK_PDL_START;
     unsigned long long t = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
     unsigned long long step = (unsigned long long)gridDim.x * blockDim.x;
     for (int i = 0; i < c.n; i++) {
@@ -369,7 +367,7 @@ static void cuda_launch_memory(const mk_node *n, size_t *scratch, size_t *state)
 /* mk_device_ops.model_memory: what open and prepare allocate for the model,
  * as they allocate it (the driver rounds each allocation up further). */
 static size_t cuda_model_memory(const mk_graph *g) {
-    size_t bytes = sizeof(mk_cuda_fault) + 2 * sizeof(unsigned); /* fault record, done counts */
+    size_t bytes = sizeof(mk_fault_rec) + 2 * sizeof(unsigned); /* fault record, done counts */
     bool blas = false;
     for (int i = 0; i < g->n_nodes; i++) blas = blas || uses_blas(g->nodes[i]);
     if (blas) bytes += MK_BLAS_WORKSPACE;
@@ -573,7 +571,7 @@ static int cuda_prepare(void *state, const mk_launch *launches, int n, const mk_
         size_t total = 0;
         for (int i = 0; i < n_in; i++) total += stage_round(in[i].bytes);
         for (int o = 0; o < n_out; o++) total += stage_round(out[o].bytes);
-        total += stage_round(sizeof(mk_cuda_fault)) + stage_round(sizeof(unsigned));
+        total += stage_round(sizeof(mk_fault_rec)) + stage_round(sizeof(unsigned));
         s->in_stage = (void **)calloc((size_t)(n_in ? n_in : 1), sizeof *s->in_stage);
         s->out_stage = (void **)calloc((size_t)(n_out ? n_out : 1), sizeof *s->out_stage);
         if (!s->in_stage || !s->out_stage)
@@ -593,9 +591,9 @@ static int cuda_prepare(void *state, const mk_launch *launches, int n, const mk_
             s->out_stage[o] = s->pinned + at;
             at += stage_round(out[o].bytes);
         }
-        s->fault_stage = (mk_cuda_fault *)(s->pinned + at);
+        s->fault_stage = (mk_fault_rec *)(s->pinned + at);
         memset(s->fault_stage, 0, sizeof *s->fault_stage);
-        at += stage_round(sizeof(mk_cuda_fault));
+        at += stage_round(sizeof(mk_fault_rec));
         s->done_stage = (unsigned *)(s->pinned + at);
         *s->done_stage = 0;
         if (s->stage_kernels) {
@@ -733,7 +731,7 @@ fail:
 /* ---- evaluate ------------------------------------------------------------ */
 
 /* The fault record as the error the CPU device gives for the same value (mk_fault). */
-int mk_cuda_fault_error(const mk_cuda_fault *f, const mk_launch *launches, int n,
+int mk_cuda_fault_error(const mk_fault_rec *f, const mk_launch *launches, int n,
                         mk_error **err) {
     if (f->launch < 0 || f->launch >= n)
         return mk_fail(err, MK_ERR_INTERNAL, 0, 0, "a CUDA kernel reported launch %d of %d",

@@ -28,34 +28,13 @@ extern "C" {
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
-/*
- * The device-side error word. A kernel that meets an out-of-range run-time
- * value (slice bounds, prefix, an id) skips the write and claims `flag` with
- * atomicCAS; only the claimer fills the rest. Launches run in stream order, so
- * the first faulting launch is the one reported. The captured graph clears
- * the record at the start of every evaluation; evaluate turns it into the
- * error mk_fault (core/tensor.c) words for every device.
- */
-typedef struct {
-    unsigned int flag;   /* 0: no fault; 1: the fields below are being / were written */
-    int launch;          /* index of the faulting launch */
-    int kind;            /* mk_fault_kind */
-    int which;           /* in a group (product.c), the member that faulted, + 1 */
-    long long value[3];  /* the kind's values, as mk_fault takes them */
-} mk_cuda_fault;
-
-/* Records a fault unless an earlier one already holds the word. */
-static __device__ __forceinline__ void mk_cuda_fault_raise(mk_cuda_fault *f, int launch,
-                                                           mk_fault_kind kind, long long v0,
-                                                           long long v1, long long v2) {
-    if (atomicCAS(&f->flag, 0u, 1u) == 0u) {
-        f->launch = launch;
-        f->kind = (int)kind;
-        f->value[0] = v0;
-        f->value[1] = v1;
-        f->value[2] = v2;
-    }
-}
+/* The device code the generated kernels share with these (kernels/skeletons/,
+ * which the generators paste into their sources, comments stripped): PDL's
+ * MK_PDL_START and MK_PDL_WAIT, the fault record mk_fault_rec and mk_raise,
+ * and the timeline's stamps mk_stamps. Included here once, for every file. */
+#include "skeletons/pdl.cuh"
+#include "skeletons/fault.cuh"
+#include "skeletons/timeline.cuh"
 
 /* Copies the graph makes as one kernel (mk_cuda_stage_launch), at most
  * MK_STAGE_COPIES of them. */
@@ -92,7 +71,7 @@ typedef struct mk_cuda_state {
     cublasHandle_t blas;
     void *blas_workspace; /* cuBLAS's workspace, so capture never allocates */
     size_t blas_workspace_bytes;
-    mk_cuda_fault *fault; /* device */
+    mk_fault_rec *fault; /* device */
 
     /* pinned staging, one block: inputs, outputs, the fault record */
     unsigned char *pinned;
@@ -102,7 +81,7 @@ typedef struct mk_cuda_state {
     int n_in;
     void **out_stage;      /* [n_out] pointers into `pinned` */
     int n_out;
-    mk_cuda_fault *fault_stage;
+    mk_fault_rec *fault_stage;
     /* with stage kernels, evaluate waits for the graph by spinning on this
      * pinned word (the last stage kernel writes the evaluation's number),
      * not by a stream sync: about a microsecond sooner */
@@ -184,7 +163,7 @@ cudaLaunchConfig_t mk_cuda_launch_config(dim3 grid, dim3 block, cudaStream_t str
 bool mk_cuda_stage_launch(const mk_stage_copies *c, cudaStream_t stream, bool pdl);
 int mk_cuda_capture_launches(const mk_launch *launches, int n, bool after_ours, mk_error **err);
 /* The fault record as the error the CPU device gives for the same value (mk_fault). */
-int mk_cuda_fault_error(const mk_cuda_fault *f, const mk_launch *launches, int n,
+int mk_cuda_fault_error(const mk_fault_rec *f, const mk_launch *launches, int n,
                         mk_error **err);
 
 /* steps.cu: the step loop of a model with next lines (prepare: made where the
@@ -274,9 +253,9 @@ int mk_cuda_upsample_nearest(const mk_launch *l, mk_error **err);
  * The wait is cheap, and cheaper than a count in global memory polled by
  * the next launch (doc/performance.md, "The PDL wait").
  *
- * In the generated source: MK_PDL_START and MK_PDL_WAIT (skeletons/pdl.cuh),
- * or in a product kernel MK_GROUP_START and MK_GROUP_WAIT, which add the
- * timeline's stamps (skeletons/fault.cuh).
+ * In a kernel launched so, generated or not: MK_PDL_START and MK_PDL_WAIT
+ * (skeletons/pdl.cuh); in a generated product kernel MK_GROUP_START and
+ * MK_GROUP_WAIT, which add the timeline's stamps (skeletons/timeline.cuh).
  */
 
 /*
@@ -289,8 +268,8 @@ int mk_cuda_upsample_nearest(const mk_launch *l, mk_error **err);
  * words) after the fault record, from byte MK_TIMELINE_AT on: launch l's
  * block b from word 3 * (l * MK_TIMELINE_BLOCKS + b): its start, the end of
  * its wait for the launches before, and its last warp's end (atomicMax).
- * The sampler (sample.cu) stamps its blocks alike, given the address of its
- * launch's first stamp (mk_cuda_timeline_stamps). After every evaluation
+ * The sampler (sample.cu) stamps its blocks alike (the same mk_stamps), given
+ * the address of its launch's first stamp (mk_cuda_timeline_stamps). After every evaluation
  * the host folds them into per-launch means and clears them; when the model
  * is freed it appends the table to FILE. Other launches (cuBLAS, gathers,
  * pointwise groups) are not stamped.

@@ -35,19 +35,17 @@ static unsigned int grid_for(long long n) {
  * and waits for the launch before. */
 template <typename U>
 static __global__ void embedding_kernel(U *out, const U *table, const long long *ids, long long n,
-                                        long long V, long long units, mk_cuda_fault *fault,
+                                        long long V, long long units, mk_fault_rec *fault,
                                         int launch) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;");
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
+    MK_PDL_START;
+    MK_PDL_WAIT;
     long long total = n * units;
     for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total;
          e += (long long)gridDim.x * blockDim.x) {
         long long row = e / units, c = e - row * units;
         long long id = ids[row];
         if (id < 0 || id >= V) {
-            if (c == 0) mk_cuda_fault_raise(fault, launch, MK_FAULT_ID, id, row, V);
+            if (c == 0) mk_raise(fault, launch, 0, MK_FAULT_ID, id, row, V);
             continue;
         }
         out[e] = table[id * units + c];
@@ -93,17 +91,17 @@ template <typename U>
 static __global__ void replace_slice_kernel(U *x, const U *r, const long long *begin_p,
                                             const long long *end_p, long long rows,
                                             long long r_rows, long long row_units,
-                                            mk_cuda_fault *fault, int launch) {
+                                            mk_fault_rec *fault, int launch) {
     long long begin = *begin_p, end = *end_p;
     bool first = blockIdx.x == 0 && threadIdx.x == 0;
     if (begin < 0 || end > rows || begin > end) {
         if (first)
-            mk_cuda_fault_raise(fault, launch, MK_FAULT_RANGE, begin, end, rows);
+            mk_raise(fault, launch, 0, MK_FAULT_RANGE, begin, end, rows);
         return;
     }
     if (end - begin != r_rows) {
         if (first)
-            mk_cuda_fault_raise(fault, launch, MK_FAULT_ROWS, begin, end, r_rows);
+            mk_raise(fault, launch, 0, MK_FAULT_ROWS, begin, end, r_rows);
         return;
     }
     U *dst = x + begin * row_units;

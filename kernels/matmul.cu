@@ -182,12 +182,12 @@ static __global__ void prefix_matmul_kernel(float *c, const float *a, const floa
                                             const long long *prefix, long long m, long long n,
                                             long long s, long long total, long long a_sb,
                                             long long a_sr, long long a_sc, long long b_sb,
-                                            long long b_sr, long long b_sc, mk_cuda_fault *fault,
+                                            long long b_sr, long long b_sc, mk_fault_rec *fault,
                                             int launch) {
     const long long p = *prefix;
     if (p < 0 || p > s) {
         if (blockIdx.x == 0 && threadIdx.x == 0)
-            mk_cuda_fault_raise(fault, launch, MK_FAULT_PREFIX, p, s, 0);
+            mk_raise(fault, launch, 0, MK_FAULT_PREFIX, p, s, 0);
         return;
     }
     for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total;

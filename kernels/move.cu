@@ -155,7 +155,7 @@ static __global__ void concat_kernel(T *o, const T *a, const T *b, const __grid_
 template <typename T>
 static __global__ void gather_elements_kernel(T *o, const T *x, const long long *ids,
                                               const __grid_constant__ move_dims d, int axis,
-                                              long long V, long long n, mk_cuda_fault *fault,
+                                              long long V, long long n, mk_fault_rec *fault,
                                               int launch) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {
@@ -163,7 +163,7 @@ static __global__ void gather_elements_kernel(T *o, const T *x, const long long 
         coords(i, d.rank, d.shape, c);
         long long id = ids[offset(d.rank, c, d.s[1])], at = id < 0 ? id + V : id;
         if (at < 0 || at >= V) {
-            mk_cuda_fault_raise(fault, launch, MK_FAULT_ID, id, i, V);
+            mk_raise(fault, launch, 0, MK_FAULT_ID, id, i, V);
             continue;
         }
         c[axis] = at;
@@ -176,7 +176,7 @@ template <typename T>
 static __global__ void index_select_kernel(T *o, const T *x, const long long *ids,
                                            const __grid_constant__ move_dims d, int x_rank,
                                            int ids_rank, int axis, long long V, long long n,
-                                           mk_cuda_fault *fault, int launch) {
+                                           mk_fault_rec *fault, int launch) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {
         long long q[MK_MAX_RANK], p[MK_MAX_RANK];
@@ -185,7 +185,7 @@ static __global__ void index_select_kernel(T *o, const T *x, const long long *id
         if (at < 0 || at >= V) {
             long long pos = 0; /* the index's flat position, as the CPU reports it */
             for (int k = 0; k < ids_rank; k++) pos = pos * d.shape[axis + k] + q[axis + k];
-            mk_cuda_fault_raise(fault, launch, MK_FAULT_ID, id, pos, V);
+            mk_raise(fault, launch, 0, MK_FAULT_ID, id, pos, V);
             continue;
         }
         for (int k = 0; k < x_rank; k++)

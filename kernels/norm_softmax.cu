@@ -164,12 +164,12 @@ int mk_cuda_rms_norm(const mk_launch *l, mk_error **err) {
  * once) where the bound is out of range: [0, n], or [T, n] for causal.
  */
 static __device__ bool softmax_prefix(const long long *bound, long long causal, long long row,
-                                      long long n, int tid, mk_cuda_fault *fault, int launch,
+                                      long long n, int tid, mk_fault_rec *fault, int launch,
                                       long long *p) {
     long long b = *bound; /* the same for every thread: the caller's branch is uniform */
     if (b < causal || b > n) {
         if (row == 0 && tid == 0)
-            mk_cuda_fault_raise(fault, launch, causal ? MK_FAULT_END : MK_FAULT_PREFIX, b, n, causal);
+            mk_raise(fault, launch, 0, causal ? MK_FAULT_END : MK_FAULT_PREFIX, b, n, causal);
         return false;
     }
     *p = causal ? b - causal + 1 + row % causal : b;
@@ -179,7 +179,7 @@ static __device__ bool softmax_prefix(const long long *bound, long long causal, 
 template <int G>
 static __global__ void sliced_softmax_kernel(float *out, const float *x, const long long *bound,
                                              long long causal, long long rows, long long n,
-                                             mk_cuda_fault *fault, int launch) {
+                                             mk_fault_rec *fault, int launch) {
     int tid;
     long long row = group_row<G>(&tid), p;
     if (row >= rows || !softmax_prefix(bound, causal, row, n, tid, fault, launch, &p)) return;
@@ -207,7 +207,7 @@ static __global__ void sliced_softmax_kernel(float *out, const float *x, const l
 template <int G, int E>
 static __global__ void sliced_softmax_regs(float *out, const float *x, const long long *bound,
                                            long long causal, long long rows, long long n,
-                                           mk_cuda_fault *fault, int launch) {
+                                           mk_fault_rec *fault, int launch) {
     int tid;
     long long row = group_row<G>(&tid), p;
     if (row >= rows || !softmax_prefix(bound, causal, row, n, tid, fault, launch, &p)) return;

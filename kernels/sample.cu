@@ -43,8 +43,9 @@
  * p is never stored: a phase that needs it again recomputes it from the
  * logits (row_probs), since the stores would hold up the next barrier.
  *
- * MK_CUDA_TIMELINE's stamps (struct stamps) mirror the generated kernels'
- * (kernels/skeletons/fault.cuh) but for a 2-D grid, switched by a template
+ * PDL, MK_CUDA_TIMELINE's stamps and the cluster barrier's halves are the
+ * generated kernels' (kernels/skeletons/: pdl.cuh, timeline.cuh, cluster.cuh),
+ * the stamps numbering the blocks of a 2-D grid, switched by a template
  * parameter and given their words by the host.
  *
  * Masses are fixed point (round(p x 2^31), summed in 64 bits), not run.c's
@@ -65,6 +66,8 @@
 #include "sample.h"
 #include "sample_list.h"
 #include "sample_radix.h"
+#define MK_CLUSTER /* the sampler's rows are clusters (sm_90+) */
+#include "skeletons/cluster.cuh"
 
 #include <cooperative_groups.h>
 #include <stddef.h>
@@ -72,59 +75,6 @@
 #include <stdlib.h>
 
 #include <math.h>
-
-/* Programmatic dependent launch (where mk_cuda_sample launches with it): let
- * the next launch be scheduled at once, so that its blocks load their weights
- * while this one runs (it waits for this one before reading what this one
- * writes); then wait for the launch before to finish. */
-static __device__ __forceinline__ void pdl_enter() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;");
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-/* MK_CUDA_TIMELINE's stamps of a block (cuda_device.h) in a kernel made
- * with them (ON), where tl, the launch's first, is not NULL and the block is
- * among the first MK_TIMELINE_BLOCKS: its start, the end of its wait and, as
- * each warp leaves, its end. Without, nothing. */
-template <bool ON>
-struct stamps {
-    unsigned long long *t;
-    static __device__ __forceinline__ unsigned long long now() {
-        unsigned long long v;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v));
-        return v;
-    }
-    static __device__ __forceinline__ unsigned long long block() {
-        return (unsigned long long)blockIdx.x * gridDim.y + blockIdx.y;
-    }
-    __device__ stamps(unsigned long long *tl)
-        : t(ON && tl && block() < MK_TIMELINE_BLOCKS ? tl + 3 * block() : nullptr) {
-        if (ON && t && threadIdx.x == 0) t[0] = now();
-    }
-    __device__ void waited() const {
-        if (ON && t && threadIdx.x == 0) t[1] = now();
-    }
-    __device__ ~stamps() {
-        if (ON && t && (threadIdx.x & 31) == __ffs(__activemask()) - 1) atomicMax(t + 2, now());
-    }
-};
-
-/* A cluster barrier in halves: every block arrives once it has started (no
- * memory order), and waits before it first touches another block's shared
- * memory, which it may only do once that block runs.
- *
- * The other barriers (cluster.sync) order the blocks' writes into each
- * other's shared memory; their release costs a MEMBAR.ALL.GPU each
- * (doc/performance.md, "Cluster barriers"). */
-static __device__ __forceinline__ void cluster_arrive() {
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-}
-
-static __device__ __forceinline__ void cluster_wait() {
-    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
-}
 
 /* The first index whose running mass exceeds the coin's, the g blocks' masses
  * in sh->masses; n - 1 where none does. */
@@ -170,7 +120,7 @@ static __device__ long long select_mult(pick_shared *sh, const row_probs &p, lon
  * them again. Its registers are not capped: a cap that lets the cluster
  * start beside the classifier's last blocks gained nothing.
  * STAMPED: with MK_CUDA_TIMELINE's stamps (tl), a kernel of its own, so that
- * the sampler without them is as it was (the stamps took 2 registers).
+ * the sampler without them is as it was (the stamps change its registers).
  */
 template <bool HOLD, bool STAMPED>
 static __global__ void __launch_bounds__(THREADS, 1)
@@ -182,12 +132,26 @@ sample_rows(long long *out, const float *logits, const long long *state, const f
 }
 #else
     __shared__ pick_shared sh;
-    stamps<STAMPED> st(tl);
-    pdl_enter();
+    /* MK_CUDA_TIMELINE's stamps (skeletons/timeline.cuh) in the kernel made
+     * with them, where tl, the launch's first, is not NULL and the block
+     * (numbered across the 2-D grid) is among the first MK_TIMELINE_BLOCKS */
+    const unsigned long long block = (unsigned long long)blockIdx.x * gridDim.y + blockIdx.y;
+    mk_stamps st(STAMPED && tl && block < MK_TIMELINE_BLOCKS ? tl + 3 * block : nullptr);
+    /* programmatic dependent launch (where mk_cuda_sample launches with it):
+     * the next launch is scheduled at once, so that its blocks load their
+     * weights while this one runs; then the launch before is waited for */
+    MK_PDL_START;
+    MK_PDL_WAIT;
     st.waited();
     cg::cluster_group cluster = cg::this_cluster();
     int b = (int)cluster.block_rank(), g = (int)cluster.num_blocks();
-    cluster_arrive();
+    /* the cluster barrier in halves: every block arrives once it has started
+     * (no memory order), and waits before it first touches another block's
+     * shared memory, which it may only do once that block runs; the other
+     * barriers (cluster.sync) order the blocks' writes into each other's
+     * shared memory, their release costing a MEMBAR.ALL.GPU each
+     * (doc/performance.md, "Cluster barriers") */
+    mk_cluster_arrive_relaxed();
     pick_shared *lead = cluster.map_shared_rank(&sh, 0);
     long long row = blockIdx.x, lo, hi;
     const float *x = logits + row * n;
@@ -213,7 +177,7 @@ sample_rows(long long *out, const float *logits, const long long *state, const f
         });
         block_argmax(&v, &best, &sh);
         if (threadIdx.x == 0) sh.block_max = v, sh.block_best = best;
-        cluster_wait();
+        mk_cluster_wait();
         cluster.sync();
         if (b == 0 && threadIdx.x < 32) {
             v = -INFINITY, best = 0x7fffffffffffffffLL;
@@ -245,7 +209,7 @@ sample_rows(long long *out, const float *logits, const long long *state, const f
         for_each_in(x, lo, hi, [&](float y, long long) { sum += expf(y / t - m); });
     }
     sum = block_reduce<false>(sum, sh.fpart);
-    cluster_wait(); /* every block runs */
+    mk_cluster_wait(); /* every block runs */
     if (threadIdx.x < g) { /* pushed into every block's room */
         pick_shared *o = cluster.map_shared_rank(&sh, threadIdx.x);
         o->max[b] = m, o->sum[b] = sum;

@@ -44,7 +44,7 @@ typedef struct {
     int from[MK_MAX_INPUTS];                      /* the output feeding it, or -1 */
     long long add[MK_MAX_INPUTS];                 /* a counter's increment */
     mk_step_ctl *ctl;
-    const mk_cuda_fault *fault;
+    const mk_fault_rec *fault;
     cudaGraphConditionalHandle loop;
 } mk_step_args;
 

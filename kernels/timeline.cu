@@ -29,7 +29,7 @@
 #include <string.h>
 #include <unistd.h>
 
-static_assert(sizeof(mk_cuda_fault) <= MK_TIMELINE_AT, "the stamps start past the fault record");
+static_assert(sizeof(mk_fault_rec) <= MK_TIMELINE_AT, "the stamps start past the fault record");
 
 typedef struct mk_cuda_timeline {
     char *path;

@@ -90,6 +90,76 @@ describe("scripts/kernels.lua", function()
         assert.truthy(sampled:find("dst[e0] = v[0]", 1, true), sampled) -- the logits themselves
     end)
 
+    -- The comments of C source s, in order (string and character literals
+    -- skipped), and s without them, each line's trailing blanks dropped and a
+    -- line left blank by a comment dropped whole (what embed.sh says it does).
+    local function comments(s)
+        local found, code, i, n = {}, {}, 1, #s
+        while i <= n do
+            local c, two = s:sub(i, i), s:sub(i, i + 1)
+            if c == '"' or c == "'" then
+                local j = i + 1
+                while j <= n and s:sub(j, j) ~= c do j = j + (s:sub(j, j) == "\\" and 2 or 1) end
+                code[#code + 1] = s:sub(i, j)
+                i = j + 1
+            elseif two == "//" or two == "/*" then
+                local e = two == "//" and (s:find("\n", i, true) or n + 1) - 1 or (s:find("*/", i + 2, true) or n) + 1
+                found[#found + 1] = s:sub(i, e)
+                code[#code + 1] = "\1" -- marks the line as one that held a comment
+                i = e + 1
+            else
+                code[#code + 1] = c
+                i = i + 1
+            end
+        end
+        local lines = {}
+        for line in (table.concat(code) .. "\n"):gmatch("([^\n]*)\n") do
+            if line:find("\1", 1, true) then
+                line = line:gsub("\1", ""):gsub("%s+$", "")
+                if line:find("%S") then lines[#lines + 1] = line end
+            else
+                lines[#lines + 1] = line
+            end
+        end
+        return found, lines
+    end
+
+    it("pastes the skeletons without their comments: a kernel's only comments are its header", function()
+        local dir = os.tmpname()
+        os.remove(dir)
+        local out, rc = run(SHAPE, "-o", dir, "--no-ptxas")
+        if rc ~= 0 and out:find("no CUDA device", 1, true) then
+            pending(out)
+            return
+        end
+        assert.are.equal(0, rc, out)
+        local bodies = {}
+        for launch in out:gmatch("\n| +(%d+) | ") do
+            local src = assert(H.read_file(string.format("%s/launch%03d.cu", dir, tonumber(launch))))
+            -- the header: the first line, the defines, then the lines naming the
+            -- nodes and operands, ending with the last operand's
+            local at = assert(src:find("\n// Operands:\n", 1, true), src) + #"\n// Operands:\n"
+            while src:find("^//   i%d+: ", at) do at = src:find("\n", at, true) + 1 end
+            local body = src:sub(at)
+            local found = comments(body)
+            assert.are.equal(0, #found, string.format("launch %s keeps %s", launch, found[1]))
+            bodies[#bodies + 1] = body
+        end
+        os.execute("rm -rf '" .. dir .. "'")
+        assert.truthy(#bodies >= 5, out)
+        local all = table.concat(bodies, "\n")
+        -- what the llama2 shape's kernels paste: each skeleton has comments
+        -- (so this checks something), and each of its code lines is in a kernel
+        for _, name in ipairs({ "pdl", "fault", "timeline", "cluster", "arrive", "attention", "weights", "staging", "argmax" }) do
+            local path = "kernels/skeletons/" .. name .. ".cuh"
+            local found, lines = comments(assert(H.read_file(path), path))
+            assert.truthy(#found > 0, path .. " has no comment")
+            for _, line in ipairs(lines) do
+                if line:find("%S") then assert.truthy(all:find(line .. "\n", 1, true), path .. ": " .. line) end
+            end
+        end
+    end)
+
     it("reads only a checkpoint's header", function()
         if not H.models_present() then
             pending("../shared/models is absent: no stories260K.bin")

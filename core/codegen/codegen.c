@@ -306,12 +306,13 @@ static void put_source(mk_strbuf *b, const mk_launch *l) {
         mk_strbuf_put(b, "        o[e] = r%d;\n    }\n}\n", MK_X_IN + e->n - 1);
 }
 
-/* The fault record (mk_cuda_fault) and how a generated kernel raises one; the
- * timeline's stamps after it (MK_GROUP_START and MK_GROUP_WAIT use them):
- * skeletons/fault.cuh, after the two constants of the stamps' layout. */
+/* PDL (skeletons/pdl.cuh), the fault record and how a generated kernel raises
+ * one (fault.cuh), the timeline's stamps (timeline.cuh, after the two
+ * constants of their layout), and with them MK_GROUP_START and MK_GROUP_WAIT:
+ * the headers the plugin's own kernels include (kernels/cuda_device.h). */
 void mk_codegen_put_fault(mk_strbuf *b) {
-    mk_strbuf_put(b, "%s#define MK_TIMELINE_BLOCKS %du\n#define MK_TIMELINE_AT %d\n%s", mk_skeleton_pdl,
-                  MK_TIMELINE_BLOCKS, MK_TIMELINE_AT, mk_skeleton_fault);
+    mk_strbuf_put(b, "%s#define MK_TIMELINE_BLOCKS %du\n#define MK_TIMELINE_AT %d\n%s%s", mk_skeleton_pdl,
+                  MK_TIMELINE_BLOCKS, MK_TIMELINE_AT, mk_skeleton_fault, mk_skeleton_timeline);
 }
 
 /* A product kernel's name and parameters (the launch's output, its inputs,
