@@ -247,10 +247,10 @@ static const char *const harness =
     "    -- the base models: reset, or compiled again where the last input closed one\n"
     "    -- (a reset fails; the fourth shares the third's buffer: both again if either is)\n"
     "    for i = 1, 3, 2 do\n"
-    "        local a, b = pcall(base[i].reset, base[i]), pcall(base[i + 1].reset, base[i + 1])\n"
-    "        if i == 3 and not (a and b) then base[3]:close(); base[4]:close(); a, b = false, false end\n"
-    "        if not a then base[i] = compile_base(i, base) end\n"
-    "        if not b then base[i + 1] = compile_base(i + 1, base) end\n"
+    "        local one, two = pcall(base[i].reset, base[i]), pcall(base[i + 1].reset, base[i + 1])\n"
+    "        if i == 3 and not (one and two) then base[3]:close(); base[4]:close(); one, two = false, false end\n"
+    "        if not one then base[i] = compile_base(i, base) end\n"
+    "        if not two then base[i + 1] = compile_base(i + 1, base) end\n"
     "    end\n"
     "    models = { base[1], base[2], base[3], base[4], base[5] }\n"
     "    tensors = { pristine[1]:copy(), pristine[2]:copy(), pristine[3]:copy(), pristine[4]:copy(),\n"
@@ -293,8 +293,8 @@ static const char *harness_source; /* the harness chunk's source string: its fun
 /* fuzz_lua_hook less the harness's own lines: which of its ops an input ran,
  * and how often, is the input's choice, not coverage of the binding (the C
  * edges and moonkaas's Lua lines are); counted, every count of every line
- * pair was a feature, which kept inputs for nothing new and was most of
- * libFuzzer's work per input. */
+ * pair was a feature, which kept inputs for nothing new and cost libFuzzer
+ * work on every input. */
 static void binding_hook(lua_State *L, lua_Debug *ar) {
     if (!lua_getinfo(L, "S", ar) || ar->source == harness_source) return;
     uintptr_t loc = ((uintptr_t)ar->source * 0x9E3779B1u) ^ ((uintptr_t)ar->currentline * 0x85EBCA6Bu);
