@@ -25,22 +25,10 @@
 
 /* ---- compiling and the process-wide cache ---------------------------------- */
 
-typedef struct {
-    unsigned long long hash;
-    int arch;
-    cudaLibrary_t library;
-    cudaKernel_t kernel;
-} cached_kernel;
-
+/* every kernel compiled in this process, by program and architecture
+ * (core/codegen/kernel_table.c) */
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
-static cached_kernel *cache;
-static int n_cache, cap_cache;
-
-static unsigned long long fnv1a(const char *s) {
-    unsigned long long h = 1469598103934665603ull;
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return h;
-}
+static mk_kernel_table cache;
 
 /* What decides a kernel is its program: its source without its comments
  * (mk_codegen_program), which name the group's nodes, their ids and lines
@@ -332,29 +320,23 @@ static cudaKernel_t kernel_of(const mk_launch *l, char *src, int arch, bool disk
         free(src);
         return NULL;
     }
-    unsigned long long hash = fnv1a(program);
+    unsigned long long hash = mk_codegen_program_hash(program);
     dump(src, hash, arch);
     cudaKernel_t kernel = NULL;
     pthread_mutex_lock(&cache_lock);
-    for (int i = 0; i < n_cache && !kernel; i++)
-        if (cache[i].hash == hash && cache[i].arch == arch) kernel = cache[i].kernel;
-    if (!kernel) {
+    const mk_kernel_entry *hit = mk_kernel_table_find(&cache, hash, arch, program);
+    if (hit) kernel = (cudaKernel_t)hit->kernel;
+    else {
         cudaLibrary_t lib = NULL;
-        if (n_cache == cap_cache) {
-            int cap = cap_cache ? 2 * cap_cache : 16;
-            cached_kernel *grown = (cached_kernel *)realloc(cache, sizeof *cache * (size_t)cap);
-            if (!grown) {
-                mk_fail(err, MK_ERR_NOMEM, 0, 0, "caching a generated kernel");
-            } else {
-                cache = grown;
-                cap_cache = cap;
-            }
-        }
         bool disk_hit = false;
-        if (n_cache < cap_cache &&
-            (kernel = compile(src, program, arch, l, &lib, disk, &disk_hit, host, err))) {
-            cache[n_cache++] = (cached_kernel){hash, arch, lib, kernel};
-            ++*(disk_hit ? from_disk : compiled);
+        if ((kernel = compile(src, program, arch, l, &lib, disk, &disk_hit, host, err))) {
+            if (mk_kernel_table_add(&cache, hash, arch, program, (void *)lib, (void *)kernel)) {
+                mk_fail(err, MK_ERR_NOMEM, 0, 0, "caching a generated kernel");
+                cudaLibraryUnload(lib);
+                kernel = NULL;
+            } else {
+                ++*(disk_hit ? from_disk : compiled);
+            }
         }
     }
     pthread_mutex_unlock(&cache_lock);
@@ -502,7 +484,7 @@ int mk_cuda_generate_check(const mk_launch *l, int arch, mk_error **err) {
     bool from_disk = false;
     if (!program) mk_fail(err, MK_ERR_NOMEM, 0, 0, "a generated kernel's program");
     else {
-        dump(src, fnv1a(program), arch);
+        dump(src, mk_codegen_program_hash(program), arch);
         rc = compile(src, program, arch, l, NULL, true, &from_disk, NULL, err) ? 0 : -1;
     }
     free(program);

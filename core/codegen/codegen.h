@@ -8,7 +8,8 @@
  * Files: codegen.c (pointwise groups, decode attention, what every generated
  * kernel shares, the source as it is compiled), matvec.c, matvec_step.c and
  * matvec_tc.c (matrix–vector groups, sharing matvec.h), rows.c (row groups:
- * a softmax or norm with its prologue and epilogue). The device code the
+ * a softmax or norm with its prologue and epilogue), kernel_table.c (the
+ * plugin's table of compiled kernels, by program). The device code the
  * kernels take as it is lives in kernels/skeletons/ (NAME.cuh), embedded by
  * the build as the strings mk_skeleton_NAME (skeletons.h).
  *
@@ -71,6 +72,31 @@ void mk_codegen_kernel_name(const mk_launch *l, char *name, size_t size);
  * cache's keys hash it, so a comment (the header naming the nodes, their
  * ids and lines) changes no key. */
 char *mk_codegen_program(const char *src);
+
+/* kernel_table.c: the plugin's table of compiled kernels (kernels/generated.cu
+ * keeps one for the process, under its lock), each kernel opaque here. An
+ * entry is found by the program's hash, then its whole text (a hash
+ * collision never shares a kernel); the hash is an argument so that a test
+ * can force a collision. */
+typedef struct {
+    unsigned long long hash; /* mk_codegen_program_hash(program) */
+    int arch;
+    char *program;           /* owned: the text that decides the kernel */
+    void *library, *kernel;  /* cudaLibrary_t, cudaKernel_t */
+} mk_kernel_entry;
+typedef struct {
+    mk_kernel_entry *entries; /* (cap), n used */
+    int n, cap;
+} mk_kernel_table;
+unsigned long long mk_codegen_program_hash(const char *program);
+/* The entry of program for arch, or NULL. */
+const mk_kernel_entry *mk_kernel_table_find(const mk_kernel_table *t, unsigned long long hash,
+                                            int arch, const char *program);
+/* Adds an entry with a copy of program; -1 out of memory (the table unchanged). */
+int mk_kernel_table_add(mk_kernel_table *t, unsigned long long hash, int arch,
+                        const char *program, void *library, void *kernel);
+/* Frees the entries and their programs (not the kernels); the table is empty after. */
+void mk_kernel_table_free(mk_kernel_table *t);
 
 /* codegen.c: the CUDA C of a group's launch, its device scratch (bytes, zero
  * between launches) and its grid. */

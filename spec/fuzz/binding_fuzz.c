@@ -20,24 +20,33 @@
  * the table a host function raised), an "internal error", or a module that no
  * longer computes relu(x * w) right after the sequence.
  *
- * Cheap per input (issue 66: compiles, and LeakSanitizer's scans after inputs
- * that left memory to the collector, were nearly all of an execution's cost):
- * one Lua state and the pools' models are made once per process; between
- * inputs each model is reset (its buffers and recurrence zero), one closed by
- * the last input is compiled again, the tables, tensors and hooks are made
- * afresh, and a full collection frees what the input dropped. Compiling from
- * the sequence (compile, compile_script), closing a pool's live model and the
- * fresh model of the final check happen only in one input of 16 (a "full"
- * one, chosen by the input's hash, so that a replay behaves the same); the
- * others check relu(x * w) on a model compiled once, their compile calls
- * return at once and their closes close the pool's closed model (always
- * there: calls on a closed model need no close first).
+ * Cheap per input (issue 66: compiles, LeakSanitizer's scans, libFuzzer's
+ * work per feature and ever longer inputs were nearly all of an execution's
+ * cost): one Lua state and the pools' models are made once per process;
+ * between inputs each model is reset (its buffers and recurrence zero; one
+ * whose reset fails, closed by the last input, is compiled again), the
+ * tables and hooks are made afresh and the tensors copied from pristine
+ * ones. Compiling from the sequence (compile, compile_script), closing a
+ * pool's live model and the fresh model of the final check happen only in
+ * one input of 16 (a "full" one, chosen by the input's hash, so that a replay
+ * behaves the same); the others check relu(x * w) on a model compiled once,
+ * their compile calls return at once and their closes close the pool's
+ * closed model (always there: calls on a closed model need no close first).
+ * An input ends by dropping its pools and collecting until it has freed as
+ * much as it allocated (finalized userdata are freed by the collection after
+ * the one that finalizes them), so that libFuzzer's leak check (a second run,
+ * then LeakSanitizer over the whole heap, after an input with more mallocs
+ * than frees) runs where memory was kept. Coverage counts the C edges and
+ * moonkaas's own Lua lines, not the harness's (binding_hook); inputs are at
+ * most BINDING_MAX_LEN bytes unless -max_len says otherwise.
  *
  *     build-fuzz/fuzz/binding_fuzz -max_total_time=60 build-fuzz/corpus/binding_fuzz
  *     build-fuzz/fuzz/binding_fuzz crash-<sha1>      replay one input
  * Seeds: build-fuzz/seeds/binding_fuzz/ (spec/fuzz/seeds.lua; any bytes are calls).
  */
 #include "fuzz.h"
+
+#include <sanitizer/allocator_interface.h>
 
 static const char *const harness =
     "local mk = require 'moonkaas'\n"
@@ -76,8 +85,10 @@ static const char *const harness =
     "base[5] = mk.compile(x + 1) -- always closed\n"
     "base[5]:close()\n"
     "local check = mk.compile((x * w):relu()) -- the final check's, out of the pools\n"
-    "local check_x, check_w = mk.tensor({ 1, -2, 3, -4 }), mk.tensor({ 0.5, 1, 1.5, 2 })\n"
-    "local function closed(m) return tostring(m) == 'model (closed)' end\n"
+    "local check_feeds = { x = mk.tensor({ 1, -2, 3, -4 }), w = mk.tensor({ 0.5, 1, 1.5, 2 }) }\n"
+    "-- the tensors of the pools as each input starts: copied (an input may write them)\n"
+    "local pristine = { mk.tensor({ 1, -2, 3, -4 }), mk.tensor({ 0.5, 1, 1.5, 2 }), mk.tensor({ { 1, 2 }, { 3, 4 } }),\n"
+    "    mk.tensor({ 3 }, 'int64'), mk.tensor({ 1, 2, 3, 4 }, 'int64'), mk.tensor({ 7 }) }\n"
     "-- the pools, made afresh (or reset) for each input\n"
     "local bytes, pos, full, compiles, depth\n"
     "local models, tensors, nodes, tables, callbacks, metas, ops\n"
@@ -170,7 +181,9 @@ static const char *const harness =
     "        local f = b(2) == 0 and mk.on_progress or mk.on_log\n"
     "        try(f, pick())\n"
     "    end,\n"
-    "    function() collectgarbage() end,\n"
+    "    function() -- a collection: whole, or a young one (finalizers due)\n"
+    "        if b(4) == 0 then collectgarbage() else collectgarbage('step') end\n"
+    "    end,\n"
     "    function() -- compile a script\n"
     "        local script, constants\n"
     "        if b(2) == 0 then script = scripts[b(#scripts) + 1] else script = pick() end\n"
@@ -232,14 +245,16 @@ static const char *const harness =
     "    mk.on_progress(nil)\n"
     "    mk.on_log(nil)\n"
     "    -- the base models: reset, or compiled again where the last input closed one\n"
-    "    -- (the fourth shares the third's buffer: both again if either is closed)\n"
-    "    if closed(base[3]) or closed(base[4]) then base[3]:close(); base[4]:close() end\n"
-    "    for i = 1, 4 do\n"
-    "        if closed(base[i]) then base[i] = compile_base(i, base) else base[i]:reset() end\n"
+    "    -- (a reset fails; the fourth shares the third's buffer: both again if either is)\n"
+    "    for i = 1, 3, 2 do\n"
+    "        local one, two = pcall(base[i].reset, base[i]), pcall(base[i + 1].reset, base[i + 1])\n"
+    "        if i == 3 and not (one and two) then base[3]:close(); base[4]:close(); one, two = false, false end\n"
+    "        if not one then base[i] = compile_base(i, base) end\n"
+    "        if not two then base[i + 1] = compile_base(i + 1, base) end\n"
     "    end\n"
     "    models = { base[1], base[2], base[3], base[4], base[5] }\n"
-    "    tensors = { mk.tensor({ 1, -2, 3, -4 }), mk.tensor({ 0.5, 1, 1.5, 2 }), mk.tensor({ { 1, 2 }, { 3, 4 } }),\n"
-    "        mk.tensor({ 3 }, 'int64'), mk.tensor({ 1, 2, 3, 4 }, 'int64'), mk.tensor({ 7 }) }\n"
+    "    tensors = { pristine[1]:copy(), pristine[2]:copy(), pristine[3]:copy(), pristine[4]:copy(),\n"
+    "        pristine[5]:copy(), pristine[6]:copy() }\n"
     "    nodes = { base_nodes[1], base_nodes[2], base_nodes[3], base_nodes[4], base_nodes[5], base_nodes[6] }\n"
     "    tables = { { x = tensors[1], w = tensors[2] }, { h = tensors[1], w = tensors[2], pos = tensors[4] },\n"
     "        { x = tensors[2] }, {}, { tensors[1], tensors[2] }, { stop = { output = 2, value = 5 } } }\n"
@@ -260,23 +275,71 @@ static const char *const harness =
     "    mk.on_progress(nil)\n"
     "    mk.on_log(nil)\n"
     "    local m = full and mk.compile((x * w):relu()) or check\n"
-    "    local got = m:run({ x = check_x, w = check_w }):totable()\n"
+    "    local got = m:run(check_feeds):totable()\n"
     "    local want = { 0.5, 0, 4.5, 0 }\n"
     "    for i = 1, 4 do\n"
     "        if got[i] ~= want[i] then error('fuzz finding: the module is broken: ' .. tostring(got[i]), 0) end\n"
     "    end\n"
     "    if full then m:close() end\n"
     "    for i = 6, #models do pcall(models[i].close, models[i]) end\n"
-    "    bytes = nil -- finalizers due later run no op\n"
+    "    -- what the input made is garbage now (its finalizers due later run no op)\n"
+    "    bytes, models, tensors, nodes, tables = nil, nil, nil, nil, nil\n"
     "end\n";
 
 static lua_State *L;
 static int fn_ref;
+static const char *harness_source; /* the harness chunk's source string: its functions' id */
+
+/* fuzz_lua_hook less the harness's own lines: which of its ops an input ran,
+ * and how often, is the input's choice, not coverage of the binding (the C
+ * edges and moonkaas's Lua lines are); counted, every count of every line
+ * pair was a feature, which kept inputs for nothing new and cost libFuzzer
+ * work on every input. */
+static void binding_hook(lua_State *L, lua_Debug *ar) {
+    if (!lua_getinfo(L, "S", ar) || ar->source == harness_source) return;
+    uintptr_t loc = ((uintptr_t)ar->source * 0x9E3779B1u) ^ ((uintptr_t)ar->currentline * 0x85EBCA6Bu);
+    fuzz_lua_counters[(loc ^ (fuzz_lua_prev >> 1)) % FUZZ_LUA_COUNTERS]++;
+    fuzz_lua_prev = loc;
+}
+
+/* Inputs of at most BINDING_MAX_LEN bytes unless -max_len is given: about 60
+ * calls, past the pools' limits (12 models, 16 nodes, 12 tables), where
+ * libFuzzer's default (4096) made an input cost ever more calls, not reach
+ * other code. */
+#define BINDING_MAX_LEN "256"
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    for (int i = 1; i < *argc; i++)
+        if (!strncmp((*argv)[i], "-max_len=", 9)) return 0;
+    static char *args[256];
+    static char max_len[] = "-max_len=" BINDING_MAX_LEN;
+    if (*argc + 2 > (int)(sizeof args / sizeof *args)) return 0;
+    args[0] = (*argv)[0];
+    args[1] = max_len;
+    for (int i = 1; i < *argc; i++) args[i + 1] = (*argv)[i];
+    args[*argc + 1] = NULL;
+    *argc += 1;
+    *argv = args;
+    return 0;
+}
+
+/* Allocations and frees since the process began (ASan's hooks: all threads),
+ * counted as libFuzzer counts them around an input. */
+static size_t n_mallocs, n_frees;
+static void count_malloc(const volatile void *p, size_t size) { n_mallocs++; }
+static void count_free(const volatile void *p) { n_frees++; }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    size_t mallocs = n_mallocs, frees = n_frees;
     if (!L) {
+        __sanitizer_install_malloc_and_free_hooks(count_malloc, count_free);
         L = fuzz_lua_new();
+        lua_sethook(L, binding_hook, LUA_MASKLINE, 0);
         fn_ref = fuzz_lua_function(L, harness, "=binding_harness");
+        lua_Debug ar;
+        lua_rawgeti(L, LUA_REGISTRYINDEX, fn_ref);
+        if (!lua_getinfo(L, ">S", &ar)) abort();
+        harness_source = ar.source;
     }
     fuzz_lua_prev = 0;
     lua_rawgeti(L, LUA_REGISTRYINDEX, fn_ref);
@@ -284,9 +347,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     /* one input in 16 compiles: by its hash, so that a replay does the same */
     lua_pushboolean(L, fuzz_hash(data, size) % 16 == 0);
     fuzz_lua_check(L, lua_pcall(L, 2, 0, 0), "binding");
-    /* what this input made and dropped is freed now: libFuzzer checks for leaks
-     * (LeakSanitizer over the whole heap, the most of an execution) only
-     * after an input whose mallocs outnumber its frees */
-    lua_gc(L, LUA_GCCOLLECT);
+    /* What this input made and dropped is freed now. libFuzzer runs the input
+     * again, then LeakSanitizer over the whole heap, after an input whose
+     * mallocs outnumber its frees: a collection runs the finalizers of the
+     * userdata it finds dropped, and only the next frees them, so collect
+     * again while this input has freed less than it allocated (and the
+     * collection frees something). Memory an input keeps still shows. */
+    for (int i = 0; i < 4; i++) {
+        size_t before = n_frees;
+        lua_gc(L, LUA_GCCOLLECT);
+        if (n_mallocs - mallocs <= n_frees - frees || n_frees == before) break;
+    }
     return 0;
 }
