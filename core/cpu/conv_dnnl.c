@@ -127,12 +127,7 @@ static bool bind_arg(mk_cpu_dnnl_conv *c, int k, const dnnl_memory_desc_t *user,
     return ok;
 }
 
-mk_cpu_dnnl_conv *mk_cpu_dnnl_conv_make(const mk_launch *l, char *why, size_t size) {
-    pthread_once(&dnnl_once, dnnl_open);
-    if (!dnnl.engine) {
-        snprintf(why, size, "%s", dnnl.why);
-        return NULL;
-    }
+static mk_cpu_dnnl_conv *make(const mk_launch *l, char *why, size_t size) {
     mk_conv_geom g = mk_conv_geom_of(l->node);
     const char *layout = getenv("MK_DNNL_LAYOUT");
     bool plain = layout && !strcmp(layout, "plain");
@@ -181,6 +176,26 @@ mk_cpu_dnnl_conv *mk_cpu_dnnl_conv_make(const mk_launch *l, char *why, size_t si
         mk_cpu_dnnl_conv_free(c);
         return NULL;
     }
+    return c;
+}
+
+mk_cpu_dnnl_conv *mk_cpu_dnnl_conv_make(const mk_launch *l, char *why, size_t size) {
+    pthread_once(&dnnl_once, dnnl_open);
+    if (!dnnl.engine) {
+        snprintf(why, size, "%s", dnnl.why);
+        return NULL;
+    }
+#ifdef _OPENMP
+    /* oneDNN fixes a primitive's parallel split by OpenMP's count when it
+     * makes it, and forks that many threads at every run whatever the count
+     * then: the launch's cap (else a model of threads = 1 would fork) */
+    int outer = omp_get_max_threads();
+    omp_set_num_threads(max_threads());
+#endif
+    mk_cpu_dnnl_conv *c = make(l, why, size);
+#ifdef _OPENMP
+    omp_set_num_threads(outer);
+#endif
     return c;
 }
 

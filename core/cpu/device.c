@@ -162,7 +162,11 @@ static int prepare_dnnl(cpu_state *s, const mk_launch *launches, int n, const mk
             continue;
         if (!s->dnnl && !(s->dnnl = calloc((size_t)n, sizeof *s->dnnl))) return -1;
         char why[256] = "";
+        /* oneDNN fixes a primitive's thread count when it makes it: the launch's */
+        int outer = mk_cpu_launch_threads;
+        mk_cpu_launch_threads = s->threads[i];
         s->dnnl[i] = mk_cpu_dnnl_conv_make(l, why, sizeof why);
+        mk_cpu_launch_threads = outer;
         if (!s->dnnl[i])
             host->log(host, MK_LOG_INFO, "cpu: %s $%d runs on im2col and sgemm: %s",
                       l->node->op->name, l->node->id, why);
