@@ -52,31 +52,41 @@ static void im2col(const float *x, const mk_conv_geom *g, int64_t cg, float *col
     });
 }
 
-/* out [N, O, OH, OW] = x [N, C, H, W] (*) w [O, C/g, kH, kW] by im2col and sgemm. */
-static void conv_im2col(const mk_launch *l, const mk_conv_geom *g) {
-    const float *x = l->in[0].data, *w = l->in[1].data;
-    float *out = l->out.data;
+/* out [N, O, OH, OW] = x [N, C, H, W] (*) w [O, C/g, kH, kW] by im2col and sgemm,
+ * then the epilogue (+ bias, + residual, ReLU) over each image's result while
+ * it is in cache. cols: the launch's scratch (unused for a 1x1 window of
+ * stride 1 without padding, which reads x as it is). */
+void mk_cpu_conv_im2col(const mk_conv_geom *g, const mk_cpu_conv_args *a, bool relu,
+                        float *cols) {
     int64_t cg = g->c / g->groups, og = g->o / g->groups, k = cg * g->kh * g->kw;
     int64_t plane = g->oh * g->ow;
-    for (int64_t b = 0; b < g->n; b++)
+    bool direct = g->kh == 1 && g->kw == 1 && g->sh == 1 && g->sw == 1 && g->ph == 0 &&
+                  g->pw == 0;
+    for (int64_t b = 0; b < g->n; b++) {
         for (int64_t gi = 0; gi < g->groups; gi++) {
-            const float *xg = x + (b * g->c + gi * cg) * g->h * g->w;
-            const float *cols = xg; /* a 1x1 window of stride 1 without padding: x itself */
-            if (l->scratch_bytes) {
-                im2col(xg, g, cg, l->scratch);
-                cols = l->scratch;
+            const float *xg = a->x + (b * g->c + gi * cg) * g->h * g->w;
+            const float *in = xg; /* direct: x itself */
+            if (!direct) {
+                im2col(xg, g, cg, cols);
+                in = cols;
             }
-            mk_cpu_sgemm(false, false, og, plane, k, w + gi * og * k, k, cols, plane, 0.0f,
-                         out + (b * g->o + gi * og) * plane, plane);
+            mk_cpu_sgemm(false, false, og, plane, k, a->w + gi * og * k, k, in, plane, 0.0f,
+                         a->out + (b * g->o + gi * og) * plane, plane);
         }
-}
-
-int mk_cpu_conv(const mk_launch *l, mk_error **err) {
-    const cpu_state *s = l->dev;
-    if (s && s->dnnl && s->dnnl[l->index]) return mk_cpu_dnnl_conv_run(s->dnnl[l->index], l, err);
-    mk_conv_geom g = mk_conv_geom_of(l->node);
-    conv_im2col(l, &g);
-    return 0;
+        if (!a->bias && !a->residual && !relu) continue;
+        float *ob = a->out + b * g->o * plane;
+        const float *rb = a->residual ? a->residual + b * g->o * plane : NULL;
+        CPU_FOR(par(g->o * plane), o, g->o, {
+            float *y = ob + o * plane;
+            float add = a->bias ? a->bias[o] : 0.0f;
+            const float *r = rb ? rb + o * plane : NULL;
+            for (int64_t p = 0; p < plane; p++) {
+                float v = y[p] + add;
+                if (r) v += r[p];
+                y[p] = relu && !(v > 0.0f) ? 0.0f : v;
+            }
+        });
+    }
 }
 
 /* out [N, O, OH, OW] from x [N, C, H, W] and w [C, O/g, kH, kW]: each input
