@@ -17,6 +17,7 @@
  */
 #include "cpu.h"
 #include "conv.h"
+#include "vec.h"
 
 #include <math.h>
 #include <string.h>
@@ -130,6 +131,53 @@ int mk_cpu_conv_transpose(const mk_launch *l, mk_error **err) {
 
 /* out [N, C, OH, OW]: the largest x over each dilated window (NaN wins, as
  * PyTorch's max does). */
+/* The larger of m and v, NaN once either is: NaN wins, as PyTorch's max (a
+ * comparison with NaN is false, so an m that is NaN stays). Without a
+ * branch: a window's values are in no order a predictor could follow. */
+static inline float max_nan(float m, float v) {
+    int take = (v > m) | (v != v);
+    return take ? v : m;
+}
+
+typedef int32_t pool_mask __attribute__((vector_size(32)));
+
+/* col[i] = max_nan(col[i], x[i]), eight lanes at a time. */
+static void max_nan_row(float *col, const float *x, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        cpu_v8 m = load8(col + i), v = load8(x + i);
+        pool_mask take = (v > m) | (v != v);
+        pool_mask r = ((pool_mask)v & take) | ((pool_mask)m & ~take);
+        memcpy(col + i, &r, sizeof r);
+    }
+    for (; i < n; i++) col[i] = max_nan(col[i], x[i]);
+}
+
+#define POOL_ROW 1024 /* widths whose column maxima fit a stack row: the fast form */
+
+/* One plane by rows: each output row's window rows reduced to one row of
+ * column maxima (eight lanes at a time), then each output element the
+ * maximum of its window's columns in that row. */
+static void max_pool_plane(const mk_conv_geom *g, const float *xp, float *op) {
+    float col[POOL_ROW];
+    for (int64_t oy = 0; oy < g->oh; oy++) {
+        for (int64_t ix = 0; ix < g->w; ix++) col[ix] = -INFINITY;
+        for (int64_t ki = 0; ki < g->kh; ki++) {
+            int64_t iy = oy * g->sh - g->ph + ki * g->dh;
+            if (iy >= 0 && iy < g->h) max_nan_row(col, xp + iy * g->w, g->w);
+        }
+        float *o = op + oy * g->ow;
+        for (int64_t ox = 0; ox < g->ow; ox++) {
+            float m = -INFINITY;
+            for (int64_t kj = 0; kj < g->kw; kj++) {
+                int64_t ix = ox * g->sw - g->pw + kj * g->dw;
+                if (ix >= 0 && ix < g->w) m = max_nan(m, col[ix]);
+            }
+            o[ox] = m;
+        }
+    }
+}
+
 int mk_cpu_max_pool(const mk_launch *l, mk_error **err) {
     (void)err;
     mk_conv_geom g = mk_conv_geom_of(l->node);
@@ -139,6 +187,10 @@ int mk_cpu_max_pool(const mk_launch *l, mk_error **err) {
     CPU_FOR(par(planes * g.oh * g.ow * g.kh * g.kw), p, planes, {
         const float *xp = x + p * g.h * g.w;
         float *op = out + p * g.oh * g.ow;
+        if (g.w <= POOL_ROW) {
+            max_pool_plane(&g, xp, op);
+            continue;
+        }
         for (int64_t oy = 0; oy < g.oh; oy++)
             for (int64_t ox = 0; ox < g.ow; ox++) {
                 float m = -INFINITY;
@@ -147,9 +199,7 @@ int mk_cpu_max_pool(const mk_launch *l, mk_error **err) {
                     if (iy < 0 || iy >= g.h) continue;
                     for (int64_t kj = 0; kj < g.kw; kj++) {
                         int64_t ix = ox * g.sw - g.pw + kj * g.dw;
-                        if (ix < 0 || ix >= g.w) continue;
-                        float v = xp[iy * g.w + ix];
-                        if (v > m || v != v) m = v;
+                        if (ix >= 0 && ix < g.w) m = max_nan(m, xp[iy * g.w + ix]);
                     }
                 }
                 op[oy * g.ow + ox] = m;

@@ -117,9 +117,12 @@ local function pool_ref(x, k, s, p, d, fn)
     return out
 end
 
-local function max_of(vals)
+local function max_of(vals) -- a NaN in the window wins (PyTorch's max)
     local m = -math.huge
-    for _, v in ipairs(vals) do if v > m then m = v end end
+    for _, v in ipairs(vals) do
+        if v ~= v then return v end
+        if v > m then m = v end
+    end
     return m
 end
 
@@ -332,6 +335,21 @@ return function(c)
                 str(k), str(s), str(pa)),
             x2:avg_pool2d(k, { stride = s, padding = pa }), { x = xt2 },
             pool_ref(xr2, k, s, pa, { 1, 1 }, mean_of), 1e-6, 1e-5)
+    end
+
+    -- max pooling with NaNs in x: each window holding one gives NaN; rows
+    -- wider than eight (the vector lanes of the CPU's column pass) and not a
+    -- multiple of them
+    do
+        local k, s, p = { 3, 3 }, { 2, 2 }, { 1, 1 }
+        local shape = { 1, 2, random(5, 9), random(9, 21) }
+        local x, xt, xr = input("x", shape)
+        for _ = 1, 3 do xr.data[random(1, #xr.data)] = 0 / 0 end
+        xt = c.H.tensor(xr)
+        add(string.format("MaxPool2dNode x %s k {3, 3} stride {2, 2} pad {1, 1} with NaNs",
+                c.H.shape_str(shape)),
+            x:max_pool2d(k, { stride = s, padding = p }), { x = xt },
+            pool_ref(xr, k, s, p, { 1, 1 }, max_of), 0, 0)
     end
 
     for case = 1, 4 do
