@@ -168,10 +168,15 @@ static void max_pool_plane(const mk_conv_geom *g, const float *xp, float *op) {
         }
         float *o = op + oy * g->ow;
         for (int64_t ox = 0; ox < g->ow; ox++) {
+            int64_t ix0 = ox * g->sw - g->pw, last = ix0 + (g->kw - 1) * g->dw;
             float m = -INFINITY;
-            for (int64_t kj = 0; kj < g->kw; kj++) {
-                int64_t ix = ox * g->sw - g->pw + kj * g->dw;
-                if (ix >= 0 && ix < g->w) m = max_nan(m, col[ix]);
+            if (ix0 >= 0 && last < g->w) { /* inside the row: no bounds to check */
+                for (int64_t kj = 0; kj < g->kw; kj++) m = max_nan(m, col[ix0 + kj * g->dw]);
+            } else {
+                for (int64_t kj = 0; kj < g->kw; kj++) {
+                    int64_t ix = ix0 + kj * g->dw;
+                    if (ix >= 0 && ix < g->w) m = max_nan(m, col[ix]);
+                }
             }
             o[ox] = m;
         }
