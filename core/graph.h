@@ -259,6 +259,8 @@ typedef struct {
                                prepare (CUDA built with cuDNN) */
     bool row_groups;        /* it runs row groups (group_rows.c): a row reduction with its
                                pointwise prologue and epilogue */
+    bool conv_groups;       /* it runs convolution groups (group_conv.c): a convolution with
+                               its bias, batch norm (folded), residual add and ReLU */
 } mk_target;
 
 /* Whether n is one of g's outputs (its value is copied out: no group may absorb it). */
@@ -312,7 +314,8 @@ int mk_safetensors_parse_buffer(const void *file, size_t size, size_t *count, mk
     X(REDUCE_SUM) X(REDUCE_MEAN) X(REDUCE_MAX) X(REDUCE_MIN) X(REDUCE_PROD) X(REDUCE_VAR) \
     X(ARGMAX_AXIS) X(ARGMIN_AXIS) X(SOFTMAX) X(LOG_SOFTMAX) X(LAYER_NORM) X(GROUP_NORM) \
     X(BATCH_NORM) X(RMS_NORM_EPS) X(ROWS_GROUP) \
-    X(CONV) X(CONV_TRANSPOSE) X(MAX_POOL) X(AVG_POOL) X(ADAPTIVE_AVG_POOL) X(UPSAMPLE_NEAREST)
+    X(CONV) X(CONV_TRANSPOSE) X(MAX_POOL) X(AVG_POOL) X(ADAPTIVE_AVG_POOL) X(UPSAMPLE_NEAREST) \
+    X(CONV_GROUP)
 typedef enum {
     MK_KERNEL_NONE,
 #define MK_KERNEL_ENUM(k) MK_KERNEL_##k,

@@ -191,6 +191,24 @@ typedef struct mk_rows_group {
     int w, b, eps;              /* operands: the row op's weight, bias and eps, or -1 */
 } mk_rows_group;
 
+/*
+ * What a convolution group node computes (group_conv.c): its convolution
+ * member's product over operands 0 (x) and 1 (the weights), then, each where
+ * present, + bias [O] per channel, the batch norm (operands bn .. bn + 4:
+ * running mean, var, weight, bias, eps; all constants, as the weights and the
+ * bias then are: the device folds it into them once), + residual (of the
+ * result's shape), max(., 0).
+ */
+typedef struct mk_conv_group {
+    const struct mk_node *conv; /* the convolution member: its geometry (mk_conv_geom_of) */
+    int bias;                   /* operand: [O] values, or -1 */
+    int bn;                     /* operand of the batch norm's mean (four more follow), or -1 */
+    int residual;               /* operand added after the batch norm, or -1 */
+    bool relu;                  /* max(., 0) last */
+    bool constant_weights;      /* the weights and the bias are constants: a device may lay
+                                   them out (and fold the batch norm) once, at prepare */
+} mk_conv_group;
+
 /* ---- groups (group.c) ------------------------------------------------------ */
 
 /*
@@ -206,6 +224,7 @@ typedef enum {
     MK_GROUP_PRODUCT,   /* mk_product_group: matrix-vector or decode attention (product.c) */
     MK_GROUP_CUDNN,     /* mk_fused_group: one cuDNN graph (fusion.c) */
     MK_GROUP_ROWS,      /* mk_rows_group: a row op with its prologue, epilogue (group_rows.c) */
+    MK_GROUP_CONV,      /* mk_conv_group: a convolution with its epilogue (group_conv.c) */
     MK_GROUP_KINDS
 } mk_group_kind;
 
@@ -267,6 +286,9 @@ static inline bool mk_node_pointwise_mixed(const mk_node *n) {
 }
 static inline mk_rows_group *mk_node_rows(const mk_node *n) {
     return (mk_rows_group *)mk_group_body(n, MK_GROUP_ROWS);
+}
+static inline mk_conv_group *mk_node_conv(const mk_node *n) {
+    return (mk_conv_group *)mk_group_body(n, MK_GROUP_CONV);
 }
 /* A group whose kernel the device writes (kernel_source); cuDNN builds its own. */
 static inline bool mk_node_generated(const mk_node *n) {

@@ -346,6 +346,11 @@ static const mk_op ops[] = {
          "x [N, C, H, W] resized to [N, C, oh, ow] by nearest neighbour: element (i, j) is x's "
          "(floor(i H / oh), floor(j W / ow))"),
      .infer = mk_infer_resize, .kernel = MK_KERNEL_UPSAMPLE_NEAREST},
+    /* made by the convolution-group pass (group_conv.c) */
+    {ROW("ConvGroupNode", "s", MK_ROLE_GROUP, MK_OP_INTERNAL, NULL, NULL, NULL,
+         "a convolution with its bias, batch norm (folded into the weights), residual add and "
+         "ReLU, as one launch"),
+     .infer = mk_infer_internal, .scratch = mk_group_scratch, .kernel = MK_KERNEL_CONV_GROUP},
 
     /* made by the cuDNN fusion pass (fusion.c), never parsed: its name field
      * describes the group */

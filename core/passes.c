@@ -203,6 +203,7 @@ static const struct {
     {"drop-dead", drop_dead},           /* what reaches neither the output nor a buffer */
     {"assign-storage", assign_storage}, /* views, in-place writes, copies that stay views */
     {"fuse-cudnn", mk_fusion_pass},     /* with use_cudnn: matmul/pointwise groups (fusion.c) */
+    {"convs", mk_conv_pass},            /* a convolution with its epilogue (group_conv.c) */
     {"group", mk_pointwise_pass},       /* pointwise trees as one program each (group_pointwise.c) */
     {"products", mk_product_pass},      /* matrix-vector products with what surrounds them
                                            (product.c) */

@@ -31,6 +31,10 @@ int mk_gather_pass(mk_graph *g, const mk_compile_options *opts, const mk_target 
  * whose target has row_groups */
 int mk_rows_pass(mk_graph *g, const mk_compile_options *opts, const mk_target *t,
                  mk_error **err);
+/* group_conv.c: a convolution with its bias, batch norm, residual add and
+ * ReLU, on devices whose target has conv_groups */
+int mk_conv_pass(mk_graph *g, const mk_compile_options *opts, const mk_target *t,
+                 mk_error **err);
 /*
  * What a CUDA device's prepare found of a cuDNN group at an earlier compile,
  * by the group's trace: that cuDNN refuses it (why), or the workspace its

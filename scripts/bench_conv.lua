@@ -1,8 +1,9 @@
 --[[
 bench_conv.lua — the CPU's two convolution paths on ResNet-18's layer shapes
 (batch 1, 224 x 224 input): im2col + OpenBLAS sgemm (core/cpu/conv.c) and
-oneDNN (core/cpu/conv_dnnl.c, in its preferred blocked layout with reorders
-around it, and in plain NCHW), on 1 and 2 threads. Prints the time per layer
+oneDNN (core/cpu/conv_dnnl.c, in its preferred blocked layout with x and the
+result reordered around it at every run, the constant weights once at
+compile, and in plain NCHW), on 1 and 2 threads. Prints the time per layer
 for each path (milliseconds, the best of the runs: on a shared machine the
 least disturbed one) and the whole set.
 

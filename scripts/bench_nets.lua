@@ -9,6 +9,7 @@ bench_nets.lua — latency of the reference networks of scripts/nets.lua:
 
     lua5.4 scripts/bench_nets.lua --net resnet18|gpt2|dqn [--devices cpu,cuda]
         [--threads N] [--runs N] [--tokens N] [--save FILE] [--out FILE]
+        [--peer on|off|only] [--peer-dir DIR]
 
 Weights are random (scripts/nets.lua's fast_weights, seed 1), named as
 PyTorch's state_dict names them. --save FILE writes them and the input
@@ -20,8 +21,21 @@ Runtime's intra-op threads. For resnet18 and dqn, ONNX Runtime's CPU
 provider runs the same weights in the same run where it is installed
 (npm's onnxruntime-node, as spec/onnx_ort_spec.lua finds it; the graph
 written by scripts/nets_onnx.py with Debian's python3-onnx), and its output
-is compared with moonkaas's. The command printed at the end runs PyTorch on
-the same weights (scripts/torch_nets.py, a GPU machine).
+is compared with moonkaas's. --peer off skips it, --peer only runs it
+alone (to alternate it with moonkaas runs of other builds, MK_BUILD); with
+--peer-dir DIR the ONNX graph, input and output stay in DIR, and a graph
+already there is reused (the weights are the same: seed 1). The command
+printed at the end runs PyTorch on the same weights (scripts/torch_nets.py,
+a GPU machine).
+
+Alternating rounds, before / after / ONNX Runtime, as doc/performance.md's
+ResNet-18 table was taken:
+
+    for r in 1 2 3; do for t in 1 2; do
+      MK_BUILD=/tmp/mk_before/build lua5.4 scripts/bench_nets.lua --net resnet18 --threads $t --peer off
+      lua5.4 scripts/bench_nets.lua --net resnet18 --threads $t --peer off
+      lua5.4 scripts/bench_nets.lua --net resnet18 --threads $t --peer only --peer-dir /tmp/rn18
+    done; done
 ]]
 
 local here = (arg and arg[0] or ""):match("^(.*)[/\\]") or "."
@@ -32,7 +46,7 @@ package.cpath = build .. "/?.so;" .. package.cpath
 local mk = require "moonkaas"
 local nets = dofile(root .. "/scripts/nets.lua")
 
-local opts = { net = nil, devices = "cpu", threads = 0, runs = 20, tokens = 32 }
+local opts = { net = nil, devices = "cpu", threads = 0, runs = 20, tokens = 32, peer = "on" }
 do
     local i = 1
     while arg[i] do
@@ -44,6 +58,8 @@ do
         elseif a == "--tokens" then opts.tokens = tonumber(v)
         elseif a == "--save" then opts.save = v
         elseif a == "--out" then opts.out = v
+        elseif a == "--peer" and (v == "on" or v == "off" or v == "only") then opts.peer = v
+        elseif a == "--peer-dir" then opts.peer_dir = v
         else
             io.stderr:write("bench_nets: unknown option " .. a .. "\n")
             os.exit(2)
@@ -52,7 +68,8 @@ do
     end
     if opts.net ~= "resnet18" and opts.net ~= "gpt2" and opts.net ~= "dqn" then
         io.stderr:write("usage: lua5.4 scripts/bench_nets.lua --net resnet18|gpt2|dqn [--devices cpu,cuda] " ..
-            "[--threads N] [--runs N] [--tokens N] [--save FILE] [--out FILE]\n")
+            "[--threads N] [--runs N] [--tokens N] [--save FILE] [--out FILE] [--peer on|off|only] " ..
+            "[--peer-dir DIR]\n")
         os.exit(2)
     end
 end
@@ -95,7 +112,7 @@ local function bench_image(build_net, shape, name)
     local x, y = build_net(mk, P, { batch = 1 })
     local input = random_tensor(shape)
     weights["input.x"] = input
-    for _, dev in ipairs(devices()) do
+    for _, dev in ipairs(opts.peer == "only" and {} or devices()) do
         local m = compile(y, dev)
         local out = m:run { x = input } -- warm-up (and the output compared)
         outputs[dev .. ".y"] = out
@@ -178,15 +195,23 @@ local function ort_peer(shape)
             "node is not installed" or "onnxruntime-node is not installed: scripts/setup.sh, or MK_ORTNODE") .. ")")
         return
     end
-    local dir = os.tmpname()
-    os.remove(dir)
+    local dir = opts.peer_dir
+    if not dir then
+        dir = os.tmpname()
+        os.remove(dir)
+    end
     assert(os.execute("mkdir -p " .. sh_quote(dir)))
-    mk.save_safetensors(dir .. "/w.safetensors", weights)
-    local f = assert(io.open(dir .. "/x.bin", "wb"))
-    f:write(weights["input.x"]:bytes())
-    f:close()
-    assert(os.execute(string.format("%s %s/scripts/nets_onnx.py --net %s --weights %s/w.safetensors --out %s/net.onnx",
-        py, sh_quote(root), opts.net, sh_quote(dir), sh_quote(dir))), "nets_onnx.py failed")
+    local made = io.open(dir .. "/net.onnx")
+    if made then
+        made:close()
+    else
+        mk.save_safetensors(dir .. "/w.safetensors", weights)
+        local f = assert(io.open(dir .. "/x.bin", "wb"))
+        f:write(weights["input.x"]:bytes())
+        f:close()
+        assert(os.execute(string.format("%s %s/scripts/nets_onnx.py --net %s --weights %s/w.safetensors --out %s/net.onnx",
+            py, sh_quote(root), opts.net, sh_quote(dir), sh_quote(dir))), "nets_onnx.py failed")
+    end
     local cmd = string.format("NODE_PATH=%s node %s/scripts/ort_bench.js %s/net.onnx %s/x.bin %s %d %d %s/out.bin",
         sh_quote(path), sh_quote(root), sh_quote(dir), sh_quote(dir), table.concat(shape, ","), opts.runs,
         opts.threads, sh_quote(dir))
@@ -216,7 +241,7 @@ local function ort_peer(shape)
             tonumber(p50), tonumber(p99), opts.runs, opts.threads > 0 and tostring(opts.threads) or "ORT's default", msg))
         print("  peer command: " .. cmd:gsub(sh_quote(dir), "DIR"))
     end
-    os.execute("rm -rf " .. sh_quote(dir))
+    if not opts.peer_dir then os.execute("rm -rf " .. sh_quote(dir)) end
 end
 
 if opts.net == "resnet18" then
@@ -224,10 +249,10 @@ if opts.net == "resnet18" then
         o.res, o.width, o.classes = 224, 64, 1000
         return nets.resnet18(m, p, o)
     end, { 1, 3, 224, 224 }, "resnet18")
-    ort_peer({ 1, 3, 224, 224 })
+    if opts.peer ~= "off" then ort_peer({ 1, 3, 224, 224 }) end
 elseif opts.net == "dqn" then
     bench_image(nets.dqn, { 1, 4, 84, 84 }, "dqn")
-    ort_peer({ 1, 4, 84, 84 })
+    if opts.peer ~= "off" then ort_peer({ 1, 4, 84, 84 }) end
 else
     bench_gpt2()
 end

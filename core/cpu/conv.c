@@ -17,6 +17,7 @@
  */
 #include "cpu.h"
 #include "conv.h"
+#include "vec.h"
 
 #include <math.h>
 #include <string.h>
@@ -52,31 +53,41 @@ static void im2col(const float *x, const mk_conv_geom *g, int64_t cg, float *col
     });
 }
 
-/* out [N, O, OH, OW] = x [N, C, H, W] (*) w [O, C/g, kH, kW] by im2col and sgemm. */
-static void conv_im2col(const mk_launch *l, const mk_conv_geom *g) {
-    const float *x = l->in[0].data, *w = l->in[1].data;
-    float *out = l->out.data;
+/* out [N, O, OH, OW] = x [N, C, H, W] (*) w [O, C/g, kH, kW] by im2col and sgemm,
+ * then the epilogue (+ bias, + residual, ReLU) over each image's result while
+ * it is in cache. cols: the launch's scratch (unused for a 1x1 window of
+ * stride 1 without padding, which reads x as it is). */
+void mk_cpu_conv_im2col(const mk_conv_geom *g, const mk_cpu_conv_args *a, bool relu,
+                        float *cols) {
     int64_t cg = g->c / g->groups, og = g->o / g->groups, k = cg * g->kh * g->kw;
     int64_t plane = g->oh * g->ow;
-    for (int64_t b = 0; b < g->n; b++)
+    bool direct = g->kh == 1 && g->kw == 1 && g->sh == 1 && g->sw == 1 && g->ph == 0 &&
+                  g->pw == 0;
+    for (int64_t b = 0; b < g->n; b++) {
         for (int64_t gi = 0; gi < g->groups; gi++) {
-            const float *xg = x + (b * g->c + gi * cg) * g->h * g->w;
-            const float *cols = xg; /* a 1x1 window of stride 1 without padding: x itself */
-            if (l->scratch_bytes) {
-                im2col(xg, g, cg, l->scratch);
-                cols = l->scratch;
+            const float *xg = a->x + (b * g->c + gi * cg) * g->h * g->w;
+            const float *in = xg; /* direct: x itself */
+            if (!direct) {
+                im2col(xg, g, cg, cols);
+                in = cols;
             }
-            mk_cpu_sgemm(false, false, og, plane, k, w + gi * og * k, k, cols, plane, 0.0f,
-                         out + (b * g->o + gi * og) * plane, plane);
+            mk_cpu_sgemm(false, false, og, plane, k, a->w + gi * og * k, k, in, plane, 0.0f,
+                         a->out + (b * g->o + gi * og) * plane, plane);
         }
-}
-
-int mk_cpu_conv(const mk_launch *l, mk_error **err) {
-    const cpu_state *s = l->dev;
-    if (s && s->dnnl && s->dnnl[l->index]) return mk_cpu_dnnl_conv_run(s->dnnl[l->index], l, err);
-    mk_conv_geom g = mk_conv_geom_of(l->node);
-    conv_im2col(l, &g);
-    return 0;
+        if (!a->bias && !a->residual && !relu) continue;
+        float *ob = a->out + b * g->o * plane;
+        const float *rb = a->residual ? a->residual + b * g->o * plane : NULL;
+        CPU_FOR(par(g->o * plane), o, g->o, {
+            float *y = ob + o * plane;
+            float add = a->bias ? a->bias[o] : 0.0f;
+            const float *r = rb ? rb + o * plane : NULL;
+            for (int64_t p = 0; p < plane; p++) {
+                float v = y[p] + add;
+                if (r) v += r[p];
+                y[p] = relu && !(v > 0.0f) ? 0.0f : v;
+            }
+        });
+    }
 }
 
 /* out [N, O, OH, OW] from x [N, C, H, W] and w [C, O/g, kH, kW]: each input
@@ -120,6 +131,58 @@ int mk_cpu_conv_transpose(const mk_launch *l, mk_error **err) {
 
 /* out [N, C, OH, OW]: the largest x over each dilated window (NaN wins, as
  * PyTorch's max does). */
+/* The larger of m and v, NaN once either is: NaN wins, as PyTorch's max (a
+ * comparison with NaN is false, so an m that is NaN stays). Without a
+ * branch: a window's values are in no order a predictor could follow. */
+static inline float max_nan(float m, float v) {
+    int take = (v > m) | (v != v);
+    return take ? v : m;
+}
+
+typedef int32_t pool_mask __attribute__((vector_size(32)));
+
+/* col[i] = max_nan(col[i], x[i]), eight lanes at a time. */
+static void max_nan_row(float *col, const float *x, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        cpu_v8 m = load8(col + i), v = load8(x + i);
+        pool_mask take = (v > m) | (v != v);
+        pool_mask r = ((pool_mask)v & take) | ((pool_mask)m & ~take);
+        memcpy(col + i, &r, sizeof r);
+    }
+    for (; i < n; i++) col[i] = max_nan(col[i], x[i]);
+}
+
+#define POOL_ROW 1024 /* widths whose column maxima fit a stack row: the fast form */
+
+/* One plane by rows: each output row's window rows reduced to one row of
+ * column maxima (eight lanes at a time), then each output element the
+ * maximum of its window's columns in that row. */
+static void max_pool_plane(const mk_conv_geom *g, const float *xp, float *op) {
+    float col[POOL_ROW];
+    for (int64_t oy = 0; oy < g->oh; oy++) {
+        for (int64_t ix = 0; ix < g->w; ix++) col[ix] = -INFINITY;
+        for (int64_t ki = 0; ki < g->kh; ki++) {
+            int64_t iy = oy * g->sh - g->ph + ki * g->dh;
+            if (iy >= 0 && iy < g->h) max_nan_row(col, xp + iy * g->w, g->w);
+        }
+        float *o = op + oy * g->ow;
+        for (int64_t ox = 0; ox < g->ow; ox++) {
+            int64_t ix0 = ox * g->sw - g->pw, last = ix0 + (g->kw - 1) * g->dw;
+            float m = -INFINITY;
+            if (ix0 >= 0 && last < g->w) { /* inside the row: no bounds to check */
+                for (int64_t kj = 0; kj < g->kw; kj++) m = max_nan(m, col[ix0 + kj * g->dw]);
+            } else {
+                for (int64_t kj = 0; kj < g->kw; kj++) {
+                    int64_t ix = ix0 + kj * g->dw;
+                    if (ix >= 0 && ix < g->w) m = max_nan(m, col[ix]);
+                }
+            }
+            o[ox] = m;
+        }
+    }
+}
+
 int mk_cpu_max_pool(const mk_launch *l, mk_error **err) {
     (void)err;
     mk_conv_geom g = mk_conv_geom_of(l->node);
@@ -129,6 +192,10 @@ int mk_cpu_max_pool(const mk_launch *l, mk_error **err) {
     CPU_FOR(par(planes * g.oh * g.ow * g.kh * g.kw), p, planes, {
         const float *xp = x + p * g.h * g.w;
         float *op = out + p * g.oh * g.ow;
+        if (g.w <= POOL_ROW) {
+            max_pool_plane(&g, xp, op);
+            continue;
+        }
         for (int64_t oy = 0; oy < g.oh; oy++)
             for (int64_t ox = 0; ox < g.ow; ox++) {
                 float m = -INFINITY;
@@ -137,9 +204,7 @@ int mk_cpu_max_pool(const mk_launch *l, mk_error **err) {
                     if (iy < 0 || iy >= g.h) continue;
                     for (int64_t kj = 0; kj < g.kw; kj++) {
                         int64_t ix = ox * g.sw - g.pw + kj * g.dw;
-                        if (ix < 0 || ix >= g.w) continue;
-                        float v = xp[iy * g.w + ix];
-                        if (v > m || v != v) m = v;
+                        if (ix >= 0 && ix < g.w) m = max_nan(m, xp[iy * g.w + ix]);
                     }
                 }
                 op[oy * g.ow + ox] = m;

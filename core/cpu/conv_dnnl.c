@@ -2,15 +2,16 @@
  * conv_dnnl.c — the CPU's convolutions through oneDNN (Debian's libdnnl 2.x C
  * API), opened with dlopen the first time a model with a convolution
  * chooses it, so processes that never do map neither it nor its OpenCL
- * loader. device.c's cpu_prepare makes one oneDNN convolution per launch:
- * with the layouts oneDNN prefers (blocked, nChw8c on AVX2), so that
- * x, the weights and the result are reordered around it at every
- * evaluation (the weights too: a constant's tensor may be changed in place
- * after compile, t:set), or with $MK_DNNL_LAYOUT=plain, NCHW as they are.
- * Where the library is missing or refuses the shape, the launch stays on
- * im2col (conv.c) and the compile's log says why.
+ * loader. Each launch's convolution is made once, at prepare (conv_group.c's
+ * mk_cpu_conv_prepare), with the layouts oneDNN prefers (blocked, nChw8c on
+ * AVX2), so that x and the result are reordered around it at every run,
+ * constant weights once, there (or with $MK_DNNL_LAYOUT=plain, NCHW as they
+ * are); a convolution group's bias is oneDNN's, its residual add and ReLU
+ * post-ops (a sum into the result, which first holds the residual, and an
+ * eltwise ReLU). Where the library is missing or refuses the shape, the
+ * launch stays on im2col (conv.c) and the compile's log says why.
  *
- * Which launches take it: device.c's prepare_dnnl (the rule, $MK_CPU_CONV).
+ * Which launches take it: conv_group.c (the rule, $MK_CPU_CONV).
  */
 #include "cpu.h"
 #include "conv.h"
@@ -19,14 +20,16 @@
 
 #ifndef MK_WITH_DNNL /* built where oneDNN's header is missing: im2col only */
 
-mk_cpu_dnnl_conv *mk_cpu_dnnl_conv_make(const mk_launch *l, char *why, size_t size) {
-    (void)l;
+mk_cpu_dnnl_conv *mk_cpu_dnnl_conv_make(const mk_cpu_conv_spec *sp, const mk_node *node,
+                                        char *why, size_t size) {
+    (void)sp, (void)node;
     snprintf(why, size, "this build has no oneDNN (its header was missing)");
     return NULL;
 }
 void mk_cpu_dnnl_conv_free(mk_cpu_dnnl_conv *c) { (void)c; }
-int mk_cpu_dnnl_conv_run(const mk_cpu_dnnl_conv *c, const mk_launch *l, mk_error **err) {
-    (void)c;
+int mk_cpu_dnnl_conv_run(const mk_cpu_dnnl_conv *c, const mk_cpu_conv_args *a,
+                         const mk_node *node, mk_error **err) {
+    (void)c, (void)a, (void)node;
     return MK_INTERNAL(err, "a oneDNN convolution in a build without oneDNN");
 }
 
@@ -48,7 +51,10 @@ int mk_cpu_dnnl_conv_run(const mk_cpu_dnnl_conv *c, const mk_launch *l, mk_error
     X(dnnl_primitive_desc_destroy) X(dnnl_memory_desc_equal) X(dnnl_primitive_create)     \
     X(dnnl_primitive_destroy) X(dnnl_memory_create) X(dnnl_memory_destroy)                \
     X(dnnl_memory_set_data_handle) X(dnnl_reorder_primitive_desc_create)                  \
-    X(dnnl_primitive_execute) X(dnnl_stream_wait)
+    X(dnnl_primitive_execute) X(dnnl_stream_wait) X(dnnl_post_ops_create)                  \
+    X(dnnl_post_ops_destroy) X(dnnl_post_ops_append_sum) X(dnnl_post_ops_append_eltwise)  \
+    X(dnnl_primitive_attr_create) X(dnnl_primitive_attr_destroy)                          \
+    X(dnnl_primitive_attr_set_post_ops)
 
 static struct {
 #define DNNL_FIELD(f) __typeof__(f) *f;
@@ -84,7 +90,7 @@ static void dnnl_open(void) {
 
 /* ---- one launch's convolution ----------------------------------------------- */
 
-enum { SRC, WEI, DST, N_ARGS };
+enum { SRC, WEI, DST, BIA, N_ARGS };
 
 struct mk_cpu_dnnl_conv {
     dnnl_stream_t stream;
@@ -92,6 +98,10 @@ struct mk_cpu_dnnl_conv {
     dnnl_memory_t user[N_ARGS]; /* the model's memory (handles set at each run) */
     dnnl_memory_t mine[N_ARGS]; /* oneDNN's layout where it differs, else NULL */
     dnnl_primitive_t reorder[N_ARGS];
+    dnnl_memory_t res_user;     /* the residual, in the result's user layout */
+    dnnl_primitive_t res_reorder; /* it into the result's layout, where that differs */
+    bool weights_once;          /* the weights were laid out at make, for the model's life */
+    bool bias, residual;
 };
 
 void mk_cpu_dnnl_conv_free(mk_cpu_dnnl_conv *c) {
@@ -101,14 +111,27 @@ void mk_cpu_dnnl_conv_free(mk_cpu_dnnl_conv *c) {
         if (c->mine[k]) dnnl.dnnl_memory_destroy(c->mine[k]);
         if (c->user[k]) dnnl.dnnl_memory_destroy(c->user[k]);
     }
+    if (c->res_reorder) dnnl.dnnl_primitive_destroy(c->res_reorder);
+    if (c->res_user) dnnl.dnnl_memory_destroy(c->res_user);
     if (c->conv) dnnl.dnnl_primitive_destroy(c->conv);
     if (c->stream) dnnl.dnnl_stream_destroy(c->stream);
     free(c);
 }
 
+static bool make_reorder(dnnl_primitive_t *r, const dnnl_memory_desc_t *from,
+                         const dnnl_memory_desc_t *to) {
+    dnnl_primitive_desc_t pd = NULL;
+    bool ok = dnnl.dnnl_reorder_primitive_desc_create(&pd, from, dnnl.engine, to, dnnl.engine,
+                                                      NULL) == dnnl_success &&
+              dnnl.dnnl_primitive_create(r, pd) == dnnl_success;
+    if (pd) dnnl.dnnl_primitive_desc_destroy(pd);
+    return ok;
+}
+
 /* The memory of argument k in the layout `want` (the primitive's): the
  * model's own where they agree, else oneDNN's with a reorder between them
- * (into it for x and the weights, out of it for the result). */
+ * (into it for the operands, out of it for the result; for a result that a
+ * residual is summed into, the residual into it). */
 static bool bind_arg(mk_cpu_dnnl_conv *c, int k, const dnnl_memory_desc_t *user,
                      const dnnl_memory_desc_t *want) {
     if (dnnl.dnnl_memory_create(&c->user[k], user, dnnl.engine, DNNL_MEMORY_NONE) != dnnl_success)
@@ -117,110 +140,181 @@ static bool bind_arg(mk_cpu_dnnl_conv *c, int k, const dnnl_memory_desc_t *user,
     if (dnnl.dnnl_memory_create(&c->mine[k], want, dnnl.engine, DNNL_MEMORY_ALLOCATE) !=
         dnnl_success)
         return false;
-    dnnl_primitive_desc_t pd = NULL;
     bool out = k == DST;
-    bool ok = dnnl.dnnl_reorder_primitive_desc_create(&pd, out ? want : user, dnnl.engine,
-                                                      out ? user : want, dnnl.engine,
-                                                      NULL) == dnnl_success &&
-              dnnl.dnnl_primitive_create(&c->reorder[k], pd) == dnnl_success;
-    if (pd) dnnl.dnnl_primitive_desc_destroy(pd);
+    return make_reorder(&c->reorder[k], out ? want : user, out ? user : want);
+}
+
+static bool run_reorder(const mk_cpu_dnnl_conv *c, dnnl_primitive_t r, dnnl_memory_t from,
+                        dnnl_memory_t to) {
+    return dnnl.dnnl_primitive_execute(
+               r, c->stream, 2,
+               (dnnl_exec_arg_t[]){{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}}) == dnnl_success;
+}
+
+/* The post-ops: the residual summed into the result, then the ReLU. */
+static bool post_ops(const mk_cpu_conv_spec *sp, dnnl_primitive_attr_t *attr) {
+    *attr = NULL;
+    if (!sp->residual && !sp->relu) return true;
+    dnnl_post_ops_t po = NULL;
+    bool ok = dnnl.dnnl_post_ops_create(&po) == dnnl_success &&
+              (!sp->residual || dnnl.dnnl_post_ops_append_sum(po, 1.0f) == dnnl_success) &&
+              (!sp->relu || dnnl.dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0.0f,
+                                                              0.0f) == dnnl_success) &&
+              dnnl.dnnl_primitive_attr_create(attr) == dnnl_success &&
+              dnnl.dnnl_primitive_attr_set_post_ops(*attr, po) == dnnl_success;
+    if (po) dnnl.dnnl_post_ops_destroy(po);
     return ok;
 }
 
-mk_cpu_dnnl_conv *mk_cpu_dnnl_conv_make(const mk_launch *l, char *why, size_t size) {
-    pthread_once(&dnnl_once, dnnl_open);
-    if (!dnnl.engine) {
-        snprintf(why, size, "%s", dnnl.why);
-        return NULL;
-    }
-    mk_conv_geom g = mk_conv_geom_of(l->node);
+static mk_cpu_dnnl_conv *make(const mk_cpu_conv_spec *sp, const mk_node *node, char *why,
+                              size_t size) {
+    const mk_conv_geom g = sp->g;
     const char *layout = getenv("MK_DNNL_LAYOUT");
     bool plain = layout && !strcmp(layout, "plain");
-    dnnl_dims_t xd = {g.n, g.c, g.h, g.w}, yd = {g.n, g.o, g.oh, g.ow};
+    dnnl_dims_t xd = {g.n, g.c, g.h, g.w}, yd = {g.n, g.o, g.oh, g.ow}, bd = {g.o};
     dnnl_dims_t wd = {g.groups, g.o / g.groups, g.c / g.groups, g.kh, g.kw};
     dnnl_dims_t wd4 = {g.o, g.c / g.groups, g.kh, g.kw};
     dnnl_dims_t stride = {g.sh, g.sw}, dil = {g.dh - 1, g.dw - 1}, pad = {g.ph, g.pw};
     bool grouped = g.groups > 1;
     dnnl_memory_desc_t user[N_ARGS], any[N_ARGS];
-    const dnnl_dims_t *dims[N_ARGS] = {&xd, grouped ? &wd : &wd4, &yd};
-    dnnl_format_tag_t tags[N_ARGS] = {dnnl_nchw, grouped ? dnnl_goihw : dnnl_oihw, dnnl_nchw};
-    int ranks[N_ARGS] = {4, grouped ? 5 : 4, 4};
+    const dnnl_dims_t *dims[N_ARGS] = {&xd, grouped ? &wd : &wd4, &yd, &bd};
+    dnnl_format_tag_t tags[N_ARGS] = {dnnl_nchw, grouped ? dnnl_goihw : dnnl_oihw, dnnl_nchw,
+                                      dnnl_x};
+    int ranks[N_ARGS] = {4, grouped ? 5 : 4, 4, 1};
     for (int k = 0; k < N_ARGS; k++)
         if (dnnl.dnnl_memory_desc_init_by_tag(&user[k], ranks[k], *dims[k], dnnl_f32, tags[k]) !=
                 dnnl_success ||
             dnnl.dnnl_memory_desc_init_by_tag(&any[k], ranks[k], *dims[k], dnnl_f32,
-                                              plain ? tags[k] : dnnl_format_tag_any) !=
+                                              plain || k == BIA ? tags[k] : dnnl_format_tag_any) !=
                 dnnl_success) {
-            snprintf(why, size, "oneDNN refuses the shapes of %s $%d", l->node->op->name,
-                     l->node->id);
+            snprintf(why, size, "oneDNN refuses the shapes of %s $%d", node->op->name, node->id);
             return NULL;
         }
     dnnl_convolution_desc_t desc;
     dnnl_primitive_desc_t pd = NULL;
+    dnnl_primitive_attr_t attr = NULL;
     mk_cpu_dnnl_conv *c = calloc(1, sizeof *c);
-    if (!c ||
-        dnnl.dnnl_dilated_convolution_forward_desc_init(
-            &desc, dnnl_forward_inference, dnnl_convolution_direct, &any[SRC], &any[WEI], NULL,
-            &any[DST], stride, dil, pad, pad) != dnnl_success ||
-        dnnl.dnnl_primitive_desc_create(&pd, &desc, NULL, dnnl.engine, NULL) != dnnl_success) {
-        snprintf(why, size, "oneDNN has no convolution for %s $%d", l->node->op->name,
-                 l->node->id);
+    bool made = c && post_ops(sp, &attr) &&
+                dnnl.dnnl_dilated_convolution_forward_desc_init(
+                    &desc, dnnl_forward_inference, dnnl_convolution_direct, &any[SRC], &any[WEI],
+                    sp->bias ? &any[BIA] : NULL, &any[DST], stride, dil, pad,
+                    pad) == dnnl_success &&
+                dnnl.dnnl_primitive_desc_create(&pd, &desc, attr, dnnl.engine, NULL) ==
+                    dnnl_success;
+    if (attr) dnnl.dnnl_primitive_attr_destroy(attr);
+    if (!made) {
+        snprintf(why, size, "oneDNN has no convolution for %s $%d%s", node->op->name, node->id,
+                 sp->residual || sp->relu ? " with its post-ops" : "");
         free(c);
         return NULL;
     }
-    dnnl_query_t queries[N_ARGS] = {dnnl_query_src_md, dnnl_query_weights_md, dnnl_query_dst_md};
+    c->bias = sp->bias;
+    c->residual = sp->residual;
+    dnnl_query_t queries[N_ARGS] = {dnnl_query_src_md, dnnl_query_weights_md, dnnl_query_dst_md,
+                                    dnnl_query_weights_md};
+    int index[N_ARGS] = {0, 0, 0, 1};
     bool ok = dnnl.dnnl_primitive_create(&c->conv, pd) == dnnl_success &&
               dnnl.dnnl_stream_create(&c->stream, dnnl.engine, dnnl_stream_default_flags) ==
                   dnnl_success;
     for (int k = 0; ok && k < N_ARGS; k++)
-        ok = bind_arg(c, k, &user[k], dnnl.dnnl_primitive_desc_query_md(pd, queries[k], 0));
+        if (k != BIA || sp->bias)
+            ok = bind_arg(c, k, &user[k],
+                          dnnl.dnnl_primitive_desc_query_md(pd, queries[k], index[k]));
+    if (ok && sp->residual) { /* summed into the result's memory: laid out as it first */
+        ok = dnnl.dnnl_memory_create(&c->res_user, &user[DST], dnnl.engine, DNNL_MEMORY_NONE) ==
+             dnnl_success;
+        if (ok && c->mine[DST]) {
+            dnnl_primitive_t r = NULL;
+            ok = make_reorder(&r, &user[DST],
+                              dnnl.dnnl_primitive_desc_query_md(pd, queries[DST], 0));
+            c->res_reorder = r;
+        }
+    }
     dnnl.dnnl_primitive_desc_destroy(pd);
+    /* constant weights: laid out once, here (the model's memory or the
+     * folded copy outlives the primitive) */
+    if (ok && sp->weights_once) {
+        ok = dnnl.dnnl_memory_set_data_handle(c->user[WEI], (void *)sp->weights_once) ==
+             dnnl_success;
+        if (ok && c->reorder[WEI])
+            ok = run_reorder(c, c->reorder[WEI], c->user[WEI], c->mine[WEI]) &&
+                 dnnl.dnnl_stream_wait(c->stream) == dnnl_success;
+        c->weights_once = true;
+    }
     if (!ok) {
-        snprintf(why, size, "oneDNN could not make the convolution of %s $%d",
-                 l->node->op->name, l->node->id);
+        snprintf(why, size, "oneDNN could not make the convolution of %s $%d", node->op->name,
+                 node->id);
         mk_cpu_dnnl_conv_free(c);
         return NULL;
     }
     return c;
 }
 
-/* The launch's convolution: reorders in, the convolution, the reorder out. */
-int mk_cpu_dnnl_conv_run(const mk_cpu_dnnl_conv *c, const mk_launch *l, mk_error **err) {
-    void *data[N_ARGS] = {l->in[0].data, l->in[1].data, l->out.data};
+mk_cpu_dnnl_conv *mk_cpu_dnnl_conv_make(const mk_cpu_conv_spec *sp, const mk_node *node,
+                                        char *why, size_t size) {
+    pthread_once(&dnnl_once, dnnl_open);
+    if (!dnnl.engine) {
+        snprintf(why, size, "%s", dnnl.why);
+        return NULL;
+    }
+#ifdef _OPENMP
+    /* oneDNN fixes a primitive's parallel split by OpenMP's count when it
+     * makes it, and forks that many threads at every run whatever the count
+     * then: the launch's cap (else a model of threads = 1 would fork) */
+    int outer = omp_get_max_threads();
+    omp_set_num_threads(max_threads());
+#endif
+    mk_cpu_dnnl_conv *c = make(sp, node, why, size);
+#ifdef _OPENMP
+    omp_set_num_threads(outer);
+#endif
+    return c;
+}
+
+/* The launch's convolution: reorders in (the residual into the result's
+ * memory first), the convolution with its bias and post-ops, the reorder out. */
+int mk_cpu_dnnl_conv_run(const mk_cpu_dnnl_conv *c, const mk_cpu_conv_args *a,
+                         const mk_node *node, mk_error **err) {
 #ifdef _OPENMP
     /* oneDNN's regions take OpenMP's count: the launch's cap for this call */
     int outer = omp_get_max_threads();
     omp_set_num_threads(max_threads());
 #endif
+    const void *data[N_ARGS] = {a->x, a->w, a->out, a->bias};
     dnnl_memory_t use[N_ARGS];
     bool ok = true;
     for (int k = 0; k < N_ARGS; k++) {
-        ok = ok && dnnl.dnnl_memory_set_data_handle(c->user[k], data[k]) == dnnl_success;
+        if (!c->user[k]) continue;
+        if (k != WEI || !c->weights_once)
+            ok = ok && dnnl.dnnl_memory_set_data_handle(c->user[k], (void *)data[k]) ==
+                           dnnl_success;
         use[k] = c->mine[k] ? c->mine[k] : c->user[k];
     }
-    for (int k = SRC; ok && k <= WEI; k++)
-        if (c->reorder[k])
-            ok = dnnl.dnnl_primitive_execute(
-                     c->reorder[k], c->stream, 2,
-                     (dnnl_exec_arg_t[]){{DNNL_ARG_FROM, c->user[k]}, {DNNL_ARG_TO, c->mine[k]}}) ==
-                 dnnl_success;
-    ok = ok && dnnl.dnnl_primitive_execute(c->conv, c->stream, 3,
-                                           (dnnl_exec_arg_t[]){{DNNL_ARG_SRC, use[SRC]},
-                                                               {DNNL_ARG_WEIGHTS, use[WEI]},
-                                                               {DNNL_ARG_DST, use[DST]}}) ==
+    if (ok && c->reorder[SRC]) ok = run_reorder(c, c->reorder[SRC], c->user[SRC], c->mine[SRC]);
+    if (ok && c->reorder[WEI] && !c->weights_once)
+        ok = run_reorder(c, c->reorder[WEI], c->user[WEI], c->mine[WEI]);
+    if (ok && c->residual) {
+        if (c->mine[DST])
+            ok = dnnl.dnnl_memory_set_data_handle(c->res_user, (void *)a->residual) ==
+                     dnnl_success &&
+                 run_reorder(c, c->res_reorder, c->res_user, c->mine[DST]);
+        else if (a->residual != a->out)
+            memcpy(a->out, a->residual, a->out_bytes);
+    }
+    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, use[SRC]},
+                               {DNNL_ARG_WEIGHTS, use[WEI]},
+                               {DNNL_ARG_DST, use[DST]},
+                               {DNNL_ARG_BIAS, c->bias ? use[BIA] : NULL}};
+    ok = ok && dnnl.dnnl_primitive_execute(c->conv, c->stream, c->bias ? 4 : 3, args) ==
                    dnnl_success;
-    if (ok && c->reorder[DST])
-        ok = dnnl.dnnl_primitive_execute(
-                 c->reorder[DST], c->stream, 2,
-                 (dnnl_exec_arg_t[]){{DNNL_ARG_FROM, c->mine[DST]}, {DNNL_ARG_TO, c->user[DST]}}) ==
-             dnnl_success;
+    if (ok && c->reorder[DST]) ok = run_reorder(c, c->reorder[DST], c->mine[DST], c->user[DST]);
     ok = ok && dnnl.dnnl_stream_wait(c->stream) == dnnl_success;
 #ifdef _OPENMP
     omp_set_num_threads(outer);
 #endif
     if (!ok)
-        return mk_fail(err, MK_ERR_DEVICE, l->node->line, l->node->column,
-                       "%s $%d: oneDNN's convolution failed", l->node->op->name, l->node->id);
+        return mk_fail(err, MK_ERR_DEVICE, node->line, node->column,
+                       "%s $%d: oneDNN's convolution failed", node->op->name, node->id);
     return 0;
 }
 

@@ -12,6 +12,7 @@
 #ifndef MK_CPU_H
 #define MK_CPU_H
 
+#include "conv.h"
 #include "device.h"
 
 #ifdef _OPENMP
@@ -124,21 +125,52 @@ static inline bool par(int64_t work) {
 
 /* ---- the device's per-model state ----------------------------------------- */
 
-/* conv_dnnl.c: oneDNN's convolution for one launch (made by cpu_prepare). */
+/* A convolution launch as the CPU runs it (conv_group.c): its geometry and
+ * epilogue, and the weights to lay out once (constant), or NULL: each run. */
+typedef struct {
+    mk_conv_geom g;
+    bool bias, residual, relu;
+    const float *weights_once;
+} mk_cpu_conv_spec;
+
+/* One run's memory: x, the weights, the per-channel bias [O] or NULL, the
+ * residual of the result's shape or NULL, the result. */
+typedef struct {
+    const float *x, *w, *bias, *residual;
+    float *out;
+    size_t out_bytes;
+} mk_cpu_conv_args;
+
+/* conv_dnnl.c: oneDNN's convolution for one launch (made at prepare). */
 typedef struct mk_cpu_dnnl_conv mk_cpu_dnnl_conv;
 /* NULL where oneDNN is missing or refuses the launch; why says which. */
-mk_cpu_dnnl_conv *mk_cpu_dnnl_conv_make(const mk_launch *l, char *why, size_t size);
+mk_cpu_dnnl_conv *mk_cpu_dnnl_conv_make(const mk_cpu_conv_spec *sp, const struct mk_node *node,
+                                        char *why, size_t size);
 void mk_cpu_dnnl_conv_free(mk_cpu_dnnl_conv *c);
-int mk_cpu_dnnl_conv_run(const mk_cpu_dnnl_conv *c, const mk_launch *l, mk_error **err);
+int mk_cpu_dnnl_conv_run(const mk_cpu_dnnl_conv *c, const mk_cpu_conv_args *a,
+                         const struct mk_node *node, mk_error **err);
+
+/* A convolution launch's plan (conv_group.c), made at prepare: the weights
+ * and bias with a batch norm folded in (NULL: the operands'), and oneDNN's
+ * convolution (NULL: im2col). */
+typedef struct {
+    float *w, *bias;
+    mk_cpu_dnnl_conv *dnnl;
+} mk_cpu_conv_plan;
 
 /* A model's state (mk_launch.dev): the most threads each of its launches may
  * use (cpu_prepare; 1: no parallel region), or NULL: no cap; its launches'
- * oneDNN convolutions ([n], NULL for those on im2col), or NULL: none. */
+ * convolution plans ([n], zero for other launches), or NULL: none. */
 typedef struct {
     int *threads;
-    mk_cpu_dnnl_conv **dnnl;
+    mk_cpu_conv_plan *conv;
     int n;
 } cpu_state;
+
+/* conv_group.c: the plans of the model's convolution launches (0, or -1
+ * out of memory), and their freeing. */
+int mk_cpu_conv_prepare(cpu_state *s, const mk_launch *launches, int n, const mk_host *host);
+void mk_cpu_conv_free(cpu_state *s);
 
 /* ---- row functions shared with the groups ------------------------------- */
 
@@ -253,12 +285,15 @@ int mk_cpu_batch_norm(const mk_launch *l, mk_error **err);
 int mk_cpu_rms_norm_eps(const mk_launch *l, mk_error **err);
 /* conv.c: convolutions (im2col and sgemm, or oneDNN: conv_dnnl.c), pooling, upsampling */
 int mk_cpu_conv(const mk_launch *l, mk_error **err);
+void mk_cpu_conv_im2col(const mk_conv_geom *g, const mk_cpu_conv_args *a, bool relu,
+                        float *cols);
 int mk_cpu_conv_transpose(const mk_launch *l, mk_error **err);
 int mk_cpu_max_pool(const mk_launch *l, mk_error **err);
 int mk_cpu_avg_pool(const mk_launch *l, mk_error **err);
 int mk_cpu_adaptive_avg_pool(const mk_launch *l, mk_error **err);
 int mk_cpu_upsample_nearest(const mk_launch *l, mk_error **err);
 int mk_cpu_rows_group(const mk_launch *l, mk_error **err);
+int mk_cpu_conv_group(const mk_launch *l, mk_error **err);
 
 #pragma GCC visibility pop
 

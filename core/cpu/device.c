@@ -87,17 +87,11 @@ static int cpu_open(void **state, mk_error **err) {
     return 0;
 }
 
-static void free_dnnl(cpu_state *s) {
-    for (int i = 0; s->dnnl && i < s->n; i++) mk_cpu_dnnl_conv_free(s->dnnl[i]);
-    free(s->dnnl);
-    s->dnnl = NULL;
-}
-
 static void cpu_close(void *state) {
     cpu_state *s = state;
     if (s) {
         free(s->threads);
-        free_dnnl(s);
+        mk_cpu_conv_free(s);
     }
     free(s);
 }
@@ -141,35 +135,6 @@ static size_t tensor_bytes(const mk_tensor *t) {
     return (size_t)mk_tensor_numel(t) * mk_dtype_size(t->dtype);
 }
 
-/*
- * The convolutions that take oneDNN (conv_dnnl.c): each forward convolution
- * by default, but on one thread those whose weights outnumber their result's
- * elements 16 times (ResNet-18's last layers), which oneDNN's per-run reorder
- * of the weights makes slower than im2col (doc/performance.md, "CPU
- * convolutions"); $MK_CPU_CONV=dnnl takes every one to oneDNN, im2col none.
- * Where oneDNN is missing or refuses one, im2col, and the compile's log says
- * why. -1: out of memory.
- */
-static int prepare_dnnl(cpu_state *s, const mk_launch *launches, int n, const mk_host *host) {
-    const char *path = getenv("MK_CPU_CONV");
-    bool all = path && !strcmp(path, "dnnl");
-    if (path && !all && !strcmp(path, "im2col")) return 0;
-    for (int i = 0; i < n; i++) {
-        const mk_launch *l = &launches[i];
-        if (l->node->op->kernel != MK_KERNEL_CONV) continue;
-        if (!all && s->threads[i] == 1 &&
-            mk_tensor_numel(&l->in[1]) > 16 * mk_tensor_numel(&l->out))
-            continue;
-        if (!s->dnnl && !(s->dnnl = calloc((size_t)n, sizeof *s->dnnl))) return -1;
-        char why[256] = "";
-        s->dnnl[i] = mk_cpu_dnnl_conv_make(l, why, sizeof why);
-        if (!s->dnnl[i])
-            host->log(host, MK_LOG_INFO, "cpu: %s $%d runs on im2col and sgemm: %s",
-                      l->node->op->name, l->node->id, why);
-    }
-    return 0;
-}
-
 /* The cost rule above, per launch. */
 static int cpu_prepare(void *state, const mk_launch *launches, int n, const mk_copy *in,
                        int n_in, const mk_copy *out, int n_out, const mk_step_rule *rules,
@@ -206,7 +171,7 @@ static int cpu_prepare(void *state, const mk_launch *launches, int n, const mk_c
     double constants = 0.0;
     const mk_node **seen = calloc((size_t)n * MK_MAX_INPUTS + 1, sizeof *seen);
     free(s->threads);
-    free_dnnl(s);
+    mk_cpu_conv_free(s);
     s->n = n;
     if (!seen || !(s->threads = calloc((size_t)n + 1, sizeof *s->threads))) {
         free(seen);
@@ -236,7 +201,7 @@ static int cpu_prepare(void *state, const mk_launch *launches, int n, const mk_c
         s->threads[i] = fork ? cap : 1;
         forks += fork;
     }
-    if (prepare_dnnl(s, launches, n, host)) return mk_fail(err, MK_ERR_NOMEM, 0, 0, "the CPU's oneDNN plans");
+    if (mk_cpu_conv_prepare(s, launches, n, host)) return mk_fail(err, MK_ERR_NOMEM, 0, 0, "the CPU's convolution plans");
     if (asked == 1)
         host->log(host, MK_LOG_INFO,
                   "cpu: 0 of %d launches may use threads (the model's threads = 1: no parallel "
@@ -334,13 +299,14 @@ static const mk_kernel cpu_kernels[MK_KERNEL_COUNT] = {
     [MK_KERNEL_ADAPTIVE_AVG_POOL] = {mk_cpu_adaptive_avg_pool, F32},
     [MK_KERNEL_UPSAMPLE_NEAREST] = {mk_cpu_upsample_nearest, F32},
     [MK_KERNEL_ROWS_GROUP] = {mk_cpu_rows_group, F32},
+    [MK_KERNEL_CONV_GROUP] = {mk_cpu_conv_group, F32},
 };
 
 const mk_device_ops mk_cpu_device = {
     .name = "cpu",
     .kernels = cpu_kernels,
     .target = {.pointwise_operands = MK_X_IN, .int8_products = INT64_MAX, .row_products = true,
-               .row_groups = true},
+               .row_groups = true, .conv_groups = true},
     .open = cpu_open,
     .close = cpu_close,
     .alloc = cpu_alloc,

@@ -117,9 +117,12 @@ local function pool_ref(x, k, s, p, d, fn)
     return out
 end
 
-local function max_of(vals)
+local function max_of(vals) -- a NaN in the window wins (PyTorch's max)
     local m = -math.huge
-    for _, v in ipairs(vals) do if v > m then m = v end end
+    for _, v in ipairs(vals) do
+        if v ~= v then return v end
+        if v > m then m = v end
+    end
     return m
 end
 
@@ -171,6 +174,24 @@ local function relu_ref(r)
     return out
 end
 
+-- inference batch norm over axis 1 of a reference: (v - mean) / sqrt(var + eps) * w + b
+local function bn_ref(r, mean, var, w, b, eps)
+    local out = { shape = r.shape, data = {} }
+    local C, inner = r.shape[2], 1
+    for i = 3, #r.shape do inner = inner * r.shape[i] end
+    for i, v in ipairs(r.data) do
+        local ch = idiv(i - 1, inner) % C + 1
+        out.data[i] = (v - mean.data[ch]) / math.sqrt(var.data[ch] + eps) * w.data[ch] + b.data[ch]
+    end
+    return out
+end
+
+local function sum_ref(a, b)
+    local out = { shape = a.shape, data = {} }
+    for i, v in ipairs(a.data) do out.data[i] = v + b.data[i] end
+    return out
+end
+
 -- an extent for which a window k (dilation d, stride s, padding p) fits
 local function extent(k, s, p, d)
     return math.max(1, d * (k - 1) + 1 - 2 * p + random(0, 2 * s + 3))
@@ -206,6 +227,51 @@ return function(c)
             y, { x = xt }, want, 1e-4, 1e-4)
     end
 
+    -- conv2d with the epilogue a convolution group takes (group_conv.c): a bias,
+    -- a batch norm of constants (folded into the weights), a residual, a relu;
+    -- groups and dilations on some. The last case's batch norm reads its mean
+    -- at run time: it stays its own node, the rest still groups.
+    for case = 1, 6 do
+        local g = case % 2 == 0 and 2 or 1
+        local C, O = g * random(1, 3), g * random(1, 3)
+        local k = { random(1, 3), random(1, 3) }
+        local s, p = { random(1, 2), random(1, 2) }, { random(0, 1), random(0, 1) }
+        local d = case % 3 == 0 and { 2, random(1, 2) } or { 1, 1 }
+        local shape = { random(1, 2), C, extent(k[1], s[1], p[1], d[1]),
+            extent(k[2], s[2], p[2], d[2]) }
+        local x, xt, xr = input("x", shape)
+        local wt, wr = c.H.rand({ O, idiv(C, g), k[1], k[2] })
+        local bt, br
+        if case ~= 2 then bt, br = c.H.rand({ O }) end
+        local y = x:conv2d(wt, { stride = s, padding = p, dilation = d, groups = g, bias = bt })
+        local want = conv_ref(xr, wr, br, s, p, d, g)
+        local mt, mr = c.H.rand({ O })
+        local vt, vr = c.H.rand({ O }, 0.5, 2)
+        local gt, gr = c.H.rand({ O })
+        local btt, btr = c.H.rand({ O })
+        local eps = 1e-3
+        local feeds = { x = xt }
+        local mean = mt
+        if case == 6 then
+            local mn
+            mn, mt, mr = input("mean", { O })
+            mean, feeds.mean = mn, mt
+        end
+        y = y:batch_norm(mean, vt, { weight = gt, bias = btt, eps = eps })
+        want = bn_ref(want, mr, vr, gr, btr, eps)
+        local res = case >= 3 and case ~= 4
+        if res then
+            local r, rt, rr = input("r", want.shape)
+            y, want, feeds.r = y + r, sum_ref(want, rr), rt
+        end
+        y, want = y:relu(), relu_ref(want)
+        add(string.format("Conv2dNode group x %s k %s stride %s pad %s dil %s groups %d%s, "
+                .. "batch norm%s%s, relu", c.H.shape_str(shape), str(k), str(s), str(p), str(d),
+                g, bt and ", bias" or "", case == 6 and " (mean an input)" or "",
+                res and ", residual" or ""),
+            y, feeds, want, 1e-4, 1e-4)
+    end
+
     for _ = 1, 4 do
         local g = random(1, 2)
         local C, O = g * random(1, 3), g * random(1, 3)
@@ -217,6 +283,7 @@ return function(c)
         local y = x:conv1d(wt, { stride = s, padding = p, dilation = d, groups = g, bias = bt })
         local want = conv_ref(as4(xr), as4(wr), br, { 1, s }, { 0, p }, { 1, d }, g)
         want.shape = { want.shape[1], want.shape[2], want.shape[4] }
+        if g == 2 then y, want = y:relu(), relu_ref(want) end
         add(string.format("Conv1dNode x %s k %d stride %d pad %d dil %d groups %d",
             c.H.shape_str(shape), k, s, p, d, g), y, { x = xt }, want, 1e-4, 1e-4)
     end
@@ -268,6 +335,21 @@ return function(c)
                 str(k), str(s), str(pa)),
             x2:avg_pool2d(k, { stride = s, padding = pa }), { x = xt2 },
             pool_ref(xr2, k, s, pa, { 1, 1 }, mean_of), 1e-6, 1e-5)
+    end
+
+    -- max pooling with NaNs in x: each window holding one gives NaN; rows
+    -- wider than eight (the vector lanes of the CPU's column pass) and not a
+    -- multiple of them
+    do
+        local k, s, p = { 3, 3 }, { 2, 2 }, { 1, 1 }
+        local shape = { 1, 2, random(5, 9), random(9, 21) }
+        local x, xt, xr = input("x", shape)
+        for _ = 1, 3 do xr.data[random(1, #xr.data)] = 0 / 0 end
+        xt = c.H.tensor(xr)
+        add(string.format("MaxPool2dNode x %s k {3, 3} stride {2, 2} pad {1, 1} with NaNs",
+                c.H.shape_str(shape)),
+            x:max_pool2d(k, { stride = s, padding = p }), { x = xt },
+            pool_ref(xr, k, s, p, { 1, 1 }, max_of), 0, 0)
     end
 
     for case = 1, 4 do

@@ -1,0 +1,127 @@
+/*
+ * conv_group.c — the CPU's convolution launches (CONV and CONV_GROUP): their
+ * plans, made once at prepare, and their runs.
+ *
+ * A plan holds what does not change between runs. For a group with a batch
+ * norm (group_conv.c: its operands are all constants then), the weights and
+ * bias with it folded in, computed in double precision:
+ *     s = γ / sqrt(var + eps),  w' = w · s,  b' = (bias − mean) · s + β
+ * (one float rounding each, against the nodes' several per element). And,
+ * where oneDNN is open and takes the shape (conv_dnnl.c), its convolution
+ * with the group's bias, residual sum and ReLU as its own bias and post-ops,
+ * constant weights laid out in its blocked layout there, once. Otherwise the
+ * launch runs on im2col and sgemm with the epilogue as a loop over each
+ * image's result (conv.c). $MK_CPU_CONV=im2col keeps every launch off
+ * oneDNN; =dnnl is the default. A constant's data is read here, once: a
+ * tensor changed after compile (t:set on a borrowed constant) is not seen by
+ * a convolution's weights.
+ */
+#include "cpu.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The convolution of launch l: its geometry and epilogue. */
+static mk_cpu_conv_spec spec_of(const mk_launch *l) {
+    const mk_conv_group *cg = mk_node_conv(l->node);
+    if (!cg)
+        return (mk_cpu_conv_spec){.g = mk_conv_geom_of(l->node)};
+    return (mk_cpu_conv_spec){.g = mk_conv_geom_of(cg->conv),
+                              .bias = cg->bias >= 0 || cg->bn >= 0,
+                              .residual = cg->residual >= 0,
+                              .relu = cg->relu};
+}
+
+static bool constant_operand(const mk_launch *l, int k) {
+    const mk_node *x = l->node->in[k];
+    return x->owner && x->owner->storage == MK_STORAGE_CONSTANT;
+}
+
+/* A [C] or [1] parameter's element c. */
+static double param(const mk_tensor *t, int64_t c) {
+    return ((const float *)t->data)[mk_tensor_numel(t) == 1 ? 0 : c];
+}
+
+/* The batch norm folded into the weights and bias (plan->w, plan->bias). */
+static int fold(const mk_launch *l, const mk_conv_group *cg, const mk_conv_geom *g,
+                mk_cpu_conv_plan *p) {
+    int64_t per = mk_tensor_numel(&l->in[1]) / g->o; /* weights of one output channel */
+    p->w = malloc(sizeof(float) * (size_t)(per * g->o));
+    p->bias = malloc(sizeof(float) * (size_t)g->o);
+    if (!p->w || !p->bias) return -1;
+    const float *w = l->in[1].data;
+    const mk_tensor *bn = &l->in[cg->bn];
+    double eps = param(&bn[4], 0);
+    for (int64_t o = 0; o < g->o; o++) {
+        double s = param(&bn[2], o) / sqrt(param(&bn[1], o) + eps);
+        double b = cg->bias >= 0 ? ((const float *)l->in[cg->bias].data)[o] : 0.0;
+        p->bias[o] = (float)((b - param(&bn[0], o)) * s + param(&bn[3], o));
+        for (int64_t j = 0; j < per; j++) p->w[o * per + j] = (float)(w[o * per + j] * s);
+    }
+    return 0;
+}
+
+int mk_cpu_conv_prepare(cpu_state *s, const mk_launch *launches, int n, const mk_host *host) {
+    const char *path = getenv("MK_CPU_CONV");
+    bool dnnl = !path || strcmp(path, "im2col");
+    for (int i = 0; i < n; i++) {
+        const mk_launch *l = &launches[i];
+        int kernel = l->node->op->kernel;
+        if (kernel != MK_KERNEL_CONV && kernel != MK_KERNEL_CONV_GROUP) continue;
+        if (!s->conv && !(s->conv = calloc((size_t)n, sizeof *s->conv))) return -1;
+        mk_cpu_conv_plan *p = &s->conv[i];
+        mk_cpu_conv_spec sp = spec_of(l);
+        const mk_conv_group *cg = mk_node_conv(l->node);
+        if (cg && cg->bn >= 0 && fold(l, cg, &sp.g, p)) return -1;
+        if (!dnnl) continue;
+        bool once = cg ? cg->constant_weights : constant_operand(l, 1);
+        sp.weights_once = !once ? NULL : p->w ? p->w : l->in[1].data;
+        char why[256] = "";
+        /* oneDNN fixes a primitive's thread count when it makes it: the launch's */
+        int outer = mk_cpu_launch_threads;
+        mk_cpu_launch_threads = s->threads[i];
+        p->dnnl = mk_cpu_dnnl_conv_make(&sp, l->node, why, sizeof why);
+        mk_cpu_launch_threads = outer;
+        if (!p->dnnl)
+            host->log(host, MK_LOG_INFO, "cpu: %s $%d runs on im2col and sgemm: %s",
+                      l->node->op->name, l->node->id, why);
+    }
+    return 0;
+}
+
+void mk_cpu_conv_free(cpu_state *s) {
+    for (int i = 0; s->conv && i < s->n; i++) {
+        mk_cpu_dnnl_conv_free(s->conv[i].dnnl);
+        free(s->conv[i].w);
+        free(s->conv[i].bias);
+    }
+    free(s->conv);
+    s->conv = NULL;
+}
+
+static int run(const mk_launch *l, mk_error **err) {
+    const cpu_state *s = l->dev;
+    const mk_cpu_conv_plan *p = s && s->conv ? &s->conv[l->index] : NULL;
+    const mk_conv_group *cg = mk_node_conv(l->node);
+    mk_cpu_conv_spec sp = spec_of(l);
+    mk_cpu_conv_args a = {.x = l->in[0].data, .w = l->in[1].data, .out = l->out.data,
+                          .out_bytes = (size_t)mk_tensor_numel(&l->out) * sizeof(float)};
+    if (cg && cg->bias >= 0) a.bias = l->in[cg->bias].data;
+    if (cg && cg->residual >= 0) a.residual = l->in[cg->residual].data;
+    if (p && p->w) a.w = p->w, a.bias = p->bias;
+    if (cg && cg->bn >= 0 && !(p && p->w))
+        return MK_INTERNAL(err, "a convolution group's batch norm was not folded");
+    if (p && p->dnnl) return mk_cpu_dnnl_conv_run(p->dnnl, &a, l->node, err);
+    mk_cpu_conv_im2col(&sp.g, &a, sp.relu, l->scratch);
+    return 0;
+}
+
+int mk_cpu_conv(const mk_launch *l, mk_error **err) { return run(l, err); }
+
+/* group_conv.c's record: the convolution, then + bias (the batch norm
+ * folded in), + residual, ReLU. */
+int mk_cpu_conv_group(const mk_launch *l, mk_error **err) {
+    if (!mk_node_conv(l->node)) return MK_INTERNAL(err, "a convolution group without its record");
+    return run(l, err);
+}
