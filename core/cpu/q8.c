@@ -62,8 +62,9 @@ bool mk_cpu_q8_set_avx2(bool on) {
 #endif
 }
 
-/* Bytes ahead of a quad's read position sent to the cache: a quad of
- * stories110M's widest products (4 columns of 2,048) and some. */
+/* Bytes ahead of a quad's read position sent to the cache: a few quads of
+ * the llama2 shapes, far enough to hide the last level cache's latency
+ * (doc/performance.md: "CPU: int8 products"). */
 #define Q8_AHEAD 4096
 
 /* A quad's columns: pointers to columns j .. j + 3 of w and their scales (a
