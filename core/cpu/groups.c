@@ -189,10 +189,11 @@ static void mv_chunk(const cpu_mv_out *x, const float *a, const int8_t *aq, cons
  * group's memory or the rows a write replaces) or keeps the row's best for
  * the ArgMax. Every value is the one the nodes alone compute, bit for bit;
  * the logits of a greedy classifier are never stored. Except where a
- * FakeQuantize is folded in: A then goes onto the int8 grid (mk_cpu_q8_grid:
- * q8_scale and q8_value's rule, as the node alone) and the products are runq.c's integer dot
- * products (mk_cpu_mv_columns_q8), which the nodes alone (a float32 product
- * of the rounded values) equal only up to rounding.
+ * FakeQuantize is folded in: A then goes onto the int8 grid
+ * (mk_cpu_q8_grid: q8_scale and q8_value's rule, as the node alone) and the
+ * products are runq.c's integer dot products (mk_cpu_mv_columns_q8), which
+ * the nodes alone (a float32 product of the rounded values) equal only up
+ * to rounding.
  */
 static int cpu_matvec(const mk_launch *l, mk_error **err) {
     const mk_product_group *pg = mk_node_product(l->node);

@@ -159,8 +159,8 @@ AVX2_FN static void w8a8_avx2(const int8_t *restrict aq, const float *restrict a
         const char *ahead = (const char *)b[0] + Q8_AHEAD;
         __m128 val = _mm_setzero_ps();
         for (int64_t gi = 0; gi < groups; gi++) {
-            __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
-                              _mm256_setzero_si256()};
+            __m256i acc[4];
+            for (int t = 0; t < 4; t++) acc[t] = _mm256_setzero_si256();
             for (int64_t e = gi * g; e < (gi + 1) * g; e += 32) {
                 __m256i xv = _mm256_loadu_si256((const __m256i *)(aq + e));
                 _mm_prefetch(ahead + 4 * e, _MM_HINT_T0);

@@ -57,8 +57,8 @@ return function(c)
         local x, xr = mk.input("x", "float32", { m, k }), c.H.ref(xt)
         local function weights(name)
             local wq, ws = mk.quantize(c.H.rand({ n, k }, -0.1, 0.1), g)
-            return mk.constant(wq, name):permute({ 1, 0 }):dequantize(mk.constant(ws, name .. "_scale"):permute({ 1, 0 })),
-                wq, ws
+            local scale = mk.constant(ws, name .. "_scale"):permute({ 1, 0 })
+            return mk.constant(wq, name):permute({ 1, 0 }):dequantize(scale), wq, ws
         end
         local w1, q1, s1 = weights("w1")
         local w3, q3, s3 = weights("w3")
