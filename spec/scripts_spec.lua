@@ -103,6 +103,10 @@ local CASES = {
     { "ort_bench.js", {}, 0, "", run = "node --check" },
     -- installs Debian packages: only its syntax is checked here
     { "setup.sh", {}, 0, "", run = "sh -n" },
+    -- the int8 decoding benchmarks: llama.cpp's build and the checkpoints they time
+    -- are not here, so their syntax only (doc/performance.md: "CPU: int8 products")
+    { "bench_cpu_q8.sh", {}, 0, "", run = "bash -n" },
+    { "bench_q8_products.c", {}, 0, "", run = "cc -fsyntax-only -fopenmp -Icore" },
 }
 
 describe("scripts/", function()

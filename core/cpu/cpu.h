@@ -213,10 +213,18 @@ typedef struct {
 void mk_cpu_mv_columns(const float *restrict a, const cpu_weights *w, int64_t k, int64_t j0,
                        int64_t j1, float *restrict c);
 /* The same with A on the int8 grid (values aq, a scale per group in as), as
- * runq.c's matmul sums it. */
+ * runq.c's matmul sums it (q8.c). */
 void mk_cpu_mv_columns_q8(const int8_t *restrict aq, const float *restrict as,
                           const cpu_weights *w, int64_t k, int64_t j0, int64_t j1,
                           float *restrict c);
+/* a [n] onto the int8 grid in groups of g (g divides n): scales as [n / g],
+ * values aq [n], by q8_scale and q8_value's rule (q8.c). */
+void mk_cpu_q8_grid(const float *a, int64_t n, int64_t g, int8_t *aq, float *as);
+/* Whether q8.c's AVX2 kernels run (the CPU has AVX2 and FMA, and MK_CPU_AVX2
+ * is not 0); mk_cpu_q8_set_avx2 turns them off or on for a test (false where
+ * the CPU lacks them), before any launch runs. */
+bool mk_cpu_q8_avx2(void);
+bool mk_cpu_q8_set_avx2(bool on);
 /* c [j] = a [k] · column j of b for j < cols, b [k, n] held by rows ldb apart. */
 void mk_cpu_mv_rows(const float *restrict a, const float *restrict b, int64_t ldb, int64_t k,
                     int64_t cols, float *restrict c);

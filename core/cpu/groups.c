@@ -189,10 +189,11 @@ static void mv_chunk(const cpu_mv_out *x, const float *a, const int8_t *aq, cons
  * group's memory or the rows a write replaces) or keeps the row's best for
  * the ArgMax. Every value is the one the nodes alone compute, bit for bit;
  * the logits of a greedy classifier are never stored. Except where a
- * FakeQuantize is folded in: A then goes onto the int8 grid (q8_scale,
- * q8_value, as the node alone) and the products are runq.c's integer dot
- * products (mk_cpu_mv_columns_q8), which the nodes alone (a float32 product
- * of the rounded values) equal only up to rounding.
+ * FakeQuantize is folded in: A then goes onto the int8 grid
+ * (mk_cpu_q8_grid: q8_scale and q8_value's rule, as the node alone) and the
+ * products are runq.c's integer dot products (mk_cpu_mv_columns_q8), which
+ * the nodes alone (a float32 product of the rounded values) equal only up
+ * to rounding.
  */
 static int cpu_matvec(const mk_launch *l, mk_error **err) {
     const mk_product_group *pg = mk_node_product(l->node);
@@ -210,10 +211,7 @@ static int cpu_matvec(const mk_launch *l, mk_error **err) {
     int64_t g = pg->a8_group, groups = g ? m * k / g : 0;
     float *as = a + m * k;                     /* A on the int8 grid: a scale per group, */
     int8_t *aq = (int8_t *)(as + groups);      /* and the values */
-    for (int64_t t = 0; t < groups; t++) {
-        as[t] = q8_scale(a + t * g, g);
-        for (int64_t e = t * g; e < (t + 1) * g; e++) aq[e] = q8_value(a[e], as[t]);
-    }
+    if (g) mk_cpu_q8_grid(a, m * k, g, aq, as);
     cpu_mv_out outs[MK_PRODUCTS_MAX];
     int64_t quads = 0, first[MK_PRODUCTS_MAX + 1]; /* result o's quads from first[o] */
     for (int o = 0; o < pg->n_outs; o++) {

@@ -2,8 +2,8 @@
  * matmul.c — the CPU's matrix products (the MatMul and PrefixMatMul kernels):
  * plain loops for small products and layouts BLAS cannot express, the
  * matrix–vector row functions that a lone product of few rows shares with the
- * groups (mk_cpu_mv_columns, mk_cpu_mv_rows, and mk_cpu_mv_columns_q8 on
- * runq.c's int8 grid), and OpenBLAS, opened at run time, for many rows.
+ * groups (mk_cpu_mv_columns, mk_cpu_mv_rows; with A on the int8 grid,
+ * q8.c's), and OpenBLAS, opened at run time, for many rows.
  */
 #include "cpu.h"
 #include "vec.h"
@@ -136,66 +136,6 @@ __attribute__((noinline)) void mk_cpu_mv_columns(const float *restrict a, const 
     case MK_DTYPE_FLOAT16: mv_columns_of(a, w, k, j0, j1, c, MK_DTYPE_FLOAT16); break;
     case MK_DTYPE_INT8: mv_columns_of(a, w, k, j0, j1, c, MK_DTYPE_INT8); break;
     default: mv_columns_of(a, w, k, j0, j1, c, MK_DTYPE_FLOAT32); break;
-    }
-}
-
-/*
- * c [j - j0] = A on the int8 grid (values aq, one scale per group in as) ·
- * column j of int8 weights whose scale blocks are A's groups, as runq.c's
- * matmul sums them: per group an exact int32 dot product, then
- * val += (float)dot * w_scale * a_scale, group after group.
- */
-__attribute__((noinline)) void mk_cpu_mv_columns_q8(const int8_t *restrict aq,
-                                                    const float *restrict as, const cpu_weights *w,
-                                                    int64_t k, int64_t j0, int64_t j1,
-                                                    float *restrict c) {
-    int64_t g = w->group, j = j0;
-#ifdef __AVX2__
-    /* four columns at a time, each group's four sums reduced together; every
-     * lane rounds as the loop below (a quad short of columns repeats its first) */
-    const __m256i ones = _mm256_set1_epi16(1);
-    for (; g % 32 == 0 && j < j1; j += 4) {
-        int cols = j1 - j < 4 ? (int)(j1 - j) : 4;
-        const int8_t *b[4];
-        const float *sc[4];
-        for (int t = 0; t < 4; t++) {
-            int64_t at = j + (t < cols ? t : 0);
-            b[t] = (const int8_t *)w->data + at * w->ldb;
-            sc[t] = w->scale + at * w->ss_n;
-        }
-        __m128 val = _mm_setzero_ps();
-        for (int64_t gi = 0; gi < k / g; gi++) {
-            __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(),
-                              _mm256_setzero_si256(), _mm256_setzero_si256()};
-            for (int64_t e = gi * g; e < (gi + 1) * g; e += 32) {
-                __m256i xv = _mm256_loadu_si256((const __m256i *)(aq + e));
-#pragma GCC unroll 4
-                for (int t = 0; t < 4; t++) {
-                    __m256i wv = _mm256_loadu_si256((const __m256i *)(b[t] + e));
-                    __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
-                    acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(p, ones));
-                }
-            }
-            __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(acc[0], acc[1]),
-                                          _mm256_hadd_epi32(acc[2], acc[3]));
-            __m128i dots = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-            int64_t at = gi * w->ss_k;
-            __m128 ws = _mm_setr_ps(sc[0][at], sc[1][at], sc[2][at], sc[3][at]);
-            __m128 t = _mm_mul_ps(_mm_mul_ps(_mm_cvtepi32_ps(dots), ws), _mm_set1_ps(as[gi]));
-            val = _mm_add_ps(val, t);
-        }
-        float v[4];
-        _mm_storeu_ps(v, val);
-        memcpy(c + (j - j0), v, (size_t)cols * sizeof(float));
-    }
-#endif
-    for (; j < j1; j++) {
-        const int8_t *b = (const int8_t *)w->data + j * w->ldb;
-        const float *sc = w->scale + j * w->ss_n;
-        float val = 0.0f;
-        for (int64_t gi = 0; gi < k / g; gi++)
-            val += (float)dot_q8(aq + gi * g, b + gi * g, g) * sc[gi * w->ss_k] * as[gi];
-        c[j - j0] = val;
     }
 }
 
