@@ -76,6 +76,11 @@ static void test_table(void) {
     CHECK(!k[MK_KERNEL_NONE].fn, "a kernel for MK_KERNEL_NONE");
     for (int id = MK_KERNEL_NONE + 1; id < MK_KERNEL_COUNT; id++) {
         if (id == MK_KERNEL_CUDNN_GROUP) continue; /* CUDNN=1 builds only */
+        /* convolution groups: only a device whose target makes them runs them */
+        if (id == MK_KERNEL_CONV_GROUP) {
+            CHECK(!p->device->target.conv_groups && !k[id].fn, "CUDA's convolution groups");
+            continue;
+        }
         CHECK(k[id].fn, "no kernel for family %d", id);
         CHECK(k[id].dtypes && !(k[id].dtypes & ~MK_DTYPES_ALL), "family %d dtypes %#x", id,
               k[id].dtypes);
