@@ -6,7 +6,8 @@
  * One launch: each row is a cluster of G blocks of 512 threads (G grows with
  * n, up to 16 where the device schedules such clusters, else 8, a portable
  * cluster; a 32,000-way row spreads over 16 SMs) that meet at cluster
- * barriers. What a block passes on it pushes into the shared memory of the
+ * barriers. Before sm_90 (or under MK_CUDA_ARCH=80) a row is one block
+ * alone, G = 1, the same kernel with block barriers for the cluster's. What a block passes on it pushes into the shared memory of the
  * blocks that read it before the barrier, so that after it every read is
  * local (but the reads of the merged histogram):
  *
@@ -74,6 +75,32 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+/* A row's blocks, as sample_rows sees them: a thread block cluster (sm_90+:
+ * another block's shared memory, the cluster barrier), or one block alone,
+ * where every such call is the block's own. */
+template <bool CLUSTER> struct row_blocks;
+template <> struct row_blocks<false> {
+    __device__ int rank() const { return 0; }
+    __device__ int count() const { return 1; }
+    template <typename T> __device__ T *shared_of(T *p, int) const { return p; }
+    __device__ void arrive_relaxed() const {}
+    __device__ void wait() const {}
+    __device__ void sync() const { __syncthreads(); }
+};
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+template <> struct row_blocks<true> {
+    cg::cluster_group c = cg::this_cluster();
+    __device__ int rank() const { return (int)c.block_rank(); }
+    __device__ int count() const { return (int)c.num_blocks(); }
+    template <typename T> __device__ T *shared_of(T *p, int r) const {
+        return c.map_shared_rank(p, r);
+    }
+    __device__ void arrive_relaxed() const { mk_cluster_arrive_relaxed(); }
+    __device__ void wait() const { mk_cluster_wait(); }
+    __device__ void sync() const { c.sync(); }
+};
+#endif
+
 #include <math.h>
 
 /* The first index whose running mass exceeds the coin's, the g blocks' masses
@@ -112,7 +139,8 @@ static __device__ long long select_mult(pick_shared *sh, const row_probs &p, lon
 /* ---- the kernel ------------------------------------------------------------------- */
 
 /*
- * One row per cluster of g blocks (block rank b; the lead, rank 0, selects).
+ * One row per cluster of g blocks (block rank b; the lead, rank 0, selects),
+ * or per block alone (CLUSTER false: g = 1).
  * Every path ends in a cluster barrier before a block leaves while another
  * may still read its shared memory. HOLD: each thread holds its logits, then
  * their p, in registers from one load to the gather (a 32,000-way row: 8 a
@@ -122,15 +150,18 @@ static __device__ long long select_mult(pick_shared *sh, const row_probs &p, lon
  * STAMPED: with MK_CUDA_TIMELINE's stamps (tl), a kernel of its own, so that
  * the sampler without them is as it was (the stamps change its registers).
  */
-template <bool HOLD, bool STAMPED>
+template <bool HOLD, bool STAMPED, bool CLUSTER>
 static __global__ void __launch_bounds__(THREADS, 1)
 sample_rows(long long *out, const float *logits, const long long *state, const float *temp,
             const float *topp_in, long long n, char *scratch, unsigned long long *tl) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-    /* No clusters before sm_90: the plugin's machine code for older GPUs (make's
-     * CUDA_ARCH) has an empty sampler, which mk_cuda_sample never launches there. */
-}
-#else
+    /* No clusters before sm_90: there the clustered kernels are empty, and
+     * mk_cuda_sample launches the lone blocks' */
+    if constexpr (CLUSTER) {
+        return;
+    } else
+#endif
+    {
     __shared__ pick_shared sh;
     /* MK_CUDA_TIMELINE's stamps (skeletons/timeline.cuh) in the kernel made
      * with them, where tl, the launch's first, is not NULL and the block
@@ -143,16 +174,16 @@ sample_rows(long long *out, const float *logits, const long long *state, const f
     MK_PDL_START;
     MK_PDL_WAIT;
     st.waited();
-    cg::cluster_group cluster = cg::this_cluster();
-    int b = (int)cluster.block_rank(), g = (int)cluster.num_blocks();
+    row_blocks<CLUSTER> cluster;
+    int b = cluster.rank(), g = cluster.count();
     /* the cluster barrier in halves: every block arrives once it has started
      * (no memory order), and waits before it first touches another block's
      * shared memory, which it may only do once that block runs; the other
      * barriers (cluster.sync) order the blocks' writes into each other's
      * shared memory, their release costing a MEMBAR.ALL.GPU each
      * (doc/performance.md, "Cluster barriers") */
-    mk_cluster_arrive_relaxed();
-    pick_shared *lead = cluster.map_shared_rank(&sh, 0);
+    cluster.arrive_relaxed();
+    pick_shared *lead = cluster.shared_of(&sh, 0);
     long long row = blockIdx.x, lo, hi;
     const float *x = logits + row * n;
     float t = *temp, topp = *topp_in;
@@ -177,12 +208,12 @@ sample_rows(long long *out, const float *logits, const long long *state, const f
         });
         block_argmax(&v, &best, &sh);
         if (threadIdx.x == 0) sh.block_max = v, sh.block_best = best;
-        mk_cluster_wait();
+        cluster.wait();
         cluster.sync();
         if (b == 0 && threadIdx.x < 32) {
             v = -INFINITY, best = 0x7fffffffffffffffLL;
             for (int k = threadIdx.x; k < g; k += 32) {
-                const pick_shared *o = cluster.map_shared_rank(&sh, k);
+                const pick_shared *o = cluster.shared_of(&sh, k);
                 if (better(o->block_max, o->block_best, v, best))
                     v = o->block_max, best = o->block_best;
             }
@@ -209,9 +240,9 @@ sample_rows(long long *out, const float *logits, const long long *state, const f
         for_each_in(x, lo, hi, [&](float y, long long) { sum += expf(y / t - m); });
     }
     sum = block_reduce<false>(sum, sh.fpart);
-    mk_cluster_wait(); /* every block runs */
+    cluster.wait(); /* every block runs */
     if (threadIdx.x < g) { /* pushed into every block's room */
-        pick_shared *o = cluster.map_shared_rank(&sh, threadIdx.x);
+        pick_shared *o = cluster.shared_of(&sh, threadIdx.x);
         o->max[b] = m, o->sum[b] = sum;
     }
     cluster.sync();
@@ -267,7 +298,7 @@ sample_rows(long long *out, const float *logits, const long long *state, const f
         __syncthreads();
         for (int k = threadIdx.x; k < BINS; k += THREADS)
             if (unsigned c = sh.count[k]; c && bin_owner(k, g) != b) {
-                pick_shared *o = cluster.map_shared_rank(&sh, bin_owner(k, g));
+                pick_shared *o = cluster.shared_of(&sh, bin_owner(k, g));
                 atomicAdd(&o->mass[k], sh.mass[k]), atomicAdd(&o->count[k], c);
             }
     }
@@ -275,7 +306,7 @@ sample_rows(long long *out, const float *logits, const long long *state, const f
     if (!mult) { /* every block reads the merged bins, four a load */
         for (int k = 4 * threadIdx.x; k < BINS; k += 4 * THREADS)
             if (int o = bin_owner(k, g); o != b) {
-                const pick_shared *from = cluster.map_shared_rank(&sh, o);
+                const pick_shared *from = cluster.shared_of(&sh, o);
                 uint4 m4 = *(const uint4 *)&from->mass[k], c4 = *(const uint4 *)&from->count[k];
                 *(uint4 *)&sh.mass[k] = m4, *(uint4 *)&sh.count[k] = c4;
             }
@@ -329,12 +360,15 @@ sample_rows(long long *out, const float *logits, const long long *state, const f
         }
     }
     if (threadIdx.x == 0) out[2 * row] = token, out[2 * row + 1] = (long long)next;
+    }
 }
-#endif
 
-/* Launches the kernel over rows clusters of g blocks, with programmatic
- * dependent launch where the model's generated kernels have it (s->pdl:
- * sm_90+, MK_PDL not 0). */
+/* Whether the rows are clusters: the device's (or MK_CUDA_ARCH's) sm_90+. */
+static bool clustered(const mk_cuda_state *s) { return s->arch >= 90; }
+
+/* Launches the kernel over rows clusters of g blocks (or, unclustered, rows
+ * blocks: g is 1), with programmatic dependent launch where the model's
+ * generated kernels have it (s->pdl: sm_90+, MK_PDL not 0). */
 template <typename... P, typename... A>
 static cudaError_t launch(const mk_cuda_state *s, unsigned rows, unsigned g, void (*kernel)(P...),
                           A... args) {
@@ -343,12 +377,19 @@ static cudaError_t launch(const mk_cuda_state *s, unsigned rows, unsigned g, voi
     cfg.blockDim = dim3(THREADS);
     cfg.stream = s->stream;
     cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 1, attr[0].val.clusterDim.y = g, attr[0].val.clusterDim.z = 1;
-    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[1].val.programmaticStreamSerializationAllowed = 1;
+    int n = 0;
+    if (clustered(s)) {
+        attr[n].id = cudaLaunchAttributeClusterDimension;
+        attr[n].val.clusterDim.x = 1, attr[n].val.clusterDim.y = g, attr[n].val.clusterDim.z = 1;
+        n++;
+    }
+    if (s->pdl) {
+        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[n].val.programmaticStreamSerializationAllowed = 1;
+        n++;
+    }
     cfg.attrs = attr;
-    cfg.numAttrs = s->pdl ? 2 : 1;
+    cfg.numAttrs = n;
     return cudaLaunchKernelEx(&cfg, kernel, (P)args...);
 }
 
@@ -375,15 +416,18 @@ static long long widest_cluster(K kernel) {
     return clusters > 0 ? MAX_CLUSTER : PORTABLE;
 }
 
-/* A launch's rows of n logits, and the blocks g of each row's cluster. */
+/* A launch's rows of n logits, and the blocks g of each row's cluster (1
+ * where rows are not clusters). */
 static void clusters_of(const mk_launch *l, long long *rows, long long *n, long long *g) {
     const mk_tensor *x = &l->in[0];
     *n = x->shape[x->rank - 1], *rows = mk_tensor_numel(x) / *n;
+    *g = 1;
+    if (!clustered(mk_cuda_state_of(l))) return;
     *g = (*n + THREADS * PER_THREAD - 1) / (THREADS * PER_THREAD);
-    long long widest = min(widest_cluster(sample_rows<true, false>),
-                           widest_cluster(sample_rows<false, false>));
-    widest = min(widest, min(widest_cluster(sample_rows<true, true>),
-                             widest_cluster(sample_rows<false, true>)));
+    long long widest = min(widest_cluster(sample_rows<true, false, true>),
+                           widest_cluster(sample_rows<false, false, true>));
+    widest = min(widest, min(widest_cluster(sample_rows<true, true, true>),
+                             widest_cluster(sample_rows<false, true, true>)));
     *g = *g < widest ? *g : widest;
 }
 
@@ -418,18 +462,17 @@ int mk_cuda_sample(const mk_launch *l, mk_error **err) {
         return mk_fail(err, MK_ERR_SHAPE, l->node->line, l->node->column,
                        "SampleNode: rows of %lld logits are more than CUDA's sampler takes "
                        "(2^31 - 1)", n);
-    int major = s->arch / 10; /* MK_CUDA_ARCH's where it forces one */
-    if (major < 9)
-        return mk_fail(err, MK_ERR_DEVICE, l->node->line, l->node->column,
-                       "SampleNode: CUDA's sampler runs each row as a thread block cluster, "
-                       "which needs compute capability 9.0 or later (this device's is %d.x); "
-                       "sample on the CPU", major);
     char *scratch = (char *)l->scratch;
     bool hold = (n + g - 1) / g <= HELD * THREADS; /* share's longest range */
     unsigned long long *tl = mk_cuda_timeline_stamps(s, l->index);
-    cudaError_t st = launch(s, (unsigned)rows, (unsigned)g,
-                            tl ? (hold ? sample_rows<true, true> : sample_rows<false, true>)
-                               : (hold ? sample_rows<true, false> : sample_rows<false, false>),
+    typedef void (*kernel_fn)(long long *, const float *, const long long *, const float *,
+                              const float *, long long, char *, unsigned long long *);
+    static const kernel_fn kernels[2][2][2] = { /* [clustered][stamped][hold] */
+        {{sample_rows<false, false, false>, sample_rows<true, false, false>},
+         {sample_rows<false, true, false>, sample_rows<true, true, false>}},
+        {{sample_rows<false, false, true>, sample_rows<true, false, true>},
+         {sample_rows<false, true, true>, sample_rows<true, true, true>}}};
+    cudaError_t st = launch(s, (unsigned)rows, (unsigned)g, kernels[clustered(s)][tl != NULL][hold],
                             (long long *)l->out.data, (const float *)x->data,
                             (const long long *)l->in[1].data, (const float *)l->in[2].data,
                             (const float *)l->in[3].data, n, scratch, tl);

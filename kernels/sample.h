@@ -33,11 +33,6 @@
 typedef unsigned long long u64;
 namespace cg = cooperative_groups;
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-/* Before sm_90 the sampler is empty (no clusters; see sample_rows), so its
- * device functions go unused there. */
-#pragma nv_diag_suppress 177
-#endif
 
 /* A row's level-0 histogram in the scratch (core/device.h), where the
  * radix selection reads it. */
