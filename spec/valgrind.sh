@@ -7,7 +7,7 @@
 #
 #   sh spec/valgrind.sh [BUILD_DIR]
 #   VALGRIND= sh spec/valgrind.sh build-gcov    the same commands without valgrind
-#                                               (scripts/valgrind_coverage.sh)
+#                                               (dev/valgrind_coverage.sh)
 BUILD=${1:-build}
 cd "$(dirname "$0")/.." || exit 2
 VG=${VALGRIND-valgrind -q --keep-debuginfo=yes --suppressions=spec/valgrind.supp --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite}
@@ -22,7 +22,7 @@ export MK_VALGRIND=1 MK_CASES=quick MK_BUILD="$BUILD"
 # loops' cases, no large ones), and these files are left to ASan: the ones that
 # only drive child processes (valgrind follows no child) and the llama2
 # end-to-end runs, whose kernels are the op table's and lowp_test's and whose
-# loaders llama2_errors_spec reaches (scripts/valgrind_coverage.sh shows that
+# loaders llama2_errors_spec reaches (dev/valgrind_coverage.sh shows that
 # leaving them out loses no line of our C).
 SKIP="kernels scripts install demo driver cuda_arch lua_hosts llama2 llama2_formats llama2_sampler
 llama2_tokenizer llama2_batch"

@@ -8,7 +8,7 @@
 # the same. Prints both counts and the lines the checkout's workload no longer
 # reaches; exits non-zero if there are any.
 #
-#   sh scripts/valgrind_coverage.sh [REV]        (default HEAD~1)
+#   sh dev/valgrind_coverage.sh [REV]        (default HEAD~1)
 REV=${1:-HEAD~1}
 cd "$(dirname "$0")/.." || exit 2
 B=build-gcov
