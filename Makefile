@@ -4,19 +4,21 @@
 #                   and where nvcc is found the CUDA plugin build/libmoonkaas_cuda.so (with
 #                   a copy in build/moonkaas/, beside core.so). The core links no CUDA
 #                   library: it opens the plugin (core/plugin.c) the first time CUDA is asked for.
-#   make test       every C test, busted spec and example; ends with "N passed, N failed, N skipped"
+#   make test       every C test, busted spec and example, as many at a time as there are
+#                   cores (JOBS=1: one by one); ends with "N passed, N failed, N skipped"
 #   make LUA=luajit / LUA=lua5.1   the Lua module for LuaJIT or Lua 5.1 (build-luajit/,
 #                   build-lua51/); make test-luajit / test-lua51 run the CPU specs there
 #   make examples   build and run examples/ (CPU): mlp.lua, transformer_block.lua, cnn.lua, gpt2_block.lua,
 #                   llama2_chat.lua, host.c (the C API tour), game_loop.c (a game host)
 #   make asan       the same under AddressSanitizer + UBSan (build-asan/; the plugin's
 #                   kernels are build/'s objects: nvcc runs for build/ only)
-#   make valgrind   the C tests and CPU specs under valgrind (build-valgrind/, CUDA=0)
+#   make valgrind   the C tests and CPU specs under valgrind (build-valgrind/, CUDA=0), one
+#                   job per test or spec file, as many at a time as there are cores
 #   make tsan       the C tests that start threads (threads_test, reentry_test, ...) under
 #                   ThreadSanitizer (build-tsan/, CUDA=0, without OpenMP); any race report fails
 #   make fuzz       each libFuzzer target in spec/fuzz/ for FUZZ_SECONDS (default 60) under
 #                   ASan + UBSan, built with clang in build-fuzz/ (no OpenMP: one thread per
-#                   run); fails if any target crashes
+#                   run), as many targets at a time as there are cores; fails if any crashes
 #   make plugin     only the CUDA plugin (and its copy beside core.so)
 #   make module     only the Lua module and the plugin beside it (what luarocks builds)
 #   make install    PREFIX=/usr/local (DESTDIR= for staging): the C library (lib/libmoonkaas.{so,a}),
@@ -381,7 +383,8 @@ asan:
 	    SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined" all examples-build
 	ASAN=1 sh spec/run_tests.sh build-asan
 
-# The C tests and the CPU specs under valgrind (leaks are errors), in a CPU-only
+# The C tests and the CPU specs under valgrind (leaks are errors), each a job of
+# its own, as many at a time as there are cores (spec/jobs.sh), in a CPU-only
 # build (CUDA=0: valgrind would only walk NVRTC and the CUDA libraries, for
 # minutes) without -march=native: valgrind does not decode every extension (AVX-512).
 valgrind:
@@ -405,7 +408,8 @@ tsan:
 # libFuzzer targets (spec/fuzz/*_fuzz.c) over a clang build of the library and the
 # binding with ASan + UBSan; spec/fuzz/seeds.lua writes their seed corpora (with
 # the plain Lua module) into build-fuzz/seeds; spec/fuzz/run.sh runs each target on
-# a scratch copy of its seeds and prints the executions per target.
+# a scratch copy of its seeds, as many targets at a time as there are cores,
+# and prints the executions per target.
 FUZZ_SECONDS ?= 60
 FUZZ_CC  ?= clang
 FUZZ_BINS := $(patsubst spec/fuzz/%.c,$(BUILD)/fuzz/%,$(wildcard spec/fuzz/*_fuzz.c))

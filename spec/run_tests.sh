@@ -6,6 +6,11 @@
 #   sh spec/run_tests.sh [BUILD_DIR]     (make test calls this)
 # With ASAN=1 the specs run with the sanitizer runtime preloaded into lua5.4, and
 # allocations too large to have return NULL (the specs test that failure).
+#
+# Each C test, the examples and each spec file is one job; spec/jobs.sh runs
+# them as many at a time as the machine has cores (JOBS=1: one after the
+# other), the longest first. Their outputs are printed in a fixed order once
+# all have ended: C tests, examples, specs.
 BUILD=${1:-build}
 LUA=${LUA:-lua5.4}
 BUSTED=${BUSTED:-$(command -v busted || echo /usr/bin/busted)}
@@ -14,19 +19,51 @@ log=$(mktemp -d)
 passed=0 failed=0 skipped=0
 # generated kernels compiled here are cached in build/kernel-cache, not in the
 # user's cache; every tree of the checkout shares it (a cubin depends only on its
-# source, the architecture and NVRTC), so a second run, or the ASan run before
-# `make test` in CI, reads the tests' fixed corpora of kernels from it
+# source, the architecture and NVRTC; its writes are atomic, so jobs side by side
+# share it too), so a second run, or the ASan run before `make test` in CI,
+# reads the tests' fixed corpora of kernels from it
 export MK_KERNEL_CACHE="${MK_KERNEL_CACHE:-$(pwd)/build/kernel-cache}"
 
 [ -n "$ASAN" ] && export ASAN_OPTIONS=protect_shadow_gap=0:allocator_may_return_null=1:${ASAN_OPTIONS:-}
+spec_env="MK_BUILD=$BUILD"
+if [ -n "$ASAN" ]; then
+    # lua5.4 itself is not instrumented: the runtime is preloaded, its leaks are
+    # not ours; CUDA needs the shadow gap
+    spec_env="$spec_env LD_PRELOAD=$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)"
+    spec_env="$spec_env ASAN_OPTIONS=detect_leaks=0:protect_shadow_gap=0:allocator_may_return_null=1:${ASAN_OPTIONS:-}"
+fi
+
+# the longest first (CPU seconds of a run alone, doc/testing.md), then the rest
+FIRST="spec/llama2_batch spec/docs spec/onnx spec/onnx_nn tests/lowp_test spec/llama2 spec/kernels
+examples spec/scripts spec/llama2_formats tests/codegen_test spec/ops"
+jobs=$log/jobs
+: > "$jobs"
+add() { grep -q "^$1 " "$jobs" || echo "$*" >> "$jobs"; }
+job() { # job tests/NAME | examples | spec/NAME: its line
+    case $1 in
+        tests/*) [ -x "$BUILD/$1" ] && add "test_${1#tests/}" "$BUILD/$1" ;;
+        examples) add examples sh examples/run.sh "$BUILD" ;;
+        # the op-case table with every CPU launch forking (MK_CPU_FORK=always, read
+        # once per process): its small cases take the kernels' threaded paths too
+        spec/ops) add spec_ops env MK_CPU_FORK=always $spec_env $LUA "$BUSTED" -o TAP spec/ops_spec.lua ;;
+        spec/*) [ -f "${1}_spec.lua" ] && add "spec_${1#spec/}" env $spec_env $LUA "$BUSTED" -o TAP "${1}_spec.lua" ;;
+    esac
+    return 0
+}
+for j in $FIRST; do job "$j"; done
+for t in "$BUILD"/tests/*; do job "tests/${t##*/}"; done
+job examples
+for f in spec/*_spec.lua; do job "${f%_spec.lua}"; done
+sh spec/jobs.sh "$log" < "$jobs"
+
+# the C tests: each one's "# c-test" line counts
 for t in "$BUILD"/tests/*; do
     [ -x "$t" ] || continue
     name=$(basename "$t")
-    echo "== $name"
-    "$t" > "$log/$name.out" 2>&1
-    rc=$?
-    cat "$log/$name.out"
-    line=$(grep '^# c-test' "$log/$name.out" | tail -n 1)
+    echo "== $name ($(cat "$log/test_$name.cpu") s CPU)"
+    cat "$log/test_$name.out"
+    rc=$(cat "$log/test_$name.rc")
+    line=$(grep '^# c-test' "$log/test_$name.out" | tail -n 1)
     if [ -z "$line" ]; then
         echo "not ok - $name exited with $rc before its summary"
         failed=$((failed + 1))
@@ -40,47 +77,26 @@ for t in "$BUILD"/tests/*; do
     fi
 done
 
-# the examples (examples/run.sh: the C ones of make examples-build, the Lua ones):
-# each "ok", "not ok" or "ok ... # SKIP" line counts
-echo "== examples"
-sh examples/run.sh "$BUILD" > "$log/examples.out" 2>&1
-rc=$?
-cat "$log/examples.out"
-s=$(grep -c '^ok .*# SKIP' "$log/examples.out")
-p=$(( $(grep -c '^ok ' "$log/examples.out") - s ))
-f=$(grep -c '^not ok ' "$log/examples.out")
-passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
-if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
-    echo "not ok - examples/run.sh exited with $rc"
-    failed=$((failed + 1))
-fi
-
-if ls spec/*_spec.lua > /dev/null 2>&1; then
-    echo "== busted"
-    if [ -n "$ASAN" ]; then
-        export LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)"
-        # lua5.4 itself is not instrumented: its leaks are not ours; CUDA needs the shadow gap
-        export ASAN_OPTIONS=detect_leaks=0:protect_shadow_gap=0:allocator_may_return_null=1:${ASAN_OPTIONS:-}
-    fi
-    # the op-case table with every CPU launch forking (MK_CPU_FORK=always, read
-    # once per process): its small cases take the kernels' threaded paths too
-    MK_CPU_FORK=always MK_BUILD="$BUILD" $LUA "$BUSTED" -o TAP spec/ops_spec.lua > "$log/busted.out" 2>&1
-    rc=$?
-    MK_BUILD="$BUILD" $LUA "$BUSTED" -o TAP --exclude-pattern=ops_spec >> "$log/busted.out" 2>&1
-    rc2=$?
-    [ "$rc" -eq 0 ] && rc=$rc2
-    unset LD_PRELOAD
-    cat "$log/busted.out"
-    p=$(grep -c '^ok .*# SKIP' "$log/busted.out")
-    s=$p
-    p=$(( $(grep -c '^ok ' "$log/busted.out") - s ))
-    f=$(grep -c '^not ok ' "$log/busted.out")
+# the examples and the specs: each "ok", "not ok" or "ok ... # SKIP" line counts
+# count NAME LABEL: one TAP job's lines
+count() {
+    echo "== $2 ($(cat "$log/$1.cpu") s CPU)"
+    cat "$log/$1.out"
+    rc=$(cat "$log/$1.rc")
+    s=$(grep -c '^ok .*# SKIP' "$log/$1.out")
+    p=$(( $(grep -c '^ok ' "$log/$1.out") - s ))
+    f=$(grep -c '^not ok ' "$log/$1.out")
     passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
     if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
-        echo "not ok - busted exited with $rc"
+        echo "not ok - $2 exited with $rc"
         failed=$((failed + 1))
     fi
-fi
+}
+count examples examples
+for f in spec/*_spec.lua; do
+    name=$(basename "$f" _spec.lua)
+    count "spec_$name" "busted $f"
+done
 rm -rf "$log"
 echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]
