@@ -24,6 +24,20 @@ int mk_group_attach(mk_node *n, const mk_group_class *cls, void *body, mk_error 
     return 0;
 }
 
+void mk_group_leave(mk_graph *g, const bool *gone) {
+    int kept = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        mk_node *n = g->nodes[i];
+        if (gone[i]) continue;
+        n->index = kept;
+        g->nodes[kept++] = n;
+    }
+    g->n_nodes = kept;
+    for (int i = 0; i < g->n_nodes; i++) g->nodes[i]->n_consumers = 0;
+    for (int i = 0; i < g->n_nodes; i++)
+        for (int k = 0; k < g->nodes[i]->n_in; k++) g->nodes[i]->in[k]->n_consumers++;
+}
+
 void mk_group_free(mk_group *grp) {
     if (!grp) return;
     for (int i = 0; i < grp->n_members; i++) {

@@ -255,6 +255,9 @@ typedef struct mk_group {
 int mk_group_attach(mk_node *n, const mk_group_class *cls, void *body, mk_error **err);
 /* Frees the record, its members (and their own groups) and its body. */
 void mk_group_free(mk_group *grp);
+/* After a grouping pass: the nodes marked gone (the groups' members) leave
+ * g's list, the rest renumbered in order and their consumers counted anew. */
+void mk_group_leave(mk_graph *g, const bool *gone);
 /* " Add $3, Mul $4, Relu $5": the members, then the root's op where it has one. */
 void mk_group_put_members(const mk_node *n, mk_strbuf *b);
 /* A line per group of g (cuDNN's are the fusion pass's report): "NAME group $ID

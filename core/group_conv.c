@@ -183,17 +183,7 @@ int mk_conv_pass(mk_graph *g, const mk_compile_options *opts, const mk_target *t
             return -1;
         }
     }
-    int kept = 0;
-    for (int i = 0; i < g->n_nodes; i++) {
-        mk_node *n = g->nodes[i];
-        if (gone[i]) continue;
-        n->index = kept;
-        g->nodes[kept++] = n;
-    }
-    g->n_nodes = kept;
+    mk_group_leave(g, gone);
     free(gone);
-    for (int i = 0; i < g->n_nodes; i++) g->nodes[i]->n_consumers = 0;
-    for (int i = 0; i < g->n_nodes; i++)
-        for (int k = 0; k < g->nodes[i]->n_in; k++) g->nodes[i]->in[k]->n_consumers++;
     return 0;
 }
