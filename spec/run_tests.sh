@@ -46,6 +46,12 @@ job() { # job tests/NAME | examples | spec/NAME: its line
         # the op-case table with every CPU launch forking (MK_CPU_FORK=always, read
         # once per process): its small cases take the kernels' threaded paths too
         spec/ops) add spec_ops env MK_CPU_FORK=always $spec_env $LUA "$BUSTED" -o TAP spec/ops_spec.lua ;;
+        # the longest spec, in two jobs: its golden-text case, and the rest
+        spec/llama2_batch)
+            add spec_llama2_batch_golden env $spec_env $LUA "$BUSTED" -o TAP --filter=golden \
+                spec/llama2_batch_spec.lua
+            add spec_llama2_batch env $spec_env $LUA "$BUSTED" -o TAP --filter-out=golden \
+                spec/llama2_batch_spec.lua ;;
         spec/*) [ -f "${1}_spec.lua" ] && add "spec_${1#spec/}" env $spec_env $LUA "$BUSTED" -o TAP "${1}_spec.lua" ;;
     esac
     return 0
@@ -93,6 +99,7 @@ count() {
     fi
 }
 count examples examples
+count spec_llama2_batch_golden "busted spec/llama2_batch_spec.lua --filter=golden"
 for f in spec/*_spec.lua; do
     name=$(basename "$f" _spec.lua)
     count "spec_$name" "busted $f"

@@ -10,11 +10,11 @@
 -- y = sum over groups of (sum q_x q_w) * w_scale * s.
 local random = math.random
 
-local function f32(v) return (string.unpack("f", string.pack("f", v))) end
+local f32 = require("moonkaas.compat").f32
 
 local function grid(xr, m, k, g) -- x's values on the grid: q [m * k], s [m * k / g]
     local q, s = {}, {}
-    for t = 0, m * k // g - 1 do
+    for t = 0, m * k / g - 1 do
         local mx = 0.0
         for e = t * g + 1, (t + 1) * g do
             if math.abs(xr.data[e]) > mx then mx = math.abs(xr.data[e]) end
@@ -35,10 +35,10 @@ local function w8a8_ref(q, s, wq, ws, m, k, n, g)
     for i = 0, m - 1 do
         for j = 0, n - 1 do
             local acc = 0.0
-            for gi = 0, k // g - 1 do
+            for gi = 0, k / g - 1 do
                 local dot = 0
                 for e = gi * g, (gi + 1) * g - 1 do dot = dot + q[i * k + e + 1] * wq:get(j * k + e + 1) end
-                acc = acc + dot * ws:get(j * (k // g) + gi + 1) * s[i * (k // g) + gi + 1]
+                acc = acc + dot * ws:get(j * (k / g) + gi + 1) * s[i * (k / g) + gi + 1]
             end
             out.data[#out.data + 1] = acc
         end
