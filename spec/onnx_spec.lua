@@ -501,6 +501,12 @@ describe("ONNX import refuses", function()
             { O.vi("x", { 2 }) }, { O.vi("y", nil) }), "output 'y' is defined twice")
         expect_error(graph({ { op = "Relu", inputs = { "x" }, outputs = { "y" } } },
             { O.vi("x", { 1 << 30, 1 << 30 }) }, { O.vi("y", nil) }), "shape error: .*2%^48")
+        -- a Reshape whose shape's element count overflows int64 (onnx_fuzz found
+        -- it as undefined behaviour in the count): a shape error
+        expect_error(graph({ { op = "Reshape", inputs = { "x", "s" }, outputs = { "y" }, name = "r" } },
+            { O.vi("x", { 2 }) }, { O.vi("y", nil) },
+            { { name = "s", type = "INT64", shape = { 2 }, values = { 1 << 62, 4 } } }),
+            "shape error: .*'r' %(Reshape.*overflows at dim 1")
         local huge = { name = "w", type = "FLOAT", shape = { 1 << 40, 1 << 20 }, values = {}, raw = true }
         huge.values = nil
         huge.raw = nil

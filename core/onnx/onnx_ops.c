@@ -257,7 +257,9 @@ static int lower_reshape(ox_node *n, mk_error **err) {
         }
         if (shape[i] < 1)
             return ox_fail(n, err, MK_ERR_SHAPE, "shape dim %d is %lld", i, (long long)shape[i]);
-        k *= shape[i];
+        if (__builtin_mul_overflow(k, shape[i], &k))
+            return ox_fail(n, err, MK_ERR_SHAPE, "the shape's element count overflows at dim %d",
+                           i);
     }
     if (free_dim >= 0) {
         if (total % k) return ox_fail(n, err, MK_ERR_SHAPE, "%lld elements do not fill the shape",
