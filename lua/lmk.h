@@ -150,6 +150,13 @@ void lmk_open_tensor(lua_State *L);
 void lmk_open_file(lua_State *L); /* file.c; called by lmk_open_tensor */
 void lmk_open_node(lua_State *L);
 void lmk_open_model(lua_State *L);
+/* model.c: t[k] without metamethods, pushed (its type returned); err raised
+ * at the Lua line that made its script line (the sources table at index
+ * sources), else as it is. */
+int lmk_raw_field(lua_State *L, int t, const char *k);
+int lmk_raise_at_source(lua_State *L, int sources, mk_error *err);
+/* constants.c: the constants table against the script's declarations. */
+void lmk_check_constants(lua_State *L, int script_idx, int consts_idx, int sources_idx);
 void lmk_open_onnx(lua_State *L);
 
 #endif

@@ -54,7 +54,7 @@ static const char *device_name(mk_device d) { return d == MK_DEVICE_CUDA ? "cuda
 
 /* t[k] without metamethods, pushed: what the binding hands the core must be
  * held by the table itself, never made up by an __index function. */
-static int raw_field(lua_State *L, int t, const char *k) {
+int lmk_raw_field(lua_State *L, int t, const char *k) {
     t = lua_absindex(L, t);
     lua_pushstring(L, k);
     return lua_rawget(L, t);
@@ -73,51 +73,12 @@ static mk_model *open_model(lua_State *L, lmk_model *m, const char *fn) {
 /* ==== compiling =============================================================== */
 
 /*
- * lua_pcall'd with the mk_script_constants array and its count: pushes
- * {{name =, dtype = mk_dtype, shape =}, ...}. A memory error here must not
- * leak the array, so the caller frees it after the pcall either way.
- */
-static int push_declared(lua_State *L) {
-    const mk_tensor_info *infos = (const mk_tensor_info *)lua_touserdata(L, 1);
-    size_t count = (size_t)lua_tointeger(L, 2);
-    lua_createtable(L, (int)count, 0);
-    for (size_t i = 0; i < count; i++) {
-        lua_createtable(L, 0, 3);
-        lua_pushstring(L, infos[i].name);
-        lua_setfield(L, -2, "name");
-        lua_pushinteger(L, infos[i].dtype);
-        lua_setfield(L, -2, "dtype");
-        lmk_push_shape(L, infos[i].rank, infos[i].shape);
-        lua_setfield(L, -2, "shape");
-        lua_rawseti(L, -2, (lua_Integer)i + 1);
-    }
-    return 1;
-}
-
-/* Reads {dtype =, shape =} of a push_declared entry on top. */
-static void read_declared(lua_State *L, mk_dtype *dtype, int *rank, int64_t *shape) {
-    lua_getfield(L, -1, "dtype");
-    *dtype = (mk_dtype)lua_tointeger(L, -1);
-    lua_getfield(L, -2, "shape");
-    *rank = (int)lua_rawlen(L, -1);
-    for (int i = 0; i < *rank && i < MK_MAX_RANK; i++) {
-        lua_rawgeti(L, -1, i + 1);
-        shape[i] = (int64_t)lua_tointeger(L, -1);
-        lua_pop(L, 1);
-    }
-    lua_pop(L, 2);
-}
-
-/* User values of a model: the constants it borrows, the sources of its lines. */
-enum { UV_CONSTANTS = 1, UV_SOURCES = 2 };
-
-/*
  * Raises err, a core error about the model whose sources table ({[line] =
  * "file.lua:12"}, or nil) is at idx. A message about a script line that a
  * Lua line built names that line first: "file.lua:12: shape error: ...
  * (script:7:1)"; any other is raised as it is.
  */
-static int raise_at_source(lua_State *L, int sources, mk_error *err) {
+int lmk_raise_at_source(lua_State *L, int sources, mk_error *err) {
     int line = mk_error_line(err);
     if (line <= 0 || lua_type(L, sources) != LUA_TTABLE ||
         lua_rawgeti(L, sources, line) != LUA_TSTRING)
@@ -133,73 +94,8 @@ static int raise_at_source(lua_State *L, int sources, mk_error *err) {
     return lua_error(L);
 }
 
-/*
- * Checks the constants table (name -> tensor) against the constant
- * declarations of the script: each given, with the script's dtype and shape
- * (the core reads exactly that many bytes), and no extra names. A script that
- * does not parse raises here, at the Lua line of sources_idx's table.
- */
-static void check_constants(lua_State *L, int script_idx, int consts_idx, int sources_idx) {
-    const char *fn = "compile";
-    mk_error *err = NULL;
-    size_t count = 0;
-    mk_tensor_info *infos = mk_script_constants(lua_tostring(L, script_idx), &count, &err);
-    if (!infos) raise_at_source(L, sources_idx, err);
-    lua_pushcfunction(L, push_declared);
-    lua_pushlightuserdata(L, infos);
-    lua_pushinteger(L, (lua_Integer)count);
-    int status = lua_pcall(L, 2, 1, 0);
-    mk_tensor_infos_free(infos);
-    if (status != LUA_OK) lua_error(L);
-    int declared = lua_gettop(L);
-    lua_newtable(L); /* names seen */
-    int seen = lua_gettop(L);
-    for (size_t i = 1; i <= count; i++) {
-        mk_dtype dtype;
-        int rank;
-        int64_t shape[MK_MAX_RANK];
-        lua_rawgeti(L, declared, (lua_Integer)i);
-        read_declared(L, &dtype, &rank, shape);
-        lua_getfield(L, -1, "name");
-        const char *nm = lua_tostring(L, -1); /* anchored by `declared` */
-        lua_pop(L, 2);
-        lua_pushboolean(L, 1);
-        lua_setfield(L, seen, nm);
-        if (lua_isnil(L, consts_idx)) lua_pushnil(L);
-        else raw_field(L, consts_idx, nm);
-        lmk_tensor *t = lmk_to_tensor(L, -1);
-        if (lua_isnil(L, -1))
-            lmk_raise(L, "input error", fn, "missing constant '%s' (%s %s)", nm,
-                      mk_dtype_name(dtype), LMK_SHAPE_STR(rank, shape));
-        if (!t)
-            LMK_ARG_ERROR(L, fn, "constant '%s' must be a tensor, got %s", nm,
-                          luaL_typename(L, -1));
-        if (t->dtype != dtype || !lmk_same_shape(t->rank, t->shape, rank, shape))
-            lmk_raise(L, "input error", fn, "constant '%s' is %s %s, the script declares %s %s",
-                      nm, mk_dtype_name(t->dtype), LMK_SHAPE_STR(t->rank, t->shape),
-                      mk_dtype_name(dtype), LMK_SHAPE_STR(rank, shape));
-        lua_pop(L, 1);
-    }
-    if (!lua_isnil(L, consts_idx)) {
-        lua_pushnil(L);
-        while (lua_next(L, consts_idx)) {
-            lua_pop(L, 1);
-            if (lua_type(L, -1) != LUA_TSTRING)
-                LMK_ARG_ERROR(L, fn, "constant names must be strings, got %s",
-                              luaL_typename(L, -1));
-            if (strlen(lua_tostring(L, -1)) != lua_rawlen(L, -1))
-                LMK_ARG_ERROR(L, fn, "constant name '%s\\0...' holds a NUL byte",
-                              lua_tostring(L, -1));
-            lua_pushvalue(L, -1);
-            if (lua_gettable(L, seen) == LUA_TNIL)
-                lmk_raise(L, "input error", fn,
-                          "unknown constant '%s' (the script declares no such constant)",
-                          lua_tostring(L, -2));
-            lua_pop(L, 1);
-        }
-    }
-    lua_settop(L, declared - 1);
-}
+/* User values of a model: the constants it borrows, the sources of its lines. */
+enum { UV_CONSTANTS = 1, UV_SOURCES = 2 };
 
 /* Reads compile options from the table at idx; a `share` model goes to stack
  * slot share_slot (its pointer is read just before the compile: see there). */
@@ -283,7 +179,7 @@ static int l_compile_script(lua_State *L) {
     size_t len;
     const char *text = lua_tolstring(L, 1, &len);
     mk_error *nul = NULL;
-    if (mk_script_check_bytes(text, len, &nul)) raise_at_source(L, 4, nul);
+    if (mk_script_check_bytes(text, len, &nul)) lmk_raise_at_source(L, 4, nul);
 
     /* A private copy of the constants, checked: the CPU model borrows their
      * memory, and the caller's table may change under the checks' allocations
@@ -300,7 +196,7 @@ static int l_compile_script(lua_State *L) {
             n++;
         }
     }
-    check_constants(L, 1, keep, 4);
+    lmk_check_constants(L, 1, keep, 4);
     /* The name/data array lives in a userdata, so an error cannot leak it. */
     mk_named_tensor *named =
         (mk_named_tensor *)lua_newuserdatauv(L, (n ? n : 1) * sizeof *named, 0);
@@ -327,7 +223,7 @@ static int l_compile_script(lua_State *L) {
     lmk_host_scope scope = lmk_host_begin(L);
     m->model = mk_compile(ctx, lua_tostring(L, 1), named, n, &opts, &err);
     lmk_host_end(L, scope, err);
-    if (!m->model) raise_at_source(L, 4, err);
+    if (!m->model) lmk_raise_at_source(L, 4, err);
     if (opts.borrow_constants) {
         lua_pushvalue(L, keep);
         lua_setiuservalue(L, -2, UV_CONSTANTS);
@@ -515,7 +411,7 @@ static int model_run(lua_State *L) {
     lmk_host_end(L, scope, rc ? err : NULL);
     if (rc != 0) {
         lua_getiuservalue(L, 1, UV_SOURCES);
-        raise_at_source(L, lua_gettop(L), err);
+        lmk_raise_at_source(L, lua_gettop(L), err);
     }
     return n_out;
 }
@@ -547,12 +443,12 @@ static int model_run_steps(lua_State *L) {
     if (!lua_isnil(L, 5)) {
         if (!lua_istable(L, 5))
             LMK_ARG_ERROR(L, fn, "opts must be a table, got %s", luaL_typename(L, 5));
-        if (raw_field(L, 5, "stop") != LUA_TNIL) {
+        if (lmk_raw_field(L, 5, "stop") != LUA_TNIL) {
             if (!lua_istable(L, -1))
                 LMK_ARG_ERROR(L, fn, "opts.stop must be {output = i, value = v}, got %s",
                               luaL_typename(L, -1));
-            raw_field(L, -1, "output");
-            raw_field(L, -2, "value");
+            lmk_raw_field(L, -1, "output");
+            lmk_raw_field(L, -2, "value");
             if (!lua_isinteger(L, -2) || !lua_isinteger(L, -1))
                 LMK_ARG_ERROR(L, fn, "opts.stop needs integers output and value");
             lua_Integer o = lua_tointeger(L, -2);
@@ -597,7 +493,7 @@ static int model_run_steps(lua_State *L) {
     lmk_host_end(L, scope, steps < 0 ? err : NULL);
     if (steps < 0) {
         lua_getiuservalue(L, 1, UV_SOURCES);
-        raise_at_source(L, lua_gettop(L), err);
+        lmk_raise_at_source(L, lua_gettop(L), err);
     }
     lua_settop(L, list);
     lua_pushinteger(L, (lua_Integer)steps);
