@@ -148,11 +148,6 @@ int mk_cuda_fail_blas(mk_error **err, cublasStatus_t status, const char *what,
  * kernel image for this device), as an error naming the node. */
 int mk_cuda_check_launch(const mk_launch *l, const char *kernel, mk_error **err);
 
-/* cuda_probe.cu: 1 where device 0 runs this build's kernels, else 0 and why
- * in reason; an empty kernel on stream (a fence between library launches). */
-int mk_cuda_probe(char *reason, size_t size);
-void mk_cuda_fence(cudaStream_t stream);
-
 /* A launch's configuration: grid, block, stream, and programmatic dependent
  * launch (the kernel may start before the launch before it ends, and waits for
  * it with griddepcontrol.wait) where pdl is true (mk_cuda_state.pdl: sm_90+,
