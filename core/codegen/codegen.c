@@ -261,7 +261,7 @@ void mk_codegen_put_insn(mk_strbuf *b, const mk_expr *e, int j, bool f32) {
 
 /* The kernel of launch l: out (contiguous) = program(in[0], ..., in[n - 1]),
  * computed in the launch's compute dtype (mk_pointwise_compute_dtype): bool
- * operands load as 0 or 1 in it, a bool result stores (value != 0). */
+ * operands load as 0 or 1 in it (any byte but 0 as 1), a bool result stores (value != 0). */
 static void put_source(mk_strbuf *b, const mk_launch *l) {
     const mk_expr *e = l->expr;
     bool f32 = mk_pointwise_compute_dtype(l) == MK_DTYPE_FLOAT32;
@@ -295,7 +295,7 @@ static void put_source(mk_strbuf *b, const mk_launch *l) {
     mk_strbuf_put(b, "        (void)q; (void)rest;\n");
     for (int k = 0; k < e->n_in; k++) {
         if (l->in[k].dtype == MK_DTYPE_BOOL)
-            mk_strbuf_put(b, "        const %s r%d = (%s)i%d[p%d];\n", T, k, T, k, k);
+            mk_strbuf_put(b, "        const %s r%d = (%s)(i%d[p%d] != 0);\n", T, k, T, k, k);
         else
             mk_strbuf_put(b, "        const %s r%d = i%d[p%d];\n", T, k, k, k);
     }

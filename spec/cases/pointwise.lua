@@ -352,6 +352,25 @@ return function(c)
             bcast("bool", function(v, k) return (v > 0 and not k) or v < -0.5 end, xr, pr))
         add("bool compared", p:eq(q), { p = pt, q = qt },
             bcast("bool", function(x, y) return x == y end, pr, qr))
+
+        -- bool bytes a host wrote other than 0 and 1 are true, as C's bool
+        -- converts: grouped or alone, logic and comparisons see 1 (the fuzzer
+        -- found logical_or then gt disagreeing with the passes off)
+        local bytes, raw = {}, {}
+        for i = 1, H.numel(shape) do
+            bytes[i] = math.random() < 0.3 and 0 or math.random(1, 255)
+            raw[i] = string.char(bytes[i])
+        end
+        local wt = mk.from_bytes(table.concat(raw), "bool", shape)
+        local wr = { shape = shape, data = {}, dtype = "bool" }
+        for i, v in ipairs(bytes) do wr.data[i] = v ~= 0 end
+        local w = mk.input("w", "bool", shape)
+        add("bool bytes other than 0 and 1: or then gt, fused", q:logical_or(w):gt(q),
+            { w = wt, q = qt }, bcast("bool", function(x, y) return (x or y) and not x end, qr, wr))
+        add("bool bytes other than 0 and 1: eq", w:eq(p), { w = wt, p = pt },
+            bcast("bool", function(x, y) return x == y end, wr, pr))
+        add("bool bytes other than 0 and 1: where", mk.where(w, x, 0.5), { w = wt, x = xt },
+            bcast("float32", function(k, v) return k and v or 0.5 end, wr, xr), 0, 0)
     end
 
     do -- cast to and from bool: nonzero is true; true is 1
