@@ -162,7 +162,21 @@ cudaLaunchConfig_t mk_cuda_launch_config(dim3 grid, dim3 block, cudaStream_t str
 /* pdl: with programmatic dependent launch (sm_90+: mk_cuda_state.pdl) */
 bool mk_cuda_stage_launch(const mk_stage_copies *c, cudaStream_t stream, bool pdl);
 int mk_cuda_capture_launches(const mk_launch *launches, int n, bool after_ours, mk_error **err);
-/* The fault record as the error the CPU device gives for the same value (mk_fault). */
+/* cuBLAS's recommended workspace on Hopper; set once so capture never allocates. */
+#define MK_BLAS_WORKSPACE (32u << 20)
+/* cuBLAS runs the matrix products alone (matmul.cu): its handle and workspace
+ * are the model's, made only where one of its nodes is such a product. */
+static inline bool mk_cuda_uses_blas(const mk_node *n) { return n->op->kernel == MK_KERNEL_MATMUL; }
+
+/* cuda_graph.cu: mk_device_ops.prepare (the pinned block, cuDNN plans, the
+ * cuBLAS handle, generated kernels, then the graph captured and instantiated)
+ * and evaluate (one replay); the fault record as the error the CPU device
+ * gives for the same value (mk_fault). */
+int mk_cuda_prepare(void *state, const mk_launch *launches, int n, const mk_copy *in, int n_in,
+                    const mk_copy *out, int n_out, const mk_step_rule *rules, int n_rules,
+                    const mk_host *host, mk_error **err);
+int mk_cuda_evaluate(void *state, const mk_launch *launches, int n, const mk_copy *in, int n_in,
+                     const mk_copy *out, int n_out, const mk_host *host, mk_error **err);
 int mk_cuda_fault_error(const mk_fault_rec *f, const mk_launch *launches, int n,
                         mk_error **err);
 
