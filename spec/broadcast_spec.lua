@@ -1,6 +1,6 @@
 -- NumPy's broadcasting in the IR (scripts written by hand), reshape's -1, and
 -- HamKaas's scripts keeping their meaning. Values of every case against
--- double-precision loops are in ops_spec (helpers.op_cases), CUDA in gpu_spec.
+-- double-precision loops are in ops_spec (spec/cases/), CUDA in gpu_spec.
 local H = require "spec.helpers"
 local mk = H.mk()
 H.seed("broadcast_spec")

@@ -10,22 +10,21 @@ spec/helpers.lua — what the busted specs share:
   helpers.assert_close(got, want[, atol, rtol])   |got - want| <= atol + rtol |want|
   helpers.ref_ops.*            the nodes' semantics as plain Lua loops in double
                                precision, written from the ops' definitions, not from the core
-  helpers.op_cases()           fresh random {name, output, feeds, want, atol, rtol}
-                               cases, one or more per node kind
-  helpers.pointwise_cases()    the same for SubNode, DivNode, ExpNode, TanhNode,
-                               SigmoidNode, GELUNode (broadcasting, numbers on
-                               either side, int64 wrap-around, a fused tree)
-  helpers.family_cases()       the same from every spec/cases/<family>.lua (one file per
+  helpers.family_cases()       fresh random cases {name, output, feeds, want, atol, rtol}
+                               from every spec/cases/<family>.lua (one file per
                                family of ops: each returns function(c), c = {mk =, add =,
                                steps =, input =, R = helpers.ref_ops, H = helpers}, and adds
                                its cases; steps(name, output, {{feeds =, want = | error =}, ...})
                                a stateful one: one model run step after step)
   helpers.check_case(model, case[, atol, rtol])   runs a case (each step) on a fresh model
                                and checks it; returns the outputs' references
-  helpers.all_cases([opts])    op_cases, pointwise_cases and family_cases together: the
-                               one cross-device table (ops_spec on the CPU, gpu_spec on CUDA);
-                               opts.large (gpu_spec): the families' large shapes too (c.large);
-                               MK_CASES=quick (valgrind): a sample of the families' cases (c.quick)
+  helpers.all_cases([opts])    the same: the one cross-device table (ops_spec on the
+                               CPU, gpu_spec on CUDA); opts.large (gpu_spec): the
+                               families' large shapes too (c.large); MK_CASES=quick
+                               (valgrind): a sample of the families' cases (c.quick)
+  helpers.away(shape, dtype, lo, hi)   values of magnitude in [lo, hi], never zero
+                               (exact in float32), and their reference
+  helpers.leaf(name, t, constant, feeds)   t as a constant, or an input fed from feeds
   helpers.f32(x)               x rounded to float32 (string.pack)
   helpers.round_even(x)        x rounded to an integer, ties to even (x a double)
   helpers.requires_cuda()      nil when a CUDA device is usable, else the reason
@@ -462,11 +461,31 @@ local function rand_perm(n)
 end
 helpers.rand_perm = rand_perm
 
---[[
-Fresh random cases, one or more per node kind. Each is {name =, output = node,
-feeds = {name = tensor}, want = reference, atol =, rtol =}.
-]]
--- A list of cases, its add(name, output, feeds, want[, atol[, rtol]]) with
+-- A tensor of values with magnitudes in [lo, hi] and either sign, never zero
+-- (dtype float32 or int64), and its reference. float32 values are drawn on a
+-- grid of 2^-24 times the power of two at or above hi: exact in float32, so
+-- the reference is the values themselves (no read back).
+function helpers.away(shape, dtype, lo, hi)
+    local data, step = {}, 1
+    if dtype ~= "int64" then step = 2 ^ (math.ceil(math.log(hi) / math.log(2) - 1e-9) - 24) end
+    local random, floor = math.random, math.floor
+    for i = 1, numel(shape) do
+        local v = floor((lo + (hi - lo) * random()) / step) * step
+        if v == 0 then v = step end
+        data[i] = random() < 0.5 and -v or v
+    end
+    return helpers.mk().tensor(data, dtype, shape), { shape = copy(shape), data = data, dtype = dtype }
+end
+
+-- A leaf for a case: the constant t, or an input fed t from `feeds`.
+function helpers.leaf(name, t, constant, feeds)
+    if constant then return helpers.mk().constant(t, name) end
+    feeds[name] = t
+    return helpers.mk().input(name, t.dtype, t.shape)
+end
+
+-- A list of cases ({name =, output = node, feeds = {name = tensor}, want =
+-- reference, atol =, rtol =}, or steps = {...} in place of feeds and want), its add(name, output, feeds, want[, atol[, rtol]]) with
 -- these default tolerances, and input(name, shape, lo, hi) -> node, tensor, ref.
 local function case_list(atol, rtol)
     local mk = helpers.mk()
@@ -504,246 +523,6 @@ function helpers.check_case(model, case, atol, rtol)
     return got
 end
 
-function helpers.op_cases()
-    local mk, cases, add, input = case_list(1e-5, 1e-5)
-
-    for rank = 1, 4 do
-        local shape = rand_shape(rank, 1, 6)
-        local a, at, ar = input("a", shape)
-        local b, bt, br = input("b", shape)
-        add("SumNode rank " .. rank, a + b, { a = at, b = bt }, R.add(ar, br))
-        add("HadamardProductNode rank " .. rank, a * b, { a = at, b = bt }, R.mul(ar, br))
-        -- b broadcasts where its dim is 1
-        local bshape = copy(shape)
-        for i = 1, rank do if math.random() < 0.5 then bshape[i] = 1 end end
-        local c, ct, cr = input("c", bshape)
-        add("SumNode broadcast " .. helpers.shape_str(bshape) .. " onto " .. helpers.shape_str(shape),
-            a + c, { a = at, c = ct }, R.add(ar, cr))
-        add("HadamardProductNode broadcast " .. helpers.shape_str(bshape), c * a, { a = at, c = ct },
-            R.mul(ar, cr))
-        add("ReLUNode rank " .. rank, a:relu(), { a = at }, R.relu(ar))
-        add("SiLUNode rank " .. rank, a:silu(), { a = at }, R.silu(ar))
-    end
-
-    for _, op in ipairs({ "add", "sub", "mul", "div" }) do -- NumPy's broadcasting, both sides
-        local rank = math.random(1, 4)
-        local shape = rand_shape(rank, 2, 5)
-        -- each operand: the last few of shape's dims, some of them 1
-        local function part()
-            local r, s = math.random(1, rank), {}
-            for i = 1, r do
-                s[i] = math.random() < 0.4 and 1 or shape[rank - r + i]
-            end
-            return s
-        end
-        local sa, sb = part(), part()
-        local a, at, ar = input("a", sa)
-        local b, bt, br = input("b", sb)
-        if op == "div" then bt, br = helpers.rand_away(sb, 0.5, 2) end -- no zeros to divide by
-        local out = ({ add = a + b, sub = a - b, mul = a * b, div = a / b })[op]
-        add(string.format("%s broadcast %s with %s", op, helpers.shape_str(sa), helpers.shape_str(sb)),
-            out, { a = at, b = bt }, R[op](ar, br))
-        -- a chain whose operands broadcast differently (one pointwise group)
-        local c, ct, cr = input("c", part())
-        add(string.format("(a - c) * b + a with a %s, b %s, c %s", helpers.shape_str(sa),
-                helpers.shape_str(sb), helpers.shape_str(c.shape)),
-            (a - c) * b + a, { a = at, b = bt, c = ct }, R.add(R.mul(R.sub(ar, cr), br), ar))
-    end
-
-    do -- [2, 1] + [1, 3], and a bias [n] on either side of a matrix-vector product
-        local m, n, k = math.random(2, 6), math.random(2, 6), math.random(2, 30)
-        local col, colt, colr = input("col", { m, 1 })
-        local row, rowt, rowr = input("row", { 1, n })
-        add("[m, 1] + [1, n]", col + row, { col = colt, row = rowt }, R.add(colr, rowr))
-        add("[1, n] - [m, 1]", row - col, { col = colt, row = rowt }, R.sub(rowr, colr))
-        local x, xt, xr = input("x", { 1, k })
-        local w, wt, wr = input("w", { k, n })
-        local bias, biast, biasr = input("bias", { n })
-        local xw = R.matmul(xr, wr)
-        add("x @ w + bias [n]", x:matmul(w) + bias, { x = xt, w = wt, bias = biast },
-            R.add(xw, biasr), 1e-5 * k, 1e-4)
-        add("bias [n] - x @ w, then * bias", (bias - x:matmul(w)) * bias,
-            { x = xt, w = wt, bias = biast }, R.mul(R.sub(biasr, xw), biasr), 1e-5 * k, 1e-4)
-        -- constant weights: matrix-vector groups, reading the biases broadcast
-        local wct, wcr = helpers.rand({ k, n })
-        add("bias [n] - x @ constant, then * bias (a matrix-vector group)",
-            (bias - x:matmul(mk.constant(wct, "wc"))) * bias, { x = xt, bias = biast },
-            R.mul(R.sub(biasr, R.matmul(xr, wcr)), biasr), 1e-5 * k, 1e-4)
-        add("x @ constant + bias [1, n] + bias [n] (a matrix-vector group)",
-            (x:matmul(mk.constant(wct, "wc")) + row) + bias, { x = xt, row = rowt, bias = biast },
-            R.add(R.add(R.matmul(xr, wcr), rowr), biasr), 1e-5 * k, 1e-4)
-    end
-
-    for rank = 1, 4 do -- reshape with one -1
-        local shape = rand_shape(rank, 1, 5)
-        local x, xt, xr = input("x", shape)
-        local n = numel(shape)
-        local d = ({ 1, 2, 3, 4, 6 })[math.random(1, 5)]
-        while n % d ~= 0 do d = d - 1 end
-        local to = math.random() < 0.5 and { -1, d } or { d, -1 }
-        local want = to[1] == -1 and { idiv(n, d), d } or { d, idiv(n, d) }
-        add(string.format("ReshapeNode %s to %s", helpers.shape_str(shape), helpers.shape_str(to)),
-            x:reshape(to) * 2, { x = xt }, R.mul(R.reshape(xr, want), { shape = { 1 }, data = { 2 } }))
-    end
-
-    do -- numbers become constants
-        local shape = rand_shape(2, 2, 5)
-        local x, xt, xr = input("x", shape)
-        local k = math.random() + 0.5
-        local ones = {}
-        for i = 1, 2 do ones[i] = 1 end
-        add("numbers as constants", (x * k + 2) * x, { x = xt },
-            R.mul(R.add(R.mul(xr, { shape = ones, data = { k } }), { shape = ones, data = { 2 } }), xr),
-            1e-5, 1e-5)
-    end
-
-    do -- int64 elementwise
-        local shape = rand_shape(2, 2, 5)
-        local it, ir = helpers.randint(shape, -1000, 1000)
-        local jt, jr = helpers.randint({ shape[1], 1 }, -1000, 1000)
-        local i, j = mk.input("i", "int64", shape), mk.input("j", "int64", { shape[1], 1 })
-        add("int64 sum, product and relu", ((i + j) * i):relu() + 3, { i = it, j = jt },
-            R.add(R.relu(R.mul(R.add(ir, jr), ir)), { shape = { 1, 1 }, data = { 3 } }), 0, 0)
-    end
-
-    do -- matmul in its three forms, and with permuted (transposed) operands
-        local m, k, n, B = math.random(1, 9), math.random(1, 40), math.random(1, 9), math.random(2, 4)
-        local tol = 1e-5 * k
-        local v, vt, vr = input("v", { k })
-        local a, at, ar = input("a", { m, k })
-        local b, bt, br = input("b", { k, n })
-        add("MatMulNode [k]@[k,n]", v:matmul(b), { v = vt, b = bt }, R.matmul(vr, br), tol, 1e-4)
-        add("MatMulNode [m,k]@[k,n]", a:matmul(b), { a = at, b = bt }, R.matmul(ar, br), tol, 1e-4)
-        local x, xt, xr = input("x", { B, m, k })
-        local y, yt, yr = input("y", { B, k, n })
-        add("MatMulNode [B,m,k]@[B,k,n]", x:matmul(y), { x = xt, y = yt }, R.matmul(xr, yr), tol, 1e-4)
-        -- W [n, k] used as W^T: a view where the device takes a transpose flag
-        local w, wt, wr = input("w", { n, k })
-        add("MatMulNode with a permuted weight", a:matmul(w:permute({ 1, 0 })), { a = at, w = wt },
-            R.matmul(ar, R.permute(wr, { 1, 0 })), tol, 1e-4)
-        add("MatMulNode [k]@[n,k]^T", v:matmul(w:permute({ 1, 0 })), { v = vt, w = wt },
-            R.matmul(vr, R.permute(wr, { 1, 0 })), tol, 1e-4)
-        -- a batch of transposed matrices, as attention over a KV cache
-        local kv, kvt, kvr = input("kv", { n, B, k }) -- [seq, heads, head] viewed as [heads, head, seq]
-        local q, qt, qr = input("q", { B, m, k })
-        add("MatMulNode batched with a permuted operand", q:matmul(kv:permute({ 1, 2, 0 })),
-            { q = qt, kv = kvt }, R.matmul(qr, R.permute(kvr, { 1, 2, 0 })), tol, 1e-4)
-        local c, ct, cr = input("c", { k, n })
-        add("MatMulNode of a constant", a:matmul(mk.constant(ct)), { a = at },
-            R.matmul(ar, cr), tol, 1e-4)
-        -- over a prefix read at run time: all of it, part, none; V as a permuted cache
-        local pn = mk.input("p", "int64", { 1 })
-        for _, p in ipairs({ k, math.random(1, k), 0 }) do
-            local feeds = { x = xt, y = yt, p = mk.tensor({ p }, "int64") }
-            add(string.format("PrefixMatMulNode [B,m,k]@[B,k,n] over %d of %d", p, k),
-                x:matmul_prefix(y, pn), feeds, R.matmul_prefix(xr, yr, p), tol, 1e-4)
-        end
-        local vc, vct, vcr = input("vc", { k, B, n }) -- [seq, heads, head] viewed as [heads, seq, head]
-        local p = math.random(0, k)
-        add(string.format("PrefixMatMulNode with a permuted cache over %d of %d", p, k),
-            x:matmul_prefix(vc:permute({ 1, 0, 2 }), pn),
-            { x = xt, vc = vct, p = mk.tensor({ p }, "int64") },
-            R.matmul_prefix(xr, R.permute(vcr, { 1, 0, 2 }), p), tol, 1e-4)
-        add("PrefixMatMulNode [m,k]@[k,n]", a:matmul_prefix(b, pn),
-            { a = at, b = bt, p = mk.tensor({ p }, "int64") }, R.matmul_prefix(ar, br, p), tol, 1e-4)
-    end
-
-    for rank = 1, 4 do -- slice, reshape, permute
-        local shape = rand_shape(rank, 2, 5)
-        shape[1] = math.random(2, 8)
-        local x, xt, xr = input("x", shape)
-        local b = math.random(0, shape[1] - 1)
-        local e = math.random(b + 1, shape[1])
-        add(string.format("SliceNode [%d, %d) of %s", b, e, helpers.shape_str(shape)),
-            x:slice(b, e) * 1, { x = xt }, R.slice(xr, b, e))
-        local n = numel(shape)
-        local flat = { n }
-        add("ReshapeNode " .. helpers.shape_str(shape) .. " to [n]", x:reshape(flat):relu(), { x = xt },
-            R.relu(R.reshape(xr, flat)))
-        local perm = rand_perm(rank)
-        add("PermuteNode " .. helpers.shape_str(perm) .. " of " .. helpers.shape_str(shape),
-            x:permute(perm), { x = xt }, R.permute(xr, perm))
-        add("PermuteNode then SumNode", x:permute(perm) + x:permute(perm), { x = xt },
-            R.add(R.permute(xr, perm), R.permute(xr, perm)))
-        add("SliceNode then PermuteNode", x:slice(b, e):permute(perm), { x = xt },
-            R.permute(R.slice(xr, b, e), perm))
-    end
-
-    for rank = 1, 3 do -- replace with integer and node bounds
-        local shape = rand_shape(rank, 2, 5)
-        shape[1] = math.random(3, 9)
-        local x, xt, xr = input("x", shape)
-        local b = math.random(0, shape[1] - 1)
-        local e = math.random(b + 1, shape[1])
-        local rshape = copy(shape)
-        rshape[1] = e - b
-        local r, rt, rr = input("r", rshape)
-        add(string.format("ReplaceSliceNode rows [%d, %d) of %s", b, e, helpers.shape_str(shape)),
-            (x * 1):replace(r, b, e), { x = xt, r = rt }, R.replace(xr, rr, b, e))
-        local bn, en = mk.input("b", "int64", { 1 }), mk.input("e", "int64", { 1 })
-        add("ReplaceSliceNode with run-time bounds", (x + 0):replace(r, bn, en) * 2,
-            { x = xt, r = rt, b = mk.tensor({ b }, "int64"), e = mk.tensor({ e }, "int64") },
-            R.mul(R.replace(xr, rr, b, e), { shape = helpers.rand_shape(rank, 1, 1), data = { 2 } }))
-    end
-
-    for rank = 1, 3 do -- rms_norm, sliced_softmax, argmax
-        local shape = rand_shape(rank, 2, 7)
-        local n = shape[rank]
-        local x, xt, xr = input("x", shape, -3, 3)
-        local w, wt, wr = input("w", { n })
-        add("RmsNormNode rank " .. rank, x:rms_norm(w), { x = xt, w = wt }, R.rms_norm(xr, wr), 1e-5, 1e-4)
-        local p = math.random(1, n)
-        add(string.format("SlicedSoftmaxNode prefix %d of %d", p, n), x:sliced_softmax(p), { x = xt },
-            R.sliced_softmax(xr, p), 1e-6, 1e-4)
-        local pn = mk.input("p", "int64", { 1 })
-        add("SlicedSoftmaxNode run-time prefix", (x * 1):sliced_softmax(pn),
-            { x = xt, p = mk.tensor({ p }, "int64") }, R.sliced_softmax(xr, p), 1e-6, 1e-4)
-        add("SlicedSoftmaxNode prefix 0", x:sliced_softmax(0), { x = xt }, R.sliced_softmax(xr, 0))
-        add("ArgMaxNode rank " .. rank, x:argmax(), { x = xt }, R.argmax(xr), 0, 0)
-    end
-
-    for rank = 2, 4 do -- causal_softmax: T query rows after e - T cached keys
-        local shape = rand_shape(rank, 2, 6)
-        shape[rank] = math.random(shape[rank - 1], 9) -- S >= T
-        local x, xt, xr = input("x", shape, -3, 3)
-        local e = math.random(shape[rank - 1], shape[rank])
-        add(string.format("CausalSoftmaxNode end %d of %s", e, helpers.shape_str(shape)),
-            x:causal_softmax(mk.input("e", "int64", { 1 })), { x = xt, e = mk.tensor({ e }, "int64") },
-            R.causal_softmax(xr, e), 1e-6, 1e-4)
-    end
-    do -- one row, no cache: a plain softmax; as many rows as columns: the lower triangle
-        local x, xt, xr = input("x", { 3, 3 }, -3, 3)
-        add("CausalSoftmaxNode T = S", x:causal_softmax(3), { x = xt }, R.causal_softmax(xr, 3), 1e-6, 1e-4)
-        local y, yt, yr = input("y", { 1, 7 }, -3, 3)
-        add("CausalSoftmaxNode T = 1", (y * 1):causal_softmax(5), { y = yt }, R.causal_softmax(yr, 5), 1e-6, 1e-4)
-        local z, zt, zr = input("z", { 2, 9000 }, -3, 3) -- past the kernels that hold a row in registers
-        add("CausalSoftmaxNode long rows", z:causal_softmax(8500), { z = zt }, R.causal_softmax(zr, 8500), 1e-7, 1e-4)
-    end
-
-    do -- complex_mul with broadcasting, as rotary embeddings
-        local heads, pairs_ = math.random(1, 4), math.random(1, 6)
-        local q, qt, qr = input("q", { heads, pairs_, 2 })
-        local f, ft, fr = input("f", { 1, pairs_, 2 })
-        add("ComplexHadamardProductNode broadcast", q:complex_mul(f), { q = qt, f = ft },
-            R.complex_mul(qr, fr))
-        local g, gt, gr = input("g", { heads, pairs_, 2 })
-        add("ComplexHadamardProductNode same shape", q:complex_mul(g), { q = qt, g = gt },
-            R.complex_mul(qr, gr))
-    end
-
-    do -- embedding of float and int64 tables
-        local V, D, n = math.random(2, 20), math.random(1, 8), math.random(1, 6)
-        local tbl, tt, tr = input("t", { V, D })
-        local it, ir = helpers.randint({ n }, 0, V - 1)
-        local ids = mk.input("ids", "int64", { n })
-        add("EmbeddingNode float32", mk.embedding(tbl, ids), { t = tt, ids = it }, R.embedding(tr, ir))
-        local ct, cr = helpers.randint({ V, D }, -50, 50)
-        add("EmbeddingNode of an int64 constant", mk.embedding(mk.constant(ct), ids), { ids = it },
-            R.embedding(cr, ir), 0, 0)
-    end
-
-    return cases
-end
 
 -- v rounded to float32, as a number becomes when it is made a float32 constant.
 function helpers.f32(v)
@@ -762,105 +541,6 @@ function helpers.rand_away(shape, lo, hi)
     return t, helpers.ref(t)
 end
 
---[[
-Fresh random cases for the pointwise ops the core's table brought without any
-binding code (SubNode, DivNode, ExpNode, TanhNode, SigmoidNode, GELUNode), in
-op_cases' form: checked on the CPU with every other op in ops_spec, CUDA
-against the CPU in gpu_spec.
-]]
-function helpers.pointwise_cases()
-    local mk, cases, add, input = case_list(1e-6, 1e-5)
-    local function input_away(name, shape, lo, hi)
-        local t, r = helpers.rand_away(shape, lo, hi)
-        return mk.input(name, "float32", shape), t, r
-    end
-    local S = helpers.shape_str
-
-    for rank = 1, 4 do
-        local shape = rand_shape(rank, 1, 6)
-        local a, at, ar = input("a", shape)
-        local b, bt, br = input("b", shape)
-        local d, dt, dr = input_away("d", shape, 0.5, 2)
-        add("SubNode rank " .. rank, a - b, { a = at, b = bt }, R.sub(ar, br))
-        add("SubNode as a:sub(b) rank " .. rank, a:sub(b), { a = at, b = bt }, R.sub(ar, br))
-        add("DivNode rank " .. rank, a / d, { a = at, d = dt }, R.div(ar, dr))
-        add("DivNode as a:div(d) rank " .. rank, a:div(d), { a = at, d = dt }, R.div(ar, dr))
-        -- the second operand broadcasts where its dim is 1
-        local cshape = copy(shape)
-        for i = 1, rank do if math.random() < 0.5 then cshape[i] = 1 end end
-        local c, ct, cr = input_away("c", cshape, 0.5, 2)
-        add("SubNode broadcast " .. S(cshape) .. " onto " .. S(shape), a - c, { a = at, c = ct },
-            R.sub(ar, cr))
-        add("DivNode broadcast " .. S(cshape) .. " onto " .. S(shape), a / c, { a = at, c = ct },
-            R.div(ar, cr))
-        local x, xt, xr = input("x", shape, -3, 3)
-        add("ExpNode rank " .. rank, x:exp(), { x = xt }, R.exp(xr))
-        add("TanhNode rank " .. rank, x:tanh(), { x = xt }, R.tanh(xr))
-        local g, gt, gr = input("g", shape, -5, 5)
-        add("SigmoidNode rank " .. rank, g:sigmoid(), { g = gt }, R.sigmoid(gr))
-        add("GELUNode rank " .. rank, g:gelu(), { g = gt }, R.gelu(gr))
-    end
-
-    do -- the issue's shapes: [2, 3] - [1, 3] and [2, 3] / [2, 1]
-        local a, at, ar = input("a", { 2, 3 })
-        local r, rt, rr = input("r", { 1, 3 })
-        local c, ct, cr = input_away("c", { 2, 1 }, 0.5, 2)
-        add("SubNode [2, 3] - [1, 3]", a - r, { a = at, r = rt }, R.sub(ar, rr))
-        add("DivNode [2, 3] / [2, 1]", a / c, { a = at, c = ct }, R.div(ar, cr))
-    end
-
-    do -- numbers on either side: x - k, k - x, x / k, k / x
-        local shape = rand_shape(math.random(1, 4), 1, 5)
-        local x, xt, xr = input_away("x", shape, 0.25, 2)
-        local k = helpers.f32(0.5 + 2.5 * math.random())
-        local ones = {}
-        for i = 1, #shape do ones[i] = 1 end
-        local kb, kf = R.fill(ones, k), R.fill(shape, k)
-        add("x - k", x - k, { x = xt }, R.sub(xr, kb))
-        add("k - x", k - x, { x = xt }, R.sub(kf, xr))
-        add("x / k", x / k, { x = xt }, R.div(xr, kb))
-        add("k / x", k / x, { x = xt }, R.div(kf, xr))
-    end
-
-    do -- int64 SubNode: exact, wrapping around at the ends of the range as SumNode
-        local rows, cols = math.random(2, 5), math.random(2, 5)
-        local lo, hi = {}, {}
-        for i = 1, rows * cols do
-            if math.random() < 0.5 then
-                -- minus a positive: wraps (5.1 hosts: numbers stop at 2^53, no wrap)
-                lo[i] = (math.mininteger or -2 ^ 52) + math.random(0, 1000)
-                hi[i] = 1001 + math.floor(math.random() * 2 ^ 40) -- 5.1: random takes ints
-            else
-                lo[i] = math.random(-1000000, 1000000)
-                hi[i] = math.random(-1000000, 1000000)
-            end
-        end
-        local it, jt = mk.tensor(lo, "int64", { rows, cols }), mk.tensor(hi, "int64", { rows, cols })
-        local ir, jr = helpers.ref(it), helpers.ref(jt)
-        local i, j = mk.input("i", "int64", { rows, cols }), mk.input("j", "int64", { rows, cols })
-        add("int64 SubNode wraps around", i - j, { i = it, j = jt }, R.sub(ir, jr), 0, 0)
-        local ct, cr = helpers.randint({ rows, 1 }, -1000, 1000)
-        local c = mk.input("c", "int64", { rows, 1 })
-        add("int64 SubNode broadcast and numbers", (7 - i) - c - 3, { i = it, c = ct },
-            R.sub(R.sub(R.sub(R.fill({ rows, cols }, 7, "int64"), ir), cr), R.fill({ 1, 1 }, 3, "int64")),
-            0, 0)
-    end
-
-    do -- a tree of the new ops: one fused group where the device fuses
-        local shape = rand_shape(2, 2, 6)
-        local a, at, ar = input("a", shape, -2, 2)
-        local b, bt, br = input("b", shape, -2, 2)
-        local d, dt, dr = input_away("d", shape, 0.5, 2)
-        local y = ((a - b) / d):tanh() * a:sigmoid() + (b - 1):exp():gelu() / 2
-        local ones = { 1, 1 }
-        local want = R.add(R.mul(R.tanh(R.div(R.sub(ar, br), dr)), R.sigmoid(ar)),
-            R.div(R.gelu(R.exp(R.sub(br, R.fill(ones, 1)))), R.fill(ones, 2)))
-        add("a tree of SubNode, DivNode, TanhNode, SigmoidNode, ExpNode, GELUNode", y,
-            { a = at, b = bt, d = dt }, want, 1e-5, 1e-4)
-    end
-
-    return cases
-end
 
 -- ---- devices ------------------------------------------------------------------
 
@@ -943,22 +623,22 @@ local function case_files()
     return files
 end
 
+-- c.quick (spec/valgrind.sh: MK_CASES=quick): c.keep() keeps about one case
+-- in five of the families' exhaustive loops, and c.sizes leaves out the
+-- large shapes; every kernel still runs
 function helpers.family_cases(opts)
     local mk, cases, add, input, steps = case_list(1e-5, 1e-5)
+    local quick = os.getenv("MK_CASES") == "quick"
+    local function keep() return not quick or math.random() < 0.2 end
     for _, path in ipairs(case_files()) do
         local family = assert(loadfile(path))()
         family({ mk = mk, add = add, steps = steps, input = input, R = R, H = helpers,
-                 large = opts and opts.large, quick = os.getenv("MK_CASES") == "quick" })
+                 large = opts and opts.large, quick = quick, keep = keep,
+                 sizes = quick and { false } or { false, true } })
     end
     return cases
 end
 
-function helpers.all_cases(opts)
-    local cases = helpers.op_cases()
-    for _, more in ipairs({ helpers.pointwise_cases(), helpers.family_cases(opts) }) do
-        for _, case in ipairs(more) do cases[#cases + 1] = case end
-    end
-    return cases
-end
+helpers.all_cases = helpers.family_cases
 
 return helpers

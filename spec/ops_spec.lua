@@ -1,5 +1,5 @@
 -- Every node on the CPU device against plain-Lua double-precision references,
--- on random shapes and values (helpers.op_cases), plus run-time range errors.
+-- on random shapes and values (spec/cases/, helpers.all_cases), plus run-time range errors.
 local H = require "spec.helpers"
 local mk = H.mk()
 H.seed("ops_spec")

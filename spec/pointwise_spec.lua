@@ -1,7 +1,7 @@
 -- The ops the Lua side gets from the core's op table alone: SubNode (x - y,
 -- x:sub(y)), DivNode (x / y, x:div(y)), ExpNode, TanhNode, SigmoidNode and
 -- GELUNode: their values run with every other op in ops_spec.lua
--- (helpers.pointwise_cases); here their operands, errors, the table as mk.ops()
+-- (spec/cases/pointwise.lua); here their operands, errors, the table as mk.ops()
 -- shows it, and their scripts.
 local H = require "spec.helpers"
 local mk = H.mk()

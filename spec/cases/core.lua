@@ -14,10 +14,7 @@ each of their cases to these):
   of batched operands, attention's views of a KV cache, x @ W^T; permute over
   every permutation of ranks 2 to 4; slices and reshapes of slices as matmul
   operands; rms_norm; sliced_softmax's exponential over [-100, 0]; argmax with
-  ties; and the stateful cases (c.steps, one model run step after step):
-  buffers written at run-time rows whose bad bounds write nothing, run-time
-  prefixes and ids out of range, a Fibonacci recurrence through embedding,
-  a KV-cache chain.
+  ties. Their stateful cases (c.steps) are in spec/cases/steps.lua.
 
 The references are double-precision loops written from the ops' definitions
 (helpers.ref_ops and the few here), never from the core. Lua 5.1 and LuaJIT
@@ -50,35 +47,10 @@ return function(c)
         return p
     end
     local function bit(mask, d) return math.floor(mask / 2 ^ d) % 2 == 1 end
-    -- c.quick (spec/valgrind.sh: MK_CASES=quick): about one case in five of
-    -- the exhaustive loops, and no large ones; every kernel still runs
-    local quick = c.quick
-    local function keep() return not quick or math.random() < 0.2 end
-    local sizes = quick and { false } or { false, true }
+    local keep, sizes = c.keep, c.sizes
     local function coin() return math.random() < 0.5 end
 
-    -- A tensor of values with magnitudes in [lo, hi] and either sign, never
-    -- zero, and its reference. float32 values are drawn on a grid of 2^-24
-    -- times the power of two at or above hi: exact in float32, so the
-    -- reference is the values themselves (no read back).
-    local function away(shape, dtype, lo, hi)
-        local data, step = {}, 1
-        if dtype ~= "int64" then step = 2 ^ (math.ceil(math.log(hi) / math.log(2) - 1e-9) - 24) end
-        local random, floor = math.random, math.floor
-        for i = 1, numel(shape) do
-            local v = floor((lo + (hi - lo) * random()) / step) * step
-            if v == 0 then v = step end
-            data[i] = random() < 0.5 and -v or v
-        end
-        return mk.tensor(data, dtype, shape), { shape = copy(shape), data = data, dtype = dtype }
-    end
-
-    -- a leaf: a constant, or an input fed from `feeds`
-    local function leaf(name, t, constant, feeds)
-        if constant then return mk.constant(t, name) end
-        feeds[name] = t
-        return mk.input(name, t.dtype, t.shape)
-    end
+    local away, leaf = H.away, H.leaf
 
     -- The logical tensor `ref` as a view: stored permuted by perm (0-based;
     -- PermuteNode(stored, perm) is ref) inside `pad` more rows before and
@@ -695,151 +667,5 @@ return function(c)
                              { { 5, 7, 1 }, false }, { { 33 }, true }, { { 300, 45 }, true } }) do
             argmax_case(k[1], k[2])
         end
-    end
-
-    -- ---- stateful cases: one model, run step after step ---------------------------------
-    if not steps then return end
-    local function i64(v) return mk.tensor({ v }, "int64") end
-
-    -- sliced_softmax with a run-time prefix: 0, 1, n, random; n + 1 and -1 fail; still usable
-    for rank = 1, 4 do
-        for _, big in ipairs(sizes) do
-            local sh = rand_shape(rank, 1, 5)
-            sh[rank] = math.random(2, big and 600 or 40)
-            if big and rank > 1 then sh[1] = math.floor(20000 / (numel(sh) / sh[1])) + 1 end
-            local n = sh[rank]
-            local list = {}
-            for _, p in ipairs({ 0, 1, n, math.random(1, n), n + 1, -1, math.random(0, n) }) do
-                local xt, xr = away(sh, "float32", 0.1, 8)
-                if p < 0 or p > n then
-                    list[#list + 1] = { feeds = { p = i64(p), x = xt }, error = "evaluation error: SlicedSoftmaxNode:" }
-                else
-                    list[#list + 1] = { feeds = { p = i64(p), x = xt }, want = R.sliced_softmax(xr, p) }
-                end
-            end
-            steps(string.format("SlicedSoftmaxNode run-time prefixes of %s, out of range ones fail", S(sh)),
-                mk.input("x", "float32", sh):sliced_softmax(mk.input("p", "int64", { 1 })), list, 1e-5, 1e-4)
-        end
-    end
-
-    -- embedding from float32 and int64 tables (input or constant); ids repeat;
-    -- ids V, -1 (and 2^63 - 1) fail and the next run works
-    for _, dtype in ipairs({ "float32", "int64" }) do
-        for _, const in ipairs({ false, true }) do
-            local V, D, n = math.random(1, 40), math.random(1, 70), math.random(1, 12)
-            local tt, tr_
-            if dtype == "int64" then tt, tr_ = away({ V, D }, dtype, 1, 2 ^ 40) else tt, tr_ = away({ V, D }, dtype, 0.1, 1) end
-            local feeds0 = {}
-            local tbl = leaf("table", tt, const, feeds0)
-            local list = {}
-            local function ids_feeds(ids)
-                local f = { ids = mk.tensor(ids, "int64") }
-                for k, v in pairs(feeds0) do f[k] = v end
-                return f
-            end
-            for round = 1, 5 do
-                if round == 3 or round == 4 then
-                    for _, bad in ipairs({ V, -1, lua54 and math.maxinteger or nil }) do
-                        local ids = {}
-                        for i = 1, n do ids[i] = math.random(0, V - 1) end
-                        ids[math.random(1, n)] = bad
-                        list[#list + 1] = { feeds = ids_feeds(ids), error = "evaluation error: EmbeddingNode:" }
-                    end
-                end
-                local ids = {}
-                for i = 1, n do ids[i] = math.random(0, V - 1) end
-                list[#list + 1] = { feeds = ids_feeds(ids), want = R.embedding(tr_, { data = ids }) }
-            end
-            steps(string.format("EmbeddingNode of a %s %s [%d, %d], bad ids fail", dtype, const and "constant" or "input",
-                V, D), mk.embedding(tbl, mk.input("ids", "int64", { n })), list, 0, 0)
-        end
-    end
-
-    -- A buffer [R, ...] written at run-time rows [begin, end) over several runs;
-    -- the output (the buffer, or it times a constant) shows its state, which
-    -- persists. Bounds out of range in every way fail and write nothing.
-    local function replace_case(dtype, rank, through)
-        if not keep() then return end
-        local sh = rand_shape(rank, 2, 5)
-        sh[1] = math.random(6, 12)
-        local rs = copy(sh)
-        rs[1] = math.random(1, 3)
-        local Rn, k = sh[1], rs[1]
-        local row = numel(sh) / Rn
-        local st, sr = away(sh, dtype, dtype == "int64" and 1 or 0.1, dtype == "int64" and 9 or 1)
-        local bn, en, r = mk.input("begin", "int64", { 1 }), mk.input("end", "int64", { 1 }), mk.input("r", dtype, rs)
-        local out = mk.buffer(dtype, sh):replace(r, bn, en)
-        if through then out = out * mk.constant(st, "scale") end
-        local state = R.fill(sh, 0, dtype)
-        local list = {}
-        for step = 1, 8 do
-            local rt, rr
-            if dtype == "int64" then rt, rr = away(rs, dtype, 1, 2 ^ 40) else rt, rr = away(rs, dtype, 0.1, 1) end
-            local begin = math.random(0, Rn - k)
-            if step == 4 or step == 7 then
-                local bt = away(rs, dtype, 1, 9)
-                for _, bad in ipairs({ { -1, k - 1 }, { Rn - k + 1, Rn + 1 }, { begin, begin + k + 1 },
-                                       { begin + k, begin }, { Rn + 5, Rn + 5 + k } }) do
-                    list[#list + 1] = { feeds = { begin = i64(bad[1]), ["end"] = i64(bad[2]), r = bt },
-                        error = "evaluation error: ReplaceSliceNode:" }
-                end
-            end
-            for i = 1, k * row do state.data[begin * row + i] = rr.data[i] end
-            local now = { shape = copy(sh), data = copy(state.data), dtype = dtype }
-            list[#list + 1] = { feeds = { begin = i64(begin), ["end"] = i64(begin + k), r = rt },
-                want = through and R.mul(now, sr) or now }
-        end
-        steps(string.format("ReplaceSliceNode into a %s buffer %s at run-time rows%s, bad bounds write nothing",
-            dtype, S(sh), through and ", times a constant" or ""), out, list,
-            dtype == "int64" and 0 or 1e-5, dtype == "int64" and 0 or 1e-4)
-    end
-    for rank = 1, 4 do
-        replace_case("float32", rank, false)
-        replace_case("int64", rank, rank % 2 == 0)
-        replace_case("float32", rank, true)
-    end
-
-    do -- a Fibonacci-like recurrence in a buffer F [N, 1] (int64, exact): step t
-        -- reads F[t-2] and F[t-1] by embedding (run-time ids), adds them and a
-        -- random x_t and writes F[t]; steps 0 and 1 read rows not yet written (zero)
-        local N = math.random(12, 30)
-        local ids, at, nx = mk.input("ids", "int64", { 2 }), mk.input("at", "int64", { 1 }), mk.input("next", "int64", { 1 })
-        local x = mk.input("x", "int64", { 1, 1 })
-        local buf = mk.buffer("int64", { N, 1 })
-        local e = mk.embedding(buf, ids)
-        local out = buf:replace(e:slice(0, 1) + e:slice(1, 2) + x, at, nx)
-        local F, list = {}, {}
-        for t = 1, N do F[t] = 0 end
-        for t = 0, N - 1 do
-            local i1, i2 = t >= 2 and t - 2 or N - 1, t >= 1 and t - 1 or N - 1
-            local xv = math.random(1, 3)
-            F[t + 1] = F[i1 + 1] + F[i2 + 1] + xv
-            list[#list + 1] = { feeds = { ids = mk.tensor({ i1, i2 }, "int64"), at = i64(t), ["next"] = i64(t + 1),
-                x = mk.tensor({ { xv } }, "int64") }, want = { shape = { N, 1 }, data = copy(F) } }
-        end
-        steps("a Fibonacci recurrence in an int64 buffer through EmbeddingNode", out, list, 0, 0)
-    end
-
-    do -- a llama-like chain over a KV cache: h = rms_norm(x, g); k = h @ Wk^T;
-        -- cache[pos] = k; the softmax of h @ cache^T over the first pos + 1 rows
-        local D, Sq = math.random(8, 40), math.random(4, 10)
-        local wkt, wkr = away({ D, D }, "float32", 0.1, 1)
-        local gt, gr = away({ D }, "float32", 0.1, 1)
-        local pos, pos1 = mk.input("pos", "int64", { 1 }), mk.input("pos1", "int64", { 1 })
-        local x = mk.input("x", "float32", { 1, D })
-        local h = x:rms_norm(mk.constant(gt, "g"))
-        local cache = mk.buffer("float32", { Sq, D }):replace(h:matmul(mk.constant(wkt, "wk"):permute(tr)), pos, pos1)
-        local out = h:matmul(cache:permute(tr)):sliced_softmax(pos1)
-        local cr = R.fill({ Sq, D }, 0)
-        local list = {}
-        for p = 0, Sq - 1 do
-            local xt, xr = away({ 1, D }, "float32", 0.1, 1)
-            local hr = R.rms_norm(xr, gr)
-            local kr = R.matmul(hr, R.permute(wkr, tr))
-            for j = 1, D do cr.data[p * D + j] = kr.data[j] end
-            list[#list + 1] = { feeds = { pos = i64(p), pos1 = i64(p + 1), x = xt },
-                want = R.sliced_softmax(R.matmul(hr, R.permute(cr, tr)), p + 1) }
-        end
-        steps("a KV-cache chain: rms_norm, x @ W^T into a buffer, scores over it, sliced softmax", out, list, 1e-4, 1e-3)
     end
 end

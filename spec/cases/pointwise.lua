@@ -387,4 +387,102 @@ return function(c)
         add("CastNode bool to int64", p:cast("int64"), { p = pt },
             map(pr, function(k) return k and 1 or 0 end, "int64"), 0, 0)
     end
+
+    -- ---- the rows the core's table brought without binding code ----------------
+    -- SubNode, DivNode, ExpNode, TanhNode, SigmoidNode and GELUNode (once
+    -- helpers.pointwise_cases): broadcasts, numbers on either side, int64
+    -- wrap-around, a fused tree; atol 1e-6 unless a case says otherwise
+    do
+        local function add(name, output, feeds, want, a, r) c.add(name, output, feeds, want, a or 1e-6, r) end
+        local helpers, rand_shape, copy = H, H.rand_shape, H.copy
+        local R = c.R
+        local function input_away(name, shape, lo, hi)
+            local t, r = helpers.rand_away(shape, lo, hi)
+            return mk.input(name, "float32", shape), t, r
+        end
+        local S = helpers.shape_str
+
+        for rank = 1, 4 do
+            local shape = rand_shape(rank, 1, 6)
+            local a, at, ar = input("a", shape)
+            local b, bt, br = input("b", shape)
+            local d, dt, dr = input_away("d", shape, 0.5, 2)
+            add("SubNode rank " .. rank, a - b, { a = at, b = bt }, R.sub(ar, br))
+            add("SubNode as a:sub(b) rank " .. rank, a:sub(b), { a = at, b = bt }, R.sub(ar, br))
+            add("DivNode rank " .. rank, a / d, { a = at, d = dt }, R.div(ar, dr))
+            add("DivNode as a:div(d) rank " .. rank, a:div(d), { a = at, d = dt }, R.div(ar, dr))
+            -- the second operand broadcasts where its dim is 1
+            local cshape = copy(shape)
+            for i = 1, rank do if math.random() < 0.5 then cshape[i] = 1 end end
+            local c, ct, cr = input_away("c", cshape, 0.5, 2)
+            add("SubNode broadcast " .. S(cshape) .. " onto " .. S(shape), a - c, { a = at, c = ct },
+                R.sub(ar, cr))
+            add("DivNode broadcast " .. S(cshape) .. " onto " .. S(shape), a / c, { a = at, c = ct },
+                R.div(ar, cr))
+            local x, xt, xr = input("x", shape, -3, 3)
+            add("ExpNode rank " .. rank, x:exp(), { x = xt }, R.exp(xr))
+            add("TanhNode rank " .. rank, x:tanh(), { x = xt }, R.tanh(xr))
+            local g, gt, gr = input("g", shape, -5, 5)
+            add("SigmoidNode rank " .. rank, g:sigmoid(), { g = gt }, R.sigmoid(gr))
+            add("GELUNode rank " .. rank, g:gelu(), { g = gt }, R.gelu(gr))
+        end
+
+        do -- the issue's shapes: [2, 3] - [1, 3] and [2, 3] / [2, 1]
+            local a, at, ar = input("a", { 2, 3 })
+            local r, rt, rr = input("r", { 1, 3 })
+            local c, ct, cr = input_away("c", { 2, 1 }, 0.5, 2)
+            add("SubNode [2, 3] - [1, 3]", a - r, { a = at, r = rt }, R.sub(ar, rr))
+            add("DivNode [2, 3] / [2, 1]", a / c, { a = at, c = ct }, R.div(ar, cr))
+        end
+
+        do -- numbers on either side: x - k, k - x, x / k, k / x
+            local shape = rand_shape(math.random(1, 4), 1, 5)
+            local x, xt, xr = input_away("x", shape, 0.25, 2)
+            local k = helpers.f32(0.5 + 2.5 * math.random())
+            local ones = {}
+            for i = 1, #shape do ones[i] = 1 end
+            local kb, kf = R.fill(ones, k), R.fill(shape, k)
+            add("x - k", x - k, { x = xt }, R.sub(xr, kb))
+            add("k - x", k - x, { x = xt }, R.sub(kf, xr))
+            add("x / k", x / k, { x = xt }, R.div(xr, kb))
+            add("k / x", k / x, { x = xt }, R.div(kf, xr))
+        end
+
+        do -- int64 SubNode: exact, wrapping around at the ends of the range as SumNode
+            local rows, cols = math.random(2, 5), math.random(2, 5)
+            local lo, hi = {}, {}
+            for i = 1, rows * cols do
+                if math.random() < 0.5 then
+                    -- minus a positive: wraps (5.1 hosts: numbers stop at 2^53, no wrap)
+                    lo[i] = (math.mininteger or -2 ^ 52) + math.random(0, 1000)
+                    hi[i] = 1001 + math.floor(math.random() * 2 ^ 40) -- 5.1: random takes ints
+                else
+                    lo[i] = math.random(-1000000, 1000000)
+                    hi[i] = math.random(-1000000, 1000000)
+                end
+            end
+            local it, jt = mk.tensor(lo, "int64", { rows, cols }), mk.tensor(hi, "int64", { rows, cols })
+            local ir, jr = helpers.ref(it), helpers.ref(jt)
+            local i, j = mk.input("i", "int64", { rows, cols }), mk.input("j", "int64", { rows, cols })
+            add("int64 SubNode wraps around", i - j, { i = it, j = jt }, R.sub(ir, jr), 0, 0)
+            local ct, cr = helpers.randint({ rows, 1 }, -1000, 1000)
+            local c = mk.input("c", "int64", { rows, 1 })
+            add("int64 SubNode broadcast and numbers", (7 - i) - c - 3, { i = it, c = ct },
+                R.sub(R.sub(R.sub(R.fill({ rows, cols }, 7, "int64"), ir), cr), R.fill({ 1, 1 }, 3, "int64")),
+                0, 0)
+        end
+
+        do -- a tree of the new ops: one fused group where the device fuses
+            local shape = rand_shape(2, 2, 6)
+            local a, at, ar = input("a", shape, -2, 2)
+            local b, bt, br = input("b", shape, -2, 2)
+            local d, dt, dr = input_away("d", shape, 0.5, 2)
+            local y = ((a - b) / d):tanh() * a:sigmoid() + (b - 1):exp():gelu() / 2
+            local ones = { 1, 1 }
+            local want = R.add(R.mul(R.tanh(R.div(R.sub(ar, br), dr)), R.sigmoid(ar)),
+                R.div(R.gelu(R.exp(R.sub(br, R.fill(ones, 1)))), R.fill(ones, 2)))
+            add("a tree of SubNode, DivNode, TanhNode, SigmoidNode, ExpNode, GELUNode", y,
+                { a = at, b = bt, d = dt }, want, 1e-5, 1e-4)
+        end
+    end
 end
