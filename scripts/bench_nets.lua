@@ -3,13 +3,14 @@ bench_nets.lua — latency of the reference networks of scripts/nets.lua:
 
     resnet18   ResNet-18, batch 1, 3x224x224 -> 1000: p50 / p99 of m:run
     dqn        the Atari DQN policy, batch 1, 4x84x84 -> conv 32/64/64 -> 512 -> 18
+    mlp        the policy MLP of scripts/bench_mlp.lua, batch 1, 64 -> 256 -> 256 -> 8
     gpt2       GPT-2 small (12 x 768, 12 heads, vocab 50257): greedy decode with
                KV caches through m:run_steps (tokens/s, launches per layer),
                and the 8-token prompt's logits through the whole stack
 
-    lua5.4 scripts/bench_nets.lua --net resnet18|gpt2|dqn [--devices cpu,cuda]
+    lua5.4 scripts/bench_nets.lua --net resnet18|gpt2|dqn|mlp [--devices cpu,cuda]
         [--threads N] [--runs N] [--tokens N] [--save FILE] [--out FILE]
-        [--peer on|off|only] [--peer-dir DIR]
+        [--peer on|off|only] [--peer-dir DIR] [--import]
 
 Weights are random (scripts/nets.lua's fast_weights, seed 1), named as
 PyTorch's state_dict names them. --save FILE writes them and the input
@@ -17,14 +18,20 @@ PyTorch's state_dict names them. --save FILE writes them and the input
 --out FILE writes moonkaas's outputs ("<device>.y", "<device>.tokens") for
 its comparison (--compare). --threads caps the CPU's threads per launch
 (compile's `threads`; 0, the default, lets the cost rule choose) and ONNX
-Runtime's intra-op threads. For resnet18 and dqn, ONNX Runtime's CPU
+Runtime's intra-op threads. For resnet18, dqn and mlp, ONNX Runtime's CPU
 provider runs the same weights in the same run where it is installed
 (npm's onnxruntime-node, as spec/onnx_ort_spec.lua finds it; the graph
 written by scripts/nets_onnx.py with Debian's python3-onnx), and its output
 is compared with moonkaas's. --peer off skips it, --peer only runs it
 alone (to alternate it with moonkaas runs of other builds, MK_BUILD); with
 --peer-dir DIR the ONNX graph, input and output stay in DIR, and a graph
-already there is reused (the weights are the same: seed 1). The command
+already there is reused (the weights are the same: seed 1). --import also
+loads that same ONNX file with mk.load_onnx on each device and times its
+m:run({x = input}) (a new output table and tensor each call, as a host of
+the ONNX API calls it), with its output against the built graph's. ONNX
+Runtime's figures are from node (ort_bench.js: one awaited session.run a
+call), whose call costs a few microseconds more than C's: for the MLP's
+microseconds that is part of the peer's figure. The command
 printed at the end runs PyTorch on the same weights (scripts/torch_nets.py,
 a GPU machine).
 
@@ -60,16 +67,18 @@ do
         elseif a == "--out" then opts.out = v
         elseif a == "--peer" and (v == "on" or v == "off" or v == "only") then opts.peer = v
         elseif a == "--peer-dir" then opts.peer_dir = v
+        elseif a == "--import" then opts.import, v = true, nil
         else
             io.stderr:write("bench_nets: unknown option " .. a .. "\n")
             os.exit(2)
         end
-        i = i + 2
+        i = i + (v and 2 or 1)
     end
-    if opts.net ~= "resnet18" and opts.net ~= "gpt2" and opts.net ~= "dqn" then
-        io.stderr:write("usage: lua5.4 scripts/bench_nets.lua --net resnet18|gpt2|dqn [--devices cpu,cuda] " ..
+    local nets_ok = { resnet18 = true, gpt2 = true, dqn = true, mlp = true }
+    if not nets_ok[opts.net] or (opts.import and opts.net == "gpt2") then
+        io.stderr:write("usage: lua5.4 scripts/bench_nets.lua --net resnet18|gpt2|dqn|mlp [--devices cpu,cuda] " ..
             "[--threads N] [--runs N] [--tokens N] [--save FILE] [--out FILE] [--peer on|off|only] " ..
-            "[--peer-dir DIR]\n")
+            "[--peer-dir DIR] [--import]   (--import: not gpt2)\n")
         os.exit(2)
     end
 end
@@ -107,7 +116,66 @@ local function devices()
     return list
 end
 
--- ---- the convolutional networks: p50 / p99 of m:run -----------------------
+-- ---- the ONNX file of the net, for ONNX Runtime and --import ---------------
+-- (scripts/nets_onnx.py writes the graph with Debian's python3-onnx; the
+-- directory is --peer-dir, else a scratch one removed at the end)
+local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local PY = os.getenv("MK_PYTHON") or "/usr/bin/python3"
+local scratch
+
+-- The directory holding net.onnx and x.bin (written once), or nil and why not.
+local function onnx_dir()
+    if not os.execute(PY .. " -c 'import onnx, numpy' > /dev/null 2>&1") then
+        return nil, PY .. " cannot import onnx and numpy"
+    end
+    local dir = opts.peer_dir
+    if not dir then
+        if not scratch then
+            scratch = os.tmpname()
+            os.remove(scratch)
+        end
+        dir = scratch
+    end
+    assert(os.execute("mkdir -p " .. sh_quote(dir)))
+    local made = io.open(dir .. "/net.onnx")
+    if made then
+        made:close()
+    else
+        mk.save_safetensors(dir .. "/w.safetensors", weights)
+        local f = assert(io.open(dir .. "/x.bin", "wb"))
+        f:write(weights["input.x"]:bytes())
+        f:close()
+        assert(os.execute(string.format("%s %s/scripts/nets_onnx.py --net %s --weights %s/w.safetensors --out %s/net.onnx",
+            PY, sh_quote(root), opts.net, sh_quote(dir), sh_quote(dir))), "nets_onnx.py failed")
+    end
+    return dir
+end
+
+-- max |a - b| / max |b| over two tensors of one shape
+local function rel_diff(a, b)
+    local n = 1
+    for _, d in ipairs(b.shape) do n = n * d end
+    local x, y, worst, big = a:reshape { n }, b:reshape { n }, 0, 0
+    for i = 1, n do
+        worst = math.max(worst, math.abs(x:get(i) - y:get(i)))
+        big = math.max(big, math.abs(y:get(i)))
+    end
+    return worst / big
+end
+
+-- ---- the image networks and the MLP: p50 / p99 of m:run ---------------------
+-- times opts.runs calls of run() after one, each alone, in ms
+local function time_runs(run)
+    local times = {}
+    for i = 1, opts.runs do
+        local t0 = mk.clock()
+        run()
+        times[i] = (mk.clock() - t0) * 1e3
+    end
+    table.sort(times)
+    return percentile(times, 0.5), percentile(times, 0.99)
+end
+
 local function bench_image(build_net, shape, name)
     local x, y = build_net(mk, P, { batch = 1 })
     local input = random_tensor(shape)
@@ -116,17 +184,29 @@ local function bench_image(build_net, shape, name)
         local m = compile(y, dev)
         local out = m:run { x = input } -- warm-up (and the output compared)
         outputs[dev .. ".y"] = out
-        local times = {}
-        for i = 1, opts.runs do
-            local t0 = mk.clock()
-            m:run({ x = input }, out)
-            times[i] = (mk.clock() - t0) * 1e3
-        end
-        table.sort(times)
+        local p50, p99 = time_runs(function() m:run({ x = input }, out) end)
         local st = m:stats()
-        print(string.format("%s %s: p50 %.2f ms, p99 %.2f ms over %d runs (threads %s; %d launches, compile %.0f ms)",
-            name, dev, percentile(times, 0.5), percentile(times, 0.99), opts.runs,
-            dev == "cpu" and tostring(opts.threads) or "-", st.launches, st.compile_ms or 0))
+        print(string.format("%s %s: p50 %.3f ms, p99 %.3f ms over %d runs (threads %s; %d launches, compile %.0f ms)",
+            name, dev, p50, p99, opts.runs, dev == "cpu" and tostring(opts.threads) or "-", st.launches,
+            st.compile_ms or 0))
+        m:close()
+    end
+    if not opts.import or opts.peer == "only" then return end
+    -- the same network from the ONNX file ONNX Runtime runs, through the importer
+    local dir, why = onnx_dir()
+    if not dir then
+        print(name .. " --import: skipped (" .. why .. ")")
+        return
+    end
+    for _, dev in ipairs(devices()) do
+        local m = mk.load_onnx(dir .. "/net.onnx", { device = dev, threads = dev == "cpu" and opts.threads or nil })
+        local out_name = m:outputs()[1].name
+        local got = m:run({ x = input })[out_name]
+        local p50, p99 = time_runs(function() m:run({ x = input }) end)
+        local st = m:stats()
+        print(string.format("%s %s from net.onnx (mk.load_onnx, m:run): p50 %.3f ms, p99 %.3f ms over %d runs " ..
+            "(threads %s; %d launches); max |onnx - built| / max |built| %.3g", name, dev, p50, p99, opts.runs,
+            dev == "cpu" and tostring(opts.threads) or "-", st.launches, rel_diff(got, outputs[dev .. ".y"])))
         m:close()
     end
     _ = x
@@ -170,11 +250,9 @@ local function bench_gpt2()
     end
 end
 
--- ---- the peer: ONNX Runtime's CPU provider on the same weights ------------
--- (scripts/nets_onnx.py writes the graph with Debian's python3-onnx,
--- scripts/ort_bench.js runs it under node with npm's onnxruntime-node,
+-- ---- the peer: ONNX Runtime's CPU provider on the same file ----------------
+-- (scripts/ort_bench.js runs net.onnx under node with npm's onnxruntime-node,
 -- found as spec/onnx_ort_spec.lua finds it)
-local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 local function ort_path()
     for _, p in ipairs { os.getenv("MK_ORTNODE") or "", "/opt/ortnode/node_modules", "/work/ortnode/node_modules" } do
         local f = p ~= "" and io.open(p .. "/onnxruntime-node/package.json")
@@ -186,31 +264,14 @@ local function ort_path()
 end
 
 local function ort_peer(shape)
-    local py = os.getenv("MK_PYTHON") or "/usr/bin/python3"
-    local ok = os.execute(py .. " -c 'import onnx, numpy' > /dev/null 2>&1")
     local node_ok = os.execute("node --version > /dev/null 2>&1")
     local path = ort_path()
-    if not ok or not node_ok or not path then
-        print("onnxruntime cpu: skipped (" .. (not ok and py .. " cannot import onnx and numpy" or not node_ok and
-            "node is not installed" or "onnxruntime-node is not installed: scripts/setup.sh, or MK_ORTNODE") .. ")")
-        return
-    end
-    local dir = opts.peer_dir
+    local dir, why = nil, not node_ok and "node is not installed" or not path and
+        "onnxruntime-node is not installed: scripts/setup.sh, or MK_ORTNODE" or nil
+    if not why then dir, why = onnx_dir() end
     if not dir then
-        dir = os.tmpname()
-        os.remove(dir)
-    end
-    assert(os.execute("mkdir -p " .. sh_quote(dir)))
-    local made = io.open(dir .. "/net.onnx")
-    if made then
-        made:close()
-    else
-        mk.save_safetensors(dir .. "/w.safetensors", weights)
-        local f = assert(io.open(dir .. "/x.bin", "wb"))
-        f:write(weights["input.x"]:bytes())
-        f:close()
-        assert(os.execute(string.format("%s %s/scripts/nets_onnx.py --net %s --weights %s/w.safetensors --out %s/net.onnx",
-            py, sh_quote(root), opts.net, sh_quote(dir), sh_quote(dir))), "nets_onnx.py failed")
+        print("onnxruntime cpu: skipped (" .. why .. ")")
+        return
     end
     local cmd = string.format("NODE_PATH=%s node %s/scripts/ort_bench.js %s/net.onnx %s/x.bin %s %d %d %s/out.bin",
         sh_quote(path), sh_quote(root), sh_quote(dir), sh_quote(dir), table.concat(shape, ","), opts.runs,
@@ -221,27 +282,19 @@ local function ort_peer(shape)
     local p50, p99 = line:match("p50 ([%d.]+) p99 ([%d.]+)")
     if not p50 then
         print("onnxruntime cpu: failed: " .. line)
-    else
-        local rf = assert(io.open(dir .. "/out.bin", "rb"))
-        local bytes = rf:read("a")
-        rf:close()
-        local want, got = outputs["cpu.y"], nil
-        local msg = ""
-        if want then
-            got = mk.from_bytes(bytes, "float32", want.shape)
-            local n, worst, big = #bytes // 4, 0, 0
-            local a, b = want:reshape { n }, got:reshape { n }
-            for i = 1, n do
-                worst = math.max(worst, math.abs(a:get(i) - b:get(i)))
-                big = math.max(big, math.abs(b:get(i)))
-            end
-            msg = string.format("; max |moonkaas - ort| / max |ort| %.3g", worst / big)
-        end
-        print(string.format("%s onnxruntime cpu: p50 %.2f ms, p99 %.2f ms over %d runs (threads %s)%s", opts.net,
-            tonumber(p50), tonumber(p99), opts.runs, opts.threads > 0 and tostring(opts.threads) or "ORT's default", msg))
-        print("  peer command: " .. cmd:gsub(sh_quote(dir), "DIR"))
+        return
     end
-    if not opts.peer_dir then os.execute("rm -rf " .. sh_quote(dir)) end
+    local rf = assert(io.open(dir .. "/out.bin", "rb"))
+    local bytes = rf:read("a")
+    rf:close()
+    local want, msg = outputs["cpu.y"], ""
+    if want then
+        msg = string.format("; max |moonkaas - ort| / max |ort| %.3g",
+            rel_diff(want, mk.from_bytes(bytes, "float32", want.shape)))
+    end
+    print(string.format("%s onnxruntime cpu: p50 %.3f ms, p99 %.3f ms over %d runs (threads %s)%s", opts.net,
+        tonumber(p50), tonumber(p99), opts.runs, opts.threads > 0 and tostring(opts.threads) or "ORT's default", msg))
+    print("  peer command: " .. cmd:gsub(sh_quote(dir), "DIR"))
 end
 
 if opts.net == "resnet18" then
@@ -253,10 +306,14 @@ if opts.net == "resnet18" then
 elseif opts.net == "dqn" then
     bench_image(nets.dqn, { 1, 4, 84, 84 }, "dqn")
     if opts.peer ~= "off" then ort_peer({ 1, 4, 84, 84 }) end
+elseif opts.net == "mlp" then
+    bench_image(nets.mlp, { 1, 64 }, "mlp")
+    if opts.peer ~= "off" then ort_peer({ 1, 64 }) end
 else
     bench_gpt2()
 end
 
+if scratch then os.execute("rm -rf " .. sh_quote(scratch)) end
 if opts.save then
     mk.save_safetensors(opts.save, weights)
     print("weights and input written to " .. opts.save)

@@ -88,6 +88,17 @@ function N.dqn(mk, P, o)
     return x, nn.linear(h, P("fc2.weight", { actions, 512 }, "w"), P("fc2.bias", { actions }, "b"))
 end
 
+-- the policy MLP of scripts/bench_mlp.lua: x [B, 64] -> 256, relu -> 256,
+-- relu -> 8 (PyTorch's nn.Linear weights [out, in])
+function N.mlp(mk, P, o)
+    local nn = require "moonkaas.nn"
+    local B = o.batch or 1
+    local x = mk.input("x", "float32", { B, 64 })
+    local h = nn.linear(x, P("fc1.weight", { 256, 64 }, "w"), P("fc1.bias", { 256 }, "b")):relu()
+    h = nn.linear(h, P("fc2.weight", { 256, 256 }, "w"), P("fc2.bias", { 256 }, "b")):relu()
+    return x, nn.linear(h, P("fc3.weight", { 8, 256 }, "w"), P("fc3.bias", { 8 }, "b"))
+end
+
 -- a GPT-2 block stack over ids [T] (positions 0..T-1, no cache): token and
 -- position embeddings, per layer x += attn(ln_1 x) (causal), x += proj(gelu
 -- (fc(ln_2 x))) with GELU's erf form, then ln_f and logits through the token

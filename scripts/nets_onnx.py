@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""nets_onnx.py: ResNet-18 or the DQN policy of scripts/nets.lua as an ONNX
+"""nets_onnx.py: ResNet-18, the DQN policy or the policy MLP of scripts/nets.lua as an ONNX
 file, on the weights of a safetensors file (scripts/bench_nets.lua --save),
 for ONNX Runtime as a peer (scripts/ort_bench.js). Debian's python3-onnx and
 numpy only.
 
-    /usr/bin/python3 scripts/nets_onnx.py --net resnet18|dqn --weights W.safetensors --out net.onnx
+    /usr/bin/python3 scripts/nets_onnx.py --net resnet18|dqn|mlp --weights W.safetensors --out net.onnx
 """
 import argparse
 import json
@@ -81,17 +81,27 @@ def dqn(g):
     return g.linear(h, "fc2")
 
 
+def mlp(g):
+    h = g.op("Relu", [g.linear("x", "fc1")])
+    h = g.op("Relu", [g.linear(h, "fc2")])
+    return g.linear(h, "fc3")
+
+
+NETS = {"resnet18": (resnet18, "fc.weight"), "dqn": (dqn, "fc2.weight"), "mlp": (mlp, "fc3.weight")}
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--net", required=True, choices=["resnet18", "dqn"])
+    ap.add_argument("--net", required=True, choices=sorted(NETS))
     ap.add_argument("--weights", required=True)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     w = load(a.weights)
     g = Graph(w)
-    y = (resnet18 if a.net == "resnet18" else dqn)(g)
+    build, last = NETS[a.net]
+    y = build(g)
     x = w["input.x"]
-    classes = w["fc.weight" if a.net == "resnet18" else "fc2.weight"].shape[0]
+    classes = w[last].shape[0]
     graph = helper.make_graph(
         g.nodes, a.net, [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
         [helper.make_tensor_value_info(y, TensorProto.FLOAT, [x.shape[0], classes])], list(g.inits.values()))

@@ -96,6 +96,10 @@ local CASES = {
     { "nets.lua", {}, 0, "" },
     { "bench_nets.lua", {}, 2, "usage: lua5.4 scripts/bench_nets.lua" },
     { "bench_nets.lua", { "--net", "dqn", "--runs", "2", "--threads", "1" }, 0, "dqn cpu: p50 " },
+    -- the policy MLP also from the ONNX file ONNX Runtime runs (python3-onnx writes it)
+    { "bench_nets.lua", { "--net", "mlp", "--runs", "5", "--threads", "1", "--import", "--peer", "off" }, 0,
+      "max |onnx - built| / max |built| 0\n" },
+    { "bench_nets.lua", { "--net", "gpt2", "--import" }, 2, "(--import: not gpt2)" },
     -- the peers' programs: PyTorch (a GPU machine), the ONNX graph and ONNX Runtime;
     -- their syntax only here, bench_nets.lua runs the last two
     { "torch_nets.py", {}, 0, "", run = "python3 -c 'import ast, sys; ast.parse(open(sys.argv[1]).read())'" },
