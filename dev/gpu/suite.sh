@@ -10,12 +10,8 @@
 # SPECS and SPEC_S (seconds a spec) choose the specs.
 set -u
 cd "$(dirname "$0")/../.."
-R=$(pwd)
-for f in .gpu/debs2/*.deb; do dpkg -x "$f" / ; done; ldconfig
-mkdir -p ../shared 2>/dev/null; [ -e ../shared/models ] || ln -s "$R/.gpu/models" ../shared/models
-sh .gpu/device/setup-lua.sh /opt/lua >/dev/null && . /opt/lua/env.sh
+. dev/gpu/env.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
-export CUDA_ARCH=sm_90 MK_KERNEL_CACHE=/tmp/kc MK_BUILD=build
 t=$(date +%s); make -j16 > $OUT/build.log 2>&1 || { echo "BUILD FAILED"; grep -E "error" $OUT/build.log | head; tail -5 $OUT/build.log; exit 1; }
 echo "built in $(( $(date +%s) - t )) s"
 for t in build/tests/*; do timeout 120 $t > $OUT/$(basename $t).log 2>&1; echo "$(grep '# c-test' $OUT/$(basename $t).log | tail -1) rc=$?"; grep "^not ok" $OUT/$(basename $t).log | head -5; done

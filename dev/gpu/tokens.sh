@@ -5,11 +5,7 @@
 # MK_CUDA_ARCH=80. Set up as dev/gpu/suite.sh says.
 set -u
 cd "$(dirname "$0")/../.."
-R=$(pwd)
-for f in .gpu/debs2/*.deb; do dpkg -x "$f" / ; done; ldconfig
-mkdir -p ../shared 2>/dev/null; [ -e ../shared/models ] || ln -s "$R/.gpu/models" ../shared/models
-sh .gpu/device/setup-lua.sh /opt/lua >/dev/null && . /opt/lua/env.sh
-export CUDA_ARCH=sm_90 MK_KERNEL_CACHE=/tmp/kc MK_BUILD=build
+. dev/gpu/env.sh
 make -j16 > $OUT/build.log 2>&1 || { echo BUILD FAILED; tail $OUT/build.log; exit 1; }
 if [ ! -d /tmp/b/base/build ]; then mkdir -p /tmp/b && tar xf .gpu/base.tar -C /tmp/b && (cd /tmp/b/base && make -j16 CUDA_ARCH=sm_90 > $OUT/base_build.log 2>&1); fi
 wait
