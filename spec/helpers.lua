@@ -561,6 +561,15 @@ function helpers.read_file(path)
     return s
 end
 
+-- A fresh temporary file holding bytes; its path.
+function helpers.tmpfile(bytes)
+    local path = os.tmpname()
+    local f = assert(io.open(path, "wb"))
+    f:write(bytes)
+    f:close()
+    return path
+end
+
 function helpers.run_lua(cmd, prelude, body)
     local path = os.tmpname()
     local f = assert(io.open(path, "w"))

@@ -40,8 +40,8 @@ if [ -n "$ASAN" ]; then
 fi
 
 # the longest first (CPU seconds of a run alone, doc/testing.md), then the rest
-FIRST="spec/llama2_batch spec/docs spec/onnx spec/onnx_nn tests/lowp_test spec/llama2 spec/kernels
-examples spec/scripts spec/llama2_formats tests/codegen_test spec/ops"
+FIRST="spec/llama2_batch spec/docs spec/onnx spec/onnx_nn tests/lowp_products_test spec/llama2
+spec/kernels examples spec/scripts spec/llama2_formats tests/codegen_test spec/ops"
 jobs=$log/jobs
 : > "$jobs"
 add() { grep -q "^$1 " "$jobs" || echo "$*" >> "$jobs"; }

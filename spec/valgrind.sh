@@ -21,15 +21,15 @@ export MK_VALGRIND=1 MK_CASES=quick MK_BUILD="$BUILD"
 # table is sampled (MK_CASES=quick: every kernel, a fifth of the exhaustive
 # loops' cases, no large ones), and these files are left to ASan: the ones that
 # only drive child processes (valgrind follows no child) and the llama2
-# end-to-end runs, whose kernels are the op table's and lowp_test's and whose
-# loaders llama2_errors_spec reaches (dev/valgrind_coverage.sh shows that
-# leaving them out loses no line of our C).
+# end-to-end runs, whose kernels are the op table's and lowp_products_test's
+# and whose loaders llama2_errors_spec reaches (dev/valgrind_coverage.sh shows
+# that leaving them out loses no line of our C).
 SKIP="kernels scripts install demo driver cuda_arch lua_hosts llama2 llama2_formats llama2_sampler
 llama2_tokenizer llama2_batch"
 # The longest first (CPU seconds under valgrind, doc/testing.md), then the rest
-FIRST="examples/llama2_server tests/lowp_test spec/cpu_frames spec/ops spec/compat51 spec/docs
-spec/onnx_nn tests/mnist_test spec/nets spec/onnx spec/files tests/script_test spec/group tests/file_test
-examples/game_loop"
+FIRST="examples/llama2_server tests/lowp_products_test spec/cpu_frames spec/ops spec/compat51
+spec/docs spec/onnx_nn tests/mnist_test spec/nets spec/onnx spec/files tests/script_test spec/group
+tests/file_test examples/game_loop"
 jobs=$log/jobs
 : > "$jobs"
 add() { # add NAME COMMAND...: one job, once
