@@ -30,6 +30,7 @@ spec/helpers.lua — what the busted specs share:
   helpers.requires_cuda()      nil when a CUDA device is usable, else the reason
                                (specs call pending(reason) with it)
   helpers.read_file(path)      a file's bytes, or nil where it cannot be opened
+  helpers.tmpfile(bytes)       a fresh temporary file holding bytes; its path
   helpers.run_lua(cmd, prelude, body)   runs prelude .. body in a fresh interpreter
                                (cmd: "env ... lua5.4"), with this process's package paths;
                                its "key=value" lines as a table, .output and .status
