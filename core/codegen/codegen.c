@@ -261,7 +261,8 @@ void mk_codegen_put_insn(mk_strbuf *b, const mk_expr *e, int j, bool f32) {
 
 /* The kernel of launch l: out (contiguous) = program(in[0], ..., in[n - 1]),
  * computed in the launch's compute dtype (mk_pointwise_compute_dtype): bool
- * operands load as 0 or 1 in it (any byte but 0 as 1), a bool result stores (value != 0). */
+ * operands load as 0 or 1 in it (any byte but 0 as 1), a bool result stores
+ * (value != 0). */
 static void put_source(mk_strbuf *b, const mk_launch *l) {
     const mk_expr *e = l->expr;
     bool f32 = mk_pointwise_compute_dtype(l) == MK_DTYPE_FLOAT32;

@@ -188,7 +188,7 @@ typedef struct {
                 if (pr->bool_in & (1u << k)) {                                               \
                     const unsigned char *x = (const unsigned char *)in[k] + i0 * s[k];       \
                     for (int64_t i = 0; i < len; i++)                                        \
-                        g[k][i] = x[i * s[k]] != 0;                                      \
+                        g[k][i] = x[i * s[k]] != 0;                                          \
                     r[k] = g[k];                                                             \
                     continue;                                                                \
                 }                                                                            \
