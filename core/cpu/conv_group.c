@@ -62,6 +62,82 @@ static int fold(const mk_launch *l, const mk_conv_group *cg, const mk_conv_geom 
     return 0;
 }
 
+/* Whether launch l's result overlaps [p, p + bytes). */
+static bool overlaps(const mk_launch *l, const void *p, size_t bytes) {
+    const char *o = l->out.data, *q = p;
+    size_t ob = (size_t)mk_tensor_numel(&l->out) * sizeof(float);
+    return q < o + ob && o < q + bytes;
+}
+
+enum { MAX_READERS = 16 };
+
+/* Launch i's readers of its result, where every one is a oneDNN convolution
+ * taking it as x or residual in i's layout (chains), and they are all that
+ * read its memory (the planner's last_use: an output's lies past every
+ * launch); else *n_readers is 0 (it stays NCHW). */
+static void readers_of(const cpu_state *s, const mk_launch *launches, int n, int i,
+                       int *reader, bool *as_residual, int *n_readers) {
+    const mk_node *node = launches[i].node;
+    int found = 0, last = -1;
+    *n_readers = 0;
+    for (int j = 0; j < n; j++) {
+        const mk_node *r = launches[j].node;
+        for (int k = 0; k < r->n_in; k++) {
+            const mk_node *x = r->in[k];
+            if (x != node && x->owner != node) continue;
+            const mk_conv_group *cg = mk_node_conv(r);
+            bool residual = cg && k == cg->residual;
+            if (x != node || !s->conv || !s->conv[j].dnnl || (k != 0 && !residual) ||
+                !mk_cpu_dnnl_conv_chains(s->conv[i].dnnl, s->conv[j].dnnl, residual) ||
+                found == MAX_READERS)
+                return;
+            reader[found] = j, as_residual[found++] = residual;
+            if (r->index > last) last = r->index;
+        }
+    }
+    if (node->owner == node && node->last_use == last) *n_readers = found;
+}
+
+/* Consecutive convolutions hand their results on in oneDNN's layout: a
+ * launch's result skips the reorder to NCHW and back where every reader is
+ * such a convolution laid out alike (readers_of). A launch whose residual
+ * arrives as NCHW in its own result's memory (the arena's in-place reuse)
+ * keeps reordering out, through oneDNN's buffer. */
+static int chain(cpu_state *s, const mk_launch *launches, int n, const mk_host *host) {
+    int kept = 0;
+    bool *res_blocked = calloc((size_t)n + 1, sizeof *res_blocked);
+    if (!res_blocked) return -1;
+    for (int i = 0; i < n; i++) {
+        const mk_launch *l = &launches[i];
+        const mk_conv_group *cg = mk_node_conv(l->node);
+        if (!s->conv || !s->conv[i].dnnl) continue;
+        if (cg && cg->residual >= 0 && !res_blocked[i] &&
+            overlaps(l, l->in[cg->residual].data,
+                     (size_t)mk_tensor_numel(&l->in[cg->residual]) * sizeof(float)))
+            continue;
+        int reader[MAX_READERS], n_readers;
+        bool as_residual[MAX_READERS];
+        readers_of(s, launches, n, i, reader, as_residual, &n_readers);
+        if (n_readers == 0) continue;
+        int fail = mk_cpu_dnnl_conv_chain(s->conv[i].dnnl, MK_CPU_DNNL_DST);
+        kept++;
+        for (int r = 0; r < n_readers && !fail; r++) {
+            mk_cpu_dnnl_conv *c = s->conv[reader[r]].dnnl;
+            fail = mk_cpu_dnnl_conv_chain(c, as_residual[r] ? MK_CPU_DNNL_RESIDUAL : MK_CPU_DNNL_SRC);
+            if (as_residual[r]) res_blocked[reader[r]] = true;
+        }
+        if (fail) {
+            free(res_blocked);
+            return -1;
+        }
+    }
+    free(res_blocked);
+    if (kept)
+        host->log(host, MK_LOG_INFO,
+                  "cpu: %d convolution results stay in oneDNN's layout for their readers", kept);
+    return 0;
+}
+
 int mk_cpu_conv_prepare(cpu_state *s, const mk_launch *launches, int n, const mk_host *host) {
     const char *path = getenv("MK_CPU_CONV");
     bool dnnl = !path || strcmp(path, "im2col");
@@ -87,7 +163,7 @@ int mk_cpu_conv_prepare(cpu_state *s, const mk_launch *launches, int n, const mk
             host->log(host, MK_LOG_INFO, "cpu: %s $%d runs on im2col and sgemm: %s",
                       l->node->op->name, l->node->id, why);
     }
-    return 0;
+    return chain(s, launches, n, host);
 }
 
 void mk_cpu_conv_free(cpu_state *s) {

@@ -149,6 +149,15 @@ mk_cpu_dnnl_conv *mk_cpu_dnnl_conv_make(const mk_cpu_conv_spec *sp, const struct
 void mk_cpu_dnnl_conv_free(mk_cpu_dnnl_conv *c);
 int mk_cpu_dnnl_conv_run(const mk_cpu_dnnl_conv *c, const mk_cpu_conv_args *a,
                          const struct mk_node *node, mk_error **err);
+/* Whether `from`'s result may reach `to` as its x (residual false) or its
+ * residual in oneDNN's layout: the two primitives lay it out alike, not as
+ * NCHW, in NCHW's bytes. */
+bool mk_cpu_dnnl_conv_chains(const mk_cpu_dnnl_conv *from, const mk_cpu_dnnl_conv *to,
+                             bool residual);
+/* Which memory of a launch lies in its primitive's layout, no longer NCHW. */
+typedef enum { MK_CPU_DNNL_SRC, MK_CPU_DNNL_DST, MK_CPU_DNNL_RESIDUAL } mk_cpu_dnnl_chain;
+/* Records it on c (conv_group.c decides, at prepare): 0, or -1 out of memory. */
+int mk_cpu_dnnl_conv_chain(mk_cpu_dnnl_conv *c, mk_cpu_dnnl_chain what);
 
 /* A convolution launch's plan (conv_group.c), made at prepare: the weights
  * and bias with a batch norm folded in (NULL: the operands'), and oneDNN's
@@ -168,7 +177,7 @@ typedef struct {
 } cpu_state;
 
 /* conv_group.c: the plans of the model's convolution launches (0, or -1
- * out of memory), and their freeing. */
+ * out of memory), which results stay in oneDNN's layout between them, and their freeing. */
 int mk_cpu_conv_prepare(cpu_state *s, const mk_launch *launches, int n, const mk_host *host);
 void mk_cpu_conv_free(cpu_state *s);
 
