@@ -272,6 +272,50 @@ return function(c)
             y, feeds, want, 1e-4, 1e-4)
     end
 
+    -- consecutive convolutions (core/cpu/conv_group.c hands a result on in
+    -- oneDNN's blocked layout where every reader is a convolution laid out
+    -- alike and the channels fill its blocks): conv -> bn -> relu, a 1x1
+    -- conv's result as the next group's residual, a group read as a
+    -- convolution's x and its residual at once, then a max pool (a reader
+    -- that needs NCHW) or that last group as the output. Channels a multiple
+    -- of 8 but on the last case.
+    for case = 1, 4 do
+        local M = case == 4 and random(3, 13) or 8 * random(1, 3)
+        local st = random(1, 2)
+        local shape = { random(1, 2), random(2, 9), random(5, 10), random(5, 10) }
+        local x, xt, xr = input("x", shape)
+        local function conv(h, hr, k, s, bias)
+            local wt, wr = c.H.rand({ M, hr.shape[2], k, k })
+            local bt, br
+            if bias then bt, br = c.H.rand({ M }) end
+            local p = { idiv(k - 1, 2), idiv(k - 1, 2) }
+            return h:conv2d(wt, { stride = { s, s }, padding = p, bias = bt }),
+                conv_ref(hr, wr, br, { s, s }, p, { 1, 1 }, 1)
+        end
+        local function bn(h, hr)
+            local mt, mr = c.H.rand({ M })
+            local vt, vr = c.H.rand({ M }, 0.5, 2)
+            local gt, gr = c.H.rand({ M })
+            local bt, br = c.H.rand({ M })
+            return h:batch_norm(mt, vt, { weight = gt, bias = bt, eps = 1e-3 }),
+                bn_ref(hr, mr, vr, gr, br, 1e-3)
+        end
+        local a, ar = bn(conv(x, xr, 3, st, true))
+        a, ar = a:relu(), relu_ref(ar)
+        local d, dr = conv(x, xr, 1, st, false)
+        local b, br = bn(conv(a, ar, 3, 1, false))
+        b, br = (b + d):relu(), relu_ref(sum_ref(br, dr))
+        local e, er = conv(b, br, 3, 1, true)
+        local y, want = (e + b):relu(), relu_ref(sum_ref(er, br))
+        if case % 2 == 1 then
+            y, want = y:max_pool2d({ 2, 2 }, { stride = { 2, 2 } }),
+                pool_ref(want, { 2, 2 }, { 2, 2 }, { 0, 0 }, { 1, 1 }, max_of)
+        end
+        add(string.format("Conv2dNode chain x %s, %d channels, stride %d%s", c.H.shape_str(shape),
+                M, st, case % 2 == 1 and ", max pool" or ""),
+            y, { x = xt }, want, 1e-4, 1e-4)
+    end
+
     for _ = 1, 4 do
         local g = random(1, 2)
         local C, O = g * random(1, 3), g * random(1, 3)
