@@ -381,6 +381,22 @@ return function(c)
             pool_ref(xr2, k, s, pa, { 1, 1 }, mean_of), 1e-6, 1e-5)
     end
 
+    -- max pooling of rows wide enough for the CPU's eight outputs at a time
+    -- (strides 1 and 2; -inf margins for the padding), and a tail; two NaNs
+    for _ = 1, 3 do
+        local k = { random(1, 3), random(1, 4) }
+        local s, d = { random(1, 2), random(1, 2) }, { 1, random(1, 2) }
+        local p = { random(0, idiv(k[1], 2)), d[2] == 1 and random(0, idiv(k[2], 2)) or 0 }
+        local shape = { 1, random(1, 3), random(3, 7), random(17, 45) }
+        local x, xt, xr = input("x", shape)
+        for _ = 1, 2 do xr.data[random(1, #xr.data)] = 0 / 0 end
+        xt = c.H.tensor(xr)
+        add(string.format("MaxPool2dNode wide x %s k %s stride %s pad %s dil %s",
+                c.H.shape_str(shape), str(k), str(s), str(p), str(d)),
+            x:max_pool2d(k, { stride = s, padding = p, dilation = d }), { x = xt },
+            pool_ref(xr, k, s, p, d, max_of))
+    end
+
     -- max pooling with NaNs in x: each window holding one gives NaN; rows
     -- wider than eight (the vector lanes of the CPU's column pass) and not a
     -- multiple of them
