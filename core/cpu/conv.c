@@ -209,11 +209,41 @@ static void max_pool_plane(const mk_conv_geom *g, const float *xp, float *op) {
     }
 }
 
+/* One block of b channels (x [H, W, b], out [OH, OW, b]: nChw8c, nChw16c)
+ * where the convolutions around the pool keep oneDNN's layout: each
+ * output's b lanes the maximum of its window's, eight at a time. */
+static void max_pool_block(const mk_conv_geom *g, int64_t b, const float *xp, float *op) {
+    for (int64_t oy = 0; oy < g->oh; oy++)
+        for (int64_t ox = 0; ox < g->ow; ox++)
+            for (int64_t lane = 0; lane < b; lane += 8) {
+                cpu_v8 m = {-INFINITY, -INFINITY, -INFINITY, -INFINITY,
+                            -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+                for (int64_t ki = 0; ki < g->kh; ki++) {
+                    int64_t iy = oy * g->sh - g->ph + ki * g->dh;
+                    if (iy < 0 || iy >= g->h) continue;
+                    for (int64_t kj = 0; kj < g->kw; kj++) {
+                        int64_t ix = ox * g->sw - g->pw + kj * g->dw;
+                        if (ix >= 0 && ix < g->w) m = max_nan8(m, load8(xp + (iy * g->w + ix) * b + lane));
+                    }
+                }
+                memcpy(op + (oy * g->ow + ox) * b + lane, &m, sizeof m);
+            }
+}
+
 int mk_cpu_max_pool(const mk_launch *l, mk_error **err) {
     (void)err;
     mk_conv_geom g = mk_conv_geom_of(l->node);
     const float *x = l->in[0].data;
     float *out = l->out.data;
+    const cpu_state *s = l->dev;
+    int64_t b = s && s->conv ? s->conv[l->index].block : 0;
+    if (b) {
+        int64_t blocks = g.n * g.c / b;
+        CPU_FOR(par(g.n * g.c * g.oh * g.ow * g.kh * g.kw), p, blocks, {
+            max_pool_block(&g, b, x + p * g.h * g.w * b, out + p * g.oh * g.ow * b);
+        });
+        return 0;
+    }
     int64_t planes = g.n * g.c;
     CPU_FOR(par(planes * g.oh * g.ow * g.kh * g.kw), p, planes, {
         const float *xp = x + p * g.h * g.w;

@@ -4,11 +4,12 @@
  * chooses it, so processes that never do map neither it nor its OpenCL
  * loader. Each launch's convolution is made once, at prepare (conv_group.c's
  * mk_cpu_conv_prepare), with the layouts oneDNN prefers (blocked, nChw8c on
- * AVX2), so that x and the result are reordered around it at every run,
- * constant weights once, there (or with $MK_DNNL_LAYOUT=plain, NCHW as they
- * are); a convolution group's bias is oneDNN's, its residual add and ReLU
- * post-ops (a sum into the result, which first holds the residual, and an
- * eltwise ReLU). Where the library is missing or refuses the shape, the
+ * AVX2), so that x and the result are reordered around it at every run
+ * (unless handed over between convolutions in that layout: conv_group.c's
+ * chain decides, mk_cpu_dnnl_conv_chain records it), constant weights once,
+ * there (or with $MK_DNNL_LAYOUT=plain, NCHW as they are); a convolution
+ * group's bias is oneDNN's, its residual add and ReLU post-ops (a sum into
+ * the result, which first holds the residual, and an eltwise ReLU). Where the library is missing or refuses the shape, the
  * launch stays on im2col (conv.c) and the compile's log says why.
  *
  * Which launches take it: conv_group.c (the rule, $MK_CPU_CONV).
@@ -32,10 +33,9 @@ int mk_cpu_dnnl_conv_run(const mk_cpu_dnnl_conv *c, const mk_cpu_conv_args *a,
     (void)c, (void)a, (void)node;
     return MK_INTERNAL(err, "a oneDNN convolution in a build without oneDNN");
 }
-bool mk_cpu_dnnl_conv_chains(const mk_cpu_dnnl_conv *from, const mk_cpu_dnnl_conv *to,
-                             bool residual) {
-    (void)from, (void)to, (void)residual;
-    return false;
+int mk_cpu_dnnl_conv_block(const mk_cpu_dnnl_conv *c, mk_cpu_dnnl_chain which) {
+    (void)c, (void)which;
+    return 0;
 }
 int mk_cpu_dnnl_conv_chain(mk_cpu_dnnl_conv *c, mk_cpu_dnnl_chain what) {
     (void)c, (void)what;
@@ -63,8 +63,7 @@ int mk_cpu_dnnl_conv_chain(mk_cpu_dnnl_conv *c, mk_cpu_dnnl_chain what) {
     X(dnnl_primitive_execute) X(dnnl_stream_wait) X(dnnl_post_ops_create)                  \
     X(dnnl_post_ops_destroy) X(dnnl_post_ops_append_sum) X(dnnl_post_ops_append_eltwise)  \
     X(dnnl_primitive_attr_create) X(dnnl_primitive_attr_destroy)                          \
-    X(dnnl_primitive_attr_set_post_ops) X(dnnl_memory_desc_get_size)                     \
-    X(dnnl_memory_get_data_handle)
+    X(dnnl_primitive_attr_set_post_ops) X(dnnl_memory_get_data_handle)
 
 static struct {
 #define DNNL_FIELD(f) __typeof__(f) *f;
@@ -116,9 +115,9 @@ struct mk_cpu_dnnl_conv {
      * model's in them (handles set at each run) where a neighbour convolution
      * hands x, the residual or the result over in that layout (chain). */
     dnnl_memory_desc_t src_md, dst_md;
+    int src_block, dst_block;   /* 8 or 16 where that layout is nChw8c or nChw16c, else 0 */
     dnnl_memory_t blk_src, blk_dst;
     bool src_blocked, dst_blocked, res_blocked;
-    size_t plain_src_bytes, plain_dst_bytes;
 };
 
 void mk_cpu_dnnl_conv_free(mk_cpu_dnnl_conv *c) {
@@ -185,6 +184,19 @@ static bool post_ops(const mk_cpu_conv_spec *sp, dnnl_primitive_attr_t *attr) {
     return ok;
 }
 
+/* 8 or 16 where md is [N, C, H, W] as nChw8c or nChw16c (channels in blocks
+ * of that many, each block's H x W x block values together), else 0. */
+static int block_of(const dnnl_memory_desc_t *md, const dnnl_dims_t dims) {
+    const dnnl_format_tag_t tags[2] = {dnnl_nChw8c, dnnl_nChw16c};
+    for (int b = 0; b < 2; b++) {
+        dnnl_memory_desc_t t;
+        if (dnnl.dnnl_memory_desc_init_by_tag(&t, 4, dims, dnnl_f32, tags[b]) == dnnl_success &&
+            dnnl.dnnl_memory_desc_equal(md, &t))
+            return 8 << b;
+    }
+    return 0;
+}
+
 static mk_cpu_dnnl_conv *make(const mk_cpu_conv_spec *sp, const mk_node *node, char *why,
                               size_t size) {
     const mk_conv_geom g = sp->g;
@@ -234,8 +246,8 @@ static mk_cpu_dnnl_conv *make(const mk_cpu_conv_spec *sp, const mk_node *node, c
     int index[N_ARGS] = {0, 0, 0, 1};
     c->src_md = *dnnl.dnnl_primitive_desc_query_md(pd, dnnl_query_src_md, 0);
     c->dst_md = *dnnl.dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
-    c->plain_src_bytes = sizeof(float) * (size_t)(g.n * g.c * g.h * g.w);
-    c->plain_dst_bytes = sizeof(float) * (size_t)(g.n * g.o * g.oh * g.ow);
+    c->src_block = block_of(&c->src_md, xd);
+    c->dst_block = block_of(&c->dst_md, yd);
     bool ok = dnnl.dnnl_primitive_create(&c->conv, pd) == dnnl_success &&
               dnnl.dnnl_stream_create(&c->stream, dnnl.engine, dnnl_stream_default_flags) ==
                   dnnl_success;
@@ -296,14 +308,10 @@ mk_cpu_dnnl_conv *mk_cpu_dnnl_conv_make(const mk_cpu_conv_spec *sp, const mk_nod
 
 /* ---- convolutions handing their results on in oneDNN's layout ------------- */
 
-bool mk_cpu_dnnl_conv_chains(const mk_cpu_dnnl_conv *from, const mk_cpu_dnnl_conv *to,
-                             bool residual) {
-    const dnnl_memory_desc_t *want = residual ? &to->dst_md : &to->src_md;
-    bool reordered = residual ? to->residual && to->mine[DST] : to->mine[SRC] != NULL;
-    /* the arena holds the plain layout's bytes: a blocked one of more (channels
-     * padded to the block) does not fit */
-    return from->mine[DST] && reordered && dnnl.dnnl_memory_desc_equal(&from->dst_md, want) &&
-           dnnl.dnnl_memory_desc_get_size(&from->dst_md) == from->plain_dst_bytes;
+int mk_cpu_dnnl_conv_block(const mk_cpu_dnnl_conv *c, mk_cpu_dnnl_chain which) {
+    if (which == MK_CPU_DNNL_SRC) return c->mine[SRC] ? c->src_block : 0;
+    if (which == MK_CPU_DNNL_RESIDUAL) return c->residual && c->mine[DST] ? c->dst_block : 0;
+    return c->mine[DST] ? c->dst_block : 0;
 }
 
 int mk_cpu_dnnl_conv_chain(mk_cpu_dnnl_conv *c, mk_cpu_dnnl_chain what) {

@@ -12,7 +12,8 @@
  * constant weights laid out in its blocked layout there, once. Otherwise the
  * launch runs on im2col and sgemm with the epilogue as a loop over each
  * image's result (conv.c). $MK_CPU_CONV=im2col keeps every launch off
- * oneDNN; =dnnl is the default. A constant's data is read here, once: a
+ * oneDNN; =dnnl is the default. Then which results stay in oneDNN's layout
+ * between convolutions (chain). A constant's data is read here, once: a
  * tensor changed after compile (t:set on a borrowed constant) is not seen by
  * a convolution's weights.
  */
@@ -71,65 +72,97 @@ static bool overlaps(const mk_launch *l, const void *p, size_t bytes) {
 
 enum { MAX_READERS = 16 };
 
-/* Launch i's readers of its result, where every one is a oneDNN convolution
- * taking it as x or residual in i's layout (chains), and they are all that
- * read its memory (the planner's last_use: an output's lies past every
- * launch); else *n_readers is 0 (it stays NCHW). */
-static void readers_of(const cpu_state *s, const mk_launch *launches, int n, int i,
-                       int *reader, bool *as_residual, int *n_readers) {
-    const mk_node *node = launches[i].node;
-    int found = 0, last = -1;
-    *n_readers = 0;
-    for (int j = 0; j < n; j++) {
-        const mk_node *r = launches[j].node;
-        for (int k = 0; k < r->n_in; k++) {
-            const mk_node *x = r->in[k];
-            if (x != node && x->owner != node) continue;
-            const mk_conv_group *cg = mk_node_conv(r);
-            bool residual = cg && k == cg->residual;
-            if (x != node || !s->conv || !s->conv[j].dnnl || (k != 0 && !residual) ||
-                !mk_cpu_dnnl_conv_chains(s->conv[i].dnnl, s->conv[j].dnnl, residual) ||
-                found == MAX_READERS)
-                return;
-            reader[found] = j, as_residual[found++] = residual;
-            if (r->index > last) last = r->index;
-        }
-    }
-    if (node->owner == node && node->last_use == last) *n_readers = found;
+/* The readers of a launch's result that take it in channel blocks. */
+typedef struct {
+    int n, launch[MAX_READERS];
+    mk_cpu_dnnl_chain as[MAX_READERS]; /* SRC (x), RESIDUAL; DST: a max pool */
+} readers;
+
+static bool is_pool(const mk_launch *l) {
+    return l->node->op->kernel == MK_KERNEL_MAX_POOL && l->node->rank == 4;
 }
 
-/* Consecutive convolutions hand their results on in oneDNN's layout: a
- * launch's result skips the reorder to NCHW and back where every reader is
- * such a convolution laid out alike (readers_of). A launch whose residual
- * arrives as NCHW in its own result's memory (the arena's in-place reuse)
- * keeps reordering out, through oneDNN's buffer. */
+/* Whether every reader of launch i's result takes it in channel blocks of
+ * b, into *r: a oneDNN convolution whose x or residual is laid out so, or
+ * (depth > 0) a max pool whose own readers all take its result so; and
+ * whether they are all that read its memory (the planner's last_use: an
+ * output's lies past every launch). */
+static bool readers_take(const cpu_state *s, const mk_launch *launches, int n, int i, int b,
+                         int depth, readers *r) {
+    const mk_node *node = launches[i].node;
+    int last = -1;
+    r->n = 0;
+    if (b == 0 || node->rank != 4 || node->shape[1] % b || node->owner != node) return false;
+    for (int j = i + 1; j < n; j++) {
+        const mk_launch *l = &launches[j];
+        for (int k = 0; k < l->node->n_in; k++) {
+            const mk_node *x = l->node->in[k];
+            if (x != node && x->owner != node) continue;
+            const mk_conv_group *cg = mk_node_conv(l->node);
+            const mk_cpu_dnnl_conv *c = s->conv[j].dnnl;
+            mk_cpu_dnnl_chain as = cg && k == cg->residual ? MK_CPU_DNNL_RESIDUAL
+                                   : c                     ? MK_CPU_DNNL_SRC
+                                                           : MK_CPU_DNNL_DST;
+            readers inner;
+            bool takes = x == node && r->n < MAX_READERS &&
+                         (c ? (k == 0 || as == MK_CPU_DNNL_RESIDUAL) &&
+                                  mk_cpu_dnnl_conv_block(c, as) == b
+                            : depth > 0 && k == 0 && is_pool(l) &&
+                                  readers_take(s, launches, n, j, b, depth - 1, &inner));
+            if (!takes) return false;
+            r->launch[r->n] = j, r->as[r->n++] = as;
+            if (l->node->index > last) last = l->node->index;
+        }
+    }
+    return r->n > 0 && node->last_use == last;
+}
+
+/* Marks launch i's readers r as taking its result in blocks of b (a max
+ * pool's readers, in turn, its result): 0, or -1 out of memory. */
+static int hand_on(cpu_state *s, const mk_launch *launches, int n, const readers *r, int b,
+                   bool *res_blocked) {
+    for (int q = 0; q < r->n; q++) {
+        int j = r->launch[q];
+        if (r->as[q] != MK_CPU_DNNL_DST) {
+            if (mk_cpu_dnnl_conv_chain(s->conv[j].dnnl, r->as[q])) return -1;
+            if (r->as[q] == MK_CPU_DNNL_RESIDUAL) res_blocked[j] = true;
+            continue;
+        }
+        readers next;
+        s->conv[j].block = b;
+        readers_take(s, launches, n, j, b, 0, &next);
+        if (hand_on(s, launches, n, &next, b, res_blocked)) return -1;
+    }
+    return 0;
+}
+
+/* Consecutive convolutions hand their results on in oneDNN's blocked layout
+ * (a max pool between them working in it too): a launch's result skips the
+ * reorder to NCHW and back where every reader takes it so (readers_take). A
+ * launch whose residual arrives as NCHW in its own result's memory (the
+ * arena's in-place reuse) keeps reordering out, through oneDNN's buffer. */
 static int chain(cpu_state *s, const mk_launch *launches, int n, const mk_host *host) {
     int kept = 0;
     bool *res_blocked = calloc((size_t)n + 1, sizeof *res_blocked);
     if (!res_blocked) return -1;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; s->conv && i < n; i++) {
         const mk_launch *l = &launches[i];
         const mk_conv_group *cg = mk_node_conv(l->node);
-        if (!s->conv || !s->conv[i].dnnl) continue;
+        mk_cpu_dnnl_conv *c = s->conv[i].dnnl;
+        if (!c) continue;
         if (cg && cg->residual >= 0 && !res_blocked[i] &&
             overlaps(l, l->in[cg->residual].data,
                      (size_t)mk_tensor_numel(&l->in[cg->residual]) * sizeof(float)))
             continue;
-        int reader[MAX_READERS], n_readers;
-        bool as_residual[MAX_READERS];
-        readers_of(s, launches, n, i, reader, as_residual, &n_readers);
-        if (n_readers == 0) continue;
-        int fail = mk_cpu_dnnl_conv_chain(s->conv[i].dnnl, MK_CPU_DNNL_DST);
-        kept++;
-        for (int r = 0; r < n_readers && !fail; r++) {
-            mk_cpu_dnnl_conv *c = s->conv[reader[r]].dnnl;
-            fail = mk_cpu_dnnl_conv_chain(c, as_residual[r] ? MK_CPU_DNNL_RESIDUAL : MK_CPU_DNNL_SRC);
-            if (as_residual[r]) res_blocked[reader[r]] = true;
-        }
-        if (fail) {
+        int b = mk_cpu_dnnl_conv_block(c, MK_CPU_DNNL_DST);
+        readers r;
+        if (!readers_take(s, launches, n, i, b, 1, &r)) continue;
+        if (mk_cpu_dnnl_conv_chain(c, MK_CPU_DNNL_DST) ||
+            hand_on(s, launches, n, &r, b, res_blocked)) {
             free(res_blocked);
             return -1;
         }
+        kept++;
     }
     free(res_blocked);
     if (kept)

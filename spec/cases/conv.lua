@@ -274,15 +274,16 @@ return function(c)
 
     -- consecutive convolutions (core/cpu/conv_group.c hands a result on in
     -- oneDNN's blocked layout where every reader is a convolution laid out
-    -- alike and the channels fill its blocks): conv -> bn -> relu, a 1x1
-    -- conv's result as the next group's residual, a group read as a
-    -- convolution's x and its residual at once, then a max pool (a reader
-    -- that needs NCHW) or that last group as the output. Channels a multiple
-    -- of 8 but on the last case.
+    -- alike, or a max pool whose readers are, and the channels fill its
+    -- blocks): a stem conv -> bn -> relu, a 3x3 max pool on all but case 3
+    -- (read as the next convs' x, and on case 2 as a residual), a 1x1 conv's
+    -- result as the next group's residual, a group read as a convolution's
+    -- x and its residual at once, then a max pool (a reader that needs NCHW)
+    -- or that last group as the output. Channels a multiple of 8 but on case 4.
     for case = 1, 4 do
         local M = case == 4 and random(3, 13) or 8 * random(1, 3)
-        local st = random(1, 2)
-        local shape = { random(1, 2), random(2, 9), random(5, 10), random(5, 10) }
+        local st = case == 2 and 1 or random(1, 2)
+        local shape = { random(1, 2), random(2, 9), random(6, 12), random(6, 12) }
         local x, xt, xr = input("x", shape)
         local function conv(h, hr, k, s, bias)
             local wt, wr = c.H.rand({ M, hr.shape[2], k, k })
@@ -300,9 +301,16 @@ return function(c)
             return h:batch_norm(mt, vt, { weight = gt, bias = bt, eps = 1e-3 }),
                 bn_ref(hr, mr, vr, gr, br, 1e-3)
         end
-        local a, ar = bn(conv(x, xr, 3, st, true))
+        local h, hr = bn(conv(x, xr, 3, 1, true))
+        h, hr = h:relu(), relu_ref(hr)
+        if case ~= 3 then
+            h, hr = h:max_pool2d({ 3, 3 }, { stride = { 2, 2 }, padding = { 1, 1 } }),
+                pool_ref(hr, { 3, 3 }, { 2, 2 }, { 1, 1 }, { 1, 1 }, max_of)
+        end
+        local a, ar = bn(conv(h, hr, 3, st, true))
         a, ar = a:relu(), relu_ref(ar)
-        local d, dr = conv(x, xr, 1, st, false)
+        local d, dr = h, hr
+        if case ~= 2 then d, dr = conv(h, hr, 1, st, false) end
         local b, br = bn(conv(a, ar, 3, 1, false))
         b, br = (b + d):relu(), relu_ref(sum_ref(br, dr))
         local e, er = conv(b, br, 3, 1, true)
@@ -311,8 +319,9 @@ return function(c)
             y, want = y:max_pool2d({ 2, 2 }, { stride = { 2, 2 } }),
                 pool_ref(want, { 2, 2 }, { 2, 2 }, { 0, 0 }, { 1, 1 }, max_of)
         end
-        add(string.format("Conv2dNode chain x %s, %d channels, stride %d%s", c.H.shape_str(shape),
-                M, st, case % 2 == 1 and ", max pool" or ""),
+        add(string.format("Conv2dNode chain x %s, %d channels, stride %d%s%s%s",
+                c.H.shape_str(shape), M, st, case ~= 3 and ", max pool after the stem" or "",
+                case == 2 and " read as a residual" or "", case % 2 == 1 and ", max pool" or ""),
             y, { x = xt }, want, 1e-4, 1e-4)
     end
 
