@@ -308,10 +308,19 @@ mk_cpu_dnnl_conv *mk_cpu_dnnl_conv_make(const mk_cpu_conv_spec *sp, const mk_nod
 
 /* ---- convolutions handing their results on in oneDNN's layout ------------- */
 
+/* Argument k's own buffer and reorder, no longer used. */
+static void drop(mk_cpu_dnnl_conv *c, int k) {
+    if (c->reorder[k]) dnnl.dnnl_primitive_destroy(c->reorder[k]);
+    if (c->mine[k]) dnnl.dnnl_memory_destroy(c->mine[k]);
+    c->reorder[k] = NULL;
+    c->mine[k] = NULL;
+}
+
 int mk_cpu_dnnl_conv_block(const mk_cpu_dnnl_conv *c, mk_cpu_dnnl_chain which) {
-    if (which == MK_CPU_DNNL_SRC) return c->mine[SRC] ? c->src_block : 0;
-    if (which == MK_CPU_DNNL_RESIDUAL) return c->residual && c->mine[DST] ? c->dst_block : 0;
-    return c->mine[DST] ? c->dst_block : 0;
+    /* (a block is never NCHW's layout: mine[] holds it, until chained) */
+    if (which == MK_CPU_DNNL_SRC) return c->src_block;
+    if (which == MK_CPU_DNNL_RESIDUAL) return c->residual ? c->dst_block : 0;
+    return c->dst_block;
 }
 
 int mk_cpu_dnnl_conv_chain(mk_cpu_dnnl_conv *c, mk_cpu_dnnl_chain what) {
@@ -320,6 +329,7 @@ int mk_cpu_dnnl_conv_chain(mk_cpu_dnnl_conv *c, mk_cpu_dnnl_chain what) {
                                                    DNNL_MEMORY_NONE) != dnnl_success)
             return -1;
         c->src_blocked = true;
+        drop(c, SRC); /* x arrives in the layout: oneDNN's copy is not needed */
         return 0;
     }
     if (what == MK_CPU_DNNL_RESIDUAL) {
@@ -330,6 +340,7 @@ int mk_cpu_dnnl_conv_chain(mk_cpu_dnnl_conv *c, mk_cpu_dnnl_chain what) {
                                                DNNL_MEMORY_NONE) != dnnl_success)
         return -1;
     c->dst_blocked = true;
+    drop(c, DST);
     return 0;
 }
 
