@@ -201,9 +201,10 @@ print("done=true")
     local CASES = [==[
 local H = require "spec.helpers"
 math.randomseed(SEED)
-local n, fallbacks = 0, 0
+local n, fallbacks, chained = 0, 0, 0
 H.mk().on_log(function(level, message)
     if message:find("runs on im2col", 1, true) then fallbacks = fallbacks + 1 end
+    if message:find("stay in oneDNN's layout", 1, true) then chained = chained + 1 end
 end)
 for _, case in ipairs(H.family_cases()) do
     if case.name:find("^Conv") then
@@ -216,6 +217,7 @@ local maps = io.open("/proc/self/maps"):read("a")
 print("dnnl_mapped=" .. tostring(maps:find("libdnnl", 1, true) ~= nil))
 print("checked=" .. n)
 print("fallbacks=" .. fallbacks)
+print("chained=" .. chained)
 print("done=true")
 ]==]
 
@@ -226,8 +228,14 @@ print("done=true")
             assert.are.equal("true", r.done, path .. ":\n" .. r.output)
             assert.is_true(tonumber(r.checked) >= 10, r.output)
             if path == "im2col" then assert.are.equal("false", r.dnnl_mapped) end
-            -- with oneDNN on this machine, it takes every case (no fallback to im2col)
-            if r.dnnl_mapped == "true" then assert.are.equal("0", r.fallbacks, r.output) end
+            -- with oneDNN on this machine, it takes every case (no fallback to
+            -- im2col), and the chain cases hand results on in its layout
+            if r.dnnl_mapped == "true" then
+                assert.are.equal("0", r.fallbacks, r.output)
+                assert.is_true(tonumber(r.chained) >= 1, r.output)
+            else
+                assert.are.equal("0", r.chained, r.output)
+            end
         end
     end)
 end)

@@ -141,25 +141,44 @@ static inline float max_nan(float m, float v) {
 
 typedef int32_t pool_mask __attribute__((vector_size(32)));
 
+/* max_nan lane by lane. */
+static inline cpu_v8 max_nan8(cpu_v8 m, cpu_v8 v) {
+    pool_mask take = (v > m) | (v != v);
+    return (cpu_v8)(((pool_mask)v & take) | ((pool_mask)m & ~take));
+}
+
 /* col[i] = max_nan(col[i], x[i]), eight lanes at a time. */
 static void max_nan_row(float *col, const float *x, int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        cpu_v8 m = load8(col + i), v = load8(x + i);
-        pool_mask take = (v > m) | (v != v);
-        pool_mask r = ((pool_mask)v & take) | ((pool_mask)m & ~take);
+        cpu_v8 r = max_nan8(load8(col + i), load8(x + i));
         memcpy(col + i, &r, sizeof r);
     }
     for (; i < n; i++) col[i] = max_nan(col[i], x[i]);
 }
 
 #define POOL_ROW 1024 /* widths whose column maxima fit a stack row: the fast form */
+#define POOL_PAD 16   /* -inf columns either side of it, for the windows of the edges */
+
+/* Eight outputs from columns p[0], p[s], ..., p[7 s] (s 1 or 2). */
+static inline cpu_v8 load8_strided(const float *p, int64_t s) {
+    if (s == 1) return load8(p);
+    return __builtin_shufflevector(load8(p), load8(p + 8), 0, 2, 4, 6, 8, 10, 12, 14);
+}
 
 /* One plane by rows: each output row's window rows reduced to one row of
  * column maxima (eight lanes at a time), then each output element the
- * maximum of its window's columns in that row. */
+ * maximum of its window's columns in that row: eight outputs at a time for
+ * strides 1 and 2 (the row's -inf margins standing for the padding, which a
+ * maximum never takes), one at a time otherwise. */
 static void max_pool_plane(const mk_conv_geom *g, const float *xp, float *op) {
-    float col[POOL_ROW];
+    float row[POOL_PAD + POOL_ROW + POOL_PAD + 8];
+    float *col = row + POOL_PAD;
+    /* the columns the vector windows read, [first, end) */
+    int64_t first = -g->pw, end = (g->ow - 1) * g->sw - g->pw + (g->kw - 1) * g->dw + g->sw;
+    bool vec = (g->sw == 1 || g->sw == 2) && first >= -POOL_PAD && end <= g->w + POOL_PAD;
+    for (int64_t i = 0; i < POOL_PAD; i++) row[i] = -INFINITY;
+    for (int64_t i = g->w; i < g->w + POOL_PAD; i++) col[i] = -INFINITY;
     for (int64_t oy = 0; oy < g->oh; oy++) {
         for (int64_t ix = 0; ix < g->w; ix++) col[ix] = -INFINITY;
         for (int64_t ki = 0; ki < g->kh; ki++) {
@@ -167,7 +186,14 @@ static void max_pool_plane(const mk_conv_geom *g, const float *xp, float *op) {
             if (iy >= 0 && iy < g->h) max_nan_row(col, xp + iy * g->w, g->w);
         }
         float *o = op + oy * g->ow;
-        for (int64_t ox = 0; ox < g->ow; ox++) {
+        int64_t ox = 0;
+        for (; vec && ox + 8 <= g->ow; ox += 8) {
+            cpu_v8 m = load8_strided(col + ox * g->sw - g->pw, g->sw);
+            for (int64_t kj = 1; kj < g->kw; kj++)
+                m = max_nan8(m, load8_strided(col + ox * g->sw - g->pw + kj * g->dw, g->sw));
+            memcpy(o + ox, &m, sizeof m);
+        }
+        for (; ox < g->ow; ox++) {
             int64_t ix0 = ox * g->sw - g->pw, last = ix0 + (g->kw - 1) * g->dw;
             float m = -INFINITY;
             if (ix0 >= 0 && last < g->w) { /* inside the row: no bounds to check */
@@ -183,11 +209,41 @@ static void max_pool_plane(const mk_conv_geom *g, const float *xp, float *op) {
     }
 }
 
+/* One block of b channels (x [H, W, b], out [OH, OW, b]: nChw8c, nChw16c)
+ * where the convolutions around the pool keep oneDNN's layout: each
+ * output's b lanes the maximum of its window's, eight at a time. */
+static void max_pool_block(const mk_conv_geom *g, int64_t b, const float *xp, float *op) {
+    for (int64_t oy = 0; oy < g->oh; oy++)
+        for (int64_t ox = 0; ox < g->ow; ox++)
+            for (int64_t lane = 0; lane < b; lane += 8) {
+                cpu_v8 m = {-INFINITY, -INFINITY, -INFINITY, -INFINITY,
+                            -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+                for (int64_t ki = 0; ki < g->kh; ki++) {
+                    int64_t iy = oy * g->sh - g->ph + ki * g->dh;
+                    if (iy < 0 || iy >= g->h) continue;
+                    for (int64_t kj = 0; kj < g->kw; kj++) {
+                        int64_t ix = ox * g->sw - g->pw + kj * g->dw;
+                        if (ix >= 0 && ix < g->w) m = max_nan8(m, load8(xp + (iy * g->w + ix) * b + lane));
+                    }
+                }
+                memcpy(op + (oy * g->ow + ox) * b + lane, &m, sizeof m);
+            }
+}
+
 int mk_cpu_max_pool(const mk_launch *l, mk_error **err) {
     (void)err;
     mk_conv_geom g = mk_conv_geom_of(l->node);
     const float *x = l->in[0].data;
     float *out = l->out.data;
+    const cpu_state *s = l->dev;
+    int64_t b = s && s->conv ? s->conv[l->index].block : 0;
+    if (b) {
+        int64_t blocks = g.n * g.c / b;
+        CPU_FOR(par(g.n * g.c * g.oh * g.ow * g.kh * g.kw), p, blocks, {
+            max_pool_block(&g, b, x + p * g.h * g.w * b, out + p * g.oh * g.ow * b);
+        });
+        return 0;
+    }
     int64_t planes = g.n * g.c;
     CPU_FOR(par(planes * g.oh * g.ow * g.kh * g.kw), p, planes, {
         const float *xp = x + p * g.h * g.w;

@@ -4,11 +4,12 @@
  * chooses it, so processes that never do map neither it nor its OpenCL
  * loader. Each launch's convolution is made once, at prepare (conv_group.c's
  * mk_cpu_conv_prepare), with the layouts oneDNN prefers (blocked, nChw8c on
- * AVX2), so that x and the result are reordered around it at every run,
- * constant weights once, there (or with $MK_DNNL_LAYOUT=plain, NCHW as they
- * are); a convolution group's bias is oneDNN's, its residual add and ReLU
- * post-ops (a sum into the result, which first holds the residual, and an
- * eltwise ReLU). Where the library is missing or refuses the shape, the
+ * AVX2), so that x and the result are reordered around it at every run
+ * (unless handed over between convolutions in that layout: conv_group.c's
+ * chain decides, mk_cpu_dnnl_conv_chain records it), constant weights once,
+ * there (or with $MK_DNNL_LAYOUT=plain, NCHW as they are); a convolution
+ * group's bias is oneDNN's, its residual add and ReLU post-ops (a sum into
+ * the result, which first holds the residual, and an eltwise ReLU). Where the library is missing or refuses the shape, the
  * launch stays on im2col (conv.c) and the compile's log says why.
  *
  * Which launches take it: conv_group.c (the rule, $MK_CPU_CONV).
@@ -32,6 +33,14 @@ int mk_cpu_dnnl_conv_run(const mk_cpu_dnnl_conv *c, const mk_cpu_conv_args *a,
     (void)c, (void)a, (void)node;
     return MK_INTERNAL(err, "a oneDNN convolution in a build without oneDNN");
 }
+int mk_cpu_dnnl_conv_block(const mk_cpu_dnnl_conv *c, mk_cpu_dnnl_chain which) {
+    (void)c, (void)which;
+    return 0;
+}
+int mk_cpu_dnnl_conv_chain(mk_cpu_dnnl_conv *c, mk_cpu_dnnl_chain what) {
+    (void)c, (void)what;
+    return -1;
+}
 
 #else
 
@@ -54,7 +63,7 @@ int mk_cpu_dnnl_conv_run(const mk_cpu_dnnl_conv *c, const mk_cpu_conv_args *a,
     X(dnnl_primitive_execute) X(dnnl_stream_wait) X(dnnl_post_ops_create)                  \
     X(dnnl_post_ops_destroy) X(dnnl_post_ops_append_sum) X(dnnl_post_ops_append_eltwise)  \
     X(dnnl_primitive_attr_create) X(dnnl_primitive_attr_destroy)                          \
-    X(dnnl_primitive_attr_set_post_ops)
+    X(dnnl_primitive_attr_set_post_ops) X(dnnl_memory_get_data_handle)
 
 static struct {
 #define DNNL_FIELD(f) __typeof__(f) *f;
@@ -102,6 +111,13 @@ struct mk_cpu_dnnl_conv {
     dnnl_primitive_t res_reorder; /* it into the result's layout, where that differs */
     bool weights_once;          /* the weights were laid out at make, for the model's life */
     bool bias, residual;
+    /* The primitive's own layouts of x and the result, and memory over the
+     * model's in them (handles set at each run) where a neighbour convolution
+     * hands x, the residual or the result over in that layout (chain). */
+    dnnl_memory_desc_t src_md, dst_md;
+    int src_block, dst_block;   /* 8 or 16 where that layout is nChw8c or nChw16c, else 0 */
+    dnnl_memory_t blk_src, blk_dst;
+    bool src_blocked, dst_blocked, res_blocked;
 };
 
 void mk_cpu_dnnl_conv_free(mk_cpu_dnnl_conv *c) {
@@ -113,6 +129,8 @@ void mk_cpu_dnnl_conv_free(mk_cpu_dnnl_conv *c) {
     }
     if (c->res_reorder) dnnl.dnnl_primitive_destroy(c->res_reorder);
     if (c->res_user) dnnl.dnnl_memory_destroy(c->res_user);
+    if (c->blk_src) dnnl.dnnl_memory_destroy(c->blk_src);
+    if (c->blk_dst) dnnl.dnnl_memory_destroy(c->blk_dst);
     if (c->conv) dnnl.dnnl_primitive_destroy(c->conv);
     if (c->stream) dnnl.dnnl_stream_destroy(c->stream);
     free(c);
@@ -166,6 +184,19 @@ static bool post_ops(const mk_cpu_conv_spec *sp, dnnl_primitive_attr_t *attr) {
     return ok;
 }
 
+/* 8 or 16 where md is [N, C, H, W] as nChw8c or nChw16c (channels in blocks
+ * of that many, each block's H x W x block values together), else 0. */
+static int block_of(const dnnl_memory_desc_t *md, const dnnl_dims_t dims) {
+    const dnnl_format_tag_t tags[2] = {dnnl_nChw8c, dnnl_nChw16c};
+    for (int b = 0; b < 2; b++) {
+        dnnl_memory_desc_t t;
+        if (dnnl.dnnl_memory_desc_init_by_tag(&t, 4, dims, dnnl_f32, tags[b]) == dnnl_success &&
+            dnnl.dnnl_memory_desc_equal(md, &t))
+            return 8 << b;
+    }
+    return 0;
+}
+
 static mk_cpu_dnnl_conv *make(const mk_cpu_conv_spec *sp, const mk_node *node, char *why,
                               size_t size) {
     const mk_conv_geom g = sp->g;
@@ -213,6 +244,10 @@ static mk_cpu_dnnl_conv *make(const mk_cpu_conv_spec *sp, const mk_node *node, c
     dnnl_query_t queries[N_ARGS] = {dnnl_query_src_md, dnnl_query_weights_md, dnnl_query_dst_md,
                                     dnnl_query_weights_md};
     int index[N_ARGS] = {0, 0, 0, 1};
+    c->src_md = *dnnl.dnnl_primitive_desc_query_md(pd, dnnl_query_src_md, 0);
+    c->dst_md = *dnnl.dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
+    c->src_block = block_of(&c->src_md, xd);
+    c->dst_block = block_of(&c->dst_md, yd);
     bool ok = dnnl.dnnl_primitive_create(&c->conv, pd) == dnnl_success &&
               dnnl.dnnl_stream_create(&c->stream, dnnl.engine, dnnl_stream_default_flags) ==
                   dnnl_success;
@@ -271,8 +306,48 @@ mk_cpu_dnnl_conv *mk_cpu_dnnl_conv_make(const mk_cpu_conv_spec *sp, const mk_nod
     return c;
 }
 
-/* The launch's convolution: reorders in (the residual into the result's
- * memory first), the convolution with its bias and post-ops, the reorder out. */
+/* ---- convolutions handing their results on in oneDNN's layout ------------- */
+
+/* Argument k's own buffer and reorder, no longer used. */
+static void drop(mk_cpu_dnnl_conv *c, int k) {
+    if (c->reorder[k]) dnnl.dnnl_primitive_destroy(c->reorder[k]);
+    if (c->mine[k]) dnnl.dnnl_memory_destroy(c->mine[k]);
+    c->reorder[k] = NULL;
+    c->mine[k] = NULL;
+}
+
+int mk_cpu_dnnl_conv_block(const mk_cpu_dnnl_conv *c, mk_cpu_dnnl_chain which) {
+    /* (a block is never NCHW's layout: mine[] holds it, until chained) */
+    if (which == MK_CPU_DNNL_SRC) return c->src_block;
+    if (which == MK_CPU_DNNL_RESIDUAL) return c->residual ? c->dst_block : 0;
+    return c->dst_block;
+}
+
+int mk_cpu_dnnl_conv_chain(mk_cpu_dnnl_conv *c, mk_cpu_dnnl_chain what) {
+    if (what == MK_CPU_DNNL_SRC) {
+        if (!c->blk_src && dnnl.dnnl_memory_create(&c->blk_src, &c->src_md, dnnl.engine,
+                                                   DNNL_MEMORY_NONE) != dnnl_success)
+            return -1;
+        c->src_blocked = true;
+        drop(c, SRC); /* x arrives in the layout: oneDNN's copy is not needed */
+        return 0;
+    }
+    if (what == MK_CPU_DNNL_RESIDUAL) {
+        c->res_blocked = true;
+        return 0;
+    }
+    if (!c->blk_dst && dnnl.dnnl_memory_create(&c->blk_dst, &c->dst_md, dnnl.engine,
+                                               DNNL_MEMORY_NONE) != dnnl_success)
+        return -1;
+    c->dst_blocked = true;
+    drop(c, DST);
+    return 0;
+}
+
+/* The launch's convolution: x reordered in (unless handed over in the
+ * primitive's layout), the residual into the result's memory first, the
+ * convolution with its bias and post-ops, the result reordered out (unless
+ * handed on in its layout). */
 int mk_cpu_dnnl_conv_run(const mk_cpu_dnnl_conv *c, const mk_cpu_conv_args *a,
                          const mk_node *node, mk_error **err) {
 #ifdef _OPENMP
@@ -290,16 +365,30 @@ int mk_cpu_dnnl_conv_run(const mk_cpu_dnnl_conv *c, const mk_cpu_conv_args *a,
                            dnnl_success;
         use[k] = c->mine[k] ? c->mine[k] : c->user[k];
     }
-    if (ok && c->reorder[SRC]) ok = run_reorder(c, c->reorder[SRC], c->user[SRC], c->mine[SRC]);
+    if (c->src_blocked) {
+        use[SRC] = c->blk_src;
+        ok = ok && dnnl.dnnl_memory_set_data_handle(c->blk_src, (void *)a->x) == dnnl_success;
+    } else if (ok && c->reorder[SRC]) {
+        ok = run_reorder(c, c->reorder[SRC], c->user[SRC], c->mine[SRC]);
+    }
+    if (c->dst_blocked) {
+        use[DST] = c->blk_dst;
+        ok = ok && dnnl.dnnl_memory_set_data_handle(c->blk_dst, a->out) == dnnl_success;
+    }
     if (ok && c->reorder[WEI] && !c->weights_once)
         ok = run_reorder(c, c->reorder[WEI], c->user[WEI], c->mine[WEI]);
     if (ok && c->residual) {
-        if (c->mine[DST])
-            ok = dnnl.dnnl_memory_set_data_handle(c->res_user, (void *)a->residual) ==
+        void *into = a->out;
+        if (use[DST] == c->mine[DST])
+            ok = dnnl.dnnl_memory_get_data_handle(c->mine[DST], &into) == dnnl_success;
+        if (c->res_blocked || use[DST] == c->user[DST]) { /* laid out as the result already */
+            if (ok && a->residual != into) memcpy(into, a->residual, a->out_bytes);
+        } else {
+            ok = ok &&
+                 dnnl.dnnl_memory_set_data_handle(c->res_user, (void *)a->residual) ==
                      dnnl_success &&
-                 run_reorder(c, c->res_reorder, c->res_user, c->mine[DST]);
-        else if (a->residual != a->out)
-            memcpy(a->out, a->residual, a->out_bytes);
+                 run_reorder(c, c->res_reorder, c->res_user, use[DST]);
+        }
     }
     dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, use[SRC]},
                                {DNNL_ARG_WEIGHTS, use[WEI]},
@@ -307,7 +396,8 @@ int mk_cpu_dnnl_conv_run(const mk_cpu_dnnl_conv *c, const mk_cpu_conv_args *a,
                                {DNNL_ARG_BIAS, c->bias ? use[BIA] : NULL}};
     ok = ok && dnnl.dnnl_primitive_execute(c->conv, c->stream, c->bias ? 4 : 3, args) ==
                    dnnl_success;
-    if (ok && c->reorder[DST]) ok = run_reorder(c, c->reorder[DST], c->mine[DST], c->user[DST]);
+    if (ok && c->reorder[DST] && !c->dst_blocked)
+        ok = run_reorder(c, c->reorder[DST], c->mine[DST], c->user[DST]);
     ok = ok && dnnl.dnnl_stream_wait(c->stream) == dnnl_success;
 #ifdef _OPENMP
     omp_set_num_threads(outer);

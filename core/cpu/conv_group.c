@@ -12,7 +12,8 @@
  * constant weights laid out in its blocked layout there, once. Otherwise the
  * launch runs on im2col and sgemm with the epilogue as a loop over each
  * image's result (conv.c). $MK_CPU_CONV=im2col keeps every launch off
- * oneDNN; =dnnl is the default. A constant's data is read here, once: a
+ * oneDNN; =dnnl is the default. Then which results stay in oneDNN's layout
+ * between convolutions (chain). A constant's data is read here, once: a
  * tensor changed after compile (t:set on a borrowed constant) is not seen by
  * a convolution's weights.
  */
@@ -62,6 +63,114 @@ static int fold(const mk_launch *l, const mk_conv_group *cg, const mk_conv_geom 
     return 0;
 }
 
+/* Whether launch l's result overlaps [p, p + bytes). */
+static bool overlaps(const mk_launch *l, const void *p, size_t bytes) {
+    const char *o = l->out.data, *q = p;
+    size_t ob = (size_t)mk_tensor_numel(&l->out) * sizeof(float);
+    return q < o + ob && o < q + bytes;
+}
+
+enum { MAX_READERS = 16 };
+
+/* The readers of a launch's result that take it in channel blocks. */
+typedef struct {
+    int n, launch[MAX_READERS];
+    mk_cpu_dnnl_chain as[MAX_READERS]; /* SRC (x), RESIDUAL; DST: a max pool */
+} readers;
+
+static bool is_pool(const mk_launch *l) {
+    return l->node->op->kernel == MK_KERNEL_MAX_POOL && l->node->rank == 4;
+}
+
+/* Whether every reader of launch i's result takes it in channel blocks of
+ * b, into *r: a oneDNN convolution whose x or residual is laid out so, or
+ * (depth > 0) a max pool whose own readers all take its result so; and
+ * whether they are all that read its memory (the planner's last_use: an
+ * output's lies past every launch). */
+static bool readers_take(const cpu_state *s, const mk_launch *launches, int n, int i, int b,
+                         int depth, readers *r) {
+    const mk_node *node = launches[i].node;
+    int last = -1;
+    r->n = 0;
+    if (b == 0 || node->rank != 4 || node->shape[1] % b || node->owner != node) return false;
+    for (int j = i + 1; j < n; j++) {
+        const mk_launch *l = &launches[j];
+        for (int k = 0; k < l->node->n_in; k++) {
+            const mk_node *x = l->node->in[k];
+            if (x != node && x->owner != node) continue;
+            const mk_conv_group *cg = mk_node_conv(l->node);
+            const mk_cpu_dnnl_conv *c = s->conv[j].dnnl;
+            mk_cpu_dnnl_chain as = cg && k == cg->residual ? MK_CPU_DNNL_RESIDUAL
+                                   : c                     ? MK_CPU_DNNL_SRC
+                                                           : MK_CPU_DNNL_DST;
+            readers inner;
+            bool takes = x == node && r->n < MAX_READERS &&
+                         (c ? (k == 0 || as == MK_CPU_DNNL_RESIDUAL) &&
+                                  mk_cpu_dnnl_conv_block(c, as) == b
+                            : depth > 0 && k == 0 && is_pool(l) &&
+                                  readers_take(s, launches, n, j, b, depth - 1, &inner));
+            if (!takes) return false;
+            r->launch[r->n] = j, r->as[r->n++] = as;
+            if (l->node->index > last) last = l->node->index;
+        }
+    }
+    return r->n > 0 && node->last_use == last;
+}
+
+/* Marks launch i's readers r as taking its result in blocks of b (a max
+ * pool's readers, in turn, its result): 0, or -1 out of memory. */
+static int hand_on(cpu_state *s, const mk_launch *launches, int n, const readers *r, int b,
+                   bool *res_blocked) {
+    for (int q = 0; q < r->n; q++) {
+        int j = r->launch[q];
+        if (r->as[q] != MK_CPU_DNNL_DST) {
+            if (mk_cpu_dnnl_conv_chain(s->conv[j].dnnl, r->as[q])) return -1;
+            if (r->as[q] == MK_CPU_DNNL_RESIDUAL) res_blocked[j] = true;
+            continue;
+        }
+        readers next;
+        s->conv[j].block = b;
+        readers_take(s, launches, n, j, b, 0, &next);
+        if (hand_on(s, launches, n, &next, b, res_blocked)) return -1;
+    }
+    return 0;
+}
+
+/* Consecutive convolutions hand their results on in oneDNN's blocked layout
+ * (a max pool between them working in it too): a launch's result skips the
+ * reorder to NCHW and back where every reader takes it so (readers_take). A
+ * launch whose residual arrives as NCHW in its own result's memory (the
+ * arena's in-place reuse) keeps reordering out, through oneDNN's buffer. */
+static int chain(cpu_state *s, const mk_launch *launches, int n, const mk_host *host) {
+    int kept = 0;
+    bool *res_blocked = calloc((size_t)n + 1, sizeof *res_blocked);
+    if (!res_blocked) return -1;
+    for (int i = 0; s->conv && i < n; i++) {
+        const mk_launch *l = &launches[i];
+        const mk_conv_group *cg = mk_node_conv(l->node);
+        mk_cpu_dnnl_conv *c = s->conv[i].dnnl;
+        if (!c) continue;
+        if (cg && cg->residual >= 0 && !res_blocked[i] &&
+            overlaps(l, l->in[cg->residual].data,
+                     (size_t)mk_tensor_numel(&l->in[cg->residual]) * sizeof(float)))
+            continue;
+        int b = mk_cpu_dnnl_conv_block(c, MK_CPU_DNNL_DST);
+        readers r;
+        if (!readers_take(s, launches, n, i, b, 1, &r)) continue;
+        if (mk_cpu_dnnl_conv_chain(c, MK_CPU_DNNL_DST) ||
+            hand_on(s, launches, n, &r, b, res_blocked)) {
+            free(res_blocked);
+            return -1;
+        }
+        kept++;
+    }
+    free(res_blocked);
+    if (kept)
+        host->log(host, MK_LOG_INFO,
+                  "cpu: %d convolution results stay in oneDNN's layout for their readers", kept);
+    return 0;
+}
+
 int mk_cpu_conv_prepare(cpu_state *s, const mk_launch *launches, int n, const mk_host *host) {
     const char *path = getenv("MK_CPU_CONV");
     bool dnnl = !path || strcmp(path, "im2col");
@@ -87,7 +196,7 @@ int mk_cpu_conv_prepare(cpu_state *s, const mk_launch *launches, int n, const mk
             host->log(host, MK_LOG_INFO, "cpu: %s $%d runs on im2col and sgemm: %s",
                       l->node->op->name, l->node->id, why);
     }
-    return 0;
+    return chain(s, launches, n, host);
 }
 
 void mk_cpu_conv_free(cpu_state *s) {

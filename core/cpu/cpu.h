@@ -149,6 +149,14 @@ mk_cpu_dnnl_conv *mk_cpu_dnnl_conv_make(const mk_cpu_conv_spec *sp, const struct
 void mk_cpu_dnnl_conv_free(mk_cpu_dnnl_conv *c);
 int mk_cpu_dnnl_conv_run(const mk_cpu_dnnl_conv *c, const mk_cpu_conv_args *a,
                          const struct mk_node *node, mk_error **err);
+/* Which memory of a launch lies in its primitive's layout, no longer NCHW. */
+typedef enum { MK_CPU_DNNL_SRC, MK_CPU_DNNL_DST, MK_CPU_DNNL_RESIDUAL } mk_cpu_dnnl_chain;
+/* The channel block (8, 16) of the primitive's layout for x, the result or
+ * the residual (summed into the result), where it is nChw8c or nChw16c and
+ * not NCHW; else 0 (a launch without a residual: 0 for it). */
+int mk_cpu_dnnl_conv_block(const mk_cpu_dnnl_conv *c, mk_cpu_dnnl_chain which);
+/* Records it on c (conv_group.c decides, at prepare): 0, or -1 out of memory. */
+int mk_cpu_dnnl_conv_chain(mk_cpu_dnnl_conv *c, mk_cpu_dnnl_chain what);
 
 /* A convolution launch's plan (conv_group.c), made at prepare: the weights
  * and bias with a batch norm folded in (NULL: the operands'), and oneDNN's
@@ -156,6 +164,8 @@ int mk_cpu_dnnl_conv_run(const mk_cpu_dnnl_conv *c, const mk_cpu_conv_args *a,
 typedef struct {
     float *w, *bias;
     mk_cpu_dnnl_conv *dnnl;
+    int block; /* a max pool's: x and the result in channel blocks of this many
+                  (nChw8c, nChw16c: a convolution's layout, conv_group.c), or 0 */
 } mk_cpu_conv_plan;
 
 /* A model's state (mk_launch.dev): the most threads each of its launches may
@@ -168,7 +178,7 @@ typedef struct {
 } cpu_state;
 
 /* conv_group.c: the plans of the model's convolution launches (0, or -1
- * out of memory), and their freeing. */
+ * out of memory), which results stay in oneDNN's layout between them, and their freeing. */
 int mk_cpu_conv_prepare(cpu_state *s, const mk_launch *launches, int n, const mk_host *host);
 void mk_cpu_conv_free(cpu_state *s);
 

@@ -272,6 +272,59 @@ return function(c)
             y, feeds, want, 1e-4, 1e-4)
     end
 
+    -- consecutive convolutions (core/cpu/conv_group.c hands a result on in
+    -- oneDNN's blocked layout where every reader is a convolution laid out
+    -- alike, or a max pool whose readers are, and the channels fill its
+    -- blocks): a stem conv -> bn -> relu, a 3x3 max pool on all but case 3
+    -- (read as the next convs' x, and on case 2 as a residual), a 1x1 conv's
+    -- result as the next group's residual, a group read as a convolution's
+    -- x and its residual at once, then a max pool (a reader that needs NCHW)
+    -- or that last group as the output. Channels a multiple of 8 but on case 4.
+    for case = 1, 4 do
+        local M = case == 4 and random(3, 13) or 8 * random(1, 3)
+        local st = case == 2 and 1 or random(1, 2)
+        local shape = { random(1, 2), random(2, 9), random(6, 12), random(6, 12) }
+        local x, xt, xr = input("x", shape)
+        local function conv(h, hr, k, s, bias)
+            local wt, wr = c.H.rand({ M, hr.shape[2], k, k })
+            local bt, br
+            if bias then bt, br = c.H.rand({ M }) end
+            local p = { idiv(k - 1, 2), idiv(k - 1, 2) }
+            return h:conv2d(wt, { stride = { s, s }, padding = p, bias = bt }),
+                conv_ref(hr, wr, br, { s, s }, p, { 1, 1 }, 1)
+        end
+        local function bn(h, hr)
+            local mt, mr = c.H.rand({ M })
+            local vt, vr = c.H.rand({ M }, 0.5, 2)
+            local gt, gr = c.H.rand({ M })
+            local bt, br = c.H.rand({ M })
+            return h:batch_norm(mt, vt, { weight = gt, bias = bt, eps = 1e-3 }),
+                bn_ref(hr, mr, vr, gr, br, 1e-3)
+        end
+        local h, hr = bn(conv(x, xr, 3, 1, true))
+        h, hr = h:relu(), relu_ref(hr)
+        if case ~= 3 then
+            h, hr = h:max_pool2d({ 3, 3 }, { stride = { 2, 2 }, padding = { 1, 1 } }),
+                pool_ref(hr, { 3, 3 }, { 2, 2 }, { 1, 1 }, { 1, 1 }, max_of)
+        end
+        local a, ar = bn(conv(h, hr, 3, st, true))
+        a, ar = a:relu(), relu_ref(ar)
+        local d, dr = h, hr
+        if case ~= 2 then d, dr = conv(h, hr, 1, st, false) end
+        local b, br = bn(conv(a, ar, 3, 1, false))
+        b, br = (b + d):relu(), relu_ref(sum_ref(br, dr))
+        local e, er = conv(b, br, 3, 1, true)
+        local y, want = (e + b):relu(), relu_ref(sum_ref(er, br))
+        if case % 2 == 1 then
+            y, want = y:max_pool2d({ 2, 2 }, { stride = { 2, 2 } }),
+                pool_ref(want, { 2, 2 }, { 2, 2 }, { 0, 0 }, { 1, 1 }, max_of)
+        end
+        add(string.format("Conv2dNode chain x %s, %d channels, stride %d%s%s%s",
+                c.H.shape_str(shape), M, st, case ~= 3 and ", max pool after the stem" or "",
+                case == 2 and " read as a residual" or "", case % 2 == 1 and ", max pool" or ""),
+            y, { x = xt }, want, 1e-4, 1e-4)
+    end
+
     for _ = 1, 4 do
         local g = random(1, 2)
         local C, O = g * random(1, 3), g * random(1, 3)
@@ -335,6 +388,22 @@ return function(c)
                 str(k), str(s), str(pa)),
             x2:avg_pool2d(k, { stride = s, padding = pa }), { x = xt2 },
             pool_ref(xr2, k, s, pa, { 1, 1 }, mean_of), 1e-6, 1e-5)
+    end
+
+    -- max pooling of rows wide enough for the CPU's eight outputs at a time
+    -- (strides 1 and 2; -inf margins for the padding), and a tail; two NaNs
+    for _ = 1, 3 do
+        local k = { random(1, 3), random(1, 4) }
+        local s, d = { random(1, 2), random(1, 2) }, { 1, random(1, 2) }
+        local p = { random(0, idiv(k[1], 2)), d[2] == 1 and random(0, idiv(k[2], 2)) or 0 }
+        local shape = { 1, random(1, 3), random(3, 7), random(17, 45) }
+        local x, xt, xr = input("x", shape)
+        for _ = 1, 2 do xr.data[random(1, #xr.data)] = 0 / 0 end
+        xt = c.H.tensor(xr)
+        add(string.format("MaxPool2dNode wide x %s k %s stride %s pad %s dil %s",
+                c.H.shape_str(shape), str(k), str(s), str(p), str(d)),
+            x:max_pool2d(k, { stride = s, padding = p, dilation = d }), { x = xt },
+            pool_ref(xr, k, s, p, d, max_of))
     end
 
     -- max pooling with NaNs in x: each window holding one gives NaN; rows
