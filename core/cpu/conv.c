@@ -223,7 +223,8 @@ static void max_pool_block(const mk_conv_geom *g, int64_t b, const float *xp, fl
                     if (iy < 0 || iy >= g->h) continue;
                     for (int64_t kj = 0; kj < g->kw; kj++) {
                         int64_t ix = ox * g->sw - g->pw + kj * g->dw;
-                        if (ix >= 0 && ix < g->w) m = max_nan8(m, load8(xp + (iy * g->w + ix) * b + lane));
+                        if (ix >= 0 && ix < g->w)
+                            m = max_nan8(m, load8(xp + (iy * g->w + ix) * b + lane));
                     }
                 }
                 memcpy(op + (oy * g->ow + ox) * b + lane, &m, sizeof m);

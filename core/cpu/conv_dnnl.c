@@ -9,8 +9,9 @@
  * chain decides, mk_cpu_dnnl_conv_chain records it), constant weights once,
  * there (or with $MK_DNNL_LAYOUT=plain, NCHW as they are); a convolution
  * group's bias is oneDNN's, its residual add and ReLU post-ops (a sum into
- * the result, which first holds the residual, and an eltwise ReLU). Where the library is missing or refuses the shape, the
- * launch stays on im2col (conv.c) and the compile's log says why.
+ * the result, which first holds the residual, and an eltwise ReLU). Where
+ * the library is missing or refuses the shape, the launch stays on im2col
+ * (conv.c) and the compile's log says why.
  *
  * Which launches take it: conv_group.c (the rule, $MK_CPU_CONV).
  */
