@@ -530,6 +530,20 @@ int ox_tensor_proto(ox_import *im, const Onnx__TensorProto *t, ox_value *v, cons
         v->data = raw; /* in place: in the parsed model, or in the mapped file */
         return 0;
     }
+    /* the typed fields (where there is no raw data): as many values as the
+     * shape needs, checked before the memory is asked for */
+    size_t have;
+    switch (ot) {
+    case OX_FLOAT: have = t->n_float_data; break;
+    case OX_INT64: have = t->n_int64_data; break;
+    case OX_UINT32: have = t->n_uint64_data; break;
+    default: have = t->n_int32_data; break;
+    }
+    if (!raw && have != (size_t)numel)
+        return mk_fail(err, MK_ERR_FILE, 0, 0, "%s: %s '%s' has %zu values, its shape %s needs "
+                       "%lld", im->path, what, name, have,
+                       mk_shape_str(v->rank ? v->rank : 1, v->rank ? v->shape : (int64_t[]){1},
+                                    (char[96]){0}, 96), (long long)numel);
     void *out = ox_alloc(im, (size_t)numel * mk_dtype_size(d), err);
     if (!out) return -1;
     v->data = out;
@@ -553,19 +567,6 @@ int ox_tensor_proto(ox_import *im, const Onnx__TensorProto *t, ox_value *v, cons
         }
         return 0;
     }
-    /* the typed fields */
-    size_t have;
-    switch (ot) {
-    case OX_FLOAT: have = t->n_float_data; break;
-    case OX_INT64: have = t->n_int64_data; break;
-    case OX_UINT32: have = t->n_uint64_data; break;
-    default: have = t->n_int32_data; break;
-    }
-    if (have != (size_t)numel)
-        return mk_fail(err, MK_ERR_FILE, 0, 0, "%s: %s '%s' has %zu values, its shape %s needs "
-                       "%lld", im->path, what, name, have,
-                       mk_shape_str(v->rank ? v->rank : 1, v->rank ? v->shape : (int64_t[]){1},
-                                    (char[96]){0}, 96), (long long)numel);
     for (int64_t i = 0; i < numel; i++) {
         switch (ot) {
         case OX_FLOAT: ((float *)out)[i] = t->float_data[i]; break;

@@ -11,7 +11,8 @@ library, not by moonkaas. The description:
      "inputs":  [{"name": "x", "type": "FLOAT", "shape": [2, "batch"]}],
      "outputs": [{"name": "y", "type": "FLOAT", "shape": null}],
      "initializers": [{"name": "w", "type": "FLOAT", "shape": [3, 4],
-                       "values": [...], "raw": true (optional),
+                       "values": [...], "raw": true (optional), "unchecked": true
+                       (optional: the values' count not checked against the shape),
                        "external": {"location": "w.bin", "write": true} (optional)}],
      "nodes": [{"op": "Gemm", "inputs": ["x", "w"], "outputs": ["y"], "name": "g",
                 "attrs": {"alpha": {"f": 0.5}, "transB": {"i": 1},
@@ -53,6 +54,12 @@ def tensor(d, folder):
     if d.get("raw"):
         arr = np.array(d["values"], dtype=NP[d["type"]]).reshape(shape)
         p = numpy_helper.from_array(arr, d["name"])
+        return p
+    if d.get("unchecked"):  # the values in their typed field, however many the shape needs
+        p = TensorProto()
+        p.name, p.data_type = d["name"], t
+        p.dims.extend(shape)
+        {"FLOAT": p.float_data, "INT64": p.int64_data}.get(d["type"], p.int32_data).extend(d["values"])
         return p
     return helper.make_tensor(d["name"], t, shape, d["values"])
 
