@@ -227,6 +227,10 @@ local function bench_gpt2()
         local m = compile(whole, dev)
         outputs[dev .. ".y"] = m:run { ids = weights["input.ids"] }
         m:close()
+        if dev ~= "cpu" and outputs["cpu.y"] then
+            print(string.format("gpt2 small %s: the prompt's logits, max |%s - cpu| / max |cpu| %.3g", dev, dev,
+                rel_diff(outputs[dev .. ".y"], outputs["cpu.y"])))
+        end
         local d = compile(nxt, dev, { next = { token = nxt, pos = 1, pos1 = 1 } })
         local start = { token = mk.tensor({ prompt[o.T] }, "int64"), pos = mk.tensor({ 0 }, "int64"),
             pos1 = mk.tensor({ 1 }, "int64") }

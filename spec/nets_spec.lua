@@ -288,6 +288,52 @@ describe("reference networks (CPU, float32 against double loops)", function()
     end)
 end)
 
+-- The same builders on CUDA against the CPU (the op table checks each node;
+-- these check the nodes as whole networks compose and group them, at the
+-- shapes the GPT-2 benchmark uses too: a width of 768 and 12 heads)
+describe("reference networks on CUDA against the CPU", function()
+    local gpu_it = H.gpu(it, function(why) pending(why) end)
+    local function same(name, y, feeds)
+        local cpu <close> = mk.compile(y)
+        local gpu <close> = mk.compile(y, { device = "cuda" })
+        local want, got = cpu:run(feeds), gpu:run(feeds)
+        local flat, worst, big = want:reshape({ R.numel(want.shape) }), 0, 0
+        local gflat = got:reshape({ R.numel(got.shape) })
+        assert.are.same(want.shape, got.shape)
+        for i = 1, R.numel(want.shape) do
+            worst = math.max(worst, math.abs(gflat:get(i) - flat:get(i)))
+            big = math.max(big, math.abs(flat:get(i)))
+        end
+        report(name .. " cuda against cpu", worst / big)
+    end
+    local function ids(n, vocab)
+        local t = {}
+        for i = 1, n do t[i] = math.random(0, vocab - 1) end
+        return mk.tensor(t, "int64", { n })
+    end
+
+    gpu_it("a GPT-2-style block stack (2 layers, width 32, 4 heads, 8 tokens)", function()
+        local o = { layers = 2, d = 32, heads = 4, vocab = 64, ctx = 16, T = 8 }
+        local P = weights()
+        local _, y = nets.gpt2(mk, P, o)
+        same("gpt2 tiny", y, { ids = ids(o.T, o.vocab) })
+    end)
+
+    gpu_it("one GPT-2 small layer (width 768, 12 heads, vocab 50257, 8 tokens)", function()
+        local o = { layers = 1, d = 768, heads = 12, vocab = 50257, ctx = 1024, T = 8 }
+        local _, y = nets.gpt2(mk, nets.fast_weights(mk), o)
+        same("gpt2 768", y, { ids = ids(o.T, o.vocab) })
+    end)
+
+    gpu_it("a ResNet-18-style network at width 4, 32x32, and the small CNN", function()
+        local P = weights()
+        local x, y = nets.resnet18(mk, P, { batch = 1, res = 32, width = 4, classes = 10 })
+        same("resnet18 tiny", y, { x = random_input(x.shape) })
+        x, y = nets.cnn(mk, P, { batch = 2, res = 12, classes = 10 })
+        same("cnn", y, { x = random_input(x.shape) })
+    end)
+end)
+
 describe("moonkaas.nn argument errors", function()
     -- "spec/nets_spec.lua:12: ": the caller's line, as Lua names it
     local function here()

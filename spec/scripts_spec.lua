@@ -98,13 +98,13 @@ local CASES = {
     { "bench_nets.lua", { "--net", "dqn", "--runs", "2", "--threads", "1" }, 0, "dqn cpu: p50 " },
     -- the policy MLP also from the ONNX file ONNX Runtime runs (python3-onnx writes it)
     { "bench_nets.lua", { "--net", "mlp", "--runs", "5", "--threads", "1", "--import", "--peer", "off" }, 0,
-      "max |onnx - built| / max |built| 0\n" },
+      "max |onnx - built| / max |built| 0\n", onnx = true },
     { "bench_nets.lua", { "--net", "gpt2", "--import" }, 2, "(--import: not gpt2)" },
     -- the peers' programs: PyTorch (a GPU machine), the ONNX graph and ONNX Runtime;
     -- their syntax only here, bench_nets.lua runs the last two
     { "torch_nets.py", {}, 0, "", run = "python3 -c 'import ast, sys; ast.parse(open(sys.argv[1]).read())'" },
     { "nets_onnx.py", {}, 0, "", run = "python3 -c 'import ast, sys; ast.parse(open(sys.argv[1]).read())'" },
-    { "ort_bench.js", {}, 0, "", run = "node --check" },
+    { "ort_bench.js", {}, 0, "", run = "node --check", needs = "node" },
     -- installs Debian packages: only its syntax is checked here
     { "setup.sh", {}, 0, "", run = "sh -n" },
     -- the int8 decoding benchmarks: llama.cpp's build and the checkpoints they time
@@ -136,6 +136,9 @@ describe("scripts/", function()
         end
         it(name .. " " .. shown, function()
             if c.models and not H.models_present() then pending(M .. " is absent") return end
+            if c.needs and not os.execute("command -v " .. c.needs .. " > /dev/null 2>&1") then
+                pending(c.needs .. " is not installed") return
+            end
             if c.onnx and (O.python() or not mk.onnx_ops()[1]) then
                 pending(O.python() or "built without protobuf-c") return
             end
