@@ -22,7 +22,7 @@
 
 /* Whether group pg reads operand k only where a gather may offset it. */
 static bool gatherable(const mk_product_group *pg, int k) {
-    if (pg->norm_w == k) return false;
+    if (pg->norm_w == k || pg->norm_b == k || pg->norm_eps == k) return false;
     for (int j = 0; j < pg->n_products; j++)
         if (pg->b[j] == k || pg->b_scale[j] == k) return false;
     for (int o = 0; o < pg->n_outs; o++) {

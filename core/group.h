@@ -41,6 +41,8 @@ typedef struct mk_pointwise_group {
 #define MK_INT8_GROUP_MAX 512 /* groups of A on the int8 grid a group takes divide this (powers
                                  of two: CUDA's 16-value lanes of a group share its maximum by
                                  butterfly shuffles within a warp) */
+#define MK_LAYER_NORM_FLOATS 8192 /* A's values [m, k] a group with a LayerNorm folded in takes
+                                     (CUDA normalises them in shared memory) */
 #define MK_ATTENTION_ROWS_MAX 12032 /* cached rows one block scores in shared memory */
 
 typedef struct {
@@ -96,8 +98,9 @@ typedef struct mk_product_group {
     mk_product_kind kind;
     mk_attention_info att;         /* MK_PRODUCT_ATTENTION */
     int64_t m, k;                  /* A [m, k] */
-    int a;                         /* operand: A, or the x that the RmsNorm normalises */
-    int norm_w;                    /* operand: the RmsNorm's weight [k], or -1 */
+    int a;                         /* operand: A, or the x that the norm normalises */
+    int norm_w;                    /* operand: the RmsNorm's or LayerNorm's weight [k], or -1 */
+    int norm_b, norm_eps;          /* a LayerNorm's: operands of its bias [k] and eps, else -1 */
     int n_products;
     int b[MK_PRODUCTS_MAX];        /* operand: B_j [k, n_j], float32, float16 or bfloat16, or
                                       int8 times the scales of a DequantizeNode folded in: */

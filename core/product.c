@@ -14,7 +14,9 @@
  *   - siblings: the other such products reading the same A (q, k and v; w1
  *     and w3) join it, up to MK_PRODUCTS_MAX;
  *   - prologue: when A is an RmsNorm read by those products alone, the norm
- *     joins and the group reads its x; before it, where the device takes
+ *     joins and the group reads its x; likewise a LayerNorm over A's rows
+ *     with a weight and bias [k], where A has at most MK_LAYER_NORM_FLOATS
+ *     values and the weights are not int8; before an RmsNorm, where the device takes
  *     A on the int8 grid (mk_target.int8_products), a FakeQuantizeNode
  *     read by those products alone whose groups are the blocks of every
  *     product's int8 weights (a DequantizeNode folded in, below): the
@@ -309,7 +311,7 @@ static const mk_node *memory_of(const mk_node *x) { return x->owner; }
  * A, a weight or scale, the norm's weight, an epilogue source, a rotation or
  * a row write's bounds. */
 static bool operand_read(const mk_product_group *pg, int k) {
-    bool read = pg->a == k || pg->norm_w == k;
+    bool read = pg->a == k || pg->norm_w == k || pg->norm_b == k || pg->norm_eps == k;
     for (int j = 0; j < pg->n_products; j++) read = read || pg->b[j] == k || pg->b_scale[j] == k;
     for (int o = 0; o < pg->n_outs; o++) {
         const mk_product_out *r = &pg->out[o];
@@ -380,6 +382,22 @@ static mk_node *folded_quantize(const mk_graph *g, const mk_target *t, mk_node *
     return a;
 }
 
+/* Whether A, a LayerNorm over the last axis of [m, k], may be the prologue
+ * of products ps: its weight and bias [k] float32 (not broadcast), A small
+ * enough to normalise in shared memory, and no product's weights int8. */
+static bool layer_norm_folds(const mk_graph *g, const mk_node *a, mk_node **ps, int n_ps) {
+    if (a->op->kernel != MK_KERNEL_LAYER_NORM || a->attr[0] != 1 || a->rank != 2 ||
+        a->shape[0] * a->shape[1] > MK_LAYER_NORM_FLOATS)
+        return false;
+    for (int i = 1; i < 3; i++)
+        if (a->in[i]->rank != 1 || a->in[i]->shape[0] != a->shape[1] || !dense(a->in[i]) ||
+            a->in[i]->dtype != MK_DTYPE_FLOAT32)
+            return false;
+    for (int j = 0; j < n_ps; j++)
+        if (mk_product_folded_dequantize(g, ps[j])) return false;
+    return a->in[3]->dtype == MK_DTYPE_FLOAT32;
+}
+
 /* Builds the candidate from products ps sharing A; NULL when it cannot be one. */
 static mk_product_group *build(cand *c, mk_graph *g, const mk_target *t, mk_node **ps, int n_ps,
                                bool *moved) {
@@ -389,8 +407,9 @@ static mk_product_group *build(cand *c, mk_graph *g, const mk_target *t, mk_node
     mk_node *a = ps[0]->in[0];
     int readers = n_ps; /* of the norm: the products, or the quantizer between */
     if ((c->quant = folded_quantize(g, t, ps, n_ps))) a = c->quant->in[0], readers = 1;
-    if (a->op->kernel == MK_KERNEL_RMS_NORM && a->n_consumers == readers && !mk_is_output(g, a) &&
-        a->owner == a && a->storage == MK_STORAGE_ARENA && dense(a->in[0]) && dense(a->in[1]) &&
+    if ((a->op->kernel == MK_KERNEL_RMS_NORM || layer_norm_folds(g, a, ps, n_ps)) &&
+        a->n_consumers == readers && !mk_is_output(g, a) && a->owner == a &&
+        a->storage == MK_STORAGE_ARENA && dense(a->in[0]) && dense(a->in[1]) &&
         a->in[0]->dtype == MK_DTYPE_FLOAT32 && a->in[1]->dtype == MK_DTYPE_FLOAT32)
         c->norm = a;
     else if (!dense(a))
@@ -413,9 +432,12 @@ static mk_product_group *build(cand *c, mk_graph *g, const mk_target *t, mk_node
     if (!pg) return NULL;
     pg->m = a->shape[0];
     pg->k = a->shape[1];
-    pg->norm_w = -1;
+    pg->norm_w = pg->norm_b = pg->norm_eps = -1;
+    bool ln = c->norm && c->norm->op->kernel == MK_KERNEL_LAYER_NORM;
     bool ok = (pg->a = operand(c, c->norm ? c->norm->in[0] : a)) >= 0 &&
-              (!c->norm || (pg->norm_w = operand(c, c->norm->in[1])) >= 0);
+              (!c->norm || (pg->norm_w = operand(c, c->norm->in[1])) >= 0) &&
+              (!ln || ((pg->norm_b = operand(c, c->norm->in[2])) >= 0 &&
+                       (pg->norm_eps = operand(c, c->norm->in[3])) >= 0));
     pg->a8_group = c->quant ? c->quant->attr[0] : 0;
     pg->n_products = n_ps;
     for (int j = 0; j < n_ps && ok; j++) {
@@ -597,7 +619,7 @@ static mk_product_group *build_attention(cand *c, mk_graph *g, mk_node *x, bool 
     a->p = operand(c, y->in[2]);
     a->batch = s->shape[0], a->m = s->shape[1], a->d = s->in[0]->shape[2];
     a->s = s->shape[2], a->n = y->shape[2];
-    pg->norm_w = -1;
+    pg->norm_w = pg->norm_b = pg->norm_eps = -1;
     pg->n_products = 1;
     pg->n_outs = 1;
     pg->out[0] = (mk_product_out){.end = y, .n = a->n, .rotate = -1, .row_x = -1,

@@ -185,6 +185,21 @@ describe("reference networks (CPU, float32 against double loops)", function()
         dec:close()
     end)
 
+    it("a GPT-2 decoding step is 5 launches a layer: each LayerNorm folded into the products after it", function()
+        local function launches(layers)
+            local o = { layers = layers, d = 32, heads = 4, vocab = 64, ctx = 16, T = 8 }
+            local _, _, nxt = nets.gpt2_decode(mk, weights(), o)
+            local m <close> = mk.compile(nxt, { next = { token = nxt, pos = 1, pos1 = 1 } })
+            -- a group's comment names its members: "one launch for LayerNormNode $11, ..."
+            return m:stats().launches, select(2, m:script():gsub("LayerNormNode %$%d+", ""))
+        end
+        local one, folded1 = launches(1)
+        local three, folded3 = launches(3)
+        -- two layers more: 10 launches and 4 LayerNorms more, each a member of a group
+        assert.are.equal(10, three - one)
+        assert.are.equal(4, folded3 - folded1)
+    end)
+
     it("GPT-2 small's real shape (12 x 768, 12 heads, vocab 50257, ctx 1024) runs 4 tokens #slow", function()
         local o = {}
         for k, v in pairs(nets.GPT2_SMALL) do o[k] = v end

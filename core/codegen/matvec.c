@@ -345,7 +345,7 @@ void mk_mv_put_epilogue(mk_strbuf *b, const mk_mv_plan *p, int o, int C, const c
     int M = (int)pg->m;
     long long K = (long long)pg->k, N = (long long)r->n;
     int prods[MK_X_IN], np = mk_mv_product_sources(r, prods);
-    if (pg->norm_w >= 0) /* the RmsNorm: the sum of x's squares, the block's or the warp's */
+    if (pg->norm_w >= 0 && pg->norm_b < 0) /* the RmsNorm: the sum of x's squares, the block's or the warp's */
         mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) {\n"
                          "            const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(%s[m], (float)%lldLL), 1e-5f)));\n"
                          "            for (int c = 0; c < %d; c++) for (int j = 0; j < %d; j++) acc[m][c][j] *= inv;\n"
@@ -426,12 +426,14 @@ int mk_mv_weights_per_load(const mk_launch *l, const mk_product_group *pg) {
     return 1;
 }
 
-/* Whether A is staged in shared memory: on the int8 grid (made there), or
- * where its rows fit MK_STAGE_BYTES and the launch reads at least
- * MK_STAGE_MIN_WEIGHTS. */
+/* Whether A is staged in shared memory: on the int8 grid (made there), with
+ * a LayerNorm folded in (normalised there; the products pass keeps A within
+ * MK_LAYER_NORM_FLOATS), or where its rows fit MK_STAGE_BYTES and the launch
+ * reads at least MK_STAGE_MIN_WEIGHTS. */
 static bool staged_a(const mk_launch *l, const mk_product_group *pg) {
-    return pg->a8_group || ((long long)pg->m * pg->k * (long long)sizeof(float) <= MK_STAGE_BYTES &&
-                            mk_mv_weight_bytes(l, pg) >= MK_STAGE_MIN_WEIGHTS);
+    return pg->a8_group || pg->norm_b >= 0 ||
+           ((long long)pg->m * pg->k * (long long)sizeof(float) <= MK_STAGE_BYTES &&
+            mk_mv_weight_bytes(l, pg) >= MK_STAGE_MIN_WEIGHTS);
 }
 
 /*
@@ -478,7 +480,10 @@ void mk_codegen_product_source(mk_strbuf *b, const mk_launch *l) {
     bool staged = p->staged;
     mk_strbuf_put(b, "// moonkaas matrix-vector group $%d: [%d, %lld] @ %d products, %d results%s%s%s\n",
                   l->node->id, M, K, pg->n_products, pg->n_outs,
-                  pg->norm_w >= 0 ? ", RmsNorm folded in" : "", C == 4 ? ", 4 columns a warp" : "",
+                  pg->norm_b >= 0   ? ", LayerNorm folded in"
+                  : pg->norm_w >= 0 ? ", RmsNorm folded in"
+                                    : "",
+                  C == 4 ? ", 4 columns a warp" : "",
                   W == 3 ? ", k in 3 slices" : "");
     mk_codegen_put_fault(b);
     const mk_expr *programs[MK_PRODUCTS_MAX];

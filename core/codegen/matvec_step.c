@@ -391,11 +391,13 @@ static int stage_batch(const mk_product_group *pg, int E, int W) {
 }
 
 /* Step k of the staging copy for row m, indented by `in`: x (from `from`)
- * times the norm's weight w, its squares summed into part[m], into sA. */
+ * times the RmsNorm's weight w, its squares summed into part[m], or x summed
+ * into part[m] for a LayerNorm, into sA. */
 static void put_copy_store(mk_strbuf *b, const mk_product_group *pg, int V, int m, const char *in,
                            const char *from) {
     mk_strbuf_put(b, "%s*(%s *)(sA + %lldLL + k) = ", in, V == 4 ? "float4" : "float", m * (long long)pg->k);
-    if (pg->norm_w >= 0) mk_strbuf_put(b, "mk_norm%d(%s, w, part[%d]);\n", V, from, m);
+    if (pg->norm_b >= 0) mk_strbuf_put(b, "mk_sum%d(%s, part[%d]);\n", V, from, m);
+    else if (pg->norm_w >= 0) mk_strbuf_put(b, "mk_norm%d(%s, w, part[%d]);\n", V, from, m);
     else mk_strbuf_put(b, "%s;\n", from);
 }
 
@@ -405,7 +407,7 @@ static void put_copy_store(mk_strbuf *b, const mk_product_group *pg, int V, int 
 static void put_float_copy(mk_strbuf *b, const mk_product_group *pg, int E, int W) {
     int M = (int)pg->m;
     long long K = (long long)pg->k;
-    bool norm = pg->norm_w >= 0;
+    bool norm = pg->norm_w >= 0 && pg->norm_b < 0; /* the RmsNorm's weight, read as x is */
     mk_strbuf_put(b, "    __shared__ __align__(16) float sA[%lld];\n", (long long)M * K);
     int V = E >= 4 ? 4 : 1, step = 32 * mk_mv_block_warps(W) * V, U = stage_batch(pg, E, W);
     const char *T = V == 4 ? "float4" : "float";
@@ -476,6 +478,35 @@ static void put_grid_copy(mk_strbuf *b, const mk_product_group *pg, bool vec, in
 }
 
 /*
+ * A LayerNorm folded in, after the staging copy summed each row of x into
+ * sss: the rows' means, the sums of squares about them (two passes, as the
+ * node alone), then sA = (x - mean) / sqrt(var + eps) * w + b in place.
+ */
+static void put_layer_norm(mk_strbuf *b, const mk_product_group *pg) {
+    int M = (int)pg->m;
+    long long K = (long long)pg->k;
+    mk_strbuf_put(b, "    {\n        const float *Bn = (const float *)i%d, eps = *(const float *)i%d;\n"
+                     "        float mean[%d], inv[%d];\n"
+                     "        for (int m = 0; m < %d; m++) mean[m] = __fdiv_rn(sss[m], (float)%lldLL), part[m] = 0.0f;\n"
+                     "        for (long long k = threadIdx.x; k < %lldLL; k += blockDim.x)\n"
+                     "            for (int m = 0; m < %d; m++) {\n"
+                     "                const float d = sA[m * %lldLL + k] - mean[m];\n"
+                     "                part[m] += d * d;\n"
+                     "            }\n"
+                     "        mk_norm_sums(part, sred, sss);\n"
+                     "        __syncthreads();\n"
+                     "        for (int m = 0; m < %d; m++)\n"
+                     "            inv[m] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sss[m], (float)%lldLL), eps)));\n"
+                     "        for (long long k = threadIdx.x; k < %lldLL; k += blockDim.x)\n"
+                     "            for (int m = 0; m < %d; m++) {\n"
+                     "                float *x = sA + m * %lldLL + k;\n"
+                     "                *x = (*x - mean[m]) * inv[m] * W[k] + Bn[k];\n"
+                     "            }\n"
+                     "        __syncthreads();\n    }\n",
+                  pg->norm_b, pg->norm_eps, M, M, M, K, K, M, K, M, K, K, M, K);
+}
+
+/*
  * The start of a kernel that holds A in shared memory, after its preloads
  * and the wait (mk_mv_put_preloads): the block copies A into sA (or, in the
  * tensor-core form, its digits into sD: `digits`), times the RmsNorm's weight
@@ -498,4 +529,5 @@ void mk_mv_put_staging(mk_strbuf *b, const mk_mv_plan *p) {
     else put_float_copy(b, pg, E, W);
     if (norm) mk_strbuf_put(b, "    mk_norm_sums(part, sred, sss);\n");
     mk_strbuf_put(b, "    __syncthreads();\n");
+    if (pg->norm_b >= 0) put_layer_norm(b, pg);
 }

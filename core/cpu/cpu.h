@@ -191,6 +191,8 @@ void mk_cpu_program_f32(const void *ctx, char *o, const char *const *in, const i
 /* o [n] = w [n] * x [n] / sqrt(mean(x²) + 1e-5), as run.c's rmsnorm (o may be x;
  * ops.c, as the next two). */
 void mk_cpu_rms_row(const float *x, const float *w, float *o, int64_t n);
+void mk_cpu_layer_norm_row(const float *x, const float *w, const float *b, float eps, float *o,
+                           int64_t n);
 /* o [n] = softmax of x's first p elements, the rest copied (o may be x). */
 void mk_cpu_softmax_row(const float *x, float *o, int64_t n, int64_t p);
 /* Rows [begin, end) of `rows` for a write of r_rows rows: 0, or node's fault. */

@@ -179,8 +179,8 @@ static void mv_chunk(const cpu_mv_out *x, const float *a, const int8_t *aq, cons
 
 /*
  * A matrix–vector group (product.c) in one parallel region. A's rows go
- * dense into scratch first, normalised where the group folds the RmsNorm in
- * (mk_cpu_rms_row, as the node alone). The threads then share the results'
+ * dense into scratch first, normalised where the group folds a norm in
+ * (mk_cpu_rms_row, mk_cpu_layer_norm_row: as the node alone). The threads then share the results'
  * columns in contiguous runs of quads; per chunk of CPU_MV_CHUNK columns and
  * row of A, a thread takes its products' dot products (mk_cpu_mv_columns;
  * mk_cpu_mv_rows for weights held by rows), gathers the operands the
@@ -206,7 +206,11 @@ static int cpu_matvec(const mk_launch *l, mk_error **err) {
             memcpy(a + i * k, row, (size_t)k * sizeof(float));
         else
             for (int64_t j = 0; j < k; j++) a[i * k + j] = row[j * cs];
-        if (pg->norm_w >= 0) mk_cpu_rms_row(a + i * k, l->in[pg->norm_w].data, a + i * k, k);
+        if (pg->norm_b >= 0)
+            mk_cpu_layer_norm_row(a + i * k, l->in[pg->norm_w].data, l->in[pg->norm_b].data,
+                                  *(const float *)l->in[pg->norm_eps].data, a + i * k, k);
+        else if (pg->norm_w >= 0)
+            mk_cpu_rms_row(a + i * k, l->in[pg->norm_w].data, a + i * k, k);
     }
     int64_t g = pg->a8_group, groups = g ? m * k / g : 0;
     float *as = a + m * k;                     /* A on the int8 grid: a scale per group, */

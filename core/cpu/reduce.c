@@ -200,6 +200,13 @@ static void norm_run(const norm_rows *nr, const float *x, float *out) {
             { norm_row(nr, r, x + r * nr->len, 1, out + r * nr->len); });
 }
 
+/* One dense row of n as LayerNormNode computes it (a product group's prologue). */
+void mk_cpu_layer_norm_row(const float *x, const float *w, const float *b, float eps, float *o,
+                           int64_t n) {
+    norm_rows nr = {1, n, 1, 0, 1, w, b, 1, 1, eps, true};
+    norm_row(&nr, 0, x, 1, o);
+}
+
 static int64_t param_step(const mk_tensor *t) { return mk_tensor_numel(t) == 1 ? 0 : 1; }
 
 /* x, weight, bias, eps, k: the last k axes */

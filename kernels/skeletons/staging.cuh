@@ -4,8 +4,20 @@
  * it is read and sums x's squares (1 / rms scales the dot products at the
  * end). A block that stages A copies it into shared memory in one of three
  * forms: float32 (sA), on runq.c's int8 grid (sQ and its scales sXs), or as
- * the tensor-core form's fixed-point digits (sD and their factors sF).
+ * the tensor-core form's fixed-point digits (sD and their factors sF). A
+ * LayerNorm folded in stages x as it is, summing it (mk_sum), and normalises
+ * sA in place once the block has the rows' means and variances.
  */
+
+/* x as it is, added into sum (a LayerNorm's mean). */
+static __device__ __forceinline__ float mk_sum1(float x, float &sum) {
+    sum += x;
+    return x;
+}
+static __device__ __forceinline__ float4 mk_sum4(float4 x, float &sum) {
+    sum += x.x + x.y + x.z + x.w;
+    return x;
+}
 
 /* x times the norm's weight w, x's squares added into sum. */
 static __device__ __forceinline__ float mk_norm1(float x, float w, float &sum) {

@@ -354,4 +354,45 @@ return function(c)
         c.add(string.format("row group: rms_norm(x) * b [%d, %d], eps %g", rows, n, eps), x:rms_norm(w, eps) * b,
             { x = xt, w = wt, b = bt }, want, 1e-4, 1e-4)
     end
+    -- a LayerNorm folded into the matrix-vector group of the products that
+    -- read it (core/product.c): rows 1 to 4, k with and without float4 steps,
+    -- up to MK_LAYER_NORM_FLOATS values; one product with a bias and a
+    -- residual, or two siblings (GPT-2's fc, or q and k); past the limit, and
+    -- where the norm is read by another node too, it stays a node
+    for _, sh in ipairs({ { 1, 7 }, { 1, 768 }, { 2, 64 }, { 3, 1000 }, { 4, 2048 }, { 2, 5000 } }) do
+        local m, k = sh[1], sh[2]
+        local n = ({ 6, 32, 10 })[math.random(1, 3)]
+        local x, xt, xr = c.input("x", { m, k }, -3, 3)
+        local g, gt, gr = c.input("g", { k }, 0.5, 1.5)
+        local b, bt, br = c.input("b", { k })
+        local w1, w1t, w1r = c.input("w1", { n, k }, -0.2, 0.2)
+        local w2, w2t, w2r = c.input("w2", { n, k }, -0.2, 0.2)
+        local c1, c1t, c1r = c.input("c1", { n })
+        local res, rest, resr = c.input("res", { m, n })
+        local eps = eps_value()
+        local ln = x:layer_norm(1, { weight = g, bias = b, eps = eps })
+        local lnr = norm_ref(xr, k, true, eps, gr, br, function(p) return p % k end)
+        local function product(a, wr, bias, add) -- a [m, k] @ wr^T (+ bias, + add)
+            local want = { shape = { m, n }, data = {} }
+            for r = 0, m - 1 do
+                for j = 0, n - 1 do
+                    local sum = bias and bias.data[j + 1] or 0
+                    for t = 1, k do sum = sum + a.data[r * k + t] * wr.data[j * k + t] end
+                    want.data[r * n + j + 1] = sum + (add and add.data[r * n + j + 1] or 0)
+                end
+            end
+            return want
+        end
+        local feeds = { x = xt, g = gt, b = bt, w1 = w1t, w2 = w2t }
+        local at = string.format("[%d, %d] -> %d, eps %g", m, k, n, eps)
+        c.add("layer_norm into a product, bias and residual " .. at,
+            ln:matmul(w1:T()) + c1 + res, { x = xt, g = gt, b = bt, w1 = w1t, c1 = c1t, res = rest },
+            product(lnr, w1r, c1r, resr), 1e-4, 1e-4)
+        c.add("layer_norm into two products " .. at, ln:matmul(w1:T()) * ln:matmul(w2:T()), feeds,
+            R.mul(product(lnr, w1r), product(lnr, w2r)), 1e-4, 1e-4)
+        local lne = { shape = { m, k }, data = {} }
+        for i, v in ipairs(lnr.data) do lne.data[i] = exp(v) end
+        c.add("layer_norm read by a product and exp " .. at, ln:exp():matmul(w1:T()) + ln:matmul(w2:T()), feeds,
+            R.add(product(lne, w1r), product(lnr, w2r)), 1e-4, 1e-4)
+    end
 end
