@@ -20,8 +20,9 @@ its comparison (--compare). --threads caps the CPU's threads per launch
 (compile's `threads`; 0, the default, lets the cost rule choose) and ONNX
 Runtime's intra-op threads. For resnet18, dqn and mlp, ONNX Runtime's CPU
 provider runs the same weights in the same run where it is installed
-(npm's onnxruntime-node, as spec/onnx_ort_spec.lua finds it; the graph
-written by scripts/nets_onnx.py with Debian's python3-onnx), and its output
+(npm's onnxruntime-node, as spec/onnx_ort_spec.lua finds it, else the
+onnxruntime of MK_PYTHON, default /usr/bin/python3, through ort_bench.py; the
+graph written by scripts/nets_onnx.py with that python's onnx), and its output
 is compared with moonkaas's. --peer off skips it, --peer only runs it
 alone (to alternate it with moonkaas runs of other builds, MK_BUILD); with
 --peer-dir DIR the ONNX graph, input and output stay in DIR, and a graph
@@ -256,7 +257,8 @@ end
 
 -- ---- the peer: ONNX Runtime's CPU provider on the same file ----------------
 -- (scripts/ort_bench.js runs net.onnx under node with npm's onnxruntime-node,
--- found as spec/onnx_ort_spec.lua finds it)
+-- found as spec/onnx_ort_spec.lua finds it; else scripts/ort_bench.py with
+-- MK_PYTHON's onnxruntime)
 local function ort_path()
     for _, p in ipairs { os.getenv("MK_ORTNODE") or "", "/opt/ortnode/node_modules", "/work/ortnode/node_modules" } do
         local f = p ~= "" and io.open(p .. "/onnxruntime-node/package.json")
@@ -270,16 +272,21 @@ end
 local function ort_peer(shape)
     local node_ok = os.execute("node --version > /dev/null 2>&1")
     local path = ort_path()
-    local dir, why = nil, not node_ok and "node is not installed" or not path and
-        "onnxruntime-node is not installed: scripts/setup.sh, or MK_ORTNODE" or nil
+    -- node's onnxruntime-node, else Python's onnxruntime (the GPU machine's)
+    local runner = node_ok and path and string.format("NODE_PATH=%s node %s/scripts/ort_bench.js", sh_quote(path),
+        sh_quote(root))
+    if not runner and os.execute(PY .. " -c 'import onnxruntime' > /dev/null 2>&1") then
+        runner = string.format("%s %s/scripts/ort_bench.py", PY, sh_quote(root))
+    end
+    local dir, why = nil, not runner and "neither node's onnxruntime-node (scripts/setup.sh, or MK_ORTNODE) " ..
+        "nor " .. PY .. "'s onnxruntime is installed" or nil
     if not why then dir, why = onnx_dir() end
     if not dir then
         print("onnxruntime cpu: skipped (" .. why .. ")")
         return
     end
-    local cmd = string.format("NODE_PATH=%s node %s/scripts/ort_bench.js %s/net.onnx %s/x.bin %s %d %d %s/out.bin",
-        sh_quote(path), sh_quote(root), sh_quote(dir), sh_quote(dir), table.concat(shape, ","), opts.runs,
-        opts.threads, sh_quote(dir))
+    local cmd = string.format("%s %s/net.onnx %s/x.bin %s %d %d %s/out.bin", runner, sh_quote(dir), sh_quote(dir),
+        table.concat(shape, ","), opts.runs, opts.threads, sh_quote(dir))
     local p = assert(io.popen(cmd))
     local line = p:read("a")
     p:close()

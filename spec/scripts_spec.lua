@@ -105,6 +105,7 @@ local CASES = {
     { "torch_nets.py", {}, 0, "", run = "python3 -c 'import ast, sys; ast.parse(open(sys.argv[1]).read())'" },
     { "nets_onnx.py", {}, 0, "", run = "python3 -c 'import ast, sys; ast.parse(open(sys.argv[1]).read())'" },
     { "ort_bench.js", {}, 0, "", run = "node --check", needs = "node" },
+    { "ort_bench.py", {}, 0, "", run = "python3 -c 'import ast, sys; ast.parse(open(sys.argv[1]).read())'" },
     -- installs Debian packages: only its syntax is checked here
     { "setup.sh", {}, 0, "", run = "sh -n" },
     -- the int8 decoding benchmarks: llama.cpp's build and the checkpoints they time
