@@ -192,10 +192,17 @@ end
 
 -- P for big networks: each weight a random block of 4096 float32 values
 -- repeated to its size (string.rep), seeded by math.random; fast enough for
--- GPT-2 small's 124M values. Returns P and the tensors by name.
+-- GPT-2 small's 124M values. A name asked for again (a second graph of the
+-- same network: GPT-2's prompt and decode step) is the same weight. Returns
+-- P and the tensors by name.
 function N.fast_weights(mk)
-    local tensors = {}
+    local tensors, nodes = {}, {}
     local function P(name, shape, kind)
+        if nodes[name] then
+            assert(table.concat(tensors[name].shape, ",") == table.concat(shape, ","),
+                name .. " asked for with another shape")
+            return nodes[name]
+        end
         local n = 1
         for _, d in ipairs(shape) do n = n * d end
         local m = math.min(n, 4096)
@@ -205,7 +212,8 @@ function N.fast_weights(mk)
         local bytes = string.rep(block, (n + m - 1) // m):sub(1, 4 * n)
         local t = mk.from_bytes(bytes, "float32", shape)
         tensors[name] = t
-        return mk.constant(t, (name:gsub("%.", "_")))
+        nodes[name] = mk.constant(t, (name:gsub("%.", "_")))
+        return nodes[name]
     end
     return P, tensors
 end
