@@ -23,18 +23,12 @@ for n in resnet18 dqn gpt2; do
   echo "-- torch (rc $?)"; tail -8 $OUT/torch_$n.log
 done
 wait
-T=$R/.gpu/models/tokenizer.bin
-b() { # tree label args...
-  local tree=$1 lab=$2; shift 2
-  (cd $tree && timeout 60 lua5.4 scripts/bench_llama2.lua --devices cuda --tokenizer $T --dir /tmp/ck --keep --runs 3 "$@" > $OUT/x.log 2>&1)
-  echo "$lab $*: $(grep -E 'moonkaas cuda' $OUT/x.log | tail -1 | cut -c1-100)"
-}
 echo "== tok/s, base and this tree alternating"
 for cfg in "--only 15M" "--only 110M" "--only 110M --precision bf16" "--only 110M --precision q8" "--only 15M --precision q8a8" "--only 15M --temperature 1 --topp 0.9"; do
-  b /tmp/b/base base $cfg; b $R main $cfg
+  tok /tmp/b/base base $cfg; tok $R main $cfg
 done
 echo "== forced sm_80 tok/s (this tree)"
-(export MK_CUDA_ARCH=80; b $R main-sm80 --only 110M --precision bf16)
+(export MK_CUDA_ARCH=80; tok $R main-sm80 --only 110M --precision bf16)
 echo "== batched decoding, stories15M shape"
 timeout 120 lua5.4 scripts/bench_batch.lua --model /tmp/ck/llama2_15M_random.bin --devices cuda --batches 1,4,16,64 > $OUT/batch.log 2>&1
 echo "rc $?"; tail -12 $OUT/batch.log

@@ -9,18 +9,12 @@ cd "$(dirname "$0")/../.."
 make -j16 > $OUT/build.log 2>&1 || { echo BUILD FAILED; tail $OUT/build.log; exit 1; }
 if [ ! -d /tmp/b/base/build ]; then mkdir -p /tmp/b && tar xf .gpu/base.tar -C /tmp/b && (cd /tmp/b/base && make -j16 CUDA_ARCH=sm_90 > $OUT/base_build.log 2>&1); fi
 wait
-T=$R/.gpu/models/tokenizer.bin
-b() { # tree label args...
-  local tree=$1 lab=$2; shift 2
-  (cd $tree && timeout 90 lua5.4 scripts/bench_llama2.lua --devices cuda --tokenizer $T --dir /tmp/ck --keep --runs 3 "$@" > $OUT/x.log 2>&1)
-  echo "$lab $*: $(grep -E 'moonkaas cuda' $OUT/x.log | tail -1 | cut -c1-90)"
-}
 echo "== tok/s, base = 20798b9, main = this tree, alternating"
 for cfg in "--only 15M" "--only 110M" "--only 15M --precision bf16" "--only 110M --precision bf16" "--only 110M --precision q8" "--only 15M --precision q8a8" "--only 15M --temperature 1 --topp 0.9"; do
-  for r in 1 2; do b /tmp/b/base base $cfg; b $R main $cfg; done
+  for r in 1 2; do tok /tmp/b/base base $cfg; tok $R main $cfg; done
 done
 echo "== forced sm_80 tok/s (main)"
 export MK_CUDA_ARCH=80
 for cfg in "--only 15M" "--only 110M" "--only 110M --precision bf16"; do
-  b $R main-sm80 $cfg
+  tok $R main-sm80 $cfg
 done
