@@ -16,11 +16,12 @@
  *   - prologue: when A is an RmsNorm read by those products alone, the norm
  *     joins and the group reads its x; likewise a LayerNorm over A's rows
  *     with a weight and bias [k], where A has at most MK_LAYER_NORM_FLOATS
- *     values and the weights are not int8; before an RmsNorm, where the device takes
- *     A on the int8 grid (mk_target.int8_products), a FakeQuantizeNode
- *     read by those products alone whose groups are the blocks of every
- *     product's int8 weights (a DequantizeNode folded in, below): the
- *     products are then runq.c's integer dot products per group (W8A8);
+ *     values and the weights are not int8; before an RmsNorm, where the
+ *     device takes A on the int8 grid (mk_target.int8_products), a
+ *     FakeQuantizeNode read by those products alone whose groups are the
+ *     blocks of every product's int8 weights (a DequantizeNode folded in,
+ *     below): the products are then runq.c's integer dot products per group
+ *     (W8A8);
  *   - epilogue, per product, following its single reader: reshapes (any view
  *     that keeps the element order), pointwise nodes (a residual add, SiLU
  *     times a sibling's product), one complex rotation (RoPE), then one

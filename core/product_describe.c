@@ -31,7 +31,9 @@ static void describe_matvec(const mk_node *n, bool brief, mk_strbuf *b) {
     }
     mk_strbuf_put(b, "one launch, [%lld, %lld] @ %d product%s%s", (long long)pg->m, (long long)pg->k,
                   pg->n_products, pg->n_products == 1 ? "" : "s",
-                  pg->norm_b >= 0 ? ", LayerNorm folded in" : pg->norm_w >= 0 ? ", RmsNorm folded in" : "");
+                  pg->norm_b >= 0   ? ", LayerNorm folded in"
+                  : pg->norm_w >= 0 ? ", RmsNorm folded in"
+                                    : "");
     if (pg->a8_group)
         mk_strbuf_put(b, "; A on the int8 grid in groups of %lld (FakeQuantize folded in): "
                          "integer dot products",

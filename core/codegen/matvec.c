@@ -345,7 +345,9 @@ void mk_mv_put_epilogue(mk_strbuf *b, const mk_mv_plan *p, int o, int C, const c
     int M = (int)pg->m;
     long long K = (long long)pg->k, N = (long long)r->n;
     int prods[MK_X_IN], np = mk_mv_product_sources(r, prods);
-    if (pg->norm_w >= 0 && pg->norm_b < 0) /* the RmsNorm: the sum of x's squares, the block's or the warp's */
+    /* the RmsNorm: the sum of x's squares, the block's or the warp's (a
+     * LayerNorm has normalised sA itself) */
+    if (pg->norm_w >= 0 && pg->norm_b < 0)
         mk_strbuf_put(b, "        for (int m = 0; m < %d; m++) {\n"
                          "            const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(%s[m], (float)%lldLL), 1e-5f)));\n"
                          "            for (int c = 0; c < %d; c++) for (int j = 0; j < %d; j++) acc[m][c][j] *= inv;\n"

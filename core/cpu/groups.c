@@ -180,12 +180,12 @@ static void mv_chunk(const cpu_mv_out *x, const float *a, const int8_t *aq, cons
 /*
  * A matrix–vector group (product.c) in one parallel region. A's rows go
  * dense into scratch first, normalised where the group folds a norm in
- * (mk_cpu_rms_row, mk_cpu_layer_norm_row: as the node alone). The threads then share the results'
- * columns in contiguous runs of quads; per chunk of CPU_MV_CHUNK columns and
- * row of A, a thread takes its products' dot products (mk_cpu_mv_columns;
- * mk_cpu_mv_rows for weights held by rows), gathers the operands the
- * epilogue reads (gather_run), runs the epilogue's program
- * (mk_cpu_program_f32), rotates the pairs, and writes the values (into the
+ * (mk_cpu_rms_row, mk_cpu_layer_norm_row: as the node alone). The threads
+ * then share the results' columns in contiguous runs of quads; per chunk of
+ * CPU_MV_CHUNK columns and row of A, a thread takes its products' dot
+ * products (mk_cpu_mv_columns; mk_cpu_mv_rows for weights held by rows),
+ * gathers the operands the epilogue reads (gather_run), runs the epilogue's
+ * program (mk_cpu_program_f32), rotates the pairs, and writes the values (into the
  * group's memory or the rows a write replaces) or keeps the row's best for
  * the ArgMax. Every value is the one the nodes alone compute, bit for bit;
  * the logits of a greedy classifier are never stored. Except where a
