@@ -349,6 +349,13 @@ describe("reference networks on CUDA against the CPU", function()
         same("gpt2 768", y, { ids = ids(o.T, o.vocab) })
     end)
 
+    gpu_it("a GPT-2 decoding step at width 768, its LayerNorms in the products' groups", function()
+        local o = { layers = 2, d = 768, heads = 12, vocab = 50257, ctx = 1024, positions = 16 }
+        local _, logits = nets.gpt2_decode(mk, nets.fast_weights(mk), o)
+        same("gpt2 768 step", logits, { token = mk.tensor({ 464 }, "int64"), pos = mk.tensor({ 0 }, "int64"),
+            pos1 = mk.tensor({ 1 }, "int64") })
+    end)
+
     gpu_it("a ResNet-18-style network at width 4, 32x32, and the small CNN", function()
         local x, y = nets.resnet18(mk, weights(), { batch = 1, res = 32, width = 4, classes = 10 })
         same("resnet18 tiny", y, { x = random_input(x.shape) })
