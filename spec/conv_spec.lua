@@ -281,8 +281,13 @@ print("done=true")
     end)
 
     it("each CPU path computes every convolution case", function()
-        for _, path in ipairs({ "im2col", "dnnl", "winograd" }) do
-            local r = H.run_lua("env MK_CPU_CONV=" .. path .. " lua5.4",
+        -- winograd twice: as the thread rule says, and split over two
+        -- threads at every launch (its blocks of tiles, one buffer a thread)
+        local runs = { "im2col", "dnnl", "winograd",
+            "winograd MK_CPU_FORK=always OMP_NUM_THREADS=2" }
+        for _, run in ipairs(runs) do
+            local path = run:match("^%S+")
+            local r = H.run_lua("env MK_CPU_CONV=" .. run .. " lua5.4",
                 string.format("SEED = %d\n", math.random(1, 1000000)), CASES)
             assert.are.equal("true", r.done, path .. ":\n" .. r.output)
             assert.is_true(tonumber(r.checked) >= 10, r.output)

@@ -313,10 +313,12 @@ void mk_cpu_wino_run(mk_cpu_wino *c, const mk_conv_geom *g, const mk_cpu_conv_ar
     int64_t th = (g->oh + 1) / 2, twv = ((g->ow + 1) / 2 + 7) / 8;
     int64_t units = g->n * th * twv;
     int threads = max_threads();
-    /* at least a block per thread where there are that many tile vectors */
-    int64_t per = c->units, share = (units + threads - 1) / threads;
-    if (per > share) per = share;
-    int64_t blocks = (units + per - 1) / per;
+    /* blocks of at most c->units tile vectors, as many as a multiple of the
+     * threads (the static schedule then gives each thread as many) */
+    int64_t blocks = (units + c->units - 1) / c->units;
+    blocks = (blocks + threads - 1) / threads * threads;
+    int64_t per = (units + blocks - 1) / blocks;
+    blocks = (units + per - 1) / per;
     bool fork = threads <= c->threads && blocks > 1 && par(g->n * g->o * g->c * g->oh * g->ow * 9);
     CPU_FOR(fork, blk, blocks, {
         int64_t u0 = blk * per, nu = units - u0 < per ? units - u0 : per;
