@@ -293,9 +293,9 @@ print("done=true")
             assert.is_true(tonumber(r.checked) >= 10, r.output)
             if path == "im2col" then assert.are.equal("false", r.dnnl_mapped) end
             -- Winograd takes every 3x3 window of stride 1 where forced (the
-            -- five 3x3 cases, three or more of each chain case), none else
+            -- six 3x3 cases, three or more of each chain case), none else
             if path == "winograd" then
-                assert.is_true(tonumber(r.winograd) >= 17, r.output)
+                assert.is_true(tonumber(r.winograd) >= 18, r.output)
             else
                 assert.are.equal("0", r.winograd, r.output)
             end

@@ -199,9 +199,36 @@ static void transform_input(const float *const row[4], float *v, int64_t ld) {
             _Pragma("GCC unroll 3") for (int k = 0; k < NV; k++)                          \
                 memcpy(m + r * ldm + 8 * k, &acc[r][k], sizeof acc[r][k]);                 \
     }
-PRODUCT(1)
 PRODUCT(2)
 PRODUCT(3)
+
+/* One vector: ROWS accumulators alone would wait on the multiply-add's
+ * latency, so even and odd c sum apart (two sets), then together. */
+static void product1(const float *u, const float *v, int64_t ldv, int64_t C, float *m,
+                     int64_t ldm) {
+    cpu_v8 acc[2][ROWS];
+    for (int h = 0; h < 2; h++)
+        for (int r = 0; r < ROWS; r++) acc[h][r] = (cpu_v8){0};
+    int64_t c = 0;
+    for (; c + 2 <= C; c += 2) {
+        #pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            cpu_v8 x = load8(v + (c + h) * ldv);
+            IN_REGISTER(x);
+            #pragma GCC unroll 4
+            for (int r = 0; r < ROWS; r++)
+                acc[h][r] = fma8(splat8(u + (c + h) * ROWS + r), x, acc[h][r]);
+        }
+    }
+    for (; c < C; c++) {
+        cpu_v8 x = load8(v + c * ldv);
+        for (int r = 0; r < ROWS; r++) acc[0][r] = fma8(splat8(u + c * ROWS + r), x, acc[0][r]);
+    }
+    for (int r = 0; r < ROWS; r++) {
+        cpu_v8 t = acc[0][r] + acc[1][r];
+        memcpy(m + r * ldm, &t, sizeof t);
+    }
+}
 
 /* Y = Aᵀ M A of eight tiles (m: element ξ at m + ξ ldm) plus the epilogue,
  * into output plane op [OH, OW] (residual plane rp or NULL) at tile row ty,
@@ -291,10 +318,11 @@ static void run_block(const struct mk_cpu_wino *c, const mk_conv_geom *g,
             const float *u = c->u + (xi * blocks + ob) * C * ROWS;
             const float *vx = v + xi * vs;
             float *mx = m + xi * ms + ob * ROWS * nt;
-            int64_t k = 0;
-            for (; k + 3 <= nu; k += 3) product3(u, vx + 8 * k, nt, C, mx + 8 * k, nt);
-            if (nu - k == 2) product2(u, vx + 8 * k, nt, C, mx + 8 * k, nt);
-            if (nu - k == 1) product1(u, vx + 8 * k, nt, C, mx + 8 * k, nt);
+            /* threes, then a two, or two twos for 3 k + 4 (not a one) */
+            int64_t k = 0, threes = nu % 3 == 1 && nu >= 4 ? nu / 3 - 1 : nu / 3;
+            for (; k < 3 * threes; k += 3) product3(u, vx + 8 * k, nt, C, mx + 8 * k, nt);
+            for (; k + 2 <= nu; k += 2) product2(u, vx + 8 * k, nt, C, mx + 8 * k, nt);
+            if (k < nu) product1(u, vx + 8 * k, nt, C, mx + 8 * k, nt);
         }
     for (int64_t o = 0; o < c->o; o++) {
         float add = a->bias ? a->bias[o] : 0.0f;
@@ -314,14 +342,16 @@ void mk_cpu_wino_run(mk_cpu_wino *c, const mk_conv_geom *g, const mk_cpu_conv_ar
     int64_t units = g->n * th * twv;
     int threads = max_threads();
     /* blocks of at most c->units tile vectors, as many as a multiple of the
-     * threads (the static schedule then gives each thread as many) */
+     * threads (the static schedule then gives each thread as many), their
+     * sizes q or q + 1: no block of one vector beside blocks of three where
+     * it can be helped (its products would stream all of U for 8 tiles) */
     int64_t blocks = (units + c->units - 1) / c->units;
     blocks = (blocks + threads - 1) / threads * threads;
-    int64_t per = (units + blocks - 1) / blocks;
-    blocks = (units + per - 1) / per;
+    if (blocks > units) blocks = units;
+    int64_t q = units / blocks, rem = units % blocks;
     bool fork = threads <= c->threads && blocks > 1 && par(g->n * g->o * g->c * g->oh * g->ow * 9);
     CPU_FOR(fork, blk, blocks, {
-        int64_t u0 = blk * per, nu = units - u0 < per ? units - u0 : per;
+        int64_t u0 = blk * q + (blk < rem ? blk : rem), nu = q + (blk < rem);
         int t = fork ? thread_index() : 0; /* a plain loop: the caller's buffer */
         run_block(c, g, a, relu, u0, nu, c->buf + (size_t)t * c->per_thread);
     });

@@ -276,11 +276,13 @@ return function(c)
     -- spec/conv_spec.lua forces it): odd extents wider than two vectors of
     -- eight tiles, channels not multiples of 8, batch 2, paddings 0 to 2;
     -- a bias, a batch norm, a residual and a relu on some; case 5's weights
-    -- an input (transformed at each run)
-    for case = 1, 5 do
+    -- an input (transformed at each run); case 6 one vector of tiles (a
+    -- result of 1-2 rows, at most 16 columns)
+    for case = 1, 6 do
         local C, O = random(5, 13), random(5, 11)
         local p = { random(0, 2), random(0, 2) }
         local shape = { 2, C, 2 * random(2, 6) + 1, 2 * random(17, 22) + 1 }
+        if case == 6 then shape, p = { 1, C, random(1, 2), random(3, 16) }, { 1, 1 } end
         local x, xt, xr = input("x", shape)
         local feeds = { x = xt }
         local w, wr = c.H.rand({ O, C, 3, 3 })
