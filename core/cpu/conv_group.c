@@ -180,7 +180,7 @@ static int chain(cpu_state *s, const mk_launch *launches, int n, const mk_host *
 /* Whether a launch of geometry g runs on Winograd's F(2x2, 3x3) rather than
  * oneDNN's direct convolution: where it computes the shape (winograd.c) and,
  * unless forced ($MK_CPU_CONV=winograd), where it measured faster
- * (doc/performance.md, "Winograd for 3x3 convolutions"). */
+ * (winograd.c's mk_cpu_wino_pays). */
 static bool wino_chosen(const mk_conv_geom *g, bool forced) {
     if (!mk_cpu_wino_takes(g)) return false;
     return forced || mk_cpu_wino_pays(g);
@@ -203,8 +203,8 @@ int mk_cpu_conv_prepare(cpu_state *s, const mk_launch *launches, int n, const mk
         bool once = cg ? cg->constant_weights : constant_operand(l, 1);
         sp.weights_once = !once ? NULL : p->w ? p->w : l->in[1].data;
         if (!direct && l->in[0].dtype == MK_DTYPE_FLOAT32 && wino_chosen(&sp.g, wino_forced)) {
-            if (!(p->wino = mk_cpu_wino_make(&sp.g, sp.weights_once, s->threads ? s->threads[i] : mk_cpu_online)))
-                return -1;
+            int threads = s->threads ? s->threads[i] : mk_cpu_online;
+            if (!(p->wino = mk_cpu_wino_make(&sp.g, sp.weights_once, threads))) return -1;
             host->log(host, MK_LOG_INFO, "cpu: %s $%d runs on Winograd F(2x2, 3x3)",
                       l->node->op->name, l->node->id);
             continue;

@@ -21,10 +21,12 @@
  * one tile row (a row's last vector padded with tiles past the edge), so
  * that x's 4x4 blocks load as strided rows and the result's 2x2 blocks
  * store as two interleaved rows of 16. The tiles are cut into blocks whose
- * V (16 x C x tiles) stays in L2; a thread takes whole blocks: it
- * transforms the block's x into V, then for each 4 output channels makes
- * their 16 products (a 4 x 24 register block: 12 accumulators) and
- * transforms them back into the result with the epilogue.
+ * V (16 x C x tiles) and M (16 x O x tiles) stay in L2; a thread takes
+ * whole blocks: it transforms the block's x into V, makes the 16 products
+ * (for each ξ, 4 output channels at a time in a 4 x 24 register block: 12
+ * accumulators, V_ξ in L1 while U_ξ streams), then transforms M back into
+ * the result with the epilogue. OpenBLAS's sgemm for the products was
+ * slower (a block's 24-96 tiles are too few columns for its packing).
  * Tested against double-precision loops (spec/cases/conv.lua, with
  * MK_CPU_CONV=winograd in spec/conv_spec.lua).
  */
@@ -68,7 +70,8 @@ static int64_t block_units(int64_t c, int64_t o4) {
 
 /*
  * Where it beats oneDNN's direct convolution (doc/performance.md, "Winograd
- * for 3x3 convolutions"): 64 to 256 channels in and out, as measured. Past
+ * F(2x2, 3x3) for the 3x3 stride-1 convolutions"): 64 to 256 channels in
+ * and out, as measured. Past
  * 256 a block holds fewer than three tile vectors, so each element of U
  * (16 O C floats, from L3) serves too few tiles; and where a quarter of
  * the lanes would be tiles past the row's end (a 7x7 result: 4 tiles of 8),
@@ -129,7 +132,9 @@ mk_cpu_wino *mk_cpu_wino_make(const mk_conv_geom *g, const float *weights_once, 
     c->per_thread = (size_t)(XI * (g->c * nt + SKEW) + XI * (o4 * nt + SKEW) +
                              4 * (16 * twv + 8));
     c->per_thread = (c->per_thread + 15) / 16 * 16; /* each thread's on its own lines */
-    c->u = aligned_alloc(64, sizeof(float) * (size_t)(XI * c->o4 * c->c));
+    /* sizes in whole lines, as aligned_alloc asks */
+    size_t u_floats = ((size_t)(XI * c->o4 * c->c) + 15) / 16 * 16;
+    c->u = aligned_alloc(64, sizeof(float) * u_floats);
     c->buf = aligned_alloc(64, sizeof(float) * c->per_thread * (size_t)c->threads);
     if (!c->u || !c->buf) {
         mk_cpu_wino_free(c);
