@@ -7,9 +7,10 @@ compile, and in plain NCHW), on 1 and 2 threads. Prints the time per layer
 for each path (milliseconds, the best of the runs: on a shared machine the
 least disturbed one) and the whole set.
 
-    lua5.4 scripts/bench_conv.lua [--runs N] [--rounds R] [--threads 1,2] [--paths im2col,dnnl,dnnl_plain]
+    lua5.4 scripts/bench_conv.lua [--runs N] [--rounds R] [--threads 1,2] [--paths im2col,dnnl,dnnl_plain,winograd]
 
-Each (path, threads) pair runs in a child process, R rounds of them in
+(winograd: core/cpu/winograd.c on every 3x3 window of stride 1, oneDNN on
+the rest.) Each (path, threads) pair runs in a child process, R rounds of them in
 turn (the best over the rounds is printed, so that one busy moment of a
 shared machine does not decide a cell) (the path is chosen by
 $MK_CPU_CONV and $MK_DNNL_LAYOUT at compile; the threads by $OMP_NUM_THREADS
@@ -41,7 +42,7 @@ local layers = {
 }
 
 local usage = "usage: lua5.4 scripts/bench_conv.lua [--runs N] [--rounds R] [--threads 1,2] "
-    .. "[--paths im2col,dnnl,dnnl_plain]"
+    .. "[--paths im2col,dnnl,dnnl_plain,winograd]"
 local opts = { runs = 7, rounds = 1, threads = "1,2", paths = "im2col,dnnl,dnnl_plain", child = nil }
 do
     local i = 1
@@ -99,6 +100,7 @@ local env = {
     im2col = "MK_CPU_CONV=im2col",
     dnnl = "MK_CPU_CONV=dnnl",
     dnnl_plain = "MK_CPU_CONV=dnnl MK_DNNL_LAYOUT=plain",
+    winograd = "MK_CPU_CONV=winograd",
 }
 local columns, results = {}, {}
 for _, t in ipairs(split(opts.threads)) do

@@ -201,10 +201,11 @@ print("done=true")
     local CASES = [==[
 local H = require "spec.helpers"
 math.randomseed(SEED)
-local n, fallbacks, chained = 0, 0, 0
+local n, fallbacks, chained, winograd = 0, 0, 0, 0
 H.mk().on_log(function(level, message)
     if message:find("runs on im2col", 1, true) then fallbacks = fallbacks + 1 end
     if message:find("stay in oneDNN's layout", 1, true) then chained = chained + 1 end
+    if message:find("runs on Winograd", 1, true) then winograd = winograd + 1 end
 end)
 for _, case in ipairs(H.family_cases()) do
     if case.name:find("^Conv") then
@@ -218,6 +219,7 @@ print("dnnl_mapped=" .. tostring(maps:find("libdnnl", 1, true) ~= nil))
 print("checked=" .. n)
 print("fallbacks=" .. fallbacks)
 print("chained=" .. chained)
+print("winograd=" .. winograd)
 print("done=true")
 ]==]
 
@@ -248,18 +250,88 @@ print("dnnl_mapped=" .. tostring(maps:find("libdnnl", 1, true) ~= nil))
         end
     end)
 
+    -- by default (no $MK_CPU_CONV) the rule of core/cpu/winograd.c chooses:
+    -- Winograd for 64 channels 3 x 14, oneDNN (or im2col) for a 7x7 result
+    -- and for 512 output channels
+    local RULE = [==[
+local H = require "spec.helpers"
+local mk = H.mk()
+math.randomseed(SEED)
+local logged = ""
+mk.on_log(function(level, message) logged = logged .. message .. "\n" end)
+local x = mk.input("x", "float32", { 1, 64, 3, 14 })
+local w, wr = H.rand({ 64, 64, 3, 3 })
+local xt, xr = H.rand({ 1, 64, 3, 14 })
+local out = mk.compile(x:conv2d(w, { padding = 1 })):run({ x = xt })
+print("small=" .. select(2, logged:gsub("runs on Winograd", "")))
+-- the product by its definition, in double precision
+local worst = 0
+local o_data = out:reshape({ 64 * 3 * 14 }):totable()
+for o = 0, 63 do
+    for oy = 0, 2 do
+        for ox = 0, 13 do
+            local acc = 0
+            for c = 0, 63 do
+                for ki = 0, 2 do
+                    for kj = 0, 2 do
+                        local iy, ix = oy - 1 + ki, ox - 1 + kj
+                        if iy >= 0 and iy < 3 and ix >= 0 and ix < 14 then
+                            acc = acc + xr.data[(c * 3 + iy) * 14 + ix + 1]
+                                * wr.data[((o * 64 + c) * 3 + ki) * 3 + kj + 1]
+                        end
+                    end
+                end
+            end
+            local got = o_data[(o * 3 + oy) * 14 + ox + 1]
+            worst = math.max(worst, math.abs(got - acc) / (1e-4 + 1e-4 * math.abs(acc)))
+        end
+    end
+end
+print("worst=" .. worst)
+-- a 7x7 result (half of each tile vector's lanes past the row), and 512
+-- output channels (too few tiles per block for U's stream)
+logged = ""
+mk.compile(mk.input("x", "float32", { 1, 64, 7, 7 }):conv2d(H.rand({ 64, 64, 3, 3 }),
+    { padding = 1 }))
+mk.compile(x:conv2d(H.rand({ 512, 64, 3, 3 }), { padding = 1 }))
+print("large=" .. select(2, logged:gsub("runs on Winograd", "")))
+print("done=true")
+]==]
+
+    it("Winograd by default where its rule measured it faster", function()
+        local r = H.run_lua("env -u MK_CPU_CONV lua5.4",
+            string.format("SEED = %d\n", math.random(1, 1000000)), RULE)
+        assert.are.equal("true", r.done, r.output)
+        assert.are.equal("1", r.small, r.output)
+        assert.are.equal("0", r.large, r.output)
+        assert.is_true(tonumber(r.worst) <= 1, r.output)
+    end)
+
     it("each CPU path computes every convolution case", function()
-        for _, path in ipairs({ "im2col", "dnnl" }) do
-            local r = H.run_lua("env MK_CPU_CONV=" .. path .. " lua5.4",
+        -- winograd twice: as the thread rule says, and split over two
+        -- threads at every launch (its blocks of tiles, one buffer a thread)
+        local runs = { "im2col", "dnnl", "winograd",
+            "winograd MK_CPU_FORK=always OMP_NUM_THREADS=2" }
+        for _, run in ipairs(runs) do
+            local path = run:match("^%S+")
+            local r = H.run_lua("env MK_CPU_CONV=" .. run .. " lua5.4",
                 string.format("SEED = %d\n", math.random(1, 1000000)), CASES)
             assert.are.equal("true", r.done, path .. ":\n" .. r.output)
             assert.is_true(tonumber(r.checked) >= 10, r.output)
             if path == "im2col" then assert.are.equal("false", r.dnnl_mapped) end
-            -- with oneDNN on this machine, it takes every case (no fallback to
-            -- im2col), and the chain cases hand results on in its layout
+            -- Winograd takes every 3x3 window of stride 1 where forced (the
+            -- six 3x3 cases, three or more of each chain case), none else
+            if path == "winograd" then
+                assert.is_true(tonumber(r.winograd) >= 18, r.output)
+            else
+                assert.are.equal("0", r.winograd, r.output)
+            end
+            -- with oneDNN on this machine, it takes every other case (no
+            -- fallback to im2col), and the chain cases hand results on in
+            -- its layout (past Winograd's launches, which read and write NCHW)
             if r.dnnl_mapped == "true" then
                 assert.are.equal("0", r.fallbacks, r.output)
-                assert.is_true(tonumber(r.chained) >= 1, r.output)
+                if path == "dnnl" then assert.is_true(tonumber(r.chained) >= 1, r.output) end
             else
                 assert.are.equal("0", r.chained, r.output)
             end

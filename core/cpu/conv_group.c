@@ -11,9 +11,14 @@
  * with the group's bias, residual sum and ReLU as its own bias and post-ops,
  * constant weights laid out in its blocked layout there, once. Otherwise the
  * launch runs on im2col and sgemm with the epilogue as a loop over each
- * image's result (conv.c). $MK_CPU_CONV=im2col keeps every launch off
- * oneDNN; =dnnl is the default. Then which results stay in oneDNN's layout
- * between convolutions (chain). A constant's data is read here, once: a
+ * image's result (conv.c). A 3x3 window of stride 1 runs on Winograd's
+ * F(2x2, 3x3) instead where its rule measured it faster (winograd.c: its
+ * weights transformed here, once, the epilogue in its last transform).
+ * $MK_CPU_CONV=im2col keeps every launch on im2col; =dnnl on oneDNN (no
+ * Winograd); =winograd puts every launch Winograd computes on it; unset:
+ * the rule. Then which results stay in oneDNN's layout between
+ * convolutions (chain): a Winograd launch reads and writes NCHW, so it is
+ * no oneDNN reader (readers_take) and hands nothing on. A constant's data is read here, once: a
  * tensor changed after compile (t:set on a borrowed constant) is not seen by
  * a convolution's weights.
  */
@@ -22,6 +27,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
 
 /* The convolution of launch l: its geometry and epilogue. */
 static mk_cpu_conv_spec spec_of(const mk_launch *l) {
@@ -171,9 +177,19 @@ static int chain(cpu_state *s, const mk_launch *launches, int n, const mk_host *
     return 0;
 }
 
+/* Whether a launch of geometry g runs on Winograd's F(2x2, 3x3) rather than
+ * oneDNN's direct convolution: where it computes the shape (winograd.c) and,
+ * unless forced ($MK_CPU_CONV=winograd), where it measured faster
+ * (winograd.c's mk_cpu_wino_pays). */
+static bool wino_chosen(const mk_conv_geom *g, bool forced) {
+    if (!mk_cpu_wino_takes(g)) return false;
+    return forced || mk_cpu_wino_pays(g);
+}
+
 int mk_cpu_conv_prepare(cpu_state *s, const mk_launch *launches, int n, const mk_host *host) {
     const char *path = getenv("MK_CPU_CONV");
     bool dnnl = !path || strcmp(path, "im2col");
+    bool wino_forced = path && !strcmp(path, "winograd"), direct = path && !strcmp(path, "dnnl");
     for (int i = 0; i < n; i++) {
         const mk_launch *l = &launches[i];
         int kernel = l->node->op->kernel;
@@ -186,6 +202,13 @@ int mk_cpu_conv_prepare(cpu_state *s, const mk_launch *launches, int n, const mk
         if (!dnnl) continue;
         bool once = cg ? cg->constant_weights : constant_operand(l, 1);
         sp.weights_once = !once ? NULL : p->w ? p->w : l->in[1].data;
+        if (!direct && l->in[0].dtype == MK_DTYPE_FLOAT32 && wino_chosen(&sp.g, wino_forced)) {
+            int threads = s->threads ? s->threads[i] : mk_cpu_online;
+            if (!(p->wino = mk_cpu_wino_make(&sp.g, sp.weights_once, threads))) return -1;
+            host->log(host, MK_LOG_INFO, "cpu: %s $%d runs on Winograd F(2x2, 3x3)",
+                      l->node->op->name, l->node->id);
+            continue;
+        }
         char why[256] = "";
         /* oneDNN fixes a primitive's thread count when it makes it: the launch's */
         int outer = mk_cpu_launch_threads;
@@ -202,6 +225,7 @@ int mk_cpu_conv_prepare(cpu_state *s, const mk_launch *launches, int n, const mk
 void mk_cpu_conv_free(cpu_state *s) {
     for (int i = 0; s->conv && i < s->n; i++) {
         mk_cpu_dnnl_conv_free(s->conv[i].dnnl);
+        mk_cpu_wino_free(s->conv[i].wino);
         free(s->conv[i].w);
         free(s->conv[i].bias);
     }
@@ -222,6 +246,10 @@ static int run(const mk_launch *l, mk_error **err) {
     if (cg && cg->bn >= 0 && !(p && p->w))
         return MK_INTERNAL(err, "a convolution group's batch norm was not folded");
     if (p && p->dnnl) return mk_cpu_dnnl_conv_run(p->dnnl, &a, l->node, err);
+    if (p && p->wino) {
+        mk_cpu_wino_run(p->wino, &sp.g, &a, sp.relu);
+        return 0;
+    }
     mk_cpu_conv_im2col(&sp.g, &a, sp.relu, l->scratch);
     return 0;
 }

@@ -158,12 +158,26 @@ int mk_cpu_dnnl_conv_block(const mk_cpu_dnnl_conv *c, mk_cpu_dnnl_chain which);
 /* Records it on c (conv_group.c decides, at prepare): 0, or -1 out of memory. */
 int mk_cpu_dnnl_conv_chain(mk_cpu_dnnl_conv *c, mk_cpu_dnnl_chain what);
 
+/* winograd.c: the Winograd convolution F(2x2, 3x3) of one launch (made at
+ * prepare; its weights transformed there where weights_once is given). */
+typedef struct mk_cpu_wino mk_cpu_wino;
+/* Whether the shape is one it computes: a 3x3 window, stride 1, dilation 1, one group. */
+bool mk_cpu_wino_takes(const mk_conv_geom *g);
+/* Whether it is faster than oneDNN's direct convolution for g (measured). */
+bool mk_cpu_wino_pays(const mk_conv_geom *g);
+/* NULL: out of memory. threads: the most the launch's runs use. */
+mk_cpu_wino *mk_cpu_wino_make(const mk_conv_geom *g, const float *weights_once, int threads);
+void mk_cpu_wino_free(mk_cpu_wino *c);
+void mk_cpu_wino_run(mk_cpu_wino *c, const mk_conv_geom *g, const mk_cpu_conv_args *a,
+                     bool relu);
+
 /* A convolution launch's plan (conv_group.c), made at prepare: the weights
  * and bias with a batch norm folded in (NULL: the operands'), and oneDNN's
- * convolution (NULL: im2col). */
+ * convolution or the Winograd one (both NULL: im2col). */
 typedef struct {
     float *w, *bias;
     mk_cpu_dnnl_conv *dnnl;
+    mk_cpu_wino *wino;
     int block; /* a max pool's: x and the result in channel blocks of this many
                   (nChw8c, nChw16c: a convolution's layout, conv_group.c), or 0 */
 } mk_cpu_conv_plan;

@@ -272,6 +272,47 @@ return function(c)
             y, feeds, want, 1e-4, 1e-4)
     end
 
+    -- 3x3 windows of stride 1 (the CPU's Winograd path where it is chosen:
+    -- spec/conv_spec.lua forces it): odd extents wider than two vectors of
+    -- eight tiles, channels not multiples of 8, batch 2, paddings 0 to 2;
+    -- a bias, a batch norm, a residual and a relu on some; case 5's weights
+    -- an input (transformed at each run); case 6 one vector of tiles (a
+    -- result of 1-2 rows, at most 16 columns)
+    for case = 1, 6 do
+        local C, O = random(5, 13), random(5, 11)
+        local p = { random(0, 2), random(0, 2) }
+        local shape = { 2, C, 2 * random(2, 6) + 1, 2 * random(17, 22) + 1 }
+        if case == 6 then shape, p = { 1, C, random(1, 2), random(3, 16) }, { 1, 1 } end
+        local x, xt, xr = input("x", shape)
+        local feeds = { x = xt }
+        local w, wr = c.H.rand({ O, C, 3, 3 })
+        if case == 5 then
+            w, feeds.w, wr = input("w", { O, C, 3, 3 })
+        end
+        local bt, br
+        if case >= 2 then bt, br = c.H.rand({ O }) end
+        local y = x:conv2d(w, { padding = p, bias = bt })
+        local want = conv_ref(xr, wr, br, { 1, 1 }, p, { 1, 1 }, 1)
+        if case == 3 then
+            local mt, mr = c.H.rand({ O })
+            local vt, vr = c.H.rand({ O }, 0.5, 2)
+            local gt, gr = c.H.rand({ O })
+            local btt, btr = c.H.rand({ O })
+            y = y:batch_norm(mt, vt, { weight = gt, bias = btt, eps = 1e-3 })
+            want = bn_ref(want, mr, vr, gr, btr, 1e-3)
+        end
+        if case == 3 or case == 4 then
+            local r, rt, rr = input("r", want.shape)
+            y, want, feeds.r = y + r, sum_ref(want, rr), rt
+        end
+        if case >= 2 then y, want = y:relu(), relu_ref(want) end
+        add(string.format("Conv2dNode 3x3 stride 1 x %s -> %d pad %s%s%s%s%s",
+                c.H.shape_str(shape), O, str(p), bt and " bias" or "",
+                case == 3 and ", batch norm" or "", (case == 3 or case == 4) and ", residual" or "",
+                case >= 2 and ", relu" or ""),
+            y, feeds, want, 1e-4, 1e-4)
+    end
+
     -- consecutive convolutions (core/cpu/conv_group.c hands a result on in
     -- oneDNN's blocked layout where every reader is a convolution laid out
     -- alike, or a max pool whose readers are, and the channels fill its
