@@ -12,7 +12,7 @@
  * constant weights laid out in its blocked layout there, once. Otherwise the
  * launch runs on im2col and sgemm with the epilogue as a loop over each
  * image's result (conv.c). A 3x3 window of stride 1 runs on Winograd's
- * F(2x2, 3x3) instead where its rule measured it faster (winograd.c: its
+ * F(2x2, 3x3) instead where its rule says (winograd.c: its
  * weights transformed here, once, the epilogue in its last transform).
  * $MK_CPU_CONV=im2col keeps every launch on im2col; =dnnl on oneDNN (no
  * Winograd); =winograd puts every launch Winograd computes on it; unset:
@@ -179,8 +179,8 @@ static int chain(cpu_state *s, const mk_launch *launches, int n, const mk_host *
 
 /* Whether a launch of geometry g runs on Winograd's F(2x2, 3x3) rather than
  * oneDNN's direct convolution: where it computes the shape (winograd.c) and,
- * unless forced ($MK_CPU_CONV=winograd), where it measured faster
- * (winograd.c's mk_cpu_wino_pays). */
+ * unless forced ($MK_CPU_CONV=winograd), where winograd.c's
+ * mk_cpu_wino_pays takes it. */
 static bool wino_chosen(const mk_conv_geom *g, bool forced) {
     if (!mk_cpu_wino_takes(g)) return false;
     return forced || mk_cpu_wino_pays(g);

@@ -163,7 +163,7 @@ int mk_cpu_dnnl_conv_chain(mk_cpu_dnnl_conv *c, mk_cpu_dnnl_chain what);
 typedef struct mk_cpu_wino mk_cpu_wino;
 /* Whether the shape is one it computes: a 3x3 window, stride 1, dilation 1, one group. */
 bool mk_cpu_wino_takes(const mk_conv_geom *g);
-/* Whether it is faster than oneDNN's direct convolution for g (measured). */
+/* Whether it is taken over oneDNN's direct convolution for g (winograd.c says why). */
 bool mk_cpu_wino_pays(const mk_conv_geom *g);
 /* NULL: out of memory. threads: the most the launch's runs use. */
 mk_cpu_wino *mk_cpu_wino_make(const mk_conv_geom *g, const float *weights_once, int threads);

@@ -71,11 +71,10 @@ static int64_t block_units(int64_t c, int64_t o4) {
 /*
  * Where it beats oneDNN's direct convolution (doc/performance.md, "Winograd
  * F(2x2, 3x3) for the 3x3 stride-1 convolutions"): 64 to 256 channels in
- * and out, as measured. Past
- * 256 a block holds fewer than three tile vectors, so each element of U
- * (16 O C floats, from L3) serves too few tiles; and where a quarter of
- * the lanes would be tiles past the row's end (a 7x7 result: 4 tiles of 8),
- * the products waste as much.
+ * and out. Past 256 a block holds fewer than three tile vectors, so each
+ * element of U (16 O C floats, from L3) serves too few tiles; and where a
+ * quarter of the lanes would be tiles past the row's end (a 7x7 result: 4
+ * tiles of 8), the products waste as much.
  */
 bool mk_cpu_wino_pays(const mk_conv_geom *g) {
     int64_t tw = (g->ow + 1) / 2, twv = (tw + 7) / 8;
