@@ -12,22 +12,21 @@
  * constant weights laid out in its blocked layout there, once. Otherwise the
  * launch runs on im2col and sgemm with the epilogue as a loop over each
  * image's result (conv.c). A 3x3 window of stride 1 runs on Winograd's
- * F(2x2, 3x3) instead where its rule says (winograd.c: its
- * weights transformed here, once, the epilogue in its last transform).
+ * F(2x2, 3x3) instead where its rule says (winograd.c: its weights
+ * transformed here, once, the epilogue in its last transform).
  * $MK_CPU_CONV=im2col keeps every launch on im2col; =dnnl on oneDNN (no
  * Winograd); =winograd puts every launch Winograd computes on it; unset:
  * the rule. Then which results stay in oneDNN's layout between
  * convolutions (chain): a Winograd launch reads and writes NCHW, so it is
- * no oneDNN reader (readers_take) and hands nothing on. A constant's data is read here, once: a
- * tensor changed after compile (t:set on a borrowed constant) is not seen by
- * a convolution's weights.
+ * no oneDNN reader (readers_take) and hands nothing on. A constant's data
+ * is read here, once: a tensor changed after compile (t:set on a borrowed
+ * constant) is not seen by a convolution's weights.
  */
 #include "cpu.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
 
 /* The convolution of launch l: its geometry and epilogue. */
 static mk_cpu_conv_spec spec_of(const mk_launch *l) {
