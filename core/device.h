@@ -41,6 +41,7 @@ typedef enum {
     MK_FAULT_PREFIX,    /* prefix, n: a prefix outside [0, n] */
     MK_FAULT_ID,        /* id, position, V: an id outside [0, V) */
     MK_FAULT_END,       /* end, n, T: a causal end outside [T, n] */
+    MK_FAULT_INDEX,     /* index, position, n: an index (operand 2) outside [0, n) */
 } mk_fault_kind;
 int mk_fault(mk_error **err, const mk_node *n, mk_fault_kind kind, int64_t v0, int64_t v1,
              int64_t v2);
@@ -193,7 +194,7 @@ int64_t mk_argmax_row(const float *x, int64_t n);
  * returning this table. The plugin is built from the same tree as the core:
  * abi and the struct sizes guard against mixing builds.
  */
-#define MK_CUDA_PLUGIN_ABI 16
+#define MK_CUDA_PLUGIN_ABI 17
 #define MK_CUDA_PLUGIN_ENTRY "mk_cuda_plugin_entry"
 #define MK_CUDA_PLUGIN_FILE "libmoonkaas_cuda.so"
 struct mk_fused_group;

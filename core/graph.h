@@ -315,7 +315,8 @@ int mk_safetensors_parse_buffer(const void *file, size_t size, size_t *count, mk
     X(ARGMAX_AXIS) X(ARGMIN_AXIS) X(SOFTMAX) X(LOG_SOFTMAX) X(LAYER_NORM) X(GROUP_NORM) \
     X(BATCH_NORM) X(RMS_NORM_EPS) X(ROWS_GROUP) \
     X(CONV) X(CONV_TRANSPOSE) X(MAX_POOL) X(AVG_POOL) X(ADAPTIVE_AVG_POOL) X(UPSAMPLE_NEAREST) \
-    X(CONV_GROUP)
+    X(CONV_GROUP) \
+    X(REPLACE_AT)
 typedef enum {
     MK_KERNEL_NONE,
 #define MK_KERNEL_ENUM(k) MK_KERNEL_##k,
@@ -379,6 +380,7 @@ int mk_infer_repeat_interleave(mk_node *n, mk_error **err);
 int mk_infer_gather_elements(mk_node *n, mk_error **err);
 int mk_infer_index_select(mk_node *n, mk_error **err);
 int mk_infer_cumsum(mk_node *n, mk_error **err);
+int mk_infer_replace_at(mk_node *n, mk_error **err);
 int64_t mk_layout_slice_axis(const mk_node *n, int64_t *stride);
 int64_t mk_layout_dense(const mk_node *n, int64_t *stride);
 int64_t mk_layout_expand(const mk_node *n, int64_t *stride);

@@ -87,6 +87,8 @@ typedef enum {
 typedef struct {
     int q, kt, v, p;          /* operands */
     int64_t batch, m, d, s, n;
+    int64_t prefixes;         /* p's values: 1, or one a run of batch / prefixes (a
+                                 batch's sequences, each at its own position) */
     bool early;               /* no launch before writes K's or V's rows before p - 1
                                  (early_rows): CUDA loads them before its wait */
     bool int8_grid;           /* some product group of the graph takes A on runq.c's int8

@@ -243,6 +243,12 @@ static const mk_op ops[] = {
     {ROW("ReplaceSliceNode", "nnrr", MK_ROLE_INPLACE, 0, "replace", NULL, NULL,
          "writes r into rows [begin, end) of x in place and returns x"),
      .infer = mk_infer_replace_slice, .layout = mk_layout_same, .kernel = MK_KERNEL_REPLACE_SLICE},
+    {ROW("ReplaceAtNode", "nnni", MK_ROLE_INPLACE, 0, "replace_at", NULL, NULL,
+         "writes r into x in place at one position of axis for each entry i of x's first axis, "
+         "x[i, .., index[i], ..] = r[i, ..], and returns x: r is x's shape without axis "
+         "(axis >= 1), index int64 [x's first dim] (a batch's cache rows, each sequence at its "
+         "own position)"),
+     .infer = mk_infer_replace_at, .layout = mk_layout_same, .kernel = MK_KERNEL_REPLACE_AT},
     {ROW("CastNode", "nd", MK_ROLE_MOVE, 0, "cast", NULL, NULL,
          "x converted to dtype (floats round to nearest even; to integers toward zero, "
          "saturated)"),

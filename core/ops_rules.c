@@ -55,6 +55,23 @@ static int need_bound(mk_node *n, int k, const char *what, mk_error **err) {
     return 0;
 }
 
+/* A bound of one value, or of one a run (signature letter r): int64 [1], or
+ * [N] where N > 1 divides `lead`, the leading dim that it splits into N equal
+ * runs, each with its own value (a batch's sequences, each at its own
+ * position); lead 0 takes [1] only. */
+static int need_bounds(mk_node *n, int k, const char *what, int64_t lead, mk_error **err) {
+    const mk_node *x = n->in[k];
+    if (x->dtype == MK_DTYPE_INT64 && x->rank == 1 && x->shape[0] > 1 && lead > 0 &&
+        lead % x->shape[0] == 0)
+        return 0;
+    if (x->dtype != MK_DTYPE_INT64 || x->rank != 1 || x->shape[0] == 1 || lead <= 0)
+        return need_bound(n, k, what, err);
+    return FAIL(err, n, MK_ERR_SHAPE,
+                "%s: %s (%s) must have shape [1], or [N] with N dividing %lld (one a run of the "
+                "first axis), not %s",
+                n->op->name, what, MK_OPERAND(n, k), (long long)lead, SHAPE(x));
+}
+
 /* A bound's value where the caller knows it (mk_op_infer from a front end). */
 static bool known(const mk_node *x, int64_t *v) {
     if (!x->value) return false;
@@ -242,7 +259,7 @@ int mk_infer_prefix_matmul(mk_node *n, mk_error **err) {
                     "%s: cannot multiply %s by %s (takes [k]@[k,n], [m,k]@[k,n], [B,m,k]@[B,k,n])",
                     n->op->name, SHAPE(a), SHAPE(b));
     set_shape(n, MK_DTYPE_FLOAT32, rank, out);
-    if (need_bound(n, 2, "the prefix", err)) return -1;
+    if (need_bounds(n, 2, "the prefix", rank == 3 ? out[0] : 0, err)) return -1;
     int64_t p, s = n->in[0]->shape[n->in[0]->rank - 1];
     if (known(n->in[2], &p) && (p < 0 || p > s))
         return FAIL(err, n, MK_ERR_SHAPE, "%s: prefix %lld is outside [0, %lld]", n->op->name,
@@ -349,7 +366,8 @@ int mk_infer_rms_norm(mk_node *n, mk_error **err) {
 
 int mk_infer_sliced_softmax(mk_node *n, mk_error **err) {
     const mk_node *x = n->in[0];
-    if (need_dtype(n, 0, MK_DTYPES_FLOAT, err) || need_bound(n, 1, "prefix", err))
+    if (need_dtype(n, 0, MK_DTYPES_FLOAT, err) ||
+        need_bounds(n, 1, "prefix", x->rank >= 2 ? x->shape[0] : 0, err))
         return -1;
     int64_t p, cols = x->shape[x->rank - 1];
     if (known(n->in[1], &p) && (p < 0 || p > cols))

@@ -309,3 +309,30 @@ int mk_infer_cumsum(mk_node *n, mk_error **err) {
     set_shape(n, x->dtype, x->rank, x->shape);
     return 0;
 }
+
+/* ReplaceAtNode(x, r, index, axis): x [N, .., S, ..] with S at axis >= 1, r
+ * x's shape without that axis, index int64 [N]; in place, the layout x's.
+ * The index values are read by the kernels (each within [0, S)). */
+int mk_infer_replace_at(mk_node *n, mk_error **err) {
+    const mk_node *x = n->in[0], *r = n->in[1], *ix = n->in[2];
+    int axis;
+    if (axis_of(n, n->attr[0], x->rank, x, &axis, err)) return -1;
+    if (axis == 0)
+        return FAIL(err, n, MK_ERR_SHAPE,
+                    "%s: axis 0 of %s is the one the index runs along; write along a later axis",
+                    n->op->name, SHAPE(x));
+    if (x->dtype != r->dtype)
+        return FAIL(err, n, MK_ERR_DTYPE, "%s: cannot write %s into %s", n->op->name,
+                    mk_dtype_name(r->dtype), mk_dtype_name(x->dtype));
+    bool ok = r->rank == x->rank - 1;
+    for (int d = 0; ok && d < r->rank; d++) ok = r->shape[d] == x->shape[d < axis ? d : d + 1];
+    if (!ok)
+        return FAIL(err, n, MK_ERR_SHAPE, "%s: r %s is not x %s without axis %d", n->op->name,
+                    SHAPE(r), SHAPE(x), axis);
+    if (ix->dtype != MK_DTYPE_INT64 || ix->rank != 1 || ix->shape[0] != x->shape[0])
+        return FAIL(err, n, MK_ERR_SHAPE, "%s: the index (%s) must be int64 [%lld], not %s %s",
+                    n->op->name, MK_OPERAND(n, 2), (long long)x->shape[0],
+                    mk_dtype_name(ix->dtype), SHAPE(ix));
+    set_shape(n, x->dtype, x->rank, x->shape);
+    return 0;
+}

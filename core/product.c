@@ -326,10 +326,23 @@ static bool operand_read(const mk_product_group *pg, int k) {
  * May the candidate become one node standing at its last member? Nodes
  * between its first and last member that read a member (or such a node) move
  * after it, in order (c->moved); the others stay before it. That keeps the
- * graph's meaning where nothing between writes in place, no operand is moved,
- * and memory a row write writes is read by a moved node only after the write
- * and by a node that stays only before it.
+ * graph's meaning where no operand is moved, memory a row write writes is read
+ * by a moved node only after the write and by a node that stays only before
+ * it, and a write in place between stays before it and writes no memory that
+ * a member before it reads (attention's V written after its scores are made,
+ * in the script's order: the scores read only Q and K).
  */
+/* Whether a member before node i reads memory mem. */
+static bool read_before(const cand *c, const mk_node *mem, int i) {
+    for (int j = 0; j < i; j++) {
+        const mk_node *m = c->g->nodes[j];
+        if (!is_member(c, m)) continue;
+        for (int k = 0; k < m->n_in; k++)
+            if (memory_of(m->in[k]) == mem) return true;
+    }
+    return false;
+}
+
 static bool valid(cand *c, const mk_product_group *pg) {
     const mk_graph *g = c->g;
     int first, last;
@@ -337,11 +350,11 @@ static bool valid(cand *c, const mk_product_group *pg) {
     for (int i = first + 1; i < last; i++) {
         const mk_node *n = g->nodes[i];
         if (is_member(c, n)) continue;
-        if (n->op->role == MK_ROLE_INPLACE) return false;
         bool moved = false;
         for (int k = 0; k < n->n_in; k++)
             moved = moved || is_member(c, n->in[k]) || c->moved[n->in[k]->index];
         c->moved[i] = moved;
+        if (n->op->role == MK_ROLE_INPLACE && (moved || read_before(c, n->owner, i))) return false;
         for (int o = 0; o < pg->n_outs; o++) {
             if (pg->out[o].row_x < 0) continue;
             const mk_node *written = memory_of(c->in[pg->out[o].row_x]);
@@ -620,6 +633,7 @@ static mk_product_group *build_attention(cand *c, mk_graph *g, mk_node *x, bool 
     a->p = operand(c, y->in[2]);
     a->batch = s->shape[0], a->m = s->shape[1], a->d = s->in[0]->shape[2];
     a->s = s->shape[2], a->n = y->shape[2];
+    a->prefixes = y->in[2]->shape[0];
     pg->norm_w = pg->norm_b = pg->norm_eps = -1;
     pg->n_products = 1;
     pg->n_outs = 1;
@@ -650,7 +664,8 @@ static bool early_rows(const mk_graph *g, const mk_node *n) {
         for (int i = 0; i < n->index; i++) {
             const mk_node *w = g->nodes[i];
             if (w->op->role == MK_ROLE_INPLACE && w->owner == mem &&
-                (w->in[3] != p || w->in[1]->shape[0] != 1))
+                (w->op->kernel != MK_KERNEL_REPLACE_SLICE || w->in[3] != p ||
+                 w->in[1]->shape[0] != 1))
                 return false;
             const mk_product_group *wg = mk_node_product(w);
             for (int o = 0; wg && o < wg->n_outs; o++) {

@@ -293,6 +293,10 @@ int mk_fault(mk_error **err, const mk_node *n, mk_fault_kind kind, int64_t v0, i
         return mk_fail(err, MK_ERR_EVAL, line, col,
                        "%s: id %lld at position %lld of %s is outside [0, %lld)", op, a, b,
                        MK_OPERAND(n, 1), c);
+    case MK_FAULT_INDEX:
+        return mk_fail(err, MK_ERR_EVAL, line, col,
+                       "%s: index %lld at position %lld of %s is outside [0, %lld)", op, a, b,
+                       MK_OPERAND(n, 2), c);
     case MK_FAULT_END:
         return mk_fail(err, MK_ERR_EVAL, line, col,
                        "%s: end %lld (%s) is outside [%lld, %lld] (the rows, the columns of %s)",

@@ -343,7 +343,8 @@ static void cuda_launch_memory(const mk_node *n, size_t *scratch, size_t *state)
     const mk_product_group *pg = mk_node_product(n);
     *scratch = *state = 0;
     if (pg) *state = mk_codegen_group_aux_bytes(pg);
-    if (n->op->kernel == MK_KERNEL_REPLACE_SLICE && n->in[1]->owner == n->in[0]->owner)
+    if ((n->op->kernel == MK_KERNEL_REPLACE_SLICE || n->op->kernel == MK_KERNEL_REPLACE_AT) &&
+        n->in[1]->owner == n->in[0]->owner)
         *scratch = mk_node_bytes(n->in[1]);
 }
 
@@ -384,6 +385,7 @@ struct cuda_kernel_table {
         k[MK_KERNEL_MATMUL] = {mk_cuda_matmul, F32 | F16 | BF16};           /* a, out: float32 */
         k[MK_KERNEL_PERMUTE] = {mk_cuda_permute, MK_DTYPES_ALL};
         k[MK_KERNEL_REPLACE_SLICE] = {mk_cuda_replace_slice, MK_DTYPES_ALL};
+        k[MK_KERNEL_REPLACE_AT] = {mk_cuda_replace_at, MK_DTYPES_ALL};     /* index: int64 */
         k[MK_KERNEL_RMS_NORM] = {mk_cuda_rms_norm, F32};
         k[MK_KERNEL_COMPLEX_MUL] = {mk_cuda_complex_mul, F32};
         k[MK_KERNEL_SLICED_SOFTMAX] = {mk_cuda_sliced_softmax, F32};       /* the prefix: a bound */

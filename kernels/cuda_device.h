@@ -334,6 +334,7 @@ int mk_cuda_concat(const mk_launch *l, mk_error **err);         /* move.cu */
 int mk_cuda_gather_elements(const mk_launch *l, mk_error **err); /* move.cu */
 int mk_cuda_index_select(const mk_launch *l, mk_error **err);   /* move.cu */
 int mk_cuda_cumsum(const mk_launch *l, mk_error **err);         /* move.cu */
+int mk_cuda_replace_at(const mk_launch *l, mk_error **err);     /* gather.cu */
 /* reductions and norms over any axes (reduce.cu) */
 int mk_cuda_reduce_sum(const mk_launch *l, mk_error **err);
 int mk_cuda_reduce_mean(const mk_launch *l, mk_error **err);

@@ -4,6 +4,8 @@
  *   MK_KERNEL_EMBEDDING      out [n, D] = table [V, D] rows at ids [n] (int64, on the device)
  *   MK_KERNEL_REPLACE_SLICE  x [R, ...] rows [begin, end) = r [end - begin, ...], in place;
  *                            begin, end: int64 [1] on the device (a vector's rows are elements)
+ *   MK_KERNEL_REPLACE_AT     x [N, .., S, ..] at [i, .., index[i], ..] = r [N, ..], in place;
+ *                            index: int64 [N] on the device (a batch's cache rows)
  *
  * The ids and bounds are read by the kernels at run time, never baked into
  * the captured graph. A bad value skips the write and raises the model's
@@ -163,4 +165,75 @@ int mk_cuda_replace_slice(const mk_launch *l, mk_error **err) {
     default: replace_slice_as<unsigned char>(l, o, src, rows, r_rows, row_units); break;
     }
     return mk_cuda_check_launch(l, "replace_slice", err);
+}
+
+/* ---- replace_at ---------------------------------------------------------- */
+
+/* x [n, a, s, run] at [i, j, index[i]] = r [n, a, run], in units U; every
+ * index is checked first, so a bad one writes nothing (as the CPU's). */
+template <typename U>
+static __global__ void replace_at_kernel(U *x, const U *r, const long long *index, long long n,
+                                         long long a, long long s, long long run,
+                                         mk_fault_rec *fault, int launch) {
+    const long long first = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    for (long long i = 0; i < n; i++)
+        if (index[i] < 0 || index[i] >= s) {
+            if (first == 0) mk_raise(fault, launch, 0, MK_FAULT_INDEX, index[i], i, s);
+            return;
+        }
+    for (long long e = first; e < n * a * run; e += (long long)gridDim.x * blockDim.x) {
+        const long long u = e % run, row = e / run; /* row = i a + j */
+        x[(row * s + index[row / a]) * run + u] = r[e];
+    }
+}
+
+template <typename U>
+static void replace_at_as(const mk_launch *l, char *o, const char *src, long long n, long long a,
+                          long long s, long long run_units) {
+    mk_cuda_state *st = mk_cuda_state_of(l);
+    replace_at_kernel<U><<<grid_for(n * a * run_units), MK_CUDA_BLOCK, 0, st->stream>>>(
+        (U *)o, (const U *)src, (const long long *)l->in[2].data, n, a, s, run_units, st->fault,
+        l->index);
+}
+
+/* MK_KERNEL_REPLACE_AT: every dtype; x [N, .., S, ..] with S at the node's
+ * axis, r x's shape without it, index int64 [N] on the device. */
+int mk_cuda_replace_at(const mk_launch *l, mk_error **err) {
+    mk_cuda_state *s = mk_cuda_state_of(l);
+    const mk_tensor *x = &l->in[0], *r = &l->in[1];
+    int axis = (int)(l->node->attr[0] < 0 ? l->node->attr[0] + x->rank : l->node->attr[0]);
+    long long n = x->shape[0], a = 1, e = 1, S = x->shape[axis];
+    for (int d = 1; d < axis; d++) a *= x->shape[d];
+    for (int d = axis + 1; d < x->rank; d++) e *= x->shape[d];
+    size_t es = mk_dtype_size(x->dtype), run = (size_t)e * es;
+    size_t x_bytes = (size_t)mk_tensor_numel(x) * es, r_bytes = (size_t)(n * a) * run;
+    char *o = (char *)l->out.data;
+    const char *src = (const char *)r->data;
+    cudaError_t status;
+    if (src < o + x_bytes && o < src + r_bytes) { /* r inside x: aside first, as the CPU's */
+        if (l->scratch_bytes < r_bytes) /* cuda_launch_memory asked for it */
+            return MK_INTERNAL(err, "a replacement inside x without its scratch");
+        char *aside = (char *)l->scratch + (l->scratch_bytes - r_bytes);
+        status = cudaMemcpyAsync(aside, src, r_bytes, cudaMemcpyDeviceToDevice, s->stream);
+        if (status != cudaSuccess)
+            return mk_cuda_fail_status(err, status, "cudaMemcpyAsync (replace_at: r aside)",
+                                       __FILE__, __LINE__);
+        src = aside;
+    }
+    if (o != (const char *)x->data) { /* not bound in place: out starts as a copy of x */
+        status = cudaMemcpyAsync(o, x->data, x_bytes, cudaMemcpyDeviceToDevice, s->stream);
+        if (status != cudaSuccess)
+            return mk_cuda_fail_status(err, status, "cudaMemcpyAsync (replace_at: x into out)",
+                                       __FILE__, __LINE__);
+    }
+    int unit = unit_for(run, o, src);
+    long long units = (long long)(run / (size_t)unit);
+    switch (unit) {
+    case 16: replace_at_as<uint4>(l, o, src, n, a, S, units); break;
+    case 8: replace_at_as<uint2>(l, o, src, n, a, S, units); break;
+    case 4: replace_at_as<unsigned int>(l, o, src, n, a, S, units); break;
+    case 2: replace_at_as<unsigned short>(l, o, src, n, a, S, units); break;
+    default: replace_at_as<unsigned char>(l, o, src, n, a, S, units); break;
+    }
+    return mk_cuda_check_launch(l, "replace_at", err);
 }

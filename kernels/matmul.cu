@@ -177,22 +177,22 @@ int mk_cuda_matmul(const mk_launch *l, mk_error **err) {
 }
 
 /* out [t, i, j] = sum over q < p of a [t, i, q] b [t, q, j], a thread per output
- * (attention over a cache's first p rows: small products, p read here). */
+ * (attention over a cache's first p rows: small products, p read here; one p,
+ * or prefix[t / run], one a run of `run` batches). */
 static __global__ void prefix_matmul_kernel(float *c, const float *a, const float *b,
-                                            const long long *prefix, long long m, long long n,
-                                            long long s, long long total, long long a_sb,
-                                            long long a_sr, long long a_sc, long long b_sb,
-                                            long long b_sr, long long b_sc, mk_fault_rec *fault,
-                                            int launch) {
-    const long long p = *prefix;
-    if (p < 0 || p > s) {
-        if (blockIdx.x == 0 && threadIdx.x == 0)
-            mk_raise(fault, launch, 0, MK_FAULT_PREFIX, p, s, 0);
-        return;
-    }
+                                            const long long *prefix, long long run, long long m,
+                                            long long n, long long s, long long total,
+                                            long long a_sb, long long a_sr, long long a_sc,
+                                            long long b_sb, long long b_sr, long long b_sc,
+                                            mk_fault_rec *fault, int launch) {
     for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total;
          e += (long long)gridDim.x * blockDim.x) {
-        const long long j = e % n, r = e / n, i = r % m, t = r / m;
+        const long long j = e % n, r = e / n, i = r % m, t = r / m, p = prefix[t / run];
+        if (p < 0 || p > s) {
+            if (t % run == 0 && i == 0 && j == 0) /* once a run */
+                mk_raise(fault, launch, 0, MK_FAULT_PREFIX, p, s, 0);
+            continue;
+        }
         const float *ar = a + t * a_sb + i * a_sr, *bc = b + t * b_sb + j * b_sc;
         float acc = 0.0f;
         for (long long q = 0; q < p; q++) acc += ar[q * a_sc] * bc[q * b_sr];
@@ -201,7 +201,8 @@ static __global__ void prefix_matmul_kernel(float *c, const float *a, const floa
 }
 
 /* MK_KERNEL_PREFIX_MATMUL (float32): a @ b over the first p of the shared axis,
- * p an int64 [1] read on the device (so no cuBLAS: its k is a host value). */
+ * p an int64 [1], or [N] one a run of the batch, read on the device (so no
+ * cuBLAS: its k is a host value). */
 int mk_cuda_prefix_matmul(const mk_launch *l, mk_error **err) {
     mk_cuda_state *s = mk_cuda_state_of(l);
     const mk_tensor *a = &l->in[0], *b = &l->in[1];
@@ -211,11 +212,12 @@ int mk_cuda_prefix_matmul(const mk_launch *l, mk_error **err) {
     long long b_sr = b->stride[rb - 2], b_sc = b->stride[rb - 1];
     long long a_sb = ra == 3 ? a->stride[0] : 0, b_sb = rb == 3 ? b->stride[0] : 0;
     long long total = mk_tensor_numel(&l->out);
+    long long run = (ra == 3 ? a->shape[0] : 1) / mk_tensor_numel(&l->in[2]); /* batches a prefix */
     unsigned int blocks = mk_cuda_blocks(total, MK_CUDA_BLOCK);
     if (blocks > 132u * 16u) blocks = 132u * 16u;
     prefix_matmul_kernel<<<blocks, MK_CUDA_BLOCK, 0, s->stream>>>(
         (float *)l->out.data, (const float *)a->data, (const float *)b->data,
-        (const long long *)l->in[2].data, m, n, k, total, a_sb, a_sr, a_sc, b_sb, b_sr, b_sc,
+        (const long long *)l->in[2].data, run, m, n, k, total, a_sb, a_sr, a_sc, b_sb, b_sr, b_sc,
         s->fault, l->index);
     return mk_cuda_check_launch(l, "prefix_matmul_kernel", err);
 }

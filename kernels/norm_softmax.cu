@@ -159,16 +159,17 @@ int mk_cuda_rms_norm(const mk_launch *l, mk_error **err) {
 /* ---- sliced_softmax ------------------------------------------------------ */
 
 /*
- * Row `row`'s prefix: the bound itself (causal = 0), or for causal attention's
- * T = causal rows per block, end - T + 1 + row % T. False (and the fault raised
- * once) where the bound is out of range: [0, n], or [T, n] for causal.
+ * Row `row`'s prefix: the bound itself (causal = 0; bound[row / run], one a
+ * run of `run` rows), or for causal attention's T = causal rows per block,
+ * end - T + 1 + row % T. False (and the fault raised once a run) where the
+ * bound is out of range: [0, n], or [T, n] for causal.
  */
-static __device__ bool softmax_prefix(const long long *bound, long long causal, long long row,
-                                      long long n, int tid, mk_fault_rec *fault, int launch,
-                                      long long *p) {
-    long long b = *bound; /* the same for every thread: the caller's branch is uniform */
+static __device__ bool softmax_prefix(const long long *bound, long long run, long long causal,
+                                      long long row, long long n, int tid, mk_fault_rec *fault,
+                                      int launch, long long *p) {
+    long long b = bound[row / run]; /* the same for every thread: the caller's branch is uniform */
     if (b < causal || b > n) {
-        if (row == 0 && tid == 0)
+        if (row % run == 0 && tid == 0)
             mk_raise(fault, launch, 0, causal ? MK_FAULT_END : MK_FAULT_PREFIX, b, n, causal);
         return false;
     }
@@ -178,11 +179,11 @@ static __device__ bool softmax_prefix(const long long *bound, long long causal, 
 
 template <int G>
 static __global__ void sliced_softmax_kernel(float *out, const float *x, const long long *bound,
-                                             long long causal, long long rows, long long n,
-                                             mk_fault_rec *fault, int launch) {
+                                             long long run, long long causal, long long rows,
+                                             long long n, mk_fault_rec *fault, int launch) {
     int tid;
     long long row = group_row<G>(&tid), p;
-    if (row >= rows || !softmax_prefix(bound, causal, row, n, tid, fault, launch, &p)) return;
+    if (row >= rows || !softmax_prefix(bound, run, causal, row, n, tid, fault, launch, &p)) return;
     const float *xr = x + row * n;
     float *o = out + row * n;
     if (p > 0) {
@@ -206,11 +207,11 @@ static __global__ void sliced_softmax_kernel(float *out, const float *x, const l
  * x is read once and out written once. */
 template <int G, int E>
 static __global__ void sliced_softmax_regs(float *out, const float *x, const long long *bound,
-                                           long long causal, long long rows, long long n,
-                                           mk_fault_rec *fault, int launch) {
+                                           long long run, long long causal, long long rows,
+                                           long long n, mk_fault_rec *fault, int launch) {
     int tid;
     long long row = group_row<G>(&tid), p;
-    if (row >= rows || !softmax_prefix(bound, causal, row, n, tid, fault, launch, &p)) return;
+    if (row >= rows || !softmax_prefix(bound, run, causal, row, n, tid, fault, launch, &p)) return;
     const float *xr = x + row * n;
     float *o = out + row * n;
     float v[E];
@@ -245,13 +246,15 @@ static __global__ void sliced_softmax_regs(float *out, const float *x, const lon
 }
 
 /* Both families: causal = 0 for sliced_softmax, else T (rows per block of
- * queries). float32 x; the prefix (or end) is an int64 [1] bound. */
+ * queries). float32 x; the prefix is an int64 [1] or one a run of the first
+ * axis (ops_rules.c's need_bounds), the end an int64 [1]. */
 static int softmax_launch(const mk_launch *l, long long causal, const char *what,
                           mk_error **err) {
     mk_cuda_state *s = mk_cuda_state_of(l);
     const mk_tensor *x = &l->in[0];
     long long n = x->shape[x->rank - 1], rows = mk_tensor_numel(x) / n;
     const long long *bound = (const long long *)l->in[1].data;
+    const long long run = rows / mk_tensor_numel(&l->in[1]); /* rows a bound */
     float *o = (float *)l->out.data;
     const float *px = (const float *)x->data;
     by_row_form(n, [&](auto g, auto e) {
@@ -259,11 +262,11 @@ static int softmax_launch(const mk_launch *l, long long causal, const char *what
         dim3 grid, block;
         group_shape<G>(rows, &grid, &block);
         if constexpr (E > 0)
-            sliced_softmax_regs<G, E><<<grid, block, 0, s->stream>>>(o, px, bound, causal, rows, n,
-                                                                     s->fault, l->index);
+            sliced_softmax_regs<G, E><<<grid, block, 0, s->stream>>>(
+                o, px, bound, run, causal, rows, n, s->fault, l->index);
         else
-            sliced_softmax_kernel<G><<<grid, block, 0, s->stream>>>(o, px, bound, causal, rows, n,
-                                                                    s->fault, l->index);
+            sliced_softmax_kernel<G><<<grid, block, 0, s->stream>>>(
+                o, px, bound, run, causal, rows, n, s->fault, l->index);
     });
     return mk_cuda_check_launch(l, what, err);
 }

@@ -474,12 +474,13 @@ static void put_attention_source(mk_strbuf *b, const mk_launch *l) {
                      "constexpr int T = %lld, C = %lld, R = %lld, DK = %lld, DU = %lld, N = %lld, N2 = %lld;\n"
                      "constexpr int G = %lld, GN = %lld, VR = %lld, NS = %lld, RED = %lld, NO = %lld, KU = %lld;\n"
                      "constexpr int KL = %lld, VL = %lld, prefix_fault = %d;\n"
-                     "constexpr long long CB = %lldLL, M = %lldLL, S = %lldLL, part = %lldLL;\n"
+                     "constexpr long long CB = %lldLL, M = %lldLL, S = %lldLL, PB = %lldLL, part = %lldLL;\n"
                      "constexpr long long q0 = %lldLL, q1 = %lldLL, qs = %lldLL, k0 = %lldLL, kr = %lldLL, ks = %lldLL;\n"
                      "constexpr long long v0 = %lldLL, vr = %lldLL, vn = %lldLL;\n"
                      "}\n",
                   T, C, R, DK, DU, N, N + 2, G, G * N, VR, NS, G * N > T ? G * N : T, NO, KU, KL, VL,
-                  (int)MK_FAULT_PREFIX, CB, M, S, (long long)att_part_floats(a),
+                  (int)MK_FAULT_PREFIX, CB, M, S, (long long)(a->batch / a->prefixes),
+                  (long long)att_part_floats(a),
                   (long long)q->stride[0], (long long)q->stride[1], qs, (long long)kt->stride[0], kr, ks,
                   (long long)v->stride[0], vr, vn);
     mk_strbuf_put(b, "#define MK_IN_Q i%d\n#define MK_IN_K i%d\n#define MK_IN_V i%d\n#define MK_IN_P i%d\n"

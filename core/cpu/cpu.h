@@ -37,6 +37,11 @@
 /* ---- threads ------------------------------------------------------------ */
 
 static inline int64_t read_i64(const mk_tensor *t) { return *(const int64_t *)t->data; }
+/* Prefix bound k of launch l: int64 [1], or [N], one value a run of the
+ * first axis (ops_rules.c's need_bounds). Its values and count, each checked
+ * within [0, hi] (else MK_FAULT_PREFIX). */
+int mk_cpu_prefixes(const mk_launch *l, int k, int64_t hi, const int64_t **p, int64_t *count,
+                    mk_error **err);
 
 /* Inside a parallel region: this thread's part [*lo, *hi) of n items, in
  * contiguous runs in thread order (thread 0 first). */
@@ -302,6 +307,7 @@ int mk_cpu_concat(const mk_launch *l, mk_error **err);
 int mk_cpu_gather_elements(const mk_launch *l, mk_error **err);
 int mk_cpu_index_select(const mk_launch *l, mk_error **err);
 int mk_cpu_cumsum(const mk_launch *l, mk_error **err);
+int mk_cpu_replace_at(const mk_launch *l, mk_error **err);
 /* reductions and norms over any axes (reduce.c) */
 int mk_cpu_reduce_sum(const mk_launch *l, mk_error **err);
 int mk_cpu_reduce_mean(const mk_launch *l, mk_error **err);

@@ -276,6 +276,7 @@ static const mk_kernel cpu_kernels[MK_KERNEL_COUNT] = {
     [MK_KERNEL_GATHER_ELEMENTS] = {mk_cpu_gather_elements, MK_DTYPES_ALL}, /* index: int64 */
     [MK_KERNEL_INDEX_SELECT] = {mk_cpu_index_select, MK_DTYPES_ALL},       /* index: int64 */
     [MK_KERNEL_CUMSUM] = {mk_cpu_cumsum, F32 | I64},
+    [MK_KERNEL_REPLACE_AT] = {mk_cpu_replace_at, MK_DTYPES_ALL}, /* index: int64 */
     /* reductions and norms (reduce.c): float32; argmax, argmin: int64 out */
     [MK_KERNEL_REDUCE_SUM] = {mk_cpu_reduce_sum, F32},
     [MK_KERNEL_REDUCE_MEAN] = {mk_cpu_reduce_mean, F32},

@@ -55,12 +55,19 @@ static int cpu_attention(const mk_launch *l, mk_error **err) {
     const mk_node *softmax = members[1];
     mk_tensor scores = member_tensor(l, members[0]), out = member_tensor(l, members[2]);
     const mk_tensor *q = &l->in[at->q], *kt = &l->in[at->kt], *v = &l->in[at->v];
-    int64_t B = at->batch, m = at->m, d = at->d, n = at->n, p = read_i64(&l->in[at->p]);
-    if (p < 0 || p > at->s) return mk_fault(err, softmax, MK_FAULT_PREFIX, p, at->s, 0);
+    /* the prefix: one, or one a run of B / runs heads (a batch's sequences) */
+    const int64_t *ps = l->in[at->p].data;
+    int64_t B = at->batch, m = at->m, d = at->d, n = at->n, runs = mk_tensor_numel(&l->in[at->p]);
+    int64_t rows = 0; /* K's and V's rows read, over the heads */
+    for (int64_t j = 0; j < runs; j++) {
+        if (ps[j] < 0 || ps[j] > at->s) return mk_fault(err, softmax, MK_FAULT_PREFIX, ps[j], at->s, 0);
+        rows += ps[j] * (B / runs);
+    }
     float *sc = scores.data, *o = out.data;
     const float *qp = q->data, *kp = kt->data, *vp = v->data;
-    CPU_FOR(B > 1 && par(B * m * (d + n) * p), t, B, {
-        float *st = sc + t * m * p, *ot = o + t * m * n;
+    CPU_FOR(B > 1 && par(m * (d + n) * rows), t, B, {
+        int64_t p = ps[t / (B / runs)];
+        float *st = sc + t * m * at->s, *ot = o + t * m * n;
         if (p == 0) {
             memset(ot, 0, (size_t)(m * n) * sizeof(float));
             continue;

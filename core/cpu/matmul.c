@@ -457,17 +457,28 @@ int mk_cpu_matmul(const mk_launch *l, mk_error **err) {
 /* out = a @ b over the first p elements of the shared axis (p: int64 [1], read
  * now, 0 <= p <= that axis): the product of a and b narrowed to them. */
 int mk_cpu_prefix_matmul(const mk_launch *l, mk_error **err) {
-    mk_launch narrow = *l;
-    mk_tensor *a = &narrow.in[0], *b = &narrow.in[1];
-    int64_t s = a->shape[a->rank - 1], p = read_i64(&l->in[2]);
-    if (p < 0 || p > s)
-        return mk_fault(err, l->node, MK_FAULT_PREFIX, p, s, 0);
-    if (p == 0) {
-        memset(l->out.data, 0, (size_t)mk_tensor_numel(&l->out) * sizeof(float));
-        return 0;
+    int64_t s = l->in[0].shape[l->in[0].rank - 1], runs;
+    const int64_t *p;
+    if (mk_cpu_prefixes(l, 2, s, &p, &runs, err)) return -1;
+    /* runs > 1: [L, m, s] @ [L, s, n], each run of L / runs batches its own product */
+    int64_t per = runs > 1 ? l->in[0].shape[0] / runs : 0;
+    for (int64_t j = 0; j < runs; j++) {
+        mk_launch narrow = *l;
+        mk_tensor *a = &narrow.in[0], *b = &narrow.in[1], *o = &narrow.out;
+        if (runs > 1) {
+            a->data = (float *)a->data + j * per * a->stride[0];
+            b->data = (float *)b->data + j * per * b->stride[0];
+            o->data = (float *)o->data + j * per * o->stride[0];
+            a->shape[0] = b->shape[0] = o->shape[0] = per;
+        }
+        if (p[j] == 0) {
+            memset(o->data, 0, (size_t)mk_tensor_numel(o) * sizeof(float));
+            continue;
+        }
+        a->shape[a->rank - 1] = p[j];
+        b->shape[b->rank - 2] = p[j];
+        if (mk_cpu_matmul(&narrow, err)) return -1;
     }
-    a->shape[a->rank - 1] = p;
-    b->shape[b->rank - 2] = p;
-    return mk_cpu_matmul(&narrow, err);
+    return 0;
 }
 

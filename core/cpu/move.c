@@ -9,6 +9,7 @@
 #include "cpu.h"
 #include "move.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 /* Output elements per task when a launch is split among threads. */
@@ -168,5 +169,36 @@ int mk_cpu_cumsum(const mk_launch *l, mk_error **err) {
                 op[j * inner] = (int64_t)(acc += (uint64_t)xp[j * step]);
         }
     });
+    return 0;
+}
+
+/*
+ * x [N, .., S, ..] in place (out is x's memory, or starts as a copy of x)
+ * with S at the node's axis: out[i, .., index[i], ..] = r[i, ..] (x's shape
+ * without that axis). Every index is checked before anything is written; r
+ * is copied aside first where it lies in x's memory.
+ */
+int mk_cpu_replace_at(const mk_launch *l, mk_error **err) {
+    const mk_tensor *x = &l->in[0], *r = &l->in[1];
+    const int64_t *ix = l->in[2].data;
+    int axis = mk_move_axis(l->node->attr[0], x->rank);
+    int64_t n = x->shape[0], s = x->shape[axis], a = 1, e = 1;
+    for (int d = 1; d < axis; d++) a *= x->shape[d];
+    for (int d = axis + 1; d < x->rank; d++) e *= x->shape[d];
+    for (int64_t i = 0; i < n; i++)
+        if (ix[i] < 0 || ix[i] >= s) return mk_fault(err, l->node, MK_FAULT_INDEX, ix[i], i, s);
+    size_t es = mk_dtype_size(x->dtype), run = (size_t)e * es;
+    size_t x_bytes = (size_t)mk_tensor_numel(x) * es, r_bytes = (size_t)(n * a) * run;
+    char *o = l->out.data, *aside = NULL;
+    const char *src = r->data;
+    if (src < o + x_bytes && o < src + r_bytes) {
+        if (!(aside = malloc(r_bytes))) return mk_fail(err, MK_ERR_NOMEM, 0, 0, "replace_at");
+        src = memcpy(aside, src, r_bytes);
+    }
+    if (o != (const char *)x->data) memcpy(o, x->data, x_bytes);
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < a; j++)
+            memcpy(o + (size_t)((i * a + j) * s + ix[i]) * run, src + (size_t)(i * a + j) * run, run);
+    free(aside);
     return 0;
 }

@@ -9,7 +9,8 @@
  *   sums; the combine: NO columns a thread, the first KU chunks' values at
  *   once; KL and VL 128-byte lines a K and a V row (MK_ATT_PREFETCH);
  *   prefix_fault, the fault's kind;
- *   long long CB blocks a query, M queries a batch row, S cached rows; the
+ *   long long CB blocks a query, M queries a batch row, S cached rows, PB
+ *   batch rows a prefix (MK_IN_P holds one a run of PB, a sequence's heads); the
  *   strides q0, q1, qs (q's batch, row, element), k0, kr, ks (K's), v0, vr,
  *   vn (V's); part, the floats of the parts before the counts;
  * and as macros: the inputs MK_IN_Q, MK_IN_K, MK_IN_V, MK_IN_P (i0 ..); the
@@ -40,9 +41,9 @@ typedef float mk_qk;
 #ifdef MK_CLUSTER /* every block arrives (phase 0) before any writes into the lead's memory */
     asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
 #endif
-    const long long ph = *(const volatile long long *)MK_IN_P; /* p's hint */
     const int tid = threadIdx.x, r = tid >> 2, u = tid & 3;
     const long long row = blockIdx.x / att::CB, t = row / att::M, i = row % att::M;
+    const long long ph = ((const volatile long long *)MK_IN_P)[t / att::PB]; /* p's hint */
     const long long c0 = blockIdx.x % att::CB; /* the block's first chunk */
     mk_qk qv[att::DK], kv[att::DK];
     float vv[att::NS][att::VR];
@@ -107,7 +108,7 @@ typedef float mk_qk;
     /* p, q and every K and V value of the chunk's rows below the hint at once
      * (after early rows, past L1); the rows below p again where p is not the
      * hint */
-    const long long p = *(const long long *)MK_IN_P;
+    const long long p = ((const long long *)MK_IN_P)[t / att::PB];
 #pragma unroll
     for (int e = 0; e < att::DK; e++) qv[e] = u + 4 * e < att::DU ? MK_Q_AT(e) : MK_QK_ZERO;
     int rows = MK_ROWS(ph);
@@ -117,7 +118,8 @@ typedef float mk_qk;
         MK_LOAD_ROWS(0, rows, MK_LD);
     }
     if (p < 0 || p > att::S) {
-        if (blockIdx.x == 0 && tid == 0) mk_raise(fault, launch, 2, att::prefix_fault, p, att::S, 0);
+        if (t % att::PB == 0 && i == 0 && c0 == 0 && tid == 0) /* the run's first block */
+            mk_raise(fault, launch, 2, att::prefix_fault, p, att::S, 0);
         return;
     }
     if (p == 0) { /* no rows: zeros */

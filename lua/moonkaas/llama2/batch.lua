@@ -6,35 +6,31 @@
 --
 --   inputs   token, pos, pos1 (= pos + 1), rng: int64 [B]; temperature,
 --            topp: float32 [B] (slot j's are element j)
---   blocks   the slots in blocks of ROWS rows; per block and layer the
---            products are [rows, D] @ W: matrix–vector groups (w1 and w3
---            together; q, k and v one each, as the slots' cache writes, in
---            place, come between them in the script's order), which read
---            each weight once for the block's rows and sum every row as a
---            one-row product does (the CPU's groups are order-stable), so a
---            slot's values are those of the one-sequence model, bit for bit
---   caches   per slot and layer, a [2S, kv_dim] BufferTensor of its own
---            (s<j>_l<i>_kv_cache: K in rows [0, S), V in [S, 2S)): the
---            slot's k and v rows go in at its own pos by ReplaceSlice, and
---            its attention is the one-sequence model's (sliced_softmax and
---            matmul_prefix bounded by its pos1), reading only its own rows.
---            One cache per slot, rather than one [B, S, kv_dim] cache,
---            because ReplaceSlice writes one run of rows and the attention
---            group takes one bound: a slot's writes and its attention are
---            then the existing ops and groups as they stand. K and V share a
---            buffer so that both writes come before the slot's scores in the
---            script's order (the DAG is lowered depth-first, operands in
---            order): nothing writes in place between the scores and the
---            prefix product, and they form the attention group.
---   o rows   a block's attention results go into a [rows, D] buffer row by
---            row (ReplaceSlice at constant bounds: the graph has no concat),
---            which the wo product reads
+--   blocks   the slots in blocks of `rows` rows (opts.rows: ROWS by default,
+--            or B, one block): per block and layer the products are
+--            [rows, D] @ W. Up to ROWS rows they are matrix–vector groups,
+--            which read each weight once for the block's rows and sum every
+--            row as a one-row product does (the CPU's groups are
+--            order-stable), so a slot's values are those of the
+--            one-sequence model, bit for bit; a block of more rows is one
+--            matrix product (BLAS, cuBLAS), which reads the weights once for
+--            all of them and sums in its own order
+--   caches   per layer, K and V each a [B, kv_heads, S, head_size]
+--            BufferTensor (batch_l<i>_k_cache, batch_l<i>_v_cache): the step's k and v
+--            rows of every slot go in at the slot's own pos by one
+--            ReplaceAtNode each
+--   attention per layer, one group over the batch: the queries [B kv_heads,
+--            group, head_size] against the caches' rows, sliced_softmax and
+--            matmul_prefix bounded by pos1 [B] (one prefix a slot's heads),
+--            each slot reading only its own rows
 --   output   "sample": each slot's logits row through the SampleNode (its
 --            own rng, temperature, topp; temperature 0 is the argmax), the
 --            drawn token and next state as row j of an int64 [B, 2] buffer;
 --            "logits": the logits [B, V] (Lua 5.1, whose numbers cannot carry
 --            the 64-bit state: the Lua sampler draws)
 --
+-- A block's rows join the batch's (the q, k and v of every block before
+-- attention) by row writes into a [B, ..] buffer at constant bounds.
 -- Rows past a slot's pos never count (as in the one-sequence model), so a
 -- freed slot is reused without clearing its caches: the next sequence
 -- writes row 0 before it reads it. An idle slot runs token 0 at position 0
@@ -56,12 +52,12 @@ local M = {}
 M.ROWS = 4
 
 -- The batch's graph for opts.slots slots (see the header): its output node.
--- opts: slots, positions (the caches' rows), output ("sample" | "logits"),
--- int8_inputs (as model.graph).
+-- opts: slots, positions (the caches' rows), rows (slots a block; ROWS by
+-- default), output ("sample" | "logits"), int8_inputs (as model.graph).
 function M.graph(mk, c, w, opts)
     local D, hs, V = c.dim, c.head_size, c.vocab_size
     local heads, kv_heads, kv_dim, group = c.n_heads, c.n_kv_heads, c.kv_dim, c.kv_mul
-    local B, S = opts.slots, opts.positions
+    local B, S, ROWS = opts.slots, opts.positions, opts.rows or M.ROWS
     local token = mk.input("token", "int64", { B })
     local pos = mk.input("pos", "int64", { B })
     local pos1 = mk.input("pos1", "int64", { B })
@@ -81,83 +77,87 @@ function M.graph(mk, c, w, opts)
         bounds[r] = bounds[r] or mk.constant(mk.tensor({ r }, "int64"))
         return bounds[r]
     end
-    -- Rows (a list of [1, ...] nodes) as one [n, ...] node: each row written
-    -- into a buffer of that shape, named `name`.
-    local function stack(rows, dtype, shape, name)
-        if #rows == 1 then return rows[1] end
+    -- The blocks' rows (a list of [n, ...] nodes, in order) as one [B, ...]
+    -- node: each block written into a buffer of that shape, named `name`.
+    local blocks = {}
+    for first = 0, B - 1, ROWS do blocks[#blocks + 1] = { first = first, n = math.min(ROWS, B - first) } end
+    local function join(parts_, dtype, shape, name)
+        if #parts_ == 1 then return parts_[1] end
         local buf = mk.buffer(dtype, shape, name)
-        for r, row in ipairs(rows) do buf = buf:replace(row, at(r - 1), at(r)) end
+        for i, part in ipairs(parts_) do
+            local b = blocks[i]
+            buf = buf:replace(part, at(b.first), at(b.first + b.n))
+        end
         return buf
     end
-    -- Slot j's attention: q1 [1, D] over its caches kc, vc [S, kv_dim], bounded
-    -- by p1 (its pos1) → [1, D], as model.graph's step.
-    local function attention(q1, kv, p1)
-        local kt = kv:slice(0, S):reshape({ S, kv_heads, hs }):permute({ 1, 2, 0 })      -- [kvh, hs, S]
-        local vt = kv:slice(S, 2 * S):reshape({ S, kv_heads, hs }):permute({ 1, 0, 2 })  -- [kvh, S, hs]
-        local att = q1:reshape({ kv_heads, group, hs }):matmul(kt):sliced_softmax(p1) -- [kvh, g, S]
-        return att:matmul_prefix(vt, p1):reshape({ 1, D })                      -- [1, D]
+    -- The batch's attention at layer prefix p: q [B, D], k and v [B, kv_dim]
+    -- -> [B, D]; the rows go into the caches at pos, each slot's heads attend
+    -- over its first pos1 rows.
+    local function attention(q, k, v, p)
+        local kc = mk.buffer("float32", { B, kv_heads, S, hs }, "batch_" .. p .. "k_cache")
+            :replace_at(k:reshape({ B, kv_heads, hs }), pos, 2)
+        local vc = mk.buffer("float32", { B, kv_heads, S, hs }, "batch_" .. p .. "v_cache")
+            :replace_at(v:reshape({ B, kv_heads, hs }), pos, 2)
+        local kt = kc:reshape({ B * kv_heads, S, hs }):permute({ 0, 2, 1 })          -- [B kvh, hs, S]
+        local att = q:reshape({ B * kv_heads, group, hs }):matmul(kt):sliced_softmax(pos1) -- [B kvh, g, S]
+        return att:matmul_prefix(vc:reshape({ B * kv_heads, S, hs }), pos1):reshape({ B, D })
     end
 
-    -- Slot j's rows: k at [pos, pos1), v at S past it.
-    local bound, past = {}, mk.constant(mk.tensor({ S }, "int64"))
-    for j = 0, B - 1 do
-        local k0, k1 = pos:slice(j, j + 1), pos1:slice(j, j + 1)
-        bound[j] = { k0 = k0, k1 = k1, v0 = k0 + past, v1 = k1 + past }
+    local function pairs_of(n, h) return { n, h, idiv(hs, 2), 2 } end
+    local xs, fk, fq = {}, {}, {} -- per block: its rows of the residual, its rotations
+    for i, b in ipairs(blocks) do
+        local positions = pos:slice(b.first, b.first + b.n)
+        fk[i] = mk.embedding(rope_k, positions):reshape(pairs_of(b.n, 1))   -- [n, 1, hs/2, 2]
+        fq[i] = mk.embedding(rope_q, positions):reshape(pairs_of(b.n, 1))
+        xs[i] = parts.embed(token:slice(b.first, b.first + b.n))            -- [n, D]
     end
-
-    local results = {} -- per slot: the drawn [1, 2] (token, state), or the logits [1, V]
-    for first = 0, B - 1, M.ROWS do
-        local n = math.min(M.ROWS, B - first)
-        local blk = "b" .. idiv(first, M.ROWS) .. "_"
-        local positions = pos:slice(first, first + n)
-        local function pairs_of(h) return { n, h, idiv(hs, 2), 2 } end
-        local fk = mk.embedding(rope_k, positions):reshape(pairs_of(1))       -- [n, 1, hs/2, 2]
-        local fq = mk.embedding(rope_q, positions):reshape(pairs_of(1))
-        local x = parts.embed(token:slice(first, first + n))                  -- [n, D]
-        for l, lw in ipairs(w.layers) do
-            local p = "l" .. (l - 1) .. "_"
-            local xb = x:rms_norm(vec(lw.rms_att, p .. "rms_att"))
+    for l, lw in ipairs(w.layers) do
+        local p = "l" .. (l - 1) .. "_"
+        local qs, ks, vs = {}, {}, {}
+        for i, b in ipairs(blocks) do
+            local xb = xs[i]:rms_norm(vec(lw.rms_att, p .. "rms_att"))
             local q = linear(xb, lw.wq, p .. "wq")                            -- [n, D]
             local k = linear(xb, lw.wk, p .. "wk")                            -- [n, kv_dim]
-            local v = linear(xb, lw.wv, p .. "wv")
-            q = q:reshape(pairs_of(heads)):complex_mul(fq):reshape({ n, D })
-            k = k:reshape(pairs_of(kv_heads)):complex_mul(fk):reshape({ n, kv_dim })
-            local o = {}
-            for r = 0, n - 1 do
-                local j = first + r
-                local s = "s" .. j .. "_" .. p
-                local b = bound[j]
-                local kv = mk.buffer("float32", { 2 * S, kv_dim }, s .. "kv_cache")
-                    :replace(v:slice(r, r + 1), b.v0, b.v1):replace(k:slice(r, r + 1), b.k0, b.k1)
-                o[r + 1] = attention(q:slice(r, r + 1), kv, b.k1)
-            end
-            x = x + linear(stack(o, "float32", { n, D }, blk .. p .. "o"), lw.wo, p .. "wo") -- [n, D]
-            xb = x:rms_norm(vec(lw.rms_ffn, p .. "rms_ffn"))
+            vs[i] = linear(xb, lw.wv, p .. "wv")
+            qs[i] = q:reshape(pairs_of(b.n, heads)):complex_mul(fq[i]):reshape({ b.n, D })
+            ks[i] = k:reshape(pairs_of(b.n, kv_heads)):complex_mul(fk[i]):reshape({ b.n, kv_dim })
+        end
+        local o = attention(join(qs, "float32", { B, D }, "batch_" .. p .. "q"),
+                            join(ks, "float32", { B, kv_dim }, "batch_" .. p .. "k"),
+                            join(vs, "float32", { B, kv_dim }, "batch_" .. p .. "v"), p)
+        for i, b in ipairs(blocks) do
+            local x = xs[i]
+            x = x + linear(#blocks == 1 and o or o:slice(b.first, b.first + b.n), lw.wo, p .. "wo") -- [n, D]
+            local xb = x:rms_norm(vec(lw.rms_ffn, p .. "rms_ffn"))
             local h1 = linear(xb, lw.w1, p .. "w1"):silu()
             local h3 = linear(xb, lw.w3, p .. "w3")
-            x = x + linear(h1 * h3, lw.w2, p .. "w2")
-        end
-        local logits = parts.classifier(x:rms_norm(vec(w.rms_final, "rms_final")))  -- [n, V]
-        for r = 0, n - 1 do
-            local j = first + r
-            local row = logits:slice(r, r + 1)
-            if opts.output == "sample" then
-                row = row:reshape({ V }):sample(rng:slice(j, j + 1), temperature:slice(j, j + 1),
-                                                topp:slice(j, j + 1)):reshape({ 1, 2 })
-            end
-            results[j + 1] = row
+            xs[i] = x + linear(h1 * h3, lw.w2, p .. "w2")
         end
     end
-    if opts.output == "sample" then return stack(results, "int64", { B, 2 }, "batch_drawn") end
-    return stack(results, "float32", { B, V }, "batch_logits")
+    local logits = {} -- per block: [n, V]
+    for i in ipairs(blocks) do logits[i] = parts.classifier(xs[i]:rms_norm(vec(w.rms_final, "rms_final"))) end
+    if opts.output == "logits" then return join(logits, "float32", { B, V }, "batch_logits") end
+    -- each slot's row through its own sampler (temperature and top-p are one a
+    -- SampleNode), the drawn (token, state) as row j of [B, 2]
+    local drawn = mk.buffer("int64", { B, 2 }, "batch_drawn")
+    for i, b in ipairs(blocks) do
+        for r = 0, b.n - 1 do
+            local j = b.first + r
+            local row = logits[i]:slice(r, r + 1):reshape({ V }):sample(rng:slice(j, j + 1),
+                temperature:slice(j, j + 1), topp:slice(j, j + 1)):reshape({ 1, 2 })
+            if B == 1 then return row end
+            drawn = drawn:replace(row, at(j), at(j + 1))
+        end
+    end
+    return drawn
 end
 
 local Batch = {}
 Batch.__index = Batch
 M.Batch = Batch
 
--- net:batch(opts): see doc/llama2.md. opts: slots (B >= 1), tokenizer (for
--- text prompts), output ("sample", or "logits" where the Lua sampler draws;
+-- net:batch(opts): see doc/llama2.md. opts: slots (B >= 1), rows (slots a
+-- block of products, see the header), tokenizer (for text prompts), output ("sample", or "logits" where the Lua sampler draws;
 -- Lua 5.1 has only "logits").
 function M.new(net, opts)
     opts = opts or {}
@@ -172,8 +172,12 @@ function M.new(net, opts)
     if output == "sample" and C.lua51 then
         error("batch: output sample needs 64-bit integers (Lua 5.3+); use logits", 3)
     end
+    local rows = opts.rows or M.ROWS
+    if not C.isinteger(rows) or rows < 1 then
+        error(string.format("batch: rows must be an integer >= 1 (got %s)", tostring(rows)), 3)
+    end
     local mk, t0 = net.mk, model.clock()
-    local out = M.graph(mk, net.config, net.weights, { slots = slots, positions = net.positions,
+    local out = M.graph(mk, net.config, net.weights, { slots = slots, positions = net.positions, rows = rows,
         output = output, int8_inputs = net.int8_inputs })
     local ok, m = pcall(mk.compile, out, { device = net.device, cudnn = net.cudnn, share = net.model })
     if not ok then error(string.format("compiling the llama2 batch of %d slots failed: %s", slots, m), 0) end
