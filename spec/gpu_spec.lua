@@ -27,7 +27,9 @@ describe("CUDA #gpu", function()
                 assert.are.equal("cuda", gpu:stats().device)
                 -- cuDNN groups may multiply in TF32 (a 10-bit mantissa); exact cases stay exact
                 local atol, rtol = case.atol * 4, case.rtol * 4
-                if cudnn and case.atol > 0 then atol, rtol = math.max(atol, 2e-3), math.max(rtol, 1e-2) end
+                if cudnn and case.atol > 0 then
+                    atol, rtol = math.max(atol, 2e-3, case.tf32 or 0), math.max(rtol, 1e-2)
+                end
                 local got = H.check_case(gpu, case, atol, rtol)
                 for i, g in pairs(got) do H.assert_close(g, want[i], atol, rtol) end
                 if not case.steps then

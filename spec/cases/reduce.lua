@@ -372,27 +372,44 @@ return function(c)
         local eps = eps_value()
         local ln = x:layer_norm(1, { weight = g, bias = b, eps = eps })
         local lnr = norm_ref(xr, k, true, eps, gr, br, function(p) return p % k end)
-        local function product(a, wr, bias, add) -- a [m, k] @ wr^T (+ bias, + add)
-            local want = { shape = { m, n }, data = {} }
+        -- a [m, k] @ wr^T (+ bias, + add), and the largest of its outputs' error
+        -- under TF32 (cuDNN's matmul, gpu_spec's cudnn = true): each term's
+        -- inputs rounded to 10 bits, 2^-11 relative at most each, the terms'
+        -- errors independent: 6 sigmas of their sum (sqrt of the squares)
+        local function product(a, wr, bias, add)
+            local want, tf32 = { shape = { m, n }, data = {} }, 0
             for r = 0, m - 1 do
                 for j = 0, n - 1 do
-                    local sum = bias and bias.data[j + 1] or 0
-                    for t = 1, k do sum = sum + a.data[r * k + t] * wr.data[j * k + t] end
+                    local sum, sq = bias and bias.data[j + 1] or 0, 0
+                    for t = 1, k do
+                        local term = a.data[r * k + t] * wr.data[j * k + t]
+                        sum, sq = sum + term, sq + term * term
+                    end
                     want.data[r * n + j + 1] = sum + (add and add.data[r * n + j + 1] or 0)
+                    tf32 = math.max(tf32, 6 * 2 ^ -11 * math.sqrt(2 * sq))
                 end
             end
-            return want
+            return want, tf32
+        end
+        local function largest(x)
+            local big = 0
+            for _, v in ipairs(x.data) do big = math.max(big, math.abs(v)) end
+            return big
         end
         local feeds = { x = xt, g = gt, b = bt, w1 = w1t, w2 = w2t }
         local at = string.format("[%d, %d] -> %d, eps %g", m, k, n, eps)
+        local p1, e1 = product(lnr, w1r, c1r, resr)
         c.add("layer_norm into a product, bias and residual " .. at,
             ln:matmul(w1:T()) + c1 + res, { x = xt, g = gt, b = bt, w1 = w1t, c1 = c1t, res = rest },
-            product(lnr, w1r, c1r, resr), 1e-4, 1e-4)
+            p1, 1e-4, 1e-4, e1)
+        local q1, f1 = product(lnr, w1r)
+        local q2, f2 = product(lnr, w2r)
         c.add("layer_norm into two products " .. at, ln:matmul(w1:T()) * ln:matmul(w2:T()), feeds,
-            R.mul(product(lnr, w1r), product(lnr, w2r)), 1e-4, 1e-4)
+            R.mul(q1, q2), 1e-4, 1e-4, largest(q1) * f2 + largest(q2) * f1 + f1 * f2)
         local lne = { shape = { m, k }, data = {} }
         for i, v in ipairs(lnr.data) do lne.data[i] = exp(v) end
+        local r1, g1 = product(lne, w1r)
         c.add("layer_norm read by a product and exp " .. at, ln:exp():matmul(w1:T()) + ln:matmul(w2:T()), feeds,
-            R.add(product(lne, w1r), product(lnr, w2r)), 1e-4, 1e-4)
+            R.add(r1, q2), 1e-4, 1e-4, g1 + f2)
     end
 end
