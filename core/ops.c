@@ -161,7 +161,8 @@ static const mk_op ops[] = {
      .infer = mk_infer_argmax, .kernel = MK_KERNEL_ARGMAX},
     {ROW("SampleNode", "nnnn", MK_ROLE_REDUCTION, 0, "sample", NULL, NULL,
          "run.c's sampler per row of logits: int64 (token, next generator state) from the "
-         "state, a temperature and a top-p (float32 [1]); temperature > 0 draws from the "
+         "state, a temperature and a top-p (float32 [1], or [rows]: one a row); "
+         "temperature > 0 draws from the "
          "softmax of logits / temperature (top-p when 0 < p < 1), otherwise the argmax and the "
          "state unchanged"),
      .infer = mk_infer_sample, .scratch = mk_sample_scratch, .kernel = MK_KERNEL_SAMPLE},

@@ -468,7 +468,8 @@ static int need_scalar(mk_node *n, int k, const char *what, mk_error **err) {
 }
 
 /* logits float32 [..., n]; state int64 [..., 1] (a generator per row);
- * temperature and top-p float32 [1]; result int64 [..., 2]: (token, state). */
+ * temperature and top-p float32 [1], or one a row ([rows]); result int64
+ * [..., 2]: (token, state). */
 int mk_infer_sample(mk_node *n, mk_error **err) {
     const mk_node *x = n->in[0], *s = n->in[1];
     if (need_dtype(n, 0, MK_DTYPE_BIT(MK_DTYPE_FLOAT32), err)) return -1;
@@ -484,7 +485,12 @@ int mk_infer_sample(mk_node *n, mk_error **err) {
     if (x->shape[x->rank - 1] > INT32_MAX)
         return FAIL(err, n, MK_ERR_SHAPE, "%s: %s has more than 2^31 - 1 classes", n->op->name,
                     SHAPE(x));
-    if (need_scalar(n, 2, "the temperature", err) || need_scalar(n, 3, "top-p", err)) return -1;
+    int64_t rows = mk_node_numel(x) / x->shape[x->rank - 1];
+    for (int k = 2; k < 4; k++) {
+        const mk_node *v = n->in[k];
+        if (rows > 1 && v->dtype == MK_DTYPE_FLOAT32 && v->rank == 1 && v->shape[0] == rows) continue;
+        if (need_scalar(n, k, k == 2 ? "the temperature" : "top-p", err)) return -1;
+    }
     set_shape(n, MK_DTYPE_INT64, x->rank, x->shape);
     n->shape[n->rank - 1] = 2;
     return 0;

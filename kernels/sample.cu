@@ -153,7 +153,7 @@ static __device__ long long select_mult(pick_shared *sh, const row_probs &p, lon
 template <bool HOLD, bool STAMPED, bool CLUSTER>
 static __global__ void __launch_bounds__(THREADS, 1)
 sample_rows(long long *out, const float *logits, const long long *state, const float *temp,
-            const float *topp_in, long long n, char *scratch, unsigned long long *tl) {
+            const float *topp_in, int steps, long long n, char *scratch, unsigned long long *tl) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
     /* No clusters before sm_90: there the clustered kernels are empty, and
      * mk_cuda_sample launches the lone blocks' */
@@ -186,7 +186,8 @@ sample_rows(long long *out, const float *logits, const long long *state, const f
     pick_shared *lead = cluster.shared_of(&sh, 0);
     long long row = blockIdx.x, lo, hi;
     const float *x = logits + row * n;
-    float t = *temp, topp = *topp_in;
+    /* steps: bit 0, a temperature a row; bit 1, a top-p a row */
+    float t = temp[(steps & 1) ? row : 0], topp = topp_in[(steps & 2) ? row : 0];
     long long seed = state[row]; /* loaded now, used after the barriers */
     share(n, b, g, &lo, &hi);
     float held[HELD];
@@ -449,7 +450,7 @@ char *mk_cuda_sample_label(const mk_launch *l) {
 }
 
 /* MK_KERNEL_SAMPLE: logits float32 [rows, n], state int64 [rows, 1],
- * temperature and top-p float32 [1] on the device; out int64 [rows, 2]. */
+ * temperature and top-p float32 [1] or [rows] on the device; out int64 [rows, 2]. */
 int mk_cuda_sample(const mk_launch *l, mk_error **err) {
     mk_cuda_state *s = mk_cuda_state_of(l);
     const mk_tensor *x = &l->in[0];
@@ -466,7 +467,8 @@ int mk_cuda_sample(const mk_launch *l, mk_error **err) {
     bool hold = (n + g - 1) / g <= HELD * THREADS; /* share's longest range */
     unsigned long long *tl = mk_cuda_timeline_stamps(s, l->index);
     typedef void (*kernel_fn)(long long *, const float *, const long long *, const float *,
-                              const float *, long long, char *, unsigned long long *);
+                              const float *, int, long long, char *, unsigned long long *);
+    int steps = (mk_tensor_numel(&l->in[2]) > 1) | (mk_tensor_numel(&l->in[3]) > 1) << 1;
     static const kernel_fn kernels[2][2][2] = { /* [clustered][stamped][hold] */
         {{sample_rows<false, false, false>, sample_rows<true, false, false>},
          {sample_rows<false, true, false>, sample_rows<true, true, false>}},
@@ -475,7 +477,7 @@ int mk_cuda_sample(const mk_launch *l, mk_error **err) {
     cudaError_t st = launch(s, (unsigned)rows, (unsigned)g, kernels[clustered(s)][tl != NULL][hold],
                             (long long *)l->out.data, (const float *)x->data,
                             (const long long *)l->in[1].data, (const float *)l->in[2].data,
-                            (const float *)l->in[3].data, n, scratch, tl);
+                            (const float *)l->in[3].data, steps, n, scratch, tl);
     if (st != cudaSuccess)
         return mk_cuda_fail_status(err, st, "launching the sampler", __FILE__, __LINE__);
     return mk_cuda_check_launch(l, "sample", err);

@@ -1,9 +1,12 @@
 -- Bad input to the batch's ops (issue 68): replace_at, and the prefix of
--- sliced_softmax and matmul_prefix as one value a run of the first axis. Their
--- values are spec/cases/batch.lua's, on the CPU (ops_spec) and CUDA (gpu_spec).
+-- sliced_softmax and matmul_prefix as one value a run of the first axis (their
+-- values are spec/cases/batch.lua's, on the CPU in ops_spec and CUDA in
+-- gpu_spec); and sample with a temperature and top-p a row, against a
+-- SampleNode a row on the same device.
 local H = require "spec.helpers"
 local mk = H.mk()
 H.seed("batch_ops_spec")
+local gpu_it = H.gpu(it, function(why) pending(why) end)
 
 local function i64(list) return mk.tensor(list, "int64") end
 
@@ -83,4 +86,53 @@ describe("a prefix a run", function()
         assert.are.equal(1, s:get(4, 2, 1)) -- a prefix of 1: e^0 / e^0
         assert.are.equal(xt:get(4, 2, 2), s:get(4, 2, 2)) -- past the prefix: unchanged
     end)
+end)
+
+describe("sample with a temperature and top-p a row", function()
+    local rows, n = 5, 300
+    local temps = { 0, 1, 0.7, 1.3, 1 }
+    local topps = { 0.9, 0.9, 0.5, 0, 0.95 }
+    -- each row drawn by a SampleNode of its own, its temperature and top-p [1]
+    local function one_by_one(device, xt, states)
+        local x = mk.input("x", "float32", { 1, n })
+        local st, t, p = mk.input("s", "int64", { 1, 1 }), mk.input("t", "float32", { 1 }), mk.input("p", "float32", { 1 })
+        local m <close> = mk.compile(x:sample(st, t, p), { device = device })
+        local want = {}
+        for r = 1, rows do
+            local row = mk.zeros("float32", { 1, n })
+            for j = 1, n do row:set(1, j, xt:get(r, j)) end
+            local out = m:run({ x = row, s = mk.tensor({ { states[r] } }, "int64"), t = mk.tensor({ temps[r] }),
+                                p = mk.tensor({ topps[r] }) })
+            want[r] = { out:get(1, 1), out:get(1, 2) }
+        end
+        return want
+    end
+    local function check(device)
+        local xt = H.rand({ rows, n }, -4, 4)
+        local states = {}
+        for r = 1, rows do states[r] = math.random(1, 2 ^ 40) end
+        local x = mk.input("x", "float32", { rows, n })
+        local st = mk.input("s", "int64", { rows, 1 })
+        local t, p = mk.input("t", "float32", { rows }), mk.input("p", "float32", { rows })
+        local m <close> = mk.compile(x:sample(st, t, p), { device = device })
+        local sv = {}
+        for r = 1, rows do sv[r] = { states[r] } end
+        local out = m:run({ x = xt, s = mk.tensor(sv, "int64"), t = mk.tensor(temps), p = mk.tensor(topps) })
+        local want = one_by_one(device, xt, states)
+        for r = 1, rows do
+            assert.are.same(want[r], { out:get(r, 1), out:get(r, 2) }, "row " .. r)
+        end
+    end
+
+    it("draws each row as a SampleNode of that row alone does (CPU)", function() check("cpu") end)
+
+    it("refuses a temperature or top-p neither [1] nor a row each", function()
+        local x, st = mk.input("x", "float32", { 3, 8 }), mk.input("s", "int64", { 3, 1 })
+        H.assert_error(function() x:sample(st, mk.input("t", "float32", { 2 }), mk.input("p", "float32", { 1 })) end,
+            "shape error: SampleNode: the temperature ('t') must have shape [1], not [2]")
+        H.assert_error(function() x:sample(st, mk.input("t", "float32", { 3 }), mk.input("p", "int64", { 3 })) end,
+            "dtype error: SampleNode: top-p ('p') must be float32, not int64")
+    end)
+
+    gpu_it("draws each row as a SampleNode of that row alone does (CUDA)", function() check("cuda") end)
 end)

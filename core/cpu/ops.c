@@ -665,20 +665,22 @@ int mk_cpu_argmax(const mk_launch *l, mk_error **err) {
 }
 
 /* out [rows, 2] (int64) = run.c's (token, next state) per row of logits
- * [rows, n], from state [rows, 1] and float32 [1] temperature and top-p; the
- * rows one after another (sample.c), the keys in the scratch's head. */
+ * [rows, n], from state [rows, 1] and float32 temperature and top-p ([1], or
+ * one a row); the rows one after another (sample.c), the keys in the
+ * scratch's head. */
 int mk_cpu_sample(const mk_launch *l, mk_error **err) {
     const mk_tensor *x = &l->in[0];
     int64_t n = x->shape[x->rank - 1], rows = mk_tensor_numel(x) / n;
     const int64_t *state = l->in[1].data;
-    float temperature = *(const float *)l->in[2].data, topp = *(const float *)l->in[3].data;
+    const float *temperature = l->in[2].data, *topp = l->in[3].data;
+    int64_t ts = mk_tensor_numel(&l->in[2]) > 1, ps = mk_tensor_numel(&l->in[3]) > 1; /* steps */
     int64_t *out = l->out.data;
     uint64_t *keys = l->scratch;
     float *probs = (float *)((char *)l->scratch + mk_sample_head(rows, n));
     for (int64_t r = 0; r < rows; r++) {
         uint64_t s = (uint64_t)state[r];
-        out[2 * r] = mk_sample_row((const float *)x->data + r * n, n, &s, temperature, topp,
-                                   probs, keys);
+        out[2 * r] = mk_sample_row((const float *)x->data + r * n, n, &s, temperature[r * ts],
+                                   topp[r * ps], probs, keys);
         out[2 * r + 1] = (int64_t)s;
     }
     return 0;

@@ -23,9 +23,9 @@
 --            group, head_size] against the caches' rows, sliced_softmax and
 --            matmul_prefix bounded by pos1 [B] (one prefix a slot's heads),
 --            each slot reading only its own rows
---   output   "sample": each slot's logits row through the SampleNode (its
---            own rng, temperature, topp; temperature 0 is the argmax), the
---            drawn token and next state as row j of an int64 [B, 2] buffer;
+--   output   "sample": the logits [B, V] through one SampleNode, row j with
+--            slot j's rng, temperature and topp (temperature 0 is the
+--            argmax): the drawn token and next state as row j of [B, 2];
 --            "logits": the logits [B, V] (Lua 5.1, whose numbers cannot carry
 --            the 64-bit state: the Lua sampler draws)
 --
@@ -137,19 +137,9 @@ function M.graph(mk, c, w, opts)
     local logits = {} -- per block: [n, V]
     for i in ipairs(blocks) do logits[i] = parts.classifier(xs[i]:rms_norm(vec(w.rms_final, "rms_final"))) end
     if opts.output == "logits" then return join(logits, "float32", { B, V }, "batch_logits") end
-    -- each slot's row through its own sampler (temperature and top-p are one a
-    -- SampleNode), the drawn (token, state) as row j of [B, 2]
-    local drawn = mk.buffer("int64", { B, 2 }, "batch_drawn")
-    for i, b in ipairs(blocks) do
-        for r = 0, b.n - 1 do
-            local j = b.first + r
-            local row = logits[i]:slice(r, r + 1):reshape({ V }):sample(rng:slice(j, j + 1),
-                temperature:slice(j, j + 1), topp:slice(j, j + 1)):reshape({ 1, 2 })
-            if B == 1 then return row end
-            drawn = drawn:replace(row, at(j), at(j + 1))
-        end
-    end
-    return drawn
+    -- every slot's row through its own sampler state, temperature and top-p:
+    -- (token, state) as row j of [B, 2]
+    return join(logits, "float32", { B, V }, "batch_logits"):sample(rng:reshape({ B, 1 }), temperature, topp)
 end
 
 local Batch = {}
