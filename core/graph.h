@@ -261,6 +261,8 @@ typedef struct {
                                pointwise prologue and epilogue */
     bool conv_groups;       /* it runs convolution groups (group_conv.c): a convolution with
                                its bias, batch norm (folded), residual add and ReLU */
+    int matvec_rows;        /* the most rows of A its matrix-vector groups take, at most
+                               MK_MATVEC_ROWS_MAX (more: a matrix product) */
 } mk_target;
 
 /* Whether n is one of g's outputs (its value is copied out: no group may absorb it). */

@@ -36,7 +36,7 @@ const char *mk_product_why_not(const mk_graph *g, const mk_target *t, const mk_n
     const mk_node *a = p->in[0], *b = mk_product_weights_of(g, p);
     if (p->dtype != MK_DTYPE_FLOAT32 || a->dtype != MK_DTYPE_FLOAT32) return "not float32";
     if (a->rank != 2 || b->rank != 2) return "not [m, k] @ [k, n]";
-    if (a->shape[0] > MK_MATVEC_ROWS) return "more rows than a matrix-vector product";
+    if (a->shape[0] > t->matvec_rows) return "more rows than the device's matrix-vector groups take";
     if (mk_product_by_rows(b) && !(t->row_products && b->stride[1] == 1 && b->dtype == MK_DTYPE_FLOAT32))
         return t->row_products ? "B's columns are not contiguous, nor its rows float32 and "
                                  "contiguous"

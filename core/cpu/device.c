@@ -306,7 +306,8 @@ static const mk_kernel cpu_kernels[MK_KERNEL_COUNT] = {
 const mk_device_ops mk_cpu_device = {
     .name = "cpu",
     .kernels = cpu_kernels,
-    .target = {.pointwise_operands = MK_X_IN, .int8_products = INT64_MAX, .row_products = true,
+    .target = {.matvec_rows = MK_MATVEC_ROWS, .pointwise_operands = MK_X_IN,
+               .int8_products = INT64_MAX, .row_products = true,
                .row_groups = true, .conv_groups = true},
     .open = cpu_open,
     .close = cpu_close,

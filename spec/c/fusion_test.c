@@ -26,7 +26,8 @@ static const char *script = "$1 = InputTensor(x, float32, [4, 8]);\n"
                             "$7 = SiLUNode($6);\n"
                             "result = $7;\n";
 
-static const mk_target cudnn_target = {.pointwise_operands = MK_X_IN, .cudnn_groups = true};
+static const mk_target cudnn_target = {.pointwise_operands = MK_X_IN, .cudnn_groups = true,
+                                       .matvec_rows = 16};
 
 typedef struct {
     mk_graph *g;

@@ -37,7 +37,7 @@ static void decision(const char *script, bool row_products, mk_upload *upload, i
     CHECK(g, "parse: %s", mk_error_message(err));
     if (!g) return;
     mk_compile_options o = {0};
-    mk_target t = {.pointwise_operands = MK_X_IN, .int8_products = 0,
+    mk_target t = {.pointwise_operands = MK_X_IN, .int8_products = 0, .matvec_rows = 4,
                    .row_products = row_products};
     int rc = mk_passes_run(g, &o, &t, &err);
     CHECK(rc == 0, "passes: %s", mk_error_message(err));

@@ -101,6 +101,42 @@ return function(c)
         }, 0, 0)
     end
 
+    -- ---- a batch's rows through products: CUDA's matrix-vector groups take up to 16 ----
+
+    -- rms_norm(x, g) @ W1^T, silu, times rms_norm(x, g) @ W2^T, plus r: the norm
+    -- folded in, two sibling products, an epilogue; weights [n, k] (read by
+    -- columns), float32 or bfloat16 (the reference reads them rounded)
+    for _, m in ipairs({ 5, 8, 16 }) do
+        for _, dtype in ipairs({ "float32", "bfloat16" }) do
+            local large = c.large and m == 16
+            local k, n = large and 768 or 4 * math.random(2, 24), large and 2 * math.random(100, 400) or 2 * math.random(1, 20)
+            local x, xt, xr = input("x", { m, k }, -2, 2)
+            local r, rt, rr = input("r", { m, n })
+            local gt = H.rand({ k }, 0.5, 1.5)
+            local w1t = mk.tensor(H.ref(H.rand({ n, k }, -0.3, 0.3)).data, dtype):reshape({ n, k })
+            local w2t = mk.tensor(H.ref(H.rand({ n, k }, -0.3, 0.3)).data, dtype):reshape({ n, k })
+            local h = x:rms_norm(mk.constant(gt, "g"))
+            local out = (h:matmul(mk.constant(w1t, "w1"):permute({ 1, 0 })):silu()
+                * h:matmul(mk.constant(w2t, "w2"):permute({ 1, 0 }))) + r
+            local want = { shape = { m, n }, data = {} }
+            for i = 0, m - 1 do
+                local ss = 0.0
+                for t = 1, k do ss = ss + xr.data[i * k + t] ^ 2 end
+                local inv = 1 / math.sqrt(ss / k + 1e-5)
+                for j = 0, n - 1 do
+                    local a1, a2 = 0.0, 0.0
+                    for t = 1, k do
+                        local hv = xr.data[i * k + t] * inv * gt:get(t)
+                        a1, a2 = a1 + hv * w1t:get(j + 1, t), a2 + hv * w2t:get(j + 1, t)
+                    end
+                    want.data[i * n + j + 1] = a1 / (1 + exp(-a1)) * a2 + rr.data[i * n + j + 1]
+                end
+            end
+            add(string.format("rows of a batch: rms_norm, two %s products, silu, residual [%d, %d] -> %d", dtype, m, k, n),
+                out, { x = xt, r = rt }, want, 1e-4, 1e-4)
+        end
+    end
+
     -- ---- decode attention over a batch: one group --------------------------------------
 
     do -- B sequences, H heads of hs, caches [B, H, S, hs]: each step writes each sequence's

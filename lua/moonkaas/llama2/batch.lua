@@ -6,8 +6,8 @@
 --
 --   inputs   token, pos, pos1 (= pos + 1), rng: int64 [B]; temperature,
 --            topp: float32 [B] (slot j's are element j)
---   blocks   the slots in blocks of `rows` rows (opts.rows: ROWS by default,
---            or B, one block): per block and layer the products are
+--   blocks   the slots in blocks of `rows` rows (opts.rows: ROWS[device] by
+--            default, or B, one block): per block and layer the products are
 --            [rows, D] @ W. Up to ROWS rows they are matrix–vector groups,
 --            which read each weight once for the block's rows and sum every
 --            row as a one-row product does (the CPU's groups are
@@ -46,18 +46,19 @@ local model = require("moonkaas.llama2.model")
 
 local M = {}
 
--- Slots per block: group.h's MK_MATVEC_ROWS, the most rows of A a
--- matrix–vector group takes (more would go to BLAS, whose sums run in
--- another order than a one-row product's).
-M.ROWS = 4
+-- Slots per block by device: the most rows of A its matrix–vector groups
+-- take (mk_target.matvec_rows: the CPU's MK_MATVEC_ROWS, CUDA's
+-- MK_MATVEC_ROWS_MAX); more would go to BLAS or cuBLAS, whose sums run in
+-- another order than a one-row product's.
+M.ROWS = { cpu = 4, cuda = 16 }
 
 -- The batch's graph for opts.slots slots (see the header): its output node.
--- opts: slots, positions (the caches' rows), rows (slots a block; ROWS by
--- default), output ("sample" | "logits"), int8_inputs (as model.graph).
+-- opts: slots, positions (the caches' rows), rows (slots a block), output
+-- ("sample" | "logits"), int8_inputs (as model.graph).
 function M.graph(mk, c, w, opts)
     local D, hs, V = c.dim, c.head_size, c.vocab_size
     local heads, kv_heads, kv_dim, group = c.n_heads, c.n_kv_heads, c.kv_dim, c.kv_mul
-    local B, S, ROWS = opts.slots, opts.positions, opts.rows or M.ROWS
+    local B, S, ROWS = opts.slots, opts.positions, opts.rows
     local token = mk.input("token", "int64", { B })
     local pos = mk.input("pos", "int64", { B })
     local pos1 = mk.input("pos1", "int64", { B })
@@ -162,7 +163,7 @@ function M.new(net, opts)
     if output == "sample" and C.lua51 then
         error("batch: output sample needs 64-bit integers (Lua 5.3+); use logits", 3)
     end
-    local rows = opts.rows or M.ROWS
+    local rows = opts.rows or M.ROWS[net.device] or M.ROWS.cpu
     if not C.isinteger(rows) or rows < 1 then
         error(string.format("batch: rows must be an integer >= 1 (got %s)", tostring(rows)), 3)
     end
