@@ -2,7 +2,7 @@
 --
 --   lua scripts/bench_batch.lua [--model PATH] [--batches 1,2,4,8,16,32]
 --       [--devices cpu,cuda] [--steps N] [--runs N] [--temperature T]
---       [--rows 4,all]
+--       [--rows 4,all] [--precision fp32|bf16|fp16|q8|q8a8]
 --
 -- For each device and batch size B: a batch of B slots (compiled before the
 -- timing), B sequences from BOS with seeds 42, 43, ..., stepped together
@@ -12,7 +12,8 @@
 -- T > 0 (top-p 0.9). The step's host work (setting the inputs, reading the
 -- tokens) is counted: it is part of serving B sequences. --rows: the batch's
 -- block sizes to measure (net:batch's rows; "all" is one block of B rows;
--- default 4), a line each, with the launches of a step.
+-- default: the device's), a line each, with the launches of a step.
+-- --precision: the weights' (net's precision, as scripts/llama2.lua -q).
 --
 -- --model: a llama2.c checkpoint (default ../shared/models/stories260K.bin);
 -- a larger shape comes from scripts/bench_llama2.lua --only 15M --dir DIR
@@ -27,7 +28,7 @@ package.cpath = build .. "/?.so;" .. package.cpath
 local USAGE = [[
 usage: lua scripts/bench_batch.lua [--model PATH] [--batches 1,2,4,8,16,32]
        [--devices cpu,cuda] [--steps N] [--runs N] [--temperature T]
-       [--rows 4,all]
+       [--rows 4,all] [--precision fp32|bf16|fp16|q8|q8a8]
 ]]
 
 local function list(s, f)
@@ -38,7 +39,7 @@ end
 
 local function parse(argv)
     local o = { model = root .. "/../shared/models/stories260K.bin", batches = { 1, 2, 4, 8, 16, 32 },
-                devices = nil, steps = 128, runs = 3, temperature = 0, rows = { 4 } }
+                devices = nil, steps = 128, runs = 3, temperature = 0, rows = { "device" } }
     local i = 1
     while i <= #argv do
         local a, v = argv[i], argv[i + 1]
@@ -50,13 +51,14 @@ local function parse(argv)
         elseif a == "--steps" then o.steps = math.tointeger(tonumber(v))
         elseif a == "--runs" then o.runs = math.tointeger(tonumber(v))
         elseif a == "--temperature" then o.temperature = tonumber(v)
+        elseif a == "--precision" then o.precision = v
         elseif a == "--rows" then
             o.rows = list(v, function(x) return x == "all" and "all" or math.tointeger(tonumber(x)) end)
         else return nil end
         i = i + 2
     end
     for _, b in ipairs(o.batches) do if not b or b < 1 then return nil end end
-    for _, r in ipairs(o.rows) do if not r or (r ~= "all" and r < 1) then return nil end end
+    for _, r in ipairs(o.rows) do if not r or (type(r) == "number" and r < 1) then return nil end end
     if not o.steps or o.steps < 1 or not o.runs or o.runs < 1 or not o.temperature then return nil end
     return o
 end
@@ -82,16 +84,17 @@ if not o.devices then
     if mk.cuda_available() then o.devices[2] = "cuda" end
 end
 local steps = math.min(o.steps, c.seq_len)
-print(string.format("%s: %s; %d steps from BOS, %s, median of %d runs", o.model, llama2.checkpoint.describe(c),
-    steps, o.temperature > 0 and string.format("-t %g -p 0.9", o.temperature) or "greedy", o.runs))
+print(string.format("%s: %s; %s weights; %d steps from BOS, %s, median of %d runs", o.model,
+    llama2.checkpoint.describe(c), o.precision or "fp32", steps,
+    o.temperature > 0 and string.format("-t %g -p 0.9", o.temperature) or "greedy", o.runs))
 for _, device in ipairs(o.devices) do
-    local net = llama2.build(mk, c, { device = device, steps = steps })
+    local net = llama2.build(mk, c, { device = device, steps = steps, precision = o.precision })
     local base
-    print(string.format("%-6s %6s %5s %12s %10s %12s %9s", "device", "B", "rows", "tok/s", "speedup", "ms/step",
+    print(string.format("%-6s %6s %6s %12s %10s %12s %9s", "device", "B", "rows", "tok/s", "speedup", "ms/step",
         "launches"))
     for _, B in ipairs(o.batches) do
         for _, rows in ipairs(o.rows) do
-            local b = net:batch({ slots = B, rows = rows == "all" and B or rows })
+            local b = net:batch({ slots = B, rows = rows == "all" and B or rows ~= "device" and rows or nil })
             local rates = {}
             for _ = 1, o.runs do
                 for s = 1, B do b:add({ 1 }, llama2.sampler(c.vocab_size, o.temperature, 0.9, 41 + s)) end
@@ -103,7 +106,7 @@ for _, device in ipairs(o.devices) do
             end
             local rate = median(rates)
             base = base or rate
-            print(string.format("%-6s %6d %5s %12.1f %9.2fx %12.3f %9d", device, B, tostring(rows), rate, rate / base,
+            print(string.format("%-6s %6d %6s %12.1f %9.2fx %12.3f %9d", device, B, tostring(rows), rate, rate / base,
                 1000 * B / rate, b.model:stats().launches))
             b.model:close()
         end
