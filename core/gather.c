@@ -27,7 +27,8 @@ static bool gatherable(const mk_product_group *pg, int k) {
         if (pg->b[j] == k || pg->b_scale[j] == k) return false;
     for (int o = 0; o < pg->n_outs; o++) {
         const mk_product_out *r = &pg->out[o];
-        if (r->row_x == k || r->row_begin == k || r->row_end == k) return false;
+        if (r->row_x == k || r->row_begin == k || r->row_end == k || r->row_index == k)
+            return false;
     }
     return true;
 }

@@ -65,6 +65,9 @@ typedef struct {
     int64_t offset;            /* elements into the group node's memory (no row write) */
     int row_x, row_begin, row_end; /* a row write: operands of x and its bounds, else -1 */
     int64_t row_count;         /* rows the write replaces (the replacement's first dim) */
+    int row_index, row_axis;   /* a ReplaceAt write instead (bounds -1): operand of its
+                                  index [m] and its axis of x (result row i goes to
+                                  x[i, .., index[i], ..]), else -1 */
     bool argmax;               /* the result is the ArgMax of each row (int64 [m, 1]) */
 } mk_product_out;
 

@@ -119,6 +119,14 @@ static int chain_of(const cand *c, const mk_node *x) {
     return -1;
 }
 
+/* A ReplaceAtNode's run: the elements past its axis, written contiguous. */
+static int64_t at_run(const mk_node *r) {
+    int axis = (int)(r->attr[0] < 0 ? r->attr[0] + r->rank : r->attr[0]);
+    int64_t run = 1;
+    for (int d = axis + 1; d < r->rank; d++) run *= r->shape[d];
+    return run;
+}
+
 /* Extends chain i by its value's reader where that may join; true if it grew. */
 static bool extend(cand *c, int i) {
     chain *ch = &c->chains[i];
@@ -175,6 +183,18 @@ static bool extend(cand *c, int i) {
     if (r->op->kernel == MK_KERNEL_ARGMAX && r->in[0] == v && ch->stage <= 2 && v->rank == 2 &&
         v->shape[1] == ch->nodes[0]->shape[1] && v->dtype == MK_DTYPE_FLOAT32 &&
         v->shape[1] <= 0xffffffffLL) {
+        push(ch, r);
+        ch->value = ch->end = r;
+        ch->stage = 3;
+        return true;
+    }
+    /* a batch's rows each at its own index (a cache row a sequence): row i of
+     * the result, as v's first axis holds it, in runs of an even count
+     * (CUDA writes column pairs) */
+    if (r->op->kernel == MK_KERNEL_REPLACE_AT && r->in[1] == v && r->in[0] != v && r->in[2] != v &&
+        r->dtype == MK_DTYPE_FLOAT32 && dense(r->in[0]) && dense(v) &&
+        v->shape[0] == ch->nodes[0]->shape[0] &&
+        mk_node_numel(v) == v->shape[0] * ch->nodes[0]->shape[1] && at_run(r) % 2 == 0) {
         push(ch, r);
         ch->value = ch->end = r;
         ch->stage = 3;
@@ -242,7 +262,7 @@ static int source_of(cand *c, mk_product_out *o, const mk_node *x, const mk_node
  * not fit. */
 static bool describe(cand *c, const chain *ch, mk_product_out *o) {
     *o = (mk_product_out){.end = ch->end, .rotate = -1, .row_x = -1, .row_begin = -1,
-                          .row_end = -1};
+                          .row_end = -1, .row_index = -1, .row_axis = -1};
     mk_expr *e = &o->program;
     const mk_node *result[MK_PRODUCT_MEMBERS] = {0};
     int reg[MK_PRODUCT_MEMBERS];
@@ -286,6 +306,12 @@ static bool describe(cand *c, const chain *ch, mk_product_out *o) {
                 return false;
             o->row_count = m->in[1]->shape[0];
         }
+        if (m->op->kernel == MK_KERNEL_REPLACE_AT) {
+            if ((o->row_x = operand(c, m->in[0])) < 0 || (o->row_index = operand(c, m->in[2])) < 0)
+                return false;
+            o->row_axis = (int)(m->attr[0] < 0 ? m->attr[0] + m->rank : m->attr[0]);
+            o->row_count = m->in[1]->shape[0];
+        }
     }
     if (e->n == 0) { /* the product itself */
         if (source_of(c, o, ch->nodes[0], ch->nodes[0]) != 0) return false;
@@ -316,7 +342,7 @@ static bool operand_read(const mk_product_group *pg, int k) {
     for (int j = 0; j < pg->n_products; j++) read = read || pg->b[j] == k || pg->b_scale[j] == k;
     for (int o = 0; o < pg->n_outs; o++) {
         const mk_product_out *r = &pg->out[o];
-        read = read || r->rotate == k || r->row_begin == k || r->row_end == k;
+        read = read || r->rotate == k || r->row_begin == k || r->row_end == k || r->row_index == k;
         for (int s = 0; s < r->n_src; s++) read = read || r->src[s].in == k;
     }
     return read;
@@ -638,7 +664,8 @@ static mk_product_group *build_attention(cand *c, mk_graph *g, mk_node *x, bool 
     pg->n_products = 1;
     pg->n_outs = 1;
     pg->out[0] = (mk_product_out){.end = y, .n = a->n, .rotate = -1, .row_x = -1,
-                                  .row_begin = -1, .row_end = -1};
+                                  .row_begin = -1, .row_end = -1, .row_index = -1,
+                                  .row_axis = -1};
     if (!valid(c, pg)) {
         free(pg);
         return NULL;
@@ -671,7 +698,7 @@ static bool early_rows(const mk_graph *g, const mk_node *n) {
             for (int o = 0; wg && o < wg->n_outs; o++) {
                 const mk_product_out *r = &wg->out[o];
                 if (r->row_x >= 0 && w->in[r->row_x]->owner == mem &&
-                    (w->in[r->row_end] != p || r->row_count != 1))
+                    (r->row_end < 0 || w->in[r->row_end] != p || r->row_count != 1))
                     return false;
             }
         }

@@ -158,7 +158,8 @@ int mk_mv_plain_sources(const mk_product_out *r) {
  * rotation's (cos, sin) pairs, a row write's bounds), loaded by the thread
  * that writes it (lane 0 of the first slice) as soon as the launches before
  * are done, into registers: pre[m][c][t] (the t-th plain source at row m,
- * column n0 + c), rot[m] and wbegin, wend. Its loads then overlap the
+ * column n0 + c), rot[m], wbegin and wend (a ReplaceAt's: widx[m], row m's
+ * index). Its loads then overlap the
  * products' instead of following their sums, one trip to memory less.
  */
 void mk_mv_put_epilogue_loads(mk_strbuf *b, const mk_mv_plan *p, int o, int C, const char *who) {
@@ -169,7 +170,10 @@ void mk_mv_put_epilogue_loads(mk_strbuf *b, const mk_mv_plan *p, int o, int C, c
     long long N = (long long)r->n;
     if (r->row_x < 0 && r->rotate < 0 && !mk_mv_plain_sources(r)) return;
     mk_strbuf_put(b, "        if (%s) {\n", who);
-    if (r->row_x >= 0)
+    if (r->row_index >= 0)
+        mk_strbuf_put(b, "            for (int m = 0; m < %d; m++) widx[m] = ((const long long *)i%d)[m];\n",
+                      M, r->row_index);
+    else if (r->row_x >= 0)
         mk_strbuf_put(b, "            wbegin = *(const long long *)i%d; wend = *(const long long *)i%d;\n",
                       r->row_begin, r->row_end);
     if (mk_mv_plain_sources(r)) {
@@ -356,7 +360,19 @@ void mk_mv_put_epilogue(mk_strbuf *b, const mk_mv_plan *p, int o, int C, const c
     /* one thread writes; no thread returns early (a block with an ArgMax
      * result meets at a barrier at the end); a fault leaves the do-while */
     mk_strbuf_put(b, "        %sdo {\n", who);
-    if (r->row_x >= 0) { /* the bounds, checked as the CPU's ReplaceSlice checks them */
+    long long at_a = 1, at_s = 1, at_e = 1; /* a ReplaceAt's x: [m, at_a, at_s, at_e] */
+    if (r->row_index >= 0) { /* every index checked first, as the CPU's ReplaceAt does */
+        const mk_tensor *x = &l->in[r->row_x];
+        for (int d = 1; d < r->row_axis; d++) at_a *= x->shape[d];
+        for (int d = r->row_axis + 1; d < x->rank; d++) at_e *= x->shape[d];
+        at_s = x->shape[r->row_axis];
+        mk_strbuf_put(b, "        bool bad = false;\n"
+                         "        for (int m = 0; m < %d && !bad; m++)\n"
+                         "            if (widx[m] < 0 || widx[m] >= %lldLL) { mk_raise(fault, launch, %d, %d, widx[m], m, %lldLL); bad = true; }\n"
+                         "        if (bad) break;\n"
+                         "        float *dst = (float *)i%d;\n",
+                      M, at_s, which, (int)MK_FAULT_INDEX, at_s, r->row_x);
+    } else if (r->row_x >= 0) { /* the bounds, checked as the CPU's ReplaceSlice checks them */
         const mk_tensor *x = &l->in[r->row_x];
         long long rows = x->shape[0];
         mk_strbuf_put(b, "        const long long begin = wbegin, end = wend;\n");
@@ -392,6 +408,12 @@ void mk_mv_put_epilogue(mk_strbuf *b, const mk_mv_plan *p, int o, int C, const c
                          "            const float re = __fsub_rn(__fmul_rn(v[0], cr), __fmul_rn(v[1], ci));\n"
                          "            const float im = __fadd_rn(__fmul_rn(v[0], ci), __fmul_rn(v[1], cr));\n"
                          "            v[0] = re; v[1] = im;\n");
+    if (r->row_index >= 0) { /* column c0 = n0 + 2 h (even, as the run) at x[m, c0 / e, widx[m], c0 %% e] */
+        mk_strbuf_put(b, "            const long long c0 = n0 + 2 * h, at = ((m * %lldLL + c0 / %lldLL) * %lldLL + widx[m]) * %lldLL + c0 %% %lldLL;\n"
+                         "            dst[at] = v[0]; dst[at + 1] = v[1];\n        }\n        } while (0);\n",
+                      at_a, at_e, at_s, at_e, at_e);
+        return;
+    }
     if (!r->argmax) {
         mk_strbuf_put(b, "            dst[e0] = v[0]; dst[e0 + 1] = v[1];\n        }\n        } while (0);\n");
         return;
@@ -522,8 +544,8 @@ void mk_codegen_product_source(mk_strbuf *b, const mk_launch *l) {
     int PS = 1; /* registers of the epilogues' loads (mk_mv_put_epilogue_loads) */
     for (int o = 0; o < pg->n_outs; o++)
         if (mk_mv_plain_sources(&pg->out[o]) > PS) PS = mk_mv_plain_sources(&pg->out[o]);
-    mk_strbuf_put(b, "    float pre[%d][%d][%d], rot[%d][%d][2];\n    long long wbegin = 0, wend = 0;\n"
-                     "    (void)pre; (void)rot; (void)wbegin; (void)wend;\n", M, C, PS, M, C / 2);
+    mk_strbuf_put(b, "    float pre[%d][%d][%d], rot[%d][%d][2];\n    long long wbegin = 0, wend = 0, widx[%d];\n"
+                     "    (void)pre; (void)rot; (void)wbegin; (void)wend; (void)widx;\n", M, C, PS, M, C / 2, M);
     mk_mv_put_preloads(b, p);
     if (staged) mk_mv_put_staging(b, p);
     for (int phase = W > 1 ? 1 : 0; phase <= (W > 1 ? 2 : 0); phase++) {

@@ -56,6 +56,8 @@ int mk_mv_tc_slices(const mk_launch *l, const mk_product_group *pg) {
         return 0;
     for (int j = 0; j < pg->n_products; j++)
         if (pg->b_scale[j] < 0 || pg->b_group[j] % 64) return 0;
+    for (int o = 0; o < pg->n_outs; o++)
+        if (pg->out[o].row_index >= 0) return 0; /* a ReplaceAt's write: the plain form's */
     long long columns = 0;
     for (int o = 0; o < pg->n_outs; o++) {
         int prods[MK_X_IN];

@@ -129,6 +129,8 @@ typedef struct {
     const float *rot;                     /* the rotation's (cos, sin) operand, or NULL */
     int64_t rot_stride[MK_MAX_RANK];
     void *dst;                            /* element 0 of the values; ArgMax: row ids */
+    const int64_t *at;                    /* a ReplaceAt write: row i's index, or NULL; x */
+    int64_t at_a, at_s, at_e;             /* [m, at_a, at_s, at_e] around its axis (at_s) */
 } cpu_mv_out;
 
 /* Operand t broadcast onto (rank, shape): its strides into s. */
@@ -175,6 +177,15 @@ static void mv_chunk(const cpu_mv_out *x, const float *a, const int8_t *aq, cons
             v[t + 1] = re * ci + im * cr;
         }
         val = v;
+    }
+    if (x->at) { /* column j of row i at x[i, j / at_e, at[i], j % at_e], in runs */
+        for (int64_t t = 0; t < len;) {
+            int64_t j = j0 + t, e = j % x->at_e, run = x->at_e - e < len - t ? x->at_e - e : len - t;
+            int64_t to = ((i * x->at_a + j / x->at_e) * x->at_s + x->at[i]) * x->at_e + e;
+            memcpy((float *)x->dst + to, val + t, (size_t)run * sizeof(float));
+            t += run;
+        }
+        return;
     }
     if (!r->argmax) {
         memcpy((float *)x->dst + e0, val, (size_t)len * sizeof(float));
@@ -252,7 +263,17 @@ static int cpu_matvec(const mk_launch *l, mk_error **err) {
             x->rot = l->in[r->rotate].data;
             broadcast_strides(&l->in[r->rotate], r->rotate_rank, r->rotate_shape, x->rot_stride);
         }
-        if (r->row_x >= 0) { /* checked now, as the write alone would */
+        if (r->row_index >= 0) { /* ReplaceAt's: every index checked first, as alone */
+            const mk_tensor *w = &l->in[r->row_x];
+            x->at = l->in[r->row_index].data;
+            x->at_a = 1, x->at_s = w->shape[r->row_axis], x->at_e = 1;
+            for (int d = 1; d < r->row_axis; d++) x->at_a *= w->shape[d];
+            for (int d = r->row_axis + 1; d < w->rank; d++) x->at_e *= w->shape[d];
+            for (int64_t i = 0; i < m; i++)
+                if (x->at[i] < 0 || x->at[i] >= x->at_s)
+                    return mk_fault(err, r->end, MK_FAULT_INDEX, x->at[i], i, x->at_s);
+            x->dst = w->data;
+        } else if (r->row_x >= 0) { /* checked now, as the write alone would */
             const mk_tensor *w = &l->in[r->row_x];
             int64_t begin = read_i64(&l->in[r->row_begin]), end = read_i64(&l->in[r->row_end]);
             if (mk_cpu_row_bounds(r->end, begin, end, w->shape[0], r->row_count, err)) return -1;

@@ -137,6 +137,58 @@ return function(c)
         end
     end
 
+    -- ---- a product's rows written at each row's own index (folded into its group) ------
+
+    -- (x @ W^T) rotated as RoPE, reshaped [m, A, E], into a buffer [m, A, S, E] at
+    -- idx[i] of axis 2, step after step; a bad index fails the step, writes
+    -- nothing, and the next step goes on
+    for _, m in ipairs({ 1, 3, 16 }) do
+        local A, S, E, k = math.random(1, 3), math.random(2, 6), 2 * math.random(1, 4), math.random(4, 40)
+        local n = A * E
+        local x = mk.input("x", "float32", { m, k })
+        local idx = mk.input("idx", "int64", { m })
+        local rot = mk.input("rot", "float32", { m, n })
+        local wt = H.rand({ n, k }, -0.5, 0.5)
+        local y = x:matmul(mk.constant(wt, "w"):permute({ 1, 0 }))
+        y = y:reshape({ m, idiv(n, 2), 2 }):complex_mul(rot:reshape({ m, idiv(n, 2), 2 })):reshape({ m, A, E })
+        local out = mk.buffer("float32", { m, A, S, E }):replace_at(y, idx, 2)
+        local buf = {}
+        for i = 1, m * A * S * E do buf[i] = 0 end
+        local list = {}
+        for step = 1, 4 do
+            local xt, xr = H.rand({ m, k }, -1, 1)
+            local rt, rr = H.rand({ m, n }, -1, 1)
+            local at = randoms(m, 0, S - 1)
+            if step == 2 then -- one index past the end: an error, nothing written
+                local bad = {}
+                for i, v in ipairs(at) do bad[i] = v end
+                bad[m] = S
+                list[#list + 1] = { feeds = { x = xt, idx = i64(bad), rot = rt }, error = "evaluation error: ReplaceAtNode" }
+            end
+            for i = 0, m - 1 do
+                local row = {}
+                for j = 0, n - 1 do
+                    local sum = 0.0
+                    for t = 1, k do sum = sum + xr.data[i * k + t] * wt:get(j + 1, t) end
+                    row[j] = sum
+                end
+                for h = 0, idiv(n, 2) - 1 do
+                    local re, im = row[2 * h], row[2 * h + 1]
+                    local cr, ci = rr.data[i * n + 2 * h + 1], rr.data[i * n + 2 * h + 2]
+                    row[2 * h], row[2 * h + 1] = re * cr - im * ci, re * ci + im * cr
+                end
+                for j = 0, n - 1 do
+                    buf[((i * A + idiv(j, E)) * S + at[i + 1]) * E + j % E + 1] = row[j]
+                end
+            end
+            local want = { shape = { m, A, S, E }, data = {} }
+            for i, v in ipairs(buf) do want.data[i] = v end
+            list[#list + 1] = { feeds = { x = xt, idx = i64(at), rot = rt }, want = want }
+        end
+        steps(string.format("a product's %d rows rotated, each at its own index of [%d, %d, %d, %d] (ReplaceAtNode)",
+            m, m, A, S, E), out, list, 1e-5, 1e-4)
+    end
+
     -- ---- decode attention over a batch: one group --------------------------------------
 
     do -- B sequences, H heads of hs, caches [B, H, S, hs]: each step writes each sequence's

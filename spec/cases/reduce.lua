@@ -375,9 +375,11 @@ return function(c)
         -- a [m, k] @ wr^T (+ bias, + add), and the largest of its outputs' error
         -- under TF32 (cuDNN's matmul, gpu_spec's cudnn = true): each term's
         -- inputs rounded to 10 bits, 2^-11 relative at most each, the terms'
-        -- errors independent: 6 sigmas of their sum (sqrt of the squares)
+        -- errors independent: 6 sigmas of their sum (sqrt of the squares); and
+        -- in float32: k additions, each off by 2^-24 of a partial sum (about
+        -- sqrt of the squares again), independent: 6 sigmas
         local function product(a, wr, bias, add)
-            local want, tf32 = { shape = { m, n }, data = {} }, 0
+            local want, tf32, f32 = { shape = { m, n }, data = {} }, 0, 0
             for r = 0, m - 1 do
                 for j = 0, n - 1 do
                     local sum, sq = bias and bias.data[j + 1] or 0, 0
@@ -387,9 +389,10 @@ return function(c)
                     end
                     want.data[r * n + j + 1] = sum + (add and add.data[r * n + j + 1] or 0)
                     tf32 = math.max(tf32, 6 * 2 ^ -11 * math.sqrt(2 * sq))
+                    f32 = math.max(f32, 6 * 2 ^ -24 * math.sqrt(k * sq))
                 end
             end
-            return want, tf32
+            return want, tf32, f32
         end
         local function largest(x)
             local big = 0
@@ -398,18 +401,21 @@ return function(c)
         end
         local feeds = { x = xt, g = gt, b = bt, w1 = w1t, w2 = w2t }
         local at = string.format("[%d, %d] -> %d, eps %g", m, k, n, eps)
-        local p1, e1 = product(lnr, w1r, c1r, resr)
+        -- (tolerances: each product's float32 and TF32 bounds, grown by the
+        -- other's size where two products multiply)
+        local p1, tf_p1, fp_p1 = product(lnr, w1r, c1r, resr)
         c.add("layer_norm into a product, bias and residual " .. at,
             ln:matmul(w1:T()) + c1 + res, { x = xt, g = gt, b = bt, w1 = w1t, c1 = c1t, res = rest },
-            p1, 1e-4, 1e-4, e1)
-        local q1, f1 = product(lnr, w1r)
-        local q2, f2 = product(lnr, w2r)
+            p1, math.max(1e-4, fp_p1), 1e-4, tf_p1)
+        local q1, tf_q1, fp_q1 = product(lnr, w1r)
+        local q2, tf_q2, fp_q2 = product(lnr, w2r)
         c.add("layer_norm into two products " .. at, ln:matmul(w1:T()) * ln:matmul(w2:T()), feeds,
-            R.mul(q1, q2), 1e-4, 1e-4, largest(q1) * f2 + largest(q2) * f1 + f1 * f2)
+            R.mul(q1, q2), math.max(1e-4, largest(q1) * fp_q2 + largest(q2) * fp_q1), 1e-4,
+            largest(q1) * tf_q2 + largest(q2) * tf_q1 + tf_q1 * tf_q2)
         local lne = { shape = { m, k }, data = {} }
         for i, v in ipairs(lnr.data) do lne.data[i] = exp(v) end
-        local r1, g1 = product(lne, w1r)
+        local r1, tf_r1, fp_r1 = product(lne, w1r)
         c.add("layer_norm read by a product and exp " .. at, ln:exp():matmul(w1:T()) + ln:matmul(w2:T()), feeds,
-            R.add(r1, q2), 1e-4, 1e-4, g1 + f2)
+            R.add(r1, q2), math.max(1e-4, fp_r1 + fp_q2), 1e-4, tf_r1 + tf_q2)
     end
 end
