@@ -348,16 +348,6 @@ static bool operand_read(const mk_product_group *pg, int k) {
     return read;
 }
 
-/*
- * May the candidate become one node standing at its last member? Nodes
- * between its first and last member that read a member (or such a node) move
- * after it, in order (c->moved); the others stay before it. That keeps the
- * graph's meaning where no operand is moved, memory a row write writes is read
- * by a moved node only after the write and by a node that stays only before
- * it, and a write in place between stays before it and writes no memory that
- * a member before it reads (attention's V written after its scores are made,
- * in the script's order: the scores read only Q and K).
- */
 /* Whether a member before node i reads memory mem. */
 static bool read_before(const cand *c, const mk_node *mem, int i) {
     for (int j = 0; j < i; j++) {
@@ -369,6 +359,16 @@ static bool read_before(const cand *c, const mk_node *mem, int i) {
     return false;
 }
 
+/*
+ * May the candidate become one node standing at its last member? Nodes
+ * between its first and last member that read a member (or such a node) move
+ * after it, in order (c->moved); the others stay before it. That keeps the
+ * graph's meaning where no operand is moved, memory a row write writes is read
+ * by a moved node only after the write and by a node that stays only before
+ * it, and a write in place between stays before it and writes no memory that
+ * a member before it reads (attention's V written after its scores are made,
+ * in the script's order: the scores read only Q and K).
+ */
 static bool valid(cand *c, const mk_product_group *pg) {
     const mk_graph *g = c->g;
     int first, last;
