@@ -454,8 +454,9 @@ int mk_cpu_matmul(const mk_launch *l, mk_error **err) {
     return 0;
 }
 
-/* out = a @ b over the first p elements of the shared axis (p: int64 [1], read
- * now, 0 <= p <= that axis): the product of a and b narrowed to them. */
+/* out = a @ b over the first p elements of the shared axis (p: int64 [1], or
+ * one a run of the batch; read now, 0 <= p <= that axis): the product of a and
+ * b narrowed to them, a run at a time. */
 int mk_cpu_prefix_matmul(const mk_launch *l, mk_error **err) {
     int64_t s = l->in[0].shape[l->in[0].rank - 1], runs;
     const int64_t *p;

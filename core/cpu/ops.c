@@ -605,21 +605,21 @@ void mk_cpu_softmax_row(const float *x, float *o, int64_t n, int64_t p) {
         memcpy(o + p, x + p, (size_t)(n - p) * sizeof(float));
 }
 
-/*
- * out [rows, n]: per row, softmax of x's first p elements (max subtracted, as
- * run.c), the other n - p copied; p: int64 [1], read now, 0 <= p <= n.
- */
 int mk_cpu_prefixes(const mk_launch *l, int k, int64_t hi, const int64_t **p, int64_t *count,
                     mk_error **err) {
     *p = l->in[k].data;
     *count = mk_tensor_numel(&l->in[k]);
     for (int64_t i = 0; i < *count; i++)
-        if ((*p)[i] < 0 || (*p)[i] > hi) return mk_fault(err, l->node, MK_FAULT_PREFIX, (*p)[i], hi, 0);
+        if ((*p)[i] < 0 || (*p)[i] > hi)
+            return mk_fault(err, l->node, MK_FAULT_PREFIX, (*p)[i], hi, 0);
     return 0;
 }
 
-/* Rows of x [.., n]: each the softmax of its first p elements, p the
- * bound's value for the row's run of the first axis. */
+/*
+ * out [rows, n]: per row, softmax of x's first p elements (max subtracted, as
+ * run.c), the other n - p copied; p the bound's value for the row's run of the
+ * first axis (mk_cpu_prefixes), read now, 0 <= p <= n.
+ */
 int mk_cpu_sliced_softmax(const mk_launch *l, mk_error **err) {
     const mk_tensor *x = &l->in[0];
     int64_t n = x->shape[x->rank - 1], rows = mk_tensor_numel(x) / n, runs;
