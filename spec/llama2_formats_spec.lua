@@ -302,6 +302,32 @@ describe("llama2.c checkpoint versions 1 and 2", function()
         assert.truthy(err:find("unknown version 3", 1, true), err)
     end)
 
+    -- export wrote out_path .. ".partial" with io.open "wb" (a predictable name
+    -- that follows links) and renamed it: a link planted there received the file
+    it("export never writes through a link at the old .partial name or at the path", function()
+        if not need_core() then return end
+        H.seed("formats export links")
+        local function sh(cmd) local r = os.execute(cmd) return r == true or r == 0 end
+        local cfg = CONFIGS[math.random(1, #CONFIGS)]
+        local legacy, out, victim = tmp(), tmp(), tmp()
+        local W = write_legacy(legacy, cfg)
+        local secret = "the victim's own bytes " .. math.random(1, 1e9)
+        H.write_file(victim, secret)
+        os.remove(out)
+        assert.is_true(sh(("ln -s '%s' '%s.partial'"):format(victim, out)))
+        export(legacy, out, 1)
+        assert.are.equal(secret, H.read_file(victim))
+        assert.is_false(sh(("test -L '%s'"):format(out)), "the output is a link")
+        assert.is_true(H.read_file(out) == ref_v1(cfg, W), "the output differs from export.py's")
+        -- a link at the path itself is replaced by the file, its target untouched
+        os.remove(out)
+        assert.is_true(sh(("ln -s '%s' '%s'"):format(victim, out)))
+        export(legacy, out, 1)
+        assert.are.equal(secret, H.read_file(victim))
+        assert.is_false(sh(("test -L '%s'"):format(out)), "the output is a link")
+        assert.is_true(H.read_file(out) == ref_v1(cfg, W), "the output differs from export.py's")
+    end)
+
     it("map(): version 1 gives the legacy tensors, version 2 q and scale that dequantize to them", function()
         if not need_core() then return end
         H.seed("formats map")
