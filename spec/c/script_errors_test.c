@@ -3,7 +3,8 @@
  * every class of bad script gives an error with the right kind, line and
  * column, leaving the context usable; misused compile and evaluate calls
  * (missing, doubled or unknown tensors, short outputs) fail with their
- * messages and the model runs afterwards.
+ * messages and the model runs afterwards; a NUL byte inside a script's length
+ * is a syntax error at its line and column (mk_script_check_bytes).
  */
 #include "moonkaas.h"
 #include "test.h"
@@ -296,12 +297,51 @@ static void test_api_misuse(void) {
     mk_error_free(err);
 }
 
+/* A NUL byte inside the length a host holds: a syntax error at its line and
+ * column (issue 66: the text after it vanished, a script's next line with it),
+ * the position counted here from the definition (lines from 1 after each
+ * '\n', columns from 1 in bytes). Nothing before len: 0. */
+static void test_nul_bytes(void) {
+    static const char script[] = "$1 = InputTensor(pos, int64, [1]);\n$2 = SumNode($1, $1);\n"
+                                 "result = $2;\nnext pos = pos + 1;\n";
+    size_t n = sizeof script - 1;
+    char text[sizeof script + 1];
+    mk_error *err = NULL;
+    CHECK(mk_script_check_bytes(script, n, &err) == 0 && !err, "%s", mk_error_message(err));
+    for (int k = 0; k < 8; k++) {
+        size_t at = k == 0 ? 0 : k == 1 ? n : (size_t)test_randint(1, (int64_t)n - 1);
+        memcpy(text, script, at);
+        text[at] = '\0';
+        memcpy(text + at + 1, script + at, n - at);
+        int line = 1, column = 1;
+        for (size_t i = 0; i < at; i++) {
+            if (script[i] == '\n') line++, column = 1;
+            else column++;
+        }
+        CHECK(mk_script_check_bytes(text, n + 1, &err) == -1 &&
+                  mk_error_code_of(err) == MK_ERR_SYNTAX && mk_error_line(err) == line &&
+                  mk_error_column(err) == column &&
+                  strstr(mk_error_message(err), "a NUL byte in the script"),
+              "NUL at byte %zu (line %d, column %d): %s", at, line, column, mk_error_message(err));
+        mk_error_free(err), err = NULL;
+        /* a length that stops before the NUL sees none */
+        CHECK(mk_script_check_bytes(text, at, &err) == 0 && !err, "length %zu: %s", at,
+              mk_error_message(err));
+        mk_error_free(err), err = NULL;
+    }
+    CHECK(mk_script_check_bytes(NULL, 4, &err) == -1 && mk_error_code_of(err) == MK_ERR_ARGUMENT,
+          "NULL script: %s", mk_error_message(err));
+    mk_error_free(err);
+}
+
 int main(void) {
     mk_error *err = NULL;
     ctx = mk_context_new(&err);
+    test_srand(test_seed());
     RUN(test_bad_scripts);
     RUN(test_context_usable_after_errors);
     RUN(test_api_misuse);
+    RUN(test_nul_bytes);
     mk_context_free(ctx);
     return test_summary("script_errors");
 }
