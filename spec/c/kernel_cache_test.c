@@ -13,6 +13,9 @@
  *                         (<entry>.<pid>.tmp) are not followed
  *   test_directory        a new directory is made 0700; one writable by others
  *                         or another user's is refused: nothing written there
+ *   test_dump_link        an MK_CUDA_DUMP source whose name is a planted link
+ *                         (it was fopen "w", which followed it): the link is
+ *                         replaced by the source, its target untouched
  *
  * Without the plugin (CUDA=0, or none found) the test is skipped with the reason.
  */
@@ -251,6 +254,65 @@ static void test_directory(void) {
     drop_cache_dir(dir);
 }
 
+/* The one .cu file in dir: its path in path; how many there are. */
+static int sources(const char *dir, char *path, size_t size) {
+    int n = 0;
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        size_t len = strlen(e->d_name);
+        if (len < 3 || strcmp(e->d_name + len - 3, ".cu")) continue;
+        n++;
+        snprintf(path, size, "%s/%s", dir, e->d_name);
+    }
+    if (d) closedir(d);
+    return n;
+}
+
+static void test_dump_link(void) {
+    char dir[64], dump[64], path[512], victim[512];
+    make_cache_dir(dir);
+    strcpy(dump, "/tmp/mk-cuda-dump-XXXXXX");
+    CHECK(mkdtemp(dump) != NULL, "mkdtemp");
+    setenv("MK_CUDA_DUMP", dump, 1);
+    mk_error *err = NULL;
+    mk_context *ctx = mk_context_new(&err);
+    mk_model *m = fresh_group(ctx);
+    if (!check(m)) goto done;
+    int dumped = sources(dump, path, sizeof path);
+    CHECK(dumped == 1, "%d sources dumped", dumped);
+    size_t n = 0;
+    char *source = slurp(path, &n);
+    CHECK(source && n > 0 && strstr(source, "__global__"), "the dumped source: %zu bytes", n);
+    snprintf(victim, sizeof victim, "%s/victim", dir);
+    char secret[64];
+    snprintf(secret, sizeof secret, "the victim's own bytes %lld",
+             (long long)test_randint(0, 1 << 30));
+    spit(victim, secret, strlen(secret));
+    /* the source's name a link to the victim; the next check dumps it again */
+    unlink(path);
+    CHECK(symlink(victim, path) == 0, "symlink %s", path);
+    CHECK(check(m), "check with a link at the source's name");
+    size_t k = 0;
+    char *now = slurp(victim, &k);
+    CHECK(now && k == strlen(secret) && !memcmp(now, secret, k), "the victim was written through");
+    free(now);
+    struct stat st;
+    size_t r = 0;
+    char *again = slurp(path, &r);
+    CHECK(lstat(path, &st) == 0 && S_ISREG(st.st_mode) && again && r == n &&
+              !memcmp(again, source, n),
+          "the dump is not the source as a regular file");
+    free(again);
+    free(source);
+done:
+    unsetenv("MK_CUDA_DUMP");
+    mk_model_free(m);
+    mk_error_free(err);
+    mk_context_free(ctx);
+    drop_cache_dir(dir);
+    drop_cache_dir(dump);
+}
+
 int main(void) {
     test_srand(test_seed());
     char why[512];
@@ -259,11 +321,13 @@ int main(void) {
         SKIP(test_planted_entry, why);
         SKIP(test_temporary_link, why);
         SKIP(test_directory, why);
+        SKIP(test_dump_link, why);
     } else {
         RUN(test_corrupt_entry);
         RUN(test_planted_entry);
         RUN(test_temporary_link);
         RUN(test_directory);
+        RUN(test_dump_link);
     }
     return test_summary("kernel_cache");
 }
