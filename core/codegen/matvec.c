@@ -408,7 +408,7 @@ void mk_mv_put_epilogue(mk_strbuf *b, const mk_mv_plan *p, int o, int C, const c
                          "            const float re = __fsub_rn(__fmul_rn(v[0], cr), __fmul_rn(v[1], ci));\n"
                          "            const float im = __fadd_rn(__fmul_rn(v[0], ci), __fmul_rn(v[1], cr));\n"
                          "            v[0] = re; v[1] = im;\n");
-    if (r->row_index >= 0) { /* column c0 = n0 + 2 h (even, as the run) at x[m, c0 / e, widx[m], c0 %% e] */
+    if (r->row_index >= 0) { /* column c0 = n0 + 2 h (even, as the run) at x[m, c0 / e, widx[m], c0 % e] */
         mk_strbuf_put(b, "            const long long c0 = n0 + 2 * h, at = ((m * %lldLL + c0 / %lldLL) * %lldLL + widx[m]) * %lldLL + c0 %% %lldLL;\n"
                          "            dst[at] = v[0]; dst[at + 1] = v[1];\n        }\n        } while (0);\n",
                       at_a, at_e, at_s, at_e, at_e);

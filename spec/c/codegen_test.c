@@ -28,6 +28,8 @@
  *                        broken files replaced, "off", unusable directories
  *   test_shared_program  two layers alike share one kernel (one cubin)
  *   test_lowp_groups     matrix-vector groups of float16, bfloat16 and int8 weights
+ *   test_batch_groups    a batch's: a ReplaceAt row write, attention with a
+ *                        prefix a sequence
  *   test_staged_batches  8 MiB of weights (A staged): 16-bit weights' copy loads
  *                        A in batches of steps, float32's a step at a time;
  *                        a row longer than 8,192 without a norm, all at once
@@ -178,6 +180,39 @@ static void test_issue64_ops(void) {
         int checked = mk_model_check_generated(m, 90, &err);
         CHECK(checked >= cases[i].want, "sm_90: %d generated launches, want %d: %s\n%s", checked,
               cases[i].want, err ? mk_error_message(err) : "", cases[i].script);
+        mk_model_free(m);
+        mk_error_free(err);
+        err = NULL;
+    }
+    mk_context_free(ctx);
+}
+
+/* A batch's groups (issue 68): a product whose rotated rows a ReplaceAtNode
+ * writes each at its own index (the group's row write), and decode attention
+ * with a prefix a sequence ([3] over 6 heads). */
+static void test_batch_groups(void) {
+    static const char *const scripts[] = {
+        "$1 = BufferTensor(float32, [3, 2, 5, 4]);\n$2 = InputTensor(x, float32, [3, 16]);\n"
+        "$3 = InputTensor(w, float32, [8, 16]);\n$4 = PermuteNode($3, [1, 0]);\n"
+        "$5 = MatMulNode($2, $4);\n$6 = ReshapeNode($5, [3, 4, 2]);\n"
+        "$7 = InputTensor(rot, float32, [3, 8]);\n$8 = ReshapeNode($7, [3, 4, 2]);\n"
+        "$9 = ComplexHadamardProductNode($6, $8);\n$10 = ReshapeNode($9, [3, 2, 4]);\n"
+        "$11 = InputTensor(idx, int64, [3]);\n$12 = ReplaceAtNode($1, $10, $11, 2);\nresult = $12;\n",
+        "$1 = InputTensor(q, float32, [6, 1, 4]);\n$2 = InputTensor(k, float32, [6, 8, 4]);\n"
+        "$3 = PermuteNode($2, [0, 2, 1]);\n$4 = MatMulNode($1, $3);\n"
+        "$5 = InputTensor(p, int64, [3]);\n$6 = SlicedSoftmaxNode($4, $5);\n"
+        "$7 = InputTensor(v, float32, [6, 8, 4]);\n$8 = PrefixMatMulNode($6, $7, $5);\nresult = $8;\n",
+    };
+    mk_error *err = NULL;
+    mk_context *ctx = mk_context_new(&err);
+    CHECK(ctx != NULL, "context: %s", mk_error_message(err));
+    for (size_t i = 0; ctx && i < sizeof scripts / sizeof scripts[0]; i++) {
+        mk_model *m = mk_compile(ctx, scripts[i], NULL, 0, NULL, &err);
+        CHECK(m != NULL, "compile: %s\n%s", mk_error_message(err), scripts[i]);
+        if (!m) break;
+        int checked = mk_model_check_generated(m, 90, &err);
+        CHECK(checked == 1, "sm_90: %d generated launches, want the group: %s\n%s", checked,
+              err ? mk_error_message(err) : "", scripts[i]);
         mk_model_free(m);
         mk_error_free(err);
         err = NULL;
@@ -703,6 +738,7 @@ int main(void) {
         SKIP(test_shared_program, why);
         SKIP(test_gathered_operands, why);
         SKIP(test_attention_rows, why);
+        SKIP(test_batch_groups, why);
     } else {
         RUN(test_random_groups);
         RUN(test_issue64_ops);
@@ -715,6 +751,7 @@ int main(void) {
         RUN(test_staged_batches);
         RUN(test_gathered_operands);
         RUN(test_attention_rows);
+        RUN(test_batch_groups);
     }
     free(outer_cache);
     return test_summary("codegen");
