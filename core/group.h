@@ -36,8 +36,9 @@ typedef struct mk_pointwise_group {
 #define MK_PRODUCTS_MAX 4     /* products of one group (siblings reading the same A) */
 #define MK_PRODUCT_MEMBERS 32 /* nodes one group may replace */
 #define MK_GATHERS_MAX 4      /* operands of one group read at a row an id picks */
-#define MK_MATVEC_ROWS 4      /* rows of A the CPU's groups take; more is a matrix product */
-#define MK_MATVEC_ROWS_MAX 16 /* rows of A any device's groups take (mk_target.matvec_rows) */
+#define MK_MATVEC_ROWS 4      /* rows of A the devices' groups take; more is a matrix product */
+#define MK_MATVEC_ROWS_MAX 16 /* rows of A a device's groups may take (mk_target.matvec_rows):
+                                 the generators' limit */
 #define MK_ATTENTION_ROWS 8   /* query rows per batch an attention group takes */
 #define MK_INT8_GROUP_MAX 512 /* groups of A on the int8 grid a group takes divide this (powers
                                  of two: CUDA's 16-value lanes of a group share its maximum by

@@ -3,10 +3,9 @@
  * compile with NVRTC, on any machine with the plugin: NVRTC needs no GPU, so
  * CI (which has none) checks the generator too. Each graph is compiled on the
  * CPU (the grouping passes are the same for both devices, but for the rows a
- * matrix-vector group takes: 4 on the CPU, 16 on CUDA, whose 5- to 16-row
- * groups spec/cases/batch.lua checks on a GPU) and every group's CUDA source
- * is written and compiled for sm_90 (device.h's mk_model_check_generated). On
- * a GPU, spec/group_spec.lua runs them.
+ * matrix-vector group takes, mk_target.matvec_rows: 4 on both today) and
+ * every group's CUDA source is written and compiled for sm_90 (device.h's
+ * mk_model_check_generated). On a GPU, spec/group_spec.lua runs them.
  *
  * The graphs and shapes are a fixed corpus, drawn from CORPUS_SEED (MK_SEED
  * draws another): the same sources every run, so the kernel cache

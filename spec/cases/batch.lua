@@ -101,7 +101,7 @@ return function(c)
         }, 0, 0)
     end
 
-    -- ---- a batch's rows through products: CUDA's matrix-vector groups take up to 16 ----
+    -- ---- a batch's rows through products (matrix-vector groups up to the device's rows) ----
 
     -- rms_norm(x, g) @ W1^T, silu, times rms_norm(x, g) @ W2^T, plus r: the norm
     -- folded in, two sibling products, an epilogue; weights [n, k] (read by
