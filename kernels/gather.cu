@@ -122,9 +122,40 @@ static void replace_slice_as(const mk_launch *l, char *o, const char *src, long 
         (U *)o, (const U *)src, pb, pe, rows, r_rows, row_units, s->fault, l->index);
 }
 
+/*
+ * Before an in-place write of r (r_bytes at *src) into x (x_bytes): r is
+ * copied aside into the launch's scratch where it lies in x's memory (where
+ * it lands is known only at run time: the CPU's memmove), then out starts as
+ * a copy of x where the write is not bound in place. *src then names r's
+ * bytes to write.
+ */
+static int in_place(const mk_launch *l, size_t x_bytes, size_t r_bytes, const char **src,
+                    mk_error **err) {
+    mk_cuda_state *s = mk_cuda_state_of(l);
+    char *o = (char *)l->out.data;
+    const char *x = (const char *)l->in[0].data;
+    cudaError_t status;
+    if (*src < o + x_bytes && o < *src + r_bytes) {
+        if (l->scratch_bytes < r_bytes) /* cuda_launch_memory asked for it */
+            return MK_INTERNAL(err, "a replacement inside x without its scratch");
+        char *aside = (char *)l->scratch + (l->scratch_bytes - r_bytes);
+        status = cudaMemcpyAsync(aside, *src, r_bytes, cudaMemcpyDeviceToDevice, s->stream);
+        if (status != cudaSuccess)
+            return mk_cuda_fail_status(err, status, "cudaMemcpyAsync (in-place write: r aside)",
+                                       __FILE__, __LINE__);
+        *src = aside;
+    }
+    if (o != x) {
+        status = cudaMemcpyAsync(o, x, x_bytes, cudaMemcpyDeviceToDevice, s->stream);
+        if (status != cudaSuccess)
+            return mk_cuda_fail_status(err, status, "cudaMemcpyAsync (in-place write: x into out)",
+                                       __FILE__, __LINE__);
+    }
+    return 0;
+}
+
 /* MK_KERNEL_REPLACE_SLICE: every dtype; begin and end int64 [1]. */
 int mk_cuda_replace_slice(const mk_launch *l, mk_error **err) {
-    mk_cuda_state *s = mk_cuda_state_of(l);
     const mk_tensor *x = &l->in[0], *r = &l->in[1];
     long long rows = x->shape[0], r_rows = r->shape[0];
     size_t es = mk_dtype_size(x->dtype);
@@ -135,26 +166,7 @@ int mk_cuda_replace_slice(const mk_launch *l, mk_error **err) {
         return MK_INTERNAL(err, "the replacement's rows differ from x's rows");
     char *o = (char *)l->out.data;
     const char *src = (const char *)r->data;
-    cudaError_t status;
-    if (o != (const char *)x->data) {
-        /* not bound in place: out starts as a copy of x */
-        status = cudaMemcpyAsync(o, x->data, x_bytes, cudaMemcpyDeviceToDevice, s->stream);
-        if (status != cudaSuccess)
-            return mk_cuda_fail_status(err, status, "cudaMemcpyAsync (replace: x into out)",
-                                       __FILE__, __LINE__);
-    }
-    if (src < o + x_bytes && o < src + r_bytes) {
-        /* r lives inside x: where it lands is known only at run time, so copy it
-         * aside first (the CPU's memmove) */
-        if (l->scratch_bytes < r_bytes) /* cuda_launch_memory asked for it */
-            return MK_INTERNAL(err, "a replacement inside x without its scratch");
-        char *aside = (char *)l->scratch + (l->scratch_bytes - r_bytes);
-        status = cudaMemcpyAsync(aside, src, r_bytes, cudaMemcpyDeviceToDevice, s->stream);
-        if (status != cudaSuccess)
-            return mk_cuda_fail_status(err, status, "cudaMemcpyAsync (replace: r aside)",
-                                       __FILE__, __LINE__);
-        src = aside;
-    }
+    if (in_place(l, x_bytes, r_bytes, &src, err)) return -1;
     int unit = unit_for(row_bytes, o, src);
     long long row_units = (long long)(row_bytes / (size_t)unit);
     switch (unit) {
@@ -199,7 +211,6 @@ static void replace_at_as(const mk_launch *l, char *o, const char *src, long lon
 /* MK_KERNEL_REPLACE_AT: every dtype; x [N, .., S, ..] with S at the node's
  * axis, r x's shape without it, index int64 [N] on the device. */
 int mk_cuda_replace_at(const mk_launch *l, mk_error **err) {
-    mk_cuda_state *s = mk_cuda_state_of(l);
     const mk_tensor *x = &l->in[0], *r = &l->in[1];
     int axis = (int)(l->node->attr[0] < 0 ? l->node->attr[0] + x->rank : l->node->attr[0]);
     long long n = x->shape[0], a = 1, e = 1, S = x->shape[axis];
@@ -209,23 +220,7 @@ int mk_cuda_replace_at(const mk_launch *l, mk_error **err) {
     size_t x_bytes = (size_t)mk_tensor_numel(x) * es, r_bytes = (size_t)(n * a) * run;
     char *o = (char *)l->out.data;
     const char *src = (const char *)r->data;
-    cudaError_t status;
-    if (src < o + x_bytes && o < src + r_bytes) { /* r inside x: aside first, as the CPU's */
-        if (l->scratch_bytes < r_bytes) /* cuda_launch_memory asked for it */
-            return MK_INTERNAL(err, "a replacement inside x without its scratch");
-        char *aside = (char *)l->scratch + (l->scratch_bytes - r_bytes);
-        status = cudaMemcpyAsync(aside, src, r_bytes, cudaMemcpyDeviceToDevice, s->stream);
-        if (status != cudaSuccess)
-            return mk_cuda_fail_status(err, status, "cudaMemcpyAsync (replace_at: r aside)",
-                                       __FILE__, __LINE__);
-        src = aside;
-    }
-    if (o != (const char *)x->data) { /* not bound in place: out starts as a copy of x */
-        status = cudaMemcpyAsync(o, x->data, x_bytes, cudaMemcpyDeviceToDevice, s->stream);
-        if (status != cudaSuccess)
-            return mk_cuda_fail_status(err, status, "cudaMemcpyAsync (replace_at: x into out)",
-                                       __FILE__, __LINE__);
-    }
+    if (in_place(l, x_bytes, r_bytes, &src, err)) return -1;
     int unit = unit_for(run, o, src);
     long long units = (long long)(run / (size_t)unit);
     switch (unit) {
