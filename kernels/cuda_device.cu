@@ -343,6 +343,10 @@ static void cuda_launch_memory(const mk_node *n, size_t *scratch, size_t *state)
     const mk_product_group *pg = mk_node_product(n);
     *scratch = *state = 0;
     if (pg) *state = mk_codegen_group_aux_bytes(pg);
+    if (n->op->kernel == MK_KERNEL_MATMUL) {
+        size_t need = mk_cuda_split_bytes(n), have = n->op->scratch ? n->op->scratch(n) : 0;
+        *scratch = need > have ? need - have : 0;
+    }
     if ((n->op->kernel == MK_KERNEL_REPLACE_SLICE || n->op->kernel == MK_KERNEL_REPLACE_AT) &&
         n->in[1]->owner == n->in[0]->owner)
         *scratch = mk_node_bytes(n->in[1]);

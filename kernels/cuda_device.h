@@ -167,6 +167,11 @@ int mk_cuda_capture_launches(const mk_launch *launches, int n, bool after_ours, 
 /* cuBLAS runs the matrix products alone (matmul.cu): its handle and workspace
  * are the model's, made only where one of its nodes is such a product. */
 static inline bool mk_cuda_uses_blas(const mk_node *n) { return n->op->kernel == MK_KERNEL_MATMUL; }
+/* matmul.cu: the scratch a product with bfloat16 weights takes on tensor cores
+ * (A's rows in two bfloat16 parts, then both parts' products), 0 for any other
+ * product; the op's own scratch (mk_matmul_scratch's widened weights) counts
+ * towards it. */
+size_t mk_cuda_split_bytes(const mk_node *n);
 
 /* cuda_graph.cu: mk_device_ops.prepare (the pinned block, cuDNN plans, the
  * cuBLAS handle, generated kernels, then the graph captured and instantiated)

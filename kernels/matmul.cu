@@ -9,6 +9,9 @@
  *                               products     where an operand repeats; [B, T, D] @ [D, O] is
  *                                            one [B·T, D] product) strided-batched over the
  *                                            innermost batch dim, in a loop over the others
+ *   [m, k]    @ bfloat16 [k, n]              on tensor cores, A in two bfloat16 parts
+ *                                            (split_product, below); other low-precision
+ *                                            weights are widened into scratch first
  *
  * Operands may be strided views (a permuted weight, a KV cache read as
  * [heads, head, seq]): per matrix either the column stride is 1 (row-major,
@@ -20,6 +23,8 @@
  * Nothing is copied. The output is contiguous.
  */
 #include "cuda_device.h"
+
+#include <cuda_bf16.h>
 
 /*
  * How cuBLAS sees one row-major operand X [rows, cols] with element strides
@@ -102,19 +107,96 @@ static int mm_status(const mk_launch *l, cublasStatus_t status, const char *call
 }
 
 /*
+ * A product with bfloat16 weights runs on tensor cores without widening them:
+ * A's rows go in two bfloat16 parts, hi = A rounded and lo = (A - hi) rounded
+ * (A - hi is exact), stacked [hi; lo] as one [2m, k] operand, so the weights
+ * are read once; cuBLAS multiplies in float32 (CUBLAS_COMPUTE_32F) into
+ * [2m, n], and C = C_hi + C_lo. hi + lo keeps 16 significant bits of each
+ * value of A: relative error at most 2^-16 a term, far under the weights' own
+ * rounding to bfloat16 (2^-8). A value whose rounding would overflow is
+ * split toward zero instead (hi + lo never overflows); inf and NaN go whole
+ * into hi (lo 0).
+ */
+static __global__ void split_rows(__nv_bfloat16 *parts, const float *a, long long m, long long k,
+                                  long long sr, long long sc) {
+    const long long total = m * k;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        const long long r = i / k, c = i - r * k;
+        const float v = a[r * sr + c * sc];
+        __nv_bfloat16 hi = __float2bfloat16_rn(v), lo;
+        if (!isfinite(v)) {
+            lo = __float2bfloat16_rn(0.0f);
+        } else if (isinf(__bfloat162float(hi))) { /* toward zero twice: hi + lo stays finite */
+            hi = __float2bfloat16_rz(v);
+            lo = __float2bfloat16_rz(v - __bfloat162float(hi));
+        } else {
+            lo = __float2bfloat16_rn(v - __bfloat162float(hi));
+        }
+        parts[i] = hi;
+        parts[total + i] = lo;
+    }
+}
+
+static __global__ void join_rows(float *c, const float *parts, long long total) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x)
+        c[i] = parts[i] + parts[total + i];
+}
+
+/* The split form's scratch: the parts of A ([2m, k] bfloat16), then their
+ * products ([2m, n] float32), each 256-byte aligned; the rows m of every batch
+ * (mk_matmul_plan folds them into one product where the weights repeat). */
+static size_t split_parts_bytes(long long rows, long long k) {
+    return ((size_t)(2 * rows * k) * 2 + 255) / 256 * 256;
+}
+
+size_t mk_cuda_split_bytes(const mk_node *n) {
+    const mk_node *a = n->in[0], *b = n->in[1];
+    if (b->dtype != MK_DTYPE_BFLOAT16 || b->rank != 2) return 0;
+    long long k = b->shape[0], cols = b->shape[1], rows = k ? mk_node_numel(a) / k : 0;
+    return split_parts_bytes(rows, k) + (size_t)(2 * rows * cols) * sizeof(float);
+}
+
+/* C [m, n] = A [m, k] · B, B bfloat16 [k, n] seen by cuBLAS as lb. */
+static int split_product(const mk_launch *l, long long m, long long k, long long n,
+                         long long a_sr, long long a_sc, const mm_layout *lb, mk_error **err) {
+    mk_cuda_state *s = mk_cuda_state_of(l);
+    __nv_bfloat16 *parts = (__nv_bfloat16 *)l->scratch;
+    float *prods = (float *)((char *)l->scratch + split_parts_bytes(m, k));
+    split_rows<<<mk_cuda_blocks(m * k, MK_CUDA_BLOCK), MK_CUDA_BLOCK, 0, s->stream>>>(
+        parts, (const float *)l->in[0].data, m, k, a_sr, a_sc);
+    if (mk_cuda_check_launch(l, "matmul (A in two bfloat16 parts)", err)) return -1;
+    const float alpha = 1.0f, beta = 0.0f;
+    /* Cᵀ [n, 2m] (column-major, ld n) = op(B stored) [n, k] · parts [k, 2m] */
+    if (mm_status(l,
+                  cublasGemmEx(s->blas, lb->op, CUBLAS_OP_N, (int)n, (int)(2 * m), (int)k, &alpha,
+                               l->in[1].data, CUDA_R_16BF, (int)lb->ld, parts, CUDA_R_16BF,
+                               (int)k, &beta, prods, CUDA_R_32F, (int)n, CUBLAS_COMPUTE_32F,
+                               CUBLAS_GEMM_DEFAULT),
+                  "cublasGemmEx", err))
+        return -1;
+    join_rows<<<mk_cuda_blocks(m * n, MK_CUDA_BLOCK), MK_CUDA_BLOCK, 0, s->stream>>>(
+        (float *)l->out.data, prods, m * n);
+    return mk_cuda_check_launch(l, "matmul (the parts' products joined)", err);
+}
+
+/*
  * MK_KERNEL_MATMUL (float32): out = a @ b. Reduced to one (possibly batched) product
  *   C [m, n] = A [m, k] · B [k, n], batch B_count, with strides per operand.
  */
 int mk_cuda_matmul(const mk_launch *l, mk_error **err) {
     mk_cuda_state *s = mk_cuda_state_of(l);
     const mk_tensor *a = &l->in[0], *b = &l->in[1];
-    mk_tensor wide;
-    if (b->dtype != MK_DTYPE_FLOAT32) { /* low-precision weights: widened into scratch */
-        if (mk_cuda_widen(l, b, &wide, err)) return -1;
-        b = &wide;
-    }
     mk_matmul_plan p;
     mk_matmul_plan_of(a, b, &p);
+    mk_tensor wide;
+    bool split = b->dtype == MK_DTYPE_BFLOAT16 && b->rank == 2 && p.nb == 0;
+    if (b->dtype != MK_DTYPE_FLOAT32 && !split) { /* other low-precision weights: widened */
+        if (mk_cuda_widen(l, b, &wide, err)) return -1;
+        b = &wide;
+        mk_matmul_plan_of(a, b, &p);
+    }
     long long m = p.m, k = p.k, n = p.n;
     long long batch = p.nb ? p.batch[p.nb - 1] : 1; /* strided-batched over the innermost */
     long long a_sr = p.a_sr, a_sc = p.a_sc, b_sr = p.b_sr, b_sc = p.b_sc;
@@ -127,6 +209,7 @@ int mk_cuda_matmul(const mk_launch *l, mk_error **err) {
     mm_layout la, lb;
     if (!mm_layout_of(m, k, a_sr, a_sc, &la)) return mm_bad_layout(l, "a", err);
     if (!mm_layout_of(k, n, b_sr, b_sc, &lb)) return mm_bad_layout(l, "b", err);
+    if (split) return split_product(l, m, k, n, a_sr, a_sc, &lb, err);
     const float alpha = 1.0f, beta = 0.0f;
     const float *A = (const float *)a->data, *B = (const float *)b->data;
     float *C = (float *)l->out.data;

@@ -14,6 +14,8 @@
  */
 #include "lowp.h"
 
+#include <float.h>
+
 /* ---- products with low-precision weights ------------------------------------------ */
 
 /*
@@ -112,6 +114,9 @@ static void product_on(mk_device dev, const char *kind, int64_t m, int64_t k, in
     CHECK(same || q8 || dev == MK_DEVICE_CUDA,
           "%s [%lld, %lld] @ [%lld]: grouped differs from alone", kind, (long long)m,
           (long long)k, (long long)n);
+    /* CUDA takes x in two bfloat16 parts against bfloat16 weights (matmul.cu's
+     * split_rows): 2^-16 of each term more */
+    double per_term = 1e-6 + (dev == MK_DEVICE_CUDA && wt == MK_DTYPE_BFLOAT16 ? 0x1p-16 : 0.0);
     for (int64_t i = 0; i < m; i++)
         for (int64_t j = 0; j < n; j++) {
             double want = 0.0, mag = 0.0; /* and the sum of |terms|, float32's rounding of long sums */
@@ -121,7 +126,7 @@ static void product_on(mk_device dev, const char *kind, int64_t m, int64_t k, in
             }
             for (int f = 0; f < 2; f++)
                 if (!test_close(y[f][i * n + j], want, 1e-5, 1e-4) &&
-                    !(fabs(y[f][i * n + j] - want) <= 1e-6 * mag)) {
+                    !(fabs(y[f][i * n + j] - want) <= per_term * mag)) {
                     CHECK(0, "%s %s [%lld, %lld]: %g, want %g", kind, f ? "grouped" : "alone",
                           (long long)i, (long long)j, (double)y[f][i * n + j], want);
                     i = m, j = n;
@@ -156,8 +161,62 @@ static void products_on(mk_device dev) {
         product_on(dev, kinds[t], 1, k, n);
     }
 }
+/*
+ * x [2, m, k] @ W [k, n] bfloat16, stored as it is read (not transposed), the
+ * rows of both batches one product: prompts' shapes (more rows than any group
+ * takes; on CUDA, x in two bfloat16 parts on tensor cores). Row 0 holds
+ * FLT_MAX (its rounding to bfloat16 would overflow: split toward zero), row 1
+ * inf and row 2 NaN, each at column 0 of a row otherwise 0; the other rows are
+ * random. Each output against the product in double.
+ */
+static void tall_bf16_on(mk_device dev) {
+    int64_t m = test_randint(9, 40), k = test_randint(17, 300), n = test_randint(3, 90);
+    char text[512];
+    snprintf(text, sizeof text,
+             "$1 = InputTensor(x, float32, [2, %lld, %lld]);\n$2 = InputTensor(w, bfloat16, [%lld, %lld]);\n"
+             "$3 = MatMulNode($1, $2);\nresult = $3;\n",
+             (long long)m, (long long)k, (long long)k, (long long)n);
+    int64_t rows = 2 * m;
+    float *x = malloc(sizeof(float) * (size_t)(rows * k)), *y = malloc(sizeof(float) * (size_t)(rows * n));
+    uint16_t *w = malloc(2 * (size_t)(k * n));
+    for (int64_t i = 0; i < rows * k; i++) x[i] = (float)test_uniform(-3, 3);
+    for (int64_t i = 0; i < k * n; i++) w[i] = bf16_nearest((float)test_uniform(-1, 1));
+    for (int r = 0; r < 3; r++)
+        for (int64_t c = 0; c < k; c++)
+            x[r * k + c] = c ? 0.0f : r == 0 ? FLT_MAX : r == 1 ? INFINITY : NAN;
+    mk_named_tensor in[] = {{"x", x}, {"w", w}};
+    mk_error *err = NULL;
+    mk_model *mod = compile(text, dev, true, &err);
+    CHECK(mod != NULL, "%s", mk_error_message(err));
+    if (mod) {
+        CHECK(mk_evaluate(mod, in, 2, y, sizeof(float) * (size_t)(rows * n), &err) == 0, "%s",
+              mk_error_message(err));
+        for (int64_t i = 0, bad = 0; i < rows && !bad; i++)
+            for (int64_t j = 0; j < n && !bad; j++) {
+                double want = 0.0, mag = 0.0;
+                for (int64_t c = 0; c < k; c++) {
+                    double t = (double)x[i * k + c] * bf16_value(w[c * n + j]);
+                    want += t, mag += fabs(t);
+                }
+                double got = y[i * n + j];
+                bool ok = isnan(want) ? isnan(got)
+                          : isinf(want) ? got == want
+                                        : fabs(got - want) <= (1e-6 + 0x1p-14) * mag + 1e-30;
+                CHECK(ok, "[2, %lld, %lld] @ [%lld, %lld] row %lld column %lld: %g, want %g",
+                      (long long)m, (long long)k, (long long)k, (long long)n, (long long)i,
+                      (long long)j, got, want);
+                bad = !ok;
+            }
+    }
+    mk_error_free(err);
+    mk_model_free(mod);
+    free(x), free(y), free(w);
+}
+
 static void test_products_cpu(void) { products_on(MK_DEVICE_CPU); }
 static void test_products_cuda(void) { products_on(MK_DEVICE_CUDA); }
+static void test_tall_bf16_cpu(void) { tall_bf16_on(MK_DEVICE_CPU); }
+static void test_tall_bf16_cuda(void) { tall_bf16_on(MK_DEVICE_CUDA); }
 
 /* ---- int8 products in the large launches' forms ---------------------------------- */
 
@@ -602,16 +661,19 @@ int main(void) {
     test_srand(test_seed());
     if (!(ctx = test_context())) return 1;
     RUN(test_products_cpu);
+    RUN(test_tall_bf16_cpu);
     RUN(test_fake_quantize_cpu);
     RUN(test_w8a8_cpu);
     char why[256];
     if (mk_cuda_available(why, sizeof why) == 1) {
         RUN(test_products_cuda);
+        RUN(test_tall_bf16_cuda);
         RUN(test_fake_quantize_cuda);
         RUN(test_w8a8_cuda);
         RUN(test_int8_forms_cuda);
     } else {
         SKIP(test_products_cuda, why);
+        SKIP(test_tall_bf16_cuda, why);
         SKIP(test_fake_quantize_cuda, why);
         SKIP(test_w8a8_cuda, why);
         SKIP(test_int8_forms_cuda, why);
