@@ -283,6 +283,49 @@ static __global__ void prefix_matmul_kernel(float *c, const float *a, const floa
     }
 }
 
+/* The same in tiles, for many rows (a prompt's attention: m = group x tokens):
+ * a block takes 32 x 32 outputs of one batch, A's and B's 32 x 32 pieces of the
+ * shared axis through shared memory, each thread 4 outputs of a column. Each
+ * output sums its terms in the same order as prefix_matmul_kernel, so both
+ * give the same values; positions past p enter as 0 * 0. */
+#define PM_TILE 32
+#define PM_ROWS 8 /* threads down a tile: PM_TILE / PM_ROWS outputs each */
+static __global__ void __launch_bounds__(PM_TILE *PM_ROWS)
+    prefix_matmul_tiles(float *c, const float *a, const float *b, const long long *prefix,
+                        long long run, long long m, long long n, long long s, long long tiles_n,
+                        long long a_sb, long long a_sr, long long a_sc, long long b_sb,
+                        long long b_sr, long long b_sc, mk_fault_rec *fault, int launch) {
+    __shared__ float As[PM_TILE][PM_TILE + 1], Bs[PM_TILE][PM_TILE + 1];
+    const long long t = blockIdx.x / tiles_n, j0 = blockIdx.x % tiles_n * PM_TILE,
+                    i0 = (long long)blockIdx.y * PM_TILE, p = prefix[t / run];
+    const int tx = threadIdx.x % PM_TILE, ty = threadIdx.x / PM_TILE;
+    if (p < 0 || p > s) {
+        if (t % run == 0 && i0 == 0 && j0 == 0 && threadIdx.x == 0) /* once a run */
+            mk_raise(fault, launch, 0, MK_FAULT_PREFIX, p, s, 0);
+        return;
+    }
+    const float *at = a + t * a_sb, *bt = b + t * b_sb;
+    float acc[PM_TILE / PM_ROWS] = {};
+    for (long long q0 = 0; q0 < p; q0 += PM_TILE) {
+        for (int r = ty; r < PM_TILE; r += PM_ROWS) {
+            const long long i = i0 + r, q = q0 + r;
+            As[r][tx] = i < m && q0 + tx < p ? at[i * a_sr + (q0 + tx) * a_sc] : 0.0f;
+            Bs[r][tx] = q < p && j0 + tx < n ? bt[q * b_sr + (j0 + tx) * b_sc] : 0.0f;
+        }
+        __syncthreads();
+        for (int q = 0; q < PM_TILE; q++) {
+            const float bq = Bs[q][tx];
+#pragma unroll
+            for (int r = 0; r < PM_TILE / PM_ROWS; r++) acc[r] += As[ty + r * PM_ROWS][q] * bq;
+        }
+        __syncthreads();
+    }
+    for (int r = 0; r < PM_TILE / PM_ROWS; r++) {
+        const long long i = i0 + ty + r * PM_ROWS, j = j0 + tx;
+        if (i < m && j < n) c[(t * m + i) * n + j] = acc[r];
+    }
+}
+
 /* MK_KERNEL_PREFIX_MATMUL (float32): a @ b over the first p of the shared axis,
  * p an int64 [1], or [N] one a run of the batch, read on the device (so no
  * cuBLAS: its k is a host value). */
@@ -296,6 +339,15 @@ int mk_cuda_prefix_matmul(const mk_launch *l, mk_error **err) {
     long long a_sb = ra == 3 ? a->stride[0] : 0, b_sb = rb == 3 ? b->stride[0] : 0;
     long long total = mk_tensor_numel(&l->out);
     long long run = (ra == 3 ? a->shape[0] : 1) / mk_tensor_numel(&l->in[2]); /* batches a prefix */
+    if (m >= PM_TILE && total > 0) {
+        long long tiles_n = (n + PM_TILE - 1) / PM_TILE, batches = total / (m * n);
+        dim3 grid((unsigned)(batches * tiles_n), (unsigned)((m + PM_TILE - 1) / PM_TILE));
+        prefix_matmul_tiles<<<grid, PM_TILE * PM_ROWS, 0, s->stream>>>(
+            (float *)l->out.data, (const float *)a->data, (const float *)b->data,
+            (const long long *)l->in[2].data, run, m, n, k, tiles_n, a_sb, a_sr, a_sc, b_sb, b_sr,
+            b_sc, s->fault, l->index);
+        return mk_cuda_check_launch(l, "prefix_matmul_tiles", err);
+    }
     unsigned int blocks = mk_cuda_blocks(total, MK_CUDA_BLOCK);
     if (blocks > 132u * 16u) blocks = 132u * 16u;
     prefix_matmul_kernel<<<blocks, MK_CUDA_BLOCK, 0, s->stream>>>(

@@ -46,6 +46,7 @@ return function(c)
             x:sliced_softmax(mk.input("p", "int64", { runs })), { x = xt, p = i64(ps) }, want, 1e-6, 1e-4)
 
         local d = large and math.random(32, 96) or math.random(2, 9)
+        if large then m = math.random(32, 36) end -- many rows: CUDA's tiles
         local a, at, ar = input("a", { L, m, n }, -1, 1)
         local b, bt, br = input("b", { L, d, n }, -1, 1) -- read as [L, n, d]: a strided operand
         local pw = { shape = { L, m, d }, data = {} }

@@ -150,6 +150,16 @@ return function(c)
             R.matmul_prefix(xr, R.permute(vcr, { 1, 0, 2 }), p), tol, 1e-4)
         add("PrefixMatMulNode [m,k]@[k,n]", a:matmul_prefix(b, pn),
             { a = at, b = bt, p = mk.tensor({ p }, "int64") }, R.matmul_prefix(ar, br, p), tol, 1e-4)
+        -- a prompt's attention: many rows (CUDA's tiles), V as a permuted cache
+        local tm, tk, tn = math.random(32, 70), math.random(33, 90), math.random(20, 70)
+        local tx, txt, txr = input("tx", { B, tm, tk })
+        local tv, tvt, tvr = input("tv", { tk, B, tn })
+        for _, tp in ipairs({ tk, math.random(1, tk - 1) }) do
+            add(string.format("PrefixMatMulNode [%d,%d,%d]@cache over %d of %d", B, tm, tk, tp, tk),
+                tx:matmul_prefix(tv:permute({ 1, 0, 2 }), pn),
+                { tx = txt, tv = tvt, p = mk.tensor({ tp }, "int64") },
+                R.matmul_prefix(txr, R.permute(tvr, { 1, 0, 2 }), tp), 1e-5 * tk, 1e-4)
+        end
     end
 
     for rank = 1, 4 do -- slice, reshape, permute
