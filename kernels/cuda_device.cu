@@ -511,12 +511,11 @@ int mk_cuda_capture_launches(const mk_launch *launches, int n, bool after_ours, 
 /* int8_products: the generated matrix-vector kernels make A's int8 values and
  * scales in static shared memory (core/codegen/matvec_step.c's put_grid_copy); they read
  * weights by columns only (row_products false); row groups are generated kernels; no
- * convolution groups; matrix-vector groups of up to 4 rows: the generators take up to
- * MK_MATVEC_ROWS_MAX (a batch's 16 slots reading each weight once), which NVRTC compiles
- * but no GPU has run yet (doc/performance.md, "Batched decoding") */
+ * convolution groups; matrix-vector groups of up to MK_MATVEC_ROWS_MAX rows (a batch's
+ * 16 slots reading each weight once: doc/performance.md, "Batched decoding") */
 static const mk_device_ops cuda_device = {
     "cuda",       cuda_kernels.k,
-    {MK_CUDA_POINTWISE_OPERANDS, 32768, false, CUDNN_GROUPS, true, false, MK_MATVEC_ROWS},
+    {MK_CUDA_POINTWISE_OPERANDS, 32768, false, CUDNN_GROUPS, true, false, MK_MATVEC_ROWS_MAX},
     cuda_launch_memory, cuda_model_memory,
     cuda_open,    cuda_close,     cuda_alloc, cuda_free, cuda_upload,
     cuda_zero,    mk_cuda_prepare, mk_cuda_evaluate, mk_cuda_run_steps,

@@ -47,10 +47,10 @@ local model = require("moonkaas.llama2.model")
 local M = {}
 
 -- Slots per block by device: the most rows of A its matrix–vector groups
--- take (mk_target.matvec_rows: MK_MATVEC_ROWS on both today); more would go
--- to BLAS or cuBLAS, whose sums run in another order than a one-row
--- product's.
-M.ROWS = { cpu = 4, cuda = 4 }
+-- take (mk_target.matvec_rows: MK_MATVEC_ROWS on the CPU, MK_MATVEC_ROWS_MAX
+-- on CUDA); more would go to BLAS or cuBLAS, whose sums run in another order
+-- than a one-row product's.
+M.ROWS = { cpu = 4, cuda = 16 }
 
 -- The batch's graph for opts.slots slots (see the header): its output node.
 -- opts: slots, positions (the caches' rows), rows (slots a block), output
