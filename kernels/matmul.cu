@@ -191,7 +191,8 @@ int mk_cuda_matmul(const mk_launch *l, mk_error **err) {
     mk_matmul_plan p;
     mk_matmul_plan_of(a, b, &p);
     mk_tensor wide;
-    bool split = b->dtype == MK_DTYPE_BFLOAT16 && b->rank == 2 && p.nb == 0;
+    bool split = b->dtype == MK_DTYPE_BFLOAT16 && b->rank == 2 && p.nb == 0 &&
+                 2 * p.m <= 0x7fffffffLL; /* [hi; lo]: 2m rows for cuBLAS's int */
     if (b->dtype != MK_DTYPE_FLOAT32 && !split) { /* other low-precision weights: widened */
         if (mk_cuda_widen(l, b, &wide, err)) return -1;
         b = &wide;
