@@ -2,7 +2,7 @@
 --
 --   lua scripts/bench_batch.lua [--model PATH] [--batches 1,2,4,8,16,32]
 --       [--devices cpu,cuda] [--steps N] [--runs N] [--temperature T]
---       [--rows 4,all] [--precision fp32|bf16|fp16|q8|q8a8]
+--       [--rows 4,all] [--precision fp32|bf16|fp16|q8|q8a8] [--bandwidth GB/s]
 --
 -- For each device and batch size B: a batch of B slots (compiled before the
 -- timing), B sequences from BOS with seeds 42, 43, ..., stepped together
@@ -14,6 +14,12 @@
 -- block sizes to measure (net:batch's rows; "all" is one block of B rows;
 -- default: the device's), a line each, with the launches of a step.
 -- --precision: the weights' (net's precision, as scripts/llama2.lua -q).
+--
+-- On CUDA the last column is the roofline fraction: a step's least bytes
+-- (every weight once, in the precision read, as scripts/bench_llama2.lua
+-- counts them, plus the cache rows each slot's attention reads, (steps + 1)
+-- / 2 on average) x steps a second / --bandwidth (GB/s, default 4300: the
+-- H200's measured copy bandwidth; an H100's is about 3350).
 --
 -- --model: a llama2.c checkpoint (default ../shared/models/stories260K.bin);
 -- a larger shape comes from scripts/bench_llama2.lua --only 15M --dir DIR
@@ -28,7 +34,7 @@ package.cpath = build .. "/?.so;" .. package.cpath
 local USAGE = [[
 usage: lua scripts/bench_batch.lua [--model PATH] [--batches 1,2,4,8,16,32]
        [--devices cpu,cuda] [--steps N] [--runs N] [--temperature T]
-       [--rows 4,all] [--precision fp32|bf16|fp16|q8|q8a8]
+       [--rows 4,all] [--precision fp32|bf16|fp16|q8|q8a8] [--bandwidth GB/s]
 ]]
 
 local function list(s, f)
@@ -39,7 +45,7 @@ end
 
 local function parse(argv)
     local o = { model = root .. "/../shared/models/stories260K.bin", batches = { 1, 2, 4, 8, 16, 32 },
-                devices = nil, steps = 128, runs = 3, temperature = 0, rows = { "device" } }
+                devices = nil, steps = 128, runs = 3, temperature = 0, rows = { "device" }, bandwidth = 4300 }
     local i = 1
     while i <= #argv do
         local a, v = argv[i], argv[i + 1]
@@ -52,6 +58,7 @@ local function parse(argv)
         elseif a == "--runs" then o.runs = math.tointeger(tonumber(v))
         elseif a == "--temperature" then o.temperature = tonumber(v)
         elseif a == "--precision" then o.precision = v
+        elseif a == "--bandwidth" then o.bandwidth = tonumber(v)
         elseif a == "--rows" then
             o.rows = list(v, function(x) return x == "all" and "all" or math.tointeger(tonumber(x)) end)
         else return nil end
@@ -60,6 +67,7 @@ local function parse(argv)
     for _, b in ipairs(o.batches) do if not b or b < 1 then return nil end end
     for _, r in ipairs(o.rows) do if not r or (type(r) == "number" and r < 1) then return nil end end
     if not o.steps or o.steps < 1 or not o.runs or o.runs < 1 or not o.temperature then return nil end
+    if not o.bandwidth or o.bandwidth <= 0 then return nil end
     return o
 end
 
@@ -87,11 +95,18 @@ local steps = math.min(o.steps, c.seq_len)
 print(string.format("%s: %s; %s weights; %d steps from BOS, %s, median of %d runs", o.model,
     llama2.checkpoint.describe(c), o.precision or "fp32", steps,
     o.temperature > 0 and string.format("-t %g -p 0.9", o.temperature) or "greedy", o.runs))
+-- a step's least bytes but the cache rows: every weight once (not the token
+-- table, one row of it read, nor the legacy RoPE block) in its precision
+local q8 = 1 + 4 / llama2.model.group_size(c)
+local per = ({ bf16 = 2, fp16 = 2, q8 = q8, q8a8 = q8 })[o.precision or ""] or 4
+local weight_bytes = (c.file_bytes - 28 - 4 * c.seq_len * c.head_size
+    - (c.shared_classifier and 0 or 4 * c.vocab_size * c.dim)) * per / 4
+local kv_slot = 2 * 4 * c.n_layers * c.kv_dim * (steps + 1) / 2 -- a slot's cache rows a step
 for _, device in ipairs(o.devices) do
     local net = llama2.build(mk, c, { device = device, steps = steps, precision = o.precision })
     local base
-    print(string.format("%-6s %6s %6s %12s %10s %12s %9s", "device", "B", "rows", "tok/s", "speedup", "ms/step",
-        "launches"))
+    print(string.format("%-6s %6s %6s %12s %10s %12s %9s%s", "device", "B", "rows", "tok/s", "speedup", "ms/step",
+        "launches", device == "cuda" and "  roofline" or ""))
     for _, B in ipairs(o.batches) do
         for _, rows in ipairs(o.rows) do
             local b = net:batch({ slots = B, rows = rows == "all" and B or rows ~= "device" and rows or nil })
@@ -106,8 +121,9 @@ for _, device in ipairs(o.devices) do
             end
             local rate = median(rates)
             base = base or rate
-            print(string.format("%-6s %6d %6s %12.1f %9.2fx %12.3f %9d", device, B, tostring(rows), rate, rate / base,
-                1000 * B / rate, b.model:stats().launches))
+            local roof = (weight_bytes + B * kv_slot) * (rate / B) / (o.bandwidth * 1e9)
+            print(string.format("%-6s %6d %6s %12.1f %9.2fx %12.3f %9d%s", device, B, tostring(rows), rate, rate / base,
+                1000 * B / rate, b.model:stats().launches, device == "cuda" and string.format("  %7.1f%%", 100 * roof) or ""))
             b.model:close()
         end
     end
