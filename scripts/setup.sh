@@ -11,9 +11,10 @@ need=""
 # protobuf-c-compiler and libprotobuf-c-dev: the ONNX importer (core/onnx/); python3-onnx
 # writes the specs' ONNX files; libdnnl-dev: oneDNN's CPU convolutions (core/cpu/conv_dnnl.c);
 # nodejs and npm run ONNX Runtime (below) for onnx_ort_spec, Debian's unless a node with
-# its npm (nodesource's) is there already
+# its npm (nodesource's) is there already; libopenblas0-openmp: OpenBLAS on OpenMP's threads,
+# which the CPU device opens before the pthreads build (core/cpu/matmul.c)
 for p in build-essential pkg-config lua5.4 liblua5.4-dev lua-busted luarocks libopenblas-dev \
-         valgrind clang libclang-rt-dev graphviz lua5.1 liblua5.1-0-dev luajit libluajit-5.1-dev \
+         libopenblas0-openmp valgrind clang libclang-rt-dev graphviz lua5.1 liblua5.1-0-dev luajit libluajit-5.1-dev \
          protobuf-c-compiler libprotobuf-c-dev python3-onnx libdnnl-dev; do
     dpkg -s "$p" > /dev/null 2>&1 || need="$need $p"
 done

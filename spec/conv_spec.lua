@@ -210,7 +210,8 @@ end)
 for _, case in ipairs(H.family_cases()) do
     if case.name:find("^Conv") then
         local out = H.mk().compile(case.output):run(case.feeds)
-        H.assert_close(out, case.want, case.atol, case.rtol)
+        local ok, err = pcall(H.assert_close, out, case.want, case.atol, case.rtol)
+        if not ok then error(case.name .. ": " .. tostring(err), 0) end
         n = n + 1
     end
 end

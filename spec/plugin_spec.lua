@@ -10,7 +10,8 @@
 --   * OpenBLAS is not mapped while every product runs in a group or has few
 --     rows (a short prompt); a product of more rows opens it at its compile,
 --     or, with MK_BLAS naming a missing file, fails saying so while the rest
---     still runs.
+--     still runs; the OpenMP build of OpenBLAS is the one opened where it is
+--     installed.
 local H = require "spec.helpers"
 local mk = H.mk()
 local seed = H.seed("plugin_spec")
@@ -122,6 +123,9 @@ local lone_ok, lone = pcall(product_error, 80)
 print("lone_compile=" .. tostring(lone_ok))
 print("lone_error=" .. tostring(lone):gsub("\n", " "))
 print("blas_after_lone=" .. blas_mapped())
+local maps = assert(io.open("/proc/self/maps")):read("a")
+print("blas_build=" .. (maps:find("openblas-openmp/", 1, true) and "openmp"
+    or maps:find("openblas-pthread/", 1, true) and "pthread" or "other"))
 print("cpu_error_last=" .. mlp_error())
 print("done=true")
 ]==]
@@ -157,6 +161,28 @@ describe("OpenBLAS", function()
         assert.are.equal("true", r.lone_compile, r.output)
         assert.is_true(tonumber(r.lone_error) <= 1, r.output)
         assert.are.equal("yes", r.blas_after_lone, r.output)
+    end)
+
+    -- Debian's two builds: the OpenMP one first where it is installed (its
+    -- threads are OpenMP's own), else the pthreads one; MK_BLAS picks either
+    local multiarch = "/usr/lib/x86_64-linux-gnu/"
+    local function installed(build)
+        local f = io.open(multiarch .. "openblas-" .. build .. "/libopenblas.so.0")
+        if f then f:close() end
+        return f ~= nil
+    end
+    it("is OpenBLAS's OpenMP build where one is installed, else the pthreads build; MK_BLAS names either", function()
+        if not (installed("openmp") and installed("pthread")) then
+            pending("needs Debian's libopenblas0-openmp and libopenblas0-pthread (x86_64)")
+            return
+        end
+        local r = run_child("")
+        assert.are.equal("yes", r.blas_after_lone, r.output)
+        assert.are.equal("openmp", r.blas_build, r.output)
+        assert.is_true(tonumber(r.lone_error) <= 1, r.output)
+        r = run_child("MK_BLAS=" .. multiarch .. "openblas-pthread/libopenblas.so.0")
+        assert.are.equal("pthread", r.blas_build, r.output)
+        assert.is_true(tonumber(r.lone_error) <= 1, r.output)
     end)
 
     it("named by MK_BLAS where it cannot be opened fails that compile clearly; the rest runs", function()

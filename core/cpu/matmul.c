@@ -252,8 +252,13 @@ static void mv_omp(const float *a, int64_t sar, const float *b, int64_t ldb,
  * linked: a model whose products all run in groups or mv_omp (decoding, a
  * short prompt, a policy MLP) never loads it, so neither its 4 MB nor its
  * threads, which spin for a while after they start and would take the cores
- * from OpenMP's. $MK_BLAS names another build to open instead (e.g. Debian's
- * OpenMP one, whose threads are OpenMP's).
+ * from OpenMP's. An OpenMP build of OpenBLAS is opened first where one is
+ * installed (Debian's libopenblas0-openmp, Fedora's libopenblaso): its
+ * threads are OpenMP's own, the ones our launches use, where the pthreads
+ * build's threads and OpenMP's idle workers spin against each other on the
+ * same cores (a prompt's products between OpenMP launches ran up to 10x
+ * slower: performance.md, "CPU: OpenBLAS's OpenMP build"). $MK_BLAS names
+ * another build to open instead.
  */
 static struct {
     __typeof__(cblas_sgemm) *sgemm;
@@ -263,9 +268,18 @@ static struct {
 } cpu_blas;
 static pthread_once_t cpu_blas_once = PTHREAD_ONCE_INIT;
 
+#if defined(__x86_64__)
+#define MK_MULTIARCH "x86_64-linux-gnu"
+#elif defined(__aarch64__)
+#define MK_MULTIARCH "aarch64-linux-gnu"
+#else
+#define MK_MULTIARCH "unknown"
+#endif
+
 static void cpu_blas_open(void) {
     const char *env = getenv("MK_BLAS");
-    const char *names[] = {"libopenblas.so.0", "libopenblas.so"};
+    const char *names[] = {"/usr/lib/" MK_MULTIARCH "/openblas-openmp/libopenblas.so.0",
+                           "libopenblaso.so.0", "libopenblas.so.0", "libopenblas.so"};
     size_t n = sizeof names / sizeof names[0];
     if (env && *env) names[0] = env, n = 1;
     for (size_t i = 0; i < n; i++) {

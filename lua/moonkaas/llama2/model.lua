@@ -146,6 +146,10 @@ end
 --             causal_softmax(pos1): query t sees positions up to pos + t
 --   o         att @ V over the first pos1 rows → [T, D]
 --   output    the last row's, as a step's
+-- opts.at_start: the prompt starts at position 0 (fed pos 0, pos1 T), so its
+-- queries see the caches' first T rows only, the ones it writes: the scores
+-- are [.., T, T] over those rows, not [.., T, S] over the whole caches (S / T
+-- times less to score and softmax).
 -- The caches are BufferTensors named l<i>_k_cache and l<i>_v_cache, so a
 -- prompt model compiled with share = the step model writes the step model's.
 function M.graph(mk, c, w, opts)
@@ -153,6 +157,7 @@ function M.graph(mk, c, w, opts)
     local heads, kv_heads, kv_dim = c.n_heads, c.n_kv_heads, c.kv_dim
     local group, S, V = c.kv_mul, opts.positions or c.seq_len, c.vocab_size
     local T = opts.tokens or 1
+    local cols = T > 1 and opts.at_start and T or S -- the cache rows a prompt's scores cover
 
     local token = mk.input("token", "int64", { T })
     local pos = mk.input("pos", "int64", { 1 })
@@ -167,10 +172,12 @@ function M.graph(mk, c, w, opts)
     local fk = mk.embedding(rope_k, at):reshape(pairs_of(1))
     local fq = mk.embedding(rope_q, at):reshape(pairs_of(1))
 
-    -- Attention of q [T, D] over the caches kc, vc [S, kv_dim] → [T, D].
+    -- Attention of q [T, D] over the caches kc, vc [S, kv_dim] (their first
+    -- cols rows) → [T, D].
     local function attention(q, kc, vc)
-        local kt = kc:reshape({ S, kv_heads, hs }):permute({ 1, 2, 0 })         -- [kvh, hs, S]
-        local vt = vc:reshape({ S, kv_heads, hs }):permute({ 1, 0, 2 })         -- [kvh, S, hs]
+        if cols < S then kc, vc = kc:slice(0, cols), vc:slice(0, cols) end
+        local kt = kc:reshape({ cols, kv_heads, hs }):permute({ 1, 2, 0 })      -- [kvh, hs, cols]
+        local vt = vc:reshape({ cols, kv_heads, hs }):permute({ 1, 0, 2 })      -- [kvh, cols, hs]
         if T == 1 then
             local qg = q:reshape({ kv_heads, group, hs })                        -- [kvh, g, hs]
             local att = qg:matmul(kt):sliced_softmax(pos1)                      -- [kvh, g, S]
@@ -178,8 +185,8 @@ function M.graph(mk, c, w, opts)
         end
         local qg = q:reshape({ T, kv_heads, group, hs }):permute({ 1, 2, 0, 3 })
             :reshape({ kv_heads, group * T, hs })                                -- [kvh, g·T, hs]
-        local att = qg:matmul(kt):reshape({ kv_heads, group, T, S }):causal_softmax(pos1)
-        local o = att:reshape({ kv_heads, group * T, S }):matmul_prefix(vt, pos1) -- [kvh, g·T, hs]
+        local att = qg:matmul(kt):reshape({ kv_heads, group, T, cols }):causal_softmax(pos1)
+        local o = att:reshape({ kv_heads, group * T, cols }):matmul_prefix(vt, pos1) -- [kvh, g·T, hs]
         return o:reshape({ kv_heads, group, T, hs }):permute({ 2, 0, 1, 3 }):reshape({ T, D })
     end
 
@@ -398,7 +405,7 @@ function Transformer:compile()
     if not ok then error("compiling the llama2 graph failed: " .. tostring(model), 0) end
     self.model = model
     self.out = nil
-    self.prompt_models = {} -- by length: compiled again on first use
+    self.prompt_models = {} -- by length (negative: not at position 0): compiled again on first use
     local ok_stats, st = pcall(model.stats, model)
     if ok_stats and type(st) == "table" then
         self.log(string.format("%d nodes, %d launches per token, arena %.2f MB, buffers %.2f MB",
@@ -461,23 +468,25 @@ function Transformer:forward(token, pos, smp)
     return self:evaluate(self.model, self.inputs, self.out)
 end
 
--- The prompt's model for T tokens (M.graph's opts.tokens), compiled on first
--- use with share = the step model, so it writes the step model's KV caches
--- and uses its weights in place.
-function Transformer:prompt_model(T)
-    local pm = self.prompt_models[T]
+-- The prompt's model for T tokens (M.graph's opts.tokens; at_start: for a
+-- prompt at position 0), compiled on first use with share = the step model,
+-- so it writes the step model's KV caches and uses its weights in place.
+function Transformer:prompt_model(T, at_start)
+    local key = at_start and T or -T
+    local pm = self.prompt_models[key]
     if pm then return pm end
     local mk, t0 = self.mk, M.clock()
     local output = M.graph(mk, self.config, self.weights, { output = self.output_kind, tokens = T,
-        positions = self.positions, int8_inputs = self.int8_inputs })
+        positions = self.positions, int8_inputs = self.int8_inputs, at_start = at_start })
     local ok, model = pcall(mk.compile, output, { device = self.device, cudnn = self.cudnn, share = self.model })
     if not ok then error(string.format("compiling the llama2 prompt graph of %d tokens failed: %s", T, model), 0) end
     pm = { model = model, outs = {}, token = mk.zeros("int64", { T }), positions = mk.zeros("int64", { T }),
            pos = mk.zeros("int64", { 1 }), pos1 = mk.zeros("int64", { 1 }), last = mk.zeros("int64", { 1 }) }
     pm.inputs = { token = pm.token, positions = pm.positions, pos = pm.pos, pos1 = pm.pos1, last = pm.last,
                   rng = self.rng_t, temperature = self.temperature_t, topp = self.topp_t }
-    self.prompt_models[T] = pm
-    self.log(string.format("compiled the prompt graph of %d tokens in %.0f ms", T, (M.clock() - t0) * 1000))
+    self.prompt_models[key] = pm
+    self.log(string.format("compiled the prompt graph of %d tokens%s in %.0f ms", T,
+        at_start and " at position 0" or "", (M.clock() - t0) * 1000))
     return pm
 end
 
@@ -502,7 +511,7 @@ function Transformer:prompt(tokens, pos, smp)
         while T < left and T < M.PROMPT_TOKENS do T = T * 2 end
         local count = math.min(left, T)
         if p + T > self.positions then T = count end
-        local pm = self:prompt_model(T)
+        local pm = self:prompt_model(T, p == 0)
         for i = 1, T do
             pm.token:set(i, i <= count and tokens[at + i - 1] or 0)
             pm.positions:set(i, p + i - 1)
