@@ -223,9 +223,9 @@ MK_API void mk_context_cancel_call(mk_context *);
  * `threads = 1` opens no parallel region for any of its launches (the
  * compile's log says "0 of N launches may use threads"), `threads = n` at
  * most n threads; the results are the same bit for bit whatever the count.
- * OpenBLAS (only the products of many rows that no group takes) keeps its own
- * process-wide count (OPENBLAS_NUM_THREADS; its OpenMP build, opened first
- * where installed, also OMP_NUM_THREADS).
+ * OpenBLAS (only the products of many rows that no group takes) follows it in
+ * its OpenMP build, opened first where installed; its pthreads build keeps
+ * its own process-wide count (OPENBLAS_NUM_THREADS).
  *
  * Idle OpenMP workers spin after each parallel region before they sleep
  * (libgomp: up to GOMP_SPINCOUNT iterations, 300,000 by default, about a

@@ -86,7 +86,51 @@ local function online_cpus()
     return n
 end
 
+-- A model compiled with threads = 1 whose product of 80 rows runs through
+-- OpenBLAS: the process's thread count (/proc/self/task) before the compile
+-- and after the run, and the values against plain-Lua loops.
+local ONE = [==[
+local mk = require "moonkaas"
+math.randomseed(SEED)
+local function tasks()
+    local p = assert(io.popen("ls /proc/" .. assert(io.open("/proc/self/stat")):read("n") .. "/task | wc -l"))
+    local n = p:read("n")
+    p:close()
+    return n
+end
+local A, W = {}, {}
+for i = 1, 80 do A[i] = {} for k = 1, 160 do A[i][k] = math.random() - 0.5 end end
+for k = 1, 160 do W[k] = {} for j = 1, 300 do W[k][j] = math.random() - 0.5 end end
+A, W = mk.tensor(A):totable(), mk.tensor(W):totable()
+local before = tasks()
+local a = mk.input("a", "float32", { 80, 160 })
+local model <close> = mk.compile(a:matmul(mk.constant(mk.tensor(W), "w")), { threads = 1 })
+local y = model:run({ a = mk.tensor(A) }):totable()
+print("tasks_before=" .. before)
+print("tasks_after=" .. tasks())
+local worst = 0
+for i = 1, 80 do
+    for j = 1, 300 do
+        local s = 0
+        for k = 1, 160 do s = s + A[i][k] * W[k][j] end
+        worst = math.max(worst, math.abs(y[i][j] - s) / (1e-5 + 1e-5 * math.abs(s)))
+    end
+end
+local maps = assert(io.open("/proc/self/maps")):read("a")
+print("blas=" .. (maps:find("openblas-openmp/", 1, true) and "openmp" or "other"))
+print("worst=" .. worst)
+print("done=true")
+]==]
+
 describe("CPU threads", function()
+    it("threads = 1 starts no thread, OpenBLAS's products included (its OpenMP build)", function()
+        local r = H.run_lua(string.format("env MK_CPU_FORK=always %s", LUA), string.format("SEED = %d\n", seed), ONE)
+        assert.are.equal("true", r.done, r.output)
+        if r.blas ~= "openmp" then return pending("OpenBLAS's OpenMP build is not installed here") end
+        assert.is_true(tonumber(r.worst) <= 1, r.output)
+        assert.are.equal(r.tasks_before, r.tasks_after, r.output)
+    end)
+
     it("with OMP_NUM_THREADS=60000, at most one per online CPU: the process lives, the values are right", function()
         local r = run_child("OMP_NUM_THREADS=60000 MK_CPU_FORK=always")
         assert.are.equal(0, r.status, "the child died:\n" .. r.output)

@@ -302,6 +302,30 @@ static void cpu_blas_open(void) {
     }
 }
 
+/*
+ * OpenBLAS's OpenMP build takes the calling thread's OpenMP count: around a
+ * call, that count is the launch's (max_threads: its cost rule's and the
+ * model's `threads`, so `threads = 1` opens no region here either, and never
+ * more than the CPUs online). The pthreads build keeps its own count.
+ */
+static int blas_threads_begin(void) {
+#ifdef _OPENMP
+    int before = omp_get_max_threads();
+    omp_set_num_threads(max_threads());
+    return before;
+#else
+    return 0;
+#endif
+}
+
+static void blas_threads_end(int before) {
+#ifdef _OPENMP
+    omp_set_num_threads(before);
+#else
+    (void)before;
+#endif
+}
+
 const char *mk_cpu_blas_open(void) {
     pthread_once(&cpu_blas_once, cpu_blas_open);
     return cpu_blas.ready ? NULL : cpu_blas.why;
@@ -317,9 +341,11 @@ void mk_cpu_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float
     pthread_once(&cpu_blas_once, cpu_blas_open);
     if (cpu_blas.ready && m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX &&
         lda <= INT32_MAX && ldb <= INT32_MAX && ldc <= INT32_MAX) {
+        int before = blas_threads_begin();
         cpu_blas.sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
                        tb ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, 1.0f, a, (int)lda,
                        b, (int)ldb, beta, c, (int)ldc);
+        blas_threads_end(before);
         return;
     }
     int64_t sar = ta ? 1 : lda, sac = ta ? lda : 1, sbr = tb ? 1 : ldb, sbc = tb ? ldb : 1;
@@ -371,21 +397,25 @@ static void mm_one(const float *a, int64_t sar, int64_t sac, const float *b, int
         return;
     case CPU_MM_GEMV: {
         /* c [n] = b^T a: b normal is [k, n] (Trans), transposed is held as [n, k]. */
-        int incx = k == 1 ? 1 : (int)sac;
+        int incx = k == 1 ? 1 : (int)sac, before = blas_threads_begin();
         if (!tb)
             cpu_blas.sgemv(CblasRowMajor, CblasTrans, (int)k, (int)n, 1.0f, b, (int)ldb, a, incx,
                            0.0f, c, 1);
         else
             cpu_blas.sgemv(CblasRowMajor, CblasNoTrans, (int)n, (int)k, 1.0f, b, (int)ldb, a,
                            incx, 0.0f, c, 1);
+        blas_threads_end(before);
         return;
     }
-    case CPU_MM_GEMM:
+    case CPU_MM_GEMM: {
         mk_matrix_layout(m, k, sar, sac, &ta, &lda);
+        int before = blas_threads_begin();
         cpu_blas.sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
                        tb ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, 1.0f, a, (int)lda,
                        b, (int)ldb, 0.0f, c, (int)n);
+        blas_threads_end(before);
         return;
+    }
     case CPU_MM_LOOPS:
         mk_cpu_mm_loops(a, sar, sac, b, sbr, sbc, c, m, k, n);
         return;
