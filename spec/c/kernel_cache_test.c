@@ -52,18 +52,24 @@ static bool check(mk_model *m) {
     return n == 1;
 }
 
-/* The entries in dir (files ending .cubin); the last one's path in path. */
-static int entries(const char *dir, char *path, size_t size) {
+/* The files in dir whose names end with suffix; the last one's path in path. */
+static int files_ending(const char *dir, const char *suffix, char *path, size_t size) {
     int n = 0;
+    size_t want = strlen(suffix);
     DIR *d = opendir(dir);
     for (struct dirent *e; d && (e = readdir(d));) {
         size_t len = strlen(e->d_name);
-        if (len < 6 || strcmp(e->d_name + len - 6, ".cubin")) continue;
+        if (len < want || strcmp(e->d_name + len - want, suffix)) continue;
         n++;
         if (path) snprintf(path, size, "%s/%s", dir, e->d_name);
     }
     if (d) closedir(d);
     return n;
+}
+
+/* The cache's entries in dir (files ending .cubin). */
+static int entries(const char *dir, char *path, size_t size) {
+    return files_ending(dir, ".cubin", path, size);
 }
 
 static ino_t inode(const char *path) {
@@ -81,6 +87,15 @@ static char *slurp(const char *path, size_t *n) {
     *n = s ? fread(s, 1, (size_t)size, f) : 0;
     fclose(f);
     return s;
+}
+
+/* Whether the file at path holds exactly text. */
+static bool holds(const char *path, const char *text) {
+    size_t n = 0;
+    char *now = slurp(path, &n);
+    bool same = now && n == strlen(text) && !memcmp(now, text, n);
+    free(now);
+    return same;
 }
 
 static void spit(const char *path, const void *s, size_t n) {
@@ -193,10 +208,7 @@ static void test_temporary_link(void) {
         CHECK(symlink(victim, link) == 0, "symlink %s", link);
     }
     CHECK(check(m), "check with links planted");
-    size_t n = 0;
-    char *now = slurp(victim, &n);
-    CHECK(now && n == strlen(secret) && !memcmp(now, secret, n), "the victim was written through");
-    free(now);
+    CHECK(holds(victim, secret), "the victim was written through");
     struct stat st;
     CHECK(lstat(path, &st) == 0 && S_ISREG(st.st_mode) && (st.st_mode & 0777) == 0600,
           "the entry is not a regular file of mode 0600");
@@ -254,20 +266,6 @@ static void test_directory(void) {
     drop_cache_dir(dir);
 }
 
-/* The one .cu file in dir: its path in path; how many there are. */
-static int sources(const char *dir, char *path, size_t size) {
-    int n = 0;
-    DIR *d = opendir(dir);
-    for (struct dirent *e; d && (e = readdir(d));) {
-        size_t len = strlen(e->d_name);
-        if (len < 3 || strcmp(e->d_name + len - 3, ".cu")) continue;
-        n++;
-        snprintf(path, size, "%s/%s", dir, e->d_name);
-    }
-    if (d) closedir(d);
-    return n;
-}
-
 static void test_dump_link(void) {
     char dir[64], dump[64], path[512], victim[512];
     make_cache_dir(dir);
@@ -278,7 +276,7 @@ static void test_dump_link(void) {
     mk_context *ctx = mk_context_new(&err);
     mk_model *m = fresh_group(ctx);
     if (!check(m)) goto done;
-    int dumped = sources(dump, path, sizeof path);
+    int dumped = files_ending(dump, ".cu", path, sizeof path); /* the dumped source */
     CHECK(dumped == 1, "%d sources dumped", dumped);
     size_t n = 0;
     char *source = slurp(path, &n);
@@ -292,10 +290,7 @@ static void test_dump_link(void) {
     unlink(path);
     CHECK(symlink(victim, path) == 0, "symlink %s", path);
     CHECK(check(m), "check with a link at the source's name");
-    size_t k = 0;
-    char *now = slurp(victim, &k);
-    CHECK(now && k == strlen(secret) && !memcmp(now, secret, k), "the victim was written through");
-    free(now);
+    CHECK(holds(victim, secret), "the victim was written through");
     struct stat st;
     size_t r = 0;
     char *again = slurp(path, &r);
