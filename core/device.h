@@ -194,7 +194,7 @@ int64_t mk_argmax_row(const float *x, int64_t n);
  * returning this table. The plugin is built from the same tree as the core:
  * abi and the struct sizes guard against mixing builds.
  */
-#define MK_CUDA_PLUGIN_ABI 17
+#define MK_CUDA_PLUGIN_ABI 18
 #define MK_CUDA_PLUGIN_ENTRY "mk_cuda_plugin_entry"
 #define MK_CUDA_PLUGIN_FILE "libmoonkaas_cuda.so"
 struct mk_fused_group;

@@ -263,6 +263,8 @@ typedef struct {
                                its bias, batch norm (folded), residual add and ReLU */
     int matvec_rows;        /* the most rows of A its matrix-vector groups take, at most
                                MK_MATVEC_ROWS_MAX (more: a matrix product) */
+    bool causal_attention;  /* it runs a prompt's causal attention as one group (product.c):
+                               Q @ Kt -> CausalSoftmax(p) -> PrefixMatMul(., V, p) */
 } mk_target;
 
 /* Whether n is one of g's outputs (its value is copied out: no group may absorb it). */

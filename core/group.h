@@ -39,7 +39,9 @@ typedef struct mk_pointwise_group {
 #define MK_MATVEC_ROWS 4      /* rows of A the devices' groups take; more is a matrix product */
 #define MK_MATVEC_ROWS_MAX 16 /* rows of A a device's groups may take (mk_target.matvec_rows):
                                  the generators' limit */
-#define MK_ATTENTION_ROWS 8   /* query rows per batch an attention group takes */
+#define MK_ATTENTION_ROWS 8   /* query rows per batch a decode attention group takes */
+#define MK_CAUSAL_BLOCK 16    /* query rows a causal attention group scores at a time (the
+                                 CPU's scratch: that many rows of scores a head) */
 #define MK_INT8_GROUP_MAX 512 /* groups of A on the int8 grid a group takes divide this (powers
                                  of two: CUDA's 16-value lanes of a group share its maximum by
                                  butterfly shuffles within a warp) */
@@ -84,11 +86,13 @@ typedef struct {
 
 typedef enum {
     MK_PRODUCT_MATVEC,    /* products of A with their prologue and epilogues */
-    MK_PRODUCT_ATTENTION, /* decode attention: Q @ Kt -> SlicedSoftmax(p) -> PrefixMatMul(., V, p) */
+    MK_PRODUCT_ATTENTION, /* attention: Q @ Kt -> SlicedSoftmax(p) -> PrefixMatMul(., V, p)
+                             (decode), or with CausalSoftmax(p) (a prompt's, causal) */
 } mk_product_kind;
 
-/* Decode attention's operands and sizes: Q [B, m, d] @ Kt [B, d, S], softmax of
- * the first p columns, @ V [B, S, n] over the first p rows; only those are read. */
+/* Attention's operands and sizes: Q [B, m, d] @ Kt [B, d, S], softmax of
+ * the first p columns, @ V [B, S, n] over the first p rows; only those are read.
+ * Causal: query row i of the m sees the first p - m + 1 + i (m <= p <= S). */
 typedef struct {
     int q, kt, v, p;          /* operands */
     int64_t batch, m, d, s, n;
@@ -96,6 +100,8 @@ typedef struct {
                                  batch's sequences, each at its own position) */
     bool early;               /* no launch before writes K's or V's rows before p - 1
                                  (early_rows): CUDA loads them before its wait */
+    bool causal;              /* a prompt's: CausalSoftmax, the scores never whole (the CPU
+                                 makes MK_CAUSAL_BLOCK rows of a head at a time) */
     bool int8_grid;           /* some product group of the graph takes A on runq.c's int8
                                  grid (W8A8), where the sums' last bit can change the text:
                                  CUDA keeps the order that tells runq.c's */

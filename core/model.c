@@ -641,7 +641,8 @@ int mk_model_check_generated(const mk_model *m, int arch, mk_error **err) {
         const mk_node *n = m->launches[i].node;
         if (!mk_node_generated(n)) continue;
         const mk_product_group *pg = mk_node_product(n);
-        bool rows = false; /* a group CUDA does not form (it reads no weights by rows) */
+        /* groups CUDA does not form: weights read by rows, causal attention */
+        bool rows = pg && pg->kind == MK_PRODUCT_ATTENTION && pg->att.causal;
         for (int j = 0; pg && j < pg->n_products; j++) rows = rows || pg->b_rows[j];
         if (rows) continue;
         if (p->generate_check(&m->launches[i], arch, err)) return -1;

@@ -41,7 +41,10 @@
  * PrefixMatMul(., V, p) with the same p, each read only by the next, Q with at
  * most MK_ATTENTION_ROWS rows per batch. Scores past p are read by nobody (the
  * prefix product stops at p), so the group computes only the first p: its
- * cost grows with the position, not with the cache.
+ * cost grows with the position, not with the cache. A prompt's attention,
+ * CausalSoftmax(p) in the middle, is one too on a device whose target says
+ * causal_attention (the CPU): any number of query rows, row i seeing p - m +
+ * 1 + i columns, so its [B, m, S] scores are never made whole.
  *
  * Products that stay alone (more rows, a B read by rows, other dtypes) keep the
  * device's matrix kernel (BLAS, cuBLAS); the report says which and why.
@@ -538,7 +541,8 @@ static int make(mk_graph *g, cand *c, mk_product_group *pg, mk_error **err) {
         total += ((int64_t)mk_node_bytes(pg->out[o].end) / 4 + 15) / 16 * 16;
     }
     /* the CPU's scratch: a matrix-vector group's A (normalised, rows dense);
-     * an attention group's members but its result */
+     * a decode attention group's members but its result; a causal one's
+     * scores, MK_CAUSAL_BLOCK rows a head (softmaxed in place) */
     pg->weight_bytes = 1;
     for (int t = 0; t < grp->n_members; t++) {
         const mk_node *m = grp->members[t], *w = m->in[1];
@@ -549,8 +553,12 @@ static int make(mk_graph *g, cand *c, mk_product_group *pg, mk_error **err) {
         for (int o = 0; o < pg->n_outs; o++) is_end = is_end || pg->out[o].end == m;
         pg->scratch[t] = -1;
         if (pg->kind != MK_PRODUCT_ATTENTION || is_end || m->storage == MK_STORAGE_VIEW) continue;
+        const mk_attention_info *a = &pg->att;
+        if (a->causal && m->op->kernel != MK_KERNEL_MATMUL) continue;
+        size_t bytes = a->causal ? (size_t)(a->batch * MK_CAUSAL_BLOCK * a->s) * sizeof(float)
+                                 : mk_node_bytes(m);
         pg->scratch[t] = (int64_t)grp->scratch_bytes;
-        grp->scratch_bytes += (mk_node_bytes(m) + 63) / 64 * 64;
+        grp->scratch_bytes += (bytes + 63) / 64 * 64;
     }
     if (pg->kind == MK_PRODUCT_MATVEC) /* A as floats; on the int8 grid, its scales and values */
         grp->scratch_bytes = (size_t)(pg->m * pg->k) * sizeof(float) +
@@ -639,8 +647,9 @@ nomem:
 /* ---- decode attention ------------------------------------------------------------ */
 
 /* The attention group around softmax x, or NULL. */
-static mk_product_group *build_attention(cand *c, mk_graph *g, mk_node *x, bool *moved) {
-    if (mk_attention_why_not(g, x)) return NULL;
+static mk_product_group *build_attention(cand *c, mk_graph *g, const mk_target *t, mk_node *x,
+                                         bool *moved) {
+    if (mk_attention_why_not(g, t, x)) return NULL;
     mk_node *s = x->in[0], *y = mk_product_only_reader(g, x);
     *c = (cand){.g = g, .n_products = 1, .products = {s}, .moved = moved};
     memset(moved, 0, sizeof *moved * (size_t)g->n_nodes);
@@ -660,6 +669,7 @@ static mk_product_group *build_attention(cand *c, mk_graph *g, mk_node *x, bool 
     a->batch = s->shape[0], a->m = s->shape[1], a->d = s->in[0]->shape[2];
     a->s = s->shape[2], a->n = y->shape[2];
     a->prefixes = y->in[2]->shape[0];
+    a->causal = x->op->kernel == MK_KERNEL_CAUSAL_SOFTMAX;
     pg->norm_w = pg->norm_b = pg->norm_eps = -1;
     pg->n_products = 1;
     pg->n_outs = 1;
@@ -739,8 +749,8 @@ int mk_product_pass(mk_graph *g, const mk_compile_options *opts, const mk_target
         cand c;
         mk_product_group *pg = NULL;
         mk_product_hold_by_columns(g, t, p);
-        if (p->op->kernel == MK_KERNEL_SLICED_SOFTMAX) {
-            pg = build_attention(&c, g, p, moved);
+        if (p->op->kernel == MK_KERNEL_SLICED_SOFTMAX || p->op->kernel == MK_KERNEL_CAUSAL_SOFTMAX) {
+            pg = build_attention(&c, g, t, p, moved);
         } else if (!mk_product_why_not(g, t, p)) {
             mk_node *ps[MK_PRODUCTS_MAX];
             int n_ps = siblings(g, t, p, ps);

@@ -22,7 +22,8 @@ const char *mk_product_why_not(const mk_graph *g, const mk_target *t, const mk_n
 void mk_product_hold_by_columns(const mk_graph *g, const mk_target *t, const mk_node *p);
 /* n's only reader, or NULL where it has several, none, or is the output. */
 mk_node *mk_product_only_reader(const mk_graph *g, const mk_node *n);
-/* Why the softmax x cannot be the middle of an attention group, or NULL. */
-const char *mk_attention_why_not(const mk_graph *g, const mk_node *x);
+/* Why the softmax x (sliced, or causal on a target with causal_attention)
+ * cannot be the middle of an attention group on target t, or NULL. */
+const char *mk_attention_why_not(const mk_graph *g, const mk_target *t, const mk_node *x);
 
 #endif

@@ -1,8 +1,9 @@
 /*
  * product_describe.c — the classes of the groups product.c makes: what a
- * matrix-vector or a decode attention group computes, in a phrase for the DOT
- * picture and in full for its report line (its products, their weights'
- * form, folded norms and quantizers, gathers, members and results).
+ * matrix-vector or an attention group (a decode step's, or a prompt's causal
+ * one) computes, in a phrase for the DOT picture and in full for its report
+ * line (its products, their weights' form, folded norms and quantizers,
+ * gathers, members and results).
  */
 #include "passes.h"
 
@@ -10,6 +11,19 @@
 
 static void describe_attention(const mk_node *n, bool brief, mk_strbuf *b) {
     const mk_attention_info *a = &mk_node_product(n)->att;
+    if (a->causal) {
+        if (brief) {
+            mk_strbuf_put(b, "causal attention, %d query rows at a time", MK_CAUSAL_BLOCK);
+            return;
+        }
+        mk_strbuf_put(b, "one launch, causal: [%lld, %lld, %lld] queries, row i over the first "
+                         "p - %lld + i of %lld cached rows (reads only those; the scores %d rows "
+                         "at a time, never whole); members",
+                      (long long)a->batch, (long long)a->m, (long long)a->d, (long long)a->m - 1,
+                      (long long)a->s, MK_CAUSAL_BLOCK);
+        mk_group_put_members(n, b);
+        return;
+    }
     if (brief) {
         mk_strbuf_put(b, "decode attention over the first p rows");
         return;

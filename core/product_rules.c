@@ -83,8 +83,12 @@ mk_node *mk_product_only_reader(const mk_graph *g, const mk_node *n) {
     return NULL;
 }
 
-/* Why the softmax x cannot be the middle of an attention group, or NULL. */
-const char *mk_attention_why_not(const mk_graph *g, const mk_node *x) {
+/* Why the softmax x cannot be the middle of an attention group on target t,
+ * or NULL. A decode step's (SlicedSoftmax) takes few query rows; a prompt's
+ * (CausalSoftmax) any number, on a device that runs it. */
+const char *mk_attention_why_not(const mk_graph *g, const mk_target *t, const mk_node *x) {
+    bool causal = x->op->kernel == MK_KERNEL_CAUSAL_SOFTMAX;
+    if (causal && !t->causal_attention) return "the device has no causal attention group";
     const mk_node *s = x->in[0], *y = mk_product_only_reader(g, x);
     if (!y || y->op->kernel != MK_KERNEL_PREFIX_MATMUL || y->in[0] != x || y->in[2] != x->in[1])
         return "not read by one prefix product over its own prefix";
@@ -96,6 +100,7 @@ const char *mk_attention_why_not(const mk_graph *g, const mk_node *x) {
     if (s->dtype != MK_DTYPE_FLOAT32 || y->dtype != MK_DTYPE_FLOAT32 ||
         y->in[1]->dtype != MK_DTYPE_FLOAT32)
         return "not float32";
+    if (causal) return NULL;
     if (s->shape[1] > MK_ATTENTION_ROWS) return "more query rows than decoding has";
     if (s->shape[2] > MK_ATTENTION_ROWS_MAX) return "a cache too long for one block's shared memory";
     return NULL;
@@ -108,7 +113,9 @@ void mk_product_report(const mk_graph *g, const mk_target *t, mk_strbuf *b) {
         if (why)
             mk_strbuf_put(b, "product $%d (line %d): the device's matrix kernel: %s\n", n->id,
                           n->line, why);
-        const char *att = n->op->kernel == MK_KERNEL_SLICED_SOFTMAX ? mk_attention_why_not(g, n) : NULL;
+        bool softmax = n->op->kernel == MK_KERNEL_SLICED_SOFTMAX ||
+                       n->op->kernel == MK_KERNEL_CAUSAL_SOFTMAX;
+        const char *att = softmax ? mk_attention_why_not(g, t, n) : NULL;
         if (att) mk_strbuf_put(b, "softmax $%d (line %d): no attention group: %s\n", n->id, n->line, att);
     }
 }

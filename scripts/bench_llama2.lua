@@ -44,7 +44,10 @@
 -- --prompt-tokens N also times a prompt of N random token ids at position 0:
 -- in one evaluation (prefill, net:prompt: one model for N tokens, its
 -- products GEMMs, compiled before the timing) and a token per evaluation
--- (net:forward N times), N / seconds each, the median of --runs.
+-- (net:forward N times), N / seconds each, the median of --runs; and the
+-- first token's latency (the prompt's evaluation and the token after it),
+-- cold (the first call, which compiles the prompt's model: the CUDA kernel
+-- cache as MK_KERNEL_CACHE has it) and warm (the median evaluation).
 --
 -- --precision converts the weights at load (scripts/llama2.lua -q); the
 -- roofline then counts the bytes of that precision.
@@ -298,13 +301,15 @@ local function prompt_rows(o, net, smp, shape, who)
     end
     local function whole() net:prompt(ids, 0, smp) end
     local function per_token() for i = 1, n do net:forward(ids[i], i - 1, smp) end end
-    rate(whole) -- compiles the prompt's model
+    local cold = n / rate(whole) -- compiles the prompt's model (the kernel cache as it is)
     local a, b = {}, {}
     for r = 1, o.runs do
         a[r], b[r] = rate(whole), rate(per_token)
         io.stderr:write(string.format("  %s prompt of %d, run %d: %.1f tok/s in one evaluation, %.1f a token "
                                       .. "at a time\n", shape, n, r, a[r], b[r]))
     end
+    io.stderr:write(string.format("  %s first token after a prompt of %d: cold %.1f ms (the prompt's model "
+                                  .. "compiled), warm %.1f ms\n", shape, n, 1e3 * cold, 1e3 * n / median(a)))
     return { { shape = shape, who = who .. " prefill " .. n, rate = median(a) },
              { shape = shape, who = who .. " prompt per-token", rate = median(b) } }
 end

@@ -199,6 +199,55 @@ describe("embeddings of one id read by matrix-vector groups", function()
     end)
 end)
 
+-- q [B, T, d] over caches [S, B, d] and [S, B, n], end e: a prompt's attention
+local function causal_attention(B, T, d, n, S)
+    local q, kc, vc = mk.input("q", "float32", { B, T, d }), mk.input("kc", "float32", { S, B, d }),
+        mk.input("vc", "float32", { S, B, n })
+    local e = mk.input("e", "int64", { 1 })
+    local y = q:matmul(kc:permute({ 1, 2, 0 })):causal_softmax(e):matmul_prefix(vc:permute({ 1, 0, 2 }), e)
+    local feeds = { q = H.rand({ B, T, d }), kc = H.rand({ S, B, d }), vc = H.rand({ S, B, n }) }
+    return y, feeds
+end
+
+describe("a prompt's causal attention", function()
+    it("is one CPU group, the same bits as its nodes where they take the plain loops", function()
+        local y, feeds = causal_attention(3, 37, 8, 5, 50)
+        local fused <close> = mk.compile(y)
+        local plain <close> = mk.compile(y, { fuse = false })
+        assert.are.equal(1, fused:stats().launches, fused:fusion_report())
+        local report = fused:fusion_report()
+        assert.truthy(report:find("attention group $4 (line 4): one launch, causal: [3, 37, 8] queries, " ..
+            "row i over the first p - 36 + i of 50 cached rows", 1, true), report)
+        for _, e in ipairs({ 37, math.random(38, 49), 50 }) do
+            feeds.e = mk.tensor({ e }, "int64")
+            bits_equal(fused:run(feeds), plain:run(feeds), "causal attention, end " .. e)
+        end
+    end)
+
+    it("names the softmax where the end is out of range, and the model still runs", function()
+        local y, feeds = causal_attention(2, 5, 4, 3, 9)
+        local fused <close> = mk.compile(y)
+        local plain <close> = mk.compile(y, { fuse = false })
+        for _, e in ipairs({ 4, 10, -1 }) do
+            feeds.e = mk.tensor({ e }, "int64")
+            H.assert_error(function() fused:run(feeds) end, string.format(
+                "evaluation error: CausalSoftmaxNode: end %d ('e') is outside [5, 9]", e), "(script:")
+        end
+        feeds.e = mk.tensor({ 7 }, "int64")
+        bits_equal(fused:run(feeds), plain:run(feeds), "causal attention after the errors")
+    end)
+
+    gpu_it("stays three launches on CUDA (no causal group there), the CPU's values", function()
+        local y, feeds = causal_attention(2, 20, 16, 8, 40)
+        feeds.e = mk.tensor({ 33 }, "int64")
+        local cuda <close> = mk.compile(y, { device = "cuda" })
+        local cpu <close> = mk.compile(y)
+        assert.truthy(cuda:fusion_report():find("no attention group: the device has no causal attention group",
+            1, true), cuda:fusion_report())
+        H.assert_close(cuda:run(feeds), H.ref(cpu:run(feeds)), 1e-5, 1e-4)
+    end)
+end)
+
 describe("pointwise groups", function()
     it("run a chain as one launch, bit-identical to one launch per node", function()
         local a = mk.input("a", "float32", { 6, 8 })

@@ -347,6 +347,16 @@ function H.check_prompts(mk, llama2, cfg, path, W, device, pieces)
         step()
         prompt(n2)
         while pos < S do step() end
+        -- on the CPU, with one query head a kv head, each layer's attention
+        -- in a prompt's model is one causal group
+        if device == "cpu" and cfg.n_kv_heads == cfg.n_heads then
+            for T, pm in pairs(net.prompt_models) do
+                local report = pm.model:fusion_report()
+                local _, groups = report:gsub("attention group %$%d+ %(line %d+%): one launch, causal", "")
+                assert(groups == cfg.n_layers, string.format("prompt model %d: %d causal attention groups, "
+                    .. "not %d:\n%s", T, groups, cfg.n_layers, report))
+            end
+        end
     end)
     model.PROMPT_TOKENS = saved
     if not ok then error(err, 0) end

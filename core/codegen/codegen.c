@@ -530,6 +530,13 @@ char *mk_codegen_source(const mk_launch *l, bool stamp, int occupancy, mk_error 
         MK_INTERNAL(err, "not a group's launch");
         return NULL;
     }
+    const mk_product_group *pg = mk_node_product(l->node);
+    if (pg && pg->kind == MK_PRODUCT_ATTENTION && pg->att.causal) {
+        mk_fail(err, MK_ERR_DEVICE, l->node->line, l->node->column,
+                "%s $%d is a causal attention group, which only the CPU runs: no CUDA source",
+                l->node->op->name, l->node->id);
+        return NULL;
+    }
     mk_strbuf src = {0};
     mk_codegen_group_source(&src, l);
     const char *line = NULL, *no_mma = getenv("MK_CUDA_NO_MMA");

@@ -308,7 +308,7 @@ const mk_device_ops mk_cpu_device = {
     .kernels = cpu_kernels,
     .target = {.matvec_rows = MK_MATVEC_ROWS, .pointwise_operands = MK_X_IN,
                .int8_products = INT64_MAX, .row_products = true,
-               .row_groups = true, .conv_groups = true},
+               .row_groups = true, .conv_groups = true, .causal_attention = true},
     .open = cpu_open,
     .close = cpu_close,
     .alloc = cpu_alloc,

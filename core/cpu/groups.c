@@ -48,9 +48,52 @@ static mk_tensor member_tensor(const mk_launch *l, const mk_node *x) {
  * softmax, and their sum of V's first p rows. Rows past p are never read, so
  * the cost grows with p, not with the cache.
  */
+/*
+ * A prompt's causal attention: per head, its m query rows MK_CAUSAL_BLOCK at
+ * a time, the block's scores against the keys its last row sees (row i sees
+ * the first p - m + 1 + i) in the head's block of scratch, each row's softmax
+ * over its own columns (the rest zeroed: the block's product adds them as 0),
+ * and the block's sum of V's rows. The same loops as the nodes alone where
+ * those take mk_cpu_mm_loops (products under CPU_MM_SMALL): equal to them but
+ * for the sign of a zero; BLAS sums larger ones in its own order.
+ */
+static int cpu_causal_attention(const mk_launch *l, mk_error **err) {
+    const mk_product_group *pg = mk_node_product(l->node);
+    const mk_attention_info *at = &pg->att;
+    mk_node *const *members = l->node->group->members; /* the scores, the softmax, the sum */
+    const mk_node *softmax = members[1];
+    mk_tensor out = member_tensor(l, members[2]);
+    const mk_tensor *q = &l->in[at->q], *kt = &l->in[at->kt], *v = &l->in[at->v];
+    int64_t B = at->batch, m = at->m, d = at->d, n = at->n, S = at->s;
+    int64_t p = *(const int64_t *)l->in[at->p].data;
+    if (p < m || p > S) return mk_fault(err, softmax, MK_FAULT_END, p, S, m);
+    float *sc = (float *)((char *)l->scratch + pg->scratch[0]), *o = out.data;
+    const float *qp = q->data, *kp = kt->data, *vp = v->data;
+    int64_t seen = p - m; /* keys every row sees */
+    CPU_FOR(B > 1 && par(m * (d + n) * p), t, B, {
+        float *st = sc + t * MK_CAUSAL_BLOCK * S;
+        for (int64_t i0 = 0; i0 < m; i0 += MK_CAUSAL_BLOCK) {
+            int64_t r = m - i0 < MK_CAUSAL_BLOCK ? m - i0 : MK_CAUSAL_BLOCK;
+            int64_t cols = seen + i0 + r; /* what the block's last row sees */
+            mk_cpu_mm_loops(qp + t * q->stride[0] + i0 * q->stride[1], q->stride[1], q->stride[2],
+                            kp + t * kt->stride[0], kt->stride[1], kt->stride[2], st, r, d, cols);
+            for (int64_t i = 0; i < r; i++) {
+                int64_t own = seen + i0 + i + 1;
+                float *row = st + i * cols;
+                mk_cpu_softmax_row(row, row, own, own);
+                memset(row + own, 0, (size_t)(cols - own) * sizeof(float));
+            }
+            mk_cpu_mm_loops(st, cols, 1, vp + t * v->stride[0], v->stride[1], v->stride[2],
+                            o + (t * m + i0) * n, r, cols, n);
+        }
+    });
+    return 0;
+}
+
 static int cpu_attention(const mk_launch *l, mk_error **err) {
     const mk_product_group *pg = mk_node_product(l->node);
     const mk_attention_info *at = &pg->att;
+    if (at->causal) return cpu_causal_attention(l, err);
     mk_node *const *members = l->node->group->members; /* the scores, the softmax, the sum */
     const mk_node *softmax = members[1];
     mk_tensor scores = member_tensor(l, members[0]), out = member_tensor(l, members[2]);

@@ -246,16 +246,21 @@ static int cache(script *s, bool buffer, int64_t a, int64_t b, int64_t c) {
  * [S, B, n] (inputs or buffers read through permutes, as llama2's buffers
  * are, or Kt as a plain [B, d, S]), each perhaps written at row pos first, the
  * softmax of the first pos1 scores, the prefix product with V; the output
- * reads the result through a reshape and a product.
+ * reads the result through a reshape and a product. A third are a prompt's
+ * causal attention instead (CausalSoftmax: 2 to 40 query rows, pos1 at least
+ * that; the CPU's causal group, in blocks of MK_CAUSAL_BLOCK rows).
  */
 static void random_attention(script *s) {
     memset(s, 0, sizeof *s);
     s->next_id = 1;
+    bool causal = test_randint(0, 2) == 0;
     int64_t B = test_randint(1, 6), m = test_randint(0, 5) ? test_randint(1, 8) : 9;
+    if (causal) m = test_randint(2, 40);
     int64_t d = test_randint(1, 130), n = test_randint(1, 140);
     /* up to 300 rows (the cluster combine, or global); a quarter up to 2,400,
      * where CUDA's blocks take several chunks each as B m grows (att_blocks) */
     int64_t S = test_randint(0, 3) ? test_randint(1, 300) : test_randint(301, 2400);
+    if (S < m) S = m;
     s->rows = S;
     s->attention = true;
     s->first_pos = -1; /* pos1 = 0: an empty prefix */
@@ -271,6 +276,7 @@ static void random_attention(script *s) {
     bool write_k = test_randint(0, 1), write_v = test_randint(0, 1);
     bool buffers = test_randint(0, 2) != 0;
     if (write_k || write_v) s->first_pos = 0;
+    if (causal) s->first_pos = m - 1; /* pos1 in [m, S] */
     int kt;
     if (test_randint(0, 3)) {
         int kc = cache(s, buffers, S, B, d);
@@ -287,7 +293,7 @@ static void random_attention(script *s) {
                  pos1);
     int w = INPUT(s, MK_DTYPE_FLOAT32, B * m * n, 8);
     int sc = put(s, "MatMulNode($%d, $%d)", q, kt);
-    int att = put(s, "SlicedSoftmaxNode($%d, $%d)", sc, p);
+    int att = put(s, causal ? "CausalSoftmaxNode($%d, $%d)" : "SlicedSoftmaxNode($%d, $%d)", sc, p);
     int v = put(s, "PermuteNode($%d, [1, 0, 2])", vc);
     int o = put(s, "PrefixMatMulNode($%d, $%d, $%d)", att, v, p);
     int r = put(s, "ReshapeNode($%d, [1, %lld])", o, (long long)(B * m * n));
@@ -359,8 +365,9 @@ static bool run(mk_model *m, const mk_named_tensor *in, int n_in, float *out, co
 }
 
 /* The report's product groups: those CUDA forms too into *groups, those
- * reading weights by rows (the CPU's alone) into *rows. */
-static void count_groups(const char *report, int *groups, int *rows, int *early, int *late) {
+ * reading weights by rows or causal (the CPU's alone) into *rows or *causal. */
+static void count_groups(const char *report, int *groups, int *rows, int *causal, int *early,
+                         int *late) {
     for (const char *l = report; l && *l;) {
         const char *eol = strchr(l, '\n');
         size_t len = eol ? (size_t)(eol - l) : strlen(l);
@@ -368,8 +375,10 @@ static void count_groups(const char *report, int *groups, int *rows, int *early,
         snprintf(line, sizeof line, "%.*s", (int)len, l);
         if (!strncmp(line, "matrix-vector group $", 21) || !strncmp(line, "attention group $", 17)) {
             if (strstr(line, "read by rows")) ++*rows;
+            else if (strstr(line, "causal")) ++*causal;
             else ++*groups;
-            if (!strncmp(line, "attention group $", 17)) ++*(strstr(line, "before its wait") ? early : late);
+            if (!strncmp(line, "attention group $", 17) && !strstr(line, "causal"))
+                ++*(strstr(line, "before its wait") ? early : late);
         }
         l = eol ? eol + 1 : NULL;
     }
@@ -394,6 +403,7 @@ static void test_random_products(void) {
     int graphs = stress ? INT_MAX : getenv("MK_VALGRIND") ? 4 : 80, groups = 0, row_groups = 0;
     int kernels = 0, done = 0, corpus = nvrtc && !stress ? CORPUS_GRAPHS : 0, corpus_groups = 0;
     int early = 0, late = 0; /* attention groups whose cache rows may load before the wait, or not */
+    int causal = 0;          /* causal attention groups (the CPU's) */
     if (corpus)
         printf("#   NVRTC: the first %d graphs, of the fixed seed %u\n", corpus, CORPUS_SEED);
     for (int g = 0; ctx && g < graphs && !test_cur_failed && (!stress || time(NULL) < until);
@@ -416,7 +426,7 @@ static void test_random_products(void) {
             fill_caches(ctx, plain, s, cached, MK_DEVICE_CPU) &&
             (!cuda || fill_caches(ctx, cuda, s, cached, MK_DEVICE_CUDA))) {
             int before = groups;
-            count_groups(mk_model_fusion_report(fused), &groups, &row_groups, &early, &late);
+            count_groups(mk_model_fusion_report(fused), &groups, &row_groups, &causal, &early, &late);
             /* inputs may still be on their way when a launch starts (see the top) */
             const char *report = mk_model_fusion_report(fused);
             CHECK(!s->attention || s->n_buf || !strstr(report, "before its wait"),
@@ -463,15 +473,16 @@ static void test_random_products(void) {
         mk_model_free(cuda);
         free(s);
     }
-    printf("#   %d graphs, %d product groups (and %d reading weights by rows; %d attention groups "
-           "loading rows early, %d not), %d kernels checked with NVRTC\n",
-           done, groups, row_groups, early, late, kernels);
+    printf("#   %d graphs, %d product groups (and %d reading weights by rows, %d causal attention; "
+           "%d decode attention groups loading rows early, %d not), %d kernels checked with NVRTC\n",
+           done, groups, row_groups, causal, early, late, kernels);
     /* coverage of the 80 graphs' run; valgrind's 4 are too few to promise a kind
      * (MK_SEED=1796061092 draws no group by columns in them) */
     if (!getenv("MK_VALGRIND") && !stress) {
         CHECK(groups >= graphs / 4, "only %d groups reading weights by columns in %d graphs",
               groups, graphs);
         CHECK(early > 0 && late > 0, "attention groups loading rows early: %d, not: %d", early, late);
+        CHECK(causal > 0, "no causal attention group in %d graphs", graphs);
         CHECK(row_groups >= graphs / 4, "only %d groups reading weights by rows in %d graphs",
               row_groups, graphs);
     }

@@ -162,6 +162,27 @@ return function(c)
         end
     end
 
+    -- a prompt's causal attention over caches [S, B, d] and [S, B, n]: T queries after e - T
+    -- cached keys (the CPU's causal attention group: blocks of 16 rows, one part-block;
+    -- the second shape large enough that the nodes alone take BLAS)
+    for _, sz in ipairs({ { math.random(2, 3), math.random(17, 40), math.random(3, 9), math.random(2, 7) },
+                          { 2, 70, 64, 48 } }) do
+        local B, T, d, n = sz[1], sz[2], sz[3], sz[4]
+        local S = T + math.random(0, 30)
+        local q, qt, qr = input("q", { B, T, d })
+        local kc, kct, kcr = input("kc", { S, B, d })
+        local vc, vct, vcr = input("vc", { S, B, n })
+        local en = mk.input("e", "int64", { 1 })
+        for _, e in ipairs({ T, math.random(T, S) }) do
+            local att = q:matmul(kc:permute({ 1, 2, 0 })):causal_softmax(en)
+            local want = R.matmul_prefix(R.causal_softmax(R.matmul(qr, R.permute(kcr, { 1, 2, 0 })), e),
+                R.permute(vcr, { 1, 0, 2 }), e)
+            add(string.format("causal attention [%d,%d,%d] over caches of %d, end %d", B, T, d, S, e),
+                att:matmul_prefix(vc:permute({ 1, 0, 2 }), en),
+                { q = qt, kc = kct, vc = vct, e = mk.tensor({ e }, "int64") }, want, 1e-5 * S, 1e-4)
+        end
+    end
+
     for rank = 1, 4 do -- slice, reshape, permute
         local shape = rand_shape(rank, 2, 5)
         shape[1] = math.random(2, 8)
