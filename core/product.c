@@ -555,7 +555,8 @@ static int make(mk_graph *g, cand *c, mk_product_group *pg, mk_error **err) {
         if (pg->kind != MK_PRODUCT_ATTENTION || is_end || m->storage == MK_STORAGE_VIEW) continue;
         const mk_attention_info *a = &pg->att;
         if (a->causal && m->op->kernel != MK_KERNEL_MATMUL) continue;
-        size_t bytes = a->causal ? (size_t)(a->batch * MK_CAUSAL_BLOCK * a->s) * sizeof(float)
+        int64_t block = a->m < MK_CAUSAL_BLOCK ? a->m : MK_CAUSAL_BLOCK; /* rows a head */
+        size_t bytes = a->causal ? (size_t)(a->batch * block * a->s) * sizeof(float)
                                  : mk_node_bytes(m);
         pg->scratch[t] = (int64_t)grp->scratch_bytes;
         grp->scratch_bytes += (bytes + 63) / 64 * 64;

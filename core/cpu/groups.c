@@ -70,10 +70,11 @@ static int cpu_causal_attention(const mk_launch *l, mk_error **err) {
     float *sc = (float *)((char *)l->scratch + pg->scratch[0]), *o = out.data;
     const float *qp = q->data, *kp = kt->data, *vp = v->data;
     int64_t seen = p - m; /* keys every row sees */
+    int64_t block = m < MK_CAUSAL_BLOCK ? m : MK_CAUSAL_BLOCK; /* rows of scores a head */
     CPU_FOR(B > 1 && par(m * (d + n) * p), t, B, {
-        float *st = sc + t * MK_CAUSAL_BLOCK * S;
-        for (int64_t i0 = 0; i0 < m; i0 += MK_CAUSAL_BLOCK) {
-            int64_t r = m - i0 < MK_CAUSAL_BLOCK ? m - i0 : MK_CAUSAL_BLOCK;
+        float *st = sc + t * block * S;
+        for (int64_t i0 = 0; i0 < m; i0 += block) {
+            int64_t r = m - i0 < block ? m - i0 : block;
             int64_t cols = seen + i0 + r; /* what the block's last row sees */
             mk_cpu_mm_loops(qp + t * q->stride[0] + i0 * q->stride[1], q->stride[1], q->stride[2],
                             kp + t * kt->stride[0], kt->stride[1], kt->stride[2], st, r, d, cols);
