@@ -645,7 +645,7 @@ nomem:
     return mk_fail(err, MK_ERR_NOMEM, 0, 0, "grouping matrix-vector products");
 }
 
-/* ---- decode attention ------------------------------------------------------------ */
+/* ---- attention (a decode step's, a prompt's causal one) ------------------------ */
 
 /* The attention group around softmax x, or NULL. */
 static mk_product_group *build_attention(cand *c, mk_graph *g, const mk_target *t, mk_node *x,

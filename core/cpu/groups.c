@@ -1,10 +1,11 @@
 /*
- * groups.c — the CPU's runners of product groups (product.c): decode
- * attention over a cache's first rows, and matrix–vector groups, whose
- * threads share the results' columns and run each chunk's dot products,
- * epilogue program, rotation and row write or ArgMax in one pass. Each reuses
- * the row functions of its nodes alone (matmul.c, ops.c), so a group equals
- * its nodes bit for bit.
+ * groups.c — the CPU's runners of product groups (product.c): attention over
+ * a cache's first rows (a decode step's, or a prompt's causal one, its scores
+ * a block of rows at a time), and matrix–vector groups, whose threads share
+ * the results' columns and run each chunk's dot products, epilogue program,
+ * rotation and row write or ArgMax in one pass. Each reuses the row functions
+ * of its nodes alone (matmul.c, ops.c), so a group equals its nodes bit for
+ * bit, but where the nodes alone hand a larger product to BLAS.
  */
 #include "cpu.h"
 #include "vec.h"
@@ -41,13 +42,6 @@ static mk_tensor member_tensor(const mk_launch *l, const mk_node *x) {
     return t;
 }
 
-/*
- * Decode attention over the first p cached rows only, in one parallel loop
- * over the batch (the heads): per head, the scores of its m query rows
- * against K's first p rows (dense [m, p] in the scores' scratch), their
- * softmax, and their sum of V's first p rows. Rows past p are never read, so
- * the cost grows with p, not with the cache.
- */
 /*
  * A prompt's causal attention: per head, its m query rows MK_CAUSAL_BLOCK at
  * a time, the block's scores against the keys its last row sees (row i sees
@@ -91,6 +85,13 @@ static int cpu_causal_attention(const mk_launch *l, mk_error **err) {
     return 0;
 }
 
+/*
+ * Decode attention over the first p cached rows only, in one parallel loop
+ * over the batch (the heads): per head, the scores of its m query rows
+ * against K's first p rows (dense [m, p] in the scores' scratch), their
+ * softmax, and their sum of V's first p rows. Rows past p are never read, so
+ * the cost grows with p, not with the cache.
+ */
 static int cpu_attention(const mk_launch *l, mk_error **err) {
     const mk_product_group *pg = mk_node_product(l->node);
     const mk_attention_info *at = &pg->att;
