@@ -92,7 +92,8 @@ typedef enum {
 
 /* Attention's operands and sizes: Q [B, m, d] @ Kt [B, d, S], softmax of
  * the first p columns, @ V [B, S, n] over the first p rows; only those are read.
- * Causal: query row i of the m sees the first p - m + 1 + i (m <= p <= S). */
+ * Causal: the m query rows are m / period runs of period (T) queries, row i
+ * seeing the first p - T + 1 + i % T (T <= p <= S). */
 typedef struct {
     int q, kt, v, p;          /* operands */
     int64_t batch, m, d, s, n;
@@ -102,6 +103,8 @@ typedef struct {
                                  (early_rows): CUDA loads them before its wait */
     bool causal;              /* a prompt's: CausalSoftmax, the scores never whole (the CPU
                                  makes MK_CAUSAL_BLOCK rows of a head at a time) */
+    int64_t period;           /* causal: its T, the queries of one query head (m where a kv
+                                 head has one; the softmax read [B, m / T, T, S] else) */
     bool int8_grid;           /* some product group of the graph takes A on runq.c's int8
                                  grid (W8A8), where the sums' last bit can change the text:
                                  CUDA keeps the order that tells runq.c's */

@@ -81,14 +81,6 @@ typedef struct {
     bool *moved;           /* [n_nodes]: nodes that move after the group (valid) */
 } cand;
 
-static bool dense(const mk_node *n) {
-    int64_t s[MK_MAX_RANK];
-    mk_contiguous_strides(n->rank, n->shape, s);
-    for (int d = 0; d < n->rank; d++)
-        if (n->shape[d] > 1 && n->stride[d] != s[d]) return false;
-    return true;
-}
-
 static bool same_shape(const mk_node *a, const mk_node *b) {
     return a->rank == b->rank && !memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->rank);
 }
@@ -135,9 +127,7 @@ static bool extend(cand *c, int i) {
     chain *ch = &c->chains[i];
     mk_node *v = ch->value, *r = mk_product_only_reader(c->g, v);
     if (!r || ch->stage == 3 || members(c) >= MK_PRODUCT_MEMBERS) return false;
-    if (r->op->role == MK_ROLE_VIEW && r->op->layout && r->in[0] == v &&
-        mk_node_numel(r) == mk_node_numel(v) && dense(r) && dense(v) &&
-        r->view_offset == v->view_offset && r->owner == v->owner) {
+    if (mk_product_reshape_of(r, v)) {
         push(ch, r);
         ch->value = r;
         return true;
@@ -195,7 +185,7 @@ static bool extend(cand *c, int i) {
      * the result, as v's first axis holds it, in runs of an even count
      * (CUDA writes column pairs) */
     if (r->op->kernel == MK_KERNEL_REPLACE_AT && r->in[1] == v && r->in[0] != v && r->in[2] != v &&
-        r->dtype == MK_DTYPE_FLOAT32 && dense(r->in[0]) && dense(v) &&
+        r->dtype == MK_DTYPE_FLOAT32 && mk_product_dense(r->in[0]) && mk_product_dense(v) &&
         v->shape[0] == ch->nodes[0]->shape[0] &&
         mk_node_numel(v) == v->shape[0] * ch->nodes[0]->shape[1] && at_run(r) % 2 == 0) {
         push(ch, r);
@@ -204,7 +194,7 @@ static bool extend(cand *c, int i) {
         return true;
     }
     if (r->op->kernel == MK_KERNEL_REPLACE_SLICE && r->in[1] == v && r->in[0] != v &&
-        r->dtype == MK_DTYPE_FLOAT32 && dense(r->in[0]) && v->rank >= 1 &&
+        r->dtype == MK_DTYPE_FLOAT32 && mk_product_dense(r->in[0]) && v->rank >= 1 &&
         mk_node_numel(v) * r->in[0]->shape[0] == v->shape[0] * mk_node_numel(r->in[0])) {
         push(ch, r);
         ch->value = ch->end = r;
@@ -415,7 +405,7 @@ static mk_node *folded_quantize(const mk_graph *g, const mk_target *t, mk_node *
                                 int n_ps) {
     mk_node *a = ps[0]->in[0];
     if (a->op->kernel != MK_KERNEL_FAKE_QUANTIZE || a->n_consumers != n_ps || mk_is_output(g, a) ||
-        a->owner != a || a->rank != 2 || !dense(a->in[0]) || MK_INT8_GROUP_MAX % a->attr[0] ||
+        a->owner != a || a->rank != 2 || !mk_product_dense(a->in[0]) || MK_INT8_GROUP_MAX % a->attr[0] ||
         a->shape[0] * a->shape[1] > t->int8_products)
         return NULL;
     for (int j = 0; j < n_ps; j++) {
@@ -433,7 +423,7 @@ static bool layer_norm_folds(const mk_graph *g, const mk_node *a, mk_node **ps, 
         a->shape[0] * a->shape[1] > MK_LAYER_NORM_FLOATS)
         return false;
     for (int i = 1; i < 3; i++)
-        if (a->in[i]->rank != 1 || a->in[i]->shape[0] != a->shape[1] || !dense(a->in[i]) ||
+        if (a->in[i]->rank != 1 || a->in[i]->shape[0] != a->shape[1] || !mk_product_dense(a->in[i]) ||
             a->in[i]->dtype != MK_DTYPE_FLOAT32)
             return false;
     for (int j = 0; j < n_ps; j++)
@@ -452,10 +442,10 @@ static mk_product_group *build(cand *c, mk_graph *g, const mk_target *t, mk_node
     if ((c->quant = folded_quantize(g, t, ps, n_ps))) a = c->quant->in[0], readers = 1;
     if ((a->op->kernel == MK_KERNEL_RMS_NORM || layer_norm_folds(g, a, ps, n_ps)) &&
         a->n_consumers == readers && !mk_is_output(g, a) && a->owner == a &&
-        a->storage == MK_STORAGE_ARENA && dense(a->in[0]) && dense(a->in[1]) &&
+        a->storage == MK_STORAGE_ARENA && mk_product_dense(a->in[0]) && mk_product_dense(a->in[1]) &&
         a->in[0]->dtype == MK_DTYPE_FLOAT32 && a->in[1]->dtype == MK_DTYPE_FLOAT32)
         c->norm = a;
-    else if (!dense(a))
+    else if (!mk_product_dense(a))
         return NULL;
     for (int j = 0; j < n_ps; j++) {
         chain *ch = &c->chains[c->n_chains++];
@@ -555,7 +545,7 @@ static int make(mk_graph *g, cand *c, mk_product_group *pg, mk_error **err) {
         if (pg->kind != MK_PRODUCT_ATTENTION || is_end || m->storage == MK_STORAGE_VIEW) continue;
         const mk_attention_info *a = &pg->att;
         if (a->causal && m->op->kernel != MK_KERNEL_MATMUL) continue;
-        int64_t block = a->m < MK_CAUSAL_BLOCK ? a->m : MK_CAUSAL_BLOCK; /* rows a head */
+        int64_t block = a->period < MK_CAUSAL_BLOCK ? a->period : MK_CAUSAL_BLOCK; /* a head */
         size_t bytes = a->causal ? (size_t)(a->batch * block * a->s) * sizeof(float)
                                  : mk_node_bytes(m);
         pg->scratch[t] = (int64_t)grp->scratch_bytes;
@@ -650,14 +640,17 @@ nomem:
 /* The attention group around softmax x, or NULL. */
 static mk_product_group *build_attention(cand *c, mk_graph *g, const mk_target *t, mk_node *x,
                                          bool *moved) {
-    if (mk_attention_why_not(g, t, x)) return NULL;
-    mk_node *s = x->in[0], *y = mk_product_only_reader(g, x);
+    mk_attention_nodes at;
+    if (mk_attention_why_not(g, t, x, &at)) return NULL;
+    mk_node *s = at.s, *y = at.y;
     *c = (cand){.g = g, .n_products = 1, .products = {s}, .moved = moved};
     memset(moved, 0, sizeof *moved * (size_t)g->n_nodes);
     chain *ch = &c->chains[c->n_chains++];
     *ch = (chain){.value = y, .end = y, .stage = 1};
     push(ch, s);
+    if (at.r1) push(ch, at.r1);
     push(ch, x);
+    if (at.r2) push(ch, at.r2);
     push(ch, y);
     mk_product_group *pg = calloc(1, sizeof *pg);
     if (!pg) return NULL;
@@ -671,6 +664,7 @@ static mk_product_group *build_attention(cand *c, mk_graph *g, const mk_target *
     a->s = s->shape[2], a->n = y->shape[2];
     a->prefixes = y->in[2]->shape[0];
     a->causal = x->op->kernel == MK_KERNEL_CAUSAL_SOFTMAX;
+    a->period = a->causal ? x->shape[x->rank - 2] : a->m;
     pg->norm_w = pg->norm_b = pg->norm_eps = -1;
     pg->n_products = 1;
     pg->n_outs = 1;

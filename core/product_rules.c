@@ -83,16 +83,42 @@ mk_node *mk_product_only_reader(const mk_graph *g, const mk_node *n) {
     return NULL;
 }
 
+bool mk_product_dense(const mk_node *n) {
+    int64_t s[MK_MAX_RANK];
+    mk_contiguous_strides(n->rank, n->shape, s);
+    for (int d = 0; d < n->rank; d++)
+        if (n->shape[d] > 1 && n->stride[d] != s[d]) return false;
+    return true;
+}
+
+bool mk_product_reshape_of(const mk_node *v, const mk_node *n) {
+    return v->op->role == MK_ROLE_VIEW && v->op->layout && v->in[0] == n &&
+           mk_node_numel(v) == mk_node_numel(n) && mk_product_dense(v) && mk_product_dense(n) &&
+           v->view_offset == n->view_offset && v->owner == n->owner;
+}
+
 /* Why the softmax x cannot be the middle of an attention group on target t,
  * or NULL. A decode step's (SlicedSoftmax) takes few query rows; a prompt's
- * (CausalSoftmax) any number, on a device that runs it. */
-const char *mk_attention_why_not(const mk_graph *g, const mk_target *t, const mk_node *x) {
+ * (CausalSoftmax) any number, on a device that runs it, its scores read as
+ * [B, g, T, S] through reshapes where g query heads share a kv head. */
+const char *mk_attention_why_not(const mk_graph *g, const mk_target *t, mk_node *x,
+                                 mk_attention_nodes *at) {
     bool causal = x->op->kernel == MK_KERNEL_CAUSAL_SOFTMAX;
     if (causal && !t->causal_attention) return "the device has no causal attention group";
-    const mk_node *s = x->in[0], *y = mk_product_only_reader(g, x);
-    if (!y || y->op->kernel != MK_KERNEL_PREFIX_MATMUL || y->in[0] != x || y->in[2] != x->in[1])
+    mk_attention_nodes n = {.s = x->in[0], .x = x, .y = mk_product_only_reader(g, x)};
+    if (causal && x->rank == 4) { /* [B, g, T, S] between [B, g T, S] */
+        n.r1 = n.s, n.s = n.r1->in[0], n.r2 = n.y;
+        n.y = n.r2 ? mk_product_only_reader(g, n.r2) : NULL;
+        if (!mk_product_reshape_of(n.r1, n.s) || mk_product_only_reader(g, n.r1) != x || !n.r2 ||
+            !mk_product_reshape_of(n.r2, x) || n.r2->rank != 3 || n.s->rank != 3 ||
+            n.r1->shape[0] != n.s->shape[0] || n.r1->shape[3] != n.s->shape[2] ||
+            n.r2->shape[1] != n.s->shape[1] || n.r2->shape[2] != n.s->shape[2])
+            return "its scores are not [B, g T, S] read as [B, g, T, S] and back";
+    }
+    const mk_node *s = n.s, *y = n.y, *sx = n.r1 ? n.r1 : x, *xy = n.r2 ? n.r2 : x;
+    if (!y || y->op->kernel != MK_KERNEL_PREFIX_MATMUL || y->in[0] != xy || y->in[2] != x->in[1])
         return "not read by one prefix product over its own prefix";
-    if (s->op->kernel != MK_KERNEL_MATMUL || mk_product_only_reader(g, s) != x || s->owner != s)
+    if (s->op->kernel != MK_KERNEL_MATMUL || mk_product_only_reader(g, s) != sx || s->owner != s)
         return "its scores are not one product's, read by it alone";
     if (s->rank != 3 || y->rank != 3 || !mk_matmul_is_plain(s) || y->in[0]->rank != 3 ||
         y->in[1]->rank != 3)
@@ -100,9 +126,10 @@ const char *mk_attention_why_not(const mk_graph *g, const mk_target *t, const mk
     if (s->dtype != MK_DTYPE_FLOAT32 || y->dtype != MK_DTYPE_FLOAT32 ||
         y->in[1]->dtype != MK_DTYPE_FLOAT32)
         return "not float32";
-    if (causal) return NULL;
-    if (s->shape[1] > MK_ATTENTION_ROWS) return "more query rows than decoding has";
-    if (s->shape[2] > MK_ATTENTION_ROWS_MAX) return "a cache too long for one block's shared memory";
+    if (!causal && s->shape[1] > MK_ATTENTION_ROWS) return "more query rows than decoding has";
+    if (!causal && s->shape[2] > MK_ATTENTION_ROWS_MAX)
+        return "a cache too long for one block's shared memory";
+    if (at) *at = n;
     return NULL;
 }
 
@@ -115,7 +142,7 @@ void mk_product_report(const mk_graph *g, const mk_target *t, mk_strbuf *b) {
                           n->line, why);
         bool softmax = n->op->kernel == MK_KERNEL_SLICED_SOFTMAX ||
                        n->op->kernel == MK_KERNEL_CAUSAL_SOFTMAX;
-        const char *att = softmax ? mk_attention_why_not(g, t, n) : NULL;
+        const char *att = softmax ? mk_attention_why_not(g, t, g->nodes[i], NULL) : NULL;
         if (att) mk_strbuf_put(b, "softmax $%d (line %d): no attention group: %s\n", n->id, n->line, att);
     }
 }

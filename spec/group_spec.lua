@@ -224,6 +224,30 @@ describe("a prompt's causal attention", function()
         end
     end)
 
+    it("is one group where kv heads serve several query heads: the scores read as [B, g, T, S]", function()
+        local B, g, T, d, n, S = 2, 3, 21, 8, 5, 40
+        local q, kc, vc = mk.input("q", "float32", { B, g * T, d }), mk.input("kc", "float32", { S, B, d }),
+            mk.input("vc", "float32", { S, B, n })
+        local e = mk.input("e", "int64", { 1 })
+        local sc = q:matmul(kc:permute({ 1, 2, 0 })):reshape({ B, g, T, S }):causal_softmax(e)
+        local y = sc:reshape({ B, g * T, S }):matmul_prefix(vc:permute({ 1, 0, 2 }), e)
+        local feeds = { q = H.rand({ B, g * T, d }), kc = H.rand({ S, B, d }), vc = H.rand({ S, B, n }) }
+        local fused <close> = mk.compile(y)
+        local plain <close> = mk.compile(y, { fuse = false })
+        assert.are.equal(1, fused:stats().launches, fused:fusion_report())
+        for _, v in ipairs({ T, math.random(T + 1, S) }) do
+            feeds.e = mk.tensor({ v }, "int64")
+            bits_equal(fused:run(feeds), plain:run(feeds), "grouped query heads, end " .. v)
+        end
+        feeds.e = mk.tensor({ T - 1 }, "int64")
+        H.assert_error(function() fused:run(feeds) end, string.format(
+            "evaluation error: CausalSoftmaxNode: end %d ('e') is outside [%d, %d]", T - 1, T, S), "(script:")
+        -- the softmax's result read as it is, not reshaped back: the nodes alone, and why
+        local other <close> = mk.compile(sc:matmul(mk.input("w", "float32", { S, 2 })))
+        assert.truthy(other:fusion_report():find("no attention group: its scores are not [B, g T, S] read as "
+            .. "[B, g, T, S] and back", 1, true), other:fusion_report())
+    end)
+
     it("names the softmax where the end is out of range, and the model still runs", function()
         local y, feeds = causal_attention(2, 5, 4, 3, 9)
         local fused <close> = mk.compile(y)

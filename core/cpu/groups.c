@@ -42,44 +42,53 @@ static mk_tensor member_tensor(const mk_launch *l, const mk_node *x) {
     return t;
 }
 
+/* The group's member that runs kernel k (its members may include views). */
+static const mk_node *member_of(const mk_launch *l, mk_kernel_id k) {
+    const mk_group *grp = l->node->group;
+    for (int i = 0; i < grp->n_members; i++)
+        if (grp->members[i]->op->kernel == k) return grp->members[i];
+    return NULL;
+}
+
 /*
- * A prompt's causal attention: per head, its m query rows MK_CAUSAL_BLOCK at
- * a time, the block's scores against the keys its last row sees (row i sees
- * the first p - m + 1 + i) in the head's block of scratch, each row's softmax
- * over its own columns (the rest zeroed: the block's product adds them as 0),
- * and the block's sum of V's rows. The same loops as the nodes alone where
- * those take mk_cpu_mm_loops (products under CPU_MM_SMALL): equal to them but
- * for the sign of a zero; BLAS sums larger ones in its own order.
+ * A prompt's causal attention: per head, its m query rows (m / T runs of T
+ * queries, row i seeing the first p - T + 1 + i % T keys), MK_CAUSAL_BLOCK of
+ * a run at a time: the block's scores against the keys its last row sees, in
+ * the head's block of scratch, each row's softmax over its own columns (the
+ * rest zeroed: the block's product adds them as 0), and the block's sum of
+ * V's rows. The same loops as the nodes alone where those take
+ * mk_cpu_mm_loops (products under CPU_MM_SMALL): equal to them but for the
+ * sign of a zero; BLAS sums larger ones in its own order.
  */
 static int cpu_causal_attention(const mk_launch *l, mk_error **err) {
     const mk_product_group *pg = mk_node_product(l->node);
     const mk_attention_info *at = &pg->att;
-    mk_node *const *members = l->node->group->members; /* the scores, the softmax, the sum */
-    const mk_node *softmax = members[1];
-    mk_tensor out = member_tensor(l, members[2]);
+    const mk_node *softmax = member_of(l, MK_KERNEL_CAUSAL_SOFTMAX);
+    mk_tensor out = member_tensor(l, member_of(l, MK_KERNEL_PREFIX_MATMUL));
     const mk_tensor *q = &l->in[at->q], *kt = &l->in[at->kt], *v = &l->in[at->v];
-    int64_t B = at->batch, m = at->m, d = at->d, n = at->n, S = at->s;
+    int64_t B = at->batch, m = at->m, d = at->d, n = at->n, S = at->s, T = at->period;
     int64_t p = *(const int64_t *)l->in[at->p].data;
-    if (p < m || p > S) return mk_fault(err, softmax, MK_FAULT_END, p, S, m);
+    if (p < T || p > S) return mk_fault(err, softmax, MK_FAULT_END, p, S, T);
     float *sc = (float *)((char *)l->scratch + pg->scratch[0]), *o = out.data;
     const float *qp = q->data, *kp = kt->data, *vp = v->data;
-    int64_t seen = p - m; /* keys every row sees */
-    int64_t block = m < MK_CAUSAL_BLOCK ? m : MK_CAUSAL_BLOCK; /* rows of scores a head */
-    CPU_FOR(B > 1 && par(m * (d + n) * p), t, B, {
-        float *st = sc + t * block * S;
-        for (int64_t i0 = 0; i0 < m; i0 += block) {
-            int64_t r = m - i0 < block ? m - i0 : block;
-            int64_t cols = seen + i0 + r; /* what the block's last row sees */
-            mk_cpu_mm_loops(qp + t * q->stride[0] + i0 * q->stride[1], q->stride[1], q->stride[2],
-                            kp + t * kt->stride[0], kt->stride[1], kt->stride[2], st, r, d, cols);
+    int64_t seen = p - T; /* keys every row sees */
+    int64_t block = T < MK_CAUSAL_BLOCK ? T : MK_CAUSAL_BLOCK; /* rows of scores a head */
+    CPU_FOR(B > 1 && par(m * (d + n) * p), h, B, {
+        float *st = sc + h * block * S;
+        for (int64_t i0 = 0, r; i0 < m; i0 += r) {
+            int64_t t0 = i0 % T; /* the block's rows: within one run of T */
+            r = T - t0 < block ? T - t0 : block;
+            int64_t cols = seen + t0 + r; /* what the block's last row sees */
+            mk_cpu_mm_loops(qp + h * q->stride[0] + i0 * q->stride[1], q->stride[1], q->stride[2],
+                            kp + h * kt->stride[0], kt->stride[1], kt->stride[2], st, r, d, cols);
             for (int64_t i = 0; i < r; i++) {
-                int64_t own = seen + i0 + i + 1;
+                int64_t own = seen + t0 + i + 1;
                 float *row = st + i * cols;
                 mk_cpu_softmax_row(row, row, own, own);
                 memset(row + own, 0, (size_t)(cols - own) * sizeof(float));
             }
-            mk_cpu_mm_loops(st, cols, 1, vp + t * v->stride[0], v->stride[1], v->stride[2],
-                            o + (t * m + i0) * n, r, cols, n);
+            mk_cpu_mm_loops(st, cols, 1, vp + h * v->stride[0], v->stride[1], v->stride[2],
+                            o + (h * m + i0) * n, r, cols, n);
         }
     });
     return 0;

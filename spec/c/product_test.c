@@ -247,20 +247,23 @@ static int cache(script *s, bool buffer, int64_t a, int64_t b, int64_t c) {
  * are, or Kt as a plain [B, d, S]), each perhaps written at row pos first, the
  * softmax of the first pos1 scores, the prefix product with V; the output
  * reads the result through a reshape and a product. A third are a prompt's
- * causal attention instead (CausalSoftmax: 2 to 40 query rows, pos1 at least
- * that; the CPU's causal group, in blocks of MK_CAUSAL_BLOCK rows).
+ * causal attention instead (CausalSoftmax over T = 2 to 40 query rows, pos1
+ * at least T; half of them g = 1 to 3 query heads a kv head, the scores [B, g
+ * T, S] read as [B, g, T, S] and back: the CPU's causal group, in blocks of
+ * MK_CAUSAL_BLOCK rows of one run of T).
  */
 static void random_attention(script *s) {
     memset(s, 0, sizeof *s);
     s->next_id = 1;
-    bool causal = test_randint(0, 2) == 0;
+    bool causal = test_randint(0, 2) == 0, heads = causal && test_randint(0, 1);
     int64_t B = test_randint(1, 6), m = test_randint(0, 5) ? test_randint(1, 8) : 9;
-    if (causal) m = test_randint(2, 40);
+    int64_t T = test_randint(2, 40), g = heads ? test_randint(1, 3) : 1; /* causal: m = g T */
+    if (causal) m = g * T;
     int64_t d = test_randint(1, 130), n = test_randint(1, 140);
     /* up to 300 rows (the cluster combine, or global); a quarter up to 2,400,
      * where CUDA's blocks take several chunks each as B m grows (att_blocks) */
     int64_t S = test_randint(0, 3) ? test_randint(1, 300) : test_randint(301, 2400);
-    if (S < m) S = m;
+    if (causal && S < T) S = T;
     s->rows = S;
     s->attention = true;
     s->first_pos = -1; /* pos1 = 0: an empty prefix */
@@ -276,7 +279,7 @@ static void random_attention(script *s) {
     bool write_k = test_randint(0, 1), write_v = test_randint(0, 1);
     bool buffers = test_randint(0, 2) != 0;
     if (write_k || write_v) s->first_pos = 0;
-    if (causal) s->first_pos = m - 1; /* pos1 in [m, S] */
+    if (causal) s->first_pos = T - 1; /* pos1 in [T, S] */
     int kt;
     if (test_randint(0, 3)) {
         int kc = cache(s, buffers, S, B, d);
@@ -293,7 +296,18 @@ static void random_attention(script *s) {
                  pos1);
     int w = INPUT(s, MK_DTYPE_FLOAT32, B * m * n, 8);
     int sc = put(s, "MatMulNode($%d, $%d)", q, kt);
-    int att = put(s, causal ? "CausalSoftmaxNode($%d, $%d)" : "SlicedSoftmaxNode($%d, $%d)", sc, p);
+    int att;
+    if (!causal) {
+        att = put(s, "SlicedSoftmaxNode($%d, $%d)", sc, p);
+    } else if (!heads) {
+        att = put(s, "CausalSoftmaxNode($%d, $%d)", sc, p);
+    } else {
+        int r = put(s, "ReshapeNode($%d, [%lld, %lld, %lld, %lld])", sc, (long long)B, (long long)g,
+                    (long long)T, (long long)S);
+        att = put(s, "CausalSoftmaxNode($%d, $%d)", r, p);
+        att = put(s, "ReshapeNode($%d, [%lld, %lld, %lld])", att, (long long)B, (long long)m,
+                  (long long)S);
+    }
     int v = put(s, "PermuteNode($%d, [1, 0, 2])", vc);
     int o = put(s, "PrefixMatMulNode($%d, $%d, $%d)", att, v, p);
     int r = put(s, "ReshapeNode($%d, [1, %lld])", o, (long long)(B * m * n));

@@ -182,6 +182,22 @@ return function(c)
                 { q = qt, kc = kct, vc = vct, e = mk.tensor({ e }, "int64") }, want, 1e-5 * S, 1e-4)
         end
     end
+    do -- g query heads a kv head: the scores [B, g T, S] read as [B, g, T, S] and back
+        local B, g, T, d, n = math.random(1, 3), math.random(2, 3), math.random(10, 24), math.random(3, 9), 4
+        local S = T + math.random(0, 20)
+        local q, qt, qr = input("q", { B, g * T, d })
+        local kc, kct, kcr = input("kc", { S, B, d })
+        local vc, vct, vcr = input("vc", { S, B, n })
+        local en = mk.input("e", "int64", { 1 })
+        local e = math.random(T, S)
+        local sc = q:matmul(kc:permute({ 1, 2, 0 })):reshape({ B, g, T, S }):causal_softmax(en)
+        local scr = R.causal_softmax(R.reshape(R.matmul(qr, R.permute(kcr, { 1, 2, 0 })), { B, g, T, S }), e)
+        add(string.format("causal attention of %d query heads a kv head, [%d,%d,%d] over %d, end %d", g, B,
+                g * T, d, S, e),
+            sc:reshape({ B, g * T, S }):matmul_prefix(vc:permute({ 1, 0, 2 }), en),
+            { q = qt, kc = kct, vc = vct, e = mk.tensor({ e }, "int64") },
+            R.matmul_prefix(R.reshape(scr, { B, g * T, S }), R.permute(vcr, { 1, 0, 2 }), e), 1e-5 * S, 1e-4)
+    end
 
     for rank = 1, 4 do -- slice, reshape, permute
         local shape = rand_shape(rank, 2, 5)

@@ -145,9 +145,6 @@ end
 --   att       q as [kv_heads, group * T, hs] @ K^T → [kv_heads, group, T, S],
 --             causal_softmax(pos1): query t sees positions up to pos + t
 --   o         att @ V over the first pos1 rows → [T, D]
---   (with one query head a kv head, the scores stay [kv_heads, T, S]: on the
---   CPU the three are then one causal attention group, which makes the
---   scores 16 rows at a time and only the columns each row sees)
 --   output    the last row's, as a step's
 -- opts.at_start: the prompt starts at position 0 (fed pos 0, pos1 T), so its
 -- queries see the caches' first T rows only, the ones it writes: the scores
@@ -188,13 +185,8 @@ function M.graph(mk, c, w, opts)
         end
         local qg = q:reshape({ T, kv_heads, group, hs }):permute({ 1, 2, 0, 3 })
             :reshape({ kv_heads, group * T, hs })                                -- [kvh, g·T, hs]
-        -- [kvh, T, cols] as it is where each kv head has one query head (the CPU's
-        -- causal attention group takes it), else [kvh, g, T, cols] for the softmax
-        local att = qg:matmul(kt)
-        if group > 1 then att = att:reshape({ kv_heads, group, T, cols }) end
-        att = att:causal_softmax(pos1)
-        if group > 1 then att = att:reshape({ kv_heads, group * T, cols }) end
-        local o = att:matmul_prefix(vt, pos1)                                    -- [kvh, g·T, hs]
+        local att = qg:matmul(kt):reshape({ kv_heads, group, T, cols }):causal_softmax(pos1)
+        local o = att:reshape({ kv_heads, group * T, cols }):matmul_prefix(vt, pos1) -- [kvh, g·T, hs]
         return o:reshape({ kv_heads, group, T, hs }):permute({ 2, 0, 1, 3 }):reshape({ T, D })
     end
 
