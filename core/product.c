@@ -42,9 +42,10 @@
  * most MK_ATTENTION_ROWS rows per batch. Scores past p are read by nobody (the
  * prefix product stops at p), so the group computes only the first p: its
  * cost grows with the position, not with the cache. A prompt's attention,
- * CausalSoftmax(p) in the middle, is one too on a device whose target says
- * causal_attention (the CPU): any number of query rows, row i seeing p - m +
- * 1 + i columns, so its [B, m, S] scores are never made whole.
+ * CausalSoftmax(p) in the middle (its scores perhaps read as [B, g, T, S] and
+ * back, g query heads a kv head), is one too on a device whose target says
+ * causal_attention (the CPU): any number of query rows, row i seeing p - T +
+ * 1 + i % T columns, so its [B, m, S] scores are never made whole.
  *
  * Products that stay alone (more rows, a B read by rows, other dtypes) keep the
  * device's matrix kernel (BLAS, cuBLAS); the report says which and why.
@@ -405,7 +406,8 @@ static mk_node *folded_quantize(const mk_graph *g, const mk_target *t, mk_node *
                                 int n_ps) {
     mk_node *a = ps[0]->in[0];
     if (a->op->kernel != MK_KERNEL_FAKE_QUANTIZE || a->n_consumers != n_ps || mk_is_output(g, a) ||
-        a->owner != a || a->rank != 2 || !mk_product_dense(a->in[0]) || MK_INT8_GROUP_MAX % a->attr[0] ||
+        a->owner != a || a->rank != 2 || !mk_product_dense(a->in[0]) ||
+        MK_INT8_GROUP_MAX % a->attr[0] ||
         a->shape[0] * a->shape[1] > t->int8_products)
         return NULL;
     for (int j = 0; j < n_ps; j++) {
@@ -423,7 +425,8 @@ static bool layer_norm_folds(const mk_graph *g, const mk_node *a, mk_node **ps, 
         a->shape[0] * a->shape[1] > MK_LAYER_NORM_FLOATS)
         return false;
     for (int i = 1; i < 3; i++)
-        if (a->in[i]->rank != 1 || a->in[i]->shape[0] != a->shape[1] || !mk_product_dense(a->in[i]) ||
+        if (a->in[i]->rank != 1 || a->in[i]->shape[0] != a->shape[1] ||
+            !mk_product_dense(a->in[i]) ||
             a->in[i]->dtype != MK_DTYPE_FLOAT32)
             return false;
     for (int j = 0; j < n_ps; j++)
@@ -442,7 +445,8 @@ static mk_product_group *build(cand *c, mk_graph *g, const mk_target *t, mk_node
     if ((c->quant = folded_quantize(g, t, ps, n_ps))) a = c->quant->in[0], readers = 1;
     if ((a->op->kernel == MK_KERNEL_RMS_NORM || layer_norm_folds(g, a, ps, n_ps)) &&
         a->n_consumers == readers && !mk_is_output(g, a) && a->owner == a &&
-        a->storage == MK_STORAGE_ARENA && mk_product_dense(a->in[0]) && mk_product_dense(a->in[1]) &&
+        a->storage == MK_STORAGE_ARENA && mk_product_dense(a->in[0]) &&
+        mk_product_dense(a->in[1]) &&
         a->in[0]->dtype == MK_DTYPE_FLOAT32 && a->in[1]->dtype == MK_DTYPE_FLOAT32)
         c->norm = a;
     else if (!mk_product_dense(a))
@@ -744,7 +748,8 @@ int mk_product_pass(mk_graph *g, const mk_compile_options *opts, const mk_target
         cand c;
         mk_product_group *pg = NULL;
         mk_product_hold_by_columns(g, t, p);
-        if (p->op->kernel == MK_KERNEL_SLICED_SOFTMAX || p->op->kernel == MK_KERNEL_CAUSAL_SOFTMAX) {
+        int kernel = p->op->kernel;
+        if (kernel == MK_KERNEL_SLICED_SOFTMAX || kernel == MK_KERNEL_CAUSAL_SOFTMAX) {
             pg = build_attention(&c, g, t, p, moved);
         } else if (!mk_product_why_not(g, t, p)) {
             mk_node *ps[MK_PRODUCTS_MAX];

@@ -16,10 +16,16 @@ static void describe_attention(const mk_node *n, bool brief, mk_strbuf *b) {
             mk_strbuf_put(b, "causal attention, %d query rows at a time", MK_CAUSAL_BLOCK);
             return;
         }
-        mk_strbuf_put(b, "one launch, causal: [%lld, %lld, %lld] queries, row i over the first "
-                         "p - %lld + i of %lld cached rows (reads only those; the scores %d rows "
-                         "at a time, never whole); members",
-                      (long long)a->batch, (long long)a->m, (long long)a->d, (long long)a->m - 1,
+        mk_strbuf_put(b, "one launch, causal: [%lld, %lld, %lld] queries, ", (long long)a->batch,
+                      (long long)a->m, (long long)a->d);
+        if (a->period == a->m)
+            mk_strbuf_put(b, "row i over the first p - %lld + i", (long long)a->m - 1);
+        else
+            mk_strbuf_put(b, "runs of %lld (query heads sharing a kv head), row i over the first "
+                             "p - %lld + i %% %lld", (long long)a->period, (long long)a->period - 1,
+                          (long long)a->period);
+        mk_strbuf_put(b, " of %lld cached rows (reads only those; the scores %d rows at a time, "
+                         "never whole); members",
                       (long long)a->s, MK_CAUSAL_BLOCK);
         mk_group_put_members(n, b);
         return;

@@ -235,6 +235,8 @@ describe("a prompt's causal attention", function()
         local fused <close> = mk.compile(y)
         local plain <close> = mk.compile(y, { fuse = false })
         assert.are.equal(1, fused:stats().launches, fused:fusion_report())
+        assert.truthy(fused:fusion_report():find("[2, 63, 8] queries, runs of 21 (query heads sharing a kv "
+            .. "head), row i over the first p - 20 + i % 21 of 40 cached rows", 1, true), fused:fusion_report())
         for _, v in ipairs({ T, math.random(T + 1, S) }) do
             feeds.e = mk.tensor({ v }, "int64")
             bits_equal(fused:run(feeds), plain:run(feeds), "grouped query heads, end " .. v)
