@@ -4,7 +4,8 @@
 --       [--devices cpu,cuda] [--dir DIR] [--keep] [--tokenizer PATH]
 --       [--bandwidth GB/s] [--runomp PATH] [--threads N] [--cudnn]
 --       [--model PATH] [--precision fp32|bf16|fp16|q8|q8a8] [--runq PATH]
---       [--per-token] [--temperature T] [--topp P] [--prompt-tokens N] [--chunk N]
+--       [--per-token] [--temperature T] [--topp P] [--prompt-tokens N] [--prompt-at P]
+--       [--chunk N]
 --
 -- Protocol (../shared/BENCHMARKS.md): random-weight checkpoints in llama2.c's
 -- legacy layout with the real shapes (stories15M, stories110M; Llama-2-7B
@@ -48,6 +49,9 @@
 -- first token's latency (the prompt's evaluation and the token after it),
 -- cold (the first call, which compiles the prompt's model: the CUDA kernel
 -- cache as MK_KERNEL_CACHE has it) and warm (the median evaluation).
+-- --prompt-at P puts the prompt at position P instead (after P cache rows,
+-- as the reset left them: a chat's later turn), where its attention covers
+-- all the cache's rows up to its own.
 --
 -- --precision converts the weights at load (scripts/llama2.lua -q); the
 -- roofline then counts the bytes of that precision.
@@ -80,7 +84,8 @@ usage: lua scripts/bench_llama2.lua [--7b] [--only 15M|110M|7B] [--runs N] [--st
        [--devices cpu,cuda] [--dir DIR] [--keep] [--tokenizer PATH]
        [--bandwidth GB/s] [--runomp PATH] [--threads N] [--cudnn]
        [--model PATH] [--precision fp32|bf16|fp16|q8|q8a8] [--runq PATH]
-       [--per-token] [--temperature T] [--topp P] [--prompt-tokens N] [--chunk N]
+       [--per-token] [--temperature T] [--topp P] [--prompt-tokens N] [--prompt-at P]
+       [--chunk N]
 ]]
 
 local function parse(argv)
@@ -113,6 +118,9 @@ local function parse(argv)
             elseif a == "--temperature" then o.temperature = tonumber(need())
             elseif a == "--topp" then o.topp = tonumber(need())
             elseif a == "--prompt-tokens" then o.prompt_tokens = math.tointeger(tonumber(need()))
+            elseif a == "--prompt-at" then
+                o.prompt_at = math.tointeger(tonumber(need()))
+                if not o.prompt_at then error("--prompt-at needs a position, not " .. v, 0) end
             elseif a == "--chunk" then o.chunk = math.tointeger(tonumber(need()))
             else error("unknown option " .. a, 0) end
             i = i + 1
@@ -286,9 +294,10 @@ end
 
 -- The prompt's tok/s, in one evaluation and a token at a time (--prompt-tokens).
 local function prompt_rows(o, net, smp, shape, who)
-    local n = o.prompt_tokens
-    if n < 2 or n > net.positions then
-        error(string.format("--prompt-tokens must be in [2, %d] for %s", net.positions, shape), 0)
+    local n, at = o.prompt_tokens, o.prompt_at or 0
+    if n < 2 or at < 0 or at + n > net.positions then
+        error(string.format("--prompt-tokens N and --prompt-at P need 2 <= N, 0 <= P, P + N <= %d for %s",
+            net.positions, shape), 0)
     end
     local ids = {}
     for i = 1, n do ids[i] = math.random(3, net.config.vocab_size - 1) end
@@ -299,18 +308,20 @@ local function prompt_rows(o, net, smp, shape, who)
         feed()
         return n / (llama2.clock() - t0)
     end
-    local function whole() net:prompt(ids, 0, smp) end
-    local function per_token() for i = 1, n do net:forward(ids[i], i - 1, smp) end end
+    local function whole() net:prompt(ids, at, smp) end
+    local function per_token() for i = 1, n do net:forward(ids[i], at + i - 1, smp) end end
+    local where = at > 0 and " at " .. at or ""
     local cold = n / rate(whole) -- compiles the prompt's model (the kernel cache as it is)
     local a, b = {}, {}
     for r = 1, o.runs do
         a[r], b[r] = rate(whole), rate(per_token)
-        io.stderr:write(string.format("  %s prompt of %d, run %d: %.1f tok/s in one evaluation, %.1f a token "
-                                      .. "at a time\n", shape, n, r, a[r], b[r]))
+        io.stderr:write(string.format("  %s prompt of %d%s, run %d: %.1f tok/s in one evaluation, %.1f a "
+                                      .. "token at a time\n", shape, n, where, r, a[r], b[r]))
     end
-    io.stderr:write(string.format("  %s first token after a prompt of %d: cold %.1f ms (the prompt's model "
-                                  .. "compiled), warm %.1f ms\n", shape, n, 1e3 * cold, 1e3 * n / median(a)))
-    return { { shape = shape, who = who .. " prefill " .. n, rate = median(a) },
+    io.stderr:write(string.format("  %s first token after a prompt of %d%s: cold %.1f ms (the prompt's "
+                                  .. "model compiled), warm %.1f ms\n", shape, n, where, 1e3 * cold,
+                                  1e3 * n / median(a)))
+    return { { shape = shape, who = who .. " prefill " .. n .. where, rate = median(a) },
              { shape = shape, who = who .. " prompt per-token", rate = median(b) } }
 end
 

@@ -218,6 +218,8 @@ describe("a prompt's causal attention", function()
         local report = fused:fusion_report()
         assert.truthy(report:find("attention group $4 (line 4): one launch, causal: [3, 37, 8] queries, " ..
             "row i over the first p - 36 + i of 50 cached rows", 1, true), report)
+        H.assert_error(function() fused:kernel_source(1) end,
+            "script:4:1: device error: ProductGroupNode $4 is a causal attention group, which only the CPU runs")
         for _, e in ipairs({ 37, math.random(38, 49), 50 }) do
             feeds.e = mk.tensor({ e }, "int64")
             bits_equal(fused:run(feeds), plain:run(feeds), "causal attention, end " .. e)

@@ -69,7 +69,7 @@ static int cpu_causal_attention(const mk_launch *l, mk_error **err) {
     int64_t B = at->batch, m = at->m, d = at->d, n = at->n, S = at->s, T = at->period;
     int64_t p = *(const int64_t *)l->in[at->p].data;
     if (p < T || p > S) return mk_fault(err, softmax, MK_FAULT_END, p, S, T);
-    float *sc = (float *)((char *)l->scratch + pg->scratch[0]), *o = out.data;
+    float *sc = member_tensor(l, member_of(l, MK_KERNEL_MATMUL)).data, *o = out.data;
     const float *qp = q->data, *kp = kt->data, *vp = v->data;
     int64_t seen = p - T; /* keys every row sees */
     int64_t block = T < MK_CAUSAL_BLOCK ? T : MK_CAUSAL_BLOCK; /* rows of scores a head */
